@@ -1,0 +1,4 @@
+//! Online co-location slowdown predictor (issue: "Online co-location predictor").
+//!
+//! Not implemented yet: this crate exists so the workspace layout of DESIGN.md is
+//! in place. It exports nothing, so nothing can mistake it for a working predictor.

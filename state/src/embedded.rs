@@ -1,0 +1,726 @@
+//! The embedded backend: a single redb file, for running iadeep on one machine
+//! with no server.
+//!
+//! It mirrors etcd's semantics so components cannot tell the difference:
+//! a global revision, per-key create/mod revisions and versions, compare-and-swap,
+//! a bounded event history that prefix watches replay from any revision still
+//! kept, and leases whose expiry deletes their keys and emits delete events.
+//!
+//! What differs, by design:
+//! - Leases live in this process. When the process ends, its leases end with it,
+//!   so on the next open every key that was bound to a lease is deleted (and the
+//!   deletion recorded in the history). Keys without a lease survive restarts:
+//!   every write is committed durably before the call returns.
+//! - One process at a time may open a file (redb locks it). Several processes
+//!   sharing state need etcd.
+//! - Watches are delivered in-process through unbounded channels; a slow reader
+//!   costs memory, never a lost event.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::mpsc;
+
+use crate::error::{Result, StateError};
+use crate::store::{
+    CasOutcome, Expect, KeyValue, LeaseId, RangeSnapshot, Revision, StateStore, WatchEvent,
+    WatchStream, lease_ttl_secs,
+};
+
+/// key → encoded [`Record`].
+const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
+/// (revision, index within the revision) → encoded event.
+const EVENTS: TableDefinition<(i64, u32), &[u8]> = TableDefinition::new("events");
+/// Counters: current revision, oldest revision still in the event history.
+const META: TableDefinition<&str, i64> = TableDefinition::new("meta");
+
+const META_REVISION: &str = "revision";
+const META_OLDEST: &str = "oldest_event_revision";
+
+/// Revisions of history kept for resuming watches.
+pub const DEFAULT_HISTORY_REVISIONS: i64 = 10_000;
+/// How often expired leases are looked for.
+const REAPER_INTERVAL: Duration = Duration::from_millis(50);
+
+/// The embedded single-file store. Cheap to clone; clones share one database.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore")
+            .field("location", &self.inner.location)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    db: Database,
+    /// The file path, or `:memory:`.
+    location: String,
+    history_revisions: i64,
+    /// Serialises every write and guards the in-process parts (leases, watchers).
+    shared: Mutex<Shared>,
+}
+
+struct Shared {
+    revision: Revision,
+    oldest_event_revision: Revision,
+    next_lease: i64,
+    leases: HashMap<LeaseId, LeaseState>,
+    watchers: Vec<Watcher>,
+}
+
+struct LeaseState {
+    ttl: Duration,
+    deadline: Instant,
+    keys: BTreeSet<String>,
+}
+
+struct Watcher {
+    prefix: String,
+    tx: mpsc::UnboundedSender<Result<WatchEvent>>,
+}
+
+/// The metadata stored beside each value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Record {
+    create_revision: Revision,
+    mod_revision: Revision,
+    version: i64,
+    lease: Option<LeaseId>,
+}
+
+const RECORD_FORMAT: u8 = 1;
+const RECORD_HEADER: usize = 1 + 8 * 4;
+
+impl Record {
+    fn encode(&self, value: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(RECORD_HEADER + value.len());
+        out.push(RECORD_FORMAT);
+        for n in [
+            self.create_revision,
+            self.mod_revision,
+            self.version,
+            self.lease.map_or(0, |l| l.0),
+        ] {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        out.extend_from_slice(value);
+        out
+    }
+
+    fn decode(key: &str, bytes: &[u8]) -> Result<(Record, Vec<u8>)> {
+        let corrupt = |reason: &str| StateError::Corrupt {
+            key: key.to_owned(),
+            reason: reason.to_owned(),
+        };
+        if bytes.len() < RECORD_HEADER {
+            return Err(corrupt("record shorter than its header"));
+        }
+        if bytes[0] != RECORD_FORMAT {
+            return Err(corrupt("unknown record format"));
+        }
+        let field = |i: usize| {
+            let start = 1 + 8 * i;
+            let mut buf = [0u8; 8];
+            buf.copy_from_slice(&bytes[start..start + 8]);
+            i64::from_le_bytes(buf)
+        };
+        let lease = field(3);
+        Ok((
+            Record {
+                create_revision: field(0),
+                mod_revision: field(1),
+                version: field(2),
+                lease: (lease != 0).then_some(LeaseId(lease)),
+            },
+            bytes[RECORD_HEADER..].to_vec(),
+        ))
+    }
+
+    fn into_kv(self, key: String, value: Vec<u8>) -> KeyValue {
+        KeyValue {
+            key,
+            value,
+            create_revision: self.create_revision,
+            mod_revision: self.mod_revision,
+            version: self.version,
+            lease: self.lease,
+        }
+    }
+}
+
+/// Events are stored as: kind (0 put, 1 delete), key length (u32 LE), key, then
+/// for a put the encoded record of the new value.
+fn encode_event(event: &WatchEvent) -> Vec<u8> {
+    let (kind, key) = match event {
+        WatchEvent::Put(kv) => (0u8, kv.key.as_str()),
+        WatchEvent::Delete { key, .. } => (1u8, key.as_str()),
+    };
+    let mut out = vec![kind];
+    out.extend_from_slice(&u32::try_from(key.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(key.as_bytes());
+    if let WatchEvent::Put(kv) = event {
+        let record = Record {
+            create_revision: kv.create_revision,
+            mod_revision: kv.mod_revision,
+            version: kv.version,
+            lease: kv.lease,
+        };
+        out.extend_from_slice(&record.encode(&kv.value));
+    }
+    out
+}
+
+fn decode_event(revision: Revision, bytes: &[u8]) -> Result<WatchEvent> {
+    let corrupt = |reason: &str| StateError::Corrupt {
+        key: format!("<event at revision {revision}>"),
+        reason: reason.to_owned(),
+    };
+    if bytes.len() < 5 {
+        return Err(corrupt("event shorter than its header"));
+    }
+    let mut len = [0u8; 4];
+    len.copy_from_slice(&bytes[1..5]);
+    let key_end = 5 + u32::from_le_bytes(len) as usize;
+    let key_bytes = bytes
+        .get(5..key_end)
+        .ok_or_else(|| corrupt("key runs past the event"))?;
+    let key = std::str::from_utf8(key_bytes)
+        .map_err(|_| corrupt("key is not UTF-8"))?
+        .to_owned();
+    match bytes[0] {
+        0 => {
+            let (record, value) = Record::decode(&key, &bytes[key_end..])?;
+            Ok(WatchEvent::Put(record.into_kv(key, value)))
+        }
+        1 => Ok(WatchEvent::Delete { key, revision }),
+        _ => Err(corrupt("unknown event kind")),
+    }
+}
+
+/// One change inside a write.
+enum Change {
+    Put {
+        key: String,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    },
+    Delete {
+        key: String,
+    },
+}
+
+impl EmbeddedStore {
+    /// Opens (creating if needed) the store at `path`, creating parent directories.
+    ///
+    /// Keys bound to leases of a previous process are deleted: those leases ended
+    /// when that process did.
+    pub fn open(path: impl AsRef<Path>) -> Result<EmbeddedStore> {
+        let path = path.as_ref();
+        let location = path.display().to_string();
+        let fail = |reason: String| StateError::Embedded {
+            path: location.clone(),
+            reason,
+        };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| fail(format!("cannot create directory {}: {e}", parent.display())))?;
+        }
+        let db = Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => fail(
+                "the file is already open in another process (an embedded store serves one \
+                 process at a time; use etcd to share state between processes)"
+                    .to_owned(),
+            ),
+            other => fail(other.to_string()),
+        })?;
+        Self::from_database(db, location, DEFAULT_HISTORY_REVISIONS)
+    }
+
+    /// A store that lives in memory only, for tests and the simulator.
+    pub fn in_memory() -> Result<EmbeddedStore> {
+        Self::in_memory_with_history(DEFAULT_HISTORY_REVISIONS)
+    }
+
+    /// Like [`EmbeddedStore::in_memory`] with a chosen history length (tests of compaction).
+    pub fn in_memory_with_history(history_revisions: i64) -> Result<EmbeddedStore> {
+        let db = Database::builder()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .map_err(|e| StateError::Embedded {
+                path: ":memory:".into(),
+                reason: e.to_string(),
+            })?;
+        Self::from_database(db, ":memory:".into(), history_revisions.max(1))
+    }
+
+    /// The file path of the store, or `:memory:`.
+    pub fn location(&self) -> &str {
+        &self.inner.location
+    }
+
+    fn from_database(db: Database, location: String, history_revisions: i64) -> Result<Self> {
+        let err = |e: redb::Error| StateError::Embedded {
+            path: location.clone(),
+            reason: e.to_string(),
+        };
+        let (revision, oldest) = {
+            let txn = db.begin_write().map_err(|e| err(e.into()))?;
+            let counters = {
+                // Creating the tables here means every later read finds them.
+                txn.open_table(KV).map_err(|e| err(e.into()))?;
+                txn.open_table(EVENTS).map_err(|e| err(e.into()))?;
+                let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
+                let read = |name: &str| -> Result<Option<i64>> {
+                    Ok(meta.get(name).map_err(|e| err(e.into()))?.map(|g| g.value()))
+                };
+                (read(META_REVISION)?.unwrap_or(0), read(META_OLDEST)?.unwrap_or(1))
+            };
+            txn.commit().map_err(|e| err(e.into()))?;
+            counters
+        };
+        let store = EmbeddedStore {
+            inner: Arc::new(Inner {
+                db,
+                location,
+                history_revisions,
+                shared: Mutex::new(Shared {
+                    revision,
+                    oldest_event_revision: oldest,
+                    next_lease: 1,
+                    leases: HashMap::new(),
+                    watchers: Vec::new(),
+                }),
+            }),
+        };
+        store.drop_orphaned_leased_keys()?;
+        spawn_lease_reaper(Arc::downgrade(&store.inner));
+        Ok(store)
+    }
+
+    fn drop_orphaned_leased_keys(&self) -> Result<()> {
+        let mut orphans = Vec::new();
+        {
+            let txn = self.inner.db.begin_read().map_err(|e| self.db_err(e))?;
+            let table = txn.open_table(KV).map_err(|e| self.db_err(e))?;
+            for entry in table.range::<&str>(..).map_err(|e| self.db_err(e))? {
+                let (key, bytes) = entry.map_err(|e| self.db_err(e))?;
+                let (record, _) = Record::decode(key.value(), bytes.value())?;
+                if record.lease.is_some() {
+                    orphans.push(Change::Delete {
+                        key: key.value().to_owned(),
+                    });
+                }
+            }
+        }
+        if !orphans.is_empty() {
+            let count = orphans.len();
+            let mut shared = self.lock();
+            self.apply(&mut shared, orphans)?;
+            tracing::info!(
+                store = %self.inner.location,
+                keys = count,
+                "deleted keys whose leases ended with the previous process"
+            );
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        // A panic while holding the lock cannot leave the database half-written
+        // (redb transactions are atomic), so the in-memory state is still usable.
+        self.inner
+            .shared
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn db_err(&self, e: impl Into<redb::Error>) -> StateError {
+        StateError::Embedded {
+            path: self.inner.location.clone(),
+            reason: e.into().to_string(),
+        }
+    }
+
+    fn read_record(&self, key: &str) -> Result<Option<KeyValue>> {
+        let txn = self.inner.db.begin_read().map_err(|e| self.db_err(e))?;
+        let table = txn.open_table(KV).map_err(|e| self.db_err(e))?;
+        match table.get(key).map_err(|e| self.db_err(e))? {
+            Some(bytes) => {
+                let (record, value) = Record::decode(key, bytes.value())?;
+                Ok(Some(record.into_kv(key.to_owned(), value)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Applies `changes` atomically at one new revision, records and broadcasts the
+    /// events. Returns the new revision, or `None` when nothing changed (deleting
+    /// absent keys does not advance the revision, as in etcd).
+    fn apply(&self, shared: &mut Shared, changes: Vec<Change>) -> Result<Option<Revision>> {
+        let revision = shared.revision + 1;
+        let mut events = Vec::with_capacity(changes.len());
+        // Lease bookkeeping is only touched after the commit succeeded.
+        let mut lease_moves: Vec<(String, Option<LeaseId>, Option<LeaseId>)> = Vec::new();
+        let txn = self.inner.db.begin_write().map_err(|e| self.db_err(e))?;
+        {
+            let mut kv = txn.open_table(KV).map_err(|e| self.db_err(e))?;
+            for change in changes {
+                match change {
+                    Change::Put { key, value, lease } => {
+                        let previous = match kv.get(key.as_str()).map_err(|e| self.db_err(e))? {
+                            Some(bytes) => Some(Record::decode(&key, bytes.value())?.0),
+                            None => None,
+                        };
+                        let record = Record {
+                            create_revision: previous.map_or(revision, |p| p.create_revision),
+                            mod_revision: revision,
+                            version: previous.map_or(1, |p| p.version + 1),
+                            lease,
+                        };
+                        kv.insert(key.as_str(), record.encode(&value).as_slice())
+                            .map_err(|e| self.db_err(e))?;
+                        lease_moves.push((key.clone(), previous.and_then(|p| p.lease), lease));
+                        events.push(WatchEvent::Put(record.into_kv(key, value)));
+                    }
+                    Change::Delete { key } => {
+                        let removed = match kv.remove(key.as_str()).map_err(|e| self.db_err(e))? {
+                            Some(bytes) => Some(Record::decode(&key, bytes.value())?.0),
+                            None => None,
+                        };
+                        if let Some(previous) = removed {
+                            lease_moves.push((key.clone(), previous.lease, None));
+                            events.push(WatchEvent::Delete { key, revision });
+                        }
+                    }
+                }
+            }
+            if events.is_empty() {
+                drop(kv);
+                txn.abort().map_err(|e| self.db_err(e))?;
+                return Ok(None);
+            }
+            let mut log = txn.open_table(EVENTS).map_err(|e| self.db_err(e))?;
+            for (index, event) in events.iter().enumerate() {
+                let index = u32::try_from(index).unwrap_or(u32::MAX);
+                log.insert((revision, index), encode_event(event).as_slice())
+                    .map_err(|e| self.db_err(e))?;
+            }
+            let mut meta = txn.open_table(META).map_err(|e| self.db_err(e))?;
+            meta.insert(META_REVISION, revision)
+                .map_err(|e| self.db_err(e))?;
+            // Trim the history in batches so the cost is amortised over many writes.
+            let keep_from = revision - self.inner.history_revisions + 1;
+            if keep_from - shared.oldest_event_revision >= (self.inner.history_revisions / 10).max(1)
+            {
+                let stale: Vec<(i64, u32)> = log
+                    .range(..(keep_from, 0))
+                    .map_err(|e| self.db_err(e))?
+                    .map(|entry| entry.map(|(k, _)| k.value()))
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(|e| self.db_err(e))?;
+                for key in stale {
+                    log.remove(key).map_err(|e| self.db_err(e))?;
+                }
+                meta.insert(META_OLDEST, keep_from)
+                    .map_err(|e| self.db_err(e))?;
+                shared.oldest_event_revision = keep_from;
+            }
+        }
+        txn.commit().map_err(|e| self.db_err(e))?;
+        shared.revision = revision;
+        for (key, old, new) in lease_moves {
+            if old == new {
+                continue;
+            }
+            if let Some(state) = old.and_then(|l| shared.leases.get_mut(&l)) {
+                state.keys.remove(&key);
+            }
+            if let Some(state) = new.and_then(|l| shared.leases.get_mut(&l)) {
+                state.keys.insert(key);
+            }
+        }
+        shared.watchers.retain(|w| {
+            events
+                .iter()
+                .filter(|e| e.key().starts_with(&w.prefix))
+                .all(|e| w.tx.send(Ok(e.clone())).is_ok())
+        });
+        Ok(Some(revision))
+    }
+
+    /// Ends `lease` now: deletes its keys at one revision and forgets it.
+    fn end_lease(&self, shared: &mut Shared, lease: LeaseId) -> Result<()> {
+        if let Some(state) = shared.leases.remove(&lease) {
+            let count = state.keys.len();
+            let changes = state
+                .keys
+                .into_iter()
+                .map(|key| Change::Delete { key })
+                .collect();
+            self.apply(shared, changes)?;
+            tracing::debug!(store = %self.inner.location, %lease, keys = count, "lease ended");
+        }
+        Ok(())
+    }
+
+    fn check_lease(shared: &Shared, lease: Option<LeaseId>) -> Result<()> {
+        match lease {
+            Some(id) if !shared.leases.contains_key(&id) => Err(StateError::LeaseNotFound(id)),
+            _ => Ok(()),
+        }
+    }
+
+    fn reap_expired(&self) {
+        let mut shared = self.lock();
+        let now = Instant::now();
+        let expired: Vec<LeaseId> = shared
+            .leases
+            .iter()
+            .filter(|(_, s)| s.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for lease in expired {
+            if let Err(err) = self.end_lease(&mut shared, lease) {
+                tracing::error!(store = %self.inner.location, %lease, %err, "could not expire lease");
+            }
+        }
+    }
+}
+
+/// A thread (not a task, so the store works under any runtime or none) that
+/// expires leases. It stops once the last handle to the store is dropped.
+fn spawn_lease_reaper(inner: Weak<Inner>) {
+    let spawned = std::thread::Builder::new()
+        .name("iadeep-lease-reaper".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(REAPER_INTERVAL);
+                match inner.upgrade() {
+                    Some(inner) => EmbeddedStore { inner }.reap_expired(),
+                    None => return,
+                }
+            }
+        });
+    if let Err(err) = spawned {
+        tracing::error!(%err, "could not start the lease reaper: leases will only expire on keep-alive");
+    }
+}
+
+#[async_trait]
+impl StateStore for EmbeddedStore {
+    fn describe(&self) -> String {
+        format!("embedded store {}", self.inner.location)
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+        self.read_record(key)
+    }
+
+    async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision> {
+        let mut shared = self.lock();
+        Self::check_lease(&shared, lease)?;
+        let change = Change::Put {
+            key: key.to_owned(),
+            value,
+            lease,
+        };
+        Ok(self
+            .apply(&mut shared, vec![change])?
+            .unwrap_or(shared.revision))
+    }
+
+    async fn delete(&self, key: &str) -> Result<bool> {
+        let mut shared = self.lock();
+        let change = Change::Delete {
+            key: key.to_owned(),
+        };
+        Ok(self.apply(&mut shared, vec![change])?.is_some())
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &str,
+        expect: Expect,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    ) -> Result<CasOutcome> {
+        let mut shared = self.lock();
+        let current = self.read_record(key)?;
+        let holds = match (&expect, &current) {
+            (Expect::Absent, None) => true,
+            (Expect::ModRevision(rev), Some(kv)) => kv.mod_revision == *rev,
+            _ => false,
+        };
+        if !holds {
+            return Ok(CasOutcome::Conflict { current });
+        }
+        Self::check_lease(&shared, lease)?;
+        let change = Change::Put {
+            key: key.to_owned(),
+            value,
+            lease,
+        };
+        let revision = self
+            .apply(&mut shared, vec![change])?
+            .unwrap_or(shared.revision);
+        Ok(CasOutcome::Swapped { revision })
+    }
+
+    async fn compare_and_delete(&self, key: &str, mod_revision: Revision) -> Result<bool> {
+        let mut shared = self.lock();
+        match self.read_record(key)? {
+            Some(kv) if kv.mod_revision == mod_revision => {
+                let change = Change::Delete {
+                    key: key.to_owned(),
+                };
+                Ok(self.apply(&mut shared, vec![change])?.is_some())
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn range(&self, prefix: &str) -> Result<RangeSnapshot> {
+        // Holding the write lock while reading pins the revision to the snapshot.
+        let shared = self.lock();
+        let txn = self.inner.db.begin_read().map_err(|e| self.db_err(e))?;
+        let revision = shared.revision;
+        drop(shared);
+        let table = txn.open_table(KV).map_err(|e| self.db_err(e))?;
+        let mut kvs = Vec::new();
+        for entry in table.range::<&str>(prefix..).map_err(|e| self.db_err(e))? {
+            let (key, bytes) = entry.map_err(|e| self.db_err(e))?;
+            let key = key.value();
+            if !key.starts_with(prefix) {
+                break;
+            }
+            let (record, value) = Record::decode(key, bytes.value())?;
+            kvs.push(record.into_kv(key.to_owned(), value));
+        }
+        Ok(RangeSnapshot { kvs, revision })
+    }
+
+    async fn watch(&self, prefix: &str, start_revision: Option<Revision>) -> Result<WatchStream> {
+        let (tx, stream) = WatchStream::unbounded();
+        let mut shared = self.lock();
+        if let Some(start) = start_revision.filter(|&s| s <= shared.revision) {
+            if start < shared.oldest_event_revision {
+                return Err(StateError::Compacted {
+                    prefix: prefix.to_owned(),
+                    requested: start,
+                    oldest: shared.oldest_event_revision,
+                });
+            }
+            let txn = self.inner.db.begin_read().map_err(|e| self.db_err(e))?;
+            let log = txn.open_table(EVENTS).map_err(|e| self.db_err(e))?;
+            for entry in log.range((start, 0)..).map_err(|e| self.db_err(e))? {
+                let (key, bytes) = entry.map_err(|e| self.db_err(e))?;
+                let event = decode_event(key.value().0, bytes.value())?;
+                if event.key().starts_with(prefix) && tx.send(Ok(event)).is_err() {
+                    break;
+                }
+            }
+        }
+        shared.watchers.push(Watcher {
+            prefix: prefix.to_owned(),
+            tx,
+        });
+        Ok(stream)
+    }
+
+    async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId> {
+        let ttl = Duration::from_secs(lease_ttl_secs(ttl)?.unsigned_abs());
+        let mut shared = self.lock();
+        let id = LeaseId(shared.next_lease);
+        shared.next_lease += 1;
+        shared.leases.insert(
+            id,
+            LeaseState {
+                ttl,
+                deadline: Instant::now() + ttl,
+                keys: BTreeSet::new(),
+            },
+        );
+        Ok(id)
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Duration> {
+        let mut shared = self.lock();
+        let now = Instant::now();
+        match shared.leases.get_mut(&lease) {
+            Some(state) if state.deadline > now => {
+                state.deadline = now + state.ttl;
+                Ok(state.ttl)
+            }
+            Some(_) => {
+                // Expired but not reaped yet: it is gone all the same.
+                self.end_lease(&mut shared, lease)?;
+                Err(StateError::LeaseNotFound(lease))
+            }
+            None => Err(StateError::LeaseNotFound(lease)),
+        }
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        let mut shared = self.lock();
+        self.end_lease(&mut shared, lease)
+    }
+}
+
+/// The default location of the embedded store: `$XDG_DATA_HOME/iadeep/state.redb`
+/// (or the platform's data directory), falling back to `./.iadeep/state.redb`.
+pub fn default_path() -> PathBuf {
+    dirs::data_dir()
+        .map(|d| d.join("iadeep"))
+        .unwrap_or_else(|| PathBuf::from(".iadeep"))
+        .join("state.redb")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_reject_garbage() {
+        let record = Record {
+            create_revision: 3,
+            mod_revision: 9,
+            version: 4,
+            lease: Some(LeaseId(77)),
+        };
+        let bytes = record.encode(b"hello");
+        let (back, value) = Record::decode("k", &bytes).expect("decodes");
+        assert_eq!(back, record);
+        assert_eq!(value, b"hello");
+        assert!(Record::decode("k", &bytes[..5]).is_err());
+        let mut wrong_format = bytes.clone();
+        wrong_format[0] = 42;
+        assert!(Record::decode("k", &wrong_format).is_err());
+    }
+
+    #[test]
+    fn events_round_trip() {
+        let put = WatchEvent::Put(KeyValue {
+            key: "/a".into(),
+            value: vec![1, 2],
+            create_revision: 1,
+            mod_revision: 5,
+            version: 2,
+            lease: None,
+        });
+        assert_eq!(decode_event(5, &encode_event(&put)).ok(), Some(put));
+        let del = WatchEvent::Delete {
+            key: "/b".into(),
+            revision: 6,
+        };
+        assert_eq!(decode_event(6, &encode_event(&del)).ok(), Some(del));
+        assert!(decode_event(6, &[1, 200, 0, 0, 0]).is_err());
+    }
+}

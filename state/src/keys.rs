@@ -1,0 +1,248 @@
+//! The key layout of the state store, in one place.
+//!
+//! ```text
+//! /iadeep/v1/devices/{device}/info        DeviceInfo; leased by the device's tuner
+//! /iadeep/v1/devices/{device}/tuner       tuner state (observations), so a restarted tuner resumes
+//! /iadeep/v1/devices/{device}/residents   the placer's reservations on the device (compare-and-swap)
+//! /iadeep/v1/tasks/{task}/spec            TaskSpec
+//! /iadeep/v1/tasks/{task}/placement       Placement (device id and reserved memory)
+//! /iadeep/v1/tasks/{task}/alive           leased by the task's agent: the task is running
+//! /iadeep/v1/tasks/{task}/report          latest TaskReport
+//! /iadeep/v1/tasks/{task}/assignment      BatchSizeAssignment
+//! /iadeep/v1/samples/{device}/{seq:020}   CoLocationSample; seq is per device (one tuner each)
+//! ```
+//!
+//! Why the device's own record is `.../info` rather than the bare
+//! `/devices/{device}` of DESIGN.md: a prefix range over `/devices/` would then
+//! mix device records with their tuner state, and a reader could not tell a
+//! device named `a/tuner` from the tuner state of device `a`. Ids therefore may
+//! not contain `/` (see [`validate_id`]).
+
+use crate::error::{Result, StateError};
+
+/// Root of every key iadeep writes. The version lets a future layout live beside this one.
+pub const ROOT: &str = "/iadeep/v1/";
+/// Prefix of all device keys.
+pub const DEVICES: &str = "/iadeep/v1/devices/";
+/// Prefix of all task keys.
+pub const TASKS: &str = "/iadeep/v1/tasks/";
+/// Prefix of all co-location samples.
+pub const SAMPLES: &str = "/iadeep/v1/samples/";
+
+/// Longest id accepted, so keys stay readable and bounded.
+pub const MAX_ID_LEN: usize = 128;
+
+/// Checks that `id` can be used as one path segment of a key.
+///
+/// Allowed: ASCII letters, digits, `.`, `_`, `-`, `:`; not empty, not starting
+/// with `.`, at most [`MAX_ID_LEN`] bytes.
+pub fn validate_id(kind: &'static str, id: &str) -> Result<()> {
+    let reason = if id.is_empty() {
+        Some("must not be empty")
+    } else if id.len() > MAX_ID_LEN {
+        Some("is longer than 128 bytes")
+    } else if id.starts_with('.') {
+        Some("must not start with '.'")
+    } else if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
+    {
+        Some("may only contain ASCII letters, digits, '.', '_', '-' and ':'")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(StateError::InvalidId {
+            kind,
+            id: id.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `/iadeep/v1/devices/{device}/info`
+pub fn device_info(device: &str) -> String {
+    format!("{DEVICES}{device}/info")
+}
+/// `/iadeep/v1/devices/{device}/tuner`
+pub fn device_tuner(device: &str) -> String {
+    format!("{DEVICES}{device}/tuner")
+}
+/// `/iadeep/v1/devices/{device}/residents`
+pub fn device_residents(device: &str) -> String {
+    format!("{DEVICES}{device}/residents")
+}
+/// `/iadeep/v1/devices/{device}/`: everything about one device.
+pub fn device_prefix(device: &str) -> String {
+    format!("{DEVICES}{device}/")
+}
+/// `/iadeep/v1/tasks/{task}/spec`
+pub fn task_spec(task: &str) -> String {
+    format!("{TASKS}{task}/spec")
+}
+/// `/iadeep/v1/tasks/{task}/placement`
+pub fn task_placement(task: &str) -> String {
+    format!("{TASKS}{task}/placement")
+}
+/// `/iadeep/v1/tasks/{task}/alive`
+pub fn task_alive(task: &str) -> String {
+    format!("{TASKS}{task}/alive")
+}
+/// `/iadeep/v1/tasks/{task}/report`
+pub fn task_report(task: &str) -> String {
+    format!("{TASKS}{task}/report")
+}
+/// `/iadeep/v1/tasks/{task}/assignment`
+pub fn task_assignment(task: &str) -> String {
+    format!("{TASKS}{task}/assignment")
+}
+/// `/iadeep/v1/tasks/{task}/`: everything about one task.
+pub fn task_prefix(task: &str) -> String {
+    format!("{TASKS}{task}/")
+}
+/// `/iadeep/v1/samples/{device}/{seq:020}`: zero-padded so keys sort by sequence.
+pub fn sample(device: &str, seq: u64) -> String {
+    format!("{SAMPLES}{device}/{seq:020}")
+}
+/// `/iadeep/v1/samples/{device}/`
+pub fn device_samples_prefix(device: &str) -> String {
+    format!("{SAMPLES}{device}/")
+}
+
+/// What a key is, parsed back from its text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyKind {
+    DeviceInfo { device: String },
+    DeviceTuner { device: String },
+    DeviceResidents { device: String },
+    TaskSpec { task: String },
+    TaskPlacement { task: String },
+    TaskAlive { task: String },
+    TaskReport { task: String },
+    TaskAssignment { task: String },
+    Sample { device: String, seq: u64 },
+    /// Not part of iadeep's layout.
+    Other,
+}
+
+impl KeyKind {
+    /// Classifies a key of the layout above; anything else is [`KeyKind::Other`].
+    pub fn parse(key: &str) -> KeyKind {
+        let two_segments = |rest: &str| -> Option<(String, String)> {
+            let (id, leaf) = rest.split_once('/')?;
+            if leaf.contains('/') || validate_id("key", id).is_err() {
+                return None;
+            }
+            Some((id.to_owned(), leaf.to_owned()))
+        };
+        if let Some(rest) = key.strip_prefix(DEVICES) {
+            return match two_segments(rest) {
+                Some((device, leaf)) => match leaf.as_str() {
+                    "info" => KeyKind::DeviceInfo { device },
+                    "tuner" => KeyKind::DeviceTuner { device },
+                    "residents" => KeyKind::DeviceResidents { device },
+                    _ => KeyKind::Other,
+                },
+                None => KeyKind::Other,
+            };
+        }
+        if let Some(rest) = key.strip_prefix(TASKS) {
+            return match two_segments(rest) {
+                Some((task, leaf)) => match leaf.as_str() {
+                    "spec" => KeyKind::TaskSpec { task },
+                    "placement" => KeyKind::TaskPlacement { task },
+                    "alive" => KeyKind::TaskAlive { task },
+                    "report" => KeyKind::TaskReport { task },
+                    "assignment" => KeyKind::TaskAssignment { task },
+                    _ => KeyKind::Other,
+                },
+                None => KeyKind::Other,
+            };
+        }
+        if let Some(rest) = key.strip_prefix(SAMPLES) {
+            return match two_segments(rest) {
+                Some((device, seq)) => match seq.parse::<u64>() {
+                    Ok(seq) => KeyKind::Sample { device, seq },
+                    Err(_) => KeyKind::Other,
+                },
+                None => KeyKind::Other,
+            };
+        }
+        KeyKind::Other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_builder_parses_back_to_its_kind() {
+        let d = "node-3:gpu1".to_owned();
+        let t = "job-42".to_owned();
+        assert_eq!(
+            KeyKind::parse(&device_info(&d)),
+            KeyKind::DeviceInfo { device: d.clone() }
+        );
+        assert_eq!(
+            KeyKind::parse(&device_tuner(&d)),
+            KeyKind::DeviceTuner { device: d.clone() }
+        );
+        assert_eq!(
+            KeyKind::parse(&device_residents(&d)),
+            KeyKind::DeviceResidents { device: d.clone() }
+        );
+        assert_eq!(
+            KeyKind::parse(&task_spec(&t)),
+            KeyKind::TaskSpec { task: t.clone() }
+        );
+        assert_eq!(
+            KeyKind::parse(&task_placement(&t)),
+            KeyKind::TaskPlacement { task: t.clone() }
+        );
+        assert_eq!(
+            KeyKind::parse(&task_alive(&t)),
+            KeyKind::TaskAlive { task: t.clone() }
+        );
+        assert_eq!(
+            KeyKind::parse(&task_report(&t)),
+            KeyKind::TaskReport { task: t.clone() }
+        );
+        assert_eq!(
+            KeyKind::parse(&task_assignment(&t)),
+            KeyKind::TaskAssignment { task: t.clone() }
+        );
+        assert_eq!(
+            KeyKind::parse(&sample(&d, 7)),
+            KeyKind::Sample { device: d, seq: 7 }
+        );
+    }
+
+    #[test]
+    fn foreign_and_malformed_keys_are_other() {
+        for key in [
+            "/other/thing",
+            "/iadeep/v1/devices/a/b/info",
+            "/iadeep/v1/tasks/t/unknown",
+            "/iadeep/v1/samples/d/notanumber",
+            "/iadeep/v1/tasks//spec",
+        ] {
+            assert_eq!(KeyKind::parse(key), KeyKind::Other, "{key}");
+        }
+    }
+
+    #[test]
+    fn sample_keys_sort_by_sequence() {
+        assert!(sample("d", 9) < sample("d", 10));
+    }
+
+    #[test]
+    fn ids_with_separators_are_rejected_with_a_reason() {
+        assert!(validate_id("task", "job-1.v2:x_y").is_ok());
+        for bad in ["", "a/b", ".hidden", "sp ace", &"x".repeat(129)] {
+            let err = validate_id("task", bad).expect_err(bad);
+            assert!(err.to_string().contains("invalid task id"), "{err}");
+        }
+    }
+}

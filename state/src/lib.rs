@@ -1,0 +1,29 @@
+//! The cluster-state store of iadeep.
+//!
+//! One trait, [`StateStore`], with two backends that pass one conformance suite:
+//! [`EtcdStore`] for clusters and [`EmbeddedStore`], a single redb file (or
+//! memory) for one machine with no server. [`keys`] is the key layout,
+//! [`typed`] reads and writes protobuf values with errors that name the key, and
+//! [`StoreUrl`] picks a backend from what an operator typed.
+
+pub mod embedded;
+pub mod error;
+pub mod etcd;
+pub mod keys;
+pub mod lease;
+pub mod store;
+pub mod typed;
+pub mod url;
+
+#[cfg(feature = "test-util")]
+pub mod testing;
+
+pub use embedded::EmbeddedStore;
+pub use error::{Result, StateError};
+pub use etcd::EtcdStore;
+pub use lease::{LeaseHealth, LeaseKeeper};
+pub use store::{
+    CasOutcome, Expect, KeyValue, LeaseId, RangeSnapshot, Revision, StateStore, WatchEvent,
+    WatchStream,
+};
+pub use url::StoreUrl;

@@ -1,0 +1,219 @@
+//! The [`StateStore`] trait every backend implements, and the values it speaks in.
+//!
+//! The model is etcd's, because etcd is the production backend and its semantics
+//! are the ones the components are written against: one global revision that
+//! increases with every write, a mod-revision per key for compare-and-swap,
+//! prefix watches that can resume from any revision still in the history, and
+//! leases whose expiry deletes the keys bound to them.
+
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+
+use crate::error::{Result, StateError};
+
+/// A store-wide revision number. Every write produces a larger one.
+pub type Revision = i64;
+
+/// A lease: keys put with it are deleted when it expires or is revoked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseId(pub i64);
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:x}", self.0)
+    }
+}
+
+/// One key with its value and metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyValue {
+    pub key: String,
+    pub value: Vec<u8>,
+    /// Revision of the write that created the key (since it last did not exist).
+    pub create_revision: Revision,
+    /// Revision of the last write to the key; what compare-and-swap compares.
+    pub mod_revision: Revision,
+    /// Number of writes since creation (1 after the first put).
+    pub version: i64,
+    pub lease: Option<LeaseId>,
+}
+
+/// A change seen by a watch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchEvent {
+    Put(KeyValue),
+    /// The key was deleted, explicitly or because its lease expired.
+    Delete { key: String, revision: Revision },
+}
+
+impl WatchEvent {
+    /// The key the event is about.
+    pub fn key(&self) -> &str {
+        match self {
+            WatchEvent::Put(kv) => &kv.key,
+            WatchEvent::Delete { key, .. } => key,
+        }
+    }
+
+    /// The revision of the write that caused the event.
+    pub fn revision(&self) -> Revision {
+        match self {
+            WatchEvent::Put(kv) => kv.mod_revision,
+            WatchEvent::Delete { revision, .. } => *revision,
+        }
+    }
+}
+
+/// What a compare-and-swap expects to find.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// The key must not exist.
+    Absent,
+    /// The key must exist with exactly this mod-revision.
+    ModRevision(Revision),
+}
+
+/// Result of a compare-and-swap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CasOutcome {
+    /// The expectation held and the value was written at `revision`.
+    Swapped { revision: Revision },
+    /// The expectation did not hold; nothing was written. `current` is what is there now.
+    Conflict { current: Option<KeyValue> },
+}
+
+impl CasOutcome {
+    /// True when the write happened.
+    pub fn swapped(&self) -> bool {
+        matches!(self, CasOutcome::Swapped { .. })
+    }
+}
+
+/// A consistent snapshot of a prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeSnapshot {
+    /// Keys under the prefix, sorted by key.
+    pub kvs: Vec<KeyValue>,
+    /// The store revision the snapshot was read at: watch from `revision + 1` to see
+    /// every later change without a gap.
+    pub revision: Revision,
+}
+
+/// A stream of [`WatchEvent`]s in revision order.
+///
+/// Dropping it cancels the watch. An `Err` item is final (for example
+/// [`StateError::Compacted`]); transient disconnections are handled inside the
+/// backend and never show up here as lost or repeated events.
+pub struct WatchStream {
+    rx: mpsc::UnboundedReceiver<Result<WatchEvent>>,
+}
+
+impl fmt::Debug for WatchStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WatchStream").finish_non_exhaustive()
+    }
+}
+
+impl WatchStream {
+    /// A stream fed by `tx`; the backend stops feeding once the stream is dropped
+    /// (`tx.closed()` resolves, sends fail).
+    ///
+    /// Unbounded on purpose: a watch must never lose an event, and the backends
+    /// must never block a write on a slow reader; a slow reader costs memory.
+    pub(crate) fn unbounded() -> (mpsc::UnboundedSender<Result<WatchEvent>>, WatchStream) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (tx, WatchStream { rx })
+    }
+
+    /// The next event; `None` when the backend closed the watch.
+    pub async fn next(&mut self) -> Option<Result<WatchEvent>> {
+        self.rx.recv().await
+    }
+}
+
+impl futures::Stream for WatchStream {
+    type Item = Result<WatchEvent>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+/// Smallest and largest lease TTL accepted by every backend (etcd counts in whole seconds).
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(1);
+/// See [`MIN_LEASE_TTL`].
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Rounds a TTL up to whole seconds and checks it is within bounds.
+pub(crate) fn lease_ttl_secs(ttl: Duration) -> Result<i64> {
+    if ttl < MIN_LEASE_TTL || ttl > MAX_LEASE_TTL {
+        return Err(StateError::InvalidTtl(ttl));
+    }
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs).map_err(|_| StateError::InvalidTtl(ttl))
+}
+
+/// The cluster-state store: etcd in production, an embedded file on one machine.
+///
+/// Components hold an `Arc<dyn StateStore>` and never learn which backend it is.
+/// Keys are UTF-8 strings laid out by [`crate::keys`]; values are bytes (protobuf
+/// messages from `iadeep-proto`, see [`crate::typed`]).
+#[async_trait]
+pub trait StateStore: Send + Sync + fmt::Debug {
+    /// A human-readable name of the store for logs, e.g. `etcd://127.0.0.1:2379`.
+    fn describe(&self) -> String;
+
+    /// The value at `key`, if any.
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>>;
+
+    /// Writes `value` at `key`, bound to `lease` if given; returns the write's revision.
+    async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision>;
+
+    /// Deletes `key`; returns whether it existed.
+    async fn delete(&self, key: &str) -> Result<bool>;
+
+    /// Writes `value` at `key` only if `expect` holds, atomically.
+    async fn compare_and_swap(
+        &self,
+        key: &str,
+        expect: Expect,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    ) -> Result<CasOutcome>;
+
+    /// Deletes `key` only if its mod-revision is `mod_revision`; returns whether it did.
+    async fn compare_and_delete(&self, key: &str, mod_revision: Revision) -> Result<bool>;
+
+    /// Every key starting with `prefix`, sorted, with the revision of the snapshot.
+    async fn range(&self, prefix: &str) -> Result<RangeSnapshot>;
+
+    /// Changes to keys starting with `prefix`, from `start_revision` (inclusive) or,
+    /// with `None`, from now on.
+    async fn watch(&self, prefix: &str, start_revision: Option<Revision>) -> Result<WatchStream>;
+
+    /// A new lease that expires `ttl` (rounded up to whole seconds) after its last keep-alive.
+    async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId>;
+
+    /// Refreshes the lease; returns its TTL. [`StateError::LeaseNotFound`] once it expired.
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Duration>;
+
+    /// Ends the lease now, deleting its keys. Revoking an unknown lease is not an error.
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_rounds_up_to_whole_seconds_and_rejects_out_of_range() {
+        assert_eq!(lease_ttl_secs(Duration::from_millis(1500)).ok(), Some(2));
+        assert_eq!(lease_ttl_secs(Duration::from_secs(3)).ok(), Some(3));
+        assert!(lease_ttl_secs(Duration::from_millis(999)).is_err());
+        assert!(lease_ttl_secs(MAX_LEASE_TTL + Duration::from_secs(1)).is_err());
+    }
+}

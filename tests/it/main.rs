@@ -1,0 +1,4 @@
+//! All cross-crate integration tests, in one binary so the 2-core CI links once.
+
+mod state_embedded;
+mod state_etcd;

@@ -1,0 +1,4 @@
+//! Per-GPU batch-size tuner (issue: "Per-GPU tuner").
+//!
+//! Not implemented yet: this crate exists so the workspace layout of DESIGN.md is
+//! in place. It exports nothing, so nothing can mistake it for a working tuner.
