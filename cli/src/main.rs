@@ -1,1 +1,86 @@
-fn main() {}
+//! `iadeep`: the command operators and orchestrators run.
+//!
+//! One binary, one subcommand per job. Each subcommand lives in its own module;
+//! this file only parses the command line, sets up logging and reports errors.
+
+mod codec;
+mod state_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use iadeep_state::StoreUrl;
+
+/// iadeep lets several deep-learning training jobs share one GPU without hurting
+/// each other: it places each new job where it causes the least slowdown and tunes
+/// the batch size of every co-located job.
+///
+/// Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more detail.
+#[derive(Debug, Parser)]
+#[command(name = "iadeep", version, about, long_about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where the cluster state lives; shared by every subcommand that needs it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StoreArgs {
+    /// The state store: `etcd://HOST:PORT[,HOST:PORT...]` for an etcd cluster, or a
+    /// file path for the embedded single-machine store (one process at a time).
+    /// Default: the embedded store under the user's data directory
+    /// (e.g. ~/.local/share/iadeep/state.redb).
+    #[arg(long, global = true, env = "IADEEP_STORE", value_name = "URL")]
+    store: Option<StoreUrl>,
+}
+
+impl StoreArgs {
+    /// The URL given, or the default embedded store.
+    pub fn url(&self) -> StoreUrl {
+        self.store
+            .clone()
+            .unwrap_or_else(StoreUrl::default_embedded)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Read, write and watch the cluster state directly (for operators).
+    State(state_cmd::StateArgs),
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::State(args) => state_cmd::run(args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -279,9 +279,15 @@ impl EmbeddedStore {
                 txn.open_table(EVENTS).map_err(|e| err(e.into()))?;
                 let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
                 let read = |name: &str| -> Result<Option<i64>> {
-                    Ok(meta.get(name).map_err(|e| err(e.into()))?.map(|g| g.value()))
+                    Ok(meta
+                        .get(name)
+                        .map_err(|e| err(e.into()))?
+                        .map(|g| g.value()))
                 };
-                (read(META_REVISION)?.unwrap_or(0), read(META_OLDEST)?.unwrap_or(1))
+                (
+                    read(META_REVISION)?.unwrap_or(0),
+                    read(META_OLDEST)?.unwrap_or(1),
+                )
             };
             txn.commit().map_err(|e| err(e.into()))?;
             counters
@@ -418,7 +424,8 @@ impl EmbeddedStore {
                 .map_err(|e| self.db_err(e))?;
             // Trim the history in batches so the cost is amortised over many writes.
             let keep_from = revision - self.inner.history_revisions + 1;
-            if keep_from - shared.oldest_event_revision >= (self.inner.history_revisions / 10).max(1)
+            if keep_from - shared.oldest_event_revision
+                >= (self.inner.history_revisions / 10).max(1)
             {
                 let stale: Vec<(i64, u32)> = log
                     .range(..(keep_from, 0))

@@ -113,15 +113,34 @@ pub fn device_samples_prefix(device: &str) -> String {
 /// What a key is, parsed back from its text.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeyKind {
-    DeviceInfo { device: String },
-    DeviceTuner { device: String },
-    DeviceResidents { device: String },
-    TaskSpec { task: String },
-    TaskPlacement { task: String },
-    TaskAlive { task: String },
-    TaskReport { task: String },
-    TaskAssignment { task: String },
-    Sample { device: String, seq: u64 },
+    DeviceInfo {
+        device: String,
+    },
+    DeviceTuner {
+        device: String,
+    },
+    DeviceResidents {
+        device: String,
+    },
+    TaskSpec {
+        task: String,
+    },
+    TaskPlacement {
+        task: String,
+    },
+    TaskAlive {
+        task: String,
+    },
+    TaskReport {
+        task: String,
+    },
+    TaskAssignment {
+        task: String,
+    },
+    Sample {
+        device: String,
+        seq: u64,
+    },
     /// Not part of iadeep's layout.
     Other,
 }

@@ -48,7 +48,10 @@ pub struct KeyValue {
 pub enum WatchEvent {
     Put(KeyValue),
     /// The key was deleted, explicitly or because its lease expired.
-    Delete { key: String, revision: Revision },
+    Delete {
+        key: String,
+        revision: Revision,
+    },
 }
 
 impl WatchEvent {

@@ -101,7 +101,10 @@ mod tests {
     fn parses_each_form() {
         assert_eq!(
             "etcd://10.0.0.1:2379,etcd-b:2379".parse::<StoreUrl>().ok(),
-            Some(StoreUrl::Etcd(vec!["10.0.0.1:2379".into(), "etcd-b:2379".into()]))
+            Some(StoreUrl::Etcd(vec![
+                "10.0.0.1:2379".into(),
+                "etcd-b:2379".into()
+            ]))
         );
         assert_eq!("memory:".parse::<StoreUrl>().ok(), Some(StoreUrl::Memory));
         assert_eq!(

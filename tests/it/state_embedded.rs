@@ -26,7 +26,10 @@ mod in_memory_conformance {
     use iadeep_state::{EmbeddedStore, StateStore};
 
     async fn fresh() -> (Arc<dyn StateStore>, Box<dyn Any + Send>) {
-        (Arc::new(EmbeddedStore::in_memory().expect("open")), Box::new(()))
+        (
+            Arc::new(EmbeddedStore::in_memory().expect("open")),
+            Box::new(()),
+        )
     }
     iadeep_state::conformance_tests!(fresh);
 }
@@ -43,7 +46,10 @@ async fn restart_keeps_plain_keys_drops_leased_keys_and_history_resumes() {
             .grant_lease(Duration::from_secs(60))
             .await
             .expect("grant");
-        let kept = store.put("/x/kept", b"k".to_vec(), None).await.expect("put");
+        let kept = store
+            .put("/x/kept", b"k".to_vec(), None)
+            .await
+            .expect("put");
         let leased = store
             .put("/x/leased", b"l".to_vec(), Some(lease))
             .await
@@ -53,7 +59,10 @@ async fn restart_keeps_plain_keys_drops_leased_keys_and_history_resumes() {
     };
     let store = EmbeddedStore::open(&path).expect("reopen");
     let kept = store.get("/x/kept").await.expect("get").expect("kept");
-    assert_eq!((kept.value.as_slice(), kept.mod_revision), (&b"k"[..], kept_rev));
+    assert_eq!(
+        (kept.value.as_slice(), kept.mod_revision),
+        (&b"k"[..], kept_rev)
+    );
     assert_eq!(store.get("/x/leased").await.expect("get"), None);
 
     // History: the two puts, then the delete of the orphaned leased key.
@@ -103,7 +112,9 @@ async fn watch_from_compacted_history_is_an_error() {
         store.put("/c/k", vec![i], None).await.expect("put");
     }
     match store.watch("/c/", Some(1)).await {
-        Err(StateError::Compacted { requested, oldest, .. }) => {
+        Err(StateError::Compacted {
+            requested, oldest, ..
+        }) => {
             assert_eq!(requested, 1);
             assert!(oldest > 1 && oldest <= 41, "oldest {oldest}");
         }

@@ -38,8 +38,14 @@ async fn talks_to_a_real_etcd_server() {
         .await
         .expect("connect");
     let version = store.server_version().await.expect("version");
-    println!("etcd conformance tests ran against etcd server version {version} at {}", server.url());
-    assert!(version.starts_with('3'), "unexpected etcd version {version}");
+    println!(
+        "etcd conformance tests ran against etcd server version {version} at {}",
+        server.url()
+    );
+    assert!(
+        version.starts_with('3'),
+        "unexpected etcd version {version}"
+    );
 }
 
 /// Fault: a watch interrupted by an etcd restart resumes from its last revision
@@ -65,7 +71,10 @@ async fn watch_survives_an_etcd_restart_without_loss_or_duplicates() {
     let mut written = 2u8;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while written < 6 {
-        match store.put(&format!("/restart/{written}"), vec![written], None).await {
+        match store
+            .put(&format!("/restart/{written}"), vec![written], None)
+            .await
+        {
             Ok(_) => written += 1,
             Err(err) if std::time::Instant::now() < deadline => {
                 // The client reconnects lazily; the first calls may fail.
@@ -103,7 +112,11 @@ async fn unreachable_etcd_is_a_clear_error() {
     let url: StoreUrl = format!("etcd://127.0.0.1:{port}").parse().expect("url");
     let started = std::time::Instant::now();
     let err = url.open().await.expect_err("nothing listens there");
-    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        started.elapsed()
+    );
     assert!(matches!(err, StateError::Unavailable { .. }), "{err:?}");
     let text = err.to_string();
     assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");

@@ -61,22 +61,39 @@ pub async fn put_get_delete(store: Arc<dyn StateStore>) {
     assert!(store.delete("/c/a").await.expect("delete"));
     assert_eq!(store.get("/c/a").await.expect("get"), None);
     assert!(!store.delete("/c/a").await.expect("delete absent"));
-    let r3 = store.put("/c/a", b"three".to_vec(), None).await.expect("put");
+    let r3 = store
+        .put("/c/a", b"three".to_vec(), None)
+        .await
+        .expect("put");
     let kv = store.get("/c/a").await.expect("get").expect("present");
-    assert_eq!((kv.create_revision, kv.version), (r3, 1), "re-created key starts over");
+    assert_eq!(
+        (kv.create_revision, kv.version),
+        (r3, 1),
+        "re-created key starts over"
+    );
 }
 
 /// A prefix range returns exactly the keys under the prefix, sorted.
 pub async fn range_is_prefix_bounded_and_sorted(store: Arc<dyn StateStore>) {
     for key in ["/r/b", "/r/a", "/r/c", "/rr/x", "/q/z"] {
-        store.put(key, key.as_bytes().to_vec(), None).await.expect("put");
+        store
+            .put(key, key.as_bytes().to_vec(), None)
+            .await
+            .expect("put");
     }
     let last = store.put("/r/d", b"d".to_vec(), None).await.expect("put");
     let snapshot = store.range("/r/").await.expect("range");
     let keys: Vec<&str> = snapshot.kvs.iter().map(|kv| kv.key.as_str()).collect();
     assert_eq!(keys, ["/r/a", "/r/b", "/r/c", "/r/d"]);
     assert!(snapshot.revision >= last);
-    assert!(store.range("/nothing/").await.expect("range").kvs.is_empty());
+    assert!(
+        store
+            .range("/nothing/")
+            .await
+            .expect("range")
+            .kvs
+            .is_empty()
+    );
 }
 
 /// Compare-and-swap on absence and on mod-revision.
@@ -111,11 +128,22 @@ pub async fn compare_and_swap_semantics(store: Arc<dyn StateStore>) {
 
 /// Fault: a compare-and-swap on a stale revision fails and writes nothing.
 pub async fn stale_compare_and_swap_writes_nothing(store: Arc<dyn StateStore>) {
-    let stale = store.put("/stale/k", b"old".to_vec(), None).await.expect("put");
-    let fresh = store.put("/stale/k", b"new".to_vec(), None).await.expect("put");
+    let stale = store
+        .put("/stale/k", b"old".to_vec(), None)
+        .await
+        .expect("put");
+    let fresh = store
+        .put("/stale/k", b"new".to_vec(), None)
+        .await
+        .expect("put");
     let before = store.range("/stale/").await.expect("range").revision;
     let outcome = store
-        .compare_and_swap("/stale/k", Expect::ModRevision(stale), b"lost".to_vec(), None)
+        .compare_and_swap(
+            "/stale/k",
+            Expect::ModRevision(stale),
+            b"lost".to_vec(),
+            None,
+        )
         .await
         .expect("cas");
     match outcome {
@@ -150,7 +178,10 @@ pub async fn stale_compare_and_swap_writes_nothing(store: Arc<dyn StateStore>) {
 pub async fn watch_sees_changes_in_order(store: Arc<dyn StateStore>) {
     let mut watch = store.watch("/w/", None).await.expect("watch");
     store.put("/w/a", b"1".to_vec(), None).await.expect("put");
-    store.put("/other/a", b"x".to_vec(), None).await.expect("put");
+    store
+        .put("/other/a", b"x".to_vec(), None)
+        .await
+        .expect("put");
     store.put("/w/b", b"2".to_vec(), None).await.expect("put");
     store.delete("/w/a").await.expect("delete");
     let mut last = 0;
@@ -185,7 +216,10 @@ pub async fn watch_resumes_from_a_revision(store: Arc<dyn StateStore>) {
         assert_eq!(put_key(&event), Some(format!("/h/{i}").as_str()));
         assert_eq!(event.revision(), revisions[usize::from(i)]);
     }
-    store.put("/h/live", b"x".to_vec(), None).await.expect("put");
+    store
+        .put("/h/live", b"x".to_vec(), None)
+        .await
+        .expect("put");
     assert_eq!(put_key(&next_event(&mut watch).await), Some("/h/live"));
 }
 
@@ -214,8 +248,15 @@ pub async fn unkept_lease_expires_and_deletes_its_keys(store: Arc<dyn StateStore
         .put("/lease/alive", b"1".to_vec(), Some(lease))
         .await
         .expect("put with lease");
-    store.put("/lease/plain", b"2".to_vec(), None).await.expect("put");
-    let kv = store.get("/lease/alive").await.expect("get").expect("present");
+    store
+        .put("/lease/plain", b"2".to_vec(), None)
+        .await
+        .expect("put");
+    let kv = store
+        .get("/lease/alive")
+        .await
+        .expect("get")
+        .expect("present");
     assert_eq!(kv.lease, Some(lease));
     let mut watch = store.watch("/lease/", None).await.expect("watch");
 
@@ -234,7 +275,10 @@ pub async fn unkept_lease_expires_and_deletes_its_keys(store: Arc<dyn StateStore
         other => panic!("expected the leased key's delete event, got {other:?}"),
     }
     let waited = stopped.elapsed();
-    assert!(waited >= Duration::from_millis(500), "expired too early: {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(500),
+        "expired too early: {waited:?}"
+    );
     assert_eq!(store.get("/lease/alive").await.expect("get"), None);
     assert!(store.get("/lease/plain").await.expect("get").is_some());
     match store.keep_alive(lease).await {
@@ -245,12 +289,24 @@ pub async fn unkept_lease_expires_and_deletes_its_keys(store: Arc<dyn StateStore
 
 /// Revoking a lease deletes its keys at once; revoking again is fine.
 pub async fn revoke_deletes_keys_now(store: Arc<dyn StateStore>) {
-    let lease = store.grant_lease(Duration::from_secs(60)).await.expect("grant");
-    store.put("/rev/a", vec![1], Some(lease)).await.expect("put");
-    store.put("/rev/b", vec![2], Some(lease)).await.expect("put");
+    let lease = store
+        .grant_lease(Duration::from_secs(60))
+        .await
+        .expect("grant");
+    store
+        .put("/rev/a", vec![1], Some(lease))
+        .await
+        .expect("put");
+    store
+        .put("/rev/b", vec![2], Some(lease))
+        .await
+        .expect("put");
     store.revoke_lease(lease).await.expect("revoke");
     assert!(store.range("/rev/").await.expect("range").kvs.is_empty());
-    store.revoke_lease(lease).await.expect("revoking twice is not an error");
+    store
+        .revoke_lease(lease)
+        .await
+        .expect("revoking twice is not an error");
     match store.put("/rev/c", vec![3], Some(lease)).await {
         Err(StateError::LeaseNotFound(id)) => assert_eq!(id, lease),
         other => panic!("put with a revoked lease must fail: {other:?}"),
@@ -260,11 +316,21 @@ pub async fn revoke_deletes_keys_now(store: Arc<dyn StateStore>) {
 
 /// Re-putting a leased key without a lease detaches it from the lease.
 pub async fn put_without_lease_detaches_key(store: Arc<dyn StateStore>) {
-    let lease = store.grant_lease(Duration::from_secs(60)).await.expect("grant");
-    store.put("/det/k", vec![1], Some(lease)).await.expect("put");
+    let lease = store
+        .grant_lease(Duration::from_secs(60))
+        .await
+        .expect("grant");
+    store
+        .put("/det/k", vec![1], Some(lease))
+        .await
+        .expect("put");
     store.put("/det/k", vec![2], None).await.expect("put");
     store.revoke_lease(lease).await.expect("revoke");
-    let kv = store.get("/det/k").await.expect("get").expect("survives revoke");
+    let kv = store
+        .get("/det/k")
+        .await
+        .expect("get")
+        .expect("survives revoke");
     assert_eq!((kv.value, kv.lease), (vec![2], None));
 }
 
@@ -272,17 +338,26 @@ pub async fn put_without_lease_detaches_key(store: Arc<dyn StateStore>) {
 pub async fn undecodable_value_names_its_key(store: Arc<dyn StateStore>) {
     let key = keys::task_spec("broken-task");
     // Field 1, length-delimited, claims 5 bytes but carries 1.
-    store.put(&key, vec![0x0a, 0x05, 0x01], None).await.expect("put");
+    store
+        .put(&key, vec![0x0a, 0x05, 0x01], None)
+        .await
+        .expect("put");
     match typed::get::<TaskSpec>(store.as_ref(), &key).await {
         Err(err @ StateError::Decode { .. }) => {
             let text = err.to_string();
             assert!(text.contains(&key), "error must name the key: {text}");
-            assert!(text.contains("TaskSpec"), "error must name the type: {text}");
+            assert!(
+                text.contains("TaskSpec"),
+                "error must name the type: {text}"
+            );
         }
         other => panic!("expected a decode error, got {other:?}"),
     }
     let listed = typed::list::<TaskSpec>(store.as_ref(), keys::TASKS, |_| true).await;
-    assert!(matches!(listed, Err(StateError::Decode { .. })), "{listed:?}");
+    assert!(
+        matches!(listed, Err(StateError::Decode { .. })),
+        "{listed:?}"
+    );
 }
 
 /// Typed values round-trip.
@@ -294,7 +369,9 @@ pub async fn typed_values_round_trip(store: Arc<dyn StateStore>) {
         ..Default::default()
     };
     let key = keys::task_spec("t1");
-    typed::put(store.as_ref(), &key, &spec, None).await.expect("put");
+    typed::put(store.as_ref(), &key, &spec, None)
+        .await
+        .expect("put");
     let (back, kv) = typed::get::<TaskSpec>(store.as_ref(), &key)
         .await
         .expect("get")

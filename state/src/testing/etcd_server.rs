@@ -82,7 +82,10 @@ impl EtcdServer {
             .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
         let child = Command::new(&self.binary)
             .arg("--name=iadeep-test")
-            .arg(format!("--data-dir={}", self.data_dir.path().join("data").display()))
+            .arg(format!(
+                "--data-dir={}",
+                self.data_dir.path().join("data").display()
+            ))
             .arg(format!("--listen-client-urls={client}"))
             .arg(format!("--advertise-client-urls={client}"))
             .arg(format!("--listen-peer-urls={peer}"))
@@ -111,13 +114,18 @@ impl EtcdServer {
                 let log = std::fs::read_to_string(log_path).unwrap_or_default();
                 return Err(format!("etcd exited with {status} while starting:\n{log}"));
             }
-            if self.http_get("/health").is_some_and(|body| body.contains("\"health\":\"true\"")) {
+            if self
+                .http_get("/health")
+                .is_some_and(|body| body.contains("\"health\":\"true\""))
+            {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         let log = std::fs::read_to_string(log_path).unwrap_or_default();
-        Err(format!("etcd did not become healthy within {START_TIMEOUT:?}:\n{log}"))
+        Err(format!(
+            "etcd did not become healthy within {START_TIMEOUT:?}:\n{log}"
+        ))
     }
 
     /// A plain HTTP GET on the client port (etcd serves /health and /version there).
@@ -127,7 +135,9 @@ impl EtcdServer {
         write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
         let mut response = String::new();
         stream.read_to_string(&mut response).ok()?;
-        response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+        response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
     }
 
     /// `127.0.0.1:PORT`, as [`crate::EtcdStore::connect`] takes it.

@@ -1,0 +1,196 @@
+//! `iadeep state`: direct access to the cluster state for operators.
+
+use std::io::Read;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use iadeep_state::{StateStore, WatchEvent};
+
+use crate::StoreArgs;
+use crate::codec;
+
+#[derive(Debug, Args)]
+pub struct StateArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(subcommand)]
+    command: StateCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum StateCommand {
+    /// Print the value at KEY (JSON for iadeep's own keys). Exits 1 if absent.
+    Get {
+        key: String,
+        /// Also print revision, version and lease to stderr.
+        #[arg(long)]
+        meta: bool,
+    },
+    /// Store VALUE at KEY. For iadeep's keys VALUE is JSON of the key's message
+    /// (e.g. a DeviceInfo for /iadeep/v1/devices/ID/info) and is checked; `-` reads stdin.
+    Put {
+        key: String,
+        value: String,
+        /// Store VALUE's bytes as given, without checking them against the key's message.
+        #[arg(long)]
+        raw: bool,
+        /// Bind the key to a new lease of this many seconds: it disappears unless
+        /// someone keeps the lease alive (mostly useful for testing).
+        #[arg(long, value_name = "SECONDS")]
+        lease_ttl: Option<u64>,
+    },
+    /// Delete KEY.
+    Del { key: String },
+    /// List keys under PREFIX, one per line.
+    Ls {
+        /// Key prefix, e.g. /iadeep/v1/tasks/
+        #[arg(default_value = iadeep_state::keys::ROOT)]
+        prefix: String,
+        /// Print each value (one line of JSON or text) after its key.
+        #[arg(short, long)]
+        long: bool,
+    },
+    /// Print changes under PREFIX as they happen, one line each, until interrupted.
+    Watch {
+        #[arg(default_value = iadeep_state::keys::ROOT)]
+        prefix: String,
+        /// Replay history from this revision first (inclusive).
+        #[arg(long, value_name = "REVISION")]
+        from_revision: Option<i64>,
+        /// Stop after this many events.
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+    },
+}
+
+pub async fn run(args: StateArgs) -> Result<ExitCode> {
+    let url = args.store.url();
+    let store = url
+        .open()
+        .await
+        .with_context(|| format!("cannot open the state store {url}"))?;
+    match args.command {
+        StateCommand::Get { key, meta } => get(store.as_ref(), &key, meta).await,
+        StateCommand::Put {
+            key,
+            value,
+            raw,
+            lease_ttl,
+        } => put(store.as_ref(), &key, &value, raw, lease_ttl).await,
+        StateCommand::Del { key } => {
+            codec::check_key(&key)?;
+            if store.delete(&key).await? {
+                println!("deleted {key}");
+            } else {
+                println!("{key} did not exist");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        StateCommand::Ls { prefix, long } => {
+            codec::check_key(&prefix)?;
+            let snapshot = store.range(&prefix).await?;
+            for kv in &snapshot.kvs {
+                if long {
+                    println!("{} {}", kv.key, codec::one_line(&kv.key, &kv.value));
+                } else {
+                    println!("{}", kv.key);
+                }
+            }
+            tracing::debug!(
+                keys = snapshot.kvs.len(),
+                revision = snapshot.revision,
+                "listed"
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        StateCommand::Watch {
+            prefix,
+            from_revision,
+            count,
+        } => watch(store.as_ref(), &prefix, from_revision, count).await,
+    }
+}
+
+async fn get(store: &dyn StateStore, key: &str, meta: bool) -> Result<ExitCode> {
+    codec::check_key(key)?;
+    let Some(kv) = store.get(key).await? else {
+        eprintln!("{key}: not found");
+        return Ok(ExitCode::from(1));
+    };
+    if meta {
+        eprintln!(
+            "create_revision={} mod_revision={} version={} lease={}",
+            kv.create_revision,
+            kv.mod_revision,
+            kv.version,
+            kv.lease
+                .map_or_else(|| "none".to_owned(), |l| l.to_string())
+        );
+    }
+    let value = codec::to_json(key, &kv.value)?;
+    match value {
+        serde_json::Value::String(text) => println!("{text}"),
+        other => println!("{}", serde_json::to_string_pretty(&other)?),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn put(
+    store: &dyn StateStore,
+    key: &str,
+    value: &str,
+    raw: bool,
+    lease_ttl: Option<u64>,
+) -> Result<ExitCode> {
+    codec::check_key(key)?;
+    let input = if value == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("cannot read the value from stdin")?;
+        text
+    } else {
+        value.to_owned()
+    };
+    let bytes = codec::from_input(key, &input, raw)?;
+    let lease = match lease_ttl {
+        Some(secs) => Some(store.grant_lease(Duration::from_secs(secs)).await?),
+        None => None,
+    };
+    let revision = store.put(key, bytes, lease).await?;
+    println!("put {key} at revision {revision}");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn watch(
+    store: &dyn StateStore,
+    prefix: &str,
+    from_revision: Option<i64>,
+    count: Option<u64>,
+) -> Result<ExitCode> {
+    codec::check_key(prefix)?;
+    let mut events = store.watch(prefix, from_revision).await?;
+    eprintln!("watching {prefix} on {} (Ctrl-C to stop)", store.describe());
+    let mut seen = 0u64;
+    while count.is_none_or(|n| seen < n) {
+        let event = tokio::select! {
+            event = events.next() => event,
+            _ = tokio::signal::ctrl_c() => break,
+        };
+        match event {
+            Some(Ok(WatchEvent::Put(kv))) => println!(
+                "PUT {} {} {}",
+                kv.mod_revision,
+                kv.key,
+                codec::one_line(&kv.key, &kv.value)
+            ),
+            Some(Ok(WatchEvent::Delete { key, revision })) => println!("DELETE {revision} {key}"),
+            Some(Err(err)) => return Err(err.into()),
+            None => break,
+        }
+        seen += 1;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,140 @@
+//! The `iadeep` binary as an operator runs it: real processes, a real file
+//! store, a real etcd.
+
+use std::process::{Command, Output};
+
+use iadeep_state::testing::EtcdServer;
+
+fn iadeep(store: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args(args)
+        .env("IADEEP_STORE", store)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run iadeep")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// put, get, ls, watch --from-revision and del, against one backend.
+fn round_trip(store: &str) {
+    let key = "/iadeep/v1/devices/n1:gpu0/info";
+    let put = iadeep(
+        store,
+        &[
+            "state",
+            "put",
+            key,
+            r#"{"device_id":"n1:gpu0","memory_mib":24576,"kind":"rtx3090"}"#,
+        ],
+    );
+    assert!(put.status.success(), "{}", stderr(&put));
+    assert!(stdout(&put).contains("at revision"), "{}", stdout(&put));
+
+    let get = iadeep(store, &["state", "get", key]);
+    assert!(get.status.success(), "{}", stderr(&get));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&get)).expect("get prints JSON");
+    assert_eq!(json["memory_mib"], 24576);
+    assert_eq!(json["kind"], "rtx3090");
+
+    let plain = iadeep(store, &["state", "put", "/ops/note", "hello operator"]);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+
+    let ls = iadeep(store, &["state", "ls", "/iadeep/v1/"]);
+    assert_eq!(stdout(&ls).lines().collect::<Vec<_>>(), [key]);
+    let long = iadeep(store, &["state", "ls", "--long", "/ops/"]);
+    assert_eq!(stdout(&long).trim(), "/ops/note hello operator");
+
+    let watch = iadeep(
+        store,
+        &[
+            "state",
+            "watch",
+            "/",
+            "--from-revision",
+            "1",
+            "--count",
+            "2",
+        ],
+    );
+    assert!(watch.status.success(), "{}", stderr(&watch));
+    let lines: Vec<String> = stdout(&watch).lines().map(str::to_owned).collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines[0].starts_with("PUT ") && lines[0].contains(key),
+        "{lines:?}"
+    );
+    assert!(lines[1].contains("/ops/note hello operator"), "{lines:?}");
+
+    let del = iadeep(store, &["state", "del", key]);
+    assert_eq!(stdout(&del).trim(), format!("deleted {key}"));
+    let missing = iadeep(store, &["state", "get", key]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        stderr(&missing).contains("not found"),
+        "{}",
+        stderr(&missing)
+    );
+}
+
+#[test]
+fn state_commands_on_the_embedded_store() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.redb");
+    round_trip(path.to_str().expect("utf-8 path"));
+}
+
+#[test]
+fn state_commands_on_etcd() {
+    let server = EtcdServer::start().unwrap_or_else(|e| panic!("{e}"));
+    round_trip(&server.url());
+}
+
+#[test]
+fn invalid_json_for_a_typed_key_is_refused_and_writes_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = dir.path().join("s.redb");
+    let store = store.to_str().expect("utf-8");
+    let key = "/iadeep/v1/tasks/job-1/spec";
+    let out = iadeep(
+        store,
+        &["state", "put", key, r#"{"initial_batch_sise": 64}"#],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("TaskSpec"), "{}", stderr(&out));
+    assert_eq!(iadeep(store, &["state", "get", key]).status.code(), Some(1));
+}
+
+#[test]
+fn unreachable_etcd_and_unreadable_file_are_clear_errors() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port");
+    let out = iadeep(&format!("etcd://127.0.0.1:{port}"), &["state", "ls", "/"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("unreachable") && err.contains(&port.to_string()),
+        "{err}"
+    );
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let garbage = dir.path().join("garbage.redb");
+    std::fs::write(&garbage, b"definitely not a database").expect("write");
+    let out = iadeep(garbage.to_str().expect("utf-8"), &["state", "ls", "/"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("garbage.redb"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    let out = iadeep("etcd://nohostport", &["state", "ls", "/"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("HOST:PORT"), "{}", stderr(&out));
+}
