@@ -85,6 +85,8 @@ struct LeaseState {
 
 struct Watcher {
     prefix: String,
+    /// Events below this revision were asked not to be seen (a start revision in the future).
+    min_revision: Revision,
     tx: mpsc::UnboundedSender<Result<WatchEvent>>,
 }
 
@@ -234,7 +236,7 @@ impl EmbeddedStore {
             std::fs::create_dir_all(parent)
                 .map_err(|e| fail(format!("cannot create directory {}: {e}", parent.display())))?;
         }
-        let db = Database::create(path).map_err(|e| match e {
+        let db = open_retrying_briefly(path).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => fail(
                 "the file is already open in another process (an embedded store serves one \
                  process at a time; use etcd to share state between processes)"
@@ -457,7 +459,7 @@ impl EmbeddedStore {
         shared.watchers.retain(|w| {
             events
                 .iter()
-                .filter(|e| e.key().starts_with(&w.prefix))
+                .filter(|e| e.revision() >= w.min_revision && e.key().starts_with(&w.prefix))
                 .all(|e| w.tx.send(Ok(e.clone())).is_ok())
         });
         Ok(Some(revision))
@@ -501,6 +503,27 @@ impl EmbeddedStore {
         }
     }
 }
+
+/// Opens the file, retrying "already open" for a moment.
+///
+/// Why: the lease reaper thread briefly holds a strong handle while it works, so a
+/// store dropped and reopened at once in this process (a restart of a component)
+/// can find the previous handle not yet released. Another process holding the
+/// file still fails, just [`OPEN_RETRY`] later.
+fn open_retrying_briefly(path: &Path) -> std::result::Result<Database, redb::DatabaseError> {
+    let deadline = Instant::now() + OPEN_RETRY;
+    loop {
+        match Database::create(path) {
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How long [`open_retrying_briefly`] keeps trying.
+const OPEN_RETRY: Duration = Duration::from_millis(300);
 
 /// A thread (not a task, so the store works under any runtime or none) that
 /// expires leases. It stops once the last handle to the store is dropped.
@@ -637,6 +660,7 @@ impl StateStore for EmbeddedStore {
         }
         shared.watchers.push(Watcher {
             prefix: prefix.to_owned(),
+            min_revision: start_revision.unwrap_or(0),
             tx,
         });
         Ok(stream)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iadeep_state::testing::conformance::{assert_no_event, next_event};
-use iadeep_state::{EmbeddedStore, StateError, StateStore, WatchEvent};
+use iadeep_state::{EmbeddedStore, LeaseHealth, LeaseKeeper, StateError, StateStore, WatchEvent};
 
 async fn fresh() -> (Arc<dyn StateStore>, Box<dyn Any + Send>) {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -123,4 +123,57 @@ async fn watch_from_compacted_history_is_an_error() {
     // Recent history is still there.
     let mut watch = store.watch("/c/", Some(48)).await.expect("watch");
     assert_eq!(next_event(&mut watch).await.revision(), 48);
+}
+
+/// A watch starting at a future revision sees nothing before it.
+#[tokio::test]
+async fn watch_from_a_future_revision_skips_earlier_changes() {
+    let store = EmbeddedStore::in_memory().expect("open");
+    let now = store.put("/f/a", vec![], None).await.expect("put");
+    let mut watch = store.watch("/f/", Some(now + 3)).await.expect("watch");
+    for i in 1..=4u8 {
+        store.put("/f/a", vec![i], None).await.expect("put");
+    }
+    let first = next_event(&mut watch).await;
+    assert_eq!(first.revision(), now + 3);
+    assert_eq!(next_event(&mut watch).await.revision(), now + 4);
+    assert_no_event(&mut watch, Duration::from_millis(200)).await;
+}
+
+/// The keeper holds a lease well past its TTL; once stopped, the lease expires;
+/// a revoked lease is reported lost.
+#[tokio::test]
+async fn lease_keeper_keeps_a_lease_until_stopped_and_reports_loss() {
+    let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("open"));
+    let ttl = Duration::from_secs(1);
+    let lease = store.grant_lease(ttl).await.expect("grant");
+    store
+        .put("/k/alive", vec![1], Some(lease))
+        .await
+        .expect("put");
+    let keeper = LeaseKeeper::spawn(store.clone(), lease, ttl);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(keeper.health(), LeaseHealth::Alive);
+    assert!(
+        store.get("/k/alive").await.expect("get").is_some(),
+        "kept past its TTL"
+    );
+    keeper.stop();
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(
+        store.get("/k/alive").await.expect("get"),
+        None,
+        "expired once not kept"
+    );
+
+    let lease = store
+        .grant_lease(Duration::from_secs(3))
+        .await
+        .expect("grant");
+    let mut keeper = LeaseKeeper::spawn(store.clone(), lease, Duration::from_secs(3));
+    store.revoke_lease(lease).await.expect("revoke");
+    tokio::time::timeout(Duration::from_secs(5), keeper.lost())
+        .await
+        .expect("loss reported within two refresh periods");
+    assert_eq!(keeper.health(), LeaseHealth::Lost);
 }
