@@ -40,6 +40,40 @@ fn hot_path(c: &mut Criterion) {
     c.bench_function("record_gradient_norms", |b| {
         b.iter(|| agent.record_gradient_norms(black_box(32), 2.0, black_box(128), 1.2))
     });
+
+    // A real (small) loop step: logistic-regression SGD on 32 x 256 inputs,
+    // alone and with the agent's per-step calls, to show the overhead in context.
+    const FEATURES: usize = 256;
+    const BATCH: usize = 32;
+    let x: Vec<f64> = (0..BATCH * FEATURES)
+        .map(|i| ((i * 7919) % 1000) as f64 / 500.0 - 1.0)
+        .collect();
+    let y: Vec<f64> = (0..BATCH).map(|i| (i % 2) as f64).collect();
+    let mut w = vec![0.0f64; FEATURES];
+    let mut grad = vec![0.0f64; FEATURES];
+    let mut sgd = |w: &mut [f64], grad: &mut [f64]| {
+        grad.iter_mut().for_each(|g| *g = 0.0);
+        for (row, yi) in x.chunks_exact(FEATURES).zip(&y) {
+            let z: f64 = row.iter().zip(w.iter()).map(|(a, b)| a * b).sum();
+            let err = 1.0 / (1.0 + (-z).exp()) - yi;
+            grad.iter_mut().zip(row).for_each(|(g, a)| *g += err * a);
+        }
+        w.iter_mut()
+            .zip(grad.iter())
+            .for_each(|(wi, g)| *wi -= 0.01 * g / BATCH as f64);
+    };
+    let mut group = c.benchmark_group("logreg_step_32x256");
+    group.bench_function("without_agent", |b| b.iter(|| sgd(&mut w, &mut grad)));
+    group.bench_function("with_agent", |b| {
+        b.iter(|| {
+            let bs = agent.batch_size();
+            let started = std::time::Instant::now();
+            sgd(&mut w, &mut grad);
+            agent.record_step(bs, started.elapsed());
+            black_box(agent.poll_change());
+        })
+    });
+    group.finish();
     agent.finish().expect("finish");
 }
 

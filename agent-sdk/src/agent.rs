@@ -241,7 +241,12 @@ impl Agent {
             reason: ChangeReason::OutOfMemory,
         };
         self.shared.apply(&change);
-        tracing::warn!(task = %c.task_id, oom_at = batch_size, fallback, "out of GPU memory; falling back");
+        if fallback >= batch_size {
+            tracing::error!(task = %c.task_id, oom_at = batch_size, min = c.min_batch_size,
+                "out of GPU memory at the smallest allowed batch size; the task does not fit here");
+        } else {
+            tracing::warn!(task = %c.task_id, oom_at = batch_size, fallback, "out of GPU memory; falling back");
+        }
         self.kick.notify_one();
         change
     }

@@ -102,6 +102,8 @@ pub async fn run(args: EmulateArgs) -> anyhow::Result<ExitCode> {
     let total = args.steps;
     let mut step = 0u64;
     let mut last_log = Instant::now();
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
     let interrupted = loop {
         if total.is_some_and(|t| step >= t) {
             break false;
@@ -111,7 +113,7 @@ pub async fn run(args: EmulateArgs) -> anyhow::Result<ExitCode> {
         let started = Instant::now();
         tokio::select! {
             _ = tokio::time::sleep(step_time) => {}
-            _ = tokio::signal::ctrl_c() => break true,
+            _ = &mut ctrl_c => break true,
         }
         agent.record_step(bs, started.elapsed());
         let fraction = total.map_or(0.5, |t| step as f64 / t.max(1) as f64);

@@ -2,8 +2,8 @@
 //!
 //! Logistic regression by minibatch SGD on generated data (256 Gaussian features,
 //! labels from a hidden linear rule with label noise). The agent runs on an
-//! in-memory embedded store. A thread in this example plays the tuner: it waits
-//! for the agent's first measured report, then assigns a larger batch size with
+//! in-memory embedded store. A thread in this example plays the tuner: it reads
+//! the agent's reports and, once three epochs ran, assigns a larger batch size with
 //! a linear learning-rate factor, as a tuner daemon would. The loop applies the
 //! change between steps, the loss keeps falling, and at the end the example
 //! prints the last report the agent stored.
@@ -20,7 +20,9 @@ use iadeep_state::{EmbeddedStore, StateStore, keys, typed};
 const FEATURES: usize = 256;
 const TRAIN: usize = 32_768;
 const TEST: usize = 4_096;
-const EPOCHS: usize = 30;
+const EPOCHS: usize = 12;
+/// The stand-in tuner acts once this many epochs ran at the initial batch size.
+const EPOCHS_BEFORE_TUNING: u64 = 3;
 const BASE_LR: f64 = 0.05;
 const INITIAL_BATCH: u32 = 32;
 const TUNED_BATCH: u32 = 256;
@@ -105,7 +107,10 @@ fn tuner(store: Arc<dyn StateStore>, task: &'static str) -> Result<(), String> {
             let report = typed::get::<TaskReport>(store.as_ref(), &keys::task_report(task))
                 .await
                 .map_err(|e| e.to_string())?;
-            if let Some((r, _)) = report.filter(|(r, _)| r.step_time_s > 0.0) {
+            let enough = EPOCHS_BEFORE_TUNING * TRAIN as u64;
+            if let Some((r, _)) =
+                report.filter(|(r, _)| r.step_time_s > 0.0 && r.samples_done >= enough)
+            {
                 println!(
                     "[tuner] report seq {}: batch size {}, {:.3} ms/step, {:.0} samples/s, step {}",
                     r.seq,
