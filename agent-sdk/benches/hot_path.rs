@@ -51,7 +51,7 @@ fn hot_path(c: &mut Criterion) {
     let y: Vec<f64> = (0..BATCH).map(|i| (i % 2) as f64).collect();
     let mut w = vec![0.0f64; FEATURES];
     let mut grad = vec![0.0f64; FEATURES];
-    let mut sgd = |w: &mut [f64], grad: &mut [f64]| {
+    let sgd = |w: &mut [f64], grad: &mut [f64]| {
         grad.iter_mut().for_each(|g| *g = 0.0);
         for (row, yi) in x.chunks_exact(FEATURES).zip(&y) {
             let z: f64 = row.iter().zip(w.iter()).map(|(a, b)| a * b).sum();
