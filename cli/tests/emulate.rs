@@ -57,11 +57,16 @@ async fn killing_the_job_process_removes_its_task_when_the_lease_expires() {
             .expect("connect"),
     );
     let mut child = spawn_job(&etcd, "kill-me", &["--lease-ttl", "2"]);
+    // Registered (alive) and reporting: the first report follows the alive key.
     let registered = wait_until(Duration::from_secs(20), || async {
-        alive(&store, "kill-me").await.then_some(())
+        let reported = typed::get::<TaskReport>(store.as_ref(), &keys::task_report("kill-me"))
+            .await
+            .expect("read report")
+            .is_some();
+        (reported && alive(&store, "kill-me").await).then_some(())
     })
     .await;
-    assert!(registered.is_some(), "the job registered");
+    assert!(registered.is_some(), "the job registered and reported");
 
     child.kill().expect("SIGKILL the job"); // no chance to revoke anything
     child.wait().expect("reap");
