@@ -4,6 +4,7 @@
 //! this file only parses the command line, sets up logging and reports errors.
 
 mod codec;
+mod emulate_cmd;
 mod state_cmd;
 
 use std::process::ExitCode;
@@ -47,6 +48,8 @@ impl StoreArgs {
 enum Command {
     /// Read, write and watch the cluster state directly (for operators).
     State(state_cmd::StateArgs),
+    /// Run an emulated training job (measured step times, real agent) for tuner tests.
+    EmulateJob(emulate_cmd::EmulateArgs),
 }
 
 fn init_logging() {
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::State(args) => state_cmd::run(args).await,
+            Command::EmulateJob(args) => emulate_cmd::run(args).await,
         }
     });
     match result {
