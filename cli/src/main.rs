@@ -4,7 +4,9 @@
 //! this file only parses the command line, sets up logging and reports errors.
 
 mod codec;
+mod memory_cmd;
 mod state_cmd;
+mod tuner_cmd;
 
 use std::process::ExitCode;
 
@@ -47,6 +49,10 @@ impl StoreArgs {
 enum Command {
     /// Read, write and watch the cluster state directly (for operators).
     State(state_cmd::StateArgs),
+    /// Per-task GPU memory model tools (e.g. `memory eval`).
+    Memory(memory_cmd::MemoryArgs),
+    /// The per-GPU batch-size tuner (e.g. `tuner bench`).
+    Tuner(tuner_cmd::TunerArgs),
 }
 
 fn init_logging() {
@@ -74,6 +80,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::State(args) => state_cmd::run(args).await,
+            Command::Memory(args) => memory_cmd::run(args),
+            Command::Tuner(args) => tuner_cmd::run(args),
         }
     });
     match result {

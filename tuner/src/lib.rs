@@ -16,6 +16,7 @@ pub mod error;
 pub mod gavel_bench;
 pub mod gp;
 pub mod memory;
+pub mod memory_eval;
 pub mod search;
 pub mod stats;
 

@@ -172,7 +172,7 @@ impl LcbParams {
 }
 
 /// The GP-LCB search state: observations and out-of-memory configurations.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct GpLcb {
     space: SearchSpace,
     params: LcbParams,
