@@ -158,11 +158,11 @@ impl Default for LcbParams {
 impl LcbParams {
     /// Validates the parameters.
     pub fn check(&self) -> Result<()> {
-        if !(self.delta > 0.0 && self.delta < 1.0)
-            || !(self.beta_scale > 0.0 && self.beta_scale.is_finite())
-            || self.random_candidates == 0
-            || self.descent_starts == 0
-        {
+        let ranges_ok = self.delta > 0.0
+            && self.delta < 1.0
+            && self.beta_scale > 0.0
+            && self.beta_scale.is_finite();
+        if !ranges_ok || self.random_candidates == 0 || self.descent_starts == 0 {
             return Err(TunerError::InvalidParams(format!(
                 "GP-LCB needs δ in (0, 1), a positive β scale and at least one random candidate and descent start, got {self:?}"
             )));

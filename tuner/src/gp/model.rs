@@ -51,7 +51,7 @@ impl GpParams {
 /// standardised), σ_n = 0.1.
 const PRIOR_LOG_LENGTH: f64 = std::f64::consts::LN_2;
 const PRIOR_LOG_SIGNAL: f64 = 0.0;
-const PRIOR_LOG_NOISE: f64 = -2.302_585_092_994_046;
+const PRIOR_LOG_NOISE: f64 = -std::f64::consts::LN_10;
 const PRIOR_SD: f64 = 1.0;
 
 fn prior_mean(dims: usize, j: usize) -> f64 {
