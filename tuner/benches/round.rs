@@ -67,5 +67,23 @@ fn round(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, round);
+fn round_fixed_hyper(c: &mut Criterion) {
+    // Between hyper-parameter refits (`LcbParams::refit_every` > 1): condition + acquisition.
+    let (_, warm, last, v) = searches();
+    let mut between = warm.clone();
+    between.set_refit_every(1_000).expect("valid");
+    c.bench_function("gp_lcb_round_4x32_50obs_fixed_hyper", |b| {
+        b.iter_batched(
+            || {
+                let mut s = between.clone();
+                s.observe(&last, Some(v)).expect("in space");
+                s
+            },
+            |mut s| s.suggest().expect("suggests"),
+            BatchSize::SmallInput,
+        )
+    });
+}
+
+criterion_group!(benches, round, round_fixed_hyper);
 criterion_main!(benches);

@@ -136,6 +136,9 @@ pub struct LcbParams {
     /// Multiplier of β_t. The theoretical β_t is known to over-explore; Srinivas et al.
     /// themselves scale it down by 5 in their experiments, which is the default here.
     pub beta_scale: f64,
+    /// Re-optimise the GP hyper-parameters every this many observations (1 = every round);
+    /// in between the previous ones are kept and only the Cholesky factor is recomputed.
+    pub refit_every: usize,
     /// The GP fit.
     pub gp: GpParams,
 }
@@ -150,6 +153,7 @@ impl Default for LcbParams {
             random_candidates: 256,
             descent_starts: 3,
             beta_scale: 0.2,
+            refit_every: 1,
             gp: GpParams::default(),
         }
     }
@@ -162,9 +166,13 @@ impl LcbParams {
             && self.delta < 1.0
             && self.beta_scale > 0.0
             && self.beta_scale.is_finite();
-        if !ranges_ok || self.random_candidates == 0 || self.descent_starts == 0 {
+        if !ranges_ok
+            || self.random_candidates == 0
+            || self.descent_starts == 0
+            || self.refit_every == 0
+        {
             return Err(TunerError::InvalidParams(format!(
-                "GP-LCB needs δ in (0, 1), a positive β scale and at least one random candidate and descent start, got {self:?}"
+                "GP-LCB needs δ in (0, 1), a positive β scale at least one random candidate and descent start and refit_every ≥ 1, got {self:?}"
             )));
         }
         self.gp.check()
@@ -179,6 +187,8 @@ pub struct GpLcb {
     observations: Vec<(Vec<usize>, f64)>,
     out_of_memory: Vec<Vec<usize>>,
     hyper: Option<nalgebra::DVector<f64>>,
+    /// Observation count at the last full hyper-parameter fit.
+    fitted_at: usize,
     model: Option<GaussianProcess>,
     rng: ChaCha8Rng,
 }
@@ -194,6 +204,7 @@ impl GpLcb {
             observations: Vec::new(),
             out_of_memory: Vec::new(),
             hyper: None,
+            fitted_at: 0,
             model: None,
             rng: ChaCha8Rng::seed_from_u64(seed),
         })
@@ -202,6 +213,17 @@ impl GpLcb {
     /// The search space.
     pub fn space(&self) -> &SearchSpace {
         &self.space
+    }
+
+    /// Changes how often the hyper-parameters are re-optimised (see [`LcbParams::refit_every`]).
+    pub fn set_refit_every(&mut self, every: usize) -> Result<()> {
+        let params = LcbParams {
+            refit_every: every,
+            ..self.params
+        };
+        params.check()?;
+        self.params = params;
+        Ok(())
     }
 
     /// Observations so far: (indices, Σ PD).
@@ -274,8 +296,15 @@ impl GpLcb {
                 }
             }
             let y: Vec<f64> = self.observations.iter().map(|(_, v)| *v).collect();
-            let gp =
-                GaussianProcess::fit(x, &y, self.params.gp, self.hyper.as_ref(), &mut self.rng)?;
+            let gp = match &self.hyper {
+                Some(theta) if n - self.fitted_at < self.params.refit_every => {
+                    GaussianProcess::with_fixed_hyper(x, &y, theta, self.params.gp.jitter)?
+                }
+                _ => {
+                    self.fitted_at = n;
+                    GaussianProcess::fit(x, &y, self.params.gp, self.hyper.as_ref(), &mut self.rng)?
+                }
+            };
             self.hyper = Some(gp.hyper_parameters());
             self.model = Some(gp);
         }
@@ -364,9 +393,12 @@ impl GpLcb {
         pool.sort_by(|a, b| a.0.total_cmp(&b.0));
         pool.truncate(self.params.descent_starts);
         for (mut s, mut idx) in pool {
+            // A few sweeps suffice: the LCB surface is smooth in log2 batch size.
             let mut improved = true;
-            while improved {
+            let mut sweeps = 0;
+            while improved && sweeps < 4 {
                 improved = false;
+                sweeps += 1;
                 for t in 0..sizes.len() {
                     let keep = idx[t];
                     let mut best_i = keep;
@@ -696,6 +728,32 @@ mod tests {
         assert!(!ctl.worth_switching(&idx, &idx).expect("predicts"));
         ctl.record(&idx, Some(100.0)).expect("records");
         assert!(!ctl.is_settled());
+    }
+
+    #[test]
+    fn hyper_parameters_are_kept_between_refits() {
+        let params = LcbParams {
+            refit_every: 3,
+            ..LcbParams::default()
+        };
+        let mut search = GpLcb::new(space(None), params, 4).expect("valid");
+        // Round 2 fits on 1 observation; observations 2 and 3 reuse its hyper-parameters.
+        for _ in 0..2 {
+            search.step(&mut Bowl).expect("round");
+        }
+        let theta = search
+            .model()
+            .expect("fits")
+            .expect("observed")
+            .hyper_parameters();
+        search.step(&mut Bowl).expect("round");
+        let kept = search
+            .model()
+            .expect("fits")
+            .expect("observed")
+            .hyper_parameters();
+        assert_eq!(theta, kept);
+        assert!(search.set_refit_every(0).is_err());
     }
 
     #[test]
