@@ -5,7 +5,9 @@
 
 mod codec;
 mod emulate_cmd;
+mod memory_cmd;
 mod state_cmd;
+mod tuner_cmd;
 
 use std::process::ExitCode;
 
@@ -50,6 +52,10 @@ enum Command {
     State(state_cmd::StateArgs),
     /// Run an emulated training job (measured step times, real agent) for tuner tests.
     EmulateJob(emulate_cmd::EmulateArgs),
+    /// Per-task GPU memory model tools (e.g. `memory eval`).
+    Memory(memory_cmd::MemoryArgs),
+    /// The per-GPU batch-size tuner (e.g. `tuner bench`).
+    Tuner(tuner_cmd::TunerArgs),
 }
 
 fn init_logging() {
@@ -78,6 +84,8 @@ fn main() -> ExitCode {
         match cli.command {
             Command::State(args) => state_cmd::run(args).await,
             Command::EmulateJob(args) => emulate_cmd::run(args).await,
+            Command::Memory(args) => memory_cmd::run(args),
+            Command::Tuner(args) => tuner_cmd::run(args),
         }
     });
     match result {
