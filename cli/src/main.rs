@@ -4,6 +4,8 @@
 //! this file only parses the command line, sets up logging and reports errors.
 
 mod codec;
+mod data_cmd;
+mod predictor_cmd;
 mod state_cmd;
 
 use std::process::ExitCode;
@@ -47,6 +49,10 @@ impl StoreArgs {
 enum Command {
     /// Read, write and watch the cluster state directly (for operators).
     State(state_cmd::StateArgs),
+    /// Convert public measurements into iadeep's formats (e.g. Gavel pairs to samples).
+    Data(data_cmd::DataArgs),
+    /// Evaluate the co-location slowdown predictor.
+    Predictor(predictor_cmd::PredictorArgs),
 }
 
 fn init_logging() {
@@ -74,6 +80,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::State(args) => state_cmd::run(args).await,
+            Command::Data(args) => data_cmd::run(args),
+            Command::Predictor(args) => predictor_cmd::run(args),
         }
     });
     match result {
