@@ -28,6 +28,10 @@ pub struct LearnerParams {
     pub newest: usize,
     /// Older samples kept beside them for diversity (see [`crate::window`]).
     pub reservoir: usize,
+    /// Fit the forest on ln(slowdown) instead of the slowdown: errors are then
+    /// relative (what MAPE and the placer's ratios care about), and a few extreme
+    /// slowdowns do not dominate the squared-error splits.
+    pub log_target: bool,
     /// The forest.
     pub forest: ForestParams,
 }
@@ -39,6 +43,7 @@ impl Default for LearnerParams {
             min_samples: 20,
             newest: 512,
             reservoir: 512,
+            log_target: true,
             forest: ForestParams::default(),
         }
     }
@@ -124,7 +129,11 @@ pub enum FittedModel {
     /// Not enough samples yet: every prediction comes from [`heuristic`].
     ColdStart,
     /// A forest fitted on `n_samples` samples.
-    Forest { forest: Forest, n_samples: usize },
+    Forest {
+        forest: Forest,
+        n_samples: usize,
+        log_target: bool,
+    },
 }
 
 impl FittedModel {
@@ -154,9 +163,19 @@ impl SlowdownModel for FittedModel {
         }
         match self {
             FittedModel::ColdStart => heuristic::predict(task, corunners),
-            FittedModel::Forest { forest, .. } => {
+            FittedModel::Forest {
+                forest, log_target, ..
+            } => {
                 let row = feature_row(device_kind, task, corunners);
-                match forest.predict(&row) {
+                let predicted = forest.predict(&row).map(|(mean, sd)| {
+                    if *log_target {
+                        // Delta method: sd of exp(X) ≈ exp(mean) · sd(X).
+                        (mean.exp(), mean.exp() * sd)
+                    } else {
+                        (mean, sd)
+                    }
+                });
+                match predicted {
                     Ok((mean, sd)) if mean.is_finite() && sd.is_finite() => Prediction {
                         slowdown: mean,
                         uncertainty: sd,
@@ -196,12 +215,17 @@ impl Trainer for ProfileTrainer {
                 continue;
             };
             rows.push(feature_row(&s.device_kind, task, &s.corunners));
-            targets.push(s.slowdown);
+            targets.push(if self.params.log_target {
+                s.slowdown.ln()
+            } else {
+                s.slowdown
+            });
         }
         let forest = Forest::fit(&rows, &targets, &self.params.forest)?;
         Ok(FittedModel::Forest {
             forest,
             n_samples: rows.len(),
+            log_target: self.params.log_target,
         })
     }
 }
