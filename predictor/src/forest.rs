@@ -29,6 +29,10 @@ pub struct ForestParams {
     pub min_samples_split: usize,
     /// Seed of the bootstrap and of the trees.
     pub seed: u64,
+    /// Threads fitting trees in parallel; 0 = the machine's available parallelism.
+    /// The forest is the same whatever the number (each tree's bootstrap is drawn
+    /// up front, in order).
+    pub fit_threads: usize,
 }
 
 impl Default for ForestParams {
@@ -39,6 +43,7 @@ impl Default for ForestParams {
             min_samples_leaf: 1,
             min_samples_split: 2,
             seed: 0x001a_dee9,
+            fit_threads: 0,
         }
     }
 }
@@ -99,18 +104,18 @@ impl Forest {
         }
         let n = rows.len();
         let mut rng = ChaCha8Rng::seed_from_u64(params.seed);
-        let mut trees = Vec::with_capacity(params.n_trees);
-        let mut flat = Vec::with_capacity(n * n_features);
-        let mut y = Vec::with_capacity(n);
-        for tree_index in 0..params.n_trees {
-            flat.clear();
-            y.clear();
-            for _ in 0..n {
-                let i = rng.random_range(0..n);
+        let bootstraps: Vec<Vec<usize>> = (0..params.n_trees)
+            .map(|_| (0..n).map(|_| rng.random_range(0..n)).collect())
+            .collect();
+        let fit_one = |tree_index: usize| -> Result<Tree, PredictorError> {
+            let picks = &bootstraps[tree_index];
+            let mut flat = Vec::with_capacity(n * n_features);
+            let mut y = Vec::with_capacity(n);
+            for &i in picks {
                 flat.extend_from_slice(&rows[i]);
                 y.push(targets[i]);
             }
-            let x = DenseMatrix::new(n, n_features, flat.clone(), false)
+            let x = DenseMatrix::new(n, n_features, flat, false)
                 .map_err(|e| PredictorError::Fit(e.to_string()))?;
             let tree_params = DecisionTreeRegressorParameters {
                 max_depth: Some(params.max_depth),
@@ -118,10 +123,42 @@ impl Forest {
                 min_samples_split: params.min_samples_split,
                 seed: Some(params.seed.wrapping_add(tree_index as u64)),
             };
-            let tree =
-                Tree::fit(&x, &y, tree_params).map_err(|e| PredictorError::Fit(e.to_string()))?;
-            trees.push(tree);
+            Tree::fit(&x, &y, tree_params).map_err(|e| PredictorError::Fit(e.to_string()))
+        };
+        let threads = match params.fit_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            t => t,
         }
+        .clamp(1, params.n_trees);
+        let mut fitted: Vec<Option<Result<Tree, PredictorError>>> =
+            (0..params.n_trees).map(|_| None).collect();
+        std::thread::scope(|scope| {
+            let fit_one = &fit_one;
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    scope.spawn(move || {
+                        (t..params.n_trees)
+                            .step_by(threads)
+                            .map(|i| (i, fit_one(i)))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            for handle in handles {
+                match handle.join() {
+                    Ok(results) => {
+                        for (i, tree) in results {
+                            fitted[i] = Some(tree);
+                        }
+                    }
+                    Err(_) => tracing::error!("a tree-fitting thread panicked"),
+                }
+            }
+        });
+        let trees = fitted
+            .into_iter()
+            .map(|t| t.unwrap_or_else(|| Err(PredictorError::Fit("a tree was not fitted".into()))))
+            .collect::<Result<Vec<Tree>, PredictorError>>()?;
         Ok(Forest { trees, n_features })
     }
 
@@ -195,6 +232,27 @@ mod tests {
         let a = Forest::fit(&rows, &y, &p).expect("fit");
         let b = Forest::fit(&rows, &y, &p).expect("fit");
         for probe in [[1.0, 3.0], [6.0, 39.0]] {
+            assert_eq!(a.predict(&probe).expect("a"), b.predict(&probe).expect("b"));
+        }
+    }
+
+    #[test]
+    fn thread_count_does_not_change_the_forest() {
+        let rows: Vec<Vec<f64>> = (0..50)
+            .map(|i| vec![f64::from(i % 9), f64::from(i)])
+            .collect();
+        let y: Vec<f64> = (0..50).map(|i| f64::from(i % 4)).collect();
+        let one = ForestParams {
+            fit_threads: 1,
+            ..ForestParams::default()
+        };
+        let three = ForestParams {
+            fit_threads: 3,
+            ..ForestParams::default()
+        };
+        let a = Forest::fit(&rows, &y, &one).expect("fit");
+        let b = Forest::fit(&rows, &y, &three).expect("fit");
+        for probe in [[2.0, 7.0], [8.0, 44.0]] {
             assert_eq!(a.predict(&probe).expect("a"), b.predict(&probe).expect("b"));
         }
     }
