@@ -4,8 +4,10 @@
 //! this file only parses the command line, sets up logging and reports errors.
 
 mod codec;
+mod data_cmd;
 mod emulate_cmd;
 mod memory_cmd;
+mod predictor_cmd;
 mod state_cmd;
 mod tuner_cmd;
 
@@ -56,6 +58,10 @@ enum Command {
     Memory(memory_cmd::MemoryArgs),
     /// The per-GPU batch-size tuner (e.g. `tuner bench`).
     Tuner(tuner_cmd::TunerArgs),
+    /// Convert public measurements into iadeep's formats (e.g. Gavel pairs to samples).
+    Data(data_cmd::DataArgs),
+    /// Evaluate the co-location slowdown predictor.
+    Predictor(predictor_cmd::PredictorArgs),
 }
 
 fn init_logging() {
@@ -86,6 +92,8 @@ fn main() -> ExitCode {
             Command::EmulateJob(args) => emulate_cmd::run(args).await,
             Command::Memory(args) => memory_cmd::run(args),
             Command::Tuner(args) => tuner_cmd::run(args),
+            Command::Data(args) => data_cmd::run(args),
+            Command::Predictor(args) => predictor_cmd::run(args),
         }
     });
     match result {
