@@ -4,6 +4,7 @@
 //! this file only parses the command line, sets up logging and reports errors.
 
 mod codec;
+mod sim_cmd;
 mod state_cmd;
 
 use std::process::ExitCode;
@@ -47,6 +48,10 @@ impl StoreArgs {
 enum Command {
     /// Read, write and watch the cluster state directly (for operators).
     State(state_cmd::StateArgs),
+    /// Simulate a GPU cluster on measured data and compare scheduling policies.
+    Sim(sim_cmd::SimArgs),
+    /// The one-command demo: 300 jobs on 20 simulated GPUs, every policy, bundled data.
+    Demo(sim_cmd::DemoArgs),
 }
 
 fn init_logging() {
@@ -74,6 +79,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::State(args) => state_cmd::run(args).await,
+            Command::Sim(args) => sim_cmd::run_sim(args),
+            Command::Demo(args) => sim_cmd::run_demo(args),
         }
     });
     match result {

@@ -1,4 +1,19 @@
-//! Trace-driven cluster simulator (issue: "Trace-driven cluster simulator").
-//!
-//! Not implemented yet: this crate exists so the workspace layout of DESIGN.md is
-//! in place. It exports nothing, so nothing can mistake it for a working simulator.
+//! Trace-driven GPU-cluster simulator: measured ground truth ([`world`]), an arrival
+//! stream from the Philly trace ([`workload`]), emulated agents and a discrete-event
+//! [`engine`], and scheduling [`policy`]s compared on the same stream ([`metrics`],
+//! [`report`]).
+
+pub mod engine;
+pub mod error;
+pub mod experiment;
+pub mod metrics;
+pub mod policy;
+pub mod report;
+pub mod view;
+pub mod workload;
+pub mod world;
+
+pub use error::{Result, SimError};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,52 @@
+//! Utilisation-based placement: the GPU with the least utilisation, as the agents'
+//! reports show it, while it stays under a cap.
+//!
+//! A job's share of its GPU is its measured speed relative to its profiled solo
+//! speed (a job alone uses the whole GPU: share 1; two jobs slowing each other to
+//! 60 % use 0.6 each). The new job is predicted to add a share of 1 on an idle GPU.
+//! The policy ignores memory, which is what makes such schedulers crash jobs.
+
+use crate::policy::{Decision, Policy};
+use crate::view::{ClusterView, Resident, Waiting};
+
+/// A resident's share of its GPU from its report (1 while it has not run yet).
+pub fn share(resident: &Resident<'_>) -> f64 {
+    if !resident.report.running || resident.report.samples_per_s <= 0.0 {
+        return 1.0;
+    }
+    let solo_samples_per_s = f64::from(resident.spec.m0) / resident.spec.solo_step_time_s;
+    (resident.report.samples_per_s / solo_samples_per_s).clamp(0.0, 1.0)
+}
+
+/// Least predicted utilisation under a cap.
+#[derive(Debug)]
+pub struct LeastUtilised {
+    /// A GPU whose residents' shares add up to this or more takes no new job.
+    pub cap: f64,
+}
+
+impl Default for LeastUtilised {
+    fn default() -> Self {
+        LeastUtilised { cap: 1.5 }
+    }
+}
+
+impl Policy for LeastUtilised {
+    fn name(&self) -> &str {
+        "util"
+    }
+
+    fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
+        let mut best: Option<(f64, usize)> = None;
+        for device in 0..view.devices() {
+            let used: f64 = view.residents(device).iter().map(share).sum();
+            if used < self.cap && best.is_none_or(|(b, _)| used < b) {
+                best = Some((used, device));
+            }
+        }
+        best.map_or(Decision::Queue, |(_, device)| Decision::Place {
+            device,
+            batch_size: task.batch_size,
+        })
+    }
+}
