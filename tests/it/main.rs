@@ -1,4 +1,6 @@
 //! All cross-crate integration tests, in one binary so the 2-core CI links once.
 
+mod agent;
+mod predictor;
 mod state_embedded;
 mod state_etcd;
