@@ -388,8 +388,14 @@ impl<'w> Engine<'w> {
             return Err(SimError::Policy {
                 policy: policy.name().to_owned(),
                 reason: format!(
-                    "{} tasks still waiting with nothing running (the policy never placed them)",
-                    total - finished
+                    "{} tasks unfinished with no event left ({} queued, {} recovering, {} on devices): the policy never placed them",
+                    total - finished,
+                    self.queue.len(),
+                    self.recovery.len(),
+                    self.devices
+                        .iter()
+                        .map(|d| d.residents.len())
+                        .sum::<usize>()
                 ),
             });
         }

@@ -5,11 +5,12 @@
 //! memory (their request while they have not reported). The new job goes to the GPU
 //! with the most free memory that holds its request and whose utilisation (as in
 //! [`super::util`]) is under the cap. A job that crashes out of memory leaves its GPU
-//! and waits at the front of the queue for a GPU of its own: the recovery queue.
+//! and waits at the front of the queue for a GPU of its own: the recovery queue. At
+//! most [`MAX_RESIDENTS`] jobs share a GPU.
 
 use std::collections::BTreeSet;
 
-use crate::policy::util::share;
+use crate::policy::util::{MAX_RESIDENTS, share};
 use crate::policy::{Decision, OomAction, Policy};
 use crate::view::{ClusterView, Waiting};
 
@@ -41,7 +42,7 @@ impl Policy for MostMemory {
         let mut best: Option<(u64, usize)> = None;
         for device in 0..view.devices() {
             let residents = view.residents(device);
-            if recovering && !residents.is_empty() {
+            if residents.len() >= MAX_RESIDENTS || (recovering && !residents.is_empty()) {
                 continue;
             }
             let used: u64 = residents

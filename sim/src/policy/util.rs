@@ -4,9 +4,17 @@
 //! A job's share of its GPU is its measured speed relative to its profiled solo
 //! speed (a job alone uses the whole GPU: share 1; two jobs slowing each other to
 //! 60 % use 0.6 each). The new job is predicted to add a share of 1 on an idle GPU.
-//! The policy ignores memory, which is what makes such schedulers crash jobs.
+//! The policy ignores memory, which is what makes such schedulers crash jobs; it only
+//! remembers not to send a task back to a GPU where it crashed while that GPU
+//! is shared (a blocklist).
 
-use crate::policy::{Decision, Policy};
+use std::collections::BTreeSet;
+
+use crate::policy::{Decision, OomAction, Policy};
+
+/// At most this many jobs per GPU (as iadeep). Shares fall as jobs pile up, so the
+/// cap alone would let a badly contended GPU keep taking jobs.
+pub const MAX_RESIDENTS: usize = 3;
 use crate::view::{ClusterView, Resident, Waiting};
 
 /// A resident's share of its GPU from its report (1 while it has not run yet).
@@ -23,11 +31,16 @@ pub fn share(resident: &Resident<'_>) -> f64 {
 pub struct LeastUtilised {
     /// A GPU whose residents' shares add up to this or more takes no new job.
     pub cap: f64,
+    /// (task, device) pairs where the task ran out of memory.
+    crashed: BTreeSet<(usize, usize)>,
 }
 
 impl Default for LeastUtilised {
     fn default() -> Self {
-        LeastUtilised { cap: 1.5 }
+        LeastUtilised {
+            cap: 1.5,
+            crashed: BTreeSet::new(),
+        }
     }
 }
 
@@ -39,6 +52,12 @@ impl Policy for LeastUtilised {
     fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
         let mut best: Option<(f64, usize)> = None;
         for device in 0..view.devices() {
+            let count = view.resident_count(device);
+            if count >= MAX_RESIDENTS
+                || (count > 0 && self.crashed.contains(&(task.spec.id, device)))
+            {
+                continue;
+            }
             let used: f64 = view.residents(device).iter().map(share).sum();
             if used < self.cap && best.is_none_or(|(b, _)| used < b) {
                 best = Some((used, device));
@@ -48,5 +67,14 @@ impl Policy for LeastUtilised {
             device,
             batch_size: task.batch_size,
         })
+    }
+
+    fn on_oom(&mut self, device: usize, task: usize, _batch_size: u32) -> OomAction {
+        self.crashed.insert((task, device));
+        OomAction::RestartHalf
+    }
+
+    fn on_finish(&mut self, _device: usize, task: usize) {
+        self.crashed.retain(|(t, _)| *t != task);
     }
 }
