@@ -5,6 +5,7 @@
 //! next. It sees only [`crate::view`]: specs and agents' reports.
 
 pub mod exclusive;
+pub mod iadeep;
 pub mod memory;
 pub mod packing;
 pub mod reference;
@@ -78,6 +79,9 @@ pub fn build(name: &str, seed: u64) -> crate::Result<Box<dyn Policy>> {
         "util" => Box::new(util::LeastUtilised::default()),
         "memory" => Box::new(memory::MostMemory::default()),
         "reference" => Box::new(reference::Reference::new(seed)),
+        "iadeep" => Box::new(iadeep::Iadeep::new(iadeep::Variant::Full, seed)?),
+        "iadeep-no-tuner" => Box::new(iadeep::Iadeep::new(iadeep::Variant::NoTuner, seed)?),
+        "iadeep-no-predictor" => Box::new(iadeep::Iadeep::new(iadeep::Variant::NoPredictor, seed)?),
         _ => {
             return Err(crate::SimError::UnknownPolicy {
                 requested: name.to_owned(),
