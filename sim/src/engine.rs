@@ -120,6 +120,8 @@ struct TaskState {
     hold_until_s: f64,
     first_start_s: Option<f64>,
     finish_s: Option<f64>,
+    /// The device it last ran on.
+    last_device: usize,
 }
 
 #[derive(Debug, Default)]
@@ -280,6 +282,7 @@ impl<'w> Engine<'w> {
                     hold_until_s: 0.0,
                     first_start_s: None,
                     finish_s: None,
+                    last_device: 0,
                 }
             })
             .collect();
@@ -412,6 +415,8 @@ impl<'w> Engine<'w> {
                 ooms: t.ooms,
                 work_samples: t.spec.total_samples,
                 done_samples: t.done,
+                device: t.last_device,
+                final_batch_size: t.batch_size,
             })
             .collect();
         self.metrics.events = processed;
@@ -515,6 +520,7 @@ impl<'w> Engine<'w> {
         state.active = true;
         state.last_s = now;
         state.first_start_s.get_or_insert(now);
+        state.last_device = device;
         self.devices[device].residents.push(task);
         tracing::trace!(task, device, batch_size, now, "placed");
         self.after_memory_change(device, &[task], policy);

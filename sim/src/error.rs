@@ -27,6 +27,9 @@ pub enum SimError {
     /// Drawing a plot failed.
     #[error("cannot draw {path}: {reason}")]
     Plot { path: String, reason: String },
+    /// The state store refused a write.
+    #[error(transparent)]
+    Store(#[from] iadeep_state::StateError),
     /// A policy's component failed (predictor, tuner, placer).
     #[error("policy {policy}: {reason}")]
     Policy { policy: String, reason: String },

@@ -9,6 +9,7 @@ pub mod experiment;
 pub mod metrics;
 pub mod policy;
 pub mod report;
+pub mod store_sink;
 pub mod view;
 pub mod workload;
 pub mod world;

@@ -15,6 +15,10 @@ pub struct TaskOutcome {
     /// Work the task had to do and did, samples at m0 (equal when it finished).
     pub work_samples: f64,
     pub done_samples: f64,
+    /// The GPU it finished on.
+    pub device: usize,
+    /// Batch size it finished at.
+    pub final_batch_size: u32,
 }
 
 impl TaskOutcome {

@@ -136,3 +136,31 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn iadeep_never_runs_out_of_memory_and_keeps_the_books() {
+    for worker in ["k80", "p100"] {
+        // Loaded enough that GPUs are shared and tuned.
+        let experiment = experiment(worker, 30, 3, 3.0, 5);
+        for name in ["iadeep", "iadeep-no-tuner", "iadeep-no-predictor"] {
+            let metrics = run(&experiment, name);
+            assert_bookkeeping(&experiment, &metrics);
+            assert_eq!(
+                metrics.ooms, 0,
+                "{worker} {name}: memory went over the card"
+            );
+            if name != "iadeep-no-tuner" {
+                assert!(metrics.tuning_rounds > 0, "{worker} {name}: never tuned");
+            }
+            if worker == "k80" && name == "iadeep" {
+                // The tuner's GP and the predictor's forest are seeded: same numbers again.
+                let again = run(&experiment, name).summary();
+                let first = metrics.summary();
+                assert_eq!(
+                    (first.avg_ct_s, first.makespan_s, first.tuning_rounds),
+                    (again.avg_ct_s, again.makespan_s, again.tuning_rounds)
+                );
+            }
+        }
+    }
+}
