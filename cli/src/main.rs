@@ -95,7 +95,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::State(args) => state_cmd::run(args).await,
             Command::Sim(args) => sim_cmd::run_sim(args),
-            Command::Demo(args) => sim_cmd::run_demo(args),
+            Command::Demo(args) => sim_cmd::run_demo(args).await,
             Command::EmulateJob(args) => emulate_cmd::run(args).await,
             Command::Memory(args) => memory_cmd::run(args),
             Command::Tuner(args) => tuner_cmd::run(args),

@@ -7,9 +7,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use iadeep_datasets::gavel::GavelThroughputs;
 use iadeep_datasets::philly;
-use iadeep_sim::experiment::{Experiment, ExperimentParams, POLICY_NAMES};
+use iadeep_sim::experiment::{Experiment, ExperimentParams};
 use iadeep_sim::metrics::RunMetrics;
-use iadeep_sim::{policy, report};
+use iadeep_sim::{policy, report, store_sink};
+use iadeep_state::EmbeddedStore;
 
 /// Simulate a GPU cluster on measured data and compare scheduling policies on the
 /// same job stream.
@@ -46,7 +47,8 @@ pub struct SimArgs {
     /// Jobs longer than this many hours are capped to it.
     #[arg(long, default_value_t = 24.0, value_name = "H")]
     max_duration_h: f64,
-    /// Comma-separated policies to run. Default: all of them.
+    /// Comma-separated policies to run (exclusive, packing, util, memory, reference,
+    /// iadeep, iadeep-no-tuner, iadeep-no-predictor). Default: all of them.
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     policies: Vec<String>,
     /// Directory for the CSV files and plots.
@@ -91,11 +93,12 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     if !args.policies.is_empty() {
         params.policies = args.policies.clone();
     }
-    simulate(params, &gavel, &args.out, args.json)
+    simulate(params, &gavel, &args.out, args.json)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `iadeep demo`.
-pub fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
+pub async fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let gavel = GavelThroughputs::bundled().context("bundled Gavel data")?;
     let mut params = ExperimentParams {
         worker_type: args.worker_type,
@@ -110,15 +113,33 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
          every policy on the same stream",
         params.worker_type
     );
-    simulate(params, &gavel, &args.out, false)
+    let (experiment, runs) = simulate(params, &gavel, &args.out, false)?;
+    // The iadeep run, in the embedded store, as a live cluster would have it.
+    if let Some(run) = runs.iter().find(|r| r.policy == "iadeep") {
+        let path = args.out.join("state.redb");
+        if path.exists() {
+            std::fs::remove_file(&path)
+                .with_context(|| format!("removing the previous {}", path.display()))?;
+        }
+        let store = EmbeddedStore::open(&path)
+            .with_context(|| format!("opening the embedded store {}", path.display()))?;
+        let keys = store_sink::record_run(&store, &experiment, run).await?;
+        println!(
+            "The iadeep run's devices, specs, placements and final reports ({keys} keys) are in \
+             the embedded store {p}; try: iadeep state ls --store {p} /iadeep/v1/devices/",
+            p = path.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
+/// Runs every policy, prints the table (and JSON), writes CSV and plots.
 fn simulate(
     params: ExperimentParams,
     gavel: &GavelThroughputs,
     out: &std::path::Path,
     json: bool,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<(Experiment, Vec<RunMetrics>)> {
     let trace = philly::bundled().context("bundled Philly trace")?;
     let names = params.policies.clone();
     let seed = params.workload.seed;
@@ -168,6 +189,5 @@ fn simulate(
     if json {
         println!("{}", report::json(&summaries));
     }
-    let _ = POLICY_NAMES;
-    Ok(ExitCode::SUCCESS)
+    Ok((experiment, runs))
 }
