@@ -8,6 +8,7 @@ mod data_cmd;
 mod emulate_cmd;
 mod memory_cmd;
 mod predictor_cmd;
+mod sim_cmd;
 mod state_cmd;
 mod tuner_cmd;
 
@@ -52,6 +53,10 @@ impl StoreArgs {
 enum Command {
     /// Read, write and watch the cluster state directly (for operators).
     State(state_cmd::StateArgs),
+    /// Simulate a GPU cluster on measured data and compare scheduling policies.
+    Sim(sim_cmd::SimArgs),
+    /// The one-command demo: 300 jobs on 20 simulated GPUs, every policy, bundled data.
+    Demo(sim_cmd::DemoArgs),
     /// Run an emulated training job (measured step times, real agent) for tuner tests.
     EmulateJob(emulate_cmd::EmulateArgs),
     /// Per-task GPU memory model tools (e.g. `memory eval`).
@@ -89,6 +94,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::State(args) => state_cmd::run(args).await,
+            Command::Sim(args) => sim_cmd::run_sim(args),
+            Command::Demo(args) => sim_cmd::run_demo(args).await,
             Command::EmulateJob(args) => emulate_cmd::run(args).await,
             Command::Memory(args) => memory_cmd::run(args),
             Command::Tuner(args) => tuner_cmd::run(args),

@@ -2,5 +2,6 @@
 
 mod agent;
 mod predictor;
+mod sim;
 mod state_embedded;
 mod state_etcd;
