@@ -69,9 +69,23 @@ enum Command {
     Predictor(predictor_cmd::PredictorArgs),
 }
 
-fn init_logging() {
+impl Command {
+    /// The log filter used when RUST_LOG is not set.
+    ///
+    /// A simulation runs the real tuner and predictor thousands of times; their
+    /// per-search info lines, right for a daemon, would bury the result table, so
+    /// simulations show only the simulator's own progress and warnings.
+    fn default_log_filter(&self) -> &'static str {
+        match self {
+            Command::Sim(_) | Command::Demo(_) => "warn,iadeep_sim=info,iadeep::sim_cmd=info",
+            _ => "info",
+        }
+    }
+}
+
+fn init_logging(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -80,7 +94,7 @@ fn init_logging() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    init_logging(cli.command.default_log_filter());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
