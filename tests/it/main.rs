@@ -4,3 +4,4 @@ mod agent;
 mod predictor;
 mod state_embedded;
 mod state_etcd;
+mod tuner_daemon;
