@@ -361,7 +361,7 @@ fn the_daemon_moves_batch_sizes_towards_the_optimum_within_memory() {
 }
 
 #[test]
-fn a_restarted_daemon_resumes_from_persisted_observations() {
+fn a_restarted_daemon_resumes_and_a_leaving_task_restarts_the_search() {
     let etcd = EtcdServer::start().unwrap_or_else(|err| panic!("{err}"));
     let rt = runtime();
     let store = connect(&rt, &etcd);
@@ -389,8 +389,15 @@ fn a_restarted_daemon_resumes_from_persisted_observations() {
     let after = wait_state(&rt, &store, Duration::from_secs(20), |s| {
         s.observations.len() >= before.observations.len() + 2
     });
+    // A task leaves (finishes, its lease is revoked): the search restarts for the other one.
+    let [job_a, job_b] = jobs;
+    drop(job_b);
+    let alone = wait_state(&rt, &store, Duration::from_secs(20), |s| {
+        s.task_ids == ["job-a"] && !s.observations.is_empty()
+    });
+    assert!(alone.observations.iter().all(|o| o.batch_sizes.len() == 1));
     second.abort();
-    drop(jobs);
+    drop(job_a);
     assert_eq!(
         after.observations[..before.observations.len()],
         before.observations[..],
