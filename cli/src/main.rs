@@ -61,7 +61,7 @@ enum Command {
     EmulateJob(emulate_cmd::EmulateArgs),
     /// Per-task GPU memory model tools (e.g. `memory eval`).
     Memory(memory_cmd::MemoryArgs),
-    /// The per-GPU batch-size tuner (e.g. `tuner bench`).
+    /// The per-GPU batch-size tuner daemon (`tuner --device ID`), and `tuner bench`.
     Tuner(tuner_cmd::TunerArgs),
     /// Convert public measurements into iadeep's formats (e.g. Gavel pairs to samples).
     Data(data_cmd::DataArgs),
@@ -112,7 +112,7 @@ fn main() -> ExitCode {
             Command::Demo(args) => sim_cmd::run_demo(args).await,
             Command::EmulateJob(args) => emulate_cmd::run(args).await,
             Command::Memory(args) => memory_cmd::run(args),
-            Command::Tuner(args) => tuner_cmd::run(args),
+            Command::Tuner(args) => tuner_cmd::run(args).await,
             Command::Data(args) => data_cmd::run(args),
             Command::Predictor(args) => predictor_cmd::run(args),
         }

@@ -1,17 +1,152 @@
-//! `iadeep tuner`: the per-GPU batch-size tuner's tools.
+//! `iadeep tuner`: the per-GPU batch-size tuner daemon, and its tools (`tuner bench`).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use iadeep_datasets::gavel::GavelThroughputs;
+use iadeep_tuner::daemon::{self, DaemonParams, DeviceFlags};
 use iadeep_tuner::gavel_bench::{self, BenchParams};
 
+use crate::StoreArgs;
+
+/// Without a subcommand: run the tuner daemon of one GPU. It registers the device (from NVML
+/// when a GPU is present, otherwise from --memory-mib and --kind), follows the tasks placed on
+/// it, and tunes their batch sizes by GP-LCB over Σ PD measured from the agents' reports,
+/// never assigning a configuration whose conservative memory exceeds the card minus the
+/// margin. Its observations are persisted in the store, so a restarted tuner resumes.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct TunerArgs {
     #[command(subcommand)]
-    command: TunerCommand,
+    command: Option<TunerCommand>,
+    #[command(flatten)]
+    daemon: DaemonArgs,
+}
+
+/// Flags of the daemon.
+#[derive(Debug, Args)]
+struct DaemonArgs {
+    /// Cluster-unique id of the GPU (letters, digits, '.', '_', '-', ':'), e.g. node3-gpu0.
+    /// Required to run the daemon.
+    #[arg(long, value_name = "ID")]
+    device: Option<String>,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Total GPU memory in MiB. Required when NVML finds no GPU; overrides NVML otherwise.
+    #[arg(long, value_name = "M")]
+    memory_mib: Option<u64>,
+    /// NVML index of the GPU on this node.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    gpu_index: u32,
+    /// Short device kind for the predictor (e.g. k80, p100, h100). Default: from the NVML
+    /// name, or "unknown" without NVML.
+    #[arg(long, value_name = "K")]
+    kind: Option<String>,
+    /// Node name recorded with the device.
+    #[arg(long, value_name = "NAME")]
+    node: Option<String>,
+    /// Do not load NVML even if it is installed (the device is then described by flags).
+    #[arg(long)]
+    no_nvml: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// Longest wait for every task's fresh reports in a round; a round without them is
+    /// dropped and retried.
+    #[arg(long, default_value_t = 30_000, value_name = "MS")]
+    round_timeout_ms: u64,
+    /// Reports per task under a round before it counts as measured.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    reports_per_round: u64,
+    /// Fraction of the card's memory kept free.
+    #[arg(long, default_value_t = 0.10, value_name = "F")]
+    memory_margin: f64,
+    /// Once settled, re-measure the running configuration every this many seconds.
+    #[arg(long, default_value_t = 60.0, value_name = "S")]
+    settled_interval_s: f64,
+    /// Stop searching after this many rounds without a 1% improvement.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    patience: usize,
+    /// Do not switch a settled configuration for a predicted gain below this fraction.
+    #[arg(long, default_value_t = 0.05, value_name = "F")]
+    hysteresis: f64,
+    /// Seed of the search's random sampling.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl DaemonArgs {
+    fn params(&self) -> Result<DaemonParams> {
+        let mut p = DaemonParams::default();
+        p.round.timeout = Duration::from_millis(self.round_timeout_ms);
+        p.round.reports_per_round = self.reports_per_round;
+        p.memory_margin = self.memory_margin;
+        if !(self.settled_interval_s.is_finite() && self.settled_interval_s > 0.0) {
+            bail!("--settled-interval-s must be a positive number of seconds");
+        }
+        p.settled_interval = Duration::from_secs_f64(self.settled_interval_s);
+        p.controller.patience = self.patience;
+        p.controller.hysteresis = self.hysteresis;
+        p.seed = self.seed;
+        p.check()?;
+        Ok(p)
+    }
+}
+
+async fn run_daemon(args: DaemonArgs) -> Result<ExitCode> {
+    let Some(device_id) = args.device.clone() else {
+        bail!(
+            "`iadeep tuner` needs --device ID (or a subcommand such as `tuner bench`); see --help"
+        );
+    };
+    let params = args.params()?;
+    let flags = DeviceFlags {
+        device_id,
+        index: args.gpu_index,
+        memory_mib: args.memory_mib,
+        kind: args.kind.clone(),
+        node: args.node.clone(),
+        no_nvml: args.no_nvml,
+    };
+    let nvml = if flags.no_nvml {
+        tracing::info!("--no-nvml: the device is described by flags");
+        None
+    } else {
+        daemon::device::query_nvml(flags.index)?
+    };
+    let info = daemon::device::describe(&flags, nvml)?;
+    let url = args.store.url();
+    let store = url
+        .open()
+        .await
+        .with_context(|| format!("cannot open the state store {url}"))?;
+    tracing::info!(device = %info.device_id, memory_mib = info.memory_mib, kind = %info.kind,
+        from_nvml = info.from_nvml, store = %store.describe(), "tuner starting");
+    let tuner = daemon::Daemon::new(store, info.clone(), params)?;
+    let server = match args.metrics {
+        Some(addr) => Some(
+            daemon::metrics::serve(addr, info.device_id.clone(), tuner.metrics())
+                .await?
+                .1,
+        ),
+        None => None,
+    };
+    let shutdown = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::warn!(%err, "cannot listen for Ctrl-C; stop the tuner by killing it");
+            std::future::pending::<()>().await;
+        }
+    };
+    let result = tuner.run(shutdown).await;
+    if let Some(server) = server {
+        server.abort();
+    }
+    result?;
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Debug, Subcommand)]
@@ -39,8 +174,11 @@ enum TunerCommand {
     },
 }
 
-pub fn run(args: TunerArgs) -> Result<ExitCode> {
-    match args.command {
+pub async fn run(args: TunerArgs) -> Result<ExitCode> {
+    let Some(command) = args.command else {
+        return run_daemon(args.daemon).await;
+    };
+    match command {
         TunerCommand::Bench {
             gavel,
             worker_type,

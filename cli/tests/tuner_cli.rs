@@ -73,3 +73,98 @@ fn tuner_bench_on_the_bundled_gavel_data() {
     let out = iadeep(&["tuner", "bench", "--worker-type", "v100"]);
     assert!(!out.status.success());
 }
+
+#[test]
+fn tuner_daemon_needs_a_device_and_without_nvml_its_memory() {
+    let out = iadeep(&["tuner"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--device"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("s.redb");
+    let store = store.to_str().expect("utf-8 path");
+    let out = iadeep(&["tuner", "--device", "g0", "--no-nvml", "--store", store]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--memory-mib"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// GET http://addr/metrics with a bare HTTP/1.0 request.
+fn scrape(addr: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).ok()?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .ok()?;
+    let mut body = String::new();
+    conn.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+#[test]
+fn tuner_daemon_registers_its_device_and_serves_metrics() {
+    let etcd = iadeep_state::testing::EtcdServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port");
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args([
+            "tuner",
+            "--device",
+            "n1-gpu0",
+            "--no-nvml",
+            "--memory-mib",
+            "16384",
+            "--kind",
+            "test",
+            "--metrics",
+            &addr,
+            "--store",
+            &etcd.url(),
+        ])
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .expect("start the tuner");
+    let start = std::time::Instant::now();
+    let (mut info, mut metrics) = (None, None);
+    while start.elapsed() < std::time::Duration::from_secs(15)
+        && (info.is_none() || metrics.is_none())
+    {
+        let out = Command::new(env!("CARGO_BIN_EXE_iadeep"))
+            .args([
+                "state",
+                "get",
+                "/iadeep/v1/devices/n1-gpu0/info",
+                "--store",
+                &etcd.url(),
+            ])
+            .output()
+            .expect("run iadeep state get");
+        if out.status.success() {
+            info = Some(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        metrics = metrics.or_else(|| scrape(&addr));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let info = info.expect("device registered");
+    let compact: String = info.split_whitespace().collect();
+    assert!(
+        compact.contains("\"memory_mib\":16384") && compact.contains("\"from_nvml\":false"),
+        "{info}"
+    );
+    let metrics = metrics.expect("metrics served");
+    assert!(metrics.contains("200 OK"), "{metrics}");
+    assert!(
+        metrics.contains("iadeep_tuner_rounds_total{device=\"n1-gpu0\"} 0"),
+        "{metrics}"
+    );
+}

@@ -5,3 +5,4 @@ mod predictor;
 mod sim;
 mod state_embedded;
 mod state_etcd;
+mod tuner_daemon;

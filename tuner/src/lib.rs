@@ -9,8 +9,10 @@
 //! - [`search`]: GP-LCB over the memory-feasible lattice of co-located batch sizes, with a
 //!   stopping rule, hysteresis and re-opening, behind the [`search::Evaluator`] trait so the
 //!   algorithm never knows where its observations come from;
+//! - [`daemon`]: the per-GPU tuner daemon closing the loop over the state store;
 //! - [`gavel_bench`]: the benchmark of the search on Gavel's measured co-location throughputs.
 
+pub mod daemon;
 pub mod degradation;
 pub mod error;
 pub mod gavel_bench;

@@ -215,6 +215,18 @@ impl GpLcb {
         &self.space
     }
 
+    /// Replaces the memory constraint (the closed loop learns memory as reports arrive).
+    /// Observations stay valid: they describe the same tasks at the same sizes.
+    pub fn set_memory(&mut self, memory: Option<MemoryConstraint>) -> Result<()> {
+        let space = SearchSpace {
+            memory,
+            ..self.space.clone()
+        };
+        space.check()?;
+        self.space = space;
+        Ok(())
+    }
+
     /// Changes how often the hyper-parameters are re-optimised (see [`LcbParams::refit_every`]).
     pub fn set_refit_every(&mut self, every: usize) -> Result<()> {
         let params = LcbParams {

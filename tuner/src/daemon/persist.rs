@@ -1,0 +1,150 @@
+//! The tuner's persisted state at `keys::device_tuner(device)`, so a restarted tuner resumes:
+//! the round counter (agents ignore rounds they have seen), the sample sequence, what it learnt
+//! about each task, and the observations of the current co-location.
+
+use std::collections::BTreeMap;
+
+use iadeep_proto::{TunerObservation, TunerState};
+use iadeep_state::{StateStore, keys, typed};
+
+use super::knowledge::TaskKnowledge;
+use crate::error::Result;
+
+/// The observations of one co-location: which tasks, at which candidate sizes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Session {
+    pub task_ids: Vec<String>,
+    pub sizes: Vec<Vec<u32>>,
+    pub observations: Vec<TunerObservation>,
+}
+
+/// Everything persisted.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Persisted {
+    pub round: u64,
+    pub next_sample_seq: u64,
+    pub session: Session,
+    pub knowledge: BTreeMap<String, TaskKnowledge>,
+}
+
+impl Persisted {
+    /// From the stored message; a malformed size table drops the session (not the knowledge).
+    pub fn from_proto(s: &TunerState) -> Persisted {
+        let mut sizes = Vec::new();
+        let mut flat = s.candidate_sizes.iter().copied();
+        for &n in &s.sizes_per_task {
+            sizes.push(flat.by_ref().take(n as usize).collect::<Vec<u32>>());
+        }
+        let consistent = sizes.len() == s.task_ids.len()
+            && sizes
+                .iter()
+                .zip(&s.sizes_per_task)
+                .all(|(v, &n)| v.len() == n as usize)
+            && flat.next().is_none();
+        let session = if consistent {
+            Session {
+                task_ids: s.task_ids.clone(),
+                sizes,
+                observations: s.observations.clone(),
+            }
+        } else {
+            tracing::warn!(
+                "persisted tuner state has an inconsistent size table; its observations are ignored"
+            );
+            Session::default()
+        };
+        Persisted {
+            round: s.round,
+            next_sample_seq: s.next_sample_seq,
+            session,
+            knowledge: s
+                .tasks
+                .iter()
+                .map(|k| (k.task_id.clone(), TaskKnowledge::from_proto(k)))
+                .collect(),
+        }
+    }
+
+    /// The stored message.
+    pub fn to_proto(&self, device_id: &str) -> TunerState {
+        TunerState {
+            device_id: device_id.to_owned(),
+            round: self.round,
+            next_sample_seq: self.next_sample_seq,
+            task_ids: self.session.task_ids.clone(),
+            candidate_sizes: self.session.sizes.iter().flatten().copied().collect(),
+            sizes_per_task: self
+                .session
+                .sizes
+                .iter()
+                .map(|s| u32::try_from(s.len()).unwrap_or(u32::MAX))
+                .collect(),
+            observations: self.session.observations.clone(),
+            tasks: self
+                .knowledge
+                .iter()
+                .map(|(id, k)| k.to_proto(id))
+                .collect(),
+            updated_at_unix_ms: iadeep_proto::now_unix_ms(),
+        }
+    }
+}
+
+/// Reads the persisted state, if any.
+pub async fn load(store: &dyn StateStore, device_id: &str) -> Result<Option<Persisted>> {
+    let key = keys::device_tuner(device_id);
+    Ok(typed::get::<TunerState>(store, &key)
+        .await?
+        .map(|(s, _)| Persisted::from_proto(&s)))
+}
+
+/// Writes the state.
+pub async fn save(store: &dyn StateStore, device_id: &str, state: &Persisted) -> Result<()> {
+    let key = keys::device_tuner(device_id);
+    typed::put(store, &key, &state.to_proto(device_id), None).await?;
+    Ok(())
+}
+
+/// The next free sample sequence of the device: one past the last sample key, so a tuner
+/// whose state write was lost never overwrites a sample.
+pub async fn next_sample_seq(store: &dyn StateStore, device_id: &str) -> Result<u64> {
+    let snapshot = store.range(&keys::device_samples_prefix(device_id)).await?;
+    Ok(snapshot
+        .kvs
+        .iter()
+        .filter_map(|kv| match keys::KeyKind::parse(&kv.key) {
+            keys::KeyKind::Sample { seq, .. } => Some(seq + 1),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_round_trips() {
+        let mut p = Persisted {
+            round: 42,
+            next_sample_seq: 7,
+            session: Session {
+                task_ids: vec!["a".into(), "b".into()],
+                sizes: vec![vec![8, 16], vec![16, 32, 64]],
+                observations: vec![TunerObservation {
+                    batch_sizes: vec![8, 32],
+                    sum_pd: Some(2.5),
+                    round: 41,
+                }],
+            },
+            knowledge: BTreeMap::new(),
+        };
+        p.knowledge.insert("a".into(), TaskKnowledge::default());
+        let back = Persisted::from_proto(&p.to_proto("d"));
+        assert_eq!(back, p);
+        let mut broken = p.to_proto("d");
+        broken.candidate_sizes.pop();
+        assert_eq!(Persisted::from_proto(&broken).session, Session::default());
+    }
+}
