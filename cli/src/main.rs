@@ -4,6 +4,7 @@
 //! this file only parses the command line, sets up logging and reports errors.
 
 mod codec;
+mod placer_cmd;
 mod state_cmd;
 
 use std::process::ExitCode;
@@ -47,6 +48,9 @@ impl StoreArgs {
 enum Command {
     /// Read, write and watch the cluster state directly (for operators).
     State(state_cmd::StateArgs),
+    /// Run the placement service (gRPC, Kubernetes scheduler extender, metrics),
+    /// or benchmark it with `iadeep placer bench-client`.
+    Placer(Box<placer_cmd::PlacerArgs>),
 }
 
 fn init_logging() {
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::State(args) => state_cmd::run(args).await,
+            Command::Placer(args) => placer_cmd::run(*args).await,
         }
     });
     match result {

@@ -1,4 +1,4 @@
-//! A minimal HTTP/1.1 client for one JSON POST over plain TCP.
+//! A minimal HTTP/1.1 client: one request per connection over plain TCP.
 //!
 //! The extender needs exactly one outgoing call, the pod Binding, to a
 //! Kubernetes API reached through a local `kubectl proxy` (plain HTTP on
@@ -17,8 +17,9 @@ const MAX_RESPONSE: usize = 4 << 20;
 
 /// A failed request, with what happened.
 #[derive(Debug, thiserror::Error)]
-#[error("POST http://{addr}{path}: {reason}")]
+#[error("{method} http://{addr}{path}: {reason}")]
 pub struct HttpError {
+    pub method: &'static str,
     pub addr: String,
     pub path: String,
     pub reason: String,
@@ -26,7 +27,22 @@ pub struct HttpError {
 
 /// POSTs `body` (JSON) to `http://{addr}{path}`; returns the status code and body.
 pub async fn post_json(addr: &str, path: &str, body: &[u8]) -> Result<(u16, Vec<u8>), HttpError> {
+    request("POST", addr, path, body).await
+}
+
+/// GETs `http://{addr}{path}`; returns the status code and body.
+pub async fn get(addr: &str, path: &str) -> Result<(u16, Vec<u8>), HttpError> {
+    request("GET", addr, path, &[]).await
+}
+
+async fn request(
+    method: &'static str,
+    addr: &str,
+    path: &str,
+    body: &[u8],
+) -> Result<(u16, Vec<u8>), HttpError> {
     let fail = |reason: String| HttpError {
+        method,
         addr: addr.to_owned(),
         path: path.to_owned(),
         reason,
@@ -36,7 +52,7 @@ pub async fn post_json(addr: &str, path: &str, body: &[u8]) -> Result<(u16, Vec<
             .await
             .map_err(|e| fail(format!("connect: {e}")))?;
         let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
              Accept: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         );

@@ -25,7 +25,6 @@
 
 use std::cmp::Ordering;
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -240,7 +239,7 @@ impl Placer {
                 consider(id.as_str(), view.device(id), &mut out);
             }
         }
-        out.candidates.sort_by(|a, b| {
+        out.candidates.sort_unstable_by(|a, b| {
             a.rank
                 .partial_cmp(&b.rank)
                 .unwrap_or(Ordering::Equal)
@@ -505,9 +504,242 @@ pub fn solo_duration_s(task: &TaskSpec) -> Option<f64> {
     (batch > 0 && step.is_finite() && step > 0.0).then(|| total * step / f64::from(batch))
 }
 
+/// FNV-1a of task and device id: cheap, stable across runs and platforms.
 fn tiebreak(task_id: &str, device_id: &str) -> u64 {
-    let mut h = std::hash::DefaultHasher::new();
-    task_id.hash(&mut h);
-    device_id.hash(&mut h);
-    h.finish()
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in task_id.bytes().chain([0u8]).chain(device_id.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DeclaredOrPeakMemory, UtilisationHeuristic};
+    use iadeep_proto::{DeviceInfo, DeviceResidents, Reservation, SoloProfile, TaskReport};
+    use proptest::prelude::*;
+
+    fn placer() -> Placer {
+        Placer::new(
+            PlacerParams::default(),
+            Arc::new(UtilisationHeuristic),
+            Arc::new(DeclaredOrPeakMemory),
+        )
+        .expect("valid params")
+    }
+
+    fn spec(id: &str, mib: u64, sm: f64, total: Option<u64>) -> TaskSpec {
+        TaskSpec {
+            task_id: id.into(),
+            initial_batch_size: 32,
+            gpu_mem_request_mib: mib,
+            total_samples: total,
+            profile: Some(SoloProfile {
+                batch_size: 32,
+                step_time_s: Some(0.1),
+                sm_util_pct: Some(sm),
+                mem_bw_util_pct: Some(sm / 2.0),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn device(view: &mut ClusterView, id: &str, mib: u64, residents: &[TaskSpec]) {
+        view.upsert_device(DeviceInfo {
+            device_id: id.into(),
+            node: "n".into(),
+            memory_mib: mib,
+            kind: "v100".into(),
+            ..Default::default()
+        });
+        if !residents.is_empty() {
+            let record = DeviceResidents {
+                device_id: id.into(),
+                reservations: residents
+                    .iter()
+                    .map(|s| Reservation {
+                        task_id: s.task_id.clone(),
+                        reserved_mem_mib: s.gpu_mem_request_mib,
+                        spec: Some(s.clone()),
+                        ..Default::default()
+                    })
+                    .collect(),
+            };
+            view.apply_residents(id, Some(record), 1);
+        }
+    }
+
+    #[test]
+    fn prefers_the_device_that_adds_least_degradation() {
+        let mut view = ClusterView::new();
+        device(&mut view, "busy", 32_000, &[spec("r1", 4000, 90.0, None)]);
+        device(&mut view, "light", 32_000, &[spec("r2", 4000, 10.0, None)]);
+        let d = placer().decide(&view, &spec("new", 4000, 80.0, None), &[], 0);
+        // With "light": SM 10 + 80 = 90% < 100, no slowdown: increase exactly 1.
+        // With "busy": SM 170% → both slow down 1.7×: 1.7 + 0.7.
+        assert_eq!(
+            d.verdict,
+            Verdict::Place {
+                device_id: "light".into(),
+                reserved_mem_mib: 4000
+            }
+        );
+        let scores: Vec<(&str, f64)> = d
+            .explanation
+            .candidates
+            .iter()
+            .map(|c| (c.device_id.as_str(), c.predicted_pd_increase))
+            .collect();
+        assert_eq!(scores[0], ("light", 1.0));
+        assert_eq!(scores[1].0, "busy");
+        assert!((scores[1].1 - 2.4).abs() < 1e-9, "{scores:?}");
+        assert!(
+            d.explanation.summary.starts_with("placed on light"),
+            "{}",
+            d.explanation.summary
+        );
+    }
+
+    #[test]
+    fn rejections_say_why_and_unknown_memory_needs_an_idle_device() {
+        let mut view = ClusterView::new();
+        device(&mut view, "full", 16_000, &[spec("r1", 14_000, 10.0, None)]);
+        device(
+            &mut view,
+            "hot",
+            32_000,
+            &[spec("r2", 1000, 100.0, None), spec("r3", 1000, 100.0, None)],
+        );
+        let d = placer().decide(&view, &spec("new", 4000, 50.0, None), &[], 0);
+        let Verdict::Queue { reason, .. } = &d.verdict else {
+            panic!("expected queue, got {:?}", d.verdict);
+        };
+        assert!(
+            reason.contains("memory: 1") && reason.contains("sm_cap: 1"),
+            "{reason}"
+        );
+        let why: Vec<&str> = d
+            .explanation
+            .candidates
+            .iter()
+            .map(|c| c.rejected_because.as_str())
+            .collect();
+        assert!(
+            why.iter()
+                .any(|w| w.starts_with("memory: the task needs 4000 MiB")),
+            "{why:?}"
+        );
+
+        let mut unknown = spec("mystery", 0, 50.0, None);
+        unknown.profile = None;
+        device(&mut view, "idle", 16_000, &[]);
+        device(&mut view, "roomy", 80_000, &[spec("r4", 1000, 10.0, None)]);
+        let d = placer().decide(&view, &unknown, &[], 0);
+        assert!(
+            matches!(&d.verdict, Verdict::Place { device_id, reserved_mem_mib } if device_id == "idle" && *reserved_mem_mib == PlacerParams::default().usable_memory_mib(16_000)),
+            "{:?}",
+            d.verdict
+        );
+        // Restricting to devices that cannot take it queues, naming unknown ids.
+        let d = placer().decide(&view, &unknown, &["roomy".into(), "ghost".into()], 0);
+        assert!(matches!(d.verdict, Verdict::Queue { .. }));
+        assert!(
+            d.explanation.summary.contains("unknown_device: 1"),
+            "{}",
+            d.explanation.summary
+        );
+        assert!(
+            d.explanation.summary.contains("unknown_task_memory: 1"),
+            "{}",
+            d.explanation.summary
+        );
+    }
+
+    #[test]
+    fn queues_when_a_device_frees_up_soon_and_places_when_nobody_reports_progress() {
+        let mut view = ClusterView::new();
+        let resident = spec("r1", 4000, 95.0, Some(10_000));
+        device(&mut view, "d0", 32_000, std::slice::from_ref(&resident));
+        let new = spec("new", 4000, 95.0, Some(1_000_000)); // 1e6 × 0.1 / 32 ≈ 3125 s alone
+        // Nobody reports: the wait is unknown, so the task is placed despite the cost.
+        let d = placer().decide(&view, &new, &[], 0);
+        assert!(
+            matches!(d.verdict, Verdict::Place { .. }),
+            "{:?}",
+            d.verdict
+        );
+        // The resident has 9,000 samples left at 900/s: free in 10 s. Placing costs
+        // (1.9 + 0.9 − 1) × 3125 s; waiting 10 s is far cheaper.
+        view.set_report(TaskReport {
+            task_id: "r1".into(),
+            samples_done: 1000,
+            samples_per_s: 900.0,
+            reported_at_unix_ms: 0,
+            ..Default::default()
+        });
+        let d = placer().decide(&view, &new, &[], 0);
+        match d.verdict {
+            Verdict::Queue {
+                retry_after,
+                reason,
+            } => {
+                assert_eq!(retry_after, Duration::from_secs(10));
+                assert!(reason.contains("waiting about 10 s"), "{reason}");
+            }
+            other => panic!("expected queue, got {other:?}"),
+        }
+        // A light newcomer costs nothing extra: placed even though a device frees soon.
+        let d = placer().decide(&view, &spec("light", 1000, 4.0, Some(1_000_000)), &[], 0);
+        assert!(
+            matches!(d.verdict, Verdict::Place { .. }),
+            "{:?}",
+            d.verdict
+        );
+    }
+
+    fn arb_spec(id: String) -> impl Strategy<Value = TaskSpec> {
+        (
+            1u64..20_000,
+            0.0f64..100.0,
+            proptest::option::of(1u64..10_000_000),
+        )
+            .prop_map(move |(mib, sm, total)| spec(&id, mib, sm, total))
+    }
+
+    proptest! {
+        /// Whatever the cluster, a placement fits the chosen device's usable memory,
+        /// and a task that fits an idle device is never turned away for lack of room.
+        #[test]
+        fn placements_always_fit(
+            sizes in proptest::collection::vec(8_000u64..40_000, 1..6),
+            loads in proptest::collection::vec(proptest::collection::vec(1u64..12_000, 0..4), 6),
+            new in arb_spec("new".into()),
+        ) {
+            let mut view = ClusterView::new();
+            let mut k = 0;
+            for (i, size) in sizes.iter().enumerate() {
+                let residents: Vec<TaskSpec> = loads[i]
+                    .iter()
+                    .map(|&mib| { k += 1; spec(&format!("r{k}"), mib, 50.0, None) })
+                    .collect();
+                device(&mut view, &format!("d{i}"), *size, &residents);
+            }
+            let p = placer();
+            let d = p.decide(&view, &new, &[], 0);
+            if let Verdict::Place { device_id, reserved_mem_mib } = &d.verdict {
+                let dev = view.device(device_id).expect("chosen device exists");
+                let total = dev.info.as_ref().expect("registered").memory_mib;
+                prop_assert!(dev.reserved_mem_mib() + reserved_mem_mib <= p.params().usable_memory_mib(total));
+                prop_assert!(*reserved_mem_mib >= new.gpu_mem_request_mib);
+            }
+            let idle_fits = view.devices().any(|(_, dev)| dev.residents.is_empty()
+                && dev.info.as_ref().is_some_and(|i| p.params().usable_memory_mib(i.memory_mib) >= new.gpu_mem_request_mib));
+            if idle_fits {
+                prop_assert!(matches!(d.verdict, Verdict::Place { .. }), "{:?}", d.verdict);
+            }
+        }
+    }
 }

@@ -152,7 +152,7 @@ impl PlacementService {
             let (device_id, record, reservation, expect) = match plan {
                 Ok(reserve) => reserve,
                 Err((retry_after, reason)) => {
-                    tracing::info!(task = %task.task_id, retry_after_s = retry_after.as_secs(), %reason, "queued");
+                    tracing::debug!(task = %task.task_id, retry_after_s = retry_after.as_secs(), %reason, "queued");
                     return Ok(PlaceOutcome {
                         decision: place_response::Decision::Queued(QueueDecision {
                             retry_after_ms: u64::try_from(retry_after.as_millis())
@@ -284,7 +284,7 @@ impl PlacementService {
         let had_placement = self.store.delete(&placement_key).await?;
         if released.is_some() || had_placement {
             self.metrics.released.inc();
-            tracing::info!(task = %task_id, device = ?released, "released");
+            tracing::debug!(task = %task_id, device = ?released, "released");
         }
         Ok(released)
     }

@@ -64,6 +64,10 @@ impl Resident {
 /// The profile of a task for the slowdown model: its solo profile, at the batch
 /// size it currently runs at if it has reported (scaling the solo step time
 /// linearly in the batch size, the best a placer can do without a model of it).
+///
+/// The model name is left empty on purpose: it is never a feature (a name says
+/// nothing about a model never seen before), and copying it for every
+/// co-location a decision evaluates was most of the decision's time.
 pub fn profile_of(spec: &TaskSpec, report: Option<&TaskReport>) -> TaskProfile {
     let solo = spec.profile.clone().unwrap_or_default();
     let profile_batch = if solo.batch_size > 0 {
@@ -81,7 +85,7 @@ pub fn profile_of(spec: &TaskSpec, report: Option<&TaskReport>) -> TaskProfile {
         (None, _) => 0.0,
     };
     TaskProfile {
-        model: spec.model.clone(),
+        model: String::new(),
         batch_size,
         solo_step_time_s,
         sm_util_pct: solo.sm_util_pct,

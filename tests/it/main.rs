@@ -1,4 +1,5 @@
 //! All cross-crate integration tests, in one binary so the 2-core CI links once.
 
+mod placer;
 mod state_embedded;
 mod state_etcd;
