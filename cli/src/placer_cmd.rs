@@ -348,6 +348,7 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
         "release_p50_ms": ms(percentile(&release, 50.0)),
         "release_p99_ms": ms(percentile(&release, 99.0)),
         "store": url.to_string(),
+        "cas_conflicts": local.as_ref().map(|d| d.service().metrics().cas_conflicts.get()),
     });
     if args.json {
         println!("{summary}");
@@ -375,6 +376,15 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
             ms(percentile(&release, 50.0)),
             ms(percentile(&release, 99.0))
         );
+        if let Some(daemon) = &local {
+            let m = daemon.service().metrics();
+            println!(
+                "  in-process placer: {} reservations lost to a concurrent request and re-decided; \
+                 {} decisions timed, see iadeep_placer_decision_seconds",
+                m.cas_conflicts.get(),
+                m.decision_latency.count()
+            );
+        }
     }
     if let Some(daemon) = local {
         daemon.shutdown().await;

@@ -126,7 +126,8 @@ pub struct Candidate<'v> {
 /// Every device considered for one task, split into candidates and rejections.
 #[derive(Clone, Debug, Default)]
 pub struct Assessment<'v> {
-    /// Feasible devices, best first.
+    /// Feasible devices: the first `explain_top_k` (at least one) are the best, in
+    /// order; the rest are in no particular order.
     pub candidates: Vec<Candidate<'v>>,
     /// Infeasible devices with the reason, in device order.
     pub rejected: Vec<(&'v str, Rejection)>,
@@ -201,6 +202,7 @@ impl Placer {
         let new_footprint = self.memory.min_footprint_mib(task, None);
         let mut out = Assessment::default();
         let mut scratch = Vec::new();
+        let task_hash = crate::view::fnv1a(task.task_id.as_bytes());
         let mut consider =
             |id: &'v str, device: Option<&'v DeviceState>, out: &mut Assessment<'v>| {
                 let Some(device) = device else {
@@ -224,7 +226,7 @@ impl Placer {
                             rank: pd_increase + self.params.uncertainty_weight * uncertainty,
                             reserved_mem_mib,
                             idle: device.residents.is_empty(),
-                            tiebreak: tiebreak(&task.task_id, id),
+                            tiebreak: tiebreak(task_hash, device.id_hash),
                         });
                     }
                     Err(rejection) => out.rejected.push((id, rejection)),
@@ -239,12 +241,13 @@ impl Placer {
                 consider(id.as_str(), view.device(id), &mut out);
             }
         }
-        out.candidates.sort_unstable_by(|a, b| {
-            a.rank
-                .partial_cmp(&b.rank)
-                .unwrap_or(Ordering::Equal)
-                .then(a.tiebreak.cmp(&b.tiebreak))
-        });
+        // Only the head needs ordering: the best and the few an explanation lists.
+        let head = self.params.explain_top_k.max(1);
+        if out.candidates.len() > head {
+            out.candidates.select_nth_unstable_by(head - 1, better);
+        }
+        let head = head.min(out.candidates.len());
+        out.candidates[..head].sort_unstable_by(better);
         out
     }
 
@@ -504,14 +507,21 @@ pub fn solo_duration_s(task: &TaskSpec) -> Option<f64> {
     (batch > 0 && step.is_finite() && step > 0.0).then(|| total * step / f64::from(batch))
 }
 
-/// FNV-1a of task and device id: cheap, stable across runs and platforms.
-fn tiebreak(task_id: &str, device_id: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in task_id.bytes().chain([0u8]).chain(device_id.bytes()) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+/// Mixes the task's and the device's id hashes (SplitMix64 finaliser), so each task
+/// orders equally good devices differently.
+fn tiebreak(task_hash: u64, device_hash: u64) -> u64 {
+    let mut z = task_hash ^ device_hash.rotate_left(29);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Best first: by rank, then by the per-task tie-break.
+fn better(a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
+    a.rank
+        .partial_cmp(&b.rank)
+        .unwrap_or(Ordering::Equal)
+        .then(a.tiebreak.cmp(&b.tiebreak))
 }
 
 #[cfg(test)]

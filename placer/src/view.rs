@@ -20,6 +20,9 @@ pub struct Resident {
     pub report: Option<TaskReport>,
     /// The task as the slowdown model sees it, derived from spec and report.
     pub profile: TaskProfile,
+    /// When the task is predicted to finish (Unix ms), from its last report; computed
+    /// once per report because every decision asks.
+    finish_at_unix_ms: Option<i64>,
 }
 
 impl Resident {
@@ -27,10 +30,12 @@ impl Resident {
     pub fn new(reservation: Reservation, report: Option<TaskReport>) -> Resident {
         let spec = reservation.spec.clone().unwrap_or_default();
         let profile = profile_of(&spec, report.as_ref());
+        let finish_at_unix_ms = report.as_ref().and_then(|r| finish_at(&spec, r));
         Resident {
             reservation,
             report,
             profile,
+            finish_at_unix_ms,
         }
     }
 
@@ -44,21 +49,30 @@ impl Resident {
     }
 
     /// Seconds until the task is predicted to finish, from its reported progress:
-    /// `(total_samples − samples_done) / samples_per_s`, less the age of the report.
+    /// `(total_samples − samples_done) / samples_per_s` after the report was written.
     /// `None` when the task did not say how much work it has or has not reported a rate.
     pub fn remaining_s(&self, now_unix_ms: i64) -> Option<f64> {
-        let report = self.report.as_ref()?;
-        let total = self.spec().total_samples?;
-        if report.finished {
-            return Some(0.0);
-        }
-        if !(report.samples_per_s.is_finite() && report.samples_per_s > 0.0) {
-            return None;
-        }
-        let left = total.saturating_sub(report.samples_done) as f64 / report.samples_per_s;
-        let age_s = (now_unix_ms - report.reported_at_unix_ms).max(0) as f64 / 1000.0;
-        Some((left - age_s).max(0.0))
+        self.finish_at_unix_ms
+            .map(|at| (at - now_unix_ms).max(0) as f64 / 1000.0)
     }
+}
+
+/// Predicted finish time (Unix ms) of a task from one of its reports.
+fn finish_at(spec: &TaskSpec, report: &TaskReport) -> Option<i64> {
+    let total = spec.total_samples?;
+    if report.finished {
+        return Some(report.reported_at_unix_ms);
+    }
+    if !(report.samples_per_s.is_finite() && report.samples_per_s > 0.0) {
+        return None;
+    }
+    let left_s = total.saturating_sub(report.samples_done) as f64 / report.samples_per_s;
+    // Saturating float-to-int conversion: an absurd rate cannot overflow.
+    Some(
+        report
+            .reported_at_unix_ms
+            .saturating_add((left_s * 1000.0) as i64),
+    )
 }
 
 /// The profile of a task for the slowdown model: its solo profile, at the batch
@@ -106,6 +120,8 @@ pub struct DeviceState {
     pub residents_revision: Option<Revision>,
     /// Revision of the last residents event applied (a put or a delete), to ignore older ones.
     seen_revision: Revision,
+    /// Hash of the device id, for cheap per-task tie-breaking.
+    pub(crate) id_hash: u64,
 }
 
 impl DeviceState {
@@ -175,10 +191,26 @@ impl ClusterView {
         self.task_device.get(task_id).map(String::as_str)
     }
 
+    fn entry(&mut self, device_id: &str) -> &mut DeviceState {
+        Self::entry_in(&mut self.devices, device_id)
+    }
+
+    fn entry_in<'a>(
+        devices: &'a mut BTreeMap<String, DeviceState>,
+        device_id: &str,
+    ) -> &'a mut DeviceState {
+        devices
+            .entry(device_id.to_owned())
+            .or_insert_with(|| DeviceState {
+                id_hash: fnv1a(device_id.as_bytes()),
+                ..DeviceState::default()
+            })
+    }
+
     /// Registers or updates a device.
     pub fn upsert_device(&mut self, info: DeviceInfo) {
         let id = info.device_id.clone();
-        self.devices.entry(id).or_default().info = Some(info);
+        self.entry(&id).info = Some(info);
     }
 
     /// Forgets a device's registration (its reservations stay until released).
@@ -200,7 +232,7 @@ impl ClusterView {
         record: Option<DeviceResidents>,
         revision: Revision,
     ) -> bool {
-        let device = self.devices.entry(device_id.to_owned()).or_default();
+        let device = Self::entry_in(&mut self.devices, device_id);
         if revision < device.seen_revision {
             return false;
         }
@@ -260,6 +292,16 @@ impl ClusterView {
             *resident = Resident::new(resident.reservation.clone(), None);
         }
     }
+}
+
+/// FNV-1a: cheap, stable across runs and platforms.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
 }
 
 #[cfg(test)]

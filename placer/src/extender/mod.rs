@@ -152,13 +152,16 @@ fn per_node<'a>(
             node_of.insert(d.as_str(), node.as_str());
         }
     }
-    let mut best: HashMap<&str, f64> = HashMap::new();
+    let mut best: HashMap<&str, (f64, f64)> = HashMap::new();
     for c in &assessment.candidates {
         if let Some(node) = node_of.get(c.device_id) {
-            // Candidates are sorted best first: keep the first per node.
-            best.entry(node).or_insert(c.pd_increase);
+            let entry = best.entry(node).or_insert((c.rank, c.pd_increase));
+            if c.rank < entry.0 {
+                *entry = (c.rank, c.pd_increase);
+            }
         }
     }
+    let best = best.into_iter().map(|(n, (_, pd))| (n, pd)).collect();
     let mut why: HashMap<&str, String> = HashMap::new();
     for (device, rejection) in &assessment.rejected {
         if let Some(node) = node_of.get(device) {
