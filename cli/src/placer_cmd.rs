@@ -97,11 +97,7 @@ impl PolicyArgs {
             wait_cost_factor: self.wait_cost_factor,
             ..PlacerParams::default()
         };
-        Ok(Placer::new(
-            params,
-            Arc::new(UtilisationHeuristic),
-            Arc::new(DeclaredOrPeakMemory),
-        )?)
+        Ok(Placer::new(params, Arc::new(UtilisationHeuristic))?)
     }
 }
 
@@ -156,7 +152,7 @@ async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
         metrics: args.metrics,
         kube_api: args.kube_api,
     };
-    let mut daemon = Daemon::start(store, placer, config)
+    let mut daemon = Daemon::start(store, placer, Arc::new(DeclaredOrPeakMemory), config)
         .await
         .context("cannot start the placer")?;
     tokio::select! {
@@ -238,9 +234,14 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
                 metrics: None,
                 kube_api: None,
             };
-            let daemon = Daemon::start(store.clone(), args.policy.placer()?, config)
-                .await
-                .context("cannot start the in-process placer")?;
+            let daemon = Daemon::start(
+                store.clone(),
+                args.policy.placer()?,
+                Arc::new(DeclaredOrPeakMemory),
+                config,
+            )
+            .await
+            .context("cannot start the in-process placer")?;
             let addr = daemon.grpc_addr();
             local = Some(daemon);
             addr

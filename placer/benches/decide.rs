@@ -17,13 +17,9 @@ fn decide(c: &mut Criterion) {
         2_000,
         "the cluster must hold every resident"
     );
-    let view = cluster.view();
-    let placer = Placer::new(
-        PlacerParams::default(),
-        Arc::new(UtilisationHeuristic),
-        Arc::new(DeclaredOrPeakMemory),
-    )
-    .expect("default params are valid");
+    let view = cluster.view(Arc::new(DeclaredOrPeakMemory));
+    let placer = Placer::new(PlacerParams::default(), Arc::new(UtilisationHeuristic))
+        .expect("default params are valid");
     let arrivals: Vec<_> = (0..64).map(|i| cluster.arrival(i)).collect();
     let now = iadeep_proto::now_unix_ms();
     let mut i = 0;

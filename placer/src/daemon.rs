@@ -16,6 +16,7 @@ use crate::error::{PlacerError, Result};
 use crate::extender::Extender;
 use crate::grpc::GrpcPlacer;
 use crate::metrics::PlacerMetrics;
+use crate::model::MemoryEstimator;
 use crate::policy::Placer;
 use crate::service::PlacementService;
 use crate::sync::ViewSync;
@@ -99,13 +100,16 @@ fn serve_http(
 
 impl Daemon {
     /// Loads the view from `store`, binds every listener, and serves until [`Daemon::shutdown`].
+    ///
+    /// `memory` estimates footprints for the view (see [`ClusterView::new`]).
     pub async fn start(
         store: Arc<dyn StateStore>,
         placer: Placer,
+        memory: Arc<dyn MemoryEstimator>,
         config: DaemonConfig,
     ) -> Result<Daemon> {
         let metrics = Arc::new(PlacerMetrics::default());
-        let view = Arc::new(RwLock::new(ClusterView::new()));
+        let view = Arc::new(RwLock::new(ClusterView::new(memory)));
         let sync = ViewSync::start(
             store.clone(),
             view.clone(),

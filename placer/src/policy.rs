@@ -31,7 +31,7 @@ use std::time::Duration;
 use iadeep_proto::{CandidateScore, Explanation, TaskProfile, TaskSpec};
 
 use crate::error::Result;
-use crate::model::{MemoryEstimator, SlowdownModel};
+use crate::model::SlowdownModel;
 use crate::params::PlacerParams;
 use crate::view::{ClusterView, DeviceState, profile_of};
 
@@ -158,26 +158,20 @@ pub struct Decision {
 }
 
 /// The placement policy. Cheap to share: decisions take `&self`.
+///
+/// Memory footprints come from the view's [`crate::model::MemoryEstimator`]
+/// (see [`ClusterView::new`]), slowdowns from the placer's [`SlowdownModel`].
 #[derive(Clone, Debug)]
 pub struct Placer {
     params: PlacerParams,
     slowdown: Arc<dyn SlowdownModel>,
-    memory: Arc<dyn MemoryEstimator>,
 }
 
 impl Placer {
     /// A policy with checked `params`.
-    pub fn new(
-        params: PlacerParams,
-        slowdown: Arc<dyn SlowdownModel>,
-        memory: Arc<dyn MemoryEstimator>,
-    ) -> Result<Placer> {
+    pub fn new(params: PlacerParams, slowdown: Arc<dyn SlowdownModel>) -> Result<Placer> {
         params.check()?;
-        Ok(Placer {
-            params,
-            slowdown,
-            memory,
-        })
+        Ok(Placer { params, slowdown })
     }
 
     /// The parameters in force.
@@ -199,7 +193,7 @@ impl Placer {
         now_unix_ms: i64,
     ) -> Assessment<'v> {
         let new_profile = profile_of(task, None);
-        let new_footprint = self.memory.min_footprint_mib(task, None);
+        let new_footprint = view.memory().min_footprint_mib(task, None);
         let mut out = Assessment::default();
         let mut scratch = Vec::new();
         let task_hash = crate::view::fnv1a(task.task_id.as_bytes());
@@ -260,26 +254,16 @@ impl Placer {
         scratch: &mut Vec<TaskProfile>,
     ) -> Result<(f64, f64, u64), Rejection> {
         let info = device.info.as_ref().ok_or(Rejection::NotRegistered)?;
+        let summary = device.summary();
         let usable = self.params.usable_memory_mib(info.memory_mib);
         let idle = device.residents.is_empty();
-        let used: u64 = device
-            .residents
-            .iter()
-            .map(|r| {
-                let now = self
-                    .memory
-                    .min_footprint_mib(r.spec(), r.report.as_ref())
-                    .unwrap_or(0);
-                now.max(r.reservation.reserved_mem_mib)
-            })
-            .sum();
         let need = match new_footprint {
             Some(mib) => mib,
             // The whole card: nothing else can join a task of unknown size.
             None if idle => usable,
             None => return Err(Rejection::UnknownTaskMemory),
         };
-        let free = usable.saturating_sub(used);
+        let free = usable.saturating_sub(summary.used_mib);
         if need > free || need == 0 {
             return Err(Rejection::Memory {
                 need_mib: need,
@@ -289,23 +273,14 @@ impl Placer {
         if idle {
             return Ok((1.0, 0.0, need));
         }
-        let sum = |get: fn(&TaskProfile) -> Option<f64>| -> f64 {
-            device
-                .residents
-                .iter()
-                .map(|r| &r.profile)
-                .chain(std::iter::once(new_profile))
-                .filter_map(get)
-                .sum()
-        };
-        let sm = sum(|p| p.sm_util_pct);
+        let sm = summary.sm_util_pct + new_profile.sm_util_pct.unwrap_or(0.0);
         if sm > self.params.sm_util_cap_pct {
             return Err(Rejection::SmCap {
                 predicted_pct: sm,
                 cap_pct: self.params.sm_util_cap_pct,
             });
         }
-        let bw = sum(|p| p.mem_bw_util_pct);
+        let bw = summary.mem_bw_util_pct + new_profile.mem_bw_util_pct.unwrap_or(0.0);
         if bw > self.params.mem_bw_util_cap_pct {
             return Err(Rejection::MemBwCap {
                 predicted_pct: bw,
@@ -313,24 +288,20 @@ impl Placer {
             });
         }
         let kind = info.kind.as_str();
-        scratch.clear();
-        scratch.extend(device.residents.iter().map(|r| r.profile.clone()));
-        let own = self.slowdown.predict(kind, new_profile, scratch);
+        let profiles = &summary.profiles;
+        let own = self.slowdown.predict(kind, new_profile, profiles);
         let mut increase = own.slowdown;
         let mut variance = own.uncertainty * own.uncertainty;
         // For each resident i: its co-runners without the task, then with it.
-        let n = device.residents.len();
-        for i in 0..n {
+        for (i, me) in profiles.iter().enumerate() {
             scratch.clear();
             scratch.extend(
-                device
-                    .residents
+                profiles
                     .iter()
                     .enumerate()
                     .filter(|&(j, _)| j != i)
-                    .map(|(_, r)| r.profile.clone()),
+                    .map(|(_, p)| p.clone()),
             );
-            let me = &device.residents[i].profile;
             let without = self.slowdown.predict(kind, me, scratch);
             scratch.push(new_profile.clone());
             let with = self.slowdown.predict(kind, me, scratch);
@@ -532,12 +503,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn placer() -> Placer {
-        Placer::new(
-            PlacerParams::default(),
-            Arc::new(UtilisationHeuristic),
-            Arc::new(DeclaredOrPeakMemory),
-        )
-        .expect("valid params")
+        Placer::new(PlacerParams::default(), Arc::new(UtilisationHeuristic)).expect("valid params")
     }
 
     fn spec(id: &str, mib: u64, sm: f64, total: Option<u64>) -> TaskSpec {
@@ -584,7 +550,7 @@ mod tests {
 
     #[test]
     fn prefers_the_device_that_adds_least_degradation() {
-        let mut view = ClusterView::new();
+        let mut view = ClusterView::new(Arc::new(DeclaredOrPeakMemory));
         device(&mut view, "busy", 32_000, &[spec("r1", 4000, 90.0, None)]);
         device(&mut view, "light", 32_000, &[spec("r2", 4000, 10.0, None)]);
         let d = placer().decide(&view, &spec("new", 4000, 80.0, None), &[], 0);
@@ -615,7 +581,7 @@ mod tests {
 
     #[test]
     fn rejections_say_why_and_unknown_memory_needs_an_idle_device() {
-        let mut view = ClusterView::new();
+        let mut view = ClusterView::new(Arc::new(DeclaredOrPeakMemory));
         device(&mut view, "full", 16_000, &[spec("r1", 14_000, 10.0, None)]);
         device(
             &mut view,
@@ -670,7 +636,7 @@ mod tests {
 
     #[test]
     fn queues_when_a_device_frees_up_soon_and_places_when_nobody_reports_progress() {
-        let mut view = ClusterView::new();
+        let mut view = ClusterView::new(Arc::new(DeclaredOrPeakMemory));
         let resident = spec("r1", 4000, 95.0, Some(10_000));
         device(&mut view, "d0", 32_000, std::slice::from_ref(&resident));
         let new = spec("new", 4000, 95.0, Some(1_000_000)); // 1e6 × 0.1 / 32 ≈ 3125 s alone
@@ -728,7 +694,7 @@ mod tests {
             loads in proptest::collection::vec(proptest::collection::vec(1u64..12_000, 0..4), 6),
             new in arb_spec("new".into()),
         ) {
-            let mut view = ClusterView::new();
+            let mut view = ClusterView::new(Arc::new(DeclaredOrPeakMemory));
             let mut k = 0;
             for (i, size) in sizes.iter().enumerate() {
                 let residents: Vec<TaskSpec> = loads[i]

@@ -8,7 +8,10 @@
 use iadeep_proto::{DeviceInfo, DeviceResidents, Reservation, SoloProfile, TaskReport, TaskSpec};
 use iadeep_state::{StateStore, keys, typed};
 
+use std::sync::Arc;
+
 use crate::error::Result;
+use crate::model::MemoryEstimator;
 use crate::view::ClusterView;
 
 /// GPUs per synthetic node.
@@ -161,8 +164,8 @@ impl SyntheticCluster {
     }
 
     /// The cluster as a view (revision 1 for every residents record).
-    pub fn view(&self) -> ClusterView {
-        let mut view = ClusterView::new();
+    pub fn view(&self, memory: Arc<dyn MemoryEstimator>) -> ClusterView {
+        let mut view = ClusterView::new(memory);
         for report in &self.reports {
             view.set_report(report.clone());
         }

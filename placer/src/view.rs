@@ -8,9 +8,12 @@
 //! watch) without harm.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use iadeep_proto::{DeviceInfo, DeviceResidents, Reservation, TaskProfile, TaskReport, TaskSpec};
 use iadeep_state::Revision;
+
+use crate::model::MemoryEstimator;
 
 /// One task holding part of a device, with what the placer knows of how it runs.
 #[derive(Clone, Debug, PartialEq)]
@@ -108,6 +111,23 @@ pub fn profile_of(spec: &TaskSpec, report: Option<&TaskReport>) -> TaskProfile {
     }
 }
 
+/// What every decision reads about a device, aggregated once per change of the device
+/// (a reservation or a resident's report) rather than once per decision: at 1,000
+/// devices, walking every resident's spec and report dominated the decision time.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceSummary {
+    /// Σ over residents of max(reserved, the memory estimator's footprint now), MiB.
+    pub used_mib: u64,
+    /// Σ of the residents' known solo SM utilisations, percent.
+    pub sm_util_pct: f64,
+    /// Σ of the residents' known solo DRAM-bandwidth utilisations, percent.
+    pub mem_bw_util_pct: f64,
+    /// Earliest predicted finish of a resident (Unix ms), if any reports progress.
+    pub first_finish_unix_ms: Option<i64>,
+    /// The residents' profiles, contiguous, in resident order.
+    pub profiles: Vec<TaskProfile>,
+}
+
 /// One device: its registration and its reservations.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DeviceState {
@@ -122,9 +142,36 @@ pub struct DeviceState {
     seen_revision: Revision,
     /// Hash of the device id, for cheap per-task tie-breaking.
     pub(crate) id_hash: u64,
+    summary: DeviceSummary,
 }
 
 impl DeviceState {
+    /// The aggregates decisions read.
+    pub fn summary(&self) -> &DeviceSummary {
+        &self.summary
+    }
+
+    fn refresh(&mut self, memory: &dyn MemoryEstimator) {
+        let mut summary = DeviceSummary {
+            profiles: Vec::with_capacity(self.residents.len()),
+            ..DeviceSummary::default()
+        };
+        for r in &self.residents {
+            let estimate = memory
+                .min_footprint_mib(r.spec(), r.report.as_ref())
+                .unwrap_or(0);
+            summary.used_mib += estimate.max(r.reservation.reserved_mem_mib);
+            summary.sm_util_pct += r.profile.sm_util_pct.unwrap_or(0.0);
+            summary.mem_bw_util_pct += r.profile.mem_bw_util_pct.unwrap_or(0.0);
+            if let Some(at) = r.finish_at_unix_ms {
+                summary.first_finish_unix_ms =
+                    Some(summary.first_finish_unix_ms.map_or(at, |f| f.min(at)));
+            }
+            summary.profiles.push(r.profile.clone());
+        }
+        self.summary = summary;
+    }
+
     /// MiB reserved by the residents.
     pub fn reserved_mem_mib(&self) -> u64 {
         self.residents
@@ -147,8 +194,13 @@ impl DeviceState {
 }
 
 /// Every device the placer knows and the latest report of every task.
-#[derive(Clone, Debug, Default)]
+///
+/// The view owns the [`MemoryEstimator`]: residents' footprints are estimated when
+/// a resident or its report changes, and the placer asks the same estimator about
+/// the arriving task (see [`ClusterView::memory`]), so both sides always agree.
+#[derive(Clone, Debug)]
 pub struct ClusterView {
+    memory: Arc<dyn MemoryEstimator>,
     devices: BTreeMap<String, DeviceState>,
     reports: HashMap<String, TaskReport>,
     /// Where each resident task is, for release and duplicate checks.
@@ -156,9 +208,19 @@ pub struct ClusterView {
 }
 
 impl ClusterView {
-    /// An empty view.
-    pub fn new() -> ClusterView {
-        ClusterView::default()
+    /// An empty view estimating memory footprints with `memory`.
+    pub fn new(memory: Arc<dyn MemoryEstimator>) -> ClusterView {
+        ClusterView {
+            memory,
+            devices: BTreeMap::new(),
+            reports: HashMap::new(),
+            task_device: HashMap::new(),
+        }
+    }
+
+    /// The memory estimator of this view.
+    pub fn memory(&self) -> &dyn MemoryEstimator {
+        self.memory.as_ref()
     }
 
     /// Devices by id, sorted.
@@ -259,6 +321,7 @@ impl ClusterView {
             }
             None => device.residents_revision = None,
         }
+        device.refresh(self.memory.as_ref());
         if device.info.is_none() && device.residents.is_empty() {
             self.devices.remove(device_id);
         }
@@ -275,6 +338,7 @@ impl ClusterView {
                 .find(|r| r.reservation.task_id == report.task_id)
         {
             *resident = Resident::new(resident.reservation.clone(), Some(report.clone()));
+            device.refresh(self.memory.as_ref());
         }
         self.reports.insert(report.task_id.clone(), report);
     }
@@ -290,6 +354,7 @@ impl ClusterView {
                 .find(|r| r.reservation.task_id == task_id)
         {
             *resident = Resident::new(resident.reservation.clone(), None);
+            device.refresh(self.memory.as_ref());
         }
     }
 }
@@ -323,7 +388,7 @@ mod tests {
 
     #[test]
     fn stale_residents_records_are_ignored_and_index_follows() {
-        let mut view = ClusterView::new();
+        let mut view = ClusterView::new(Arc::new(crate::model::DeclaredOrPeakMemory));
         view.upsert_device(DeviceInfo {
             device_id: "d0".into(),
             memory_mib: 16000,
@@ -357,7 +422,7 @@ mod tests {
 
     #[test]
     fn reports_reach_residents_whichever_arrives_first() {
-        let mut view = ClusterView::new();
+        let mut view = ClusterView::new(Arc::new(crate::model::DeclaredOrPeakMemory));
         view.set_report(TaskReport {
             task_id: "a".into(),
             samples_done: 400,

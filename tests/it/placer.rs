@@ -39,12 +39,8 @@ async fn etcd_store(server: &EtcdServer) -> Arc<dyn StateStore> {
 }
 
 fn placer() -> Placer {
-    Placer::new(
-        PlacerParams::default(),
-        Arc::new(UtilisationHeuristic),
-        Arc::new(DeclaredOrPeakMemory),
-    )
-    .expect("default params are valid")
+    Placer::new(PlacerParams::default(), Arc::new(UtilisationHeuristic))
+        .expect("default params are valid")
 }
 
 fn loopback() -> SocketAddr {
@@ -58,7 +54,7 @@ async fn daemon(store: Arc<dyn StateStore>, kube_api: Option<String>) -> Daemon 
         metrics: Some(loopback()),
         kube_api,
     };
-    Daemon::start(store, placer(), config)
+    Daemon::start(store, placer(), Arc::new(DeclaredOrPeakMemory), config)
         .await
         .expect("start the placer")
 }
