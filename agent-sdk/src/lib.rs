@@ -1,4 +1,30 @@
-//! Agent SDK for training loops (issue: "Agent SDK").
+//! The iadeep agent SDK: embedded in a training loop, it applies the batch sizes
+//! the tuner assigns and reports how the task is doing.
 //!
-//! Not implemented yet: this crate exists so the workspace layout of DESIGN.md is
-//! in place. It exports nothing, so nothing can mistake it for a working agent.
+//! - [`Agent`]: `batch_size()` / `record_step()` on the hot path (atomics only),
+//!   `poll_change()` between steps, `report_oom()`, `finish()`.
+//! - A background reporter thread registers the task (TaskSpec if absent, a
+//!   leased alive key), publishes [`iadeep_proto::TaskReport`]s, watches the
+//!   task's assignment and rides out store outages with back-off.
+//! - [`gns`]: the two-batch-size gradient noise scale estimator; [`lr`]: the
+//!   learning-rate rules; [`memory`]: NVML or caller-supplied peak memory;
+//!   [`emulate`]: a job that follows measured step times (Pollux traces) for
+//!   simulations and end-to-end tests.
+
+mod agent;
+mod config;
+pub mod emulate;
+mod error;
+pub mod gns;
+pub mod lr;
+mod measure;
+pub mod memory;
+mod reporter;
+mod shared;
+
+pub use agent::Agent;
+pub use config::{
+    AgentBuilder, AgentConfig, DEFAULT_LEASE_TTL, DEFAULT_REPORT_INTERVAL, StoreSource,
+};
+pub use error::{AgentError, Result};
+pub use shared::{BatchSizeChange, ChangeReason};

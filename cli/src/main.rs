@@ -4,8 +4,13 @@
 //! this file only parses the command line, sets up logging and reports errors.
 
 mod codec;
+mod data_cmd;
+mod emulate_cmd;
+mod memory_cmd;
 mod placer_cmd;
+mod predictor_cmd;
 mod state_cmd;
+mod tuner_cmd;
 
 use std::process::ExitCode;
 
@@ -51,6 +56,16 @@ enum Command {
     /// Run the placement service (gRPC, Kubernetes scheduler extender, metrics),
     /// or benchmark it with `iadeep placer bench-client`.
     Placer(Box<placer_cmd::PlacerArgs>),
+    /// Run an emulated training job (measured step times, real agent) for tuner tests.
+    EmulateJob(emulate_cmd::EmulateArgs),
+    /// Per-task GPU memory model tools (e.g. `memory eval`).
+    Memory(memory_cmd::MemoryArgs),
+    /// The per-GPU batch-size tuner (e.g. `tuner bench`).
+    Tuner(tuner_cmd::TunerArgs),
+    /// Convert public measurements into iadeep's formats (e.g. Gavel pairs to samples).
+    Data(data_cmd::DataArgs),
+    /// Evaluate the co-location slowdown predictor.
+    Predictor(predictor_cmd::PredictorArgs),
 }
 
 fn init_logging() {
@@ -79,6 +94,11 @@ fn main() -> ExitCode {
         match cli.command {
             Command::State(args) => state_cmd::run(args).await,
             Command::Placer(args) => placer_cmd::run(*args).await,
+            Command::EmulateJob(args) => emulate_cmd::run(args).await,
+            Command::Memory(args) => memory_cmd::run(args),
+            Command::Tuner(args) => tuner_cmd::run(args),
+            Command::Data(args) => data_cmd::run(args),
+            Command::Predictor(args) => predictor_cmd::run(args),
         }
     });
     match result {

@@ -10,7 +10,7 @@ pub mod pollux;
 /// Errors reading a dataset.
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         path: String,
         #[source]

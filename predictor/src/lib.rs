@@ -1,4 +1,59 @@
-//! Online co-location slowdown predictor (issue: "Online co-location predictor").
+//! Online co-location slowdown predictor (issue 4).
 //!
-//! Not implemented yet: this crate exists so the workspace layout of DESIGN.md is
-//! in place. It exports nothing, so nothing can mistake it for a working predictor.
+//! Given a task's solo profile and the profiles of the tasks it would share a GPU
+//! with, predicts its slowdown IF = co-located step time ÷ solo step time, with an
+//! uncertainty. The placer turns per-task predictions into the predicted increase
+//! of a device's Σ PD.
+//!
+//! How it is put together, one module per idea:
+//! - [`features`]: the profile features that generalise to models never seen before;
+//! - [`heuristic`]: the transparent cold-start rule used until enough samples exist;
+//! - [`forest`]: our own bagged forest of smartcore regression trees, so the spread
+//!   across trees is available as uncertainty;
+//! - [`window`]: the bounded training window (newest samples plus an order-independent
+//!   reservoir for diversity);
+//! - [`learner`]: the synchronous core (window, cadence, fit) that production and the
+//!   evaluation share;
+//! - [`online`]: [`OnlinePredictor`], which refits in a background thread and never
+//!   makes a prediction wait for a refit;
+//! - [`persist`]: samples in the state store and the rebuild after a restart;
+//! - [`jsonl`], [`gavel`]: the JSON Lines sample format and the Gavel converter;
+//! - [`reference`], [`prequential`]: the job-name one-hot baseline and the
+//!   predict-then-learn evaluation.
+
+pub mod error;
+pub mod features;
+pub mod forest;
+pub mod gavel;
+pub mod heuristic;
+pub mod jsonl;
+pub mod learner;
+pub mod online;
+pub mod persist;
+pub mod prequential;
+pub mod reference;
+pub mod window;
+
+pub use error::PredictorError;
+pub use learner::{FittedModel, Learner, LearnerParams};
+pub use online::OnlinePredictor;
+
+/// Where a prediction came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum PredictionSource {
+    /// The fitted forest.
+    Model,
+    /// The cold-start heuristic (not enough samples yet, or no fitted model).
+    ColdStart,
+}
+
+/// A predicted slowdown of one task given its co-runners.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Prediction {
+    /// Predicted IF = co-located step time ÷ solo step time.
+    pub slowdown: f64,
+    /// Standard deviation of the per-tree predictions (model), or the heuristic's
+    /// stated width (cold start). Same unit as `slowdown`.
+    pub uncertainty: f64,
+    pub source: PredictionSource,
+}

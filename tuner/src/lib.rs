@@ -1,4 +1,23 @@
-//! Per-GPU batch-size tuner (issue: "Per-GPU tuner").
+//! Per-GPU batch-size tuner of iadeep.
 //!
-//! Not implemented yet: this crate exists so the workspace layout of DESIGN.md is
-//! in place. It exports nothing, so nothing can mistake it for a working tuner.
+//! The pieces, one module per idea:
+//! - [`degradation`]: the objective PD = IF·DT/E, the gradient-noise-scale estimator and the
+//!   learning-rate rules that come with a batch-size change;
+//! - [`memory`]: a conservative, monotone per-task memory model (batch size → peak MiB);
+//! - [`gp`]: a Gaussian-process surrogate (Matérn-5/2, ARD, hyper-parameters by marginal
+//!   likelihood);
+//! - [`search`]: GP-LCB over the memory-feasible lattice of co-located batch sizes, with a
+//!   stopping rule, hysteresis and re-opening, behind the [`search::Evaluator`] trait so the
+//!   algorithm never knows where its observations come from;
+//! - [`gavel_bench`]: the benchmark of the search on Gavel's measured co-location throughputs.
+
+pub mod degradation;
+pub mod error;
+pub mod gavel_bench;
+pub mod gp;
+pub mod memory;
+pub mod memory_eval;
+pub mod search;
+pub mod stats;
+
+pub use error::TunerError;

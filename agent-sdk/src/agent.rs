@@ -1,0 +1,352 @@
+//! The handle a training loop holds.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use iadeep_state::StateError;
+use tokio::sync::{Notify, watch};
+
+use crate::config::{AgentBuilder, AgentConfig};
+use crate::error::{AgentError, Result};
+use crate::lr::lr_factor;
+use crate::memory::{NvmlProbe, PeakMemory};
+use crate::reporter::{Control, Outcome, Reporter};
+use crate::shared::{BatchSizeChange, ChangeReason, Shared};
+
+/// The agent of one training task.
+///
+/// Cheap, non-blocking calls for the loop ([`Agent::batch_size`],
+/// [`Agent::record_step`], [`Agent::poll_change`]); a background reporter
+/// thread does all store traffic. `Agent` is `Sync`: a data-loader thread may
+/// read the batch size while the training thread records steps.
+///
+/// ```no_run
+/// # fn main() -> Result<(), iadeep_agent::AgentError> {
+/// use std::time::Instant;
+/// let agent = iadeep_agent::Agent::builder()
+///     .task_id("job-42")
+///     .store("etcd://127.0.0.1:2379")
+///     .model("resnet50")
+///     .initial_batch_size(256)
+///     .batch_size_bounds(32..=1024)
+///     .connect()?;
+/// let mut lr = 0.1;
+/// for _ in 0..1000 {
+///     let bs = agent.batch_size();
+///     let start = Instant::now();
+///     // ... one training step at `bs` ...
+///     agent.record_step(bs, start.elapsed());
+///     if let Some(change) = agent.poll_change() {
+///         // Rebuild the data loader for change.batch_size.
+///         lr = 0.1 * change.lr_factor;
+///     }
+/// }
+/// agent.finish()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Agent {
+    config: Arc<AgentConfig>,
+    shared: Arc<Shared>,
+    kick: Arc<Notify>,
+    control: watch::Sender<Control>,
+    done: Mutex<Option<Receiver<Outcome>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Extra time `finish` grants beyond the two store calls it makes.
+const FINISH_SLACK: Duration = Duration::from_secs(1);
+
+impl Agent {
+    /// A builder; see [`AgentBuilder`].
+    pub fn builder() -> AgentBuilder {
+        AgentBuilder::default()
+    }
+
+    /// Starts the reporter; returns the agent and the channel of the first
+    /// registration's outcome.
+    fn start(builder: AgentBuilder) -> Result<(Agent, Receiver<Result<(), StateError>>)> {
+        let (config, probe) = builder.into_config()?;
+        let config = Arc::new(config);
+        let shared = Arc::new(Shared::new(config.initial_batch_size, config.gns_smoothing));
+        let kick = Arc::new(Notify::new());
+        let (control, control_rx) = watch::channel(Control::Run);
+        let (first_tx, first_rx) = mpsc::sync_channel(1);
+        let (done_tx, done_rx) = mpsc::sync_channel(1);
+        let thread = {
+            let (config, shared, kick) = (config.clone(), shared.clone(), kick.clone());
+            std::thread::Builder::new()
+                .name(format!("iadeep-agent-{}", config.task_id))
+                .spawn(move || {
+                    let runtime = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(runtime) => runtime,
+                        Err(err) => {
+                            tracing::error!(%err, "agent reporter cannot start its runtime");
+                            let _ = done_tx.send(Err(err.to_string()));
+                            return;
+                        }
+                    };
+                    let nvml = if config.use_nvml {
+                        NvmlProbe::try_new(std::process::id())
+                    } else {
+                        None
+                    };
+                    let memory = PeakMemory::new(nvml, probe);
+                    let reporter =
+                        Reporter::new(config, shared, kick, control_rx, memory, first_tx);
+                    let outcome = runtime.block_on(reporter.run());
+                    let _ = done_tx.send(outcome);
+                })
+                .map_err(AgentError::Spawn)?
+        };
+        let agent = Agent {
+            config,
+            shared,
+            kick,
+            control,
+            done: Mutex::new(Some(done_rx)),
+            thread: Some(thread),
+        };
+        Ok((agent, first_rx))
+    }
+
+    /// Decides what the first registration's outcome means for `connect`.
+    fn settle(
+        self,
+        first: std::result::Result<Result<(), StateError>, RecvTimeoutError>,
+    ) -> Result<Agent> {
+        match first {
+            Ok(Ok(())) => Ok(self),
+            Ok(Err(err))
+                if matches!(
+                    err,
+                    StateError::InvalidUrl { .. }
+                        | StateError::Embedded { .. }
+                        | StateError::InvalidId { .. }
+                        | StateError::InvalidTtl(_)
+                ) =>
+            {
+                Err(AgentError::Store(err))
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(task = %self.config.task_id, %err,
+                    "state store unreachable at start; training goes on, the agent keeps retrying");
+                Ok(self)
+            }
+            Err(_) => {
+                tracing::warn!(task = %self.config.task_id, timeout = ?self.config.connect_timeout,
+                    "not registered yet; training goes on, the agent keeps trying");
+                Ok(self)
+            }
+        }
+    }
+
+    /// Starts the agent from a synchronous program.
+    ///
+    /// Waits until the task is registered (spec, lease, alive key, assignment
+    /// watch), at most the connect timeout. An unreachable store is *not* an
+    /// error: training can start and the agent registers when the store answers.
+    /// Errors are only for what retrying cannot fix: bad configuration, a
+    /// malformed URL, an embedded store file that cannot be opened.
+    pub fn connect_with(builder: AgentBuilder) -> Result<Agent> {
+        let (agent, first) = Agent::start(builder)?;
+        let first = first.recv_timeout(agent.config.connect_timeout);
+        agent.settle(first)
+    }
+
+    /// [`Agent::connect_with`] for async code: waits without blocking the runtime.
+    pub async fn connect_async_with(builder: AgentBuilder) -> Result<Agent> {
+        let (agent, first) = Agent::start(builder)?;
+        let timeout = agent.config.connect_timeout;
+        let first = tokio::task::spawn_blocking(move || first.recv_timeout(timeout))
+            .await
+            .unwrap_or(Err(RecvTimeoutError::Disconnected));
+        agent.settle(first)
+    }
+
+    /// The batch size to train the next step at. One relaxed atomic load.
+    #[inline]
+    pub fn batch_size(&self) -> u32 {
+        self.shared.batch_size()
+    }
+
+    /// Records one finished step: its batch size and wall time. Three relaxed
+    /// atomic additions; no I/O, no allocation, no lock.
+    #[inline]
+    pub fn record_step(&self, batch_size: u32, elapsed: Duration) {
+        self.shared.record_step(batch_size, elapsed);
+    }
+
+    /// Records the squared gradient norms over `small` and `big` samples of the
+    /// same step (b < B, e.g. one micro-batch and the accumulated batch) for the
+    /// gradient noise scale. Invalid pairs are ignored with a debug log.
+    pub fn record_gradient_norms(
+        &self,
+        small: u32,
+        small_sq_norm: f64,
+        big: u32,
+        big_sq_norm: f64,
+    ) {
+        let result = self
+            .shared
+            .gns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .record(small, small_sq_norm, big, big_sq_norm);
+        if let Err(why) = result {
+            tracing::debug!(small, big, ?why, "gradient norms ignored");
+        }
+    }
+
+    /// A batch-size change to apply before the next step, if the tuner sent one.
+    ///
+    /// The agent's batch size switches here, not behind the loop's back, so the
+    /// data loader, the learning rate and the reported measurements all change at
+    /// the same step boundary. Costs one relaxed load when nothing is pending.
+    pub fn poll_change(&self) -> Option<BatchSizeChange> {
+        let change = self.shared.take_pending()?;
+        let previous = self.shared.batch_size();
+        self.shared.apply(&change);
+        tracing::info!(task = %self.config.task_id, from = previous, to = change.batch_size,
+            lr_factor = change.lr_factor, round = change.round, "batch size changed");
+        Some(change)
+    }
+
+    /// The trainer ran out of GPU memory at `batch_size`: falls back to the
+    /// largest batch size known to fit below it (else half of it, within the
+    /// bounds), tells the tuner at once, and returns the change to apply.
+    pub fn report_oom(&self, batch_size: u32) -> BatchSizeChange {
+        let c = &self.config;
+        let fallback = match self.shared.largest_fit().filter(|&fit| fit < batch_size) {
+            Some(fit) => fit,
+            None => c.clamp(batch_size / 2),
+        };
+        self.shared.mark_oom(batch_size);
+        let phi = self
+            .shared
+            .gns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .noise_scale();
+        let change = BatchSizeChange {
+            batch_size: fallback,
+            lr_factor: lr_factor(c.lr_rule, c.initial_batch_size, fallback, phi),
+            round: self.shared.round(),
+            reason: ChangeReason::OutOfMemory,
+        };
+        self.shared.apply(&change);
+        if fallback >= batch_size {
+            tracing::error!(task = %c.task_id, oom_at = batch_size, min = c.min_batch_size,
+                "out of GPU memory at the smallest allowed batch size; the task does not fit here");
+        } else {
+            tracing::warn!(task = %c.task_id, oom_at = batch_size, fallback, "out of GPU memory; falling back");
+        }
+        self.kick.notify_one();
+        change
+    }
+
+    /// The learning-rate factor of the current batch size (1 until a change).
+    pub fn lr_factor(&self) -> f64 {
+        self.shared.lr_factor()
+    }
+
+    /// The tuner round the loop currently trains under (0 before any assignment).
+    pub fn round(&self) -> u64 {
+        self.shared.round()
+    }
+
+    /// The task id.
+    pub fn task_id(&self) -> &str {
+        &self.config.task_id
+    }
+
+    /// Whether the task is registered with a live lease right now.
+    pub fn is_registered(&self) -> bool {
+        self.shared.registered.load(Ordering::Relaxed)
+    }
+
+    /// Reports stored so far.
+    pub fn reports_published(&self) -> u64 {
+        self.shared.reports_published.load(Ordering::Relaxed)
+    }
+
+    /// Asks the reporter to publish a report now (e.g. at the end of an epoch).
+    pub fn report_now(&self) {
+        self.kick.notify_one();
+    }
+
+    fn stop(&mut self, mode: Control) -> Outcome {
+        self.control.send_replace(mode);
+        let wait = self.config.op_timeout * 2 + FINISH_SLACK;
+        let done = self
+            .done
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let outcome = match done.map(|rx| rx.recv_timeout(wait)) {
+            Some(Ok(outcome)) => outcome,
+            Some(Err(_)) => Err(format!("the reporter did not stop within {wait:?}")),
+            None => Ok(()),
+        };
+        if outcome.is_ok()
+            && let Some(thread) = self.thread.take()
+        {
+            let _ = thread.join();
+        }
+        outcome
+    }
+
+    /// Marks the task finished (a final report with `finished = true`) and
+    /// revokes the lease, so the device frees at once. If the store cannot be
+    /// reached, the error says so and the lease expires by itself.
+    pub fn finish(mut self) -> Result<()> {
+        let timeout = self.config.op_timeout * 2 + FINISH_SLACK;
+        self.stop(Control::Finish)
+            .map_err(|reason| AgentError::FinishIncomplete { timeout, reason })
+    }
+
+    /// [`Agent::finish`] for async code.
+    pub async fn finish_async(self) -> Result<()> {
+        tokio::task::spawn_blocking(move || self.finish())
+            .await
+            .unwrap_or_else(|err| {
+                Err(AgentError::FinishIncomplete {
+                    timeout: Duration::ZERO,
+                    reason: err.to_string(),
+                })
+            })
+    }
+}
+
+impl AgentBuilder {
+    /// Validates the configuration and starts the agent (see [`Agent::connect_with`]).
+    pub fn connect(self) -> Result<Agent> {
+        Agent::connect_with(self)
+    }
+
+    /// Async variant of [`AgentBuilder::connect`].
+    pub async fn connect_async(self) -> Result<Agent> {
+        Agent::connect_async_with(self).await
+    }
+}
+
+impl Drop for Agent {
+    /// Dropped without `finish()` (an error path, a panic): revoke the lease so
+    /// the device frees, but do not claim the task finished.
+    fn drop(&mut self) {
+        if self.thread.is_some()
+            && let Err(reason) = self.stop(Control::Abandon)
+        {
+            tracing::warn!(task = %self.config.task_id, %reason, "agent dropped; lease left to expire");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,299 @@
+//! The agent against the in-memory embedded store (the real backend, no server).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use iadeep_proto::{BatchSizeAssignment, LrScalingRule, TaskReport, TaskSpec};
+use iadeep_state::{EmbeddedStore, StateStore, keys, typed};
+
+use super::*;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn memory_store() -> Arc<dyn StateStore> {
+    Arc::new(EmbeddedStore::in_memory().expect("in-memory store"))
+}
+
+fn builder(store: &Arc<dyn StateStore>, task: &str) -> AgentBuilder {
+    Agent::builder()
+        .task_id(task)
+        .store_handle(store.clone())
+        .model("test-model")
+        .initial_batch_size(64)
+        .batch_size_bounds(16..=256)
+        .lr_rule(LrScalingRule::Linear)
+        .use_nvml(false)
+        .report_interval(Duration::from_millis(100))
+}
+
+fn report(
+    rt: &tokio::runtime::Runtime,
+    store: &Arc<dyn StateStore>,
+    task: &str,
+) -> Option<TaskReport> {
+    rt.block_on(typed::get::<TaskReport>(
+        store.as_ref(),
+        &keys::task_report(task),
+    ))
+    .expect("read report")
+    .map(|(r, _)| r)
+}
+
+/// Polls `probe` every 10 ms until it returns `Some`, at most `limit`.
+fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(value) = probe() {
+            return Some(value);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+#[test]
+fn builder_rejects_bad_configuration_with_the_reason() {
+    let store = memory_store();
+    let cases: [(AgentBuilder, &str); 5] = [
+        (
+            Agent::builder()
+                .store_handle(store.clone())
+                .initial_batch_size(8),
+            "task_id",
+        ),
+        (builder(&store, "a/b"), "invalid task id"),
+        (
+            builder(&store, "t").initial_batch_size(1024),
+            "outside the bounds",
+        ),
+        (
+            builder(&store, "t").report_interval(Duration::from_millis(1)),
+            "report interval",
+        ),
+        (
+            Agent::builder()
+                .task_id("t")
+                .store("http://x:1")
+                .initial_batch_size(8),
+            "unknown scheme",
+        ),
+    ];
+    for (builder, needle) in cases {
+        let err = builder.connect().expect_err(needle).to_string();
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+}
+
+#[test]
+fn registers_reports_and_finishes() {
+    let rt = runtime();
+    let store = memory_store();
+    let agent = builder(&store, "job-1").connect().expect("connect");
+    assert!(agent.is_registered());
+    let alive = rt
+        .block_on(store.get(&keys::task_alive("job-1")))
+        .expect("get");
+    assert!(
+        alive.is_some_and(|kv| kv.lease.is_some()),
+        "alive key is leased"
+    );
+    let (spec, _) = rt
+        .block_on(typed::get::<TaskSpec>(
+            store.as_ref(),
+            &keys::task_spec("job-1"),
+        ))
+        .expect("get")
+        .expect("spec written");
+    assert_eq!(
+        (
+            spec.initial_batch_size,
+            spec.min_batch_size,
+            spec.max_batch_size
+        ),
+        (64, 16, 256)
+    );
+
+    for _ in 0..40 {
+        let bs = agent.batch_size();
+        std::thread::sleep(Duration::from_millis(5));
+        agent.record_step(bs, Duration::from_millis(5));
+        agent.record_gradient_norms(16, 1.0 + 100.0 / 16.0, 64, 1.0 + 100.0 / 64.0);
+    }
+    let measured = wait_for(Duration::from_secs(3), || {
+        report(&rt, &store, "job-1").filter(|r| r.steps_done == 40 && r.step_time_s > 0.0)
+    })
+    .expect("a report with the steps");
+    assert_eq!(measured.batch_size, 64);
+    assert!(
+        (measured.step_time_s - 0.005).abs() < 1e-9,
+        "{}",
+        measured.step_time_s
+    );
+    assert!((measured.samples_per_s - 64.0 / 0.005).abs() < 1e-3);
+    assert_eq!(measured.samples_done, 40 * 64);
+    let phi = measured.grad_noise_scale.expect("noise scale");
+    assert!((phi - 100.0).abs() < 1e-6, "{phi}");
+    assert!(!measured.finished);
+
+    agent.finish().expect("finish");
+    let last = report(&rt, &store, "job-1").expect("final report");
+    assert!(last.finished);
+    assert!(last.seq > measured.seq);
+    let alive = rt
+        .block_on(store.get(&keys::task_alive("job-1")))
+        .expect("get");
+    assert!(alive.is_none(), "finish revokes the lease at once");
+}
+
+#[test]
+fn an_existing_spec_written_by_the_placer_is_kept() {
+    let rt = runtime();
+    let store = memory_store();
+    let placed = TaskSpec {
+        task_id: "job-2".into(),
+        model: "from-placer".into(),
+        initial_batch_size: 32,
+        ..Default::default()
+    };
+    rt.block_on(typed::put(
+        store.as_ref(),
+        &keys::task_spec("job-2"),
+        &placed,
+        None,
+    ))
+    .expect("put");
+    let agent = builder(&store, "job-2").connect().expect("connect");
+    let (spec, _) = rt
+        .block_on(typed::get::<TaskSpec>(
+            store.as_ref(),
+            &keys::task_spec("job-2"),
+        ))
+        .expect("get")
+        .expect("spec");
+    assert_eq!(spec.model, "from-placer");
+    agent.finish().expect("finish");
+}
+
+#[test]
+fn assignments_apply_at_poll_change_and_reports_carry_their_round() {
+    let rt = runtime();
+    let store = memory_store();
+    let agent = builder(&store, "job-3").connect().expect("connect");
+    assert_eq!(agent.poll_change(), None);
+    let assign = |round: u64, batch_size: u32, lr_factor: f64| {
+        let a = BatchSizeAssignment {
+            task_id: "job-3".into(),
+            batch_size,
+            lr_factor,
+            round,
+            ..Default::default()
+        };
+        rt.block_on(typed::put(
+            store.as_ref(),
+            &keys::task_assignment("job-3"),
+            &a,
+            None,
+        ))
+        .expect("put assignment");
+    };
+    assign(1, 128, 2.0);
+    let change = wait_for(Duration::from_secs(2), || agent.poll_change()).expect("change");
+    assert_eq!(
+        change,
+        BatchSizeChange {
+            batch_size: 128,
+            lr_factor: 2.0,
+            round: 1,
+            reason: ChangeReason::Assignment
+        }
+    );
+    assert_eq!(
+        (agent.batch_size(), agent.round(), agent.lr_factor()),
+        (128, 1, 2.0)
+    );
+
+    // Out of bounds: clamped, and the factor recomputed by the task's (linear) rule.
+    assign(2, 4096, 64.0);
+    let change = wait_for(Duration::from_secs(2), || agent.poll_change()).expect("change");
+    assert_eq!((change.batch_size, change.lr_factor), (256, 4.0));
+    // A stale round is ignored.
+    assign(1, 32, 0.5);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(agent.poll_change(), None);
+
+    for _ in 0..20 {
+        agent.record_step(agent.batch_size(), Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = wait_for(Duration::from_secs(3), || {
+        report(&rt, &store, "job-3").filter(|r| r.assignment_round == 2)
+    })
+    .expect("a report of round 2");
+    assert_eq!(r.batch_size, 256);
+    agent.finish().expect("finish");
+}
+
+#[test]
+fn out_of_memory_falls_back_to_the_largest_size_that_fit_and_tells_the_tuner() {
+    let rt = runtime();
+    let store = memory_store();
+    let agent = builder(&store, "job-4").connect().expect("connect");
+    agent.record_step(64, Duration::from_millis(1));
+    agent.record_step(96, Duration::from_millis(1));
+    let change = agent.report_oom(200);
+    assert_eq!(change.reason, ChangeReason::OutOfMemory);
+    assert_eq!(change.batch_size, 96);
+    assert_eq!(change.lr_factor, 96.0 / 64.0);
+    assert_eq!(agent.batch_size(), 96);
+    let r = wait_for(Duration::from_secs(2), || {
+        report(&rt, &store, "job-4").filter(|r| r.oom_batch_size == Some(200))
+    });
+    assert!(r.is_some(), "the OOM reaches the store promptly");
+    // Nothing smaller is known to fit below 96: halve, within bounds.
+    assert_eq!(agent.report_oom(96).batch_size, 48);
+    assert_eq!(agent.report_oom(20).batch_size, 16);
+    agent.finish().expect("finish");
+}
+
+#[test]
+fn dropping_without_finish_revokes_but_does_not_claim_finished() {
+    let rt = runtime();
+    let store = memory_store();
+    let agent = builder(&store, "job-5").connect().expect("connect");
+    drop(agent);
+    assert!(
+        rt.block_on(store.get(&keys::task_alive("job-5")))
+            .expect("get")
+            .is_none()
+    );
+    assert!(!report(&rt, &store, "job-5").expect("report").finished);
+}
+
+#[test]
+fn a_revoked_lease_is_granted_again_and_the_alive_key_comes_back() {
+    let rt = runtime();
+    let store = memory_store();
+    let agent = builder(&store, "job-6")
+        .lease_ttl(Duration::from_secs(2))
+        .connect()
+        .expect("connect");
+    let kv = rt
+        .block_on(store.get(&keys::task_alive("job-6")))
+        .expect("get")
+        .expect("alive");
+    let lease = kv.lease.expect("leased");
+    // Someone (an operator, a store failover) kills the lease.
+    rt.block_on(store.revoke_lease(lease)).expect("revoke");
+    let back = wait_for(Duration::from_secs(5), || {
+        rt.block_on(store.get(&keys::task_alive("job-6")))
+            .expect("get")
+            .filter(|kv| kv.lease != Some(lease))
+    });
+    assert!(back.is_some(), "the agent re-registered with a new lease");
+    agent.finish().expect("finish");
+}

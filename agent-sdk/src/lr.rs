@@ -1,0 +1,56 @@
+//! Learning-rate factors for a batch-size change (DESIGN.md, "Learning rate").
+//!
+//! The tuner sends a factor with each assignment; the agent needs the same rules
+//! only when it changes the batch size on its own (out-of-memory fall-back).
+
+use iadeep_proto::LrScalingRule;
+
+/// Factor to multiply the learning rate at `m0` by when training at `batch_size`.
+///
+/// `noise_scale` is φ; AdaScale's gain for scale s = m/m0 is
+/// r = (σ² + μ²)/(σ²/s + μ²) with σ² = tr Σ/m0 and μ² = |G|², i.e.
+/// r = m(φ + m0) / (m0(φ + m)). Without φ, AdaScale falls back to the
+/// square-root rule, which lies between its two limits (1 and linear).
+/// An unspecified rule means "do not touch the learning rate".
+pub fn lr_factor(rule: LrScalingRule, m0: u32, batch_size: u32, noise_scale: Option<f64>) -> f64 {
+    if m0 == 0 || batch_size == 0 {
+        return 1.0;
+    }
+    let (m0, m) = (f64::from(m0), f64::from(batch_size));
+    match rule {
+        LrScalingRule::Unspecified => 1.0,
+        LrScalingRule::Linear => m / m0,
+        LrScalingRule::Sqrt => (m / m0).sqrt(),
+        LrScalingRule::Adascale => match noise_scale.filter(|phi| phi.is_finite() && *phi >= 0.0) {
+            Some(phi) => m * (phi + m0) / (m0 * (phi + m)),
+            None => (m / m0).sqrt(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_give_their_textbook_factors() {
+        assert_eq!(lr_factor(LrScalingRule::Linear, 128, 256, None), 2.0);
+        assert_eq!(lr_factor(LrScalingRule::Sqrt, 128, 512, None), 2.0);
+        assert_eq!(lr_factor(LrScalingRule::Unspecified, 128, 512, None), 1.0);
+        assert_eq!(
+            lr_factor(LrScalingRule::Adascale, 128, 128, Some(50.0)),
+            1.0
+        );
+    }
+
+    #[test]
+    fn adascale_lies_between_one_and_linear() {
+        // Noise-dominated gradients (huge φ): close to linear; tiny φ: close to 1.
+        let noisy = lr_factor(LrScalingRule::Adascale, 100, 400, Some(1e9));
+        let clean = lr_factor(LrScalingRule::Adascale, 100, 400, Some(1e-9));
+        assert!((noisy - 4.0).abs() < 1e-5, "{noisy}");
+        assert!((clean - 1.0).abs() < 1e-5, "{clean}");
+        let mid = lr_factor(LrScalingRule::Adascale, 100, 400, Some(100.0));
+        assert!(mid > 1.0 && mid < 4.0, "{mid}");
+    }
+}

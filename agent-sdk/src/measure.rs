@@ -1,0 +1,116 @@
+//! Turning cumulative step counters into a smoothed step time.
+//!
+//! The reporter samples the loop's counters several times per report interval.
+//! A window between two samples counts only when no batch-size change happened
+//! in it (same generation at both ends), so a report never mixes two
+//! configurations; the smoothed value restarts with the first clean window
+//! under a new configuration, and the last measurement is kept (with the batch
+//! size and round it was taken under) until a new one exists.
+
+use crate::shared::Snapshot;
+
+/// The smoothed step time and what it was measured under.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Measured {
+    pub step_time_s: f64,
+    pub batch_size: u32,
+    pub round: u64,
+    pub generation: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct StepTimer {
+    alpha: f64,
+    prev: Option<Snapshot>,
+    measured: Option<Measured>,
+}
+
+impl StepTimer {
+    pub(crate) fn new(alpha: f64) -> StepTimer {
+        StepTimer {
+            alpha,
+            prev: None,
+            measured: None,
+        }
+    }
+
+    /// Adds a sample; true when it gave the first measurement of a new configuration.
+    pub(crate) fn sample(&mut self, now: Snapshot) -> bool {
+        let Some(prev) = self.prev.replace(now) else {
+            return false;
+        };
+        if prev.generation != now.generation || now.steps <= prev.steps {
+            return false;
+        }
+        let steps = (now.steps - prev.steps) as f64;
+        let window = now.nanos.saturating_sub(prev.nanos) as f64 / steps / 1e9;
+        let first = self.measured.is_none_or(|m| m.generation != now.generation);
+        let step_time_s = match self.measured {
+            Some(m) if !first => m.step_time_s + self.alpha * (window - m.step_time_s),
+            _ => window,
+        };
+        self.measured = Some(Measured {
+            step_time_s,
+            batch_size: now.batch_size,
+            round: now.round,
+            generation: now.generation,
+        });
+        first
+    }
+
+    /// The latest measurement, if any.
+    pub(crate) fn measured(&self) -> Option<Measured> {
+        self.measured
+    }
+
+    /// The latest counters seen.
+    pub(crate) fn last(&self) -> Option<Snapshot> {
+        self.prev
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(generation: u64, steps: u64, secs: f64, batch_size: u32) -> Snapshot {
+        Snapshot {
+            generation,
+            steps,
+            samples: steps * u64::from(batch_size),
+            nanos: (secs * 1e9) as u64,
+            batch_size,
+            round: generation,
+        }
+    }
+
+    #[test]
+    fn windows_across_a_change_are_discarded_and_smoothing_restarts() {
+        let mut timer = StepTimer::new(0.5);
+        assert!(!timer.sample(snap(0, 0, 0.0, 32)));
+        assert!(timer.sample(snap(0, 10, 1.0, 32)));
+        assert_eq!(timer.measured().map(|m| m.step_time_s), Some(0.1));
+        assert!(!timer.sample(snap(0, 20, 3.0, 32)));
+        let smoothed = timer.measured().expect("measured").step_time_s;
+        assert!((smoothed - 0.15).abs() < 1e-12, "{smoothed}");
+        // The change to 64 happens inside this window: it is ignored and the old
+        // measurement stays, labelled with its own batch size and round.
+        assert!(!timer.sample(snap(1, 25, 4.0, 64)));
+        assert_eq!(
+            timer.measured().map(|m| (m.batch_size, m.round)),
+            Some((32, 0))
+        );
+        assert!(timer.sample(snap(1, 35, 8.0, 64)));
+        let m = timer.measured().expect("measured");
+        assert_eq!((m.batch_size, m.round), (64, 1));
+        assert!((m.step_time_s - 0.4).abs() < 1e-12);
+    }
+
+    #[test]
+    fn idle_windows_change_nothing() {
+        let mut timer = StepTimer::new(0.5);
+        timer.sample(snap(0, 5, 1.0, 8));
+        timer.sample(snap(0, 5, 1.0, 8));
+        assert_eq!(timer.measured(), None);
+    }
+}

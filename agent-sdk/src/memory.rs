@@ -1,0 +1,147 @@
+//! Peak GPU memory of the training process.
+//!
+//! With an NVIDIA GPU, NVML's list of running compute processes gives the memory
+//! our pid holds on each device; the peak is the largest total seen so far.
+//! Without NVML (no driver, a CPU job, another vendor) the trainer may supply its
+//! own probe (e.g. `torch.cuda.max_memory_allocated` through FFI, or a model).
+//! A missing NVML is a logged fact, never an error: the report then carries no
+//! memory figure rather than a made-up one.
+
+use std::fmt;
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+
+/// Something that can say how much GPU memory the process uses, in MiB.
+pub trait MemoryProbe: Send {
+    /// Memory in use now (or the peak since start, if that is what the source
+    /// knows); `None` when it cannot be measured at the moment.
+    fn current_mib(&mut self) -> Option<u64>;
+}
+
+/// A caller-supplied closure as a probe.
+impl<F> MemoryProbe for F
+where
+    F: FnMut() -> Option<u64> + Send,
+{
+    fn current_mib(&mut self) -> Option<u64> {
+        self()
+    }
+}
+
+/// NVML per-process memory of one pid, summed over devices.
+pub struct NvmlProbe {
+    nvml: Nvml,
+    pid: u32,
+}
+
+impl fmt::Debug for NvmlProbe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NvmlProbe")
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NvmlProbe {
+    /// Loads NVML; `None` (with an info log saying why) when it is not there.
+    pub fn try_new(pid: u32) -> Option<NvmlProbe> {
+        match Nvml::init() {
+            Ok(nvml) => {
+                let devices = nvml.device_count().unwrap_or(0);
+                tracing::info!(
+                    pid,
+                    devices,
+                    "NVML available: peak memory from per-process usage"
+                );
+                Some(NvmlProbe { nvml, pid })
+            }
+            Err(err) => {
+                tracing::info!(%err, "NVML not available: GPU memory comes from the caller's probe, if any");
+                None
+            }
+        }
+    }
+}
+
+impl MemoryProbe for NvmlProbe {
+    fn current_mib(&mut self) -> Option<u64> {
+        let count = self.nvml.device_count().ok()?;
+        let mut total: Option<u64> = None;
+        for index in 0..count {
+            let Ok(device) = self.nvml.device_by_index(index) else {
+                continue;
+            };
+            let Ok(processes) = device.running_compute_processes() else {
+                continue;
+            };
+            for process in processes.iter().filter(|p| p.pid == self.pid) {
+                if let UsedGpuMemory::Used(bytes) = process.used_gpu_memory {
+                    *total.get_or_insert(0) += bytes / (1024 * 1024);
+                }
+            }
+        }
+        total
+    }
+}
+
+/// The probes in order of preference, and the peak they have shown.
+pub(crate) struct PeakMemory {
+    nvml: Option<NvmlProbe>,
+    caller: Option<Box<dyn MemoryProbe>>,
+    peak: Option<u64>,
+}
+
+impl fmt::Debug for PeakMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeakMemory")
+            .field("nvml", &self.nvml.is_some())
+            .field("caller", &self.caller.is_some())
+            .field("peak", &self.peak)
+            .finish()
+    }
+}
+
+impl PeakMemory {
+    pub(crate) fn new(nvml: Option<NvmlProbe>, caller: Option<Box<dyn MemoryProbe>>) -> Self {
+        PeakMemory {
+            nvml,
+            caller,
+            peak: None,
+        }
+    }
+
+    /// Samples the probes (NVML first: it sees the whole process, including the
+    /// framework's caching allocator) and returns the peak so far.
+    pub(crate) fn sample(&mut self) -> Option<u64> {
+        let now = self
+            .nvml
+            .as_mut()
+            .and_then(NvmlProbe::current_mib)
+            .or_else(|| self.caller.as_mut().and_then(|p| p.current_mib()));
+        if let Some(now) = now {
+            self.peak = Some(self.peak.map_or(now, |p| p.max(now)));
+        }
+        self.peak
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_is_the_largest_value_a_probe_showed() {
+        let mut values = vec![Some(300), None, Some(900), Some(500)].into_iter();
+        let mut peak = PeakMemory::new(None, Some(Box::new(move || values.next().flatten())));
+        assert_eq!(peak.sample(), Some(300));
+        assert_eq!(peak.sample(), Some(300));
+        assert_eq!(peak.sample(), Some(900));
+        assert_eq!(peak.sample(), Some(900));
+    }
+
+    #[test]
+    fn no_probe_reports_nothing() {
+        assert_eq!(PeakMemory::new(None, None).sample(), None);
+    }
+}

@@ -1,0 +1,497 @@
+//! The background reporter: registration, lease, reports, assignments.
+//!
+//! It runs on its own thread with its own single-threaded tokio runtime, so a
+//! plain synchronous training loop needs no async runtime, and an async trainer's
+//! runtime never runs the agent's store traffic. Every store operation has a
+//! deadline; a failure is logged once per outage and retried with back-off, and
+//! the training loop never waits for any of it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::SyncSender;
+use std::time::Duration;
+
+use iadeep_proto::{BatchSizeAssignment, LrScalingRule, Placement, TaskReport, TaskSpec};
+use iadeep_state::{Expect, LeaseId, LeaseKeeper, StateError, StateStore, WatchEvent, keys, typed};
+use tokio::sync::{Notify, watch};
+
+use crate::config::{AgentConfig, StoreSource};
+use crate::lr::lr_factor;
+use crate::measure::StepTimer;
+use crate::memory::PeakMemory;
+use crate::shared::{BatchSizeChange, ChangeReason, Shared};
+
+/// What the owner wants the reporter to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Control {
+    Run,
+    /// Publish a final report with `finished = true`, then revoke the lease.
+    Finish,
+    /// The agent was dropped without `finish()`: revoke the lease, not finished.
+    Abandon,
+}
+
+/// How the reporter ended.
+pub(crate) type Outcome = Result<(), String>;
+
+const BACKOFF_START: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Errors retrying cannot fix.
+fn is_permanent(err: &StateError) -> bool {
+    matches!(
+        err,
+        StateError::InvalidUrl { .. }
+            | StateError::Embedded { .. }
+            | StateError::InvalidId { .. }
+            | StateError::InvalidTtl(_)
+    )
+}
+
+enum SessionEnd {
+    Stopped(Outcome),
+    LeaseLost,
+}
+
+pub(crate) struct Reporter {
+    config: Arc<AgentConfig>,
+    shared: Arc<Shared>,
+    kick: Arc<Notify>,
+    control: watch::Receiver<Control>,
+    memory: PeakMemory,
+    timer: StepTimer,
+    store: Option<Arc<dyn StateStore>>,
+    device_id: String,
+    seq: u64,
+    last_round: Option<u64>,
+    /// Whether the last report failed, so an outage is logged once, not every tick.
+    failing: bool,
+    first: Option<SyncSender<Result<(), StateError>>>,
+}
+
+impl Reporter {
+    pub(crate) fn new(
+        config: Arc<AgentConfig>,
+        shared: Arc<Shared>,
+        kick: Arc<Notify>,
+        control: watch::Receiver<Control>,
+        memory: PeakMemory,
+        first: SyncSender<Result<(), StateError>>,
+    ) -> Reporter {
+        let store = match &config.store {
+            StoreSource::Handle(store) => Some(store.clone()),
+            StoreSource::Url(_) => None,
+        };
+        Reporter {
+            timer: StepTimer::new(config.step_time_smoothing),
+            device_id: config.device_id.clone().unwrap_or_default(),
+            config,
+            shared,
+            kick,
+            control,
+            memory,
+            store,
+            seq: 0,
+            last_round: None,
+            failing: false,
+            first: Some(first),
+        }
+    }
+
+    /// Tells `connect` how the first registration went (once).
+    fn tell_first(&mut self, result: Result<(), StateError>) {
+        if let Some(first) = self.first.take() {
+            let _ = first.send(result);
+        }
+    }
+
+    fn stop_requested(&self) -> Option<Control> {
+        let control = *self.control.borrow();
+        (control != Control::Run).then_some(control)
+    }
+
+    /// Runs until told to stop; returns whether the task was marked finished.
+    pub(crate) async fn run(mut self) -> Outcome {
+        let mut backoff = BACKOFF_START;
+        loop {
+            if let Some(mode) = self.stop_requested() {
+                return Err(format!(
+                    "no session with the store when asked to {}",
+                    if mode == Control::Finish {
+                        "finish"
+                    } else {
+                        "stop"
+                    }
+                ));
+            }
+            let result = match self.open_store().await {
+                Ok(store) => self.session(&store).await,
+                Err(err) => Err(err),
+            };
+            match result {
+                Ok(SessionEnd::Stopped(outcome)) => return outcome,
+                Ok(SessionEnd::LeaseLost) => {
+                    tracing::warn!(task = %self.config.task_id, "lease lost; registering again");
+                    backoff = BACKOFF_START;
+                }
+                Err(err) if is_permanent(&err) => {
+                    tracing::error!(task = %self.config.task_id, %err, "state store unusable; the agent stops reporting");
+                    self.tell_first(Err(err));
+                    return Err("state store unusable".into());
+                }
+                Err(err) => {
+                    tracing::warn!(task = %self.config.task_id, %err, retry_in = ?backoff,
+                        "state store unreachable; training goes on, retrying");
+                    self.tell_first(Err(err));
+                    self.shared.registered.store(false, Ordering::Relaxed);
+                    let mut control = self.control.clone();
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = control.changed() => {}
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    async fn open_store(&mut self) -> Result<Arc<dyn StateStore>, StateError> {
+        if let Some(store) = &self.store {
+            return Ok(store.clone());
+        }
+        let url = match &self.config.store {
+            StoreSource::Handle(store) => return Ok(store.clone()),
+            StoreSource::Url(url) => url,
+        };
+        let store = url.open().await?;
+        tracing::info!(store = %store.describe(), "agent connected to the state store");
+        self.store = Some(store.clone());
+        Ok(store)
+    }
+
+    /// A store call with the agent's deadline; a timeout is a transient backend error.
+    async fn timed<T>(
+        &self,
+        op: &'static str,
+        fut: impl Future<Output = Result<T, StateError>>,
+    ) -> Result<T, StateError> {
+        match tokio::time::timeout(self.config.op_timeout, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(StateError::Backend {
+                op,
+                target: self.config.task_id.clone(),
+                reason: format!("no answer within {:?}", self.config.op_timeout),
+            }),
+        }
+    }
+
+    /// One registration and everything until the lease is lost, the watch fails or a stop.
+    async fn session(&mut self, store: &Arc<dyn StateStore>) -> Result<SessionEnd, StateError> {
+        let task = self.config.task_id.clone();
+        let s = store.as_ref();
+        let lease = self
+            .timed("grant lease", s.grant_lease(self.config.lease_ttl))
+            .await?;
+        match self.register(store, lease).await {
+            Ok(watch) => self.serve(store, lease, watch).await,
+            Err(err) => {
+                // Best effort: do not leave a half-registered lease behind for its TTL.
+                let _ = self.timed("revoke lease", s.revoke_lease(lease)).await;
+                tracing::debug!(%task, %err, "registration failed");
+                Err(err)
+            }
+        }
+    }
+
+    async fn register(
+        &mut self,
+        store: &Arc<dyn StateStore>,
+        lease: LeaseId,
+    ) -> Result<iadeep_state::WatchStream, StateError> {
+        let c = Arc::clone(&self.config);
+        let s = store.as_ref();
+        let spec = TaskSpec {
+            task_id: c.task_id.clone(),
+            model: c.model.clone(),
+            initial_batch_size: c.initial_batch_size,
+            min_batch_size: c.min_batch_size,
+            max_batch_size: c.max_batch_size,
+            gpu_mem_request_mib: c.gpu_mem_request_mib.unwrap_or(0),
+            profile: None,
+            lr_rule: c.lr_rule as i32,
+            total_samples: c.total_samples,
+            submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
+        };
+        // The placer may have written the spec already; then it is the truth.
+        let spec_key = keys::task_spec(&c.task_id);
+        let written = self
+            .timed(
+                "write spec",
+                s.compare_and_swap(
+                    &spec_key,
+                    Expect::Absent,
+                    prost::Message::encode_to_vec(&spec),
+                    None,
+                ),
+            )
+            .await?;
+        tracing::debug!(key = %spec_key, written = written.swapped(), "task spec");
+        let alive = format!("pid {}", std::process::id()).into_bytes();
+        self.timed(
+            "put alive",
+            s.put(&keys::task_alive(&c.task_id), alive, Some(lease)),
+        )
+        .await?;
+        if c.device_id.is_none() {
+            match self
+                .timed(
+                    "read placement",
+                    typed::get::<Placement>(s, &keys::task_placement(&c.task_id)),
+                )
+                .await
+            {
+                Ok(Some((placement, _))) => self.device_id = placement.device_id,
+                Ok(None) => {}
+                Err(err) => tracing::warn!(%err, "cannot read the task's placement"),
+            }
+        }
+        if self.seq == 0 {
+            // Continue the sequence of an earlier agent of the same task (a restart).
+            if let Ok(Some((old, _))) = self
+                .timed(
+                    "read report",
+                    typed::get::<TaskReport>(s, &keys::task_report(&c.task_id)),
+                )
+                .await
+            {
+                self.seq = old.seq;
+            }
+        }
+        let assignment_key = keys::task_assignment(&c.task_id);
+        let snapshot = self
+            .timed("read assignment", s.range(&assignment_key))
+            .await?;
+        for kv in snapshot.kvs.iter().filter(|kv| kv.key == assignment_key) {
+            self.on_assignment_bytes(&kv.key, &kv.value);
+        }
+        let watch = self
+            .timed(
+                "watch assignment",
+                s.watch(&assignment_key, Some(snapshot.revision + 1)),
+            )
+            .await?;
+        tracing::info!(task = %c.task_id, %lease, store = %s.describe(), "agent registered");
+        Ok(watch)
+    }
+
+    async fn serve(
+        &mut self,
+        store: &Arc<dyn StateStore>,
+        lease: LeaseId,
+        mut watch: iadeep_state::WatchStream,
+    ) -> Result<SessionEnd, StateError> {
+        let mut keeper = LeaseKeeper::spawn(Arc::clone(store), lease, self.config.lease_ttl);
+        self.shared.registered.store(true, Ordering::Relaxed);
+        self.tell_first(Ok(()));
+        let assignment_key = keys::task_assignment(&self.config.task_id);
+        let sample_every = (self.config.report_interval / 4)
+            .clamp(Duration::from_millis(20), Duration::from_millis(500));
+        let mut sample_tick = tokio::time::interval(sample_every);
+        let mut report_tick = tokio::time::interval(self.config.report_interval);
+        for tick in [&mut sample_tick, &mut report_tick] {
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
+        let kick = Arc::clone(&self.kick);
+        let mut control = self.control.clone();
+        loop {
+            tokio::select! {
+                _ = sample_tick.tick() => {
+                    if self.sample() {
+                        // The first measurement of a new configuration: the tuner waits for it.
+                        self.publish(store, false).await;
+                    }
+                }
+                _ = report_tick.tick() => {
+                    self.sample();
+                    self.publish(store, false).await;
+                }
+                _ = kick.notified() => {
+                    self.sample();
+                    self.publish(store, false).await;
+                }
+                event = watch.next() => match event {
+                    Some(Ok(WatchEvent::Put(kv))) if kv.key == assignment_key => {
+                        self.on_assignment_bytes(&kv.key, &kv.value);
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(err)) => return Err(err),
+                    None => return Err(StateError::Backend {
+                        op: "watch",
+                        target: assignment_key,
+                        reason: "the store closed the watch".into(),
+                    }),
+                },
+                _ = keeper.lost() => {
+                    self.shared.registered.store(false, Ordering::Relaxed);
+                    return Ok(SessionEnd::LeaseLost);
+                }
+                _ = control.changed() => {
+                    let mode = *control.borrow();
+                    if mode != Control::Run {
+                        keeper.stop();
+                        return Ok(SessionEnd::Stopped(self.stop(store, lease, mode).await));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Final report and lease revocation.
+    async fn stop(
+        &mut self,
+        store: &Arc<dyn StateStore>,
+        lease: LeaseId,
+        mode: Control,
+    ) -> Outcome {
+        self.sample();
+        let finished = mode == Control::Finish;
+        let reported = self.publish(store, finished).await;
+        let revoked = self
+            .timed("revoke lease", store.revoke_lease(lease))
+            .await
+            .map_err(|err| err.to_string());
+        self.shared.registered.store(false, Ordering::Relaxed);
+        match (reported, revoked) {
+            (true, Ok(())) => {
+                tracing::info!(task = %self.config.task_id, finished, "agent stopped; lease revoked");
+                Ok(())
+            }
+            (false, _) => Err("the final report could not be written".into()),
+            (true, Err(err)) => Err(format!("the lease could not be revoked: {err}")),
+        }
+    }
+
+    fn sample(&mut self) -> bool {
+        match self.shared.snapshot() {
+            Some(snapshot) => self.timer.sample(snapshot),
+            None => false,
+        }
+    }
+
+    fn report(&mut self, finished: bool) -> TaskReport {
+        let measured = self.timer.measured();
+        let last = self.timer.last();
+        let grad_noise_scale = self
+            .shared
+            .gns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .noise_scale();
+        self.seq += 1;
+        TaskReport {
+            task_id: self.config.task_id.clone(),
+            device_id: self.device_id.clone(),
+            batch_size: measured.map_or(self.shared.batch_size(), |m| m.batch_size),
+            step_time_s: measured.map_or(0.0, |m| m.step_time_s),
+            samples_per_s: measured
+                .filter(|m| m.step_time_s > 0.0)
+                .map_or(0.0, |m| f64::from(m.batch_size) / m.step_time_s),
+            peak_mem_mib: self.memory.sample(),
+            grad_noise_scale,
+            samples_done: last.map_or(0, |s| s.samples),
+            steps_done: last.map_or(0, |s| s.steps),
+            oom_batch_size: self.shared.oom_batch_size(),
+            finished,
+            seq: self.seq,
+            reported_at_unix_ms: iadeep_proto::now_unix_ms(),
+            assignment_round: measured.map_or(0, |m| m.round),
+        }
+    }
+
+    /// Writes a report; true when it was stored.
+    async fn publish(&mut self, store: &Arc<dyn StateStore>, finished: bool) -> bool {
+        let report = self.report(finished);
+        let key = keys::task_report(&self.config.task_id);
+        match self
+            .timed(
+                "put report",
+                typed::put(store.as_ref(), &key, &report, None),
+            )
+            .await
+        {
+            Ok(_) => {
+                if self.failing {
+                    tracing::info!(task = %self.config.task_id, seq = report.seq, "reports resumed");
+                    self.failing = false;
+                }
+                self.shared
+                    .reports_published
+                    .fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(err) => {
+                if !self.failing {
+                    tracing::warn!(task = %self.config.task_id, %err,
+                        "cannot publish report; training goes on, will retry");
+                    self.failing = true;
+                }
+                false
+            }
+        }
+    }
+
+    fn on_assignment_bytes(&mut self, key: &str, bytes: &[u8]) {
+        match typed::decode_bytes::<BatchSizeAssignment>(key, bytes) {
+            Ok(assignment) => self.on_assignment(assignment),
+            Err(err) => tracing::warn!(%err, "ignoring an assignment that does not decode"),
+        }
+    }
+
+    fn on_assignment(&mut self, a: BatchSizeAssignment) {
+        let c = &self.config;
+        if self.last_round.is_some_and(|seen| a.round <= seen) {
+            tracing::debug!(round = a.round, "ignoring an assignment of an old round");
+            return;
+        }
+        if a.batch_size == 0 {
+            tracing::warn!(round = a.round, "ignoring an assignment with batch size 0");
+            return;
+        }
+        self.last_round = Some(a.round);
+        let batch_size = c.clamp(a.batch_size);
+        let given = a.lr_factor.is_finite() && a.lr_factor > 0.0;
+        let lr_factor = if given && batch_size == a.batch_size {
+            a.lr_factor
+        } else {
+            // No factor from the tuner, or a size we had to clamp: use the rule.
+            let rule = LrScalingRule::try_from(a.lr_rule)
+                .ok()
+                .filter(|r| *r != LrScalingRule::Unspecified)
+                .unwrap_or(c.lr_rule);
+            let phi = self
+                .shared
+                .gns
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .noise_scale();
+            lr_factor(rule, c.initial_batch_size, batch_size, phi)
+        };
+        if batch_size != a.batch_size {
+            tracing::warn!(
+                assigned = a.batch_size,
+                batch_size,
+                min = c.min_batch_size,
+                max = c.max_batch_size,
+                "assignment outside the task's bounds; clamped"
+            );
+        }
+        tracing::info!(task = %c.task_id, round = a.round, batch_size, lr_factor,
+            "assignment received; applied at the trainer's next poll_change()");
+        self.shared.offer(BatchSizeChange {
+            batch_size,
+            lr_factor,
+            round: a.round,
+            reason: ChangeReason::Assignment,
+        });
+    }
+}

@@ -1,0 +1,146 @@
+//! `iadeep emulate-job`: a training job that follows measured step times.
+//!
+//! It embeds the real agent, so a tuner, the simulator or an end-to-end test sees
+//! exactly what a real trainer would publish: it sleeps the Pollux-measured step
+//! time of its current batch size, reports gradient norms consistent with the
+//! traced noise scale, and switches batch size when an assignment arrives.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use iadeep_agent::emulate::EmulatedJob;
+use iadeep_agent::{Agent, DEFAULT_LEASE_TTL, DEFAULT_REPORT_INTERVAL};
+use iadeep_proto::LrScalingRule;
+
+use crate::StoreArgs;
+
+/// Runs an emulated training job with the agent embedded.
+///
+/// Each step sleeps the solo step time measured for the current batch size in the
+/// bundled Pollux traces (interpolated between measured sizes), so a tuner can be
+/// smoke-tested without a GPU. Stops after --steps steps (default: until Ctrl-C)
+/// and marks the task finished.
+#[derive(Debug, Args)]
+pub struct EmulateArgs {
+    /// Task id (letters, digits, '.', '_', '-', ':').
+    #[arg(long)]
+    task_id: String,
+    /// Bundled Pollux model: bert, cifar10, deepspeech2, imagenet, ncf, yolov3.
+    #[arg(long, default_value = "cifar10")]
+    model: String,
+    /// Batch size the job is submitted with (m0). Default: the smallest measured one.
+    #[arg(long)]
+    initial_batch_size: Option<u32>,
+    /// Smallest batch size the tuner may assign. Default: the smallest measured one.
+    #[arg(long)]
+    min_batch_size: Option<u32>,
+    /// Largest batch size the tuner may assign. Default: the largest measured one.
+    #[arg(long)]
+    max_batch_size: Option<u32>,
+    /// Number of steps to run; without it, run until interrupted.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Multiply every measured step time by this (e.g. 0.1 to run ten times faster).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Seconds between reports.
+    #[arg(long, default_value_t = DEFAULT_REPORT_INTERVAL.as_secs_f64())]
+    report_interval: f64,
+    /// Lease TTL in seconds: how long the task outlives a crash of this process.
+    #[arg(long, default_value_t = DEFAULT_LEASE_TTL.as_secs())]
+    lease_ttl: u64,
+    /// Device the job runs on, when no placement says so.
+    #[arg(long)]
+    device_id: Option<String>,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+pub async fn run(args: EmulateArgs) -> anyhow::Result<ExitCode> {
+    if !(args.time_scale.is_finite() && args.time_scale > 0.0) {
+        anyhow::bail!(
+            "--time-scale must be a positive number, got {}",
+            args.time_scale
+        );
+    }
+    if !(args.report_interval.is_finite() && args.report_interval > 0.0) {
+        anyhow::bail!("--report-interval must be a positive number of seconds");
+    }
+    let measured_sizes = EmulatedJob::bundled(&args.model, 1)
+        .with_context(|| format!("cannot emulate model {:?}", args.model))?
+        .measured_batch_sizes();
+    let (smallest, largest) = match (measured_sizes.first(), measured_sizes.last()) {
+        (Some(&s), Some(&l)) => (s, l),
+        _ => anyhow::bail!("model {} has no measured step times", args.model),
+    };
+    let initial = args.initial_batch_size.unwrap_or(smallest);
+    let min = args.min_batch_size.unwrap_or(smallest.min(initial));
+    let max = args.max_batch_size.unwrap_or(largest.max(initial));
+    let job = EmulatedJob::bundled(&args.model, initial)?;
+
+    let mut builder = Agent::builder()
+        .task_id(&args.task_id)
+        .store_url(args.store.url())
+        .model(&args.model)
+        .initial_batch_size(initial)
+        .batch_size_bounds(min..=max)
+        .lr_rule(LrScalingRule::Sqrt)
+        .report_interval(Duration::from_secs_f64(args.report_interval))
+        .lease_ttl(Duration::from_secs(args.lease_ttl));
+    if let Some(device) = &args.device_id {
+        builder = builder.device_id(device);
+    }
+    let agent = builder
+        .connect_async()
+        .await
+        .context("cannot start the agent")?;
+    tracing::info!(task = %args.task_id, model = job.name(), initial, min, max,
+        "emulated job started");
+
+    let total = args.steps;
+    let mut step = 0u64;
+    let mut last_log = Instant::now();
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let interrupted = loop {
+        if total.is_some_and(|t| step >= t) {
+            break false;
+        }
+        let bs = agent.batch_size();
+        let step_time = job.step_time(bs).mul_f64(args.time_scale);
+        let started = Instant::now();
+        tokio::select! {
+            _ = tokio::time::sleep(step_time) => {}
+            _ = &mut ctrl_c => break true,
+        }
+        agent.record_step(bs, started.elapsed());
+        let fraction = total.map_or(0.5, |t| step as f64 / t.max(1) as f64);
+        if let Some((b, gb, big, gbig)) = job.gradient_norms(fraction, bs) {
+            agent.record_gradient_norms(b, gb, big, gbig);
+        }
+        if let Some(change) = agent.poll_change() {
+            println!(
+                "step {step}: batch size {bs} -> {} (lr x{:.3}, round {})",
+                change.batch_size, change.lr_factor, change.round
+            );
+        }
+        step += 1;
+        if last_log.elapsed() >= Duration::from_secs(10) {
+            tracing::info!(
+                step,
+                batch_size = agent.batch_size(),
+                "emulated job running"
+            );
+            last_log = Instant::now();
+        }
+    };
+    println!("{step} steps done; last batch size {}", agent.batch_size());
+    agent.finish_async().await.context("finishing the task")?;
+    Ok(if interrupted {
+        ExitCode::from(130)
+    } else {
+        ExitCode::SUCCESS
+    })
+}

@@ -1,0 +1,84 @@
+//! `iadeep memory`: tools around the per-task GPU memory model.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use iadeep_tuner::memory_eval;
+
+#[derive(Debug, Args)]
+pub struct MemoryArgs {
+    #[command(subcommand)]
+    command: MemoryCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum MemoryCommand {
+    /// Test how well the memory model extrapolates: for each model in FILE, fit on the rows
+    /// with batch_size ≤ N and predict the rows above N. Prints the underestimate rate
+    /// (prediction below 0.98 × measured: the dangerous error, an OOM), the median absolute
+    /// relative error and the 90th percentile of the overestimate, for iadeep's conservative
+    /// model and for a plain least-squares cubic, side by side.
+    Eval {
+        /// CSV with the header `model,batch_size,memory_mib` (peak memory in MiB).
+        file: PathBuf,
+        /// Largest batch size used for fitting.
+        #[arg(long, value_name = "N")]
+        fit_upto: u32,
+        /// Also print one JSON object on the last line of stdout.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(args: MemoryArgs) -> Result<ExitCode> {
+    match args.command {
+        MemoryCommand::Eval {
+            file,
+            fit_upto,
+            json,
+        } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let rows =
+                memory_eval::parse_csv(&text).with_context(|| format!("in {}", file.display()))?;
+            tracing::info!(rows = rows.len(), fit_upto, file = %file.display(), "evaluating the memory model");
+            let report = memory_eval::evaluate(&rows, fit_upto)?;
+            let c = &report.cubic_baseline;
+            println!(
+                "models evaluated: {} ({} predictions above batch size {fit_upto})",
+                report.models, report.predictions
+            );
+            println!("{:<28} {:>12} {:>12}", "", "iadeep", "cubic");
+            println!(
+                "{:<28} {:>11.1}% {:>11.1}%",
+                "underestimate rate (<0.98x)",
+                100.0 * report.underestimate_rate,
+                100.0 * c.underestimate_rate
+            );
+            println!(
+                "{:<28} {:>11.1}% {:>11.1}%",
+                "median |relative error|",
+                100.0 * report.median_abs_rel_err,
+                100.0 * c.median_abs_rel_err
+            );
+            println!(
+                "{:<28} {:>11.1}% {:>11.1}%",
+                "p90 overestimate",
+                100.0 * report.p90_over,
+                100.0 * c.p90_over
+            );
+            if report.refused > 0 {
+                println!(
+                    "refused (too far past the fitted sizes): {}",
+                    report.refused
+                );
+            }
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

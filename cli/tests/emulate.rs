@@ -1,0 +1,158 @@
+//! `iadeep emulate-job` as a real process against a real etcd: it follows an
+//! assignment, finishes cleanly, and a killed job disappears when its lease expires.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use iadeep_proto::{BatchSizeAssignment, TaskReport};
+use iadeep_state::testing::EtcdServer;
+use iadeep_state::{EtcdStore, StateStore, keys, typed};
+
+fn start_etcd() -> EtcdServer {
+    EtcdServer::start().unwrap_or_else(|err| panic!("{err}"))
+}
+
+fn spawn_job(etcd: &EtcdServer, task: &str, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args(["emulate-job", "--task-id", task, "--model", "cifar10"])
+        .args(["--report-interval", "0.2", "--store", &etcd.url()])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn iadeep emulate-job")
+}
+
+async fn wait_until<T, F: Future<Output = Option<T>>>(
+    limit: Duration,
+    mut probe: impl FnMut() -> F,
+) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(value) = probe().await {
+            return Some(value);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+async fn alive(store: &Arc<dyn StateStore>, task: &str) -> bool {
+    store
+        .get(&keys::task_alive(task))
+        .await
+        .expect("read alive key")
+        .is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_job_process_removes_its_task_when_the_lease_expires() {
+    let etcd = start_etcd();
+    let store: Arc<dyn StateStore> = Arc::new(
+        EtcdStore::connect(&[etcd.endpoint()])
+            .await
+            .expect("connect"),
+    );
+    let mut child = spawn_job(&etcd, "kill-me", &["--lease-ttl", "2"]);
+    // Registered (alive) and reporting: the first report follows the alive key.
+    let registered = wait_until(Duration::from_secs(20), || async {
+        let reported = typed::get::<TaskReport>(store.as_ref(), &keys::task_report("kill-me"))
+            .await
+            .expect("read report")
+            .is_some();
+        (reported && alive(&store, "kill-me").await).then_some(())
+    })
+    .await;
+    assert!(registered.is_some(), "the job registered and reported");
+
+    child.kill().expect("SIGKILL the job"); // no chance to revoke anything
+    child.wait().expect("reap");
+    let killed = Instant::now();
+    let gone = wait_until(Duration::from_secs(8), || async {
+        (!alive(&store, "kill-me").await).then_some(())
+    })
+    .await;
+    let after = killed.elapsed();
+    assert!(
+        gone.is_some(),
+        "alive key still there {after:?} after the kill"
+    );
+    // Gone by expiry, not by an explicit revocation: roughly one TTL later.
+    assert!(after >= Duration::from_millis(500), "gone after {after:?}");
+    let (report, _) = typed::get::<TaskReport>(store.as_ref(), &keys::task_report("kill-me"))
+        .await
+        .expect("read")
+        .expect("a report was published before the kill");
+    assert!(!report.finished, "a killed job is not finished");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emulated_job_follows_an_assignment_and_finishes() {
+    let etcd = start_etcd();
+    let store: Arc<dyn StateStore> = Arc::new(
+        EtcdStore::connect(&[etcd.endpoint()])
+            .await
+            .expect("connect"),
+    );
+    // 120 steps of cifar10 at batch size 32 (~43 ms each, scaled by 0.5) ≈ 2.6 s.
+    let child = spawn_job(&etcd, "follow", &["--steps", "120", "--time-scale", "0.5"]);
+    let registered = wait_until(Duration::from_secs(20), || async {
+        alive(&store, "follow").await.then_some(())
+    })
+    .await;
+    assert!(registered.is_some(), "the job registered");
+    let assignment = BatchSizeAssignment {
+        task_id: "follow".into(),
+        batch_size: 64,
+        lr_factor: 1.5,
+        round: 1,
+        ..Default::default()
+    };
+    typed::put(
+        store.as_ref(),
+        &keys::task_assignment("follow"),
+        &assignment,
+        None,
+    )
+    .await
+    .expect("assign");
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("join")
+        .expect("job output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("batch size 32 -> 64 (lr x1.500, round 1)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("120 steps done; last batch size 64"),
+        "{stdout}"
+    );
+    let (report, _) = typed::get::<TaskReport>(store.as_ref(), &keys::task_report("follow"))
+        .await
+        .expect("read")
+        .expect("report");
+    assert!(report.finished);
+    assert_eq!(
+        (
+            report.steps_done,
+            report.batch_size,
+            report.assignment_round
+        ),
+        (120, 64, 1)
+    );
+    let phi = report
+        .grad_noise_scale
+        .expect("the emulator feeds gradient norms");
+    assert!(phi > 0.0);
+    assert!(!alive(&store, "follow").await, "finish revoked the lease");
+}

@@ -1,0 +1,264 @@
+//! Features of a task and its co-runners that say something about models never seen.
+//!
+//! A job name tells a model nothing about a new job; its solo profile does. Every
+//! feature below is computed from [`TaskProfile`]s only (never from `model`, the
+//! name), so two different models with the same profile look the same to the forest.
+//!
+//! Missing measurements are explicit: an optional value becomes two columns, an
+//! indicator (1 = measured, 0 = unknown) and the value, where unknown is filled with
+//! a documented *neutral* constant (the middle of the range), never with 0, which
+//! would mean "idle". Trees can split on the indicator to treat unknowns apart.
+//!
+//! Inputs are sanitised (non-finite or non-positive step times and batch sizes are
+//! clamped into a sane range) so that the feature vector is finite for any input:
+//! predictions must never become NaN because one report was broken.
+
+use iadeep_proto::TaskProfile;
+
+/// Device kinds with their own one-hot column; anything else maps to `other`.
+/// Kinds are compared case-insensitively.
+pub const DEVICE_KINDS: [&str; 8] = ["k80", "p100", "v100", "t4", "a100", "h100", "h200", "other"];
+
+/// Fill for an unknown SM or memory-bandwidth utilisation, in percent: the middle of
+/// the range, so an unknown task is neither assumed idle nor saturating.
+pub const NEUTRAL_UTIL_PCT: f64 = 50.0;
+/// Fill for an unknown peak GPU memory, in MiB (log2 = 12): a mid-sized training job.
+pub const NEUTRAL_MEM_MIB: f64 = 4096.0;
+
+const MIN_STEP_S: f64 = 1e-6;
+const MAX_STEP_S: f64 = 1e6;
+
+/// Names of the columns, in order; `FEATURE_NAMES.len()` is the width of a row.
+pub const FEATURE_NAMES: [&str; 36] = [
+    // Device kind, one-hot (8).
+    "device=k80",
+    "device=p100",
+    "device=v100",
+    "device=t4",
+    "device=a100",
+    "device=h100",
+    "device=h200",
+    "device=other",
+    // The task itself (9).
+    "task.log2_solo_step_time_s",
+    "task.log2_batch_size",
+    "task.log2_samples_per_s",
+    "task.sm_util_known",
+    "task.sm_util_pct",
+    "task.mem_bw_util_known",
+    "task.mem_bw_util_pct",
+    "task.gpu_mem_known",
+    "task.log2_gpu_mem_mib",
+    // Aggregates over co-runners (16).
+    "co.count",
+    "co.sum_solo_step_time_s",
+    "co.max_solo_step_time_s",
+    "co.log2_sum_samples_per_s",
+    "co.log2_max_samples_per_s",
+    "co.log2_sum_batch_size",
+    "co.log2_max_batch_size",
+    "co.sm_known_fraction",
+    "co.sum_sm_util_pct",
+    "co.max_sm_util_pct",
+    "co.mem_bw_known_fraction",
+    "co.sum_mem_bw_util_pct",
+    "co.max_mem_bw_util_pct",
+    "co.gpu_mem_known_fraction",
+    "co.log2_sum_gpu_mem_mib",
+    "co.log2_max_gpu_mem_mib",
+    // Relations between the task and its co-runners (3).
+    "rel.time_share",
+    "rel.total_sm_util_pct",
+    "rel.total_mem_bw_util_pct",
+];
+
+/// Width of a feature row.
+pub const N_FEATURES: usize = FEATURE_NAMES.len();
+
+/// A solo profile with every value sanitised and every unknown made explicit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CleanProfile {
+    /// Seconds per step alone, clamped to [1e-6, 1e6].
+    pub step_time_s: f64,
+    /// Batch size, at least 1.
+    pub batch_size: f64,
+    /// Samples per second alone = batch size ÷ step time.
+    pub samples_per_s: f64,
+    /// SM utilisation in [0, 100] when measured.
+    pub sm_util_pct: Option<f64>,
+    /// Memory-bandwidth utilisation in [0, 100] when measured.
+    pub mem_bw_util_pct: Option<f64>,
+    /// Peak GPU memory in MiB when measured.
+    pub gpu_mem_mib: Option<f64>,
+}
+
+fn clean_pct(value: Option<f64>) -> Option<f64> {
+    value.filter(|v| v.is_finite()).map(|v| v.clamp(0.0, 100.0))
+}
+
+impl CleanProfile {
+    /// Sanitises `task`: a broken value is clamped or treated as unknown, never NaN.
+    pub fn from_profile(task: &TaskProfile) -> CleanProfile {
+        let step_time_s = if task.solo_step_time_s.is_finite() {
+            task.solo_step_time_s.clamp(MIN_STEP_S, MAX_STEP_S)
+        } else {
+            MAX_STEP_S
+        };
+        let batch_size = f64::from(task.batch_size.max(1));
+        CleanProfile {
+            step_time_s,
+            batch_size,
+            samples_per_s: batch_size / step_time_s,
+            sm_util_pct: clean_pct(task.sm_util_pct),
+            mem_bw_util_pct: clean_pct(task.mem_bw_util_pct),
+            gpu_mem_mib: task.gpu_mem_mib.map(|m| m as f64),
+        }
+    }
+}
+
+/// The one-hot column of `device_kind`.
+pub fn device_column(device_kind: &str) -> usize {
+    let kind = device_kind.trim().to_ascii_lowercase();
+    DEVICE_KINDS
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(DEVICE_KINDS.len() - 1)
+}
+
+fn known(value: Option<f64>) -> f64 {
+    if value.is_some() { 1.0 } else { 0.0 }
+}
+
+/// The feature row of `task` sharing a `device_kind` GPU with `corunners`.
+pub fn feature_row(device_kind: &str, task: &TaskProfile, corunners: &[TaskProfile]) -> Vec<f64> {
+    let mut row = Vec::with_capacity(N_FEATURES);
+    let mut device = [0.0; DEVICE_KINDS.len()];
+    device[device_column(device_kind)] = 1.0;
+    row.extend_from_slice(&device);
+
+    let t = CleanProfile::from_profile(task);
+    row.push(t.step_time_s.log2());
+    row.push(t.batch_size.log2());
+    row.push(t.samples_per_s.log2());
+    row.push(known(t.sm_util_pct));
+    row.push(t.sm_util_pct.unwrap_or(NEUTRAL_UTIL_PCT));
+    row.push(known(t.mem_bw_util_pct));
+    row.push(t.mem_bw_util_pct.unwrap_or(NEUTRAL_UTIL_PCT));
+    row.push(known(t.gpu_mem_mib));
+    row.push(t.gpu_mem_mib.unwrap_or(NEUTRAL_MEM_MIB).max(1.0).log2());
+
+    let co: Vec<CleanProfile> = corunners.iter().map(CleanProfile::from_profile).collect();
+    let n = co.len() as f64;
+    let sum = |f: &dyn Fn(&CleanProfile) -> f64| co.iter().map(f).sum::<f64>();
+    let max = |f: &dyn Fn(&CleanProfile) -> f64| co.iter().map(f).fold(0.0_f64, f64::max);
+    let fraction = |f: &dyn Fn(&CleanProfile) -> bool| {
+        if co.is_empty() {
+            1.0
+        } else {
+            co.iter().filter(|c| f(c)).count() as f64 / n
+        }
+    };
+    let sm = |c: &CleanProfile| c.sm_util_pct.unwrap_or(NEUTRAL_UTIL_PCT);
+    let bw = |c: &CleanProfile| c.mem_bw_util_pct.unwrap_or(NEUTRAL_UTIL_PCT);
+    let mem = |c: &CleanProfile| c.gpu_mem_mib.unwrap_or(NEUTRAL_MEM_MIB);
+
+    row.push(n);
+    row.push(sum(&|c| c.step_time_s));
+    row.push(max(&|c| c.step_time_s));
+    row.push((1.0 + sum(&|c| c.samples_per_s)).log2());
+    row.push((1.0 + max(&|c| c.samples_per_s)).log2());
+    row.push((1.0 + sum(&|c| c.batch_size)).log2());
+    row.push((1.0 + max(&|c| c.batch_size)).log2());
+    row.push(fraction(&|c| c.sm_util_pct.is_some()));
+    row.push(sum(&sm));
+    row.push(max(&sm));
+    row.push(fraction(&|c| c.mem_bw_util_pct.is_some()));
+    row.push(sum(&bw));
+    row.push(max(&bw));
+    row.push(fraction(&|c| c.gpu_mem_mib.is_some()));
+    row.push((1.0 + sum(&mem)).log2());
+    row.push((1.0 + max(&mem)).log2());
+
+    // Under plain time slicing a task gets its step time's share of the device's
+    // round of steps; the closer to 1, the less it waits for others.
+    let co_time = sum(&|c| c.step_time_s);
+    row.push(t.step_time_s / (t.step_time_s + co_time));
+    row.push(t.sm_util_pct.unwrap_or(NEUTRAL_UTIL_PCT) + sum(&sm));
+    row.push(t.mem_bw_util_pct.unwrap_or(NEUTRAL_UTIL_PCT) + sum(&bw));
+    debug_assert_eq!(row.len(), N_FEATURES);
+    row
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    pub(crate) fn profile(model: &str, batch: u32, step: f64) -> TaskProfile {
+        TaskProfile {
+            model: model.into(),
+            batch_size: batch,
+            solo_step_time_s: step,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn names_match_the_row() {
+        let row = feature_row("v100", &profile("a", 32, 0.1), &[profile("b", 64, 0.2)]);
+        assert_eq!(row.len(), N_FEATURES);
+        assert_eq!(row[device_column("V100")], 1.0);
+        assert_eq!(row.iter().take(8).sum::<f64>(), 1.0);
+    }
+
+    #[test]
+    fn unknown_utilisation_is_flagged_not_zero() {
+        let row = feature_row("k80", &profile("a", 32, 0.1), &[]);
+        let idx = |n: &str| FEATURE_NAMES.iter().position(|x| *x == n).expect("name");
+        assert_eq!(row[idx("task.sm_util_known")], 0.0);
+        assert_eq!(row[idx("task.sm_util_pct")], NEUTRAL_UTIL_PCT);
+        let mut measured = profile("a", 32, 0.1);
+        measured.sm_util_pct = Some(0.0);
+        let row = feature_row("k80", &measured, &[]);
+        assert_eq!(row[idx("task.sm_util_known")], 1.0);
+        assert_eq!(row[idx("task.sm_util_pct")], 0.0);
+    }
+
+    #[test]
+    fn the_name_is_not_a_feature() {
+        let a = feature_row("k80", &profile("a", 32, 0.1), &[profile("b", 8, 0.3)]);
+        let b = feature_row("k80", &profile("zzz", 32, 0.1), &[profile("q", 8, 0.3)]);
+        assert_eq!(a, b);
+    }
+
+    fn any_profile() -> impl Strategy<Value = TaskProfile> {
+        (
+            any::<u32>(),
+            prop_oneof![any::<f64>(), 1e-4..10.0f64],
+            proptest::option::of(any::<f64>()),
+            proptest::option::of(any::<f64>()),
+            proptest::option::of(any::<u64>()),
+        )
+            .prop_map(|(b, s, sm, bw, mem)| TaskProfile {
+                model: "m".into(),
+                batch_size: b,
+                solo_step_time_s: s,
+                sm_util_pct: sm,
+                mem_bw_util_pct: bw,
+                gpu_mem_mib: mem,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn features_are_finite_for_any_input(
+            task in any_profile(),
+            co in proptest::collection::vec(any_profile(), 0..6),
+            kind in "[a-zA-Z0-9]{0,6}",
+        ) {
+            let row = feature_row(&kind, &task, &co);
+            prop_assert_eq!(row.len(), N_FEATURES);
+            prop_assert!(row.iter().all(|v| v.is_finite()), "{:?}", row);
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! The synchronous core shared by production and the evaluation: validate a sample,
+//! keep it in the window, say when a refit is due, fit a model from a snapshot.
+//!
+//! [`crate::OnlinePredictor`] runs [`Trainer::fit`] on a background thread;
+//! [`crate::prequential`] runs it inline at exactly the same cadence, so the
+//! evaluation measures the production schedule without thread timing noise.
+
+use std::sync::Arc;
+
+use iadeep_proto::{CoLocationSample, TaskProfile};
+use prost::Message;
+
+use crate::error::PredictorError;
+use crate::features::feature_row;
+use crate::forest::{Forest, ForestParams};
+use crate::heuristic;
+use crate::window::{Window, stable_hash};
+use crate::{Prediction, PredictionSource};
+
+/// How the online model learns.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LearnerParams {
+    /// Refit after this many new samples ("every few new samples").
+    pub refit_every: usize,
+    /// Below this many samples in the window the cold-start heuristic answers.
+    pub min_samples: usize,
+    /// Most recent samples kept in the window.
+    pub newest: usize,
+    /// Older samples kept beside them for diversity (see [`crate::window`]).
+    pub reservoir: usize,
+    /// Fit the forest on ln(slowdown) instead of the slowdown: errors are then
+    /// relative (what MAPE and the placer's ratios care about), and a few extreme
+    /// slowdowns do not dominate the squared-error splits.
+    pub log_target: bool,
+    /// The forest.
+    pub forest: ForestParams,
+}
+
+impl Default for LearnerParams {
+    fn default() -> Self {
+        LearnerParams {
+            refit_every: 5,
+            min_samples: 20,
+            newest: 512,
+            reservoir: 512,
+            log_target: true,
+            forest: ForestParams::default(),
+        }
+    }
+}
+
+impl LearnerParams {
+    /// Checks the parameters.
+    pub fn check(&self) -> Result<(), PredictorError> {
+        let bad = |name, reason: &str| {
+            Err(PredictorError::InvalidParam {
+                name,
+                reason: reason.into(),
+            })
+        };
+        if self.refit_every == 0 {
+            return bad("refit_every", "must be at least 1");
+        }
+        if self.min_samples == 0 {
+            return bad("min_samples", "must be at least 1");
+        }
+        if self.newest == 0 {
+            return bad("newest", "must be at least 1");
+        }
+        if self.min_samples > self.newest + self.reservoir {
+            return bad(
+                "min_samples",
+                "must not exceed the window size (newest + reservoir)",
+            );
+        }
+        self.forest.check()
+    }
+}
+
+/// Checks that a sample can be learned from.
+pub fn validate_sample(sample: &CoLocationSample) -> Result<(), PredictorError> {
+    let bad = |reason: String| Err(PredictorError::InvalidSample(reason));
+    let Some(task) = sample.task.as_ref() else {
+        return bad("no task profile".into());
+    };
+    for (who, p) in
+        std::iter::once(("task", task)).chain(sample.corunners.iter().map(|c| ("co-runner", c)))
+    {
+        if !(p.solo_step_time_s.is_finite() && p.solo_step_time_s > 0.0) {
+            return bad(format!(
+                "{who} {:?}: solo_step_time_s must be a positive number, got {}",
+                p.model, p.solo_step_time_s
+            ));
+        }
+        if p.batch_size == 0 {
+            return bad(format!("{who} {:?}: batch_size must be positive", p.model));
+        }
+    }
+    if !(sample.slowdown.is_finite() && sample.slowdown > 0.0) {
+        return bad(format!(
+            "slowdown must be a positive number, got {}",
+            sample.slowdown
+        ));
+    }
+    Ok(())
+}
+
+/// A model that predicts slowdowns; what a [`Trainer`] produces.
+pub trait SlowdownModel: Send + Sync + std::fmt::Debug {
+    fn predict(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Prediction;
+}
+
+/// Fits a model from the samples of a window.
+pub trait Trainer: Send + Sync + std::fmt::Debug {
+    type Model: SlowdownModel;
+    /// The model to use before any fit.
+    fn initial(&self) -> Self::Model;
+    fn fit(&self, samples: &[Arc<CoLocationSample>]) -> Result<Self::Model, PredictorError>;
+}
+
+/// Our model: the forest on profile features, or the heuristic before enough samples.
+#[derive(Debug)]
+pub enum FittedModel {
+    /// Not enough samples yet: every prediction comes from [`heuristic`].
+    ColdStart,
+    /// A forest fitted on `n_samples` samples.
+    Forest {
+        forest: Forest,
+        n_samples: usize,
+        log_target: bool,
+    },
+}
+
+impl FittedModel {
+    /// Number of samples the model was fitted on (0 for cold start).
+    pub fn n_samples(&self) -> usize {
+        match self {
+            FittedModel::ColdStart => 0,
+            FittedModel::Forest { n_samples, .. } => *n_samples,
+        }
+    }
+}
+
+impl SlowdownModel for FittedModel {
+    fn predict(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Prediction {
+        if corunners.is_empty() {
+            // Alone on a GPU a task runs at its solo speed by definition.
+            return Prediction {
+                slowdown: 1.0,
+                uncertainty: 0.0,
+                source: PredictionSource::Model,
+            };
+        }
+        match self {
+            FittedModel::ColdStart => heuristic::predict(task, corunners),
+            FittedModel::Forest {
+                forest, log_target, ..
+            } => {
+                let row = feature_row(device_kind, task, corunners);
+                let predicted = forest.predict(&row).map(|(mean, sd)| {
+                    if *log_target {
+                        // Delta method: sd of exp(X) ≈ exp(mean) · sd(X).
+                        (mean.exp(), mean.exp() * sd)
+                    } else {
+                        (mean, sd)
+                    }
+                });
+                match predicted {
+                    Ok((mean, sd)) if mean.is_finite() && sd.is_finite() => Prediction {
+                        slowdown: mean,
+                        uncertainty: sd,
+                        source: PredictionSource::Model,
+                    },
+                    Ok(_) | Err(_) => {
+                        tracing::warn!("forest prediction failed; using the cold-start heuristic");
+                        heuristic::predict(task, corunners)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Trains [`FittedModel`]s on profile features.
+#[derive(Debug, Clone)]
+pub struct ProfileTrainer {
+    pub params: LearnerParams,
+}
+
+impl Trainer for ProfileTrainer {
+    type Model = FittedModel;
+
+    fn initial(&self) -> FittedModel {
+        FittedModel::ColdStart
+    }
+
+    fn fit(&self, samples: &[Arc<CoLocationSample>]) -> Result<FittedModel, PredictorError> {
+        if samples.len() < self.params.min_samples {
+            return Ok(FittedModel::ColdStart);
+        }
+        let mut rows = Vec::with_capacity(samples.len());
+        let mut targets = Vec::with_capacity(samples.len());
+        for s in samples {
+            let Some(task) = s.task.as_ref() else {
+                continue;
+            };
+            rows.push(feature_row(&s.device_kind, task, &s.corunners));
+            targets.push(if self.params.log_target {
+                s.slowdown.ln()
+            } else {
+                s.slowdown
+            });
+        }
+        let forest = Forest::fit(&rows, &targets, &self.params.forest)?;
+        Ok(FittedModel::Forest {
+            forest,
+            n_samples: rows.len(),
+            log_target: self.params.log_target,
+        })
+    }
+}
+
+/// The window and the refit cadence.
+#[derive(Debug, Clone)]
+pub struct Learner {
+    params: LearnerParams,
+    window: Window<Arc<CoLocationSample>>,
+    since_refit: usize,
+    observed: u64,
+}
+
+impl Learner {
+    /// An empty learner; fails if `params` do not pass their check.
+    pub fn new(params: LearnerParams) -> Result<Learner, PredictorError> {
+        params.check()?;
+        Ok(Learner {
+            window: Window::new(params.newest, params.reservoir),
+            params,
+            since_refit: 0,
+            observed: 0,
+        })
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &LearnerParams {
+        &self.params
+    }
+
+    /// Adds a valid sample to the window; returns whether a refit is now due.
+    pub fn observe(&mut self, sample: CoLocationSample) -> Result<bool, PredictorError> {
+        validate_sample(&sample)?;
+        // Provenance fields do not change what the sample says; hash only its content
+        // so the same measurement hashes alike wherever it was stored.
+        let content = CoLocationSample {
+            device_kind: sample.device_kind.clone(),
+            task: sample.task.clone(),
+            corunners: sample.corunners.clone(),
+            slowdown: sample.slowdown,
+            ..Default::default()
+        };
+        let hash = stable_hash(&content.encode_to_vec());
+        self.window.push(hash, Arc::new(sample));
+        self.observed += 1;
+        self.since_refit += 1;
+        Ok(self.refit_due())
+    }
+
+    /// True when enough samples arrived since the last snapshot.
+    pub fn refit_due(&self) -> bool {
+        self.since_refit >= self.params.refit_every
+    }
+
+    /// The samples to fit on; resets the cadence counter.
+    pub fn snapshot(&mut self) -> Vec<Arc<CoLocationSample>> {
+        self.since_refit = 0;
+        self.window.items()
+    }
+
+    /// Samples currently in the window.
+    pub fn window_len(&self) -> usize {
+        self.window.len()
+    }
+
+    /// Valid samples observed since creation.
+    pub fn observed(&self) -> u64 {
+        self.observed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(slowdown: f64, step: f64) -> CoLocationSample {
+        let p = |m: &str, s| TaskProfile {
+            model: m.into(),
+            batch_size: 32,
+            solo_step_time_s: s,
+            ..Default::default()
+        };
+        CoLocationSample {
+            device_kind: "k80".into(),
+            task: Some(p("a", step)),
+            corunners: vec![p("b", 0.2)],
+            slowdown,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn refit_is_due_on_cadence_and_bad_samples_are_refused() {
+        let mut l = Learner::new(LearnerParams {
+            refit_every: 3,
+            ..LearnerParams::default()
+        })
+        .expect("params");
+        assert!(!l.observe(sample(1.2, 0.1)).expect("ok"));
+        assert!(!l.observe(sample(1.3, 0.1)).expect("ok"));
+        assert!(l.observe(sample(1.4, 0.1)).expect("ok"));
+        assert_eq!(l.snapshot().len(), 3);
+        assert!(!l.refit_due());
+        assert!(l.observe(sample(f64::NAN, 0.1)).is_err());
+        assert!(l.observe(sample(1.1, 0.0)).is_err());
+        assert!(l.observe(CoLocationSample::default()).is_err());
+        assert_eq!(l.observed(), 3);
+    }
+
+    #[test]
+    fn cold_start_until_min_samples_then_model() {
+        let trainer = ProfileTrainer {
+            params: LearnerParams::default(),
+        };
+        let few: Vec<_> = (0..5)
+            .map(|i| Arc::new(sample(1.5, 0.1 + f64::from(i))))
+            .collect();
+        assert!(matches!(
+            trainer.fit(&few).expect("fit"),
+            FittedModel::ColdStart
+        ));
+        let many: Vec<_> = (0..40)
+            .map(|i| {
+                Arc::new(sample(
+                    if i % 2 == 0 { 1.2 } else { 2.0 },
+                    if i % 2 == 0 { 0.1 } else { 1.0 },
+                ))
+            })
+            .collect();
+        let model = trainer.fit(&many).expect("fit");
+        assert_eq!(model.n_samples(), 40);
+        let probe = sample(0.0, 1.0);
+        let task = probe.task.as_ref().expect("task");
+        let p = model.predict("k80", task, &probe.corunners);
+        assert_eq!(p.source, PredictionSource::Model);
+        assert!((p.slowdown - 2.0).abs() < 0.1, "{p:?}");
+        assert_eq!(model.predict("k80", task, &[]).slowdown, 1.0);
+    }
+
+    #[test]
+    fn invalid_params_are_rejected() {
+        let p = LearnerParams {
+            refit_every: 0,
+            ..LearnerParams::default()
+        };
+        assert!(Learner::new(p).is_err());
+        let p = LearnerParams {
+            min_samples: 5000,
+            ..LearnerParams::default()
+        };
+        assert!(p.check().is_err());
+    }
+}

@@ -1,0 +1,284 @@
+//! [`OnlinePredictor`]: predictions from the last fitted model, refits in the background.
+//!
+//! The model lives behind `RwLock<Arc<FittedModel>>`: a prediction holds the read
+//! lock only long enough to clone the `Arc`, and the refit thread holds the write
+//! lock only to swap in a finished model, so a prediction never waits for a fit.
+//! `observe` only validates the sample and pushes it into the window; when a refit
+//! is due it wakes the refit thread through a channel of capacity one, so bursts of
+//! samples coalesce into one refit on the newest window instead of a queue of stale ones.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use iadeep_proto::{CoLocationSample, TaskProfile};
+
+use crate::Prediction;
+use crate::error::PredictorError;
+use crate::learner::{FittedModel, Learner, LearnerParams, ProfileTrainer, SlowdownModel, Trainer};
+
+#[derive(Debug)]
+struct Shared {
+    model: RwLock<Arc<FittedModel>>,
+    learner: Mutex<Learner>,
+    trainer: ProfileTrainer,
+    /// Number of models swapped in so far.
+    generation: AtomicU64,
+}
+
+impl Shared {
+    fn learner(&self) -> MutexGuard<'_, Learner> {
+        // A panic in another thread while holding the lock leaves a window that is
+        // still consistent (pushes are atomic from the window's view), so carry on.
+        self.learner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn refit(&self) -> Result<(), PredictorError> {
+        let snapshot = self.learner().snapshot();
+        let started = Instant::now();
+        let model = self.trainer.fit(&snapshot)?;
+        let n = model.n_samples();
+        *self.model.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(model);
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        tracing::debug!(
+            samples = n,
+            generation,
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "predictor refitted"
+        );
+        Ok(())
+    }
+}
+
+/// The online co-location predictor.
+#[derive(Debug)]
+pub struct OnlinePredictor {
+    shared: Arc<Shared>,
+    wake: Option<SyncSender<()>>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl OnlinePredictor {
+    /// A predictor with no samples (cold start) and its refit thread.
+    pub fn new(params: LearnerParams) -> Result<OnlinePredictor, PredictorError> {
+        let learner = Learner::new(params.clone())?;
+        let shared = Arc::new(Shared {
+            model: RwLock::new(Arc::new(FittedModel::ColdStart)),
+            learner: Mutex::new(learner),
+            trainer: ProfileTrainer { params },
+            generation: AtomicU64::new(0),
+        });
+        let (wake, rx) = mpsc::sync_channel::<()>(1);
+        let worker_shared = Arc::clone(&shared);
+        let worker = std::thread::Builder::new()
+            .name("iadeep-predictor-refit".into())
+            .spawn(move || {
+                // Ends when the predictor is dropped (the sender goes away).
+                while rx.recv().is_ok() {
+                    if let Err(err) = worker_shared.refit() {
+                        tracing::warn!(error = %err, "predictor refit failed; keeping the previous model");
+                    }
+                }
+            })
+            .map_err(PredictorError::Thread)?;
+        Ok(OnlinePredictor {
+            shared,
+            wake: Some(wake),
+            worker: Some(worker),
+        })
+    }
+
+    /// A predictor that has learned `samples` in order and fitted on them before
+    /// returning (used after a restart). Invalid samples are skipped with a warning.
+    pub fn from_samples(
+        params: LearnerParams,
+        samples: impl IntoIterator<Item = CoLocationSample>,
+    ) -> Result<OnlinePredictor, PredictorError> {
+        let predictor = OnlinePredictor::new(params)?;
+        {
+            let mut learner = predictor.shared.learner();
+            let mut skipped = 0usize;
+            for sample in samples {
+                if let Err(err) = learner.observe(sample) {
+                    skipped += 1;
+                    tracing::warn!(error = %err, "skipping a stored sample");
+                }
+            }
+            tracing::info!(
+                samples = learner.observed(),
+                skipped,
+                window = learner.window_len(),
+                "predictor rebuilt from samples"
+            );
+        }
+        predictor.refit_now()?;
+        Ok(predictor)
+    }
+
+    /// Predicted slowdown of `task` on a `device_kind` GPU shared with `corunners`.
+    ///
+    /// Uses the last fitted model; never waits for a refit.
+    pub fn predict(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Prediction {
+        let model = Arc::clone(&self.shared.model.read().unwrap_or_else(|e| e.into_inner()));
+        model.predict(device_kind, task, corunners)
+    }
+
+    /// Learns from one measured co-location. Cheap: the refit, when due, runs in
+    /// the background. An invalid sample is dropped with a warning.
+    pub fn observe(&self, sample: CoLocationSample) {
+        let due = match self.shared.learner().observe(sample) {
+            Ok(due) => due,
+            Err(err) => {
+                tracing::warn!(error = %err, "predictor ignored a sample");
+                return;
+            }
+        };
+        if due && let Some(wake) = &self.wake {
+            match wake.try_send(()) {
+                // Full: a refit is already pending and will see this sample too.
+                Ok(()) | Err(TrySendError::Full(())) => {}
+                Err(TrySendError::Disconnected(())) => {
+                    tracing::error!(
+                        "predictor refit thread is gone; the model will not be updated"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Fits on the current window now, on the caller's thread, and swaps the model in.
+    pub fn refit_now(&self) -> Result<(), PredictorError> {
+        self.shared.refit()
+    }
+
+    /// Number of models fitted so far (grows with each background or explicit refit).
+    pub fn generation(&self) -> u64 {
+        self.shared.generation.load(Ordering::Acquire)
+    }
+
+    /// Waits until at least `generation` models have been fitted or `timeout` passes;
+    /// returns whether it got there. For tests and tools, never on the predict path.
+    pub fn wait_for_generation(&self, generation: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.generation() < generation {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        true
+    }
+
+    /// Number of samples the current model was fitted on.
+    pub fn model_samples(&self) -> usize {
+        self.shared
+            .model
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .n_samples()
+    }
+
+    /// Valid samples observed since creation.
+    pub fn observed(&self) -> u64 {
+        self.shared.learner().observed()
+    }
+}
+
+impl Drop for OnlinePredictor {
+    fn drop(&mut self) {
+        // Closing the channel ends the refit loop; wait so no thread outlives us.
+        self.wake.take();
+        if let Some(worker) = self.worker.take()
+            && worker.join().is_err()
+        {
+            tracing::error!("predictor refit thread panicked");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PredictionSource;
+
+    fn sample(i: u32) -> CoLocationSample {
+        let step = 0.05 * f64::from(i % 10 + 1);
+        let p = |m: &str, s| TaskProfile {
+            model: m.into(),
+            batch_size: 32,
+            solo_step_time_s: s,
+            ..Default::default()
+        };
+        CoLocationSample {
+            device_kind: "p100".into(),
+            task: Some(p("a", step)),
+            corunners: vec![p("b", 0.3)],
+            slowdown: 1.0 + 0.3 / (step + 0.3),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn refits_in_the_background_and_switches_from_cold_start() {
+        let predictor = OnlinePredictor::new(LearnerParams::default()).expect("new");
+        let probe = sample(3);
+        let task = probe.task.clone().expect("task");
+        assert_eq!(
+            predictor.predict("p100", &task, &probe.corunners).source,
+            PredictionSource::ColdStart
+        );
+        for i in 0..40 {
+            predictor.observe(sample(i));
+        }
+        assert!(predictor.wait_for_generation(1, Duration::from_secs(30)));
+        // The last refit may still be running; wait until it has all 40 samples.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while predictor.model_samples() < 40 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let p = predictor.predict("p100", &task, &probe.corunners);
+        assert_eq!(p.source, PredictionSource::Model);
+        assert!(
+            (p.slowdown - probe.slowdown).abs() < 0.05,
+            "{p:?} vs {}",
+            probe.slowdown
+        );
+        assert!(p.uncertainty.is_finite() && p.uncertainty >= 0.0);
+    }
+
+    #[test]
+    fn rebuilt_predictor_matches_the_live_one() {
+        let samples: Vec<_> = (0..60).map(sample).collect();
+        let live = OnlinePredictor::new(LearnerParams::default()).expect("new");
+        for s in samples.clone() {
+            live.observe(s);
+        }
+        live.refit_now().expect("refit");
+        let rebuilt =
+            OnlinePredictor::from_samples(LearnerParams::default(), samples).expect("rebuild");
+        for i in 0..10 {
+            let s = sample(i * 7 + 1);
+            let task = s.task.expect("task");
+            assert_eq!(
+                live.predict("p100", &task, &s.corunners),
+                rebuilt.predict("p100", &task, &s.corunners)
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_samples_are_ignored() {
+        let predictor = OnlinePredictor::new(LearnerParams::default()).expect("new");
+        let mut bad = sample(1);
+        bad.slowdown = f64::INFINITY;
+        predictor.observe(bad);
+        assert_eq!(predictor.observed(), 0);
+    }
+}

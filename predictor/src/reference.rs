@@ -1,0 +1,135 @@
+//! The reference approach we compare against: a forest on one-hot job names.
+//!
+//! The row is one column per job name seen in the training window for the task
+//! (1 if it is this task) and one per name for the co-runners (how many co-runners
+//! have that name), plus the device kind. A name never seen in training gets all
+//! zeros: this is exactly why the approach cannot say anything about a new model.
+//! Same forest, same window, same refit cadence as ours, so the comparison isolates
+//! the features.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use iadeep_proto::{CoLocationSample, TaskProfile};
+
+use crate::error::PredictorError;
+use crate::features::{DEVICE_KINDS, device_column};
+use crate::forest::Forest;
+use crate::heuristic;
+use crate::learner::{LearnerParams, SlowdownModel, Trainer};
+use crate::{Prediction, PredictionSource};
+
+/// The reference model.
+#[derive(Debug)]
+pub enum ReferenceModel {
+    ColdStart,
+    Forest {
+        forest: Forest,
+        vocabulary: BTreeMap<String, usize>,
+    },
+}
+
+fn one_hot_row(
+    vocabulary: &BTreeMap<String, usize>,
+    device_kind: &str,
+    task: &TaskProfile,
+    corunners: &[TaskProfile],
+) -> Vec<f64> {
+    let n = vocabulary.len();
+    let mut row = vec![0.0; DEVICE_KINDS.len() + 2 * n];
+    row[device_column(device_kind)] = 1.0;
+    let base = DEVICE_KINDS.len();
+    if let Some(i) = vocabulary.get(&task.model) {
+        row[base + i] = 1.0;
+    }
+    for c in corunners {
+        if let Some(i) = vocabulary.get(&c.model) {
+            row[base + n + i] += 1.0;
+        }
+    }
+    row
+}
+
+impl SlowdownModel for ReferenceModel {
+    fn predict(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Prediction {
+        match self {
+            ReferenceModel::ColdStart => heuristic::predict(task, corunners),
+            ReferenceModel::Forest { forest, vocabulary } => {
+                let row = one_hot_row(vocabulary, device_kind, task, corunners);
+                match forest.predict(&row) {
+                    Ok((mean, sd)) => Prediction {
+                        slowdown: mean,
+                        uncertainty: sd,
+                        source: PredictionSource::Model,
+                    },
+                    Err(_) => heuristic::predict(task, corunners),
+                }
+            }
+        }
+    }
+}
+
+/// Trains [`ReferenceModel`]s.
+#[derive(Debug, Clone)]
+pub struct ReferenceTrainer {
+    pub params: LearnerParams,
+}
+
+impl Trainer for ReferenceTrainer {
+    type Model = ReferenceModel;
+
+    fn initial(&self) -> ReferenceModel {
+        ReferenceModel::ColdStart
+    }
+
+    fn fit(&self, samples: &[Arc<CoLocationSample>]) -> Result<ReferenceModel, PredictorError> {
+        if samples.len() < self.params.min_samples {
+            return Ok(ReferenceModel::ColdStart);
+        }
+        let mut vocabulary = BTreeMap::new();
+        for s in samples {
+            for p in s.task.iter().chain(s.corunners.iter()) {
+                let next = vocabulary.len();
+                vocabulary.entry(p.model.clone()).or_insert(next);
+            }
+        }
+        let mut rows = Vec::with_capacity(samples.len());
+        let mut targets = Vec::with_capacity(samples.len());
+        for s in samples {
+            let Some(task) = s.task.as_ref() else {
+                continue;
+            };
+            rows.push(one_hot_row(&vocabulary, &s.device_kind, task, &s.corunners));
+            targets.push(s.slowdown);
+        }
+        let forest = Forest::fit(&rows, &targets, &self.params.forest)?;
+        Ok(ReferenceModel::Forest { forest, vocabulary })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unseen_names_get_no_column() {
+        let mut vocabulary = BTreeMap::new();
+        vocabulary.insert("A".to_owned(), 0);
+        vocabulary.insert("B".to_owned(), 1);
+        let p = |m: &str| TaskProfile {
+            model: m.into(),
+            batch_size: 1,
+            solo_step_time_s: 1.0,
+            ..Default::default()
+        };
+        let row = one_hot_row(&vocabulary, "k80", &p("A"), &[p("B"), p("B"), p("Z")]);
+        assert_eq!(&row[8..], &[1.0, 0.0, 0.0, 2.0]);
+        let row = one_hot_row(&vocabulary, "k80", &p("Z"), &[]);
+        assert!(row[8..].iter().all(|v| *v == 0.0));
+    }
+}

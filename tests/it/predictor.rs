@@ -1,0 +1,98 @@
+//! The predictor over a real etcd: samples persisted through the store rebuild,
+//! after a "restart", a predictor that predicts exactly like the one that wrote them.
+
+use std::sync::Arc;
+
+use iadeep_predictor::persist::{append_sample, load_samples, rebuild_predictor};
+use iadeep_predictor::{LearnerParams, OnlinePredictor, PredictionSource};
+use iadeep_proto::{CoLocationSample, TaskProfile};
+use iadeep_state::testing::EtcdServer;
+use iadeep_state::{EtcdStore, StateStore, keys};
+
+fn sample(i: u32) -> CoLocationSample {
+    let step = 0.03 * f64::from(i % 13 + 1);
+    let co = 0.05 * f64::from(i % 5 + 1);
+    let p = |m: String, s: f64, util: f64| TaskProfile {
+        model: m,
+        batch_size: 16 << (i % 3),
+        solo_step_time_s: s,
+        sm_util_pct: Some(util),
+        mem_bw_util_pct: None,
+        gpu_mem_mib: Some(2048),
+    };
+    CoLocationSample {
+        device_kind: "v100".into(),
+        task: Some(p(format!("m{}", i % 13), step, 40.0)),
+        corunners: vec![p(format!("c{}", i % 5), co, 70.0)],
+        slowdown: 1.0 + co / (step + co),
+        measured_at_unix_ms: 1_000 + i64::from(i),
+        device_id: format!("node-{}:gpu0", i % 2),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn samples_in_etcd_rebuild_the_same_predictor() {
+    let server = EtcdServer::start().expect("start etcd");
+    let store: Arc<dyn StateStore> = Arc::new(
+        EtcdStore::connect(&[server.endpoint()])
+            .await
+            .expect("connect"),
+    );
+    let params = LearnerParams::default();
+    let live = OnlinePredictor::new(params.clone()).expect("predictor");
+    for i in 0..60 {
+        let s = sample(i);
+        let key = append_sample(store.as_ref(), &s.device_id, &s)
+            .await
+            .expect("append");
+        assert!(key.starts_with(keys::SAMPLES), "{key}");
+        live.observe(s);
+    }
+    // Sequences are per device and start at 0.
+    assert!(
+        store
+            .get(&keys::sample("node-0:gpu0", 29))
+            .await
+            .expect("get")
+            .is_some()
+    );
+    assert!(
+        store
+            .get(&keys::sample("node-1:gpu0", 30))
+            .await
+            .expect("get")
+            .is_none()
+    );
+    live.refit_now().expect("refit");
+
+    let loaded = load_samples(store.as_ref()).await.expect("load");
+    assert_eq!(loaded.len(), 60);
+    assert_eq!(loaded[0], sample(0));
+
+    let rebuilt = rebuild_predictor(store.as_ref(), params)
+        .await
+        .expect("rebuild");
+    assert_eq!(rebuilt.model_samples(), 60);
+    for i in 100..120 {
+        let probe = sample(i);
+        let task = probe.task.clone().expect("task");
+        let a = live.predict("v100", &task, &probe.corunners);
+        let b = rebuilt.predict("v100", &task, &probe.corunners);
+        assert_eq!(a, b);
+        assert_eq!(b.source, PredictionSource::Model);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_samples_and_ids_are_refused_by_the_store_writer() {
+    let server = EtcdServer::start().expect("start etcd");
+    let store = EtcdStore::connect(&[server.endpoint()])
+        .await
+        .expect("connect");
+    let mut bad = sample(1);
+    bad.slowdown = f64::NAN;
+    assert!(append_sample(&store, "node-0:gpu0", &bad).await.is_err());
+    assert!(append_sample(&store, "a/b", &sample(1)).await.is_err());
+    assert!(load_samples(&store).await.expect("load").is_empty());
+}

@@ -1,0 +1,355 @@
+//! Conservative, monotone memory model of one task: batch size → peak GPU memory (MiB).
+//!
+//! Peak training memory is, to first order, a constant (weights, gradients, optimiser state,
+//! CUDA context, workspaces) plus activations proportional to the batch size. The model is
+//! therefore an affine least-squares fit with a non-negative slope (so it is monotone), shifted
+//! up to an *upper envelope* so it never predicts less than any sample it was fit on, plus a
+//! residual-based band, plus an explicit margin that grows with every doubling past the largest
+//! observed batch size. Extrapolating further than `max_extrapolation` × the largest observed
+//! size is refused. An out-of-memory report is a hard sample: that size and every larger one
+//! are infeasible. A cubic fit is deliberately not used: it extrapolates wildly.
+
+use nalgebra::{DMatrix, DVector};
+
+use crate::error::{Result, TunerError};
+
+/// One observation: the peak memory of a task at one batch size.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemorySample {
+    pub batch_size: u32,
+    pub peak_mib: f64,
+}
+
+/// How conservative the model is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemoryModelParams {
+    /// Multiples of the residual standard deviation added on top of the envelope.
+    pub residual_sigmas: f64,
+    /// Relative padding per doubling past the largest observed batch size.
+    pub margin_per_doubling: f64,
+    /// Refuse predictions beyond this factor × the largest observed batch size.
+    pub max_extrapolation: f64,
+}
+
+impl Default for MemoryModelParams {
+    /// 2σ of the residuals, +10% per doubling past the data, and no prediction past 8× the
+    /// largest observed size: allocator rounding and algorithm choices (cuDNN workspaces)
+    /// make memory grow slightly faster than affine at large batches, and an OOM kills every
+    /// task on the card, so over-estimating is the cheap error.
+    fn default() -> Self {
+        MemoryModelParams {
+            residual_sigmas: 2.0,
+            margin_per_doubling: 0.10,
+            max_extrapolation: 8.0,
+        }
+    }
+}
+
+impl MemoryModelParams {
+    /// Validates the parameters.
+    pub fn check(&self) -> Result<()> {
+        let ok = self.residual_sigmas.is_finite()
+            && self.residual_sigmas >= 0.0
+            && self.margin_per_doubling.is_finite()
+            && self.margin_per_doubling >= 0.0
+            && self.max_extrapolation.is_finite()
+            && self.max_extrapolation >= 1.0;
+        if ok {
+            Ok(())
+        } else {
+            Err(TunerError::InvalidParams(format!(
+                "memory model parameters out of range: {self:?} (sigmas ≥ 0, margin ≥ 0, max_extrapolation ≥ 1)"
+            )))
+        }
+    }
+}
+
+/// A fitted memory model (see the module documentation).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryModel {
+    params: MemoryModelParams,
+    intercept: f64,
+    slope: f64,
+    band: f64,
+    largest_observed: u32,
+    smallest_oom: Option<u32>,
+}
+
+/// Least-squares affine fit through nalgebra's SVD; returns (intercept, slope).
+fn affine_least_squares(xs: &[f64], ys: &[f64]) -> Result<(f64, f64)> {
+    let design = DMatrix::from_fn(xs.len(), 2, |i, j| if j == 0 { 1.0 } else { xs[i] });
+    let target = DVector::from_column_slice(ys);
+    let coef = design
+        .svd(true, true)
+        .solve(&target, 1e-12)
+        .map_err(|e| TunerError::Numerical(format!("memory least squares failed: {e}")))?;
+    Ok((coef[0], coef[1]))
+}
+
+impl MemoryModel {
+    /// Fits with the default parameters.
+    pub fn fit(samples: &[MemorySample]) -> Result<MemoryModel> {
+        Self::fit_with(samples, &[], MemoryModelParams::default())
+    }
+
+    /// Fits on successful `samples`; `oom_batch_sizes` are batch sizes that ran out of memory.
+    pub fn fit_with(
+        samples: &[MemorySample],
+        oom_batch_sizes: &[u32],
+        params: MemoryModelParams,
+    ) -> Result<MemoryModel> {
+        params.check()?;
+        if samples.is_empty() {
+            return Err(TunerError::InvalidInput(
+                "a memory model needs at least one (batch size, peak MiB) sample".to_owned(),
+            ));
+        }
+        for s in samples {
+            if s.batch_size == 0 || !s.peak_mib.is_finite() || s.peak_mib <= 0.0 {
+                return Err(TunerError::InvalidInput(format!(
+                    "bad memory sample: batch size {} with {} MiB",
+                    s.batch_size, s.peak_mib
+                )));
+            }
+        }
+        let xs: Vec<f64> = samples.iter().map(|s| f64::from(s.batch_size)).collect();
+        let ys: Vec<f64> = samples.iter().map(|s| s.peak_mib).collect();
+        let distinct = {
+            let mut b: Vec<u32> = samples.iter().map(|s| s.batch_size).collect();
+            b.sort_unstable();
+            b.dedup();
+            b.len()
+        };
+        let (intercept, slope) = if distinct < 2 {
+            // One batch size says nothing about the slope: assume all memory scales with the
+            // batch (zero intercept), the most pessimistic affine model through the sample.
+            let peak = ys.iter().copied().fold(0.0, f64::max);
+            (0.0, peak / xs[0])
+        } else {
+            let (a, b) = affine_least_squares(&xs, &ys)?;
+            if b >= 0.0 {
+                (a, b)
+            } else {
+                // Decreasing data (noise around a flat profile): the best monotone affine fit
+                // is the constant mean.
+                (ys.iter().sum::<f64>() / ys.len() as f64, 0.0)
+            }
+        };
+        // Upper envelope: lift the line until no sample lies above it.
+        let residuals: Vec<f64> = xs
+            .iter()
+            .zip(&ys)
+            .map(|(x, y)| y - (intercept + slope * x))
+            .collect();
+        let lift = residuals.iter().copied().fold(0.0, f64::max);
+        let n = residuals.len() as f64;
+        let sigma = if residuals.len() > 2 {
+            (residuals.iter().map(|r| r * r).sum::<f64>() / (n - 2.0)).sqrt()
+        } else {
+            0.0
+        };
+        let largest_observed = samples.iter().map(|s| s.batch_size).max().unwrap_or(1);
+        let smallest_oom = oom_batch_sizes.iter().copied().filter(|&b| b > 0).min();
+        if let Some(oom) = smallest_oom
+            && oom <= largest_observed
+        {
+            tracing::warn!(
+                oom,
+                largest_observed,
+                "an out-of-memory batch size is not above a successful one; the OOM wins"
+            );
+        }
+        Ok(MemoryModel {
+            params,
+            intercept: intercept + lift,
+            slope,
+            band: params.residual_sigmas * sigma,
+            largest_observed,
+            smallest_oom,
+        })
+    }
+
+    /// A copy that also treats `batch_size` and everything above as out of memory.
+    pub fn with_oom(&self, batch_size: u32) -> MemoryModel {
+        let mut model = self.clone();
+        model.smallest_oom = Some(self.smallest_oom.map_or(batch_size, |b| b.min(batch_size)));
+        model
+    }
+
+    /// The largest batch size the model was fit on.
+    pub fn largest_observed(&self) -> u32 {
+        self.largest_observed
+    }
+
+    /// Conservative peak MiB at `batch_size`; `None` when known or assumed infeasible (at or
+    /// above an out-of-memory size, or too far past the observed sizes to say).
+    pub fn upper_bound_mib(&self, batch_size: u32) -> Option<f64> {
+        if batch_size == 0 {
+            return None;
+        }
+        if self.smallest_oom.is_some_and(|oom| batch_size >= oom) {
+            return None;
+        }
+        let b = f64::from(batch_size);
+        let ratio = b / f64::from(self.largest_observed);
+        if ratio > self.params.max_extrapolation {
+            return None;
+        }
+        let base = self.intercept + self.slope * b + self.band;
+        let margin = if ratio > 1.0 {
+            1.0 + self.params.margin_per_doubling * ratio.log2()
+        } else {
+            1.0
+        };
+        Some(base.max(0.0) * margin)
+    }
+
+    /// The largest batch size in `[lo, hi]` whose upper bound fits `budget_mib`, if any.
+    /// Monotonicity makes this a binary search.
+    pub fn max_feasible_batch(&self, budget_mib: f64, lo: u32, hi: u32) -> Option<u32> {
+        let fits = |b: u32| self.upper_bound_mib(b).is_some_and(|m| m <= budget_mib);
+        if lo == 0 || lo > hi || !fits(lo) {
+            return None;
+        }
+        let (mut good, mut bad) = (lo, hi.saturating_add(1));
+        if fits(hi) {
+            return Some(hi);
+        }
+        bad = bad.min(hi);
+        while bad - good > 1 {
+            let mid = good + (bad - good) / 2;
+            if fits(mid) {
+                good = mid;
+            } else {
+                bad = mid;
+            }
+        }
+        Some(good)
+    }
+}
+
+/// The plain least-squares cubic in the batch size — the baseline the issue rejects, kept
+/// only so `iadeep memory eval` can show why. Falls back to a lower degree when there are
+/// fewer than four distinct sizes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CubicBaseline {
+    coef: Vec<f64>,
+    scale: f64,
+}
+
+impl CubicBaseline {
+    /// Fits the polynomial by SVD least squares on batch sizes scaled to [0, 1].
+    pub fn fit(samples: &[MemorySample]) -> Result<CubicBaseline> {
+        if samples.is_empty() {
+            return Err(TunerError::InvalidInput(
+                "the cubic baseline needs samples".to_owned(),
+            ));
+        }
+        let mut distinct: Vec<u32> = samples.iter().map(|s| s.batch_size).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let degree = (distinct.len().saturating_sub(1)).min(3);
+        let scale = f64::from(distinct.last().copied().unwrap_or(1)).max(1.0);
+        let design = DMatrix::from_fn(samples.len(), degree + 1, |i, j| {
+            (f64::from(samples[i].batch_size) / scale).powi(j as i32)
+        });
+        let target = DVector::from_iterator(samples.len(), samples.iter().map(|s| s.peak_mib));
+        let coef = design
+            .svd(true, true)
+            .solve(&target, 1e-12)
+            .map_err(|e| TunerError::Numerical(format!("cubic least squares failed: {e}")))?;
+        Ok(CubicBaseline {
+            coef: coef.iter().copied().collect(),
+            scale,
+        })
+    }
+
+    /// The polynomial's value at `batch_size`.
+    pub fn predict(&self, batch_size: u32) -> f64 {
+        let x = f64::from(batch_size) / self.scale;
+        self.coef.iter().rev().fold(0.0, |acc, c| acc * x + c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn s(batch_size: u32, peak_mib: f64) -> MemorySample {
+        MemorySample {
+            batch_size,
+            peak_mib,
+        }
+    }
+
+    #[test]
+    fn affine_data_is_recovered_and_padded_past_the_data() {
+        let samples: Vec<_> = [8, 16, 32, 64]
+            .iter()
+            .map(|&b| s(b, 1000.0 + 10.0 * f64::from(b)))
+            .collect();
+        let model = MemoryModel::fit(&samples).expect("fits");
+        assert!((model.upper_bound_mib(32).expect("feasible") - 1320.0).abs() < 1e-6);
+        // Two doublings past 64: base 1000 + 2560 = 3560, padded by +20%.
+        assert!((model.upper_bound_mib(256).expect("feasible") - 3560.0 * 1.2).abs() < 1e-6);
+        assert_eq!(model.upper_bound_mib(64 * 8 + 1), None);
+    }
+
+    #[test]
+    fn oom_makes_that_size_and_above_infeasible() {
+        let model = MemoryModel::fit_with(
+            &[s(8, 500.0), s(16, 900.0)],
+            &[64],
+            MemoryModelParams::default(),
+        )
+        .expect("fits");
+        assert!(model.upper_bound_mib(63).is_some());
+        assert_eq!(model.upper_bound_mib(64), None);
+        assert_eq!(model.upper_bound_mib(100), None);
+        assert_eq!(model.with_oom(32).upper_bound_mib(40), None);
+    }
+
+    #[test]
+    fn max_feasible_batch_finds_the_boundary() {
+        let model = MemoryModel::fit(&[s(8, 180.0), s(16, 260.0)]).expect("fits"); // 100 + 10 b
+        assert_eq!(model.max_feasible_batch(260.001, 1, 16), Some(16));
+        assert_eq!(model.max_feasible_batch(255.0, 1, 16), Some(15));
+        assert_eq!(model.max_feasible_batch(50.0, 1, 16), None);
+    }
+
+    #[test]
+    fn single_sample_assumes_proportional_growth_and_rejects_bad_input() {
+        let model = MemoryModel::fit(&[s(10, 1000.0)]).expect("fits");
+        assert!(model.upper_bound_mib(20).expect("feasible") >= 2000.0);
+        assert!(MemoryModel::fit(&[]).is_err());
+        assert!(MemoryModel::fit(&[s(0, 10.0)]).is_err());
+        assert!(MemoryModel::fit(&[s(1, f64::NAN)]).is_err());
+    }
+
+    #[test]
+    fn cubic_baseline_interpolates_a_cubic() {
+        let samples: Vec<_> = (1..=6).map(|b| s(b, f64::from(b * b * b) + 2.0)).collect();
+        let cubic = CubicBaseline::fit(&samples).expect("fits");
+        assert!((cubic.predict(10) - 1002.0).abs() < 1e-6);
+    }
+
+    proptest! {
+        #[test]
+        fn monotone_and_never_below_a_sample(points in proptest::collection::vec((1u32..512, 100.0f64..20_000.0), 1..12)) {
+            let samples: Vec<_> = points.iter().map(|&(b, m)| s(b, m)).collect();
+            let model = MemoryModel::fit(&samples).expect("fits");
+            for sample in &samples {
+                let bound = model.upper_bound_mib(sample.batch_size).expect("observed sizes are feasible");
+                prop_assert!(bound >= sample.peak_mib - 1e-6);
+            }
+            let mut last = 0.0;
+            let top = model.largest_observed() * 8;
+            for b in (1..=top).step_by((top as usize / 64).max(1)) {
+                let bound = model.upper_bound_mib(b).expect("within the extrapolation limit");
+                prop_assert!(bound >= last - 1e-9);
+                last = bound;
+            }
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! Extrapolation test of the memory model against measured (or derived) data, with the
+//! plain cubic fit as the baseline (`iadeep memory eval`).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::error::{Result, TunerError};
+use crate::memory::{CubicBaseline, MemoryModel, MemorySample};
+use crate::stats::{median, quantile};
+
+/// One CSV row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryRow {
+    pub model: String,
+    pub sample: MemorySample,
+}
+
+/// Parses a `model,batch_size,memory_mib` CSV (header required, no quoted fields).
+pub fn parse_csv(text: &str) -> Result<Vec<MemoryRow>> {
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
+    let Some((_, header)) = lines.next() else {
+        return Err(TunerError::InvalidInput("empty CSV".to_owned()));
+    };
+    let cols: Vec<&str> = header.split(',').map(str::trim).collect();
+    if cols != ["model", "batch_size", "memory_mib"] {
+        return Err(TunerError::InvalidInput(format!(
+            "expected the header `model,batch_size,memory_mib`, got `{}`",
+            header.trim()
+        )));
+    }
+    let mut rows = Vec::new();
+    for (n, line) in lines {
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        let bad = |why: &str| TunerError::InvalidInput(format!("line {}: {why}: `{line}`", n + 1));
+        if fields.len() != 3 || fields[0].is_empty() {
+            return Err(bad("expected three fields"));
+        }
+        let batch_size: u32 = fields[1]
+            .parse()
+            .map_err(|_| bad("batch_size is not a positive integer"))?;
+        let peak_mib: f64 = fields[2]
+            .parse()
+            .map_err(|_| bad("memory_mib is not a number"))?;
+        if batch_size == 0 || !(peak_mib.is_finite() && peak_mib > 0.0) {
+            return Err(bad("batch_size and memory_mib must be positive"));
+        }
+        rows.push(MemoryRow {
+            model: fields[0].to_owned(),
+            sample: MemorySample {
+                batch_size,
+                peak_mib,
+            },
+        });
+    }
+    Ok(rows)
+}
+
+/// Accuracy figures of one predictor.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EvalFigures {
+    pub models: usize,
+    pub predictions: usize,
+    /// Fraction of predictions below 0.98 × measured.
+    pub underestimate_rate: f64,
+    /// Median |predicted / measured − 1|.
+    pub median_abs_rel_err: f64,
+    /// 90th percentile of max(predicted / measured − 1, 0).
+    pub p90_over: f64,
+    /// Predictions refused (the model declined to extrapolate that far); not in the rates.
+    pub refused: usize,
+}
+
+/// Both predictors side by side.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EvalReport {
+    pub models: usize,
+    pub underestimate_rate: f64,
+    pub median_abs_rel_err: f64,
+    pub p90_over: f64,
+    pub predictions: usize,
+    pub refused: usize,
+    pub cubic_baseline: EvalFigures,
+}
+
+fn figures(models: usize, rel: &[f64], refused: usize) -> EvalFigures {
+    let under = rel.iter().filter(|r| **r < -0.02).count();
+    let abs: Vec<f64> = rel.iter().map(|r| r.abs()).collect();
+    let over: Vec<f64> = rel.iter().map(|r| r.max(0.0)).collect();
+    EvalFigures {
+        models,
+        predictions: rel.len(),
+        underestimate_rate: if rel.is_empty() {
+            f64::NAN
+        } else {
+            under as f64 / rel.len() as f64
+        },
+        median_abs_rel_err: median(&abs).unwrap_or(f64::NAN),
+        p90_over: quantile(&over, 0.9).unwrap_or(f64::NAN),
+        refused,
+    }
+}
+
+/// For each model: fit on rows with batch size ≤ `fit_upto`, predict the rows above.
+/// Models with fewer than two fitting rows or nothing above are skipped (logged).
+pub fn evaluate(rows: &[MemoryRow], fit_upto: u32) -> Result<EvalReport> {
+    let mut by_model: BTreeMap<&str, Vec<MemorySample>> = BTreeMap::new();
+    for row in rows {
+        by_model.entry(&row.model).or_default().push(row.sample);
+    }
+    let (mut ours, mut cubic) = (Vec::new(), Vec::new());
+    let (mut models, mut refused) = (0, 0);
+    for (name, samples) in &by_model {
+        let (fit, test): (Vec<MemorySample>, Vec<MemorySample>) =
+            samples.iter().partition(|s| s.batch_size <= fit_upto);
+        if fit.len() < 2 || test.is_empty() {
+            tracing::info!(
+                model = name,
+                fit = fit.len(),
+                test = test.len(),
+                "skipped: needs ≥ 2 rows to fit and ≥ 1 above"
+            );
+            continue;
+        }
+        models += 1;
+        let model = MemoryModel::fit(&fit)?;
+        let baseline = CubicBaseline::fit(&fit)?;
+        for s in &test {
+            match model.upper_bound_mib(s.batch_size) {
+                Some(p) => ours.push(p / s.peak_mib - 1.0),
+                None => refused += 1,
+            }
+            cubic.push(baseline.predict(s.batch_size) / s.peak_mib - 1.0);
+        }
+    }
+    if models == 0 {
+        return Err(TunerError::InvalidInput(format!(
+            "no model has ≥ 2 rows with batch_size ≤ {fit_upto} and ≥ 1 row above it"
+        )));
+    }
+    let f = figures(models, &ours, refused);
+    Ok(EvalReport {
+        models,
+        underestimate_rate: f.underestimate_rate,
+        median_abs_rel_err: f.median_abs_rel_err,
+        p90_over: f.p90_over,
+        predictions: f.predictions,
+        refused,
+        cubic_baseline: figures(models, &cubic, 0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects() {
+        let rows =
+            parse_csv("model,batch_size,memory_mib\nr18,8,1000\nr18,16,1500.5\n").expect("parses");
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[1].sample.peak_mib, 1500.5);
+        assert!(parse_csv("a,b,c\n").is_err());
+        assert!(parse_csv("model,batch_size,memory_mib\nx,0,10\n").is_err());
+        assert!(parse_csv("model,batch_size,memory_mib\nx,8\n").is_err());
+    }
+
+    #[test]
+    fn affine_data_is_never_underestimated() {
+        let mut text = String::from("model,batch_size,memory_mib\n");
+        for b in [4, 8, 16, 32, 64, 128] {
+            text.push_str(&format!("m,{b},{}\n", 900 + 7 * b));
+        }
+        let report = evaluate(&parse_csv(&text).expect("parses"), 32).expect("evaluates");
+        assert_eq!(report.models, 1);
+        assert_eq!(report.underestimate_rate, 0.0);
+        assert!(report.p90_over > 0.0, "extrapolation is padded");
+        assert!(evaluate(&parse_csv(&text).expect("parses"), 1000).is_err());
+    }
+}
