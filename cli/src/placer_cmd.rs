@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use iadeep_placer::synthetic::SyntheticCluster;
 use iadeep_placer::{
-    Daemon, DaemonConfig, DeclaredOrPeakMemory, Placer, PlacerParams, UtilisationHeuristic,
+    Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams, PredictorSlowdown,
 };
 use iadeep_proto::placer_client::PlacerClient;
 use iadeep_proto::{ListDevicesRequest, PlaceRequest, ReleaseRequest, place_response};
@@ -97,7 +97,8 @@ impl PolicyArgs {
             wait_cost_factor: self.wait_cost_factor,
             ..PlacerParams::default()
         };
-        Ok(Placer::new(params, Arc::new(UtilisationHeuristic))?)
+        let predictor = PredictorSlowdown::cold().context("cannot start the slowdown predictor")?;
+        Ok(Placer::new(params, Arc::new(predictor))?)
     }
 }
 
@@ -152,7 +153,7 @@ async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
         metrics: args.metrics,
         kube_api: args.kube_api,
     };
-    let mut daemon = Daemon::start(store, placer, Arc::new(DeclaredOrPeakMemory), config)
+    let mut daemon = Daemon::start(store, placer, Arc::new(ModelledMemory), config)
         .await
         .context("cannot start the placer")?;
     tokio::select! {
@@ -237,7 +238,7 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
             let daemon = Daemon::start(
                 store.clone(),
                 args.policy.placer()?,
-                Arc::new(DeclaredOrPeakMemory),
+                Arc::new(ModelledMemory),
                 config,
             )
             .await

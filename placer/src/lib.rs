@@ -31,7 +31,7 @@ pub mod view;
 pub use daemon::{Daemon, DaemonConfig};
 pub use error::{PlacerError, Result};
 pub use model::{
-    DeclaredOrPeakMemory, MemoryEstimator, SlowdownEstimate, SlowdownModel, UtilisationHeuristic,
+    MemoryEstimator, ModelledMemory, PredictorSlowdown, SlowdownEstimate, SlowdownModel,
 };
 pub use params::PlacerParams;
 pub use policy::{Decision, Placer, Rejection, Verdict};

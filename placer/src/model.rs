@@ -1,14 +1,16 @@
 //! What the policy needs to know about tasks, behind two small traits.
 //!
 //! The policy must not care *how* a slowdown or a memory footprint is
-//! estimated: the daemon plugs in the online predictor and the tuner's memory
-//! model, tests and the simulator plug in whatever they need. The two
-//! implementations here are the transparent fallbacks the daemon uses when
-//! nothing better is configured.
+//! estimated: the daemon plugs in the online predictor ([`PredictorSlowdown`])
+//! and the tuner's memory model ([`ModelledMemory`]) through thin adapters, and
+//! tests and the simulator can plug in whatever they need.
 
 use std::fmt;
+use std::sync::Arc;
 
+use iadeep_predictor::{LearnerParams, OnlinePredictor};
 use iadeep_proto::{CoLocationSample, TaskProfile, TaskReport, TaskSpec};
+use iadeep_tuner::memory::{MemoryModel, MemoryModelParams, MemorySample};
 
 /// A predicted interference factor IF (co-located step time ÷ solo step time).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -43,82 +45,119 @@ pub trait MemoryEstimator: Send + Sync + fmt::Debug {
     fn min_footprint_mib(&self, spec: &TaskSpec, report: Option<&TaskReport>) -> Option<u64>;
 }
 
-/// Interference from utilisations: a GPU time-slices between its tasks, so when
-/// the solo SM (or DRAM-bandwidth) utilisations of the tasks on a device add up to
-/// more than 100%, each task runs about `sum / 100` times slower, and not slower
-/// than that when they add up to less.
-///
-/// `IF = max(1, ΣSM / 100, ΣBW / 100)`, with an unknown utilisation taken as 100%
-/// (a task that was never profiled is assumed to saturate the GPU, so the
-/// heuristic never promises a free lunch). The uncertainty is 0.5 per unknown
-/// utilisation involved, so the policy prefers co-locations it knows about.
-///
-/// It does not learn: [`SlowdownModel::observe`] ignores samples (the online
-/// predictor is what learns).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct UtilisationHeuristic;
+/// The online predictor of `iadeep-predictor` as the policy's slowdown model: its
+/// forest once it has enough co-location samples, its transparent cold-start rule
+/// before. Predictions never wait for a refit; `observe` feeds the predictor's
+/// bounded window and wakes its background refit.
+#[derive(Clone, Debug)]
+pub struct PredictorSlowdown {
+    predictor: Arc<OnlinePredictor>,
+}
 
-/// Utilisation assumed for a task that does not report one.
-const UNKNOWN_UTIL_PCT: f64 = 100.0;
-/// Uncertainty added per unknown utilisation.
-const UNKNOWN_UTIL_UNCERTAINTY: f64 = 0.5;
+impl PredictorSlowdown {
+    /// Wraps a running predictor (shared, e.g. with an evaluation).
+    pub fn new(predictor: Arc<OnlinePredictor>) -> PredictorSlowdown {
+        PredictorSlowdown { predictor }
+    }
 
-impl SlowdownModel for UtilisationHeuristic {
+    /// A fresh predictor with the default learner parameters, cold until samples arrive.
+    pub fn cold() -> Result<PredictorSlowdown, iadeep_predictor::PredictorError> {
+        Ok(PredictorSlowdown::new(Arc::new(OnlinePredictor::new(
+            LearnerParams::default(),
+        )?)))
+    }
+
+    /// The wrapped predictor.
+    pub fn predictor(&self) -> &Arc<OnlinePredictor> {
+        &self.predictor
+    }
+}
+
+impl SlowdownModel for PredictorSlowdown {
     fn predict(
         &self,
-        _device_kind: &str,
+        device_kind: &str,
         task: &TaskProfile,
         corunners: &[TaskProfile],
     ) -> SlowdownEstimate {
-        if corunners.is_empty() {
-            return SlowdownEstimate {
-                slowdown: 1.0,
-                uncertainty: 0.0,
-            };
-        }
-        let mut sm = 0.0;
-        let mut bw = 0.0;
-        let mut unknown = 0u32;
-        for profile in std::iter::once(task).chain(corunners) {
-            for value in [profile.sm_util_pct, profile.mem_bw_util_pct] {
-                if value.is_none() {
-                    unknown += 1;
-                }
-            }
-            sm += profile
-                .sm_util_pct
-                .unwrap_or(UNKNOWN_UTIL_PCT)
-                .clamp(0.0, 100.0);
-            bw += profile
-                .mem_bw_util_pct
-                .unwrap_or(UNKNOWN_UTIL_PCT)
-                .clamp(0.0, 100.0);
-        }
+        let p = self.predictor.predict(device_kind, task, corunners);
         SlowdownEstimate {
-            slowdown: (sm / 100.0).max(bw / 100.0).max(1.0),
-            uncertainty: f64::from(unknown) * UNKNOWN_UTIL_UNCERTAINTY,
+            slowdown: p.slowdown,
+            uncertainty: p.uncertainty,
         }
     }
 
-    fn observe(&self, _sample: &CoLocationSample) {}
+    fn observe(&self, sample: &CoLocationSample) {
+        self.predictor.observe(sample.clone());
+    }
 }
 
-/// Memory from what is declared or measured: the larger of the user's request
-/// (`gpu_mem_request_mib`), the solo profile's peak and the latest reported peak.
+/// Footprints from the tuner's conservative memory model (`iadeep_tuner::memory`).
 ///
-/// A reported peak at the current batch size is an upper bound of the footprint at
-/// the smallest batch size (memory grows with batch size), so this never
-/// under-estimates a measured task; it over-estimates a task that could shrink its
-/// batch, which only costs packing density, never an out-of-memory crash.
+/// The placer knows at most two (batch size, peak MiB) points of a task: its solo
+/// profile and its latest report (plus an out-of-memory batch size, if reported).
+/// With two distinct batch sizes the model is fit and asked for its upper bound at
+/// the task's smallest allowed batch size. With one, the model would assume memory
+/// proportional to the batch size, which under-estimates smaller batches (weights
+/// and optimiser state do not shrink), so the measured peak itself is used: memory
+/// grows with the batch size, so it bounds every smaller one. The result is never
+/// below the user's request (`gpu_mem_request_mib`); `None` when nothing is known.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct DeclaredOrPeakMemory;
+pub struct ModelledMemory;
 
-impl MemoryEstimator for DeclaredOrPeakMemory {
+impl MemoryEstimator for ModelledMemory {
     fn min_footprint_mib(&self, spec: &TaskSpec, report: Option<&TaskReport>) -> Option<u64> {
         let declared = Some(spec.gpu_mem_request_mib).filter(|&m| m > 0);
-        let profiled = spec.profile.as_ref().and_then(|p| p.peak_mem_mib);
-        let reported = report.and_then(|r| r.peak_mem_mib);
-        [declared, profiled, reported].into_iter().flatten().max()
+        let mut samples: Vec<MemorySample> = Vec::with_capacity(2);
+        if let Some(p) = &spec.profile
+            && let Some(peak) = p.peak_mem_mib
+        {
+            let batch = if p.batch_size > 0 {
+                p.batch_size
+            } else {
+                spec.initial_batch_size
+            };
+            samples.push(MemorySample {
+                batch_size: batch,
+                peak_mib: peak as f64,
+            });
+        }
+        if let Some(r) = report
+            && let Some(peak) = r.peak_mem_mib
+        {
+            samples.push(MemorySample {
+                batch_size: r.batch_size,
+                peak_mib: peak as f64,
+            });
+        }
+        samples.retain(|s| s.batch_size > 0 && s.peak_mib > 0.0);
+        let measured_max = samples.iter().map(|s| s.peak_mib).fold(0.0, f64::max);
+        let min_batch = if spec.min_batch_size > 0 {
+            spec.min_batch_size
+        } else {
+            spec.initial_batch_size
+        };
+        let distinct = samples
+            .first()
+            .is_some_and(|f| samples.iter().any(|s| s.batch_size != f.batch_size));
+        let modelled = if distinct {
+            let ooms: Vec<u32> = report.and_then(|r| r.oom_batch_size).into_iter().collect();
+            MemoryModel::fit_with(&samples, &ooms, MemoryModelParams::default())
+                .ok()
+                .and_then(|m| m.upper_bound_mib(min_batch.max(1)))
+        } else {
+            None
+        };
+        // Without a usable fit, the largest measured peak bounds the footprint at any
+        // batch size not above it; above it (a minimum batch larger than anything
+        // measured), nothing measured is an upper bound and the declared request rules.
+        let measured = match modelled {
+            Some(mib) => Some(mib),
+            None if samples.iter().any(|s| s.batch_size >= min_batch) => Some(measured_max),
+            None => None,
+        };
+        let measured = measured.map(|m| m.ceil() as u64);
+        [declared, measured].into_iter().flatten().max()
     }
 }
 
@@ -127,61 +166,72 @@ mod tests {
     use super::*;
     use iadeep_proto::SoloProfile;
 
-    fn util(sm: Option<f64>, bw: Option<f64>) -> TaskProfile {
-        TaskProfile {
-            sm_util_pct: sm,
-            mem_bw_util_pct: bw,
+    fn spec(request: u64, profile: Option<(u32, u64)>) -> TaskSpec {
+        TaskSpec {
+            initial_batch_size: 64,
+            min_batch_size: 16,
+            max_batch_size: 256,
+            gpu_mem_request_mib: request,
+            profile: profile.map(|(batch_size, peak)| SoloProfile {
+                batch_size,
+                peak_mem_mib: Some(peak),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn report(batch_size: u32, peak: u64) -> TaskReport {
+        TaskReport {
+            batch_size,
+            peak_mem_mib: Some(peak),
             ..Default::default()
         }
     }
 
     #[test]
-    fn alone_is_exactly_one() {
-        let e = UtilisationHeuristic.predict("k80", &util(None, None), &[]);
-        assert_eq!((e.slowdown, e.uncertainty), (1.0, 0.0));
-    }
-
-    #[test]
-    fn light_tasks_do_not_slow_each_other_and_heavy_ones_time_share() {
-        let light = UtilisationHeuristic.predict(
-            "k80",
-            &util(Some(30.0), Some(20.0)),
-            &[util(Some(40.0), Some(30.0))],
-        );
-        assert_eq!(light.slowdown, 1.0);
-        assert_eq!(light.uncertainty, 0.0);
-        let heavy = UtilisationHeuristic.predict(
-            "k80",
-            &util(Some(90.0), Some(20.0)),
-            &[util(Some(90.0), Some(30.0))],
-        );
-        assert!((heavy.slowdown - 1.8).abs() < 1e-12);
-        let unknown =
-            UtilisationHeuristic.predict("k80", &util(None, Some(10.0)), &[util(None, None)]);
-        assert_eq!(unknown.slowdown, 2.0);
-        assert_eq!(unknown.uncertainty, 1.5);
-    }
-
-    #[test]
-    fn memory_is_the_largest_known_value() {
-        let mut spec = TaskSpec::default();
-        assert_eq!(DeclaredOrPeakMemory.min_footprint_mib(&spec, None), None);
-        spec.gpu_mem_request_mib = 4000;
+    fn memory_is_declared_or_measured_and_never_below_the_request() {
+        let m = ModelledMemory;
+        assert_eq!(m.min_footprint_mib(&spec(0, None), None), None);
+        assert_eq!(m.min_footprint_mib(&spec(4000, None), None), Some(4000));
+        // One measured size: its peak bounds the smaller minimum batch.
         assert_eq!(
-            DeclaredOrPeakMemory.min_footprint_mib(&spec, None),
-            Some(4000)
+            m.min_footprint_mib(&spec(0, Some((64, 6000))), None),
+            Some(6000)
         );
-        spec.profile = Some(SoloProfile {
-            peak_mem_mib: Some(5000),
-            ..Default::default()
-        });
-        let report = TaskReport {
-            peak_mem_mib: Some(4500),
+        assert_eq!(
+            m.min_footprint_mib(&spec(7000, Some((64, 6000))), None),
+            Some(7000)
+        );
+        // Two sizes: the tuner's model, 2000 + 50·b through (64, 5200) and (128, 8400),
+        // conservative at the minimum batch 16: 2000 + 800.
+        let fitted = m
+            .min_footprint_mib(&spec(0, Some((64, 5200))), Some(&report(128, 8400)))
+            .expect("known");
+        assert_eq!(fitted, 2800);
+        assert_eq!(
+            m.min_footprint_mib(&spec(3000, Some((64, 5200))), Some(&report(128, 8400))),
+            Some(3000)
+        );
+    }
+
+    #[test]
+    fn the_predictor_adapter_passes_predictions_through() {
+        let model = PredictorSlowdown::cold().expect("predictor");
+        let busy = TaskProfile {
+            sm_util_pct: Some(90.0),
+            mem_bw_util_pct: Some(10.0),
             ..Default::default()
         };
+        assert_eq!(model.predict("v100", &busy, &[]).slowdown, 1.0);
+        let shared = model.predict("v100", &busy, std::slice::from_ref(&busy));
+        let direct = model
+            .predictor()
+            .predict("v100", &busy, std::slice::from_ref(&busy));
         assert_eq!(
-            DeclaredOrPeakMemory.min_footprint_mib(&spec, Some(&report)),
-            Some(5000)
+            (shared.slowdown, shared.uncertainty),
+            (direct.slowdown, direct.uncertainty)
         );
+        assert!(shared.slowdown > 1.0);
     }
 }

@@ -498,12 +498,36 @@ fn better(a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{DeclaredOrPeakMemory, UtilisationHeuristic};
+    use crate::model::{ModelledMemory, SlowdownEstimate};
+    use iadeep_proto::CoLocationSample;
+
+    /// A fixed rule so the expected numbers can be worked out by hand: a GPU time-slices,
+    /// so IF = max(1, ΣSM / 100, ΣBW / 100) over the task and its co-runners.
+    #[derive(Debug)]
+    struct TimeShare;
+
+    impl SlowdownModel for TimeShare {
+        fn predict(
+            &self,
+            _: &str,
+            task: &TaskProfile,
+            corunners: &[TaskProfile],
+        ) -> SlowdownEstimate {
+            let all = || std::iter::once(task).chain(corunners);
+            let sm: f64 = all().map(|p| p.sm_util_pct.unwrap_or(100.0)).sum();
+            let bw: f64 = all().map(|p| p.mem_bw_util_pct.unwrap_or(100.0)).sum();
+            SlowdownEstimate {
+                slowdown: (sm / 100.0).max(bw / 100.0).max(1.0),
+                uncertainty: 0.0,
+            }
+        }
+        fn observe(&self, _: &CoLocationSample) {}
+    }
     use iadeep_proto::{DeviceInfo, DeviceResidents, Reservation, SoloProfile, TaskReport};
     use proptest::prelude::*;
 
     fn placer() -> Placer {
-        Placer::new(PlacerParams::default(), Arc::new(UtilisationHeuristic)).expect("valid params")
+        Placer::new(PlacerParams::default(), Arc::new(TimeShare)).expect("valid params")
     }
 
     fn spec(id: &str, mib: u64, sm: f64, total: Option<u64>) -> TaskSpec {
@@ -550,7 +574,7 @@ mod tests {
 
     #[test]
     fn prefers_the_device_that_adds_least_degradation() {
-        let mut view = ClusterView::new(Arc::new(DeclaredOrPeakMemory));
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
         device(&mut view, "busy", 32_000, &[spec("r1", 4000, 90.0, None)]);
         device(&mut view, "light", 32_000, &[spec("r2", 4000, 10.0, None)]);
         let d = placer().decide(&view, &spec("new", 4000, 80.0, None), &[], 0);
@@ -581,7 +605,7 @@ mod tests {
 
     #[test]
     fn rejections_say_why_and_unknown_memory_needs_an_idle_device() {
-        let mut view = ClusterView::new(Arc::new(DeclaredOrPeakMemory));
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
         device(&mut view, "full", 16_000, &[spec("r1", 14_000, 10.0, None)]);
         device(
             &mut view,
@@ -636,7 +660,7 @@ mod tests {
 
     #[test]
     fn queues_when_a_device_frees_up_soon_and_places_when_nobody_reports_progress() {
-        let mut view = ClusterView::new(Arc::new(DeclaredOrPeakMemory));
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
         let resident = spec("r1", 4000, 95.0, Some(10_000));
         device(&mut view, "d0", 32_000, std::slice::from_ref(&resident));
         let new = spec("new", 4000, 95.0, Some(1_000_000)); // 1e6 × 0.1 / 32 ≈ 3125 s alone
@@ -694,7 +718,7 @@ mod tests {
             loads in proptest::collection::vec(proptest::collection::vec(1u64..12_000, 0..4), 6),
             new in arb_spec("new".into()),
         ) {
-            let mut view = ClusterView::new(Arc::new(DeclaredOrPeakMemory));
+            let mut view = ClusterView::new(Arc::new(ModelledMemory));
             let mut k = 0;
             for (i, size) in sizes.iter().enumerate() {
                 let residents: Vec<TaskSpec> = loads[i]

@@ -388,7 +388,7 @@ mod tests {
 
     #[test]
     fn stale_residents_records_are_ignored_and_index_follows() {
-        let mut view = ClusterView::new(Arc::new(crate::model::DeclaredOrPeakMemory));
+        let mut view = ClusterView::new(Arc::new(crate::model::ModelledMemory));
         view.upsert_device(DeviceInfo {
             device_id: "d0".into(),
             memory_mib: 16000,
@@ -422,7 +422,7 @@ mod tests {
 
     #[test]
     fn reports_reach_residents_whichever_arrives_first() {
-        let mut view = ClusterView::new(Arc::new(crate::model::DeclaredOrPeakMemory));
+        let mut view = ClusterView::new(Arc::new(crate::model::ModelledMemory));
         view.set_report(TaskReport {
             task_id: "a".into(),
             samples_done: 400,

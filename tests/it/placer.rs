@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use iadeep_placer::http1;
 use iadeep_placer::{
-    Daemon, DaemonConfig, DeclaredOrPeakMemory, Placer, PlacerParams, UtilisationHeuristic,
+    Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams, PredictorSlowdown,
 };
 use iadeep_proto::placer_client::PlacerClient;
 use iadeep_proto::{
@@ -39,8 +39,11 @@ async fn etcd_store(server: &EtcdServer) -> Arc<dyn StateStore> {
 }
 
 fn placer() -> Placer {
-    Placer::new(PlacerParams::default(), Arc::new(UtilisationHeuristic))
-        .expect("default params are valid")
+    Placer::new(
+        PlacerParams::default(),
+        Arc::new(PredictorSlowdown::cold().expect("predictor")),
+    )
+    .expect("default params are valid")
 }
 
 fn loopback() -> SocketAddr {
@@ -54,7 +57,7 @@ async fn daemon(store: Arc<dyn StateStore>, kube_api: Option<String>) -> Daemon 
         metrics: Some(loopback()),
         kube_api,
     };
-    Daemon::start(store, placer(), Arc::new(DeclaredOrPeakMemory), config)
+    Daemon::start(store, placer(), Arc::new(ModelledMemory), config)
         .await
         .expect("start the placer")
 }
