@@ -88,6 +88,11 @@ struct PolicyArgs {
 
 impl PolicyArgs {
     fn placer(&self) -> Result<Placer> {
+        let predictor = PredictorSlowdown::cold().context("cannot start the slowdown predictor")?;
+        self.placer_with(predictor)
+    }
+
+    fn placer_with(&self, predictor: PredictorSlowdown) -> Result<Placer> {
         let params = PlacerParams {
             memory_margin_frac: self.memory_margin_frac,
             memory_margin_mib: self.memory_margin_mib,
@@ -97,7 +102,6 @@ impl PolicyArgs {
             wait_cost_factor: self.wait_cost_factor,
             ..PlacerParams::default()
         };
-        let predictor = PredictorSlowdown::cold().context("cannot start the slowdown predictor")?;
         Ok(Placer::new(params, Arc::new(predictor))?)
     }
 }
@@ -123,6 +127,11 @@ struct BenchArgs {
     /// Seed of the synthetic cluster and arrivals.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Also seed the co-location samples converted from the bundled Gavel measurements
+    /// of this worker type (k80 or p100), so the placer's predictor fits its forest
+    /// from the store as in production, and wait until it has.
+    #[arg(long, value_name = "WORKER")]
+    gavel_samples: Option<String>,
     /// Print the result as one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -217,6 +226,32 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
         .context("cannot seed the synthetic cluster")?;
     tracing::info!(devices = args.devices, residents = cluster.resident_count(),
         elapsed_ms = seeding.elapsed().as_millis() as u64, store = %url, "seeded");
+    let mut seeded_samples = 0usize;
+    if let Some(worker) = &args.gavel_samples {
+        let gavel = iadeep_datasets::gavel::GavelThroughputs::bundled()
+            .context("cannot read the bundled Gavel measurements")?;
+        let measurements = gavel
+            .worker(worker)
+            .with_context(|| format!("no Gavel measurements for worker type {worker:?}"))?;
+        let samples = iadeep_predictor::gavel::samples_from_gavel(measurements, worker).samples;
+        for (seq, sample) in samples.iter().enumerate() {
+            let device = format!("gavel-{worker}");
+            iadeep_state::typed::put(
+                store.as_ref(),
+                &iadeep_state::keys::sample(&device, seq as u64),
+                sample,
+                None,
+            )
+            .await
+            .context("cannot seed the Gavel samples")?;
+        }
+        seeded_samples = samples.len();
+        tracing::info!(
+            samples = seeded_samples,
+            worker,
+            "seeded co-location samples"
+        );
+    }
     if cluster.resident_count() < args.residents {
         bail!(
             "only {} of {} residents fit on {} devices",
@@ -226,23 +261,23 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
         );
     }
     let mut local = None;
+    let mut forest = None;
     let addr = match args.grpc {
         Some(addr) => addr,
         None => {
+            let predictor =
+                PredictorSlowdown::cold().context("cannot start the slowdown predictor")?;
+            forest = Some(predictor.predictor().clone());
             let config = DaemonConfig {
                 grpc: SocketAddr::from(([127, 0, 0, 1], 0)),
                 extender: None,
                 metrics: None,
                 kube_api: None,
             };
-            let daemon = Daemon::start(
-                store.clone(),
-                args.policy.placer()?,
-                Arc::new(ModelledMemory),
-                config,
-            )
-            .await
-            .context("cannot start the in-process placer")?;
+            let placer = args.policy.placer_with(predictor)?;
+            let daemon = Daemon::start(store.clone(), placer, Arc::new(ModelledMemory), config)
+                .await
+                .context("cannot start the in-process placer")?;
             let addr = daemon.grpc_addr();
             local = Some(daemon);
             addr
@@ -274,6 +309,22 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    if let Some(predictor) = &forest
+        && seeded_samples > 0
+    {
+        // The daemon learns the samples through its watch; wait for its forest.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while predictor.model_samples() == 0 {
+            if Instant::now() > deadline {
+                bail!("the placer's predictor did not fit on the seeded samples in 120 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tracing::info!(
+            model_samples = predictor.model_samples(),
+            "predictor fitted"
+        );
+    }
     let next = Arc::new(AtomicU64::new(0));
     let cluster = Arc::new(cluster);
     let started = Instant::now();
@@ -351,6 +402,7 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
         "release_p99_ms": ms(percentile(&release, 99.0)),
         "store": url.to_string(),
         "cas_conflicts": local.as_ref().map(|d| d.service().metrics().cas_conflicts.get()),
+        "predictor_model_samples": forest.as_ref().map(|p| p.model_samples()),
     });
     if args.json {
         println!("{summary}");

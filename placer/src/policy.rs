@@ -18,10 +18,11 @@
 //! 3. **Queue or place.** If the best device is not idle, placing costs the excess
 //!    `increase − 1` units of PD for about the task's solo duration `D`, i.e.
 //!    `(increase − 1) × D` seconds of solo-speed progress lost across the device's
-//!    tasks. Waiting costs the time `W` until the first resident (among the devices
-//!    considered) is predicted to finish, from its reported progress. The task
-//!    queues, with a retry hint of `W`, when `W × wait_cost_factor` is smaller.
-//!    When no resident reports its progress, `W` is unknown and the task is placed.
+//!    tasks. Waiting costs the time `W` until the first of the devices considered is
+//!    predicted to be idle (every resident finished, from their reported progress),
+//!    after which the task would run alone at PD 1. The task queues, with a retry
+//!    hint of `W`, when `W × wait_cost_factor` is smaller. When no device's
+//!    residents all report progress, `W` is unknown and the task is placed.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -131,8 +132,9 @@ pub struct Assessment<'v> {
     pub candidates: Vec<Candidate<'v>>,
     /// Infeasible devices with the reason, in device order.
     pub rejected: Vec<(&'v str, Rejection)>,
-    /// Seconds until the first resident of a considered device is predicted to finish.
-    pub earliest_release_s: Option<f64>,
+    /// Seconds until the first considered device is predicted to be idle (all its
+    /// residents finished), from the residents' reported progress.
+    pub earliest_idle_s: Option<f64>,
 }
 
 /// What to tell the caller.
@@ -197,35 +199,34 @@ impl Placer {
         let mut out = Assessment::default();
         let mut scratch = Vec::new();
         let task_hash = crate::view::fnv1a(task.task_id.as_bytes());
-        let mut consider =
-            |id: &'v str, device: Option<&'v DeviceState>, out: &mut Assessment<'v>| {
-                let Some(device) = device else {
-                    out.rejected.push((id, Rejection::UnknownDevice));
-                    return;
-                };
-                if device.info.is_some() {
-                    for resident in &device.residents {
-                        if let Some(left) = resident.remaining_s(now_unix_ms) {
-                            out.earliest_release_s =
-                                Some(out.earliest_release_s.map_or(left, |e: f64| e.min(left)));
-                        }
-                    }
-                }
-                match self.assess_device(device, &new_profile, new_footprint, &mut scratch) {
-                    Ok((pd_increase, uncertainty, reserved_mem_mib)) => {
-                        out.candidates.push(Candidate {
-                            device_id: id,
-                            pd_increase,
-                            uncertainty,
-                            rank: pd_increase + self.params.uncertainty_weight * uncertainty,
-                            reserved_mem_mib,
-                            idle: device.residents.is_empty(),
-                            tiebreak: tiebreak(task_hash, device.id_hash),
-                        });
-                    }
-                    Err(rejection) => out.rejected.push((id, rejection)),
-                }
+        let mut consider = |id: &'v str,
+                            device: Option<&'v DeviceState>,
+                            out: &mut Assessment<'v>| {
+            let Some(device) = device else {
+                out.rejected.push((id, Rejection::UnknownDevice));
+                return;
             };
+            if device.info.is_some()
+                && let Some(at) = device.summary().idle_at_unix_ms
+            {
+                let left = (at - now_unix_ms).max(0) as f64 / 1000.0;
+                out.earliest_idle_s = Some(out.earliest_idle_s.map_or(left, |e: f64| e.min(left)));
+            }
+            match self.assess_device(device, &new_profile, new_footprint, &mut scratch) {
+                Ok((pd_increase, uncertainty, reserved_mem_mib)) => {
+                    out.candidates.push(Candidate {
+                        device_id: id,
+                        pd_increase,
+                        uncertainty,
+                        rank: pd_increase + self.params.uncertainty_weight * uncertainty,
+                        reserved_mem_mib,
+                        idle: device.residents.is_empty(),
+                        tiebreak: tiebreak(task_hash, device.id_hash),
+                    });
+                }
+                Err(rejection) => out.rejected.push((id, rejection)),
+            }
+        };
         if restrict.is_empty() {
             for (id, device) in view.devices() {
                 consider(id, Some(device), &mut out);
@@ -346,7 +347,7 @@ impl Placer {
 
     /// Queue or place, given the assessment of the devices (see the module docs).
     pub fn verdict(&self, task: &TaskSpec, assessment: &Assessment<'_>) -> Verdict {
-        let wait = assessment.earliest_release_s;
+        let wait = assessment.earliest_idle_s;
         let Some(best) = assessment.candidates.first() else {
             let reason = if assessment.rejected.is_empty() {
                 "no device is registered".to_owned()
@@ -376,7 +377,7 @@ impl Placer {
             Some(w) if w * self.params.wait_cost_factor < cost_place_s => Verdict::Queue {
                 retry_after: self.retry_hint(Some(w)),
                 reason: format!(
-                    "waiting about {w:.0} s for a device to free up costs less than running now \
+                    "waiting about {w:.0} s for a device to become idle costs less than running now \
                      on {} (predicted summed PD +{:.2}: {excess:.2} × {duration_s:.0} s of \
                      solo-speed progress lost)",
                     best.device_id, best.pd_increase

@@ -122,8 +122,9 @@ pub struct DeviceSummary {
     pub sm_util_pct: f64,
     /// Σ of the residents' known solo DRAM-bandwidth utilisations, percent.
     pub mem_bw_util_pct: f64,
-    /// Earliest predicted finish of a resident (Unix ms), if any reports progress.
-    pub first_finish_unix_ms: Option<i64>,
+    /// When the device is predicted to be idle (Unix ms): the last predicted finish of
+    /// its residents, `None` when some resident does not report its progress.
+    pub idle_at_unix_ms: Option<i64>,
     /// The residents' profiles, contiguous, in resident order.
     pub profiles: Vec<TaskProfile>,
 }
@@ -156,19 +157,21 @@ impl DeviceState {
             profiles: Vec::with_capacity(self.residents.len()),
             ..DeviceSummary::default()
         };
+        let mut idle_at = Some(i64::MIN);
         for r in &self.residents {
+            idle_at = match (idle_at, r.finish_at_unix_ms) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            };
             let estimate = memory
                 .min_footprint_mib(r.spec(), r.report.as_ref())
                 .unwrap_or(0);
             summary.used_mib += estimate.max(r.reservation.reserved_mem_mib);
             summary.sm_util_pct += r.profile.sm_util_pct.unwrap_or(0.0);
             summary.mem_bw_util_pct += r.profile.mem_bw_util_pct.unwrap_or(0.0);
-            if let Some(at) = r.finish_at_unix_ms {
-                summary.first_finish_unix_ms =
-                    Some(summary.first_finish_unix_ms.map_or(at, |f| f.min(at)));
-            }
             summary.profiles.push(r.profile.clone());
         }
+        summary.idle_at_unix_ms = idle_at.filter(|_| !self.residents.is_empty());
         self.summary = summary;
     }
 
