@@ -84,6 +84,10 @@ struct PolicyArgs {
     /// Seconds of degraded progress one second of waiting is worth (queue-or-place).
     #[arg(long, default_value_t = PlacerParams::default().wait_cost_factor)]
     wait_cost_factor: f64,
+    /// Most shared GPUs a decision asks the slowdown predictor about, least loaded
+    /// first (bounds decision time on large clusters); 0 scores every feasible GPU.
+    #[arg(long, default_value_t = PlacerParams::default().max_scored_devices)]
+    max_scored_devices: usize,
 }
 
 impl PolicyArgs {
@@ -100,6 +104,7 @@ impl PolicyArgs {
             mem_bw_util_cap_pct: self.mem_bw_util_cap_pct,
             max_pd_increase: self.max_pd_increase,
             wait_cost_factor: self.wait_cost_factor,
+            max_scored_devices: self.max_scored_devices,
             ..PlacerParams::default()
         };
         Ok(Placer::new(params, Arc::new(predictor))?)

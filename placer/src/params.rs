@@ -39,6 +39,9 @@ pub struct PlacerParams {
     pub explain_top_k: usize,
     /// How many times a placement decides again after losing a compare-and-swap.
     pub max_reserve_attempts: u32,
+    /// Most shared devices a decision asks the slowdown model about, the least loaded
+    /// first (see [`crate::policy::Placer::assess_limited`]); 0 scores every device.
+    pub max_scored_devices: usize,
 }
 
 impl Default for PlacerParams {
@@ -56,6 +59,7 @@ impl Default for PlacerParams {
             max_retry_after: Duration::from_secs(600),
             explain_top_k: 5,
             max_reserve_attempts: 16,
+            max_scored_devices: 64,
         }
     }
 }

@@ -132,6 +132,8 @@ pub struct Assessment<'v> {
     pub candidates: Vec<Candidate<'v>>,
     /// Infeasible devices with the reason, in device order.
     pub rejected: Vec<(&'v str, Rejection)>,
+    /// Feasible shared devices not scored because of the pre-screening limit.
+    pub unscored: usize,
     /// Seconds until the first considered device is predicted to be idle (all its
     /// residents finished), from the residents' reported progress.
     pub earliest_idle_s: Option<f64>,
@@ -186,7 +188,8 @@ impl Placer {
         &self.slowdown
     }
 
-    /// Assesses every device of `view` (or only those in `restrict`, when not empty) for `task`.
+    /// Assesses every device of `view` (or only those in `restrict`, when not empty)
+    /// for `task`, predicting the degradation of every feasible device.
     pub fn assess<'v>(
         &self,
         view: &'v ClusterView,
@@ -194,11 +197,30 @@ impl Placer {
         restrict: &'v [String],
         now_unix_ms: i64,
     ) -> Assessment<'v> {
+        self.assess_limited(view, task, restrict, now_unix_ms, 0)
+    }
+
+    /// Like [`Placer::assess`], but with `limit` > 0 the slowdown model is asked only
+    /// about the `limit` feasible shared devices with the least aggregate demand
+    /// (sum of the solo utilisations on the busiest resource, plus 10 points per
+    /// resident); idle devices are always scored (exactly 1.0, no model needed). This
+    /// bounds a decision's cost on a large cluster, where a learned model costs
+    /// microseconds per prediction and a device needs 2n + 1 of them, the way
+    /// kube-scheduler scores only a share of the feasible nodes.
+    pub fn assess_limited<'v>(
+        &self,
+        view: &'v ClusterView,
+        task: &TaskSpec,
+        restrict: &'v [String],
+        now_unix_ms: i64,
+        limit: usize,
+    ) -> Assessment<'v> {
         let new_profile = profile_of(task, None);
         let new_footprint = view.memory().min_footprint_mib(task, None);
-        let mut out = Assessment::default();
-        let mut scratch = Vec::new();
         let task_hash = crate::view::fnv1a(task.task_id.as_bytes());
+        let mut out = Assessment::default();
+        // Feasible shared devices waiting for the model: (id, device, need, demand, tiebreak).
+        let mut shared: Vec<(&'v str, &'v DeviceState, u64, f64, u64)> = Vec::new();
         let mut consider = |id: &'v str,
                             device: Option<&'v DeviceState>,
                             out: &mut Assessment<'v>| {
@@ -212,18 +234,18 @@ impl Placer {
                 let left = (at - now_unix_ms).max(0) as f64 / 1000.0;
                 out.earliest_idle_s = Some(out.earliest_idle_s.map_or(left, |e: f64| e.min(left)));
             }
-            match self.assess_device(device, &new_profile, new_footprint, &mut scratch) {
-                Ok((pd_increase, uncertainty, reserved_mem_mib)) => {
-                    out.candidates.push(Candidate {
-                        device_id: id,
-                        pd_increase,
-                        uncertainty,
-                        rank: pd_increase + self.params.uncertainty_weight * uncertainty,
-                        reserved_mem_mib,
-                        idle: device.residents.is_empty(),
-                        tiebreak: tiebreak(task_hash, device.id_hash),
-                    });
-                }
+            let tiebreak = tiebreak(task_hash, device.id_hash);
+            match self.feasible(device, &new_profile, new_footprint) {
+                Ok((need, None)) => out.candidates.push(Candidate {
+                    device_id: id,
+                    pd_increase: 1.0,
+                    uncertainty: 0.0,
+                    rank: 1.0,
+                    reserved_mem_mib: need,
+                    idle: true,
+                    tiebreak,
+                }),
+                Ok((need, Some(demand))) => shared.push((id, device, need, demand, tiebreak)),
                 Err(rejection) => out.rejected.push((id, rejection)),
             }
         };
@@ -236,6 +258,30 @@ impl Placer {
                 consider(id.as_str(), view.device(id), &mut out);
             }
         }
+        if limit > 0 && shared.len() > limit {
+            shared.select_nth_unstable_by(limit - 1, |a, b| {
+                a.3.partial_cmp(&b.3)
+                    .unwrap_or(Ordering::Equal)
+                    .then(a.4.cmp(&b.4))
+            });
+            out.unscored = shared.len() - limit;
+            shared.truncate(limit);
+        }
+        let mut scratch = Vec::new();
+        for (id, device, need, _, tiebreak) in shared {
+            match self.score(device, &new_profile, &mut scratch) {
+                Ok((pd_increase, uncertainty)) => out.candidates.push(Candidate {
+                    device_id: id,
+                    pd_increase,
+                    uncertainty,
+                    rank: pd_increase + self.params.uncertainty_weight * uncertainty,
+                    reserved_mem_mib: need,
+                    idle: false,
+                    tiebreak,
+                }),
+                Err(rejection) => out.rejected.push((id, rejection)),
+            }
+        }
         // Only the head needs ordering: the best and the few an explanation lists.
         let head = self.params.explain_top_k.max(1);
         if out.candidates.len() > head {
@@ -246,14 +292,14 @@ impl Placer {
         out
     }
 
-    /// Feasibility and score of one device: `(pd_increase, uncertainty, reserved_mem_mib)`.
-    fn assess_device(
+    /// Memory and utilisation feasibility of one device: the MiB to reserve, and for a
+    /// shared device its aggregate demand (for pre-screening), `None` when idle.
+    fn feasible(
         &self,
         device: &DeviceState,
         new_profile: &TaskProfile,
         new_footprint: Option<u64>,
-        scratch: &mut Vec<TaskProfile>,
-    ) -> Result<(f64, f64, u64), Rejection> {
+    ) -> Result<(u64, Option<f64>), Rejection> {
         let info = device.info.as_ref().ok_or(Rejection::NotRegistered)?;
         let summary = device.summary();
         let usable = self.params.usable_memory_mib(info.memory_mib);
@@ -272,7 +318,7 @@ impl Placer {
             });
         }
         if idle {
-            return Ok((1.0, 0.0, need));
+            return Ok((need, None));
         }
         let sm = summary.sm_util_pct + new_profile.sm_util_pct.unwrap_or(0.0);
         if sm > self.params.sm_util_cap_pct {
@@ -288,8 +334,21 @@ impl Placer {
                 cap_pct: self.params.mem_bw_util_cap_pct,
             });
         }
-        let kind = info.kind.as_str();
-        let profiles = &summary.profiles;
+        Ok((
+            need,
+            Some(sm.max(bw) + 10.0 * device.residents.len() as f64),
+        ))
+    }
+
+    /// Predicted Σ PD increase of a shared device and its uncertainty.
+    fn score(
+        &self,
+        device: &DeviceState,
+        new_profile: &TaskProfile,
+        scratch: &mut Vec<TaskProfile>,
+    ) -> Result<(f64, f64), Rejection> {
+        let kind = device.info.as_ref().map_or("", |i| i.kind.as_str());
+        let profiles = &device.summary().profiles;
         let own = self.slowdown.predict(kind, new_profile, profiles);
         let mut increase = own.slowdown;
         let mut variance = own.uncertainty * own.uncertainty;
@@ -315,7 +374,7 @@ impl Placer {
                 cap: self.params.max_pd_increase,
             });
         }
-        Ok((increase, variance.sqrt(), need))
+        Ok((increase, variance.sqrt()))
     }
 
     /// Decides where `task` goes (among `restrict`, when not empty), or that it waits.
@@ -326,7 +385,13 @@ impl Placer {
         restrict: &[String],
         now_unix_ms: i64,
     ) -> Decision {
-        let assessment = self.assess(view, task, restrict, now_unix_ms);
+        let assessment = self.assess_limited(
+            view,
+            task,
+            restrict,
+            now_unix_ms,
+            self.params.max_scored_devices,
+        );
         let verdict = self.verdict(task, &assessment);
         let explanation = self.explain(&assessment, &verdict);
         Decision {
@@ -439,9 +504,17 @@ impl Placer {
                 rejection_counts(&assessment.rejected)
             )
         };
+        let unscored = if assessment.unscored > 0 {
+            format!(
+                " ({} more feasible shared devices not scored: busier than the {} scored)",
+                assessment.unscored, self.params.max_scored_devices
+            )
+        } else {
+            String::new()
+        };
         Explanation {
             summary: format!(
-                "{head}; {} feasible, {rejected}",
+                "{head}; {} feasible{unscored}, {rejected}",
                 assessment.candidates.len()
             ),
             candidates,
