@@ -774,6 +774,36 @@ mod tests {
         );
     }
 
+    #[test]
+    fn only_the_least_loaded_shared_devices_are_scored_when_limited() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        device(&mut view, "heavy", 32_000, &[spec("r1", 1000, 80.0, None)]);
+        device(&mut view, "light", 32_000, &[spec("r2", 1000, 10.0, None)]);
+        device(&mut view, "medium", 32_000, &[spec("r3", 1000, 40.0, None)]);
+        let params = PlacerParams {
+            max_scored_devices: 1,
+            ..PlacerParams::default()
+        };
+        let p = Placer::new(params, Arc::new(TimeShare)).expect("valid");
+        let d = p.decide(&view, &spec("new", 1000, 30.0, None), &[], 0);
+        assert!(
+            matches!(&d.verdict, Verdict::Place { device_id, .. } if device_id == "light"),
+            "{:?}",
+            d.verdict
+        );
+        assert_eq!(d.explanation.candidates.len(), 1);
+        assert!(
+            d.explanation
+                .summary
+                .contains("2 more feasible shared devices not scored"),
+            "{}",
+            d.explanation.summary
+        );
+        // Unlimited, all three are scored.
+        let all = placer().assess(&view, &spec("new", 1000, 30.0, None), &[], 0);
+        assert_eq!((all.candidates.len(), all.unscored), (3, 0));
+    }
+
     fn arb_spec(id: String) -> impl Strategy<Value = TaskSpec> {
         (
             1u64..20_000,
