@@ -11,10 +11,10 @@ use tokio::sync::{Notify, watch};
 
 use crate::config::{AgentBuilder, AgentConfig};
 use crate::error::{AgentError, Result};
-use crate::lr::lr_factor;
 use crate::memory::{NvmlProbe, PeakMemory};
 use crate::reporter::{Control, Outcome, Reporter};
 use crate::shared::{BatchSizeChange, ChangeReason, Shared};
+use iadeep_objective::lr_factor;
 
 /// The agent of one training task.
 ///

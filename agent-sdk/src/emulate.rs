@@ -96,7 +96,7 @@ impl EmulatedJob {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gns::GnsEstimator;
+    use iadeep_objective::GnsEstimator;
 
     #[test]
     fn step_times_follow_the_measurements() {

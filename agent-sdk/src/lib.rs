@@ -15,8 +15,9 @@ mod agent;
 mod config;
 pub mod emulate;
 mod error;
-pub mod gns;
-pub mod lr;
+/// The gradient-noise-scale estimator and learning-rate rules live in `iadeep-objective`,
+/// shared with the tuner; re-exported because trainers use them through the agent.
+pub use iadeep_objective::{gns, lr};
 mod measure;
 pub mod memory;
 mod reporter;

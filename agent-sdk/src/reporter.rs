@@ -16,10 +16,10 @@ use iadeep_state::{Expect, LeaseId, LeaseKeeper, StateError, StateStore, WatchEv
 use tokio::sync::{Notify, watch};
 
 use crate::config::{AgentConfig, StoreSource};
-use crate::lr::lr_factor;
 use crate::measure::StepTimer;
 use crate::memory::PeakMemory;
 use crate::shared::{BatchSizeChange, ChangeReason, Shared};
+use iadeep_objective::lr_factor;
 
 /// What the owner wants the reporter to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

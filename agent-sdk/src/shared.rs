@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::gns::GnsEstimator;
+use iadeep_objective::GnsEstimator;
 
 /// Why the batch size changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,6 +9,7 @@ mod emulate_cmd;
 mod memory_cmd;
 mod placer_cmd;
 mod predictor_cmd;
+mod sim_cmd;
 mod state_cmd;
 mod tuner_cmd;
 
@@ -56,6 +57,10 @@ enum Command {
     /// Run the placement service (gRPC, Kubernetes scheduler extender, metrics),
     /// or benchmark it with `iadeep placer bench-client`.
     Placer(Box<placer_cmd::PlacerArgs>),
+    /// Simulate a GPU cluster on measured data and compare scheduling policies.
+    Sim(sim_cmd::SimArgs),
+    /// The one-command demo: 300 jobs on 20 simulated GPUs, every policy, bundled data.
+    Demo(sim_cmd::DemoArgs),
     /// Run an emulated training job (measured step times, real agent) for tuner tests.
     EmulateJob(emulate_cmd::EmulateArgs),
     /// Per-task GPU memory model tools (e.g. `memory eval`).
@@ -68,9 +73,23 @@ enum Command {
     Predictor(predictor_cmd::PredictorArgs),
 }
 
-fn init_logging() {
+impl Command {
+    /// The log filter used when RUST_LOG is not set.
+    ///
+    /// A simulation runs the real tuner and predictor thousands of times; their
+    /// per-search info lines, right for a daemon, would bury the result table, so
+    /// simulations show only the simulator's own progress and warnings.
+    fn default_log_filter(&self) -> &'static str {
+        match self {
+            Command::Sim(_) | Command::Demo(_) => "warn,iadeep_sim=info,iadeep::sim_cmd=info",
+            _ => "info",
+        }
+    }
+}
+
+fn init_logging(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -79,7 +98,7 @@ fn init_logging() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    init_logging(cli.command.default_log_filter());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -94,6 +113,8 @@ fn main() -> ExitCode {
         match cli.command {
             Command::State(args) => state_cmd::run(args).await,
             Command::Placer(args) => placer_cmd::run(*args).await,
+            Command::Sim(args) => sim_cmd::run_sim(args),
+            Command::Demo(args) => sim_cmd::run_demo(args).await,
             Command::EmulateJob(args) => emulate_cmd::run(args).await,
             Command::Memory(args) => memory_cmd::run(args),
             Command::Tuner(args) => tuner_cmd::run(args),

@@ -5,6 +5,7 @@
 //! and no path. Readers return errors for malformed input, never panic.
 
 pub mod gavel;
+pub mod philly;
 pub mod pollux;
 
 /// Errors reading a dataset.

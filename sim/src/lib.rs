@@ -1,4 +1,39 @@
-//! Trace-driven cluster simulator (issue: "Trace-driven cluster simulator").
+//! Trace-driven GPU-cluster simulator (issue 7): every scheduling policy on the same
+//! job stream, over a world built only from measurements, with emulated agents as the
+//! policies' only window on it.
 //!
-//! Not implemented yet: this crate exists so the workspace layout of DESIGN.md is
-//! in place. It exports nothing, so nothing can mistake it for a working simulator.
+//! Module map, one idea each:
+//! - [`world`]: the ground truth (Gavel throughputs and the rule for 3+ jobs, the
+//!   memory model fitted to Gavel's failed pairs, Pollux noise-scale curves);
+//! - [`workload`]: the arrival stream from the Philly trace (single-GPU jobs, load
+//!   factor, seeded job types and memory requests);
+//! - [`view`]: what policies may see (specs, agent reports);
+//! - [`engine`]: the discrete-event engine (arrivals, completions, tuning rounds,
+//!   out-of-memory crashes and restarts at half the batch size);
+//! - [`policy`]: the [`policy::Policy`] trait and one module per policy: exclusive FIFO,
+//!   naive packing, utilisation-based, most-available-memory, the reference approach,
+//!   and iadeep with its two ablations, which drive the real `iadeep_tuner` and
+//!   `iadeep_predictor` code. iadeep's placement is composed in
+//!   [`policy::iadeep::composed_placement`] from the predictor and the tuner's memory
+//!   model, because the placer crate's decision function had not landed when this was
+//!   written;
+//! - [`experiment`]: one world, one stream, many policies;
+//! - [`metrics`], [`report`]: completion times, makespan, utilisation, crashes, tuning
+//!   rounds, decision latency; table, CSV, JSON, SVG plots;
+//! - [`store_sink`]: a finished run written to a state store in iadeep's key layout.
+
+pub mod engine;
+pub mod error;
+pub mod experiment;
+pub mod metrics;
+pub mod policy;
+pub mod report;
+pub mod store_sink;
+pub mod view;
+pub mod workload;
+pub mod world;
+
+pub use error::{Result, SimError};
+
+#[cfg(test)]
+mod tests;

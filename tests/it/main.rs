@@ -3,5 +3,6 @@
 mod agent;
 mod placer;
 mod predictor;
+mod sim;
 mod state_embedded;
 mod state_etcd;

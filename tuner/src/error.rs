@@ -15,6 +15,9 @@ pub enum TunerError {
     /// There is no feasible configuration to try.
     #[error("no feasible configuration: {0}")]
     NoFeasibleConfiguration(String),
+    /// The objective rejected its input (the message names the value).
+    #[error(transparent)]
+    Objective(#[from] iadeep_objective::ObjectiveError),
     /// A dataset could not be read.
     #[error(transparent)]
     Dataset(#[from] iadeep_datasets::DatasetError),

@@ -14,6 +14,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use crate::degradation::PdInput;
 use crate::error::{Result, TunerError};
 use crate::search::{Evaluator, GpLcb, LcbParams, SearchSpace};
 use crate::stats::quantile;
@@ -83,8 +84,19 @@ pub fn pair_problems(worker: &WorkerThroughputs) -> Vec<PairProblem> {
                 tracing::warn!(fa, fb, "no solo throughput at m0; pair skipped");
                 continue;
             };
-            let goodput_a = f64::from(sa[m0_index[0]]) * solo_a;
-            let goodput_b = f64::from(sb[m0_index[1]]) * solo_b;
+            // PD of one task of the pair (E = 1: Gavel has no gradient statistics).
+            let pd = |m0: u32, solo_steps_per_s: f64, m: u32, co_steps_per_s: f64| {
+                PdInput {
+                    m0: f64::from(m0),
+                    solo_step_s_m0: 1.0 / solo_steps_per_s,
+                    m: f64::from(m),
+                    co_step_s: 1.0 / co_steps_per_s,
+                    noise_scale: None,
+                }
+                .pd()
+                .ok()
+            };
+            let (m0_a, m0_b) = (sa[m0_index[0]], sb[m0_index[1]]);
             let values: Vec<Vec<Option<f64>>> = sa
                 .iter()
                 .map(|&ba| {
@@ -93,10 +105,7 @@ pub fn pair_problems(worker: &WorkerThroughputs) -> Vec<PairProblem> {
                             Some(PairOutcome::Ran { first, second })
                                 if first > 0.0 && second > 0.0 =>
                             {
-                                Some(
-                                    goodput_a / (f64::from(ba) * first)
-                                        + goodput_b / (f64::from(bb) * second),
-                                )
+                                Some(pd(m0_a, solo_a, ba, first)? + pd(m0_b, solo_b, bb, second)?)
                             }
                             _ => None,
                         })

@@ -9,8 +9,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// How long etcd may take to become healthy.
-const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long etcd may take to become healthy (generous: CI machines are small and busy).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many times a start is tried on fresh ports.
+const START_ATTEMPTS: u32 = 3;
 
 /// A running etcd on `127.0.0.1`, killed when dropped.
 #[derive(Debug)]
@@ -49,23 +51,36 @@ fn etcd_binary() -> Result<PathBuf, String> {
 
 impl EtcdServer {
     /// Starts etcd and waits until it reports healthy.
+    ///
+    /// Free ports are found by binding port 0 and releasing it, which can race with
+    /// another test doing the same; a start that fails is therefore retried on fresh
+    /// ports a few times before giving up with the last error and etcd's log.
     pub fn start() -> Result<EtcdServer, String> {
         let binary = etcd_binary()?;
-        let data_dir = tempfile::Builder::new()
-            .prefix("iadeep-etcd-")
-            .tempdir()
-            .map_err(|e| format!("cannot create etcd data dir: {e}"))?;
-        let client_port = free_port().map_err(|e| format!("no free port: {e}"))?;
-        let peer_port = free_port().map_err(|e| format!("no free port: {e}"))?;
-        let mut server = EtcdServer {
-            child: None,
-            data_dir,
-            client_port,
-            peer_port,
-            binary,
-        };
-        server.spawn()?;
-        Ok(server)
+        let mut last_error = String::new();
+        for attempt in 1..=START_ATTEMPTS {
+            let data_dir = tempfile::Builder::new()
+                .prefix("iadeep-etcd-")
+                .tempdir()
+                .map_err(|e| format!("cannot create etcd data dir: {e}"))?;
+            let client_port = free_port().map_err(|e| format!("no free port: {e}"))?;
+            let peer_port = free_port().map_err(|e| format!("no free port: {e}"))?;
+            let mut server = EtcdServer {
+                child: None,
+                data_dir,
+                client_port,
+                peer_port,
+                binary: binary.clone(),
+            };
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(err) => {
+                    eprintln!("etcd start attempt {attempt}/{START_ATTEMPTS} failed: {err}");
+                    last_error = err;
+                }
+            }
+        }
+        Err(last_error)
     }
 
     fn spawn(&mut self) -> Result<(), String> {
@@ -102,7 +117,11 @@ impl EtcdServer {
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", self.binary.display()))?;
         self.child = Some(child);
-        self.wait_healthy(&log_path)
+        let healthy = self.wait_healthy(&log_path);
+        if healthy.is_err() {
+            self.stop();
+        }
+        healthy
     }
 
     fn wait_healthy(&mut self, log_path: &std::path::Path) -> Result<(), String> {

@@ -80,6 +80,16 @@ impl GnsEstimator {
         }
     }
 
+    /// The smoothed |G|² estimate, once a sample was accepted.
+    pub fn grad_sqr(&self) -> Option<f64> {
+        self.grad_sq
+    }
+
+    /// The smoothed tr Σ estimate, once a sample was accepted.
+    pub fn grad_var(&self) -> Option<f64> {
+        self.trace_cov
+    }
+
     /// Number of samples accepted so far.
     pub fn samples(&self) -> u64 {
         self.samples
@@ -113,6 +123,30 @@ mod tests {
         assert_eq!(est.record(8, 1.0, 32, -1.0), Err(GnsSampleError::Norms));
         assert_eq!(est.noise_scale(), None);
         assert_eq!(est.samples(), 0);
+    }
+
+    #[test]
+    fn recovers_hand_computed_statistics() {
+        // E|g_b|² = |G|² + tr Σ / b exactly: with |G|² = 2 and tr Σ = 40, φ = 20.
+        let mut est = GnsEstimator::new(0.1);
+        for _ in 0..5 {
+            est.record(8, 2.0 + 40.0 / 8.0, 64, 2.0 + 40.0 / 64.0)
+                .expect("valid");
+        }
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+        assert!(close(est.grad_sqr().expect("observed"), 2.0));
+        assert!(close(est.grad_var().expect("observed"), 40.0));
+        assert!(close(est.noise_scale().expect("observed"), 20.0));
+    }
+
+    #[test]
+    fn smooths_each_term_before_the_ratio() {
+        let mut est = GnsEstimator::new(0.5);
+        est.record(1, 3.0, 2, 2.0).expect("valid"); // |G|² = 1, tr Σ = 2
+        est.record(1, 5.0, 2, 3.0).expect("valid"); // |G|² = 1, tr Σ = 4
+        assert_eq!(est.grad_sqr(), Some(1.0));
+        assert_eq!(est.grad_var(), Some(3.0));
+        assert_eq!(est.noise_scale(), Some(3.0));
     }
 
     proptest! {

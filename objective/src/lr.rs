@@ -1,7 +1,7 @@
 //! Learning-rate factors for a batch-size change (DESIGN.md, "Learning rate").
 //!
-//! The tuner sends a factor with each assignment; the agent needs the same rules
-//! only when it changes the batch size on its own (out-of-memory fall-back).
+//! The tuner sends a factor with each assignment it writes; the agent uses the same
+//! rules when it changes the batch size on its own (out-of-memory fall-back).
 
 use iadeep_proto::LrScalingRule;
 
@@ -41,6 +41,23 @@ mod tests {
             lr_factor(LrScalingRule::Adascale, 128, 128, Some(50.0)),
             1.0
         );
+    }
+
+    #[test]
+    fn adascale_hand_computed() {
+        // φ = 32, m0 = 32, m = 128: r = (1 + 1)/(0.25 + 1) = 1.6.
+        let r = lr_factor(LrScalingRule::Adascale, 32, 128, Some(32.0));
+        assert!((r - 1.6).abs() < 1e-12, "{r}");
+        // Without φ AdaScale falls back to the square-root rule.
+        assert_eq!(lr_factor(LrScalingRule::Adascale, 32, 128, None), 2.0);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn adascale_gain_between_one_and_scale(m0 in 1u32..1024, s in 1u32..64, phi in 0.0f64..1e5) {
+            let r = lr_factor(LrScalingRule::Adascale, m0, m0 * s, Some(phi));
+            proptest::prop_assert!(r >= 1.0 - 1e-12 && r <= f64::from(s) + 1e-9);
+        }
     }
 
     #[test]

@@ -1,0 +1,30 @@
+//! iadeep's objective, in one place for every crate that needs it.
+//!
+//! - [`pd`]: performance degradation PD = IF·DT/E (DESIGN.md, "The objective"),
+//!   what the tuner minimises and the simulator reports;
+//! - [`gns`]: the gradient noise scale φ from two gradient norms at two batch
+//!   sizes, which the agent measures and E(m) needs;
+//! - [`lr`]: the learning-rate factor that comes with a batch-size change, which
+//!   the tuner writes into assignments and the agent applies on its own fall-backs.
+//!
+//! Why a crate of its own: the agent SDK is linked into users' training loops and
+//! must stay light, so it cannot depend on the tuner (GP, linear algebra); both
+//! depend on this small crate instead of keeping copies.
+
+pub mod gns;
+pub mod lr;
+pub mod pd;
+
+pub use gns::{GnsEstimator, GnsSampleError};
+pub use lr::lr_factor;
+pub use pd::PdInput;
+
+/// A value outside its domain; the message names it.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectiveError {
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+}
+
+/// Shorthand used throughout the crate.
+pub type Result<T, E = ObjectiveError> = std::result::Result<T, E>;

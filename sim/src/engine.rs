@@ -1,0 +1,744 @@
+//! The discrete-event engine: arrivals, completions, tuning rounds and crash
+//! restarts over simulated time, with emulated agents reporting what they measure.
+//!
+//! Progress between events is exact: a task's rate (samples at m0 per second) is
+//! constant between two events on its device, and every event first advances the
+//! device's residents to the current time, then recomputes their rates from the
+//! ground truth and re-schedules their completions (stale completion events carry an
+//! old version and are dropped). The statistical efficiency term follows the task's
+//! progress and is refreshed at each event on its device.
+//!
+//! Admission is FIFO for every policy: the head of the queue is offered to the
+//! policy whenever something changes, and while the policy keeps it waiting the
+//! tasks behind it wait too. This keeps the comparison about *where* and *how*
+//! tasks run, not about queue reordering. A task that crashes and has to leave its
+//! device waits in a recovery list that is offered first and blocks nobody.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::Instant;
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr_free::normal;
+
+use crate::error::{Result, SimError};
+use crate::metrics::{RunMetrics, TaskOutcome};
+use crate::policy::{Decision, OomAction, Policy, TuneStep};
+use crate::view::{AgentReport, ClusterView, Resident, TaskSpec, Waiting};
+use crate::workload::TaskTemplate;
+use crate::world::{TypeId, World};
+
+/// Engine parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineParams {
+    pub gpus: usize,
+    /// Seconds between tuning rounds on a device (the reporting interval the tuner
+    /// waits for fresh reports).
+    pub tune_interval_s: f64,
+    /// Seconds a crashed task needs before it runs again (restart from checkpoint).
+    pub restart_s: f64,
+    /// Relative standard deviation of the agents' step-time measurements.
+    pub measurement_noise: f64,
+    /// Seed of the measurement noise.
+    pub seed: u64,
+    /// Safety stop: a run needing more events than this is reported as stuck.
+    pub max_events: u64,
+}
+
+impl Default for EngineParams {
+    fn default() -> Self {
+        EngineParams {
+            gpus: 20,
+            tune_interval_s: 60.0,
+            restart_s: 60.0,
+            measurement_noise: 0.02,
+            seed: 1,
+            max_events: 50_000_000,
+        }
+    }
+}
+
+impl EngineParams {
+    /// Checks the parameters, naming the first bad one.
+    pub fn check(&self) -> Result<()> {
+        let bad = |field, reason: String| Err(SimError::InvalidParam { field, reason });
+        if self.gpus == 0 {
+            return bad("gpus", "must be at least 1".into());
+        }
+        if !(self.tune_interval_s.is_finite() && self.tune_interval_s > 0.0) {
+            return bad("tune interval", format!("{} s", self.tune_interval_s));
+        }
+        if !(self.restart_s.is_finite() && self.restart_s >= 0.0) {
+            return bad("restart time", format!("{} s", self.restart_s));
+        }
+        if !(self.measurement_noise.is_finite() && (0.0..0.5).contains(&self.measurement_noise)) {
+            return bad("measurement noise", format!("{}", self.measurement_noise));
+        }
+        Ok(())
+    }
+}
+
+/// Tiny Box–Muller normal sampler, so the crate needs no extra distribution crate.
+mod rand_distr_free {
+    use rand::Rng;
+
+    /// One standard-normal draw.
+    pub fn normal(rng: &mut impl Rng) -> f64 {
+        let u1: f64 = rng.random_range(f64::EPSILON..1.0);
+        let u2: f64 = rng.random_range(0.0..1.0);
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    NotArrived,
+    Waiting,
+    Running(usize),
+    Done,
+}
+
+#[derive(Debug)]
+struct TaskState {
+    spec: TaskSpec,
+    family: usize,
+    status: Status,
+    batch_size: u32,
+    job: TypeId,
+    /// Samples at m0 done.
+    done: f64,
+    /// Samples at m0 per second since `last_s` (0 while not running).
+    rate: f64,
+    last_s: f64,
+    version: u64,
+    /// False while restarting after a crash.
+    active: bool,
+    report: AgentReport,
+    ooms: u32,
+    /// Not before this time may the task be offered to the policy again.
+    hold_until_s: f64,
+    first_start_s: Option<f64>,
+    finish_s: Option<f64>,
+    /// The device it last ran on.
+    last_device: usize,
+}
+
+#[derive(Debug, Default)]
+struct DeviceState {
+    residents: Vec<usize>,
+    /// Incremented whenever the residents change, to retire old tuning chains.
+    epoch: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum EventKind {
+    Arrival(usize),
+    Finish { task: usize, version: u64 },
+    Tune { device: usize, epoch: u64 },
+    Restart { task: usize, version: u64 },
+    Retry,
+}
+
+#[derive(Debug)]
+struct Event {
+    at: f64,
+    seq: u64,
+    kind: EventKind,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Event {
+    /// Reversed, so the max-heap pops the earliest event (ties: first scheduled).
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .at
+            .total_cmp(&self.at)
+            .then_with(|| other.seq.cmp(&self.seq))
+    }
+}
+
+/// One simulation run of one policy.
+#[derive(Debug)]
+pub struct Engine<'w> {
+    world: &'w World,
+    params: EngineParams,
+    tasks: Vec<TaskState>,
+    devices: Vec<DeviceState>,
+    queue: VecDeque<usize>,
+    /// Tasks that crashed and left their device: offered before the queue, and
+    /// never blocking it (a policy may keep them waiting for a GPU of their own).
+    recovery: VecDeque<usize>,
+    events: BinaryHeap<Event>,
+    seq: u64,
+    now: f64,
+    rng: ChaCha8Rng,
+    metrics: RunMetrics,
+    retry_pending: bool,
+}
+
+/// The view handed to policies: specs and reports only.
+struct View<'e, 'w> {
+    engine: &'e Engine<'w>,
+}
+
+impl ClusterView for View<'_, '_> {
+    fn now_s(&self) -> f64 {
+        self.engine.now
+    }
+    fn devices(&self) -> usize {
+        self.engine.devices.len()
+    }
+    fn device_kind(&self) -> &str {
+        &self.engine.world.catalogue.worker_type
+    }
+    fn capacity_mib(&self) -> u64 {
+        self.engine.world.memory.capacity_mib
+    }
+    fn residents(&self, device: usize) -> Vec<Resident<'_>> {
+        self.engine
+            .devices
+            .get(device)
+            .map(|d| {
+                d.residents
+                    .iter()
+                    .map(|t| {
+                        let task = &self.engine.tasks[*t];
+                        Resident {
+                            spec: &task.spec,
+                            report: &task.report,
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+    fn resident_count(&self, device: usize) -> usize {
+        self.engine
+            .devices
+            .get(device)
+            .map_or(0, |d| d.residents.len())
+    }
+}
+
+impl<'w> Engine<'w> {
+    /// Prepares a run over `workload` on `params.gpus` devices of the world's kind.
+    pub fn new(
+        world: &'w World,
+        workload: &[TaskTemplate],
+        params: EngineParams,
+    ) -> Result<Engine<'w>> {
+        params.check()?;
+        let catalogue = &world.catalogue;
+        let tasks = workload
+            .iter()
+            .enumerate()
+            .map(|(index, t)| {
+                let family = &catalogue.families[t.family];
+                let info = &catalogue.types[t.job];
+                TaskState {
+                    spec: TaskSpec {
+                        id: index,
+                        model: family.name.clone(),
+                        m0: t.m0,
+                        batch_sizes: family.batch_sizes.clone(),
+                        mem_request_mib: t.mem_request_mib,
+                        solo_step_time_s: 1.0 / info.solo_steps_per_s,
+                        solo_peak_mem_mib: world.memory.mib(t.job),
+                        submit_s: t.submit_s,
+                        total_samples: t.work_samples,
+                    },
+                    family: t.family,
+                    status: Status::NotArrived,
+                    batch_size: t.m0,
+                    job: t.job,
+                    done: 0.0,
+                    rate: 0.0,
+                    last_s: t.submit_s,
+                    version: 0,
+                    active: false,
+                    report: AgentReport {
+                        batch_size: t.m0,
+                        step_time_s: 1.0 / info.solo_steps_per_s,
+                        samples_per_s: info.solo_steps_per_s * f64::from(t.m0),
+                        peak_mem_mib: world.memory.mib(t.job),
+                        grad_noise_scale: world.phi(t.family, 0.0),
+                        samples_done: 0.0,
+                        oom_batch_size: None,
+                        seq: 0,
+                        running: false,
+                    },
+                    ooms: 0,
+                    hold_until_s: 0.0,
+                    first_start_s: None,
+                    finish_s: None,
+                    last_device: 0,
+                }
+            })
+            .collect();
+        let mut engine = Engine {
+            world,
+            devices: (0..params.gpus).map(|_| DeviceState::default()).collect(),
+            rng: ChaCha8Rng::seed_from_u64(params.seed ^ 0x005e_ed0f_a6e7),
+            params,
+            tasks,
+            queue: VecDeque::new(),
+            recovery: VecDeque::new(),
+            events: BinaryHeap::new(),
+            seq: 0,
+            now: 0.0,
+            metrics: RunMetrics::default(),
+            retry_pending: false,
+        };
+        for (index, t) in workload.iter().enumerate() {
+            engine.schedule(t.submit_s, EventKind::Arrival(index));
+        }
+        Ok(engine)
+    }
+
+    fn schedule(&mut self, at: f64, kind: EventKind) {
+        self.seq += 1;
+        self.events.push(Event {
+            at,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    /// Runs `policy` to the end; `progress(done, total)` is called as tasks finish.
+    pub fn run(
+        mut self,
+        policy: &mut dyn Policy,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<RunMetrics> {
+        let total = self.tasks.len();
+        let mut finished = 0;
+        let mut processed: u64 = 0;
+        self.metrics.policy = policy.name().to_owned();
+        self.metrics.gpus = self.devices.len();
+        while let Some(event) = self.events.pop() {
+            processed += 1;
+            if processed > self.params.max_events {
+                return Err(SimError::Policy {
+                    policy: policy.name().to_owned(),
+                    reason: format!(
+                        "no end after {} events ({finished} of {total} tasks done)",
+                        self.params.max_events
+                    ),
+                });
+            }
+            self.now = event.at;
+            match event.kind {
+                EventKind::Arrival(task) => {
+                    self.tasks[task].status = Status::Waiting;
+                    self.queue.push_back(task);
+                }
+                EventKind::Finish { task, version } => {
+                    if self.tasks[task].version != version {
+                        continue;
+                    }
+                    let Status::Running(device) = self.tasks[task].status else {
+                        continue;
+                    };
+                    self.advance(device);
+                    let state = &mut self.tasks[task];
+                    state.status = Status::Done;
+                    state.finish_s = Some(self.now);
+                    state.rate = 0.0;
+                    state.version += 1;
+                    state.report.running = false;
+                    self.devices[device].residents.retain(|t| *t != task);
+                    policy.on_finish(device, task);
+                    self.residents_changed(device, policy);
+                    finished += 1;
+                    progress(finished, total);
+                }
+                EventKind::Tune { device, epoch } => {
+                    if self.devices[device].epoch != epoch {
+                        continue;
+                    }
+                    self.tune(device, policy)?;
+                }
+                EventKind::Restart { task, version } => {
+                    if self.tasks[task].version != version {
+                        continue;
+                    }
+                    let Status::Running(device) = self.tasks[task].status else {
+                        continue;
+                    };
+                    self.advance(device);
+                    self.tasks[task].active = true;
+                    self.after_memory_change(device, &[task], policy);
+                }
+                EventKind::Retry => self.retry_pending = false,
+            }
+            self.admit(policy)?;
+            if finished == total {
+                break;
+            }
+        }
+        if finished < total {
+            return Err(SimError::Policy {
+                policy: policy.name().to_owned(),
+                reason: format!(
+                    "{} tasks unfinished with no event left ({} queued, {} recovering, {} on devices): the policy never placed them",
+                    total - finished,
+                    self.queue.len(),
+                    self.recovery.len(),
+                    self.devices
+                        .iter()
+                        .map(|d| d.residents.len())
+                        .sum::<usize>()
+                ),
+            });
+        }
+        self.metrics.tasks = self
+            .tasks
+            .iter()
+            .map(|t| TaskOutcome {
+                id: t.spec.id,
+                model: t.spec.model.clone(),
+                m0: t.spec.m0,
+                submit_s: t.spec.submit_s,
+                start_s: t.first_start_s.unwrap_or(t.spec.submit_s),
+                finish_s: t.finish_s.unwrap_or(self.now),
+                ooms: t.ooms,
+                work_samples: t.spec.total_samples,
+                done_samples: t.done,
+                device: t.last_device,
+                final_batch_size: t.batch_size,
+            })
+            .collect();
+        self.metrics.events = processed;
+        Ok(self.metrics)
+    }
+
+    /// Offers crashed tasks (each, in order), then the head of the queue until the
+    /// policy says wait.
+    fn admit(&mut self, policy: &mut dyn Policy) -> Result<()> {
+        let mut index = 0;
+        while index < self.recovery.len() {
+            let task = self.recovery[index];
+            if self.tasks[task].hold_until_s > self.now {
+                self.retry_at(self.tasks[task].hold_until_s);
+                index += 1;
+                continue;
+            }
+            match self.decide(task, policy) {
+                Decision::Queue => index += 1,
+                Decision::Place { device, batch_size } => {
+                    self.recovery.remove(index);
+                    self.start(task, device, batch_size, policy)?;
+                }
+            }
+        }
+        while let Some(&task) = self.queue.front() {
+            match self.decide(task, policy) {
+                Decision::Queue => return Ok(()),
+                Decision::Place { device, batch_size } => {
+                    self.queue.pop_front();
+                    self.start(task, device, batch_size, policy)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes sure waiting tasks are offered again at `at`.
+    fn retry_at(&mut self, at: f64) {
+        if !self.retry_pending {
+            self.retry_pending = true;
+            self.schedule(at, EventKind::Retry);
+        }
+    }
+
+    /// Asks the policy about one waiting task, timing the decision.
+    fn decide(&mut self, task: usize, policy: &mut dyn Policy) -> Decision {
+        let started = Instant::now();
+        let decision = {
+            let state = &self.tasks[task];
+            let waiting = Waiting {
+                spec: &state.spec,
+                batch_size: state.batch_size,
+                ooms: state.ooms,
+            };
+            policy.place(&View { engine: self }, waiting)
+        };
+        self.metrics
+            .decision_latency_us
+            .push(started.elapsed().as_secs_f64() * 1e6);
+        decision
+    }
+
+    fn policy_error(policy: &dyn Policy, reason: String) -> SimError {
+        SimError::Policy {
+            policy: policy.name().to_owned(),
+            reason,
+        }
+    }
+
+    fn start(
+        &mut self,
+        task: usize,
+        device: usize,
+        batch_size: u32,
+        policy: &mut dyn Policy,
+    ) -> Result<()> {
+        if device >= self.devices.len() {
+            return Err(Self::policy_error(
+                policy,
+                format!("placed task {task} on unknown device {device}"),
+            ));
+        }
+        let family = self.tasks[task].family;
+        let job = self
+            .world
+            .catalogue
+            .type_of(family, batch_size)
+            .ok_or_else(|| {
+                Self::policy_error(
+                    policy,
+                    format!("batch size {batch_size} is not allowed for task {task}"),
+                )
+            })?;
+        self.advance(device);
+        let now = self.now;
+        let state = &mut self.tasks[task];
+        state.status = Status::Running(device);
+        state.batch_size = batch_size;
+        state.job = job;
+        state.active = true;
+        state.last_s = now;
+        state.first_start_s.get_or_insert(now);
+        state.last_device = device;
+        self.devices[device].residents.push(task);
+        tracing::trace!(task, device, batch_size, now, "placed");
+        self.after_memory_change(device, &[task], policy);
+        self.residents_changed(device, policy);
+        Ok(())
+    }
+
+    /// Brings every resident of `device` to the current time at its current rate.
+    fn advance(&mut self, device: usize) {
+        let now = self.now;
+        for &t in &self.devices[device].residents {
+            let state = &mut self.tasks[t];
+            state.done =
+                (state.done + state.rate * (now - state.last_s)).min(state.spec.total_samples);
+            state.last_s = now;
+        }
+    }
+
+    /// Checks the card after `changed` tasks allocated memory: if the active
+    /// residents no longer fit, the changed task with the most memory crashes (its
+    /// allocation is the one that fails), then rates are recomputed.
+    fn after_memory_change(&mut self, device: usize, changed: &[usize], policy: &mut dyn Policy) {
+        loop {
+            let active: Vec<TypeId> = self.devices[device]
+                .residents
+                .iter()
+                .filter(|t| self.tasks[**t].active)
+                .map(|t| self.tasks[*t].job)
+                .collect();
+            if self.world.memory.fits(active.into_iter()) {
+                break;
+            }
+            let Some(&victim) = changed
+                .iter()
+                .filter(|t| {
+                    self.tasks[**t].active && self.tasks[**t].status == Status::Running(device)
+                })
+                .max_by_key(|t| self.world.memory.mib(self.tasks[**t].job))
+            else {
+                break;
+            };
+            self.crash(device, victim, policy);
+        }
+        self.recompute(device);
+    }
+
+    fn crash(&mut self, device: usize, task: usize, policy: &mut dyn Policy) {
+        self.metrics.ooms += 1;
+        let batch = self.tasks[task].batch_size;
+        let action = policy.on_oom(device, task, batch);
+        let family = self.tasks[task].family;
+        let sizes = &self.world.catalogue.families[family].batch_sizes;
+        let half = sizes.iter().rev().find(|b| **b <= batch / 2).copied();
+        tracing::debug!(
+            task,
+            device,
+            batch,
+            ?action,
+            now = self.now,
+            "out of memory"
+        );
+        let now = self.now;
+        let restart = self.params.restart_s;
+        let state = &mut self.tasks[task];
+        state.ooms += 1;
+        state.report.oom_batch_size = Some(batch);
+        state.rate = 0.0;
+        state.active = false;
+        state.version += 1;
+        state.report.running = false;
+        if let Some(half) = half {
+            state.batch_size = half;
+            if let Some(job) = self.world.catalogue.type_of(family, half) {
+                state.job = job;
+            }
+        }
+        match (action, half) {
+            (OomAction::RestartHalf, Some(_)) => {
+                let version = state.version;
+                self.schedule(now + restart, EventKind::Restart { task, version });
+            }
+            _ => {
+                state.status = Status::Waiting;
+                state.hold_until_s = now + restart;
+                self.devices[device].residents.retain(|t| *t != task);
+                self.recovery.push_back(task);
+                self.residents_changed(device, policy);
+            }
+        }
+    }
+
+    /// Recomputes rates, reports and completion times of the device's residents.
+    fn recompute(&mut self, device: usize) {
+        let world = self.world;
+        let active: Vec<(usize, TypeId)> = self.devices[device]
+            .residents
+            .iter()
+            .filter(|t| self.tasks[**t].active)
+            .map(|t| (*t, self.tasks[*t].job))
+            .collect();
+        for &(task, job) in &active {
+            let steps = world.catalogue.co_located_steps_per_s(
+                job,
+                active.iter().filter(|(t, _)| *t != task).map(|(_, j)| *j),
+            );
+            let noise = (self.params.measurement_noise * normal(&mut self.rng)).exp();
+            let state = &mut self.tasks[task];
+            let fraction = state.done / state.spec.total_samples.max(f64::MIN_POSITIVE);
+            let phi = world.phi(state.family, fraction);
+            let efficiency = phi.map_or(1.0, |phi| {
+                crate::world::efficiency::efficiency(phi, state.spec.m0, state.batch_size)
+            });
+            let samples_per_s = steps * f64::from(state.batch_size);
+            state.rate = samples_per_s * efficiency;
+            state.version += 1;
+            state.report = AgentReport {
+                batch_size: state.batch_size,
+                step_time_s: noise / steps,
+                samples_per_s: samples_per_s / noise,
+                peak_mem_mib: world.memory.mib(job),
+                grad_noise_scale: phi,
+                samples_done: state.done,
+                oom_batch_size: state.report.oom_batch_size,
+                seq: state.report.seq + 1,
+                running: true,
+            };
+            let remaining = (state.spec.total_samples - state.done).max(0.0);
+            let at = self.now + remaining / state.rate;
+            let version = state.version;
+            self.schedule(at, EventKind::Finish { task, version });
+        }
+        self.metrics
+            .record_util(self.now, self.busy_devices(), self.work_rate());
+    }
+
+    fn busy_devices(&self) -> usize {
+        self.devices
+            .iter()
+            .filter(|d| !d.residents.is_empty())
+            .count()
+    }
+
+    /// Progress of all running tasks in GPU-equivalents: Σ rate / (rate alone at m0).
+    fn work_rate(&self) -> f64 {
+        self.tasks
+            .iter()
+            .filter(|t| matches!(t.status, Status::Running(_)))
+            .map(|t| t.rate * t.spec.solo_step_time_s / f64::from(t.spec.m0))
+            .sum()
+    }
+
+    fn residents_changed(&mut self, device: usize, policy: &mut dyn Policy) {
+        self.recompute(device);
+        let state = &mut self.devices[device];
+        state.epoch += 1;
+        if policy.tunes() && !state.residents.is_empty() {
+            let epoch = state.epoch;
+            self.schedule(
+                self.now + self.params.tune_interval_s,
+                EventKind::Tune { device, epoch },
+            );
+        }
+    }
+
+    fn tune(&mut self, device: usize, policy: &mut dyn Policy) -> Result<()> {
+        self.advance(device);
+        // Fresh reports for the round that just ran (φ follows progress too).
+        self.recompute(device);
+        let started = Instant::now();
+        let step = policy.tune(&View { engine: self }, device);
+        self.metrics
+            .tune_latency_us
+            .push(started.elapsed().as_secs_f64() * 1e6);
+        let again = match step {
+            TuneStep::Done => false,
+            TuneStep::Wait => true,
+            TuneStep::Apply(assignments) => {
+                let mut changed = Vec::new();
+                for (task, batch_size) in assignments {
+                    if self.tasks.get(task).map(|t| t.status) != Some(Status::Running(device)) {
+                        return Err(Self::policy_error(
+                            policy,
+                            format!("tuned task {task}, not on device {device}"),
+                        ));
+                    }
+                    let family = self.tasks[task].family;
+                    let job = self
+                        .world
+                        .catalogue
+                        .type_of(family, batch_size)
+                        .ok_or_else(|| {
+                            Self::policy_error(
+                                policy,
+                                format!("batch size {batch_size} is not allowed for task {task}"),
+                            )
+                        })?;
+                    let state = &mut self.tasks[task];
+                    if state.batch_size != batch_size && state.active {
+                        state.batch_size = batch_size;
+                        state.job = job;
+                        changed.push(task);
+                    }
+                }
+                self.metrics.tuning_rounds += 1;
+                if !changed.is_empty() {
+                    self.metrics.batch_changes += changed.len() as u64;
+                }
+                self.after_memory_change(device, &changed, policy);
+                true
+            }
+        };
+        let epoch = self.devices[device].epoch;
+        if again && !self.devices[device].residents.is_empty() {
+            self.schedule(
+                self.now + self.params.tune_interval_s,
+                EventKind::Tune { device, epoch },
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,115 @@
+//! One experiment: the same world and arrival stream, every requested policy.
+
+use iadeep_datasets::gavel::GavelThroughputs;
+use iadeep_datasets::philly::PhillyJob;
+
+use crate::engine::{Engine, EngineParams};
+use crate::error::{Result, SimError};
+use crate::metrics::RunMetrics;
+use crate::policy::Policy;
+use crate::workload::{self, TaskTemplate, WorkloadParams};
+use crate::world::World;
+
+/// The policy names, in table order.
+pub const POLICY_NAMES: &[&str] = &[
+    "exclusive",
+    "packing",
+    "util",
+    "memory",
+    "reference",
+    "iadeep",
+    "iadeep-no-tuner",
+    "iadeep-no-predictor",
+];
+
+/// What to simulate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExperimentParams {
+    pub worker_type: String,
+    /// GPU memory, MiB (default: the worker type's known size).
+    pub capacity_mib: Option<u64>,
+    pub workload: WorkloadParams,
+    pub engine: EngineParams,
+    /// Policies to run (names from [`POLICY_NAMES`]).
+    pub policies: Vec<String>,
+}
+
+impl Default for ExperimentParams {
+    fn default() -> Self {
+        ExperimentParams {
+            worker_type: "k80".into(),
+            capacity_mib: None,
+            workload: WorkloadParams::default(),
+            engine: EngineParams::default(),
+            policies: POLICY_NAMES.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+}
+
+impl ExperimentParams {
+    /// Checks every part, naming the first bad parameter.
+    pub fn check(&self) -> Result<()> {
+        self.workload.check()?;
+        self.engine.check()?;
+        if self.policies.is_empty() {
+            return Err(SimError::InvalidParam {
+                field: "policies",
+                reason: "none selected".into(),
+            });
+        }
+        for name in &self.policies {
+            if !POLICY_NAMES.contains(&name.as_str()) {
+                return Err(SimError::UnknownPolicy {
+                    requested: name.clone(),
+                    known: POLICY_NAMES.join(", "),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A prepared experiment: world and stream built once, shared by every policy.
+#[derive(Debug)]
+pub struct Experiment {
+    pub params: ExperimentParams,
+    pub world: World,
+    pub workload: Vec<TaskTemplate>,
+}
+
+impl Experiment {
+    /// Builds the world from `gavel` and the stream from `philly`.
+    pub fn new(
+        params: ExperimentParams,
+        gavel: &GavelThroughputs,
+        philly: &[PhillyJob],
+    ) -> Result<Experiment> {
+        params.check()?;
+        let world = World::new(gavel, &params.worker_type, params.capacity_mib)?;
+        let workload = workload::build(&world, philly, &params.workload)?;
+        Ok(Experiment {
+            params,
+            world,
+            workload,
+        })
+    }
+
+    /// Runs one policy over the stream.
+    pub fn run_policy(
+        &self,
+        policy: &mut dyn Policy,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<RunMetrics> {
+        let engine = Engine::new(&self.world, &self.workload, self.params.engine.clone())?;
+        let started = std::time::Instant::now();
+        let metrics = engine.run(policy, progress)?;
+        tracing::info!(
+            policy = policy.name(),
+            tasks = metrics.tasks.len(),
+            events = metrics.events,
+            wall_ms = started.elapsed().as_millis() as u64,
+            "policy run finished"
+        );
+        Ok(metrics)
+    }
+}

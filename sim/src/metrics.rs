@@ -1,0 +1,185 @@
+//! What a run measured, and its summary.
+
+use serde::Serialize;
+
+/// One task's fate.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TaskOutcome {
+    pub id: usize,
+    pub model: String,
+    pub m0: u32,
+    pub submit_s: f64,
+    pub start_s: f64,
+    pub finish_s: f64,
+    pub ooms: u32,
+    /// Work the task had to do and did, samples at m0 (equal when it finished).
+    pub work_samples: f64,
+    pub done_samples: f64,
+    /// The GPU it finished on.
+    pub device: usize,
+    /// Batch size it finished at.
+    pub final_batch_size: u32,
+}
+
+impl TaskOutcome {
+    /// Completion time: submit to end.
+    pub fn completion_s(&self) -> f64 {
+        self.finish_s - self.submit_s
+    }
+}
+
+/// Everything recorded during one run.
+#[derive(Clone, Debug, Default)]
+pub struct RunMetrics {
+    pub policy: String,
+    pub gpus: usize,
+    pub tasks: Vec<TaskOutcome>,
+    pub ooms: u64,
+    /// Tuning rounds that applied a configuration.
+    pub tuning_rounds: u64,
+    /// Batch-size changes applied by tuning.
+    pub batch_changes: u64,
+    /// Wall time of each placement decision, µs (not deterministic; not in JSON).
+    pub decision_latency_us: Vec<f64>,
+    /// Wall time of each tuning call, µs.
+    pub tune_latency_us: Vec<f64>,
+    /// `(time s, busy devices, work rate in GPU-equivalents)` after each change.
+    pub util: Vec<(f64, usize, f64)>,
+    pub events: u64,
+}
+
+impl RunMetrics {
+    /// Records the utilisation after a change at `now` (one point per instant).
+    pub fn record_util(&mut self, now: f64, busy: usize, work_rate: f64) {
+        match self.util.last_mut() {
+            Some(last) if last.0 == now => *last = (now, busy, work_rate),
+            _ => self.util.push((now, busy, work_rate)),
+        }
+    }
+
+    /// The summary numbers.
+    pub fn summary(&self) -> Summary {
+        let mut completion: Vec<f64> = self.tasks.iter().map(TaskOutcome::completion_s).collect();
+        completion.sort_by(f64::total_cmp);
+        let first_submit = self
+            .tasks
+            .iter()
+            .map(|t| t.submit_s)
+            .fold(f64::INFINITY, f64::min);
+        let last_finish = self.tasks.iter().map(|t| t.finish_s).fold(0.0, f64::max);
+        let makespan = if self.tasks.is_empty() {
+            0.0
+        } else {
+            last_finish - first_submit
+        };
+        Summary {
+            policy: self.policy.clone(),
+            tasks: self.tasks.len(),
+            avg_ct_s: mean(&completion),
+            p50_ct_s: quantile(&completion, 0.5),
+            p99_ct_s: quantile(&completion, 0.99),
+            makespan_s: makespan,
+            ooms: self.ooms,
+            avg_util: self.average_busy_fraction(first_submit, last_finish),
+            avg_work_rate: self.average_work_rate(first_submit, last_finish),
+            tuning_rounds: self.tuning_rounds,
+            batch_changes: self.batch_changes,
+            decision_latency_us: mean(&self.decision_latency_us),
+            decision_latency_p99_us: {
+                let mut sorted = self.decision_latency_us.clone();
+                sorted.sort_by(f64::total_cmp);
+                quantile(&sorted, 0.99)
+            },
+            tune_latency_us: mean(&self.tune_latency_us),
+        }
+    }
+
+    /// Time-weighted mean of `value` over `[from, to]` of the step function `util`.
+    fn time_average(&self, from: f64, to: f64, value: impl Fn(&(f64, usize, f64)) -> f64) -> f64 {
+        if to <= from {
+            return 0.0;
+        }
+        let mut total = 0.0;
+        for (index, point) in self.util.iter().enumerate() {
+            let start = point.0.max(from);
+            let end = self.util.get(index + 1).map_or(to, |next| next.0).min(to);
+            if end > start {
+                total += value(point) * (end - start);
+            }
+        }
+        total / (to - from)
+    }
+
+    /// Mean fraction of GPUs with at least one task, from first submit to last end.
+    pub fn average_busy_fraction(&self, from: f64, to: f64) -> f64 {
+        let gpus = self.gpus.max(1) as f64;
+        self.time_average(from, to, |p| p.1 as f64 / gpus)
+    }
+
+    /// Mean useful work per GPU (1 = every GPU running one job alone at full speed).
+    pub fn average_work_rate(&self, from: f64, to: f64) -> f64 {
+        let gpus = self.gpus.max(1) as f64;
+        self.time_average(from, to, |p| p.2 / gpus)
+    }
+}
+
+fn mean(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        0.0
+    } else {
+        values.iter().sum::<f64>() / values.len() as f64
+    }
+}
+
+/// Nearest-rank quantile of sorted values.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// The numbers a run is judged by.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    pub policy: String,
+    pub tasks: usize,
+    pub avg_ct_s: f64,
+    pub p50_ct_s: f64,
+    pub p99_ct_s: f64,
+    pub makespan_s: f64,
+    pub ooms: u64,
+    /// Mean fraction of GPUs busy (at least one task) over the makespan.
+    pub avg_util: f64,
+    /// Mean useful work per GPU over the makespan (GPU-equivalents of solo progress).
+    pub avg_work_rate: f64,
+    pub tuning_rounds: u64,
+    pub batch_changes: u64,
+    pub decision_latency_us: f64,
+    pub decision_latency_p99_us: f64,
+    pub tune_latency_us: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_and_time_averages() {
+        let sorted: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&sorted, 0.5), 50.0);
+        assert_eq!(quantile(&sorted, 0.99), 99.0);
+        assert_eq!(quantile(&[], 0.5), 0.0);
+        let mut metrics = RunMetrics {
+            gpus: 2,
+            ..RunMetrics::default()
+        };
+        metrics.record_util(0.0, 2, 2.0);
+        metrics.record_util(10.0, 1, 1.0);
+        metrics.record_util(10.0, 0, 0.0);
+        assert_eq!(metrics.util.len(), 2);
+        // 10 s at 100 %, 10 s at 0 %.
+        assert!((metrics.average_busy_fraction(0.0, 20.0) - 0.5).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,24 @@
+//! Exclusive FIFO: one job per GPU, the first idle GPU, the submitted batch size.
+//! What most clusters do today; never out of memory, never interfered with.
+
+use crate::policy::{Decision, Policy};
+use crate::view::{ClusterView, Waiting};
+
+/// One job per GPU.
+#[derive(Debug, Default)]
+pub struct Exclusive;
+
+impl Policy for Exclusive {
+    fn name(&self) -> &str {
+        "exclusive"
+    }
+
+    fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
+        (0..view.devices())
+            .find(|d| view.resident_count(*d) == 0)
+            .map_or(Decision::Queue, |device| Decision::Place {
+                device,
+                batch_size: task.batch_size,
+            })
+    }
+}

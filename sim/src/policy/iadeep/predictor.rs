@@ -1,0 +1,69 @@
+//! The predictor as the simulator drives it: the same [`Learner`] (window, cadence)
+//! and [`ProfileTrainer`] (profile-feature forest, cold-start heuristic) that
+//! `OnlinePredictor` runs, but refitted synchronously when a refit is due, so a run
+//! does not depend on thread timing and the same seed gives the same numbers.
+
+use std::sync::Arc;
+
+use iadeep_predictor::Prediction;
+use iadeep_predictor::learner::{
+    FittedModel, Learner, LearnerParams, ProfileTrainer, SlowdownModel, Trainer,
+};
+use iadeep_proto::{CoLocationSample, TaskProfile};
+
+/// Synchronous online predictor.
+#[derive(Debug)]
+pub struct SimPredictor {
+    learner: Learner,
+    trainer: ProfileTrainer,
+    model: Arc<FittedModel>,
+    pub refits: u64,
+    pub samples: u64,
+}
+
+impl SimPredictor {
+    /// A cold predictor. Refits every `refit_every` samples.
+    pub fn new(refit_every: usize) -> crate::Result<SimPredictor> {
+        let params = LearnerParams {
+            refit_every,
+            ..LearnerParams::default()
+        };
+        let learner = Learner::new(params.clone()).map_err(|e| crate::SimError::Policy {
+            policy: "iadeep".into(),
+            reason: format!("predictor parameters: {e}"),
+        })?;
+        Ok(SimPredictor {
+            learner,
+            trainer: ProfileTrainer { params },
+            model: Arc::new(FittedModel::ColdStart),
+            refits: 0,
+            samples: 0,
+        })
+    }
+
+    /// Predicted slowdown of `task` next to `corunners` on a `kind` GPU.
+    pub fn predict(&self, kind: &str, task: &TaskProfile, corunners: &[TaskProfile]) -> Prediction {
+        self.model.predict(kind, task, corunners)
+    }
+
+    /// Learns one measured co-location; refits when the cadence says so.
+    pub fn observe(&mut self, sample: CoLocationSample) {
+        match self.learner.observe(sample) {
+            Ok(true) => {
+                let snapshot = self.learner.snapshot();
+                match self.trainer.fit(&snapshot) {
+                    Ok(model) => {
+                        self.model = Arc::new(model);
+                        self.refits += 1;
+                    }
+                    Err(err) => {
+                        tracing::warn!(%err, "predictor refit failed; keeping the previous model")
+                    }
+                }
+                self.samples += 1;
+            }
+            Ok(false) => self.samples += 1,
+            Err(err) => tracing::debug!(%err, "co-location sample refused"),
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The per-device tuner loop, driven by the engine's tuning rounds: the tuner crate's
+//! GP-LCB [`Controller`] (stopping rule, hysteresis) over the joint batch sizes of
+//! the device's residents, its memory constraint from the tuner's conservative
+//! memory model of each task, and Σ PD measured from the agents' reports with the
+//! tuner's own [`PdInput`]. One configuration per reporting interval: the engine
+//! applies it, the emulated agents report, the next round measures it.
+
+use iadeep_tuner::degradation::PdInput;
+use iadeep_tuner::search::{
+    Controller, ControllerParams, Decision as TunerDecision, GpLcb, LcbParams, MemoryConstraint,
+    SearchSpace,
+};
+
+use crate::policy::iadeep::composed_placement::MEMORY_MARGIN;
+use crate::policy::iadeep::knowledge::Knowledge;
+use crate::view::Resident;
+
+/// Hard cap on rounds per search (the stopping rule usually ends it sooner).
+pub const MAX_ROUNDS: usize = 12;
+
+/// The search of one device for one set of residents.
+#[derive(Debug)]
+pub struct DeviceTuner {
+    /// Task ids the search is over, in lattice order.
+    pub tasks: Vec<usize>,
+    sizes: Vec<Vec<u32>>,
+    controller: Controller,
+    /// Configuration applied and waiting to be measured.
+    pending: Option<Vec<usize>>,
+    pub rounds: usize,
+    /// An out-of-memory crash happened under the pending configuration.
+    pub oom: bool,
+    pub finished: bool,
+}
+
+/// What the device should do next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    Apply(Vec<(usize, u32)>),
+    Wait,
+    Done,
+}
+
+/// Σ PD of the residents from their reports; `None` if one cannot be computed.
+pub fn measured_pd(residents: &[Resident<'_>]) -> Option<f64> {
+    let mut total = 0.0;
+    for r in residents {
+        let input = PdInput {
+            m0: f64::from(r.spec.m0),
+            solo_step_s_m0: r.spec.solo_step_time_s,
+            m: f64::from(r.report.batch_size),
+            co_step_s: r.report.step_time_s,
+            noise_scale: r.report.grad_noise_scale,
+        };
+        total += input.pd().ok()?;
+    }
+    Some(total)
+}
+
+impl DeviceTuner {
+    /// A new search over the residents (all running), starting at their current sizes.
+    pub fn new(
+        residents: &[Resident<'_>],
+        knowledge: &Knowledge,
+        capacity_mib: u64,
+        seed: u64,
+    ) -> Option<DeviceTuner> {
+        let tasks: Vec<usize> = residents.iter().map(|r| r.spec.id).collect();
+        let sizes: Vec<Vec<u32>> = residents
+            .iter()
+            .map(|r| r.spec.batch_sizes.clone())
+            .collect();
+        let start: Vec<usize> = residents
+            .iter()
+            .zip(&sizes)
+            .map(|(r, s)| s.iter().position(|b| *b == r.report.batch_size))
+            .collect::<Option<_>>()?;
+        let upper_mib = residents
+            .iter()
+            .zip(&sizes)
+            .map(|(r, s)| {
+                s.iter()
+                    .map(|b| knowledge.memory_upper_mib(r.spec.id, *b))
+                    .collect()
+            })
+            .collect();
+        let space = SearchSpace {
+            sizes: sizes.clone(),
+            start,
+            memory: Some(MemoryConstraint {
+                upper_mib,
+                capacity_mib: capacity_mib as f64,
+                margin: MEMORY_MARGIN,
+            }),
+        };
+        let search = match GpLcb::new(space, LcbParams::default(), seed) {
+            Ok(search) => search,
+            Err(err) => {
+                tracing::warn!(%err, "cannot set up the batch-size search");
+                return None;
+            }
+        };
+        Some(DeviceTuner {
+            tasks,
+            sizes,
+            controller: Controller::new(search, ControllerParams::default()),
+            pending: None,
+            rounds: 0,
+            oom: false,
+            finished: false,
+        })
+    }
+
+    fn assignments(&self, idx: &[usize]) -> Vec<(usize, u32)> {
+        self.tasks
+            .iter()
+            .zip(idx.iter().zip(&self.sizes))
+            .map(|(t, (i, s))| (*t, s[*i]))
+            .collect()
+    }
+
+    fn current(&self, residents: &[Resident<'_>]) -> Option<Vec<usize>> {
+        residents
+            .iter()
+            .zip(&self.sizes)
+            .map(|(r, s)| s.iter().position(|b| *b == r.report.batch_size))
+            .collect()
+    }
+
+    /// One round: measure what ran, decide what runs next.
+    pub fn round(&mut self, residents: &[Resident<'_>]) -> Next {
+        if self.finished {
+            return Next::Done;
+        }
+        let Some(current) = self.current(residents) else {
+            return Next::Wait;
+        };
+        let measured = if std::mem::take(&mut self.oom) {
+            None
+        } else {
+            match measured_pd(residents) {
+                Some(v) => Some(v),
+                None => return Next::Wait,
+            }
+        };
+        let idx = self.pending.take().unwrap_or_else(|| current.clone());
+        if let Err(err) = self.controller.record(&idx, measured) {
+            tracing::warn!(%err, "tuner refused a measurement; stopping this search");
+            self.finished = true;
+            return Next::Done;
+        }
+        self.rounds += 1;
+        let decision = if self.rounds >= MAX_ROUNDS {
+            match self.controller.search().incumbent() {
+                Ok(Some((best, _))) => TunerDecision::Settle(best),
+                _ => TunerDecision::Settle(current.clone()),
+            }
+        } else {
+            match self.controller.decide() {
+                Ok(decision) => decision,
+                Err(err) => {
+                    tracing::debug!(%err, "no feasible configuration to explore; keeping the current one");
+                    self.finished = true;
+                    return Next::Done;
+                }
+            }
+        };
+        match decision {
+            TunerDecision::Explore(next) => {
+                self.pending = Some(next.clone());
+                Next::Apply(self.assignments(&next))
+            }
+            TunerDecision::Settle(best) => {
+                self.finished = true;
+                let switch = self
+                    .controller
+                    .worth_switching(&current, &best)
+                    .unwrap_or(false);
+                if switch {
+                    Next::Apply(self.assignments(&best))
+                } else {
+                    Next::Done
+                }
+            }
+        }
+    }
+}

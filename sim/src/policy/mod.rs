@@ -1,0 +1,92 @@
+//! Scheduling policies: one module each, all behind [`Policy`].
+//!
+//! A policy answers two questions: where a waiting task goes (or that it waits), and,
+//! for policies that tune, which batch sizes the residents of a device should use
+//! next. It sees only [`crate::view`]: specs and agents' reports.
+
+pub mod exclusive;
+pub mod iadeep;
+pub mod memory;
+pub mod packing;
+pub mod reference;
+pub mod util;
+
+use crate::view::{ClusterView, Waiting};
+
+/// Where a waiting task goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Start it on `device` at `batch_size`.
+    Place { device: usize, batch_size: u32 },
+    /// Keep it waiting (the queue is FIFO: later tasks wait too).
+    Queue,
+}
+
+/// The outcome of one tuning call on a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TuneStep {
+    /// Apply these batch sizes (task id, batch size) and call again after the next
+    /// reporting interval, so the result can be measured.
+    Apply(Vec<(usize, u32)>),
+    /// Nothing to change now; call again after the next interval.
+    Wait,
+    /// The search is over until the residents change.
+    Done,
+}
+
+/// What happens to a task that ran out of memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OomAction {
+    /// Restart on the same device at half the batch size (back to the queue when it
+    /// cannot be halved).
+    RestartHalf,
+    /// Leave the device and wait at the front of the queue at half the batch size.
+    Requeue,
+}
+
+/// A scheduling policy under test.
+pub trait Policy {
+    /// Short name used in tables and JSON (`exclusive`, `iadeep`, ...).
+    fn name(&self) -> &str;
+
+    /// Decides where the task at the head of the queue goes.
+    fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision;
+
+    /// Whether the engine should call [`Policy::tune`] after residents change.
+    fn tunes(&self) -> bool {
+        false
+    }
+
+    /// One tuning round on `device`; the agents' reports reflect the previous round.
+    fn tune(&mut self, _view: &dyn ClusterView, _device: usize) -> TuneStep {
+        TuneStep::Done
+    }
+
+    /// A task on `device` ran out of memory at `batch_size`.
+    fn on_oom(&mut self, _device: usize, _task: usize, _batch_size: u32) -> OomAction {
+        OomAction::RestartHalf
+    }
+
+    /// A task finished on `device`.
+    fn on_finish(&mut self, _device: usize, _task: usize) {}
+}
+
+/// Builds a policy by name (see [`crate::experiment::POLICY_NAMES`]).
+pub fn build(name: &str, seed: u64) -> crate::Result<Box<dyn Policy>> {
+    Ok(match name {
+        "exclusive" => Box::new(exclusive::Exclusive),
+        "packing" => Box::new(packing::Packing),
+        "util" => Box::new(util::LeastUtilised::default()),
+        "memory" => Box::new(memory::MostMemory::default()),
+        "reference" => Box::new(reference::Reference::new(seed)),
+        "iadeep" => Box::new(iadeep::Iadeep::new(iadeep::Variant::Full, seed)?),
+        "iadeep-no-tuner" => Box::new(iadeep::Iadeep::new(iadeep::Variant::NoTuner, seed)?),
+        "iadeep-no-predictor" => Box::new(iadeep::Iadeep::new(iadeep::Variant::NoPredictor, seed)?),
+        _ => {
+            return Err(crate::SimError::UnknownPolicy {
+                requested: name.to_owned(),
+                known: crate::experiment::POLICY_NAMES.join(", "),
+            });
+        }
+    })
+}

@@ -1,0 +1,271 @@
+//! The reference approach, reproduced with its published design choices so iadeep
+//! is compared with it honestly:
+//!
+//! - a random forest predicts a job's slowdown from **job-name patterns** (a one-hot
+//!   vector of the job's model name and counts of its co-runners' names), trained
+//!   online from the co-locations the agents report;
+//! - the new job goes to the GPU with the least predicted slowdown (an idle GPU
+//!   first), or waits when every prediction is more than 2× slower;
+//! - only the **newly arrived job** is tuned: each batch size from m0/2 to 4·m0 is run
+//!   for one reporting interval and the best by the reference objective
+//!   `IF · DT · E` is kept (it multiplies by E where DESIGN.md divides);
+//! - **no memory constraint**: placements and batch sizes ignore memory; a crash stops
+//!   the search at the sizes that ran.
+
+use std::collections::{BTreeMap, HashMap};
+
+use smartcore::ensemble::random_forest_regressor::{
+    RandomForestRegressor, RandomForestRegressorParameters,
+};
+use smartcore::linalg::basic::matrix::DenseMatrix;
+
+use crate::policy::{Decision, OomAction, Policy, TuneStep};
+use crate::view::{ClusterView, Resident, Waiting};
+
+/// Name slots of the one-hot encoding (names beyond it share the last slot).
+const NAME_SLOTS: usize = 16;
+/// Refit after this many new samples.
+const REFIT_EVERY: usize = 20;
+/// Samples kept for fitting.
+const WINDOW: usize = 500;
+
+type Forest = RandomForestRegressor<f64, f64, DenseMatrix<f64>, Vec<f64>>;
+
+/// Search state of one newly placed job.
+#[derive(Debug)]
+struct Search {
+    task: usize,
+    candidates: Vec<u32>,
+    next: usize,
+    tried: Vec<(u32, f64)>,
+}
+
+/// The reference approach.
+pub struct Reference {
+    names: HashMap<String, usize>,
+    samples: Vec<(Vec<f64>, f64)>,
+    new_samples: usize,
+    forest: Option<Forest>,
+    /// Last report seq used as a sample, per task.
+    seen: HashMap<usize, u64>,
+    searches: BTreeMap<usize, Search>,
+    seed: u64,
+}
+
+impl std::fmt::Debug for Reference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reference")
+            .field("samples", &self.samples.len())
+            .field("fitted", &self.forest.is_some())
+            .finish()
+    }
+}
+
+impl Reference {
+    /// A reference scheduler with an untrained forest.
+    pub fn new(seed: u64) -> Reference {
+        Reference {
+            names: HashMap::new(),
+            samples: Vec::new(),
+            new_samples: 0,
+            forest: None,
+            seen: HashMap::new(),
+            searches: BTreeMap::new(),
+            seed,
+        }
+    }
+
+    fn slot(&mut self, name: &str) -> usize {
+        let next = self.names.len().min(NAME_SLOTS - 1);
+        *self.names.entry(name.to_owned()).or_insert(next)
+    }
+
+    fn features(&mut self, name: &str, corunners: &[&str]) -> Vec<f64> {
+        let mut x = vec![0.0; 2 * NAME_SLOTS];
+        x[self.slot(name)] = 1.0;
+        for other in corunners {
+            x[NAME_SLOTS + self.slot(other)] += 1.0;
+        }
+        x
+    }
+
+    /// Adds a sample for every co-located resident running at its m0 with a fresh report.
+    fn collect(&mut self, view: &dyn ClusterView) {
+        for device in 0..view.devices() {
+            if view.resident_count(device) < 2 {
+                continue;
+            }
+            let residents = view.residents(device);
+            for (index, r) in residents.iter().enumerate() {
+                if !r.report.running || r.report.batch_size != r.spec.m0 {
+                    continue;
+                }
+                if self.seen.get(&r.spec.id) == Some(&r.report.seq) {
+                    continue;
+                }
+                self.seen.insert(r.spec.id, r.report.seq);
+                let others: Vec<&str> = residents
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| *i != index)
+                    .map(|(_, o)| o.spec.model.as_str())
+                    .collect();
+                let x = self.features(&r.spec.model, &others);
+                self.samples
+                    .push((x, r.report.step_time_s / r.spec.solo_step_time_s));
+                self.new_samples += 1;
+            }
+        }
+        if self.samples.len() > WINDOW {
+            let excess = self.samples.len() - WINDOW;
+            self.samples.drain(..excess);
+        }
+        if self.new_samples >= REFIT_EVERY && self.samples.len() >= 2 * REFIT_EVERY {
+            self.new_samples = 0;
+            let rows: Vec<Vec<f64>> = self.samples.iter().map(|(x, _)| x.clone()).collect();
+            let y: Vec<f64> = self.samples.iter().map(|(_, y)| *y).collect();
+            let params = RandomForestRegressorParameters::default()
+                .with_n_trees(10)
+                .with_max_depth(8)
+                .with_seed(self.seed);
+            match DenseMatrix::from_2d_vec(&rows).and_then(|x| Forest::fit(&x, &y, params)) {
+                Ok(forest) => self.forest = Some(forest),
+                Err(err) => {
+                    tracing::warn!(%err, "reference forest refit failed; keeping the old one")
+                }
+            }
+        }
+    }
+
+    fn predict(&mut self, name: &str, residents: &[Resident<'_>]) -> f64 {
+        let others: Vec<&str> = residents.iter().map(|r| r.spec.model.as_str()).collect();
+        let x = self.features(name, &others);
+        match &self.forest {
+            Some(forest) => DenseMatrix::from_2d_vec(&vec![x])
+                .and_then(|m| forest.predict(&m))
+                .ok()
+                .and_then(|y| y.first().copied())
+                .unwrap_or(1.0 + residents.len() as f64),
+            // Untrained: assume each co-runner costs a full share.
+            None => 1.0 + residents.len() as f64,
+        }
+    }
+}
+
+impl Policy for Reference {
+    fn name(&self) -> &str {
+        "reference"
+    }
+
+    fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
+        self.collect(view);
+        if let Some(device) = (0..view.devices()).find(|d| view.resident_count(*d) == 0) {
+            return Decision::Place {
+                device,
+                batch_size: task.batch_size,
+            };
+        }
+        let mut best: Option<(f64, usize)> = None;
+        for device in 0..view.devices() {
+            let residents = view.residents(device);
+            let predicted = self.predict(&task.spec.model, &residents);
+            if best.is_none_or(|(b, _)| predicted < b) {
+                best = Some((predicted, device));
+            }
+        }
+        match best {
+            Some((predicted, device)) if predicted <= 2.0 => {
+                let candidates: Vec<u32> = task
+                    .spec
+                    .batch_sizes
+                    .iter()
+                    .copied()
+                    .filter(|b| *b * 2 >= task.spec.m0 && *b <= task.spec.m0 * 4)
+                    .collect();
+                if candidates.len() > 1 {
+                    self.searches.insert(
+                        device,
+                        Search {
+                            task: task.spec.id,
+                            candidates,
+                            next: 0,
+                            tried: Vec::new(),
+                        },
+                    );
+                }
+                Decision::Place {
+                    device,
+                    batch_size: task.batch_size,
+                }
+            }
+            _ => Decision::Queue,
+        }
+    }
+
+    fn tunes(&self) -> bool {
+        true
+    }
+
+    fn tune(&mut self, view: &dyn ClusterView, device: usize) -> TuneStep {
+        self.collect(view);
+        let Some(search) = self.searches.get_mut(&device) else {
+            return TuneStep::Done;
+        };
+        let residents = view.residents(device);
+        let Some(me) = residents.iter().find(|r| r.spec.id == search.task) else {
+            self.searches.remove(&device);
+            return TuneStep::Done;
+        };
+        // Score the configuration that just ran (the first call sees m0 or the size
+        // the job started at).
+        if me.report.running {
+            let m0 = f64::from(me.spec.m0);
+            let m = f64::from(me.report.batch_size);
+            let if_dt = me.report.step_time_s * m0 / (me.spec.solo_step_time_s * m);
+            let e = me
+                .report
+                .grad_noise_scale
+                .map_or(1.0, |phi| (phi + m0) / (phi + m));
+            search.tried.push((me.report.batch_size, if_dt * e));
+        }
+        while search.next < search.candidates.len()
+            && search
+                .tried
+                .iter()
+                .any(|(b, _)| *b == search.candidates[search.next])
+        {
+            search.next += 1;
+        }
+        if let Some(&size) = search.candidates.get(search.next) {
+            search.next += 1;
+            return TuneStep::Apply(vec![(search.task, size)]);
+        }
+        let best = search
+            .tried
+            .iter()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(b, _)| *b);
+        let task = search.task;
+        self.searches.remove(&device);
+        match best {
+            Some(size) if size != me.report.batch_size => TuneStep::Apply(vec![(task, size)]),
+            _ => TuneStep::Done,
+        }
+    }
+
+    fn on_oom(&mut self, device: usize, task: usize, batch_size: u32) -> OomAction {
+        if let Some(search) = self.searches.get_mut(&device)
+            && search.task == task
+        {
+            search.candidates.retain(|b| *b < batch_size);
+        }
+        OomAction::RestartHalf
+    }
+
+    fn on_finish(&mut self, device: usize, task: usize) {
+        if self.searches.get(&device).is_some_and(|s| s.task == task) {
+            self.searches.remove(&device);
+        }
+        self.seen.remove(&task);
+    }
+}

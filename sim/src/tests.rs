@@ -1,0 +1,166 @@
+//! Bookkeeping tests of the engine with every policy on small streams.
+
+use iadeep_datasets::gavel::GavelThroughputs;
+use iadeep_datasets::philly;
+use proptest::prelude::*;
+
+use crate::experiment::{Experiment, ExperimentParams};
+use crate::metrics::RunMetrics;
+use crate::policy;
+
+fn experiment(worker: &str, tasks: usize, gpus: usize, load: f64, seed: u64) -> Experiment {
+    let gavel = GavelThroughputs::bundled().expect("bundled gavel");
+    let trace = philly::bundled().expect("bundled philly");
+    let mut params = ExperimentParams {
+        worker_type: worker.into(),
+        ..ExperimentParams::default()
+    };
+    params.workload.tasks = tasks;
+    params.workload.load = load;
+    params.workload.seed = seed;
+    // Short jobs keep debug-mode runs fast without changing the bookkeeping.
+    params.workload.max_duration_s = 4.0 * 3600.0;
+    params.engine.gpus = gpus;
+    params.engine.seed = seed;
+    Experiment::new(params, &gavel, &trace).expect("experiment")
+}
+
+fn run(experiment: &Experiment, name: &str) -> RunMetrics {
+    let mut policy = policy::build(name, experiment.params.workload.seed).expect("policy");
+    experiment
+        .run_policy(policy.as_mut(), &mut |_, _| {})
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Every task finished once, after it arrived, having done exactly its work.
+fn assert_bookkeeping(experiment: &Experiment, metrics: &RunMetrics) {
+    let name = &metrics.policy;
+    assert_eq!(
+        metrics.tasks.len(),
+        experiment.workload.len(),
+        "{name}: tasks lost"
+    );
+    for (task, template) in metrics.tasks.iter().zip(&experiment.workload) {
+        assert_eq!(task.id, template.id);
+        assert!(
+            task.start_s >= task.submit_s - 1e-9,
+            "{name}: task {} started early",
+            task.id
+        );
+        assert!(
+            task.finish_s > task.start_s,
+            "{name}: task {} ended before it started",
+            task.id
+        );
+        let relative = (task.done_samples - template.work_samples).abs() / template.work_samples;
+        assert!(
+            relative < 1e-6,
+            "{name}: task {} did {} of {} samples",
+            task.id,
+            task.done_samples,
+            template.work_samples
+        );
+    }
+    let crashes: u64 = metrics.tasks.iter().map(|t| u64::from(t.ooms)).sum();
+    assert_eq!(crashes, metrics.ooms, "{name}: OOM counts disagree");
+}
+
+#[test]
+fn exclusive_runs_every_job_at_its_solo_duration() {
+    let experiment = experiment("k80", 40, 4, 1.0, 7);
+    let metrics = run(&experiment, "exclusive");
+    assert_bookkeeping(&experiment, &metrics);
+    assert_eq!(metrics.ooms, 0);
+    for (task, template) in metrics.tasks.iter().zip(&experiment.workload) {
+        let ran = task.finish_s - task.start_s;
+        assert!(
+            (ran - template.solo_duration_s).abs() < 1e-6 * template.solo_duration_s.max(1.0),
+            "task {}: ran {ran} s, alone {} s",
+            task.id,
+            template.solo_duration_s
+        );
+    }
+}
+
+#[test]
+fn every_baseline_conserves_work_and_loses_no_task() {
+    for worker in ["k80", "p100"] {
+        let experiment = experiment(worker, 40, 3, 2.0, 3);
+        for name in ["exclusive", "packing", "util", "memory", "reference"] {
+            let metrics = run(&experiment, name);
+            assert_bookkeeping(&experiment, &metrics);
+            if name != "reference" {
+                // Nothing tunes: sharing can only slow a job down.
+                for (task, template) in metrics.tasks.iter().zip(&experiment.workload) {
+                    if task.ooms == 0 {
+                        assert!(
+                            task.finish_s - task.start_s >= template.solo_duration_s * (1.0 - 1e-9),
+                            "{name}: task {} faster than alone",
+                            task.id
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_numbers() {
+    let a = experiment("p100", 30, 3, 2.0, 11);
+    let b = experiment("p100", 30, 3, 2.0, 11);
+    for name in ["packing", "reference"] {
+        let (x, y) = (run(&a, name).summary(), run(&b, name).summary());
+        assert_eq!(
+            (x.avg_ct_s, x.p99_ct_s, x.makespan_s, x.ooms, x.avg_util),
+            (y.avg_ct_s, y.p99_ct_s, y.makespan_s, y.ooms, y.avg_util),
+            "{name}"
+        );
+    }
+    let c = experiment("p100", 30, 3, 2.0, 12);
+    assert_ne!(
+        run(&a, "packing").summary().avg_ct_s,
+        run(&c, "packing").summary().avg_ct_s
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, .. ProptestConfig::default() })]
+
+    #[test]
+    fn bookkeeping_holds_for_any_stream(seed in 0u64..10_000, gpus in 1usize..5, load in 0.5f64..4.0) {
+        let experiment = experiment("k80", 25, gpus, load, seed);
+        for name in ["packing", "util", "memory"] {
+            let metrics = run(&experiment, name);
+            assert_bookkeeping(&experiment, &metrics);
+        }
+    }
+}
+
+#[test]
+fn iadeep_never_runs_out_of_memory_and_keeps_the_books() {
+    for worker in ["k80", "p100"] {
+        // Loaded enough that GPUs are shared and tuned.
+        let experiment = experiment(worker, 30, 3, 3.0, 5);
+        for name in ["iadeep", "iadeep-no-tuner", "iadeep-no-predictor"] {
+            let metrics = run(&experiment, name);
+            assert_bookkeeping(&experiment, &metrics);
+            assert_eq!(
+                metrics.ooms, 0,
+                "{worker} {name}: memory went over the card"
+            );
+            if name != "iadeep-no-tuner" {
+                assert!(metrics.tuning_rounds > 0, "{worker} {name}: never tuned");
+            }
+            if worker == "k80" && name == "iadeep" {
+                // The tuner's GP and the predictor's forest are seeded: same numbers again.
+                let again = run(&experiment, name).summary();
+                let first = metrics.summary();
+                assert_eq!(
+                    (first.avg_ct_s, first.makespan_s, first.tuning_rounds),
+                    (again.avg_ct_s, again.makespan_s, again.tuning_rounds)
+                );
+            }
+        }
+    }
+}
