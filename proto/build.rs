@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "iadeep/v1/sample.proto",
     "iadeep/v1/placer.proto",
     "iadeep/v1/tuner.proto",
+    "iadeep/v1/reservation.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

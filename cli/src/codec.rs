@@ -17,6 +17,10 @@ macro_rules! with_message_type {
                 type $ty = pb::DeviceInfo;
                 $body
             }
+            KeyKind::DeviceResidents { .. } => {
+                type $ty = pb::DeviceResidents;
+                $body
+            }
             KeyKind::TaskSpec { .. } => {
                 type $ty = pb::TaskSpec;
                 $body

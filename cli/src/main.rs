@@ -7,6 +7,7 @@ mod codec;
 mod data_cmd;
 mod emulate_cmd;
 mod memory_cmd;
+mod placer_cmd;
 mod predictor_cmd;
 mod sim_cmd;
 mod state_cmd;
@@ -53,6 +54,9 @@ impl StoreArgs {
 enum Command {
     /// Read, write and watch the cluster state directly (for operators).
     State(state_cmd::StateArgs),
+    /// Run the placement service (gRPC, Kubernetes scheduler extender, metrics),
+    /// or benchmark it with `iadeep placer bench-client`.
+    Placer(Box<placer_cmd::PlacerArgs>),
     /// Simulate a GPU cluster on measured data and compare scheduling policies.
     Sim(sim_cmd::SimArgs),
     /// The one-command demo: 300 jobs on 20 simulated GPUs, every policy, bundled data.
@@ -108,6 +112,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::State(args) => state_cmd::run(args).await,
+            Command::Placer(args) => placer_cmd::run(*args).await,
             Command::Sim(args) => sim_cmd::run_sim(args),
             Command::Demo(args) => sim_cmd::run_demo(args).await,
             Command::EmulateJob(args) => emulate_cmd::run(args).await,

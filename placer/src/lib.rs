@@ -1,4 +1,39 @@
-//! Placement service (issue: "Placement service").
+//! The placement service of iadeep.
 //!
-//! Not implemented yet: this crate exists so the workspace layout of DESIGN.md is
-//! in place. It exports nothing, so nothing can mistake it for a working placer.
+//! An arriving task goes to the feasible device where it is predicted to add the
+//! least performance degradation (Σ PD) — or waits, when waiting for a device to
+//! free up is predicted to cost less. The decision ([`policy::Placer::decide`])
+//! is a pure function over an in-memory [`view::ClusterView`], shared by the
+//! daemon and the simulator; the daemon ([`daemon::Daemon`]) keeps the view
+//! fresh from the store ([`sync`]), makes each placement real with a
+//! compare-and-swap on the device's residents record ([`service`]), and serves
+//! it over gRPC ([`grpc`]) and as a Kubernetes scheduler extender ([`extender`]).
+//!
+//! Slowdowns and memory footprints come through two small traits
+//! ([`model::SlowdownModel`], [`model::MemoryEstimator`]) so the policy does not
+//! depend on how they are estimated.
+
+pub mod daemon;
+pub mod error;
+pub mod extender;
+pub mod grpc;
+pub mod http1;
+pub mod metrics;
+pub mod model;
+pub mod params;
+pub mod policy;
+pub mod service;
+pub mod sync;
+pub mod synthetic;
+pub mod validate;
+pub mod view;
+
+pub use daemon::{Daemon, DaemonConfig};
+pub use error::{PlacerError, Result};
+pub use model::{
+    MemoryEstimator, ModelledMemory, PredictorSlowdown, SlowdownEstimate, SlowdownModel,
+};
+pub use params::PlacerParams;
+pub use policy::{Decision, Placer, Rejection, Verdict};
+pub use service::{PlaceOutcome, PlacementService};
+pub use view::{ClusterView, DeviceState, Resident};

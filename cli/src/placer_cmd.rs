@@ -1,0 +1,452 @@
+//! `iadeep placer`: the placement daemon, and a load generator for it.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use iadeep_placer::synthetic::SyntheticCluster;
+use iadeep_placer::{
+    Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams, PredictorSlowdown,
+};
+use iadeep_proto::placer_client::PlacerClient;
+use iadeep_proto::{ListDevicesRequest, PlaceRequest, ReleaseRequest, place_response};
+use iadeep_state::StoreUrl;
+
+use crate::StoreArgs;
+
+/// Run the placement service: it decides where each new training task goes
+/// (the GPU where it adds the least predicted degradation, or "queue" when
+/// waiting is cheaper), reserves the GPU in the state store, and answers over
+/// gRPC and as a Kubernetes scheduler extender.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct PlacerArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(subcommand)]
+    command: Option<PlacerCommand>,
+    #[command(flatten)]
+    daemon: DaemonArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum PlacerCommand {
+    /// Measure Place latency and throughput over loopback gRPC on a synthetic cluster.
+    ///
+    /// Seeds DEVICES GPUs and RESIDENTS running tasks into the store, then sends
+    /// REQUESTS Place calls from CONCURRENCY clients; every placed task is released
+    /// right away so the cluster keeps its size. Without --grpc it starts a placer
+    /// in-process (same code as the daemon) on a free loopback port.
+    BenchClient(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct DaemonArgs {
+    /// gRPC listen address.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50061")]
+    grpc: SocketAddr,
+    /// Kubernetes scheduler-extender listen address (filter, prioritize, bind); off when absent.
+    #[arg(long, value_name = "ADDR")]
+    extender: Option<SocketAddr>,
+    /// Prometheus metrics listen address (GET /metrics); off when absent.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// HOST:PORT of a plain-HTTP Kubernetes API (e.g. `kubectl proxy`) through which the
+    /// extender's bind verb creates pod Bindings. Without it, bind refuses.
+    #[arg(long, value_name = "HOST:PORT")]
+    kube_api: Option<String>,
+    #[command(flatten)]
+    policy: PolicyArgs,
+}
+
+/// Policy knobs (see `iadeep_placer::PlacerParams` for what each means).
+#[derive(Debug, Clone, Args)]
+struct PolicyArgs {
+    /// Fraction of each GPU's memory never reserved.
+    #[arg(long, default_value_t = PlacerParams::default().memory_margin_frac)]
+    memory_margin_frac: f64,
+    /// MiB of each GPU's memory never reserved, on top of the fraction.
+    #[arg(long, default_value_t = PlacerParams::default().memory_margin_mib)]
+    memory_margin_mib: u64,
+    /// Cap on the sum of the solo SM utilisations of a GPU's tasks, percent.
+    #[arg(long, default_value_t = PlacerParams::default().sm_util_cap_pct)]
+    sm_util_cap_pct: f64,
+    /// Cap on the sum of the solo memory-bandwidth utilisations, percent.
+    #[arg(long, default_value_t = PlacerParams::default().mem_bw_util_cap_pct)]
+    mem_bw_util_cap_pct: f64,
+    /// A GPU whose summed PD would grow by more than this is not a candidate (≥ 1).
+    #[arg(long, default_value_t = PlacerParams::default().max_pd_increase)]
+    max_pd_increase: f64,
+    /// Seconds of degraded progress one second of waiting is worth (queue-or-place).
+    #[arg(long, default_value_t = PlacerParams::default().wait_cost_factor)]
+    wait_cost_factor: f64,
+    /// Most shared GPUs a decision asks the slowdown predictor about, least loaded
+    /// first (bounds decision time on large clusters); 0 scores every feasible GPU.
+    #[arg(long, default_value_t = PlacerParams::default().max_scored_devices)]
+    max_scored_devices: usize,
+}
+
+impl PolicyArgs {
+    fn placer(&self) -> Result<Placer> {
+        let predictor = PredictorSlowdown::cold().context("cannot start the slowdown predictor")?;
+        self.placer_with(predictor)
+    }
+
+    fn placer_with(&self, predictor: PredictorSlowdown) -> Result<Placer> {
+        let params = PlacerParams {
+            memory_margin_frac: self.memory_margin_frac,
+            memory_margin_mib: self.memory_margin_mib,
+            sm_util_cap_pct: self.sm_util_cap_pct,
+            mem_bw_util_cap_pct: self.mem_bw_util_cap_pct,
+            max_pd_increase: self.max_pd_increase,
+            wait_cost_factor: self.wait_cost_factor,
+            max_scored_devices: self.max_scored_devices,
+            ..PlacerParams::default()
+        };
+        Ok(Placer::new(params, Arc::new(predictor))?)
+    }
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// Drive the placer already listening here instead of starting one in-process
+    /// (it must use the same --store, which this command seeds).
+    #[arg(long, value_name = "ADDR")]
+    grpc: Option<SocketAddr>,
+    /// GPUs in the synthetic cluster.
+    #[arg(long, default_value_t = 1000)]
+    devices: usize,
+    /// Resident tasks in the synthetic cluster.
+    #[arg(long, default_value_t = 2000)]
+    residents: usize,
+    /// Place calls to send.
+    #[arg(long, default_value_t = 20_000)]
+    requests: u64,
+    /// Clients sending concurrently.
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+    /// Seed of the synthetic cluster and arrivals.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Also seed the co-location samples converted from the bundled Gavel measurements
+    /// of this worker type (k80 or p100), so the placer's predictor fits its forest
+    /// from the store as in production, and wait until it has.
+    #[arg(long, value_name = "WORKER")]
+    gavel_samples: Option<String>,
+    /// Print the result as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    policy: PolicyArgs,
+}
+
+pub async fn run(args: PlacerArgs) -> Result<ExitCode> {
+    match args.command {
+        Some(PlacerCommand::BenchClient(bench)) => {
+            // The benchmark defaults to a throw-away store, never the operator's state.
+            let url = args.store.store.clone().unwrap_or(StoreUrl::Memory);
+            bench_client(url, bench).await
+        }
+        None => daemon(args.store.url(), args.daemon).await,
+    }
+}
+
+async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
+    let placer = args.policy.placer()?;
+    let store = url
+        .open()
+        .await
+        .with_context(|| format!("cannot open the state store {url}"))?;
+    let config = DaemonConfig {
+        grpc: args.grpc,
+        extender: args.extender,
+        metrics: args.metrics,
+        kube_api: args.kube_api,
+    };
+    let mut daemon = Daemon::start(store, placer, Arc::new(ModelledMemory), config)
+        .await
+        .context("cannot start the placer")?;
+    tokio::select! {
+        _ = shutdown_signal() => {
+            tracing::info!("shutting down");
+            daemon.shutdown().await;
+            Ok(ExitCode::SUCCESS)
+        }
+        err = daemon.failed() => Err(err).context("the placer stopped"),
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Latency percentile (nearest rank) of sorted samples.
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
+    if args.concurrency == 0 || args.requests == 0 {
+        bail!("--concurrency and --requests must be positive");
+    }
+    let store = url
+        .open()
+        .await
+        .with_context(|| format!("cannot open the state store {url}"))?;
+    let cluster = SyntheticCluster::new(args.devices, args.residents, args.seed);
+    let seeding = Instant::now();
+    cluster
+        .seed(store.as_ref())
+        .await
+        .context("cannot seed the synthetic cluster")?;
+    tracing::info!(devices = args.devices, residents = cluster.resident_count(),
+        elapsed_ms = seeding.elapsed().as_millis() as u64, store = %url, "seeded");
+    let mut seeded_samples = 0usize;
+    if let Some(worker) = &args.gavel_samples {
+        let gavel = iadeep_datasets::gavel::GavelThroughputs::bundled()
+            .context("cannot read the bundled Gavel measurements")?;
+        let measurements = gavel
+            .worker(worker)
+            .with_context(|| format!("no Gavel measurements for worker type {worker:?}"))?;
+        let samples = iadeep_predictor::gavel::samples_from_gavel(measurements, worker).samples;
+        for (seq, sample) in samples.iter().enumerate() {
+            let device = format!("gavel-{worker}");
+            iadeep_state::typed::put(
+                store.as_ref(),
+                &iadeep_state::keys::sample(&device, seq as u64),
+                sample,
+                None,
+            )
+            .await
+            .context("cannot seed the Gavel samples")?;
+        }
+        seeded_samples = samples.len();
+        tracing::info!(
+            samples = seeded_samples,
+            worker,
+            "seeded co-location samples"
+        );
+    }
+    if cluster.resident_count() < args.residents {
+        bail!(
+            "only {} of {} residents fit on {} devices",
+            cluster.resident_count(),
+            args.residents,
+            args.devices
+        );
+    }
+    let mut local = None;
+    let mut forest = None;
+    let addr = match args.grpc {
+        Some(addr) => addr,
+        None => {
+            let predictor =
+                PredictorSlowdown::cold().context("cannot start the slowdown predictor")?;
+            forest = Some(predictor.predictor().clone());
+            let config = DaemonConfig {
+                grpc: SocketAddr::from(([127, 0, 0, 1], 0)),
+                extender: None,
+                metrics: None,
+                kube_api: None,
+            };
+            let placer = args.policy.placer_with(predictor)?;
+            let daemon = Daemon::start(store.clone(), placer, Arc::new(ModelledMemory), config)
+                .await
+                .context("cannot start the in-process placer")?;
+            let addr = daemon.grpc_addr();
+            local = Some(daemon);
+            addr
+        }
+    };
+    let endpoint = format!("http://{addr}");
+    let mut probe = PlacerClient::connect(endpoint.clone())
+        .await
+        .with_context(|| format!("cannot connect to the placer at {endpoint}"))?;
+    // Wait until the placer's view holds the seeded cluster.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let devices = probe
+            .list_devices(ListDevicesRequest {})
+            .await
+            .context("ListDevices failed")?
+            .into_inner()
+            .devices;
+        let residents: usize = devices.iter().map(|d| d.resident_task_ids.len()).sum();
+        if devices.len() >= args.devices && residents >= cluster.resident_count() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the placer sees {} devices and {residents} residents, not the seeded cluster",
+                devices.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    if let Some(predictor) = &forest
+        && seeded_samples > 0
+    {
+        // The daemon learns the samples through its watch; wait for its forest.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while predictor.model_samples() == 0 {
+            if Instant::now() > deadline {
+                bail!("the placer's predictor did not fit on the seeded samples in 120 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tracing::info!(
+            model_samples = predictor.model_samples(),
+            "predictor fitted"
+        );
+    }
+    let next = Arc::new(AtomicU64::new(0));
+    let cluster = Arc::new(cluster);
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..args.concurrency {
+        let mut client = PlacerClient::connect(endpoint.clone())
+            .await
+            .with_context(|| format!("cannot connect to the placer at {endpoint}"))?;
+        let next = next.clone();
+        let cluster = cluster.clone();
+        let requests = args.requests;
+        workers.push(tokio::spawn(async move {
+            let mut place = Vec::new();
+            let mut release = Vec::new();
+            let (mut placed, mut queued) = (0u64, 0u64);
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= requests {
+                    break;
+                }
+                let task = cluster.arrival(i);
+                let task_id = task.task_id.clone();
+                let t0 = Instant::now();
+                let response = client
+                    .place(PlaceRequest {
+                        task: Some(task),
+                        candidate_device_ids: Vec::new(),
+                    })
+                    .await?
+                    .into_inner();
+                place.push(t0.elapsed());
+                match response.decision {
+                    Some(place_response::Decision::Placed(_)) => {
+                        placed += 1;
+                        let t1 = Instant::now();
+                        client.release(ReleaseRequest { task_id }).await?;
+                        release.push(t1.elapsed());
+                    }
+                    _ => queued += 1,
+                }
+            }
+            Ok::<_, tonic::Status>((place, release, placed, queued))
+        }));
+    }
+    let mut place = Vec::new();
+    let mut release = Vec::new();
+    let (mut placed, mut queued) = (0, 0);
+    for worker in workers {
+        let (p, r, pl, q) = worker
+            .await
+            .context("a benchmark client panicked")?
+            .context("a Place or Release call failed")?;
+        place.extend(p);
+        release.extend(r);
+        placed += pl;
+        queued += q;
+    }
+    let wall = started.elapsed();
+    place.sort();
+    release.sort();
+    let decisions_per_s = place.len() as f64 / wall.as_secs_f64();
+    let summary = serde_json::json!({
+        "devices": args.devices,
+        "residents": cluster.resident_count(),
+        "concurrency": args.concurrency,
+        "requests": place.len(),
+        "placed": placed,
+        "queued": queued,
+        "wall_s": wall.as_secs_f64(),
+        "decisions_per_s": decisions_per_s,
+        "place_p50_ms": ms(percentile(&place, 50.0)),
+        "place_p99_ms": ms(percentile(&place, 99.0)),
+        "place_max_ms": ms(place.last().copied().unwrap_or_default()),
+        "release_p50_ms": ms(percentile(&release, 50.0)),
+        "release_p99_ms": ms(percentile(&release, 99.0)),
+        "store": url.to_string(),
+        "cas_conflicts": local.as_ref().map(|d| d.service().metrics().cas_conflicts.get()),
+        "predictor_model_samples": forest.as_ref().map(|p| p.model_samples()),
+    });
+    if args.json {
+        println!("{summary}");
+    } else {
+        println!(
+            "{} Place calls ({placed} placed, {queued} queued) from {} clients in {:.2} s over \
+             loopback gRPC, {} devices / {} residents, store {url}",
+            place.len(),
+            args.concurrency,
+            wall.as_secs_f64(),
+            args.devices,
+            cluster.resident_count()
+        );
+        println!(
+            "  decisions/s {decisions_per_s:.0} (each placed task is also released, inside the same wall time)"
+        );
+        println!(
+            "  Place   p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms",
+            ms(percentile(&place, 50.0)),
+            ms(percentile(&place, 99.0)),
+            ms(place.last().copied().unwrap_or_default())
+        );
+        println!(
+            "  Release p50 {:.3} ms  p99 {:.3} ms",
+            ms(percentile(&release, 50.0)),
+            ms(percentile(&release, 99.0))
+        );
+        if let Some(daemon) = &local {
+            let m = daemon.service().metrics();
+            println!(
+                "  in-process placer: {} reservations lost to a concurrent request and re-decided; \
+                 {} decisions timed, see iadeep_placer_decision_seconds",
+                m.cas_conflicts.get(),
+                m.decision_latency.count()
+            );
+        }
+    }
+    if let Some(daemon) = local {
+        daemon.shutdown().await;
+    }
+    Ok(ExitCode::SUCCESS)
+}

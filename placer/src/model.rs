@@ -1,0 +1,237 @@
+//! What the policy needs to know about tasks, behind two small traits.
+//!
+//! The policy must not care *how* a slowdown or a memory footprint is
+//! estimated: the daemon plugs in the online predictor ([`PredictorSlowdown`])
+//! and the tuner's memory model ([`ModelledMemory`]) through thin adapters, and
+//! tests and the simulator can plug in whatever they need.
+
+use std::fmt;
+use std::sync::Arc;
+
+use iadeep_predictor::{LearnerParams, OnlinePredictor};
+use iadeep_proto::{CoLocationSample, TaskProfile, TaskReport, TaskSpec};
+use iadeep_tuner::memory::{MemoryModel, MemoryModelParams, MemorySample};
+
+/// A predicted interference factor IF (co-located step time ÷ solo step time).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlowdownEstimate {
+    /// Predicted IF, ≥ 1 for any sensible model.
+    pub slowdown: f64,
+    /// Spread of the prediction (e.g. the standard deviation across a forest's trees),
+    /// in the same unit; 0 when the model claims certainty.
+    pub uncertainty: f64,
+}
+
+/// Predicts how much a task slows down next to co-runners.
+pub trait SlowdownModel: Send + Sync + fmt::Debug {
+    /// IF of `task` on a device of `device_kind` shared with `corunners`
+    /// (an empty slice means "alone", which must give 1.0).
+    fn predict(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> SlowdownEstimate;
+
+    /// Learns from a measured co-location. Models that do not learn ignore it; the
+    /// daemon feeds every sample the tuners write here.
+    fn observe(&self, sample: &CoLocationSample);
+}
+
+/// Estimates how much GPU memory a task needs at least.
+pub trait MemoryEstimator: Send + Sync + fmt::Debug {
+    /// MiB the task needs at its smallest allowed batch size, given its latest
+    /// report if it runs already; `None` when nothing is known about its memory.
+    fn min_footprint_mib(&self, spec: &TaskSpec, report: Option<&TaskReport>) -> Option<u64>;
+}
+
+/// The online predictor of `iadeep-predictor` as the policy's slowdown model: its
+/// forest once it has enough co-location samples, its transparent cold-start rule
+/// before. Predictions never wait for a refit; `observe` feeds the predictor's
+/// bounded window and wakes its background refit.
+#[derive(Clone, Debug)]
+pub struct PredictorSlowdown {
+    predictor: Arc<OnlinePredictor>,
+}
+
+impl PredictorSlowdown {
+    /// Wraps a running predictor (shared, e.g. with an evaluation).
+    pub fn new(predictor: Arc<OnlinePredictor>) -> PredictorSlowdown {
+        PredictorSlowdown { predictor }
+    }
+
+    /// A fresh predictor with the default learner parameters, cold until samples arrive.
+    pub fn cold() -> Result<PredictorSlowdown, iadeep_predictor::PredictorError> {
+        Ok(PredictorSlowdown::new(Arc::new(OnlinePredictor::new(
+            LearnerParams::default(),
+        )?)))
+    }
+
+    /// The wrapped predictor.
+    pub fn predictor(&self) -> &Arc<OnlinePredictor> {
+        &self.predictor
+    }
+}
+
+impl SlowdownModel for PredictorSlowdown {
+    fn predict(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> SlowdownEstimate {
+        let p = self.predictor.predict(device_kind, task, corunners);
+        SlowdownEstimate {
+            slowdown: p.slowdown,
+            uncertainty: p.uncertainty,
+        }
+    }
+
+    fn observe(&self, sample: &CoLocationSample) {
+        self.predictor.observe(sample.clone());
+    }
+}
+
+/// Footprints from the tuner's conservative memory model (`iadeep_tuner::memory`).
+///
+/// The placer knows at most two (batch size, peak MiB) points of a task: its solo
+/// profile and its latest report (plus an out-of-memory batch size, if reported).
+/// With two distinct batch sizes the model is fit and asked for its upper bound at
+/// the task's smallest allowed batch size. With one, the model would assume memory
+/// proportional to the batch size, which under-estimates smaller batches (weights
+/// and optimiser state do not shrink), so the measured peak itself is used: memory
+/// grows with the batch size, so it bounds every smaller one. The result is never
+/// below the user's request (`gpu_mem_request_mib`); `None` when nothing is known.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ModelledMemory;
+
+impl MemoryEstimator for ModelledMemory {
+    fn min_footprint_mib(&self, spec: &TaskSpec, report: Option<&TaskReport>) -> Option<u64> {
+        let declared = Some(spec.gpu_mem_request_mib).filter(|&m| m > 0);
+        let mut samples: Vec<MemorySample> = Vec::with_capacity(2);
+        if let Some(p) = &spec.profile
+            && let Some(peak) = p.peak_mem_mib
+        {
+            let batch = if p.batch_size > 0 {
+                p.batch_size
+            } else {
+                spec.initial_batch_size
+            };
+            samples.push(MemorySample {
+                batch_size: batch,
+                peak_mib: peak as f64,
+            });
+        }
+        if let Some(r) = report
+            && let Some(peak) = r.peak_mem_mib
+        {
+            samples.push(MemorySample {
+                batch_size: r.batch_size,
+                peak_mib: peak as f64,
+            });
+        }
+        samples.retain(|s| s.batch_size > 0 && s.peak_mib > 0.0);
+        let measured_max = samples.iter().map(|s| s.peak_mib).fold(0.0, f64::max);
+        let min_batch = if spec.min_batch_size > 0 {
+            spec.min_batch_size
+        } else {
+            spec.initial_batch_size
+        };
+        let distinct = samples
+            .first()
+            .is_some_and(|f| samples.iter().any(|s| s.batch_size != f.batch_size));
+        let modelled = if distinct {
+            let ooms: Vec<u32> = report.and_then(|r| r.oom_batch_size).into_iter().collect();
+            MemoryModel::fit_with(&samples, &ooms, MemoryModelParams::default())
+                .ok()
+                .and_then(|m| m.upper_bound_mib(min_batch.max(1)))
+        } else {
+            None
+        };
+        // Without a usable fit, the largest measured peak bounds the footprint at any
+        // batch size not above it; above it (a minimum batch larger than anything
+        // measured), nothing measured is an upper bound and the declared request rules.
+        let measured = match modelled {
+            Some(mib) => Some(mib),
+            None if samples.iter().any(|s| s.batch_size >= min_batch) => Some(measured_max),
+            None => None,
+        };
+        let measured = measured.map(|m| m.ceil() as u64);
+        [declared, measured].into_iter().flatten().max()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iadeep_proto::SoloProfile;
+
+    fn spec(request: u64, profile: Option<(u32, u64)>) -> TaskSpec {
+        TaskSpec {
+            initial_batch_size: 64,
+            min_batch_size: 16,
+            max_batch_size: 256,
+            gpu_mem_request_mib: request,
+            profile: profile.map(|(batch_size, peak)| SoloProfile {
+                batch_size,
+                peak_mem_mib: Some(peak),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn report(batch_size: u32, peak: u64) -> TaskReport {
+        TaskReport {
+            batch_size,
+            peak_mem_mib: Some(peak),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn memory_is_declared_or_measured_and_never_below_the_request() {
+        let m = ModelledMemory;
+        assert_eq!(m.min_footprint_mib(&spec(0, None), None), None);
+        assert_eq!(m.min_footprint_mib(&spec(4000, None), None), Some(4000));
+        // One measured size: its peak bounds the smaller minimum batch.
+        assert_eq!(
+            m.min_footprint_mib(&spec(0, Some((64, 6000))), None),
+            Some(6000)
+        );
+        assert_eq!(
+            m.min_footprint_mib(&spec(7000, Some((64, 6000))), None),
+            Some(7000)
+        );
+        // Two sizes: the tuner's model, 2000 + 50·b through (64, 5200) and (128, 8400),
+        // conservative at the minimum batch 16: 2000 + 800.
+        let fitted = m
+            .min_footprint_mib(&spec(0, Some((64, 5200))), Some(&report(128, 8400)))
+            .expect("known");
+        assert_eq!(fitted, 2800);
+        assert_eq!(
+            m.min_footprint_mib(&spec(3000, Some((64, 5200))), Some(&report(128, 8400))),
+            Some(3000)
+        );
+    }
+
+    #[test]
+    fn the_predictor_adapter_passes_predictions_through() {
+        let model = PredictorSlowdown::cold().expect("predictor");
+        let busy = TaskProfile {
+            sm_util_pct: Some(90.0),
+            mem_bw_util_pct: Some(10.0),
+            ..Default::default()
+        };
+        assert_eq!(model.predict("v100", &busy, &[]).slowdown, 1.0);
+        let shared = model.predict("v100", &busy, std::slice::from_ref(&busy));
+        let direct = model
+            .predictor()
+            .predict("v100", &busy, std::slice::from_ref(&busy));
+        assert_eq!(
+            (shared.slowdown, shared.uncertainty),
+            (direct.slowdown, direct.uncertainty)
+        );
+        assert!(shared.slowdown > 1.0);
+    }
+}

@@ -1,0 +1,193 @@
+//! Validated parameters of the placement policy.
+
+use std::time::Duration;
+
+use crate::error::{PlacerError, Result};
+
+/// What the policy may do, in operator terms. Build one, then call [`PlacerParams::check`]
+/// (the [`crate::policy::Placer`] constructor does) so nonsense is refused at start-up
+/// rather than discovered as strange placements.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlacerParams {
+    /// Fraction of each device's memory never handed out (fragmentation, CUDA context
+    /// growth, estimation error). 0.05 keeps 5% free.
+    pub memory_margin_frac: f64,
+    /// MiB never handed out on top of the fraction (the CUDA context of each process).
+    pub memory_margin_mib: u64,
+    /// Cap on the predicted aggregate SM utilisation of a device, in percent: the sum of
+    /// the solo utilisations of its tasks. Above 100 the tasks contend for SM cycles.
+    pub sm_util_cap_pct: f64,
+    /// Cap on the predicted aggregate DRAM-bandwidth utilisation, percent (sum of solo values).
+    pub mem_bw_util_cap_pct: f64,
+    /// A device whose predicted Σ PD would grow by more than this is not a candidate.
+    /// An idle device costs exactly 1.0 (the task's own PD alone), so this must be ≥ 1.
+    pub max_pd_increase: f64,
+    /// How much the ranking penalises the predictor's uncertainty: devices are ranked
+    /// by `increase + uncertainty_weight × uncertainty` (pessimistic, like an upper
+    /// confidence bound), so a poorly known co-location has to look clearly better.
+    pub uncertainty_weight: f64,
+    /// Seconds of degraded progress one second of waiting is worth. The task queues when
+    /// `wait × wait_cost_factor < excess PD × task duration` (see [`crate::policy`]).
+    pub wait_cost_factor: f64,
+    /// Solo run time assumed for a task that does not say how much work it has.
+    pub assumed_task_duration: Duration,
+    /// Bounds of the retry hint of a "queue" answer.
+    pub min_retry_after: Duration,
+    /// See [`PlacerParams::min_retry_after`].
+    pub max_retry_after: Duration,
+    /// How many feasible and rejected devices an explanation lists (it always counts all).
+    pub explain_top_k: usize,
+    /// How many times a placement decides again after losing a compare-and-swap.
+    pub max_reserve_attempts: u32,
+    /// Most shared devices a decision asks the slowdown model about, the least loaded
+    /// first (see [`crate::policy::Placer::assess_limited`]); 0 scores every device.
+    pub max_scored_devices: usize,
+}
+
+impl Default for PlacerParams {
+    fn default() -> Self {
+        PlacerParams {
+            memory_margin_frac: 0.05,
+            memory_margin_mib: 256,
+            sm_util_cap_pct: 200.0,
+            mem_bw_util_cap_pct: 150.0,
+            max_pd_increase: 4.0,
+            uncertainty_weight: 0.5,
+            wait_cost_factor: 1.0,
+            assumed_task_duration: Duration::from_secs(3600),
+            min_retry_after: Duration::from_secs(5),
+            max_retry_after: Duration::from_secs(600),
+            explain_top_k: 5,
+            max_reserve_attempts: 16,
+            max_scored_devices: 64,
+        }
+    }
+}
+
+fn bad(name: &'static str, reason: impl Into<String>) -> PlacerError {
+    PlacerError::InvalidParams {
+        name,
+        reason: reason.into(),
+    }
+}
+
+impl PlacerParams {
+    /// Refuses values the policy cannot work with, naming the parameter.
+    pub fn check(&self) -> Result<()> {
+        if !(0.0..0.9).contains(&self.memory_margin_frac) {
+            return Err(bad(
+                "memory_margin_frac",
+                format!("{} is not in [0, 0.9)", self.memory_margin_frac),
+            ));
+        }
+        for (name, value) in [
+            ("sm_util_cap_pct", self.sm_util_cap_pct),
+            ("mem_bw_util_cap_pct", self.mem_bw_util_cap_pct),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(bad(name, format!("{value} is not a positive percentage")));
+            }
+        }
+        if self.max_pd_increase.is_nan() || self.max_pd_increase < 1.0 {
+            return Err(bad(
+                "max_pd_increase",
+                format!(
+                    "{} < 1: even an idle device costs the task's own PD of 1",
+                    self.max_pd_increase
+                ),
+            ));
+        }
+        for (name, value) in [
+            ("uncertainty_weight", self.uncertainty_weight),
+            ("wait_cost_factor", self.wait_cost_factor),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(bad(name, format!("{value} is not a finite value ≥ 0")));
+            }
+        }
+        if self.assumed_task_duration.is_zero() {
+            return Err(bad("assumed_task_duration", "must be positive"));
+        }
+        if self.min_retry_after.is_zero() || self.min_retry_after > self.max_retry_after {
+            return Err(bad(
+                "min_retry_after",
+                format!(
+                    "need 0 < min_retry_after ({:?}) ≤ max_retry_after ({:?})",
+                    self.min_retry_after, self.max_retry_after
+                ),
+            ));
+        }
+        if self.max_reserve_attempts == 0 {
+            return Err(bad("max_reserve_attempts", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// Memory of a device of `total_mib` that may be reserved at all.
+    pub fn usable_memory_mib(&self, total_mib: u64) -> u64 {
+        // Float is fine here: device sizes are far below 2^53 MiB.
+        let kept = (total_mib as f64 * self.memory_margin_frac).ceil() as u64;
+        total_mib
+            .saturating_sub(kept)
+            .saturating_sub(self.memory_margin_mib)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_pass_and_each_bad_value_is_named() {
+        PlacerParams::default().check().expect("defaults are valid");
+        let cases: Vec<(&str, PlacerParams)> = vec![
+            (
+                "memory_margin_frac",
+                PlacerParams {
+                    memory_margin_frac: -0.1,
+                    ..Default::default()
+                },
+            ),
+            (
+                "sm_util_cap_pct",
+                PlacerParams {
+                    sm_util_cap_pct: f64::NAN,
+                    ..Default::default()
+                },
+            ),
+            (
+                "max_pd_increase",
+                PlacerParams {
+                    max_pd_increase: 0.5,
+                    ..Default::default()
+                },
+            ),
+            (
+                "min_retry_after",
+                PlacerParams {
+                    min_retry_after: Duration::from_secs(700),
+                    ..Default::default()
+                },
+            ),
+            (
+                "max_reserve_attempts",
+                PlacerParams {
+                    max_reserve_attempts: 0,
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (name, params) in cases {
+            let err = params.check().expect_err(name);
+            assert!(err.to_string().contains(name), "{err}");
+        }
+    }
+
+    #[test]
+    fn usable_memory_keeps_both_margins() {
+        let p = PlacerParams::default();
+        // 5% of 16000 = 800, plus 256.
+        assert_eq!(p.usable_memory_mib(16_000), 16_000 - 800 - 256);
+        assert_eq!(p.usable_memory_mib(100), 0);
+    }
+}

@@ -1,0 +1,849 @@
+//! The placement decision: a pure function of a [`ClusterView`] and a task.
+//!
+//! For each device (or each of the devices the caller allows):
+//! 1. **Feasibility.** The device must be registered; its residents' footprints
+//!    (the larger of what was reserved and what the [`MemoryEstimator`] says now)
+//!    plus the new task's smallest footprint must fit the device's memory less the
+//!    margins of [`PlacerParams`]. The predicted aggregate SM and DRAM-bandwidth
+//!    utilisations (sums of the known solo values) must stay under their caps.
+//!    An idle device is always a candidate when the task fits it at all.
+//! 2. **Score.** The predicted increase of the device's Σ PD if the task joins:
+//!    Σ over residents of (predicted IF with the task − predicted IF without it),
+//!    plus the new task's own predicted IF. The placer does not change batch sizes,
+//!    so at the submitted batch sizes DT = E = 1 and PD = IF; the tuner then
+//!    improves on it. An idle device costs exactly 1.0 (the task alone).
+//!    Devices are ranked by `increase + uncertainty_weight × uncertainty`; equal
+//!    ranks are broken by a hash of (task, device) so that concurrent requests
+//!    spread over equally good devices instead of all racing for the first.
+//! 3. **Queue or place.** If the best device is not idle, placing costs the excess
+//!    `increase − 1` units of PD for about the task's solo duration `D`, i.e.
+//!    `(increase − 1) × D` seconds of solo-speed progress lost across the device's
+//!    tasks. Waiting costs the time `W` until the first of the devices considered is
+//!    predicted to be idle (every resident finished, from their reported progress),
+//!    after which the task would run alone at PD 1. The task queues, with a retry
+//!    hint of `W`, when `W × wait_cost_factor` is smaller. When no device's
+//!    residents all report progress, `W` is unknown and the task is placed.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iadeep_proto::{CandidateScore, Explanation, TaskProfile, TaskSpec};
+
+use crate::error::Result;
+use crate::model::SlowdownModel;
+use crate::params::PlacerParams;
+use crate::view::{ClusterView, DeviceState, profile_of};
+
+/// Why a device cannot take the task.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rejection {
+    /// The caller named a device the placer does not know.
+    UnknownDevice,
+    /// The device is not registered (its tuner is gone); it takes no new task.
+    NotRegistered,
+    /// Nothing is known about the task's memory, so it can only have a device to itself.
+    UnknownTaskMemory,
+    /// Not enough memory: the task needs `need_mib`, `free_mib` are left of the usable memory.
+    Memory { need_mib: u64, free_mib: u64 },
+    /// Predicted aggregate SM utilisation over the cap.
+    SmCap { predicted_pct: f64, cap_pct: f64 },
+    /// Predicted aggregate DRAM-bandwidth utilisation over the cap.
+    MemBwCap { predicted_pct: f64, cap_pct: f64 },
+    /// Predicted Σ PD increase over [`PlacerParams::max_pd_increase`].
+    PdCap { predicted: f64, cap: f64 },
+}
+
+impl Rejection {
+    /// A short stable name, for counting rejections and for metrics labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Rejection::UnknownDevice => "unknown_device",
+            Rejection::NotRegistered => "not_registered",
+            Rejection::UnknownTaskMemory => "unknown_task_memory",
+            Rejection::Memory { .. } => "memory",
+            Rejection::SmCap { .. } => "sm_cap",
+            Rejection::MemBwCap { .. } => "mem_bw_cap",
+            Rejection::PdCap { .. } => "pd_cap",
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::UnknownDevice => f.write_str("unknown device"),
+            Rejection::NotRegistered => {
+                f.write_str("device not registered (its tuner is not running)")
+            }
+            Rejection::UnknownTaskMemory => f.write_str(
+                "the task's memory is unknown (no request, profile or report), \
+                 so it can only run on an idle device",
+            ),
+            Rejection::Memory { need_mib, free_mib } => write!(
+                f,
+                "memory: the task needs {need_mib} MiB, {free_mib} MiB are free after the margin"
+            ),
+            Rejection::SmCap {
+                predicted_pct,
+                cap_pct,
+            } => write!(
+                f,
+                "predicted SM utilisation {predicted_pct:.0}% is over the cap of {cap_pct:.0}%"
+            ),
+            Rejection::MemBwCap {
+                predicted_pct,
+                cap_pct,
+            } => write!(
+                f,
+                "predicted memory-bandwidth utilisation {predicted_pct:.0}% is over the cap of {cap_pct:.0}%"
+            ),
+            Rejection::PdCap { predicted, cap } => write!(
+                f,
+                "predicted increase of the device's summed PD {predicted:.2} is over the cap of {cap:.2}"
+            ),
+        }
+    }
+}
+
+/// A device that can take the task, and what it would cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate<'v> {
+    pub device_id: &'v str,
+    /// Predicted increase of the device's Σ PD.
+    pub pd_increase: f64,
+    /// Uncertainty of that prediction (root of the summed squared model uncertainties).
+    pub uncertainty: f64,
+    /// What the ranking sorts by: `pd_increase + uncertainty_weight × uncertainty`.
+    pub rank: f64,
+    /// MiB to reserve for the task on this device.
+    pub reserved_mem_mib: u64,
+    /// The device has no resident.
+    pub idle: bool,
+    tiebreak: u64,
+}
+
+/// Every device considered for one task, split into candidates and rejections.
+#[derive(Clone, Debug, Default)]
+pub struct Assessment<'v> {
+    /// Feasible devices: the first `explain_top_k` (at least one) are the best, in
+    /// order; the rest are in no particular order.
+    pub candidates: Vec<Candidate<'v>>,
+    /// Infeasible devices with the reason, in device order.
+    pub rejected: Vec<(&'v str, Rejection)>,
+    /// Feasible shared devices not scored because of the pre-screening limit.
+    pub unscored: usize,
+    /// Seconds until the first considered device is predicted to be idle (all its
+    /// residents finished), from the residents' reported progress.
+    pub earliest_idle_s: Option<f64>,
+}
+
+/// What to tell the caller.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// Run the task on `device_id`, reserving `reserved_mem_mib`.
+    Place {
+        device_id: String,
+        reserved_mem_mib: u64,
+    },
+    /// Ask again after `retry_after`.
+    Queue {
+        retry_after: Duration,
+        reason: String,
+    },
+}
+
+/// A verdict with its explanation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub explanation: Explanation,
+}
+
+/// The placement policy. Cheap to share: decisions take `&self`.
+///
+/// Memory footprints come from the view's [`crate::model::MemoryEstimator`]
+/// (see [`ClusterView::new`]), slowdowns from the placer's [`SlowdownModel`].
+#[derive(Clone, Debug)]
+pub struct Placer {
+    params: PlacerParams,
+    slowdown: Arc<dyn SlowdownModel>,
+}
+
+impl Placer {
+    /// A policy with checked `params`.
+    pub fn new(params: PlacerParams, slowdown: Arc<dyn SlowdownModel>) -> Result<Placer> {
+        params.check()?;
+        Ok(Placer { params, slowdown })
+    }
+
+    /// The parameters in force.
+    pub fn params(&self) -> &PlacerParams {
+        &self.params
+    }
+
+    /// The slowdown model (the daemon feeds it samples).
+    pub fn slowdown_model(&self) -> &Arc<dyn SlowdownModel> {
+        &self.slowdown
+    }
+
+    /// Assesses every device of `view` (or only those in `restrict`, when not empty)
+    /// for `task`, predicting the degradation of every feasible device.
+    pub fn assess<'v>(
+        &self,
+        view: &'v ClusterView,
+        task: &TaskSpec,
+        restrict: &'v [String],
+        now_unix_ms: i64,
+    ) -> Assessment<'v> {
+        self.assess_limited(view, task, restrict, now_unix_ms, 0)
+    }
+
+    /// Like [`Placer::assess`], but with `limit` > 0 the slowdown model is asked only
+    /// about the `limit` feasible shared devices with the least aggregate demand
+    /// (sum of the solo utilisations on the busiest resource, plus 10 points per
+    /// resident); idle devices are always scored (exactly 1.0, no model needed). This
+    /// bounds a decision's cost on a large cluster, where a learned model costs
+    /// microseconds per prediction and a device needs 2n + 1 of them, the way
+    /// kube-scheduler scores only a share of the feasible nodes.
+    pub fn assess_limited<'v>(
+        &self,
+        view: &'v ClusterView,
+        task: &TaskSpec,
+        restrict: &'v [String],
+        now_unix_ms: i64,
+        limit: usize,
+    ) -> Assessment<'v> {
+        let new_profile = profile_of(task, None);
+        let new_footprint = view.memory().min_footprint_mib(task, None);
+        let task_hash = crate::view::fnv1a(task.task_id.as_bytes());
+        let mut out = Assessment::default();
+        // Feasible shared devices waiting for the model: (id, device, need, demand, tiebreak).
+        let mut shared: Vec<(&'v str, &'v DeviceState, u64, f64, u64)> = Vec::new();
+        let mut consider = |id: &'v str,
+                            device: Option<&'v DeviceState>,
+                            out: &mut Assessment<'v>| {
+            let Some(device) = device else {
+                out.rejected.push((id, Rejection::UnknownDevice));
+                return;
+            };
+            if device.info.is_some()
+                && let Some(at) = device.summary().idle_at_unix_ms
+            {
+                let left = (at - now_unix_ms).max(0) as f64 / 1000.0;
+                out.earliest_idle_s = Some(out.earliest_idle_s.map_or(left, |e: f64| e.min(left)));
+            }
+            let tiebreak = tiebreak(task_hash, device.id_hash);
+            match self.feasible(device, &new_profile, new_footprint) {
+                Ok((need, None)) => out.candidates.push(Candidate {
+                    device_id: id,
+                    pd_increase: 1.0,
+                    uncertainty: 0.0,
+                    rank: 1.0,
+                    reserved_mem_mib: need,
+                    idle: true,
+                    tiebreak,
+                }),
+                Ok((need, Some(demand))) => shared.push((id, device, need, demand, tiebreak)),
+                Err(rejection) => out.rejected.push((id, rejection)),
+            }
+        };
+        if restrict.is_empty() {
+            for (id, device) in view.devices() {
+                consider(id, Some(device), &mut out);
+            }
+        } else {
+            for id in restrict {
+                consider(id.as_str(), view.device(id), &mut out);
+            }
+        }
+        if limit > 0 && shared.len() > limit {
+            shared.select_nth_unstable_by(limit - 1, |a, b| {
+                a.3.partial_cmp(&b.3)
+                    .unwrap_or(Ordering::Equal)
+                    .then(a.4.cmp(&b.4))
+            });
+            out.unscored = shared.len() - limit;
+            shared.truncate(limit);
+        }
+        let mut scratch = Vec::new();
+        for (id, device, need, _, tiebreak) in shared {
+            match self.score(device, &new_profile, &mut scratch) {
+                Ok((pd_increase, uncertainty)) => out.candidates.push(Candidate {
+                    device_id: id,
+                    pd_increase,
+                    uncertainty,
+                    rank: pd_increase + self.params.uncertainty_weight * uncertainty,
+                    reserved_mem_mib: need,
+                    idle: false,
+                    tiebreak,
+                }),
+                Err(rejection) => out.rejected.push((id, rejection)),
+            }
+        }
+        // Only the head needs ordering: the best and the few an explanation lists.
+        let head = self.params.explain_top_k.max(1);
+        if out.candidates.len() > head {
+            out.candidates.select_nth_unstable_by(head - 1, better);
+        }
+        let head = head.min(out.candidates.len());
+        out.candidates[..head].sort_unstable_by(better);
+        out
+    }
+
+    /// Memory and utilisation feasibility of one device: the MiB to reserve, and for a
+    /// shared device its aggregate demand (for pre-screening), `None` when idle.
+    fn feasible(
+        &self,
+        device: &DeviceState,
+        new_profile: &TaskProfile,
+        new_footprint: Option<u64>,
+    ) -> Result<(u64, Option<f64>), Rejection> {
+        let info = device.info.as_ref().ok_or(Rejection::NotRegistered)?;
+        let summary = device.summary();
+        let usable = self.params.usable_memory_mib(info.memory_mib);
+        let idle = device.residents.is_empty();
+        let need = match new_footprint {
+            Some(mib) => mib,
+            // The whole card: nothing else can join a task of unknown size.
+            None if idle => usable,
+            None => return Err(Rejection::UnknownTaskMemory),
+        };
+        let free = usable.saturating_sub(summary.used_mib);
+        if need > free || need == 0 {
+            return Err(Rejection::Memory {
+                need_mib: need,
+                free_mib: free,
+            });
+        }
+        if idle {
+            return Ok((need, None));
+        }
+        let sm = summary.sm_util_pct + new_profile.sm_util_pct.unwrap_or(0.0);
+        if sm > self.params.sm_util_cap_pct {
+            return Err(Rejection::SmCap {
+                predicted_pct: sm,
+                cap_pct: self.params.sm_util_cap_pct,
+            });
+        }
+        let bw = summary.mem_bw_util_pct + new_profile.mem_bw_util_pct.unwrap_or(0.0);
+        if bw > self.params.mem_bw_util_cap_pct {
+            return Err(Rejection::MemBwCap {
+                predicted_pct: bw,
+                cap_pct: self.params.mem_bw_util_cap_pct,
+            });
+        }
+        Ok((
+            need,
+            Some(sm.max(bw) + 10.0 * device.residents.len() as f64),
+        ))
+    }
+
+    /// Predicted Σ PD increase of a shared device and its uncertainty.
+    fn score(
+        &self,
+        device: &DeviceState,
+        new_profile: &TaskProfile,
+        scratch: &mut Vec<TaskProfile>,
+    ) -> Result<(f64, f64), Rejection> {
+        let kind = device.info.as_ref().map_or("", |i| i.kind.as_str());
+        let profiles = &device.summary().profiles;
+        let own = self.slowdown.predict(kind, new_profile, profiles);
+        let mut increase = own.slowdown;
+        let mut variance = own.uncertainty * own.uncertainty;
+        // For each resident i: its co-runners without the task, then with it.
+        for (i, me) in profiles.iter().enumerate() {
+            scratch.clear();
+            scratch.extend(
+                profiles
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != i)
+                    .map(|(_, p)| p.clone()),
+            );
+            let without = self.slowdown.predict(kind, me, scratch);
+            scratch.push(new_profile.clone());
+            let with = self.slowdown.predict(kind, me, scratch);
+            increase += with.slowdown - without.slowdown;
+            variance += with.uncertainty * with.uncertainty;
+        }
+        if increase > self.params.max_pd_increase {
+            return Err(Rejection::PdCap {
+                predicted: increase,
+                cap: self.params.max_pd_increase,
+            });
+        }
+        Ok((increase, variance.sqrt()))
+    }
+
+    /// Decides where `task` goes (among `restrict`, when not empty), or that it waits.
+    pub fn decide(
+        &self,
+        view: &ClusterView,
+        task: &TaskSpec,
+        restrict: &[String],
+        now_unix_ms: i64,
+    ) -> Decision {
+        let assessment = self.assess_limited(
+            view,
+            task,
+            restrict,
+            now_unix_ms,
+            self.params.max_scored_devices,
+        );
+        let verdict = self.verdict(task, &assessment);
+        let explanation = self.explain(&assessment, &verdict);
+        Decision {
+            verdict,
+            explanation,
+        }
+    }
+
+    fn retry_hint(&self, wait_s: Option<f64>) -> Duration {
+        let p = &self.params;
+        match wait_s {
+            Some(w) if w.is_finite() => {
+                Duration::from_secs_f64(w.max(0.0)).clamp(p.min_retry_after, p.max_retry_after)
+            }
+            _ => p.min_retry_after.max(p.max_retry_after / 10),
+        }
+    }
+
+    /// Queue or place, given the assessment of the devices (see the module docs).
+    pub fn verdict(&self, task: &TaskSpec, assessment: &Assessment<'_>) -> Verdict {
+        let wait = assessment.earliest_idle_s;
+        let Some(best) = assessment.candidates.first() else {
+            let reason = if assessment.rejected.is_empty() {
+                "no device is registered".to_owned()
+            } else {
+                format!(
+                    "no device can take the task now ({})",
+                    rejection_counts(&assessment.rejected)
+                )
+            };
+            return Verdict::Queue {
+                retry_after: self.retry_hint(wait),
+                reason,
+            };
+        };
+        let place = Verdict::Place {
+            device_id: best.device_id.to_owned(),
+            reserved_mem_mib: best.reserved_mem_mib,
+        };
+        if best.idle {
+            return place;
+        }
+        let excess = (best.pd_increase - 1.0).max(0.0);
+        let duration_s =
+            solo_duration_s(task).unwrap_or(self.params.assumed_task_duration.as_secs_f64());
+        let cost_place_s = excess * duration_s;
+        match wait {
+            Some(w) if w * self.params.wait_cost_factor < cost_place_s => Verdict::Queue {
+                retry_after: self.retry_hint(Some(w)),
+                reason: format!(
+                    "waiting about {w:.0} s for a device to become idle costs less than running now \
+                     on {} (predicted summed PD +{:.2}: {excess:.2} × {duration_s:.0} s of \
+                     solo-speed progress lost)",
+                    best.device_id, best.pd_increase
+                ),
+            },
+            _ => place,
+        }
+    }
+
+    fn explain(&self, assessment: &Assessment<'_>, verdict: &Verdict) -> Explanation {
+        let k = self.params.explain_top_k;
+        let mut candidates: Vec<CandidateScore> = assessment
+            .candidates
+            .iter()
+            .take(k)
+            .map(|c| CandidateScore {
+                device_id: c.device_id.to_owned(),
+                predicted_pd_increase: c.pd_increase,
+                uncertainty: c.uncertainty,
+                feasible: true,
+                rejected_because: String::new(),
+            })
+            .collect();
+        candidates.extend(
+            assessment
+                .rejected
+                .iter()
+                .take(k)
+                .map(|(id, why)| CandidateScore {
+                    device_id: (*id).to_owned(),
+                    predicted_pd_increase: 0.0,
+                    uncertainty: 0.0,
+                    feasible: false,
+                    rejected_because: why.to_string(),
+                }),
+        );
+        let head = match verdict {
+            Verdict::Place { device_id, .. } => {
+                let best = assessment.candidates.first();
+                format!(
+                    "placed on {device_id}: predicted summed PD +{:.2} (±{:.2})",
+                    best.map_or(0.0, |c| c.pd_increase),
+                    best.map_or(0.0, |c| c.uncertainty)
+                )
+            }
+            Verdict::Queue {
+                retry_after,
+                reason,
+            } => {
+                format!("queued, retry after {} s: {reason}", retry_after.as_secs())
+            }
+        };
+        let rejected = if assessment.rejected.is_empty() {
+            "none rejected".to_owned()
+        } else {
+            format!(
+                "{} rejected ({})",
+                assessment.rejected.len(),
+                rejection_counts(&assessment.rejected)
+            )
+        };
+        let unscored = if assessment.unscored > 0 {
+            format!(
+                " ({} more feasible shared devices not scored: busier than the {} scored)",
+                assessment.unscored, self.params.max_scored_devices
+            )
+        } else {
+            String::new()
+        };
+        Explanation {
+            summary: format!(
+                "{head}; {} feasible{unscored}, {rejected}",
+                assessment.candidates.len()
+            ),
+            candidates,
+        }
+    }
+}
+
+/// "memory: 12, sm_cap: 3", in a stable order.
+fn rejection_counts(rejected: &[(&str, Rejection)]) -> String {
+    let mut counts: Vec<(&'static str, usize)> = Vec::new();
+    for (_, why) in rejected {
+        match counts.iter_mut().find(|(k, _)| *k == why.kind()) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((why.kind(), 1)),
+        }
+    }
+    counts.sort();
+    counts
+        .iter()
+        .map(|(k, n)| format!("{k}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Solo run time of the whole task: total samples × solo step time ÷ batch size.
+pub fn solo_duration_s(task: &TaskSpec) -> Option<f64> {
+    let total = task.total_samples? as f64;
+    let profile = task.profile.as_ref()?;
+    let step = profile.step_time_s?;
+    let batch = if profile.batch_size > 0 {
+        profile.batch_size
+    } else {
+        task.initial_batch_size
+    };
+    (batch > 0 && step.is_finite() && step > 0.0).then(|| total * step / f64::from(batch))
+}
+
+/// Mixes the task's and the device's id hashes (SplitMix64 finaliser), so each task
+/// orders equally good devices differently.
+fn tiebreak(task_hash: u64, device_hash: u64) -> u64 {
+    let mut z = task_hash ^ device_hash.rotate_left(29);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Best first: by rank, then by the per-task tie-break.
+fn better(a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
+    a.rank
+        .partial_cmp(&b.rank)
+        .unwrap_or(Ordering::Equal)
+        .then(a.tiebreak.cmp(&b.tiebreak))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ModelledMemory, SlowdownEstimate};
+    use iadeep_proto::CoLocationSample;
+
+    /// A fixed rule so the expected numbers can be worked out by hand: a GPU time-slices,
+    /// so IF = max(1, ΣSM / 100, ΣBW / 100) over the task and its co-runners.
+    #[derive(Debug)]
+    struct TimeShare;
+
+    impl SlowdownModel for TimeShare {
+        fn predict(
+            &self,
+            _: &str,
+            task: &TaskProfile,
+            corunners: &[TaskProfile],
+        ) -> SlowdownEstimate {
+            let all = || std::iter::once(task).chain(corunners);
+            let sm: f64 = all().map(|p| p.sm_util_pct.unwrap_or(100.0)).sum();
+            let bw: f64 = all().map(|p| p.mem_bw_util_pct.unwrap_or(100.0)).sum();
+            SlowdownEstimate {
+                slowdown: (sm / 100.0).max(bw / 100.0).max(1.0),
+                uncertainty: 0.0,
+            }
+        }
+        fn observe(&self, _: &CoLocationSample) {}
+    }
+    use iadeep_proto::{DeviceInfo, DeviceResidents, Reservation, SoloProfile, TaskReport};
+    use proptest::prelude::*;
+
+    fn placer() -> Placer {
+        Placer::new(PlacerParams::default(), Arc::new(TimeShare)).expect("valid params")
+    }
+
+    fn spec(id: &str, mib: u64, sm: f64, total: Option<u64>) -> TaskSpec {
+        TaskSpec {
+            task_id: id.into(),
+            initial_batch_size: 32,
+            gpu_mem_request_mib: mib,
+            total_samples: total,
+            profile: Some(SoloProfile {
+                batch_size: 32,
+                step_time_s: Some(0.1),
+                sm_util_pct: Some(sm),
+                mem_bw_util_pct: Some(sm / 2.0),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn device(view: &mut ClusterView, id: &str, mib: u64, residents: &[TaskSpec]) {
+        view.upsert_device(DeviceInfo {
+            device_id: id.into(),
+            node: "n".into(),
+            memory_mib: mib,
+            kind: "v100".into(),
+            ..Default::default()
+        });
+        if !residents.is_empty() {
+            let record = DeviceResidents {
+                device_id: id.into(),
+                reservations: residents
+                    .iter()
+                    .map(|s| Reservation {
+                        task_id: s.task_id.clone(),
+                        reserved_mem_mib: s.gpu_mem_request_mib,
+                        spec: Some(s.clone()),
+                        ..Default::default()
+                    })
+                    .collect(),
+            };
+            view.apply_residents(id, Some(record), 1);
+        }
+    }
+
+    #[test]
+    fn prefers_the_device_that_adds_least_degradation() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        device(&mut view, "busy", 32_000, &[spec("r1", 4000, 90.0, None)]);
+        device(&mut view, "light", 32_000, &[spec("r2", 4000, 10.0, None)]);
+        let d = placer().decide(&view, &spec("new", 4000, 80.0, None), &[], 0);
+        // With "light": SM 10 + 80 = 90% < 100, no slowdown: increase exactly 1.
+        // With "busy": SM 170% → both slow down 1.7×: 1.7 + 0.7.
+        assert_eq!(
+            d.verdict,
+            Verdict::Place {
+                device_id: "light".into(),
+                reserved_mem_mib: 4000
+            }
+        );
+        let scores: Vec<(&str, f64)> = d
+            .explanation
+            .candidates
+            .iter()
+            .map(|c| (c.device_id.as_str(), c.predicted_pd_increase))
+            .collect();
+        assert_eq!(scores[0], ("light", 1.0));
+        assert_eq!(scores[1].0, "busy");
+        assert!((scores[1].1 - 2.4).abs() < 1e-9, "{scores:?}");
+        assert!(
+            d.explanation.summary.starts_with("placed on light"),
+            "{}",
+            d.explanation.summary
+        );
+    }
+
+    #[test]
+    fn rejections_say_why_and_unknown_memory_needs_an_idle_device() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        device(&mut view, "full", 16_000, &[spec("r1", 14_000, 10.0, None)]);
+        device(
+            &mut view,
+            "hot",
+            32_000,
+            &[spec("r2", 1000, 100.0, None), spec("r3", 1000, 100.0, None)],
+        );
+        let d = placer().decide(&view, &spec("new", 4000, 50.0, None), &[], 0);
+        let Verdict::Queue { reason, .. } = &d.verdict else {
+            panic!("expected queue, got {:?}", d.verdict);
+        };
+        assert!(
+            reason.contains("memory: 1") && reason.contains("sm_cap: 1"),
+            "{reason}"
+        );
+        let why: Vec<&str> = d
+            .explanation
+            .candidates
+            .iter()
+            .map(|c| c.rejected_because.as_str())
+            .collect();
+        assert!(
+            why.iter()
+                .any(|w| w.starts_with("memory: the task needs 4000 MiB")),
+            "{why:?}"
+        );
+
+        let mut unknown = spec("mystery", 0, 50.0, None);
+        unknown.profile = None;
+        device(&mut view, "idle", 16_000, &[]);
+        device(&mut view, "roomy", 80_000, &[spec("r4", 1000, 10.0, None)]);
+        let d = placer().decide(&view, &unknown, &[], 0);
+        assert!(
+            matches!(&d.verdict, Verdict::Place { device_id, reserved_mem_mib } if device_id == "idle" && *reserved_mem_mib == PlacerParams::default().usable_memory_mib(16_000)),
+            "{:?}",
+            d.verdict
+        );
+        // Restricting to devices that cannot take it queues, naming unknown ids.
+        let d = placer().decide(&view, &unknown, &["roomy".into(), "ghost".into()], 0);
+        assert!(matches!(d.verdict, Verdict::Queue { .. }));
+        assert!(
+            d.explanation.summary.contains("unknown_device: 1"),
+            "{}",
+            d.explanation.summary
+        );
+        assert!(
+            d.explanation.summary.contains("unknown_task_memory: 1"),
+            "{}",
+            d.explanation.summary
+        );
+    }
+
+    #[test]
+    fn queues_when_a_device_frees_up_soon_and_places_when_nobody_reports_progress() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        let resident = spec("r1", 4000, 95.0, Some(10_000));
+        device(&mut view, "d0", 32_000, std::slice::from_ref(&resident));
+        let new = spec("new", 4000, 95.0, Some(1_000_000)); // 1e6 × 0.1 / 32 ≈ 3125 s alone
+        // Nobody reports: the wait is unknown, so the task is placed despite the cost.
+        let d = placer().decide(&view, &new, &[], 0);
+        assert!(
+            matches!(d.verdict, Verdict::Place { .. }),
+            "{:?}",
+            d.verdict
+        );
+        // The resident has 9,000 samples left at 900/s: free in 10 s. Placing costs
+        // (1.9 + 0.9 − 1) × 3125 s; waiting 10 s is far cheaper.
+        view.set_report(TaskReport {
+            task_id: "r1".into(),
+            samples_done: 1000,
+            samples_per_s: 900.0,
+            reported_at_unix_ms: 0,
+            ..Default::default()
+        });
+        let d = placer().decide(&view, &new, &[], 0);
+        match d.verdict {
+            Verdict::Queue {
+                retry_after,
+                reason,
+            } => {
+                assert_eq!(retry_after, Duration::from_secs(10));
+                assert!(reason.contains("waiting about 10 s"), "{reason}");
+            }
+            other => panic!("expected queue, got {other:?}"),
+        }
+        // A light newcomer costs nothing extra: placed even though a device frees soon.
+        let d = placer().decide(&view, &spec("light", 1000, 4.0, Some(1_000_000)), &[], 0);
+        assert!(
+            matches!(d.verdict, Verdict::Place { .. }),
+            "{:?}",
+            d.verdict
+        );
+    }
+
+    #[test]
+    fn only_the_least_loaded_shared_devices_are_scored_when_limited() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        device(&mut view, "heavy", 32_000, &[spec("r1", 1000, 80.0, None)]);
+        device(&mut view, "light", 32_000, &[spec("r2", 1000, 10.0, None)]);
+        device(&mut view, "medium", 32_000, &[spec("r3", 1000, 40.0, None)]);
+        let params = PlacerParams {
+            max_scored_devices: 1,
+            ..PlacerParams::default()
+        };
+        let p = Placer::new(params, Arc::new(TimeShare)).expect("valid");
+        let d = p.decide(&view, &spec("new", 1000, 30.0, None), &[], 0);
+        assert!(
+            matches!(&d.verdict, Verdict::Place { device_id, .. } if device_id == "light"),
+            "{:?}",
+            d.verdict
+        );
+        assert_eq!(d.explanation.candidates.len(), 1);
+        assert!(
+            d.explanation
+                .summary
+                .contains("2 more feasible shared devices not scored"),
+            "{}",
+            d.explanation.summary
+        );
+        // Unlimited, all three are scored.
+        let all = placer().assess(&view, &spec("new", 1000, 30.0, None), &[], 0);
+        assert_eq!((all.candidates.len(), all.unscored), (3, 0));
+    }
+
+    fn arb_spec(id: String) -> impl Strategy<Value = TaskSpec> {
+        (
+            1u64..20_000,
+            0.0f64..100.0,
+            proptest::option::of(1u64..10_000_000),
+        )
+            .prop_map(move |(mib, sm, total)| spec(&id, mib, sm, total))
+    }
+
+    proptest! {
+        /// Whatever the cluster, a placement fits the chosen device's usable memory,
+        /// and a task that fits an idle device is never turned away for lack of room.
+        #[test]
+        fn placements_always_fit(
+            sizes in proptest::collection::vec(8_000u64..40_000, 1..6),
+            loads in proptest::collection::vec(proptest::collection::vec(1u64..12_000, 0..4), 6),
+            new in arb_spec("new".into()),
+        ) {
+            let mut view = ClusterView::new(Arc::new(ModelledMemory));
+            let mut k = 0;
+            for (i, size) in sizes.iter().enumerate() {
+                let residents: Vec<TaskSpec> = loads[i]
+                    .iter()
+                    .map(|&mib| { k += 1; spec(&format!("r{k}"), mib, 50.0, None) })
+                    .collect();
+                device(&mut view, &format!("d{i}"), *size, &residents);
+            }
+            let p = placer();
+            let d = p.decide(&view, &new, &[], 0);
+            if let Verdict::Place { device_id, reserved_mem_mib } = &d.verdict {
+                let dev = view.device(device_id).expect("chosen device exists");
+                let total = dev.info.as_ref().expect("registered").memory_mib;
+                prop_assert!(dev.reserved_mem_mib() + reserved_mem_mib <= p.params().usable_memory_mib(total));
+                prop_assert!(*reserved_mem_mib >= new.gpu_mem_request_mib);
+            }
+            let idle_fits = view.devices().any(|(_, dev)| dev.residents.is_empty()
+                && dev.info.as_ref().is_some_and(|i| p.params().usable_memory_mib(i.memory_mib) >= new.gpu_mem_request_mib));
+            if idle_fits {
+                prop_assert!(matches!(d.verdict, Verdict::Place { .. }), "{:?}", d.verdict);
+            }
+        }
+    }
+}

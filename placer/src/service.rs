@@ -1,0 +1,354 @@
+//! Place, release and list over a live store: the policy plus the reservation
+//! protocol, shared by the gRPC service and the Kubernetes extender.
+//!
+//! A placement is decided on the in-memory view, then made real by one
+//! compare-and-swap on the chosen device's residents record, expecting the
+//! revision the decision was based on. If another placement got there first the
+//! CAS fails and returns the record as it is now; the view takes it and the
+//! task is decided again, at most `max_reserve_attempts` times. Because every
+//! admission goes through that CAS, no interleaving of requests (in this
+//! process or in another placer) can admit more than the record said fits.
+
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
+
+use iadeep_proto::{
+    DeviceInfo, DeviceResidents, DeviceStatus, Explanation, Placement, QueueDecision, Reservation,
+    TaskSpec, place_response,
+};
+use iadeep_state::{CasOutcome, Expect, StateStore, keys, typed};
+use prost::Message;
+
+use crate::error::{PlacerError, Result};
+use crate::metrics::PlacerMetrics;
+use crate::policy::{Decision, Placer, Verdict};
+use crate::validate;
+use crate::view::ClusterView;
+
+/// The outcome of a Place, as both front ends report it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlaceOutcome {
+    pub decision: place_response::Decision,
+    pub explanation: Explanation,
+}
+
+/// The placement service: policy, view and store.
+#[derive(Debug, Clone)]
+pub struct PlacementService {
+    store: Arc<dyn StateStore>,
+    view: Arc<RwLock<ClusterView>>,
+    placer: Arc<Placer>,
+    metrics: Arc<PlacerMetrics>,
+}
+
+impl PlacementService {
+    /// A service deciding with `placer` on `view`, reserving in `store`.
+    pub fn new(
+        store: Arc<dyn StateStore>,
+        view: Arc<RwLock<ClusterView>>,
+        placer: Arc<Placer>,
+        metrics: Arc<PlacerMetrics>,
+    ) -> PlacementService {
+        PlacementService {
+            store,
+            view,
+            placer,
+            metrics,
+        }
+    }
+
+    /// The metrics this service counts into.
+    pub fn metrics(&self) -> &Arc<PlacerMetrics> {
+        &self.metrics
+    }
+
+    /// The policy.
+    pub fn placer(&self) -> &Placer {
+        &self.placer
+    }
+
+    /// Read access to the view (never held across an await).
+    pub fn view(&self) -> RwLockReadGuard<'_, ClusterView> {
+        // A panic while holding the lock leaves a view that is still a consistent map.
+        self.view.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn view_mut(&self) -> RwLockWriteGuard<'_, ClusterView> {
+        self.view.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Decides where `task` goes and, when placed, reserves the device before returning.
+    ///
+    /// Placing a task that already holds a reservation answers that reservation again
+    /// (a client retrying after a lost answer must not get a second device).
+    pub async fn place(&self, task: TaskSpec, restrict: Vec<String>) -> Result<PlaceOutcome> {
+        let started = Instant::now();
+        let result = self.place_inner(task, restrict).await;
+        self.metrics.place_latency.observe(started.elapsed());
+        match &result {
+            Ok(PlaceOutcome {
+                decision: place_response::Decision::Placed(_),
+                ..
+            }) => self.metrics.placed.inc(),
+            Ok(_) => self.metrics.queued.inc(),
+            Err(PlacerError::InvalidArgument { .. }) => self.metrics.invalid.inc(),
+            Err(_) => self.metrics.failed.inc(),
+        }
+        result
+    }
+
+    async fn place_inner(&self, task: TaskSpec, restrict: Vec<String>) -> Result<PlaceOutcome> {
+        validate::task_spec("task", &task)?;
+        validate::device_ids("candidate_device_ids", &restrict)?;
+        let attempts = self.placer.params().max_reserve_attempts;
+        for attempt in 1..=attempts {
+            // Decide and build the new record under one read lock, so the expected
+            // revision is the one the decision saw.
+            let (explanation, plan) = {
+                let view = self.view();
+                if let Some(device_id) = view.device_of(&task.task_id) {
+                    return Ok(self.existing(&view, &task.task_id, device_id));
+                }
+                let started = Instant::now();
+                let Decision {
+                    verdict,
+                    explanation,
+                } = self
+                    .placer
+                    .decide(&view, &task, &restrict, iadeep_proto::now_unix_ms());
+                self.metrics.decision_latency.observe(started.elapsed());
+                let plan = match verdict {
+                    Verdict::Place {
+                        device_id,
+                        reserved_mem_mib,
+                    } => {
+                        let device = view.device(&device_id);
+                        let mut record = device
+                            .map(|d| d.residents_record(&device_id))
+                            .unwrap_or_else(|| DeviceResidents {
+                                device_id: device_id.clone(),
+                                reservations: Vec::new(),
+                            });
+                        let reservation = Reservation {
+                            task_id: task.task_id.clone(),
+                            reserved_mem_mib,
+                            placed_at_unix_ms: iadeep_proto::now_unix_ms(),
+                            spec: Some(task.clone()),
+                        };
+                        record.reservations.push(reservation.clone());
+                        let expect = match device.and_then(|d| d.residents_revision) {
+                            Some(rev) => Expect::ModRevision(rev),
+                            None => Expect::Absent,
+                        };
+                        Ok((device_id, record, reservation, expect))
+                    }
+                    Verdict::Queue {
+                        retry_after,
+                        reason,
+                    } => Err((retry_after, reason)),
+                };
+                (explanation, plan)
+            };
+            let (device_id, record, reservation, expect) = match plan {
+                Ok(reserve) => reserve,
+                Err((retry_after, reason)) => {
+                    tracing::debug!(task = %task.task_id, retry_after_s = retry_after.as_secs(), %reason, "queued");
+                    return Ok(PlaceOutcome {
+                        decision: place_response::Decision::Queued(QueueDecision {
+                            retry_after_ms: u64::try_from(retry_after.as_millis())
+                                .unwrap_or(u64::MAX),
+                            reason,
+                        }),
+                        explanation,
+                    });
+                }
+            };
+            let key = keys::device_residents(&device_id);
+            match self
+                .store
+                .compare_and_swap(&key, expect, record.encode_to_vec(), None)
+                .await?
+            {
+                CasOutcome::Swapped { revision } => {
+                    self.view_mut()
+                        .apply_residents(&device_id, Some(record), revision);
+                    let placement = Placement {
+                        task_id: task.task_id.clone(),
+                        device_id: device_id.clone(),
+                        reserved_mem_mib: reservation.reserved_mem_mib,
+                        placed_at_unix_ms: reservation.placed_at_unix_ms,
+                    };
+                    if let Err(err) = self.record_placement(&task, &placement).await {
+                        tracing::error!(task = %task.task_id, device = %device_id, %err,
+                            "reserved the device but could not record the placement; undoing");
+                        if let Err(undo) = self.release(&task.task_id).await {
+                            tracing::error!(task = %task.task_id, %undo, "undo failed: release the task by hand");
+                        }
+                        return Err(err);
+                    }
+                    tracing::info!(task = %task.task_id, device = %device_id,
+                        reserved_mib = placement.reserved_mem_mib, attempt,
+                        summary = %explanation.summary, "placed");
+                    return Ok(PlaceOutcome {
+                        decision: place_response::Decision::Placed(placement),
+                        explanation,
+                    });
+                }
+                CasOutcome::Conflict { current } => {
+                    self.metrics.cas_conflicts.inc();
+                    tracing::debug!(task = %task.task_id, device = %device_id, attempt,
+                        "device changed since the decision; deciding again");
+                    self.absorb(&device_id, expect, current);
+                }
+            }
+        }
+        Err(PlacerError::Contention {
+            task_id: task.task_id,
+            attempts,
+        })
+    }
+
+    /// Puts what a lost compare-and-swap found into the view.
+    fn absorb(&self, device_id: &str, expected: Expect, current: Option<iadeep_state::KeyValue>) {
+        let mut view = self.view_mut();
+        match current {
+            Some(kv) => match typed::decode::<DeviceResidents>(&kv) {
+                Ok(record) => {
+                    view.apply_residents(device_id, Some(record), kv.mod_revision);
+                }
+                Err(err) => {
+                    self.metrics.decode_errors.inc();
+                    tracing::warn!(%err, "residents record does not decode; device skipped until rewritten");
+                }
+            },
+            None => {
+                // Deleted after the revision we expected: any later write is newer still.
+                let after = match expected {
+                    Expect::ModRevision(rev) => rev + 1,
+                    Expect::Absent => 0,
+                };
+                view.apply_residents(device_id, None, after);
+            }
+        }
+    }
+
+    fn existing(&self, view: &ClusterView, task_id: &str, device_id: &str) -> PlaceOutcome {
+        let reservation = view
+            .device(device_id)
+            .and_then(|d| {
+                d.residents
+                    .iter()
+                    .find(|r| r.reservation.task_id == task_id)
+            })
+            .map(|r| r.reservation.clone())
+            .unwrap_or_default();
+        PlaceOutcome {
+            decision: place_response::Decision::Placed(Placement {
+                task_id: task_id.to_owned(),
+                device_id: device_id.to_owned(),
+                reserved_mem_mib: reservation.reserved_mem_mib,
+                placed_at_unix_ms: reservation.placed_at_unix_ms,
+            }),
+            explanation: Explanation {
+                summary: format!("task {task_id} is already placed on {device_id}"),
+                candidates: Vec::new(),
+            },
+        }
+    }
+
+    async fn record_placement(&self, task: &TaskSpec, placement: &Placement) -> Result<()> {
+        let store = self.store.as_ref();
+        typed::put(store, &keys::task_placement(&task.task_id), placement, None).await?;
+        typed::put(store, &keys::task_spec(&task.task_id), task, None).await?;
+        Ok(())
+    }
+
+    /// Gives `task_id`'s reservation back. Returns the device it held, or `None` when it
+    /// held none (releasing twice is not an error).
+    pub async fn release(&self, task_id: &str) -> Result<Option<String>> {
+        validate::task_id("task_id", task_id)?;
+        let placement_key = keys::task_placement(task_id);
+        let from_store = typed::get::<Placement>(self.store.as_ref(), &placement_key)
+            .await?
+            .map(|(p, _)| p.device_id);
+        let from_view = self.view().device_of(task_id).map(str::to_owned);
+        let mut released = None;
+        // Normally both agree; after a crash between the two writes only one knows.
+        let mut devices: Vec<String> = from_store.into_iter().chain(from_view).collect();
+        devices.dedup();
+        for device_id in devices {
+            if self.remove_reservation(&device_id, task_id).await? {
+                released = Some(device_id);
+            }
+        }
+        let had_placement = self.store.delete(&placement_key).await?;
+        if released.is_some() || had_placement {
+            self.metrics.released.inc();
+            tracing::debug!(task = %task_id, device = ?released, "released");
+        }
+        Ok(released)
+    }
+
+    /// Removes one task from a device's residents record; true when it was there.
+    async fn remove_reservation(&self, device_id: &str, task_id: &str) -> Result<bool> {
+        validate::device_ids("device_id", std::slice::from_ref(&device_id.to_owned()))?;
+        let key = keys::device_residents(device_id);
+        let attempts = self.placer.params().max_reserve_attempts;
+        for _ in 0..attempts {
+            let Some((mut record, kv)) =
+                typed::get::<DeviceResidents>(self.store.as_ref(), &key).await?
+            else {
+                return Ok(false);
+            };
+            let before = record.reservations.len();
+            record.reservations.retain(|r| r.task_id != task_id);
+            if record.reservations.len() == before {
+                return Ok(false);
+            }
+            if record.reservations.is_empty() {
+                if self.store.compare_and_delete(&key, kv.mod_revision).await? {
+                    self.view_mut()
+                        .apply_residents(device_id, None, kv.mod_revision + 1);
+                    return Ok(true);
+                }
+            } else if let CasOutcome::Swapped { revision } = self
+                .store
+                .compare_and_swap(
+                    &key,
+                    Expect::ModRevision(kv.mod_revision),
+                    record.encode_to_vec(),
+                    None,
+                )
+                .await?
+            {
+                self.view_mut()
+                    .apply_residents(device_id, Some(record), revision);
+                return Ok(true);
+            }
+            self.metrics.cas_conflicts.inc();
+        }
+        Err(PlacerError::Contention {
+            task_id: task_id.to_owned(),
+            attempts,
+        })
+    }
+
+    /// Every device in the view with its residents.
+    pub fn list_devices(&self) -> Vec<DeviceStatus> {
+        let view = self.view();
+        view.devices()
+            .map(|(id, device)| DeviceStatus {
+                device: Some(device.info.clone().unwrap_or_else(|| DeviceInfo {
+                    device_id: id.to_owned(),
+                    ..Default::default()
+                })),
+                resident_task_ids: device
+                    .residents
+                    .iter()
+                    .map(|r| r.reservation.task_id.clone())
+                    .collect(),
+                reserved_mem_mib: device.reserved_mem_mib(),
+            })
+            .collect()
+    }
+}

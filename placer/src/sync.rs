@@ -1,0 +1,213 @@
+//! Keeps a [`ClusterView`] fresh from the store: range, then watch from the
+//! snapshot's revision + 1, so no change between the two is missed.
+//!
+//! Three prefixes are followed, each by its own task: devices (registrations and
+//! residents records), tasks (reports) and co-location samples (fed to the
+//! slowdown model so the predictor learns from what the tuners measure). A watch
+//! that ends (history compacted, store gone) is replaced by a fresh range and
+//! watch after a short pause; a value that does not decode is logged and skipped,
+//! never fatal.
+
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use iadeep_proto::{CoLocationSample, DeviceInfo, DeviceResidents, TaskReport};
+use iadeep_state::keys::{self, KeyKind};
+use iadeep_state::{KeyValue, Revision, StateStore, WatchEvent, typed};
+use tokio::task::JoinHandle;
+
+use crate::error::Result;
+use crate::metrics::PlacerMetrics;
+use crate::model::SlowdownModel;
+use crate::view::ClusterView;
+
+/// Pause before re-reading a prefix whose watch ended.
+const RESYNC_PAUSE: Duration = Duration::from_millis(500);
+
+/// The background tasks following the store; dropping it stops them.
+#[derive(Debug)]
+pub struct ViewSync {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for ViewSync {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Prefix {
+    Devices,
+    Tasks,
+    Samples,
+}
+
+impl Prefix {
+    fn key(self) -> &'static str {
+        match self {
+            Prefix::Devices => keys::DEVICES,
+            Prefix::Tasks => keys::TASKS,
+            Prefix::Samples => keys::SAMPLES,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Ctx {
+    store: Arc<dyn StateStore>,
+    view: Arc<RwLock<ClusterView>>,
+    model: Arc<dyn SlowdownModel>,
+    metrics: Arc<PlacerMetrics>,
+}
+
+impl ViewSync {
+    /// Loads the current state into `view` (returning once it is loaded, so the first
+    /// decision already sees the cluster) and starts following changes.
+    pub async fn start(
+        store: Arc<dyn StateStore>,
+        view: Arc<RwLock<ClusterView>>,
+        model: Arc<dyn SlowdownModel>,
+        metrics: Arc<PlacerMetrics>,
+    ) -> Result<ViewSync> {
+        let ctx = Ctx {
+            store,
+            view,
+            model,
+            metrics,
+        };
+        let mut tasks = Vec::new();
+        for prefix in [Prefix::Devices, Prefix::Tasks, Prefix::Samples] {
+            let revision = ctx.load(prefix, 0).await?;
+            let ctx = ctx.clone();
+            tasks.push(tokio::spawn(
+                async move { ctx.follow(prefix, revision).await },
+            ));
+        }
+        let view = ctx.view.read().unwrap_or_else(|e| e.into_inner());
+        tracing::info!(
+            devices = view.len(),
+            residents = view.resident_count(),
+            store = %ctx.store.describe(),
+            "placer view loaded; following changes"
+        );
+        Ok(ViewSync { tasks })
+    }
+}
+
+impl Ctx {
+    /// Reads `prefix` whole into the view, dropping what the view holds that is gone.
+    /// Samples written at or before `seen` were already learnt from and are skipped.
+    async fn load(&self, prefix: Prefix, seen: Revision) -> Result<Revision> {
+        let snapshot = self.store.range(prefix.key()).await?;
+        let revision = snapshot.revision;
+        let mut view = self.view.write().unwrap_or_else(|e| e.into_inner());
+        match prefix {
+            Prefix::Devices => {
+                let mut registered = HashSet::new();
+                let mut with_residents = HashSet::new();
+                for kv in &snapshot.kvs {
+                    match KeyKind::parse(&kv.key) {
+                        KeyKind::DeviceInfo { device } => {
+                            registered.insert(device);
+                        }
+                        KeyKind::DeviceResidents { device } => {
+                            with_residents.insert(device);
+                        }
+                        _ => {}
+                    }
+                }
+                let known: Vec<String> = view.devices().map(|(id, _)| id.to_owned()).collect();
+                for id in known {
+                    if !with_residents.contains(&id) {
+                        view.apply_residents(&id, None, revision);
+                    }
+                    if !registered.contains(&id) {
+                        view.remove_device(&id);
+                    }
+                }
+            }
+            Prefix::Tasks | Prefix::Samples => {}
+        }
+        for kv in snapshot.kvs {
+            if prefix == Prefix::Samples && kv.mod_revision <= seen {
+                continue;
+            }
+            self.apply_put(&mut view, kv);
+        }
+        Ok(revision)
+    }
+
+    async fn follow(self, prefix: Prefix, mut revision: Revision) {
+        loop {
+            match self.store.watch(prefix.key(), Some(revision + 1)).await {
+                Ok(mut watch) => {
+                    while let Some(item) = watch.next().await {
+                        match item {
+                            Ok(event) => {
+                                revision = event.revision();
+                                self.apply(event);
+                            }
+                            Err(err) => {
+                                tracing::warn!(prefix = prefix.key(), %err, "watch ended; re-reading");
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(err) => tracing::warn!(prefix = prefix.key(), %err, "cannot watch; retrying"),
+            }
+            tokio::time::sleep(RESYNC_PAUSE).await;
+            match self.load(prefix, revision).await {
+                Ok(rev) => revision = rev,
+                Err(err) => tracing::warn!(prefix = prefix.key(), %err, "cannot re-read; retrying"),
+            }
+        }
+    }
+
+    fn apply(&self, event: WatchEvent) {
+        let mut view = self.view.write().unwrap_or_else(|e| e.into_inner());
+        match event {
+            WatchEvent::Put(kv) => self.apply_put(&mut view, kv),
+            WatchEvent::Delete { key, revision } => match KeyKind::parse(&key) {
+                KeyKind::DeviceInfo { device } => view.remove_device(&device),
+                KeyKind::DeviceResidents { device } => {
+                    view.apply_residents(&device, None, revision);
+                }
+                KeyKind::TaskReport { task } => view.remove_report(&task),
+                _ => {}
+            },
+        }
+    }
+
+    fn apply_put(&self, view: &mut ClusterView, kv: KeyValue) {
+        let result = match KeyKind::parse(&kv.key) {
+            KeyKind::DeviceInfo { device } => typed::decode::<DeviceInfo>(&kv).map(|mut info| {
+                // The key is authoritative: a record naming another device is a copy-paste slip.
+                info.device_id = device;
+                view.upsert_device(info);
+            }),
+            KeyKind::DeviceResidents { device } => {
+                typed::decode::<DeviceResidents>(&kv).map(|record| {
+                    view.apply_residents(&device, Some(record), kv.mod_revision);
+                })
+            }
+            KeyKind::TaskReport { task } => typed::decode::<TaskReport>(&kv).map(|mut report| {
+                report.task_id = task;
+                view.set_report(report);
+            }),
+            KeyKind::Sample { .. } => typed::decode::<CoLocationSample>(&kv).map(|sample| {
+                self.model.observe(&sample);
+                self.metrics.samples_observed.inc();
+            }),
+            _ => Ok(()),
+        };
+        if let Err(err) = result {
+            self.metrics.decode_errors.inc();
+            tracing::warn!(%err, "skipping a stored value that does not decode");
+        }
+    }
+}

@@ -1,0 +1,448 @@
+//! The in-memory picture of the cluster that decisions are made on.
+//!
+//! Decisions must be fast and must never wait for the store, so the daemon keeps
+//! this view up to date from a watch (see [`crate::sync`]) and the simulator
+//! builds one directly. The view is plain data: applying an event is a map
+//! update, and stale events (older than what the view holds) are ignored, so the
+//! same record may arrive twice (from our own compare-and-swap and from the
+//! watch) without harm.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use iadeep_proto::{DeviceInfo, DeviceResidents, Reservation, TaskProfile, TaskReport, TaskSpec};
+use iadeep_state::Revision;
+
+use crate::model::MemoryEstimator;
+
+/// One task holding part of a device, with what the placer knows of how it runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resident {
+    pub reservation: Reservation,
+    /// The task's latest report, if its agent has reported yet.
+    pub report: Option<TaskReport>,
+    /// The task as the slowdown model sees it, derived from spec and report.
+    pub profile: TaskProfile,
+    /// When the task is predicted to finish (Unix ms), from its last report; computed
+    /// once per report because every decision asks.
+    finish_at_unix_ms: Option<i64>,
+}
+
+impl Resident {
+    /// A resident from its reservation and latest report.
+    pub fn new(reservation: Reservation, report: Option<TaskReport>) -> Resident {
+        let spec = reservation.spec.clone().unwrap_or_default();
+        let profile = profile_of(&spec, report.as_ref());
+        let finish_at_unix_ms = report.as_ref().and_then(|r| finish_at(&spec, r));
+        Resident {
+            reservation,
+            report,
+            profile,
+            finish_at_unix_ms,
+        }
+    }
+
+    /// The submitted spec (empty if the stored reservation carried none).
+    pub fn spec(&self) -> &TaskSpec {
+        static EMPTY: std::sync::OnceLock<TaskSpec> = std::sync::OnceLock::new();
+        self.reservation
+            .spec
+            .as_ref()
+            .unwrap_or_else(|| EMPTY.get_or_init(TaskSpec::default))
+    }
+
+    /// Seconds until the task is predicted to finish, from its reported progress:
+    /// `(total_samples − samples_done) / samples_per_s` after the report was written.
+    /// `None` when the task did not say how much work it has or has not reported a rate.
+    pub fn remaining_s(&self, now_unix_ms: i64) -> Option<f64> {
+        self.finish_at_unix_ms
+            .map(|at| (at - now_unix_ms).max(0) as f64 / 1000.0)
+    }
+}
+
+/// Predicted finish time (Unix ms) of a task from one of its reports.
+fn finish_at(spec: &TaskSpec, report: &TaskReport) -> Option<i64> {
+    let total = spec.total_samples?;
+    if report.finished {
+        return Some(report.reported_at_unix_ms);
+    }
+    if !(report.samples_per_s.is_finite() && report.samples_per_s > 0.0) {
+        return None;
+    }
+    let left_s = total.saturating_sub(report.samples_done) as f64 / report.samples_per_s;
+    // Saturating float-to-int conversion: an absurd rate cannot overflow.
+    Some(
+        report
+            .reported_at_unix_ms
+            .saturating_add((left_s * 1000.0) as i64),
+    )
+}
+
+/// The profile of a task for the slowdown model: its solo profile, at the batch
+/// size it currently runs at if it has reported (scaling the solo step time
+/// linearly in the batch size, the best a placer can do without a model of it).
+///
+/// The model name is left empty on purpose: it is never a feature (a name says
+/// nothing about a model never seen before), and copying it for every
+/// co-location a decision evaluates was most of the decision's time.
+pub fn profile_of(spec: &TaskSpec, report: Option<&TaskReport>) -> TaskProfile {
+    let solo = spec.profile.clone().unwrap_or_default();
+    let profile_batch = if solo.batch_size > 0 {
+        solo.batch_size
+    } else {
+        spec.initial_batch_size
+    };
+    let batch_size = report
+        .map(|r| r.batch_size)
+        .filter(|&b| b > 0)
+        .unwrap_or(profile_batch);
+    let solo_step_time_s = match (solo.step_time_s, profile_batch) {
+        (Some(t), b) if b > 0 => t * f64::from(batch_size) / f64::from(b),
+        (Some(t), _) => t,
+        (None, _) => 0.0,
+    };
+    TaskProfile {
+        model: String::new(),
+        batch_size,
+        solo_step_time_s,
+        sm_util_pct: solo.sm_util_pct,
+        mem_bw_util_pct: solo.mem_bw_util_pct,
+        gpu_mem_mib: report.and_then(|r| r.peak_mem_mib).or(solo.peak_mem_mib),
+    }
+}
+
+/// What every decision reads about a device, aggregated once per change of the device
+/// (a reservation or a resident's report) rather than once per decision: at 1,000
+/// devices, walking every resident's spec and report dominated the decision time.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceSummary {
+    /// Σ over residents of max(reserved, the memory estimator's footprint now), MiB.
+    pub used_mib: u64,
+    /// Σ of the residents' known solo SM utilisations, percent.
+    pub sm_util_pct: f64,
+    /// Σ of the residents' known solo DRAM-bandwidth utilisations, percent.
+    pub mem_bw_util_pct: f64,
+    /// When the device is predicted to be idle (Unix ms): the last predicted finish of
+    /// its residents, `None` when some resident does not report its progress.
+    pub idle_at_unix_ms: Option<i64>,
+    /// The residents' profiles, contiguous, in resident order.
+    pub profiles: Vec<TaskProfile>,
+}
+
+/// One device: its registration and its reservations.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceState {
+    /// `None` while the device is not registered (its tuner's lease expired): such a
+    /// device keeps its reservations but takes no new task.
+    pub info: Option<DeviceInfo>,
+    pub residents: Vec<Resident>,
+    /// Mod-revision of the device's residents record, `None` when there is none: what
+    /// a reservation's compare-and-swap expects.
+    pub residents_revision: Option<Revision>,
+    /// Revision of the last residents event applied (a put or a delete), to ignore older ones.
+    seen_revision: Revision,
+    /// Hash of the device id, for cheap per-task tie-breaking.
+    pub(crate) id_hash: u64,
+    summary: DeviceSummary,
+}
+
+impl DeviceState {
+    /// The aggregates decisions read.
+    pub fn summary(&self) -> &DeviceSummary {
+        &self.summary
+    }
+
+    fn refresh(&mut self, memory: &dyn MemoryEstimator) {
+        let mut summary = DeviceSummary {
+            profiles: Vec::with_capacity(self.residents.len()),
+            ..DeviceSummary::default()
+        };
+        let mut idle_at = Some(i64::MIN);
+        for r in &self.residents {
+            idle_at = match (idle_at, r.finish_at_unix_ms) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            };
+            let estimate = memory
+                .min_footprint_mib(r.spec(), r.report.as_ref())
+                .unwrap_or(0);
+            summary.used_mib += estimate.max(r.reservation.reserved_mem_mib);
+            summary.sm_util_pct += r.profile.sm_util_pct.unwrap_or(0.0);
+            summary.mem_bw_util_pct += r.profile.mem_bw_util_pct.unwrap_or(0.0);
+            summary.profiles.push(r.profile.clone());
+        }
+        summary.idle_at_unix_ms = idle_at.filter(|_| !self.residents.is_empty());
+        self.summary = summary;
+    }
+
+    /// MiB reserved by the residents.
+    pub fn reserved_mem_mib(&self) -> u64 {
+        self.residents
+            .iter()
+            .map(|r| r.reservation.reserved_mem_mib)
+            .sum()
+    }
+
+    /// The stored record these residents came from.
+    pub fn residents_record(&self, device_id: &str) -> DeviceResidents {
+        DeviceResidents {
+            device_id: device_id.to_owned(),
+            reservations: self
+                .residents
+                .iter()
+                .map(|r| r.reservation.clone())
+                .collect(),
+        }
+    }
+}
+
+/// Every device the placer knows and the latest report of every task.
+///
+/// The view owns the [`MemoryEstimator`]: residents' footprints are estimated when
+/// a resident or its report changes, and the placer asks the same estimator about
+/// the arriving task (see [`ClusterView::memory`]), so both sides always agree.
+#[derive(Clone, Debug)]
+pub struct ClusterView {
+    memory: Arc<dyn MemoryEstimator>,
+    devices: BTreeMap<String, DeviceState>,
+    reports: HashMap<String, TaskReport>,
+    /// Where each resident task is, for release and duplicate checks.
+    task_device: HashMap<String, String>,
+}
+
+impl ClusterView {
+    /// An empty view estimating memory footprints with `memory`.
+    pub fn new(memory: Arc<dyn MemoryEstimator>) -> ClusterView {
+        ClusterView {
+            memory,
+            devices: BTreeMap::new(),
+            reports: HashMap::new(),
+            task_device: HashMap::new(),
+        }
+    }
+
+    /// The memory estimator of this view.
+    pub fn memory(&self) -> &dyn MemoryEstimator {
+        self.memory.as_ref()
+    }
+
+    /// Devices by id, sorted.
+    pub fn devices(&self) -> impl Iterator<Item = (&str, &DeviceState)> {
+        self.devices.iter().map(|(id, d)| (id.as_str(), d))
+    }
+
+    /// One device.
+    pub fn device(&self, id: &str) -> Option<&DeviceState> {
+        self.devices.get(id)
+    }
+
+    /// Number of devices (registered or holding reservations).
+    pub fn len(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// True when the view knows no device.
+    pub fn is_empty(&self) -> bool {
+        self.devices.is_empty()
+    }
+
+    /// Number of resident tasks over all devices.
+    pub fn resident_count(&self) -> usize {
+        self.task_device.len()
+    }
+
+    /// The device a task holds a reservation on.
+    pub fn device_of(&self, task_id: &str) -> Option<&str> {
+        self.task_device.get(task_id).map(String::as_str)
+    }
+
+    fn entry(&mut self, device_id: &str) -> &mut DeviceState {
+        Self::entry_in(&mut self.devices, device_id)
+    }
+
+    fn entry_in<'a>(
+        devices: &'a mut BTreeMap<String, DeviceState>,
+        device_id: &str,
+    ) -> &'a mut DeviceState {
+        devices
+            .entry(device_id.to_owned())
+            .or_insert_with(|| DeviceState {
+                id_hash: fnv1a(device_id.as_bytes()),
+                ..DeviceState::default()
+            })
+    }
+
+    /// Registers or updates a device.
+    pub fn upsert_device(&mut self, info: DeviceInfo) {
+        let id = info.device_id.clone();
+        self.entry(&id).info = Some(info);
+    }
+
+    /// Forgets a device's registration (its reservations stay until released).
+    pub fn remove_device(&mut self, device_id: &str) {
+        if let Some(device) = self.devices.get_mut(device_id) {
+            device.info = None;
+            if device.residents.is_empty() {
+                self.devices.remove(device_id);
+            }
+        }
+    }
+
+    /// Applies a residents record read or written at `revision` (its mod-revision), or
+    /// its deletion at `revision` when `record` is `None`. Returns false (and changes
+    /// nothing) when the view already holds a newer state of that record.
+    pub fn apply_residents(
+        &mut self,
+        device_id: &str,
+        record: Option<DeviceResidents>,
+        revision: Revision,
+    ) -> bool {
+        let device = Self::entry_in(&mut self.devices, device_id);
+        if revision < device.seen_revision {
+            return false;
+        }
+        for old in device.residents.drain(..) {
+            if self
+                .task_device
+                .get(&old.reservation.task_id)
+                .map(String::as_str)
+                == Some(device_id)
+            {
+                self.task_device.remove(&old.reservation.task_id);
+            }
+        }
+        device.seen_revision = revision;
+        match record {
+            Some(record) => {
+                device.residents_revision = Some(revision);
+                for reservation in record.reservations {
+                    let report = self.reports.get(&reservation.task_id).cloned();
+                    self.task_device
+                        .insert(reservation.task_id.clone(), device_id.to_owned());
+                    device.residents.push(Resident::new(reservation, report));
+                }
+            }
+            None => device.residents_revision = None,
+        }
+        device.refresh(self.memory.as_ref());
+        if device.info.is_none() && device.residents.is_empty() {
+            self.devices.remove(device_id);
+        }
+        true
+    }
+
+    /// Records a task's latest report (and refreshes its resident entry).
+    pub fn set_report(&mut self, report: TaskReport) {
+        if let Some(device_id) = self.task_device.get(&report.task_id)
+            && let Some(device) = self.devices.get_mut(device_id)
+            && let Some(resident) = device
+                .residents
+                .iter_mut()
+                .find(|r| r.reservation.task_id == report.task_id)
+        {
+            *resident = Resident::new(resident.reservation.clone(), Some(report.clone()));
+            device.refresh(self.memory.as_ref());
+        }
+        self.reports.insert(report.task_id.clone(), report);
+    }
+
+    /// Forgets a task's report (its keys were deleted).
+    pub fn remove_report(&mut self, task_id: &str) {
+        self.reports.remove(task_id);
+        if let Some(device_id) = self.task_device.get(task_id)
+            && let Some(device) = self.devices.get_mut(device_id)
+            && let Some(resident) = device
+                .residents
+                .iter_mut()
+                .find(|r| r.reservation.task_id == task_id)
+        {
+            *resident = Resident::new(resident.reservation.clone(), None);
+            device.refresh(self.memory.as_ref());
+        }
+    }
+}
+
+/// FNV-1a: cheap, stable across runs and platforms.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reservation(task: &str, mib: u64) -> Reservation {
+        Reservation {
+            task_id: task.into(),
+            reserved_mem_mib: mib,
+            spec: Some(TaskSpec {
+                task_id: task.into(),
+                total_samples: Some(1000),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn stale_residents_records_are_ignored_and_index_follows() {
+        let mut view = ClusterView::new(Arc::new(crate::model::ModelledMemory));
+        view.upsert_device(DeviceInfo {
+            device_id: "d0".into(),
+            memory_mib: 16000,
+            ..Default::default()
+        });
+        let two = DeviceResidents {
+            device_id: "d0".into(),
+            reservations: vec![reservation("a", 100), reservation("b", 200)],
+        };
+        assert!(view.apply_residents("d0", Some(two), 10));
+        assert_eq!(view.device_of("b"), Some("d0"));
+        assert_eq!(
+            view.device("d0").map(DeviceState::reserved_mem_mib),
+            Some(300)
+        );
+        let one = DeviceResidents {
+            device_id: "d0".into(),
+            reservations: vec![reservation("a", 100)],
+        };
+        assert!(
+            !view.apply_residents("d0", Some(one.clone()), 9),
+            "older record"
+        );
+        assert_eq!(view.resident_count(), 2);
+        assert!(view.apply_residents("d0", Some(one), 12));
+        assert_eq!(view.device_of("b"), None);
+        assert!(view.apply_residents("d0", None, 13));
+        assert_eq!(view.resident_count(), 0);
+        assert_eq!(view.device("d0").and_then(|d| d.residents_revision), None);
+    }
+
+    #[test]
+    fn reports_reach_residents_whichever_arrives_first() {
+        let mut view = ClusterView::new(Arc::new(crate::model::ModelledMemory));
+        view.set_report(TaskReport {
+            task_id: "a".into(),
+            samples_done: 400,
+            samples_per_s: 100.0,
+            reported_at_unix_ms: 1_000,
+            ..Default::default()
+        });
+        let record = DeviceResidents {
+            device_id: "d0".into(),
+            reservations: vec![reservation("a", 100)],
+        };
+        view.apply_residents("d0", Some(record), 5);
+        let resident = &view.device("d0").expect("device").residents[0];
+        // 600 samples left at 100/s, report 2 s old.
+        assert_eq!(resident.remaining_s(3_000), Some(4.0));
+        view.remove_report("a");
+        let resident = &view.device("d0").expect("device").residents[0];
+        assert_eq!(resident.remaining_s(3_000), None);
+    }
+}

@@ -1,0 +1,824 @@
+//! The placement service over a real etcd and real gRPC / HTTP on loopback:
+//! place, release and list; malformed requests; concurrent placements on a
+//! nearly full cluster served by two placer daemons; the view following the
+//! store; the Kubernetes extender's filter, prioritize and bind.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use iadeep_placer::http1;
+use iadeep_placer::{
+    Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams, PredictorSlowdown,
+};
+use iadeep_proto::placer_client::PlacerClient;
+use iadeep_proto::{
+    CoLocationSample, DeviceInfo, DeviceResidents, ListDevicesRequest, PlaceRequest, Placement,
+    ReleaseRequest, SoloProfile, TaskSpec, place_response,
+};
+use iadeep_state::testing::EtcdServer;
+use iadeep_state::{EtcdStore, StateStore, WatchEvent, keys, typed};
+use serde_json::{Value, json};
+use tonic::Code;
+use tonic::transport::Channel;
+
+fn start_etcd() -> EtcdServer {
+    match EtcdServer::start() {
+        Ok(server) => server,
+        Err(err) => panic!("{err}"),
+    }
+}
+
+async fn etcd_store(server: &EtcdServer) -> Arc<dyn StateStore> {
+    Arc::new(
+        EtcdStore::connect(&[server.endpoint()])
+            .await
+            .expect("connect to etcd"),
+    )
+}
+
+fn placer() -> Placer {
+    Placer::new(
+        PlacerParams::default(),
+        Arc::new(PredictorSlowdown::cold().expect("predictor")),
+    )
+    .expect("default params are valid")
+}
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+async fn daemon(store: Arc<dyn StateStore>, kube_api: Option<String>) -> Daemon {
+    let config = DaemonConfig {
+        grpc: loopback(),
+        extender: Some(loopback()),
+        metrics: Some(loopback()),
+        kube_api,
+    };
+    Daemon::start(store, placer(), Arc::new(ModelledMemory), config)
+        .await
+        .expect("start the placer")
+}
+
+async fn client(daemon: &Daemon) -> PlacerClient<Channel> {
+    PlacerClient::connect(format!("http://{}", daemon.grpc_addr()))
+        .await
+        .expect("connect to the placer")
+}
+
+async fn register(store: &dyn StateStore, id: &str, node: &str, memory_mib: u64) {
+    let info = DeviceInfo {
+        device_id: id.into(),
+        node: node.into(),
+        memory_mib,
+        kind: "v100".into(),
+        ..Default::default()
+    };
+    typed::put(store, &keys::device_info(id), &info, None)
+        .await
+        .expect("register device");
+}
+
+fn task(id: &str, mib: u64, sm: f64) -> TaskSpec {
+    TaskSpec {
+        task_id: id.into(),
+        model: "resnet50".into(),
+        initial_batch_size: 64,
+        min_batch_size: 16,
+        max_batch_size: 256,
+        gpu_mem_request_mib: mib,
+        profile: Some(SoloProfile {
+            batch_size: 64,
+            step_time_s: Some(0.2),
+            sm_util_pct: Some(sm),
+            mem_bw_util_pct: Some(sm / 2.0),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+async fn place(
+    client: &mut PlacerClient<Channel>,
+    spec: TaskSpec,
+) -> Result<iadeep_proto::PlaceResponse, tonic::Status> {
+    client
+        .place(PlaceRequest {
+            task: Some(spec),
+            candidate_device_ids: Vec::new(),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// Polls until `check` holds, failing the test after 10 s.
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    for _ in 0..200 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn place_list_and_release_over_grpc_and_etcd() {
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    register(store.as_ref(), "n1.gpu0", "n1", 16_384).await;
+    register(store.as_ref(), "n1.gpu1", "n1", 16_384).await;
+    let daemon = daemon(store.clone(), None).await;
+    let mut c = client(&daemon).await;
+
+    let first = place(&mut c, task("job-a", 4000, 60.0))
+        .await
+        .expect("place");
+    let Some(place_response::Decision::Placed(a)) = first.decision else {
+        panic!("expected a placement: {first:?}");
+    };
+    assert_eq!(a.reserved_mem_mib, 4000);
+    let explanation = first.explanation.expect("explanation");
+    assert!(
+        explanation.summary.starts_with("placed on"),
+        "{explanation:?}"
+    );
+    assert_eq!(explanation.candidates.len(), 2, "both idle GPUs are scored");
+
+    // The reservation and the placement are in etcd before the answer came back.
+    let (record, _) =
+        typed::get::<DeviceResidents>(store.as_ref(), &keys::device_residents(&a.device_id))
+            .await
+            .expect("read residents")
+            .expect("residents record exists");
+    assert_eq!(record.reservations.len(), 1);
+    assert_eq!(record.reservations[0].task_id, "job-a");
+    let (stored, _) = typed::get::<Placement>(store.as_ref(), &keys::task_placement("job-a"))
+        .await
+        .expect("read placement")
+        .expect("placement exists");
+    assert_eq!(stored, a);
+    assert!(
+        store
+            .get(&keys::task_spec("job-a"))
+            .await
+            .expect("get spec")
+            .is_some()
+    );
+
+    // A second, heavy task goes to the other (idle) GPU rather than slowing job-a down.
+    let second = place(&mut c, task("job-b", 4000, 90.0))
+        .await
+        .expect("place");
+    let Some(place_response::Decision::Placed(b)) = second.decision else {
+        panic!("expected a placement: {second:?}");
+    };
+    assert_ne!(b.device_id, a.device_id);
+    // Placing job-a again answers its existing reservation.
+    let again = place(&mut c, task("job-a", 4000, 60.0))
+        .await
+        .expect("place again");
+    assert_eq!(
+        again.decision,
+        Some(place_response::Decision::Placed(a.clone()))
+    );
+
+    let listed = c
+        .list_devices(ListDevicesRequest {})
+        .await
+        .expect("list")
+        .into_inner()
+        .devices;
+    assert_eq!(listed.len(), 2);
+    let on_a = listed
+        .iter()
+        .find(|d| d.device.as_ref().map(|i| i.device_id.as_str()) == Some(a.device_id.as_str()))
+        .expect("device of job-a listed");
+    assert_eq!(on_a.resident_task_ids, vec!["job-a".to_owned()]);
+    assert_eq!(on_a.reserved_mem_mib, 4000);
+
+    let released = c
+        .release(ReleaseRequest {
+            task_id: "job-a".into(),
+        })
+        .await
+        .expect("release")
+        .into_inner();
+    assert!(released.released);
+    assert_eq!(released.device_id, a.device_id);
+    assert!(
+        store
+            .get(&keys::device_residents(&a.device_id))
+            .await
+            .expect("get")
+            .is_none()
+    );
+    assert!(
+        store
+            .get(&keys::task_placement("job-a"))
+            .await
+            .expect("get")
+            .is_none()
+    );
+    let twice = c
+        .release(ReleaseRequest {
+            task_id: "job-a".into(),
+        })
+        .await
+        .expect("release twice")
+        .into_inner();
+    assert!(
+        !twice.released,
+        "releasing twice is not an error and frees nothing"
+    );
+
+    let metrics_addr = daemon.metrics_addr().expect("metrics served").to_string();
+    let (status, body) = http1::get(&metrics_addr, "/metrics").await.expect("scrape");
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("iadeep_placer_decisions_total{outcome=\"placed\"} 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("iadeep_placer_place_seconds_count 3"),
+        "{text}"
+    );
+    assert!(text.contains("iadeep_placer_releases_total 1"), "{text}");
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_are_invalid_argument_naming_the_field_and_write_nothing() {
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    register(store.as_ref(), "n1.gpu0", "n1", 16_384).await;
+    let before = store.range(keys::ROOT).await.expect("range");
+    let daemon = daemon(store.clone(), None).await;
+    let mut c = client(&daemon).await;
+
+    let missing = c
+        .place(PlaceRequest {
+            task: None,
+            candidate_device_ids: Vec::new(),
+        })
+        .await
+        .expect_err("missing task");
+    assert_eq!(missing.code(), Code::InvalidArgument);
+    assert!(missing.message().contains("task"), "{}", missing.message());
+
+    let cases: Vec<(&str, PlaceRequest)> = vec![
+        (
+            "task.task_id",
+            PlaceRequest {
+                task: Some(task("a/b", 100, 10.0)),
+                candidate_device_ids: vec![],
+            },
+        ),
+        (
+            "task.task_id",
+            PlaceRequest {
+                task: Some(task("", 100, 10.0)),
+                candidate_device_ids: vec![],
+            },
+        ),
+        (
+            "task.initial_batch_size",
+            PlaceRequest {
+                task: Some(TaskSpec {
+                    initial_batch_size: 0,
+                    ..task("ok", 100, 10.0)
+                }),
+                candidate_device_ids: vec![],
+            },
+        ),
+        (
+            "task.max_batch_size",
+            PlaceRequest {
+                task: Some(TaskSpec {
+                    max_batch_size: 8,
+                    ..task("ok", 100, 10.0)
+                }),
+                candidate_device_ids: vec![],
+            },
+        ),
+        (
+            "task.profile.sm_util_pct",
+            PlaceRequest {
+                task: Some(task("ok", 100, 250.0)),
+                candidate_device_ids: vec![],
+            },
+        ),
+        (
+            "candidate_device_ids[0]",
+            PlaceRequest {
+                task: Some(task("ok", 100, 10.0)),
+                candidate_device_ids: vec!["../etc".into()],
+            },
+        ),
+    ];
+    for (field, request) in cases {
+        let status = c.place(request).await.expect_err(field);
+        assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
+        assert!(
+            status.message().contains(field),
+            "{field}: {}",
+            status.message()
+        );
+    }
+    let status = c
+        .release(ReleaseRequest {
+            task_id: "no spaces".into(),
+        })
+        .await
+        .expect_err("bad id");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("task_id"), "{}", status.message());
+
+    let after = store.range(keys::ROOT).await.expect("range");
+    assert_eq!(after.kvs, before.kvs, "malformed requests wrote nothing");
+    // And the daemon is still serving.
+    let ok = place(&mut c, task("fine", 1000, 10.0))
+        .await
+        .expect("valid request");
+    assert!(matches!(
+        ok.decision,
+        Some(place_response::Decision::Placed(_))
+    ));
+    daemon.shutdown().await;
+}
+
+/// Usable memory of a 16 GiB GPU with the default margins.
+fn usable_16g() -> u64 {
+    PlacerParams::default().usable_memory_mib(16_384)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_places_on_a_nearly_full_cluster_never_overpack_a_device() {
+    const DEVICES: usize = 4;
+    const REQUESTS: usize = 48;
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    // Each GPU already holds a resident leaving room for exactly one 3,000 MiB task.
+    let filler = usable_16g() - 3_000 - 100;
+    for d in 0..DEVICES {
+        let id = format!("n{d}.gpu0");
+        register(store.as_ref(), &id, &format!("n{d}"), 16_384).await;
+        let record = DeviceResidents {
+            device_id: id.clone(),
+            reservations: vec![iadeep_proto::Reservation {
+                task_id: format!("filler-{d}"),
+                reserved_mem_mib: filler,
+                spec: Some(task(&format!("filler-{d}"), filler, 10.0)),
+                ..Default::default()
+            }],
+        };
+        typed::put(store.as_ref(), &keys::device_residents(&id), &record, None)
+            .await
+            .expect("seed residents");
+    }
+    let start = store.range(keys::DEVICES).await.expect("range").revision;
+    // Every version of every residents record, as etcd saw it.
+    let mut watch = store
+        .watch(keys::DEVICES, Some(start + 1))
+        .await
+        .expect("watch");
+
+    // Two placer daemons on the same etcd: their only coordination is the CAS.
+    let one = daemon(store.clone(), None).await;
+    let two = daemon(store.clone(), None).await;
+    let mut calls = Vec::new();
+    for i in 0..REQUESTS {
+        let addr = if i % 2 == 0 {
+            one.grpc_addr()
+        } else {
+            two.grpc_addr()
+        };
+        calls.push(tokio::spawn(async move {
+            let mut c = PlacerClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connect");
+            // Light tasks, so every device is a good candidate and they all race.
+            place(&mut c, task(&format!("burst-{i}"), 3_000, 5.0)).await
+        }));
+    }
+    let mut placed = Vec::new();
+    let mut not_placed = 0;
+    for call in calls {
+        match call.await.expect("client task") {
+            Ok(response) => match response.decision {
+                Some(place_response::Decision::Placed(p)) => placed.push(p),
+                Some(place_response::Decision::Queued(_)) => not_placed += 1,
+                None => panic!("a response without a decision"),
+            },
+            // Losing the race too often is an honest "try again", never an over-pack.
+            Err(status) if status.code() == Code::Aborted => not_placed += 1,
+            Err(status) => panic!("Place failed: {status:?}"),
+        }
+    }
+    assert_eq!(placed.len(), DEVICES, "exactly one task fits per device");
+    assert_eq!(not_placed, REQUESTS - DEVICES);
+    let mut per_device: HashMap<String, usize> = HashMap::new();
+    for p in &placed {
+        *per_device.entry(p.device_id.clone()).or_default() += 1;
+    }
+    assert!(per_device.values().all(|&n| n == 1), "{per_device:?}");
+
+    // No version of any residents record ever exceeded the device's usable memory.
+    let mut versions = 0;
+    loop {
+        match tokio::time::timeout(Duration::from_millis(500), watch.next()).await {
+            Ok(Some(Ok(WatchEvent::Put(kv)))) if kv.key.ends_with("/residents") => {
+                let record: DeviceResidents = typed::decode(&kv).expect("decode");
+                let total: u64 = record.reservations.iter().map(|r| r.reserved_mem_mib).sum();
+                assert!(
+                    total <= usable_16g(),
+                    "{} over capacity: {total} MiB",
+                    kv.key
+                );
+                versions += 1;
+            }
+            Ok(Some(Ok(_))) => {}
+            Ok(Some(Err(err))) => panic!("watch failed: {err}"),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    assert_eq!(versions, DEVICES, "one successful reservation per device");
+    for d in 0..DEVICES {
+        let (record, _) = typed::get::<DeviceResidents>(
+            store.as_ref(),
+            &keys::device_residents(&format!("n{d}.gpu0")),
+        )
+        .await
+        .expect("get")
+        .expect("record");
+        assert_eq!(record.reservations.len(), 2);
+    }
+    one.shutdown().await;
+    two.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_view_follows_registrations_reservations_and_samples_written_by_others() {
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    let daemon = daemon(store.clone(), None).await;
+    let mut c = client(&daemon).await;
+    let queued = place(&mut c, task("early", 1000, 10.0))
+        .await
+        .expect("place");
+    assert!(
+        matches!(queued.decision, Some(place_response::Decision::Queued(_))),
+        "no device yet"
+    );
+
+    register(store.as_ref(), "late.gpu0", "late", 8_192).await;
+    let service = daemon.service().clone();
+    eventually("the new device in the view", async || {
+        service.view().len() == 1
+    })
+    .await;
+    // Another placer's reservation fills the device: the view must see it.
+    let record = DeviceResidents {
+        device_id: "late.gpu0".into(),
+        reservations: vec![iadeep_proto::Reservation {
+            task_id: "elsewhere".into(),
+            reserved_mem_mib: 7_000,
+            ..Default::default()
+        }],
+    };
+    typed::put(
+        store.as_ref(),
+        &keys::device_residents("late.gpu0"),
+        &record,
+        None,
+    )
+    .await
+    .expect("put residents");
+    eventually("the foreign reservation", async || {
+        service.view().resident_count() == 1
+    })
+    .await;
+    let full = place(&mut c, task("early", 1000, 10.0))
+        .await
+        .expect("place");
+    let Some(place_response::Decision::Queued(q)) = full.decision else {
+        panic!("the device is full: {full:?}");
+    };
+    assert!(q.reason.contains("memory"), "{}", q.reason);
+    assert!(q.retry_after_ms > 0);
+
+    let sample = CoLocationSample {
+        device_kind: "v100".into(),
+        slowdown: 1.4,
+        device_id: "late.gpu0".into(),
+        ..Default::default()
+    };
+    typed::put(store.as_ref(), &keys::sample("late.gpu0", 1), &sample, None)
+        .await
+        .expect("put sample");
+    // A value that does not decode is skipped, not fatal.
+    store
+        .put(&keys::sample("late.gpu0", 2), vec![0xff, 0xff, 0xff], None)
+        .await
+        .expect("put garbage");
+    let metrics = service.metrics().clone();
+    eventually("the sample observed", async || {
+        metrics.samples_observed.get() == 1
+    })
+    .await;
+    eventually("the garbage counted", async || {
+        metrics.decode_errors.get() == 1
+    })
+    .await;
+
+    store
+        .delete(&keys::device_info("late.gpu0"))
+        .await
+        .expect("delete");
+    eventually("the device unregistered", async || {
+        service
+            .view()
+            .device("late.gpu0")
+            .is_some_and(|d| d.info.is_none())
+    })
+    .await;
+    daemon.shutdown().await;
+}
+
+// ----- Kubernetes scheduler extender -----
+
+fn pod(name: &str, gpumem: &str, annotations: Value) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+                      "annotations": annotations},
+        "spec": {"containers": [{"name": "trainer", "image": "pytorch:2",
+            "resources": {"limits": {"nvidia.com/gpumem": gpumem, "cpu": "4"}}}]}
+    })
+}
+
+fn node(name: &str) -> Value {
+    json!({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+           "status": {"allocatable": {"nvidia.com/gpumem": "32768"}}})
+}
+
+async fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
+    let (status, bytes) = http1::post_json(addr, path, body.to_string().as_bytes())
+        .await
+        .expect("extender answers");
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, value)
+}
+
+/// A stand-in for the Kubernetes API (`kubectl proxy`): records Binding posts.
+async fn fake_kube_api(refuse: bool) -> (String, Arc<Mutex<Vec<(String, Value)>>>) {
+    use axum::extract::{Path, State};
+    use axum::http::StatusCode;
+    type Seen = Arc<Mutex<Vec<(String, Value)>>>;
+    let seen: Seen = Arc::new(Mutex::new(Vec::new()));
+    let app = axum::Router::new()
+        .route(
+            "/api/v1/namespaces/{ns}/pods/{name}/binding",
+            axum::routing::post(
+                move |State(seen): State<Seen>,
+                      Path((ns, name)): Path<(String, String)>,
+                      body: axum::body::Bytes| async move {
+                    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    seen.lock()
+                        .expect("lock")
+                        .push((format!("{ns}/{name}"), value));
+                    if refuse {
+                        (StatusCode::CONFLICT, "pod is already bound".to_owned())
+                    } else {
+                        (StatusCode::CREATED, "{}".to_owned())
+                    }
+                },
+            ),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extender_filters_prioritizes_and_binds_kube_scheduler_payloads() {
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    register(store.as_ref(), "big.gpu0", "big", 32_768).await;
+    register(store.as_ref(), "small.gpu0", "small", 8_192).await;
+    // "busy" has a GPU with a heavy resident: feasible, but a worse place than "big".
+    register(store.as_ref(), "busy.gpu0", "busy", 32_768).await;
+    let heavy = DeviceResidents {
+        device_id: "busy.gpu0".into(),
+        reservations: vec![iadeep_proto::Reservation {
+            task_id: "heavy".into(),
+            reserved_mem_mib: 4_000,
+            spec: Some(task("heavy", 4_000, 95.0)),
+            ..Default::default()
+        }],
+    };
+    typed::put(
+        store.as_ref(),
+        &keys::device_residents("busy.gpu0"),
+        &heavy,
+        None,
+    )
+    .await
+    .expect("put residents");
+    let (kube, bindings) = fake_kube_api(false).await;
+    let daemon = daemon(store.clone(), Some(kube)).await;
+    let ext = daemon.extender_addr().expect("extender served").to_string();
+    let annotations = json!({"iadeep.io/batch-size": "64", "iadeep.io/max-batch-size": "256",
+                             "iadeep.io/sm-util-pct": "80", "iadeep.io/step-time-s": "0.3",
+                             "iadeep.io/model": "bert-base"});
+    let p = pod("bert", "12Gi", annotations.clone());
+
+    // Not node-cache capable: full Node objects in, the passing ones echoed back.
+    let args = json!({"Pod": p, "Nodes": {"metadata": {}, "items": [node("big"), node("small"), node("busy"), node("cpu-only")]}});
+    let (status, result) = post(&ext, "/filter", &args).await;
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(result["Error"], "", "{result}");
+    let names: Vec<&str> = result["Nodes"]["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|n| n["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, vec!["big", "busy"]);
+    assert_eq!(
+        result["Nodes"]["items"][0]["status"]["allocatable"]["nvidia.com/gpumem"],
+        "32768"
+    );
+    let small = result["FailedNodes"]["small"]
+        .as_str()
+        .expect("small failed");
+    assert!(small.contains("memory"), "{small}");
+    assert!(
+        result["FailedAndUnresolvableNodes"]["cpu-only"]
+            .as_str()
+            .is_some(),
+        "{result}"
+    );
+
+    // Node-cache capable: names in, names out.
+    let args = json!({"Pod": p, "NodeNames": ["big", "small", "busy"]});
+    let (_, result) = post(&ext, "/filter", &args).await;
+    assert_eq!(result["NodeNames"], json!(["big", "busy"]), "{result}");
+
+    let (status, scores) = post(&ext, "/prioritize", &args).await;
+    assert_eq!(status, 200, "{scores}");
+    let score = |host: &str| {
+        scores
+            .as_array()
+            .expect("HostPriorityList")
+            .iter()
+            .find(|h| h["Host"] == host)
+            .and_then(|h| h["Score"].as_i64())
+            .expect("scored")
+    };
+    assert_eq!(score("big"), 10, "an idle GPU scores 10");
+    assert_eq!(score("small"), 0, "an infeasible node scores 0");
+    assert!((1..10).contains(&score("busy")), "{scores}");
+
+    let bind =
+        json!({"PodName": "bert", "PodNamespace": "ml", "PodUID": "uid-bert", "Node": "big"});
+    let (status, result) = post(&ext, "/bind", &bind).await;
+    assert_eq!((status, &result["Error"]), (200, &json!("")), "{result}");
+    let seen = bindings.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].0, "ml/bert");
+    assert_eq!(seen[0].1["kind"], "Binding");
+    assert_eq!(seen[0].1["target"]["name"], "big");
+    assert_eq!(seen[0].1["metadata"]["uid"], "uid-bert");
+    let (placement, _) = typed::get::<Placement>(store.as_ref(), &keys::task_placement("ml.bert"))
+        .await
+        .expect("get")
+        .expect("placement recorded");
+    assert_eq!(placement.device_id, "big.gpu0");
+    assert_eq!(placement.reserved_mem_mib, 12 * 1024);
+
+    // Once placed, filter only lets the pod's own node through.
+    let (_, result) = post(&ext, "/filter", &args).await;
+    assert_eq!(result["NodeNames"], json!(["big"]), "{result}");
+
+    // Bind for a pod filter never saw, and a pod whose annotation is wrong.
+    let (_, result) = post(
+        &ext,
+        "/bind",
+        &json!({"PodName": "ghost", "PodNamespace": "ml", "Node": "big"}),
+    )
+    .await;
+    assert!(
+        result["Error"]
+            .as_str()
+            .expect("error")
+            .contains("not seen by filter"),
+        "{result}"
+    );
+    let bad = pod("bad", "4000", json!({"iadeep.io/batch-size": "lots"}));
+    let (status, result) = post(&ext, "/filter", &json!({"Pod": bad, "NodeNames": ["big"]})).await;
+    assert_eq!(status, 200);
+    assert!(
+        result["Error"]
+            .as_str()
+            .expect("error")
+            .contains("iadeep.io/batch-size"),
+        "{result}"
+    );
+    let bad = pod("bad", "4 GB", json!({"iadeep.io/batch-size": "8"}));
+    let (_, result) = post(&ext, "/filter", &json!({"Pod": bad, "NodeNames": ["big"]})).await;
+    assert!(
+        result["Error"]
+            .as_str()
+            .expect("error")
+            .contains("nvidia.com/gpumem"),
+        "{result}"
+    );
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_binding_gives_the_reservation_back() {
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    register(store.as_ref(), "big.gpu0", "big", 32_768).await;
+    let (kube, bindings) = fake_kube_api(true).await;
+    let daemon = daemon(store.clone(), Some(kube)).await;
+    let ext = daemon.extender_addr().expect("extender").to_string();
+    let p = pod("bert", "4000", json!({"iadeep.io/batch-size": "32"}));
+    let (_, result) = post(&ext, "/filter", &json!({"Pod": p, "NodeNames": ["big"]})).await;
+    assert_eq!(result["NodeNames"], json!(["big"]), "{result}");
+    let bind = json!({"PodName": "bert", "PodNamespace": "ml", "PodUID": "u", "Node": "big"});
+    let (_, result) = post(&ext, "/bind", &bind).await;
+    let error = result["Error"].as_str().expect("error");
+    assert!(error.contains("HTTP 409"), "{error}");
+    assert_eq!(bindings.lock().expect("lock").len(), 1);
+    assert!(
+        store
+            .get(&keys::device_residents("big.gpu0"))
+            .await
+            .expect("get")
+            .is_none()
+    );
+    assert!(
+        store
+            .get(&keys::task_placement("ml.bert"))
+            .await
+            .expect("get")
+            .is_none()
+    );
+    daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_never_crashes_the_daemon() {
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    register(store.as_ref(), "n1.gpu0", "n1", 16_384).await;
+    let daemon = daemon(store.clone(), None).await;
+    let ext = daemon.extender_addr().expect("extender").to_string();
+    let bodies: Vec<&[u8]> = vec![
+        b"",
+        b"not json",
+        b"[]",
+        b"{\"Pod\": 7}",
+        b"{\"Pod\": {\"metadata\": {\"name\": \"x\", \"annotations\": {\"iadeep.io/batch-size\": \"99999999999999\"}}}}",
+        b"{\"Pod\": {\"metadata\": {\"name\": \"x\", \"annotations\": {\"iadeep.io/batch-size\": \"8\"}}, \"spec\": {\"containers\": [{\"resources\": {\"limits\": {\"nvidia.com/gpumem\": \"1e400\"}}}]}}, \"NodeNames\": [\"n1\"]}",
+        b"{\"PodName\": \"\", \"Node\": \"\"}",
+        &[0xff, 0xfe, 0x00],
+    ];
+    for path in ["/filter", "/prioritize", "/bind"] {
+        for body in &bodies {
+            let (status, _) = http1::post_json(&ext, path, body).await.expect("answered");
+            assert!(status == 200 || status == 400, "{path}: HTTP {status}");
+        }
+    }
+    let (status, _) = http1::post_json(&ext, "/nope", b"{}")
+        .await
+        .expect("answered");
+    assert_eq!(status, 404);
+    // Still serving both front ends.
+    let mut c = client(&daemon).await;
+    let ok = place(&mut c, task("after", 1000, 10.0))
+        .await
+        .expect("place");
+    assert!(matches!(
+        ok.decision,
+        Some(place_response::Decision::Placed(_))
+    ));
+    let (status, _) = post(
+        &ext,
+        "/filter",
+        &json!({"Pod": pod("p", "100", json!({"iadeep.io/batch-size": "8"})), "NodeNames": ["n1"]}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    daemon.shutdown().await;
+}
