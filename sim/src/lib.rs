@@ -13,10 +13,9 @@
 //! - [`policy`]: the [`policy::Policy`] trait and one module per policy: exclusive FIFO,
 //!   naive packing, utilisation-based, most-available-memory, the reference approach,
 //!   and iadeep with its two ablations, which drive the real `iadeep_tuner` and
-//!   `iadeep_predictor` code. iadeep's placement is composed in
-//!   [`policy::iadeep::composed_placement`] from the predictor and the tuner's memory
-//!   model, because the placer crate's decision function had not landed when this was
-//!   written;
+//!   `iadeep_predictor` code; iadeep's placement is the placer crate's own decision
+//!   (`iadeep_placer::Placer::decide`, see [`policy::iadeep::placement`]) over a view
+//!   kept in sync with the agents' reports;
 //! - [`experiment`]: one world, one stream, many policies;
 //! - [`metrics`], [`report`]: completion times, makespan, utilisation, crashes, tuning
 //!   rounds, decision latency; table, CSV, JSON, SVG plots;

@@ -3,22 +3,28 @@
 //! (`iadeep_predictor`: learner, profile-feature forest) with what the emulated
 //! agents report.
 //!
-//! - `iadeep`: [`composed_placement`] with predictions, then per-GPU tuning;
+//! Placement is the placer crate's own decision (`iadeep_placer::Placer::decide`,
+//! see [`placement`]).
+//!
+//! - `iadeep`: the placer scoring with the learned predictor, then per-GPU tuning;
 //! - `iadeep-no-tuner`: the same placement, batch sizes stay as submitted;
-//! - `iadeep-no-predictor`: placement by memory only, with tuning.
+//! - `iadeep-no-predictor`: the placer scoring with a predictor that never learns
+//!   (the predictor's cold-start heuristic only), with tuning.
 
-pub mod composed_placement;
 pub mod knowledge;
+pub mod placement;
 pub mod predictor;
 pub mod tuning;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use iadeep_proto::CoLocationSample;
 
 use crate::policy::{Decision, OomAction, Policy, TuneStep};
 use crate::view::{ClusterView, Resident, Waiting};
 use knowledge::Knowledge;
+use placement::{SharedPredictor, SimPlacement};
 use predictor::SimPredictor;
 use tuning::{DeviceTuner, Next};
 
@@ -40,7 +46,9 @@ pub const REFIT_EVERY: usize = 25;
 pub struct Iadeep {
     variant: Variant,
     knowledge: Knowledge,
-    predictor: Option<SimPredictor>,
+    /// The predictor the policy learns into; `None` in the no-predictor ablation.
+    predictor: Option<Arc<SharedPredictor>>,
+    placement: SimPlacement,
     tuners: HashMap<usize, DeviceTuner>,
     seed: u64,
     searches: u64,
@@ -49,14 +57,15 @@ pub struct Iadeep {
 impl Iadeep {
     /// A fresh policy of the given variant.
     pub fn new(variant: Variant, seed: u64) -> crate::Result<Iadeep> {
-        let predictor = match variant {
-            Variant::NoPredictor => None,
-            _ => Some(SimPredictor::new(REFIT_EVERY)?),
-        };
+        let model = Arc::new(SharedPredictor::new(SimPredictor::new(REFIT_EVERY)?));
+        // Without the predictor the placer still scores, with a model that is never
+        // fed samples: the predictor's cold-start heuristic.
+        let predictor = (variant != Variant::NoPredictor).then(|| model.clone());
         Ok(Iadeep {
             variant,
             knowledge: Knowledge::default(),
             predictor,
+            placement: SimPlacement::new(model)?,
             tuners: HashMap::new(),
             seed,
             searches: 0,
@@ -66,7 +75,7 @@ impl Iadeep {
     /// Co-location samples for the predictor from one device's fresh reports: each
     /// running resident whose solo step time at its current batch size is known.
     fn learn(&mut self, kind: &str, device: usize, residents: &[Resident<'_>]) {
-        let Some(predictor) = self.predictor.as_mut() else {
+        let Some(predictor) = self.predictor.as_ref() else {
             return;
         };
         if residents.len() < 2 || residents.iter().any(|r| !r.report.running) {
@@ -82,7 +91,7 @@ impl Iadeep {
                 .filter(|(i, _)| *i != index)
                 .map(|(_, o)| self.knowledge.profile(o.spec, o.report.batch_size))
                 .collect();
-            predictor.observe(CoLocationSample {
+            predictor.learn(CoLocationSample {
                 device_kind: kind.to_owned(),
                 task: Some(self.knowledge.profile(r.spec, r.report.batch_size)),
                 corunners,
@@ -111,7 +120,7 @@ impl Policy for Iadeep {
 
     fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
         self.knowledge.submit(task.spec);
-        composed_placement::decide(view, task, &self.knowledge, self.predictor.as_ref())
+        self.placement.decide(view, task)
     }
 
     fn tunes(&self) -> bool {
@@ -163,6 +172,7 @@ impl Policy for Iadeep {
 
     fn on_finish(&mut self, device: usize, task: usize) {
         self.knowledge.forget(task);
+        self.placement.forget(task);
         if self
             .tuners
             .get(&device)

@@ -11,7 +11,6 @@ use iadeep_tuner::search::{
     SearchSpace,
 };
 
-use crate::policy::iadeep::composed_placement::MEMORY_MARGIN;
 use crate::policy::iadeep::knowledge::Knowledge;
 use crate::view::Resident;
 
@@ -90,7 +89,8 @@ impl DeviceTuner {
             memory: Some(MemoryConstraint {
                 upper_mib,
                 capacity_mib: capacity_mib as f64,
-                margin: MEMORY_MARGIN,
+                // The placer's margin, so tuning never spends what placement kept free.
+                margin: crate::policy::iadeep::placement::sim_params().memory_margin_frac,
             }),
         };
         let search = match GpLcb::new(space, LcbParams::default(), seed) {

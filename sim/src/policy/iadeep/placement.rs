@@ -1,0 +1,308 @@
+//! iadeep's placement in the simulator: the placer crate's own decision
+//! ([`iadeep_placer::Placer::decide`]), the function the placement daemon runs, over
+//! an [`iadeep_placer::ClusterView`] that this module keeps in sync with what the
+//! emulated agents report (specs, reports, placements and releases), never with the
+//! simulator's ground truth.
+//!
+//! Two choices are specific to the simulator, both because its tuner keeps running
+//! tasks at the batch size it last applied until the next round:
+//!
+//! - a waiting task's smallest batch size, for the placer's footprint, is the batch
+//!   size it will start at (m0, or less after out-of-memory crashes): the placer's
+//!   rule assumes the tuner shrinks batch sizes at once when a task joins, which the
+//!   simulated tuner does only after its first round;
+//! - a resident's reservation is the larger of what the placer reserved and the
+//!   peak memory its agent last reported while running, so memory a tuner round
+//!   added is counted (the placer counts `max(reserved, footprint)`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use iadeep_placer::model::{ModelledMemory, SlowdownEstimate, SlowdownModel};
+use iadeep_placer::{Placer, PlacerParams, Verdict};
+use iadeep_proto::{
+    CoLocationSample, DeviceInfo, DeviceResidents, Reservation, SoloProfile, TaskProfile,
+    TaskReport, TaskSpec as ProtoSpec,
+};
+
+use crate::policy::Decision;
+use crate::policy::iadeep::predictor::SimPredictor;
+use crate::view::{ClusterView, Resident, TaskSpec, Waiting};
+
+/// The simulator's predictor as the placer's slowdown model: the very model the
+/// policy feeds co-location samples into (shared, behind a lock the single-threaded
+/// simulator never contends), so placement sees every refit as soon as it happens.
+#[derive(Debug)]
+pub struct SharedPredictor(Mutex<SimPredictor>);
+
+impl SharedPredictor {
+    /// Shares `predictor`.
+    pub fn new(predictor: SimPredictor) -> SharedPredictor {
+        SharedPredictor(Mutex::new(predictor))
+    }
+
+    /// Learns one measured co-location (refits synchronously when due).
+    pub fn learn(&self, sample: CoLocationSample) {
+        match self.0.lock() {
+            Ok(mut p) => p.observe(sample),
+            Err(poisoned) => poisoned.into_inner().observe(sample),
+        }
+    }
+}
+
+impl SlowdownModel for SharedPredictor {
+    fn predict(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> SlowdownEstimate {
+        let p = match self.0.lock() {
+            Ok(p) => p.predict(device_kind, task, corunners),
+            Err(poisoned) => poisoned.into_inner().predict(device_kind, task, corunners),
+        };
+        SlowdownEstimate {
+            slowdown: p.slowdown,
+            uncertainty: p.uncertainty,
+        }
+    }
+
+    /// The policy feeds samples itself ([`SharedPredictor::learn`]); the placer never
+    /// calls this in the simulator.
+    fn observe(&self, sample: &CoLocationSample) {
+        self.learn(sample.clone());
+    }
+}
+
+/// The placer's parameters in the simulator: the daemon's defaults except the fixed
+/// per-process margin (`memory_margin_mib` 0 instead of 256): the simulated agents'
+/// peak memory is the whole process's, CUDA context included, and with the extra
+/// 256 MiB the largest trace jobs no longer fit an idle card they run on alone.
+/// The simulator has no SM or DRAM-bandwidth utilisation in its profiles, so those
+/// caps never bind.
+pub fn sim_params() -> PlacerParams {
+    PlacerParams {
+        memory_margin_mib: 0,
+        ..PlacerParams::default()
+    }
+}
+
+fn task_key(id: usize) -> String {
+    format!("task-{id}")
+}
+
+fn device_key(device: usize) -> String {
+    format!("gpu-{device}")
+}
+
+fn unix_ms(now_s: f64) -> i64 {
+    (now_s * 1000.0).round() as i64
+}
+
+/// A submitted spec as the placer's protobuf spec; `start_batch` is the smallest
+/// batch size the placer sizes memory for (see the module doc).
+fn proto_spec(spec: &TaskSpec, start_batch: u32, kind: &str) -> ProtoSpec {
+    ProtoSpec {
+        task_id: task_key(spec.id),
+        model: spec.model.clone(),
+        initial_batch_size: spec.m0,
+        min_batch_size: start_batch,
+        max_batch_size: spec.batch_sizes.last().copied().unwrap_or(spec.m0),
+        // Not the trace's request: the workload caps it at the whole card, and the
+        // placer takes it as a floor, so such a job would fit no card at all even
+        // alone. The measured solo profile sizes the task instead.
+        gpu_mem_request_mib: 0,
+        profile: Some(SoloProfile {
+            batch_size: spec.m0,
+            step_time_s: Some(spec.solo_step_time_s),
+            sm_util_pct: None,
+            mem_bw_util_pct: None,
+            peak_mem_mib: Some(spec.solo_peak_mem_mib),
+            device_kind: kind.to_owned(),
+        }),
+        total_samples: Some(spec.total_samples.max(0.0).round() as u64),
+        submitted_at_unix_ms: unix_ms(spec.submit_s),
+        ..ProtoSpec::default()
+    }
+}
+
+fn proto_report(r: &Resident<'_>, device: usize, now_ms: i64) -> TaskReport {
+    TaskReport {
+        task_id: task_key(r.spec.id),
+        device_id: device_key(device),
+        batch_size: r.report.batch_size,
+        step_time_s: r.report.step_time_s,
+        samples_per_s: if r.report.running {
+            r.report.samples_per_s
+        } else {
+            0.0
+        },
+        peak_mem_mib: r.report.running.then_some(r.report.peak_mem_mib),
+        grad_noise_scale: r.report.grad_noise_scale,
+        samples_done: r.report.samples_done.max(0.0).round() as u64,
+        oom_batch_size: r.report.oom_batch_size,
+        seq: r.report.seq,
+        reported_at_unix_ms: now_ms,
+        ..TaskReport::default()
+    }
+}
+
+/// The placer and the view it decides on.
+#[derive(Debug)]
+pub struct SimPlacement {
+    placer: Placer,
+    view: iadeep_placer::ClusterView,
+    /// Per device, the (task, report seq, running) triples last applied to the view.
+    applied: Vec<Vec<(usize, u64, bool)>>,
+    /// What the placer reserved for each placed task, MiB.
+    reserved: HashMap<usize, u64>,
+    /// Start batch size of each placed task (the spec's smallest batch, see module doc).
+    start_batch: HashMap<usize, u32>,
+    revision: i64,
+}
+
+impl SimPlacement {
+    /// A placer deciding with `slowdown`.
+    pub fn new(slowdown: Arc<dyn SlowdownModel>) -> crate::Result<SimPlacement> {
+        let placer = Placer::new(sim_params(), slowdown).map_err(|e| crate::SimError::Policy {
+            policy: "iadeep".into(),
+            reason: format!("placer parameters: {e}"),
+        })?;
+        Ok(SimPlacement {
+            placer,
+            view: iadeep_placer::ClusterView::new(Arc::new(ModelledMemory)),
+            applied: Vec::new(),
+            reserved: HashMap::new(),
+            start_batch: HashMap::new(),
+            revision: 0,
+        })
+    }
+
+    /// Brings the placer's view up to date with the agents' reports: registers new
+    /// devices, and rewrites a device's residents record when its residents or their
+    /// reports changed since the last decision.
+    fn sync(&mut self, view: &dyn ClusterView) {
+        let kind = view.device_kind().to_owned();
+        let now_ms = unix_ms(view.now_s());
+        while self.applied.len() < view.devices() {
+            let device = self.applied.len();
+            self.view.upsert_device(DeviceInfo {
+                device_id: device_key(device),
+                index: device as u32,
+                memory_mib: view.capacity_mib(),
+                kind: kind.clone(),
+                ..DeviceInfo::default()
+            });
+            self.applied.push(Vec::new());
+        }
+        for device in 0..view.devices() {
+            if view.resident_count(device) == 0 && self.applied[device].is_empty() {
+                continue;
+            }
+            let residents = view.residents(device);
+            let same = residents.len() == self.applied[device].len()
+                && residents
+                    .iter()
+                    .zip(&self.applied[device])
+                    .all(|(r, a)| (r.spec.id, r.report.seq, r.report.running) == (a.0, a.1, a.2));
+            if same {
+                continue;
+            }
+            let mut reservations = Vec::with_capacity(residents.len());
+            for r in &residents {
+                self.view.set_report(proto_report(r, device, now_ms));
+                let start = self
+                    .start_batch
+                    .get(&r.spec.id)
+                    .copied()
+                    .unwrap_or(r.report.batch_size);
+                let placed = self.reserved.get(&r.spec.id).copied().unwrap_or(0);
+                let reported = if r.report.running {
+                    r.report.peak_mem_mib
+                } else {
+                    0
+                };
+                reservations.push(Reservation {
+                    task_id: task_key(r.spec.id),
+                    reserved_mem_mib: placed.max(reported),
+                    placed_at_unix_ms: now_ms,
+                    spec: Some(proto_spec(r.spec, start, &kind)),
+                });
+            }
+            self.revision += 1;
+            let record = (!reservations.is_empty()).then(|| DeviceResidents {
+                device_id: device_key(device),
+                reservations,
+            });
+            self.view
+                .apply_residents(&device_key(device), record, self.revision);
+            self.applied[device] = residents
+                .iter()
+                .map(|r| (r.spec.id, r.report.seq, r.report.running))
+                .collect();
+        }
+    }
+
+    /// The placer's decision for the task at the head of the queue. A "queue" verdict
+    /// keeps it waiting; the engine asks again at the next event.
+    pub fn decide(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
+        self.sync(view);
+        let now_ms = unix_ms(view.now_s());
+        let spec = proto_spec(task.spec, task.batch_size, view.device_kind());
+        let decision = self.placer.decide(&self.view, &spec, &[], now_ms);
+        match decision.verdict {
+            Verdict::Place {
+                device_id,
+                reserved_mem_mib,
+            } => {
+                let Some(device) = device_id
+                    .strip_prefix("gpu-")
+                    .and_then(|d| d.parse::<usize>().ok())
+                    .filter(|d| *d < view.devices())
+                else {
+                    tracing::warn!(%device_id, "placer chose a device the simulator does not have; task waits");
+                    return Decision::Queue;
+                };
+                self.reserved.insert(task.spec.id, reserved_mem_mib);
+                self.start_batch.insert(task.spec.id, task.batch_size);
+                Decision::Place {
+                    device,
+                    batch_size: task.batch_size,
+                }
+            }
+            Verdict::Queue {
+                retry_after,
+                reason,
+            } => {
+                // Trace jobs whose profiled peak is the whole card fit no card after
+                // the placer's margin; they ran alone in the trace, so they run alone
+                // on an idle card here rather than wait forever.
+                let usable =
+                    view.capacity_mib() as f64 * (1.0 - self.placer.params().memory_margin_frac);
+                if task.spec.solo_peak_mem_mib as f64 > usable
+                    && let Some(device) = (0..view.devices()).find(|d| view.resident_count(*d) == 0)
+                {
+                    tracing::debug!(
+                        task = task.spec.id,
+                        device,
+                        "too large for the placer's margin; runs alone"
+                    );
+                    self.start_batch.insert(task.spec.id, task.batch_size);
+                    return Decision::Place {
+                        device,
+                        batch_size: task.batch_size,
+                    };
+                }
+                tracing::trace!(task = task.spec.id, ?retry_after, %reason, "placer queues");
+                Decision::Queue
+            }
+        }
+    }
+
+    /// Forgets a finished task (its device's record is rewritten at the next sync).
+    pub fn forget(&mut self, task: usize) {
+        self.reserved.remove(&task);
+        self.start_batch.remove(&task);
+        self.view.remove_report(&task_key(task));
+    }
+}
