@@ -487,6 +487,21 @@ impl<'w> Engine<'w> {
         }
     }
 
+    /// The measured job type of `task` at `batch_size`; a policy asking for a batch
+    /// size the task's family was never measured at is a policy error.
+    fn job_type(&self, policy: &dyn Policy, task: usize, batch_size: u32) -> Result<TypeId> {
+        let family = self.tasks[task].family;
+        self.world
+            .catalogue
+            .type_of(family, batch_size)
+            .ok_or_else(|| {
+                Self::policy_error(
+                    policy,
+                    format!("batch size {batch_size} is not allowed for task {task}"),
+                )
+            })
+    }
+
     fn start(
         &mut self,
         task: usize,
@@ -500,17 +515,7 @@ impl<'w> Engine<'w> {
                 format!("placed task {task} on unknown device {device}"),
             ));
         }
-        let family = self.tasks[task].family;
-        let job = self
-            .world
-            .catalogue
-            .type_of(family, batch_size)
-            .ok_or_else(|| {
-                Self::policy_error(
-                    policy,
-                    format!("batch size {batch_size} is not allowed for task {task}"),
-                )
-            })?;
+        let job = self.job_type(policy, task, batch_size)?;
         self.advance(device);
         let now = self.now;
         let state = &mut self.tasks[task];
@@ -706,17 +711,7 @@ impl<'w> Engine<'w> {
                             format!("tuned task {task}, not on device {device}"),
                         ));
                     }
-                    let family = self.tasks[task].family;
-                    let job = self
-                        .world
-                        .catalogue
-                        .type_of(family, batch_size)
-                        .ok_or_else(|| {
-                            Self::policy_error(
-                                policy,
-                                format!("batch size {batch_size} is not allowed for task {task}"),
-                            )
-                        })?;
+                    let job = self.job_type(policy, task, batch_size)?;
                     let state = &mut self.tasks[task];
                     if state.batch_size != batch_size && state.active {
                         state.batch_size = batch_size;

@@ -172,7 +172,7 @@ const PALETTE: [RGBColor; 8] = [
 
 /// Completion-time CDF of every policy (hours, log-free linear axis).
 fn plot_cdf(path: &Path, runs: &[RunMetrics]) -> Result<()> {
-    let series: Vec<(String, Vec<f64>)> = runs
+    let series = runs
         .iter()
         .map(|run| {
             let mut ct: Vec<f64> = run
@@ -181,88 +181,93 @@ fn plot_cdf(path: &Path, runs: &[RunMetrics]) -> Result<()> {
                 .map(|t| t.completion_s() / 3600.0)
                 .collect();
             ct.sort_by(f64::total_cmp);
-            (run.policy.clone(), ct)
+            let n = ct.len().max(1) as f64;
+            let points = ct
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| (v, (i + 1) as f64 / n))
+                .collect();
+            (run.policy.clone(), points)
         })
         .collect();
-    let max_x = series
-        .iter()
-        .flat_map(|(_, v)| v.last().copied())
-        .fold(1e-3, f64::max);
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| plot_error(path, e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("Completion time CDF", ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0.0..max_x * 1.02, 0.0..1.0)
-        .map_err(|e| plot_error(path, e))?;
-    chart
-        .configure_mesh()
-        .x_desc("completion time (h)")
-        .y_desc("fraction of tasks")
-        .draw()
-        .map_err(|e| plot_error(path, e))?;
-    for (index, (name, values)) in series.iter().enumerate() {
-        let n = values.len().max(1) as f64;
-        let color = PALETTE[index % PALETTE.len()];
-        let points = values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| (*v, (i + 1) as f64 / n));
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))
-            .map_err(|e| plot_error(path, e))?
-            .label(name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-            });
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(|e| plot_error(path, e))?;
-    root.present().map_err(|e| plot_error(path, e))
+    let frame = Frame {
+        caption: "Completion time CDF",
+        x_desc: "completion time (h)",
+        y_desc: "fraction of tasks",
+        y_max: 1.0,
+        legend: SeriesLabelPosition::LowerRight,
+        stroke: 2,
+    };
+    line_plot(path, &frame, series)
 }
 
-/// Busy fraction of the GPUs over time, one line per policy (at most ~2,000 points each).
+/// Busy fraction of the GPUs over time, one line per policy (at most ~2,000 steps each),
+/// drawn as steps: the fraction holds until the next event changes it.
 fn plot_utilisation(path: &Path, runs: &[RunMetrics]) -> Result<()> {
-    let max_x = runs
+    let series = runs
         .iter()
-        .flat_map(|r| r.util.last().map(|p| p.0 / 3600.0))
+        .map(|run| {
+            let gpus = run.gpus.max(1) as f64;
+            let stride = (run.util.len() / 2000).max(1);
+            let mut points: Vec<(f64, f64)> = Vec::new();
+            for (t, busy, _) in run.util.iter().step_by(stride) {
+                let (x, y) = (t / 3600.0, *busy as f64 / gpus);
+                if let Some(&(_, previous)) = points.last() {
+                    points.push((x, previous));
+                }
+                points.push((x, y));
+            }
+            (run.policy.clone(), points)
+        })
+        .collect();
+    let frame = Frame {
+        caption: "GPUs busy over time",
+        x_desc: "time (h)",
+        y_desc: "fraction of GPUs with a task",
+        y_max: 1.05,
+        legend: SeriesLabelPosition::UpperRight,
+        stroke: 1,
+    };
+    line_plot(path, &frame, series)
+}
+
+/// What differs between the plots; everything else is drawn the same way.
+struct Frame {
+    caption: &'static str,
+    x_desc: &'static str,
+    y_desc: &'static str,
+    y_max: f64,
+    legend: SeriesLabelPosition,
+    stroke: u32,
+}
+
+/// One SVG with a line per (policy, points), x from 0 to the largest x of any series.
+fn line_plot(path: &Path, frame: &Frame, series: Vec<(String, Vec<(f64, f64)>)>) -> Result<()> {
+    let max_x = series
+        .iter()
+        .flat_map(|(_, points)| points.iter().map(|p| p.0))
         .fold(1e-3, f64::max);
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_error(path, e))?;
     let mut chart = ChartBuilder::on(&root)
-        .caption("GPUs busy over time", ("sans-serif", 22))
+        .caption(frame.caption, ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)
-        .build_cartesian_2d(0.0..max_x * 1.02, 0.0..1.05)
+        .build_cartesian_2d(0.0..max_x * 1.02, 0.0..frame.y_max)
         .map_err(|e| plot_error(path, e))?;
     chart
         .configure_mesh()
-        .x_desc("time (h)")
-        .y_desc("fraction of GPUs with a task")
+        .x_desc(frame.x_desc)
+        .y_desc(frame.y_desc)
         .draw()
         .map_err(|e| plot_error(path, e))?;
-    for (index, run) in runs.iter().enumerate() {
-        let gpus = run.gpus.max(1) as f64;
-        let stride = (run.util.len() / 2000).max(1);
+    for (index, (name, points)) in series.into_iter().enumerate() {
         let color = PALETTE[index % PALETTE.len()];
-        let points: Vec<(f64, f64)> = run
-            .util
-            .iter()
-            .step_by(stride)
-            .map(|(t, busy, _)| (t / 3600.0, *busy as f64 / gpus))
-            .collect();
         chart
-            .draw_series(LineSeries::new(points, color.stroke_width(1)))
+            .draw_series(LineSeries::new(points, color.stroke_width(frame.stroke)))
             .map_err(|e| plot_error(path, e))?
-            .label(run.policy.clone())
+            .label(name)
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
             });
@@ -271,7 +276,7 @@ fn plot_utilisation(path: &Path, runs: &[RunMetrics]) -> Result<()> {
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerLeft)
+        .position(frame.legend.clone())
         .draw()
         .map_err(|e| plot_error(path, e))?;
     root.present().map_err(|e| plot_error(path, e))
