@@ -228,12 +228,7 @@ impl Agent {
             None => c.clamp(batch_size / 2),
         };
         self.shared.mark_oom(batch_size);
-        let phi = self
-            .shared
-            .gns
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .noise_scale();
+        let phi = self.shared.noise_scale();
         let change = BatchSizeChange {
             batch_size: fallback,
             lr_factor: lr_factor(c.lr_rule, c.initial_batch_size, fallback, phi),

@@ -381,12 +381,7 @@ impl Reporter {
     fn report(&mut self, finished: bool) -> TaskReport {
         let measured = self.timer.measured();
         let last = self.timer.last();
-        let grad_noise_scale = self
-            .shared
-            .gns
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .noise_scale();
+        let grad_noise_scale = self.shared.noise_scale();
         self.seq += 1;
         TaskReport {
             task_id: self.config.task_id.clone(),
@@ -468,13 +463,12 @@ impl Reporter {
                 .ok()
                 .filter(|r| *r != LrScalingRule::Unspecified)
                 .unwrap_or(c.lr_rule);
-            let phi = self
-                .shared
-                .gns
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .noise_scale();
-            lr_factor(rule, c.initial_batch_size, batch_size, phi)
+            lr_factor(
+                rule,
+                c.initial_batch_size,
+                batch_size,
+                self.shared.noise_scale(),
+            )
         };
         if batch_size != a.batch_size {
             tracing::warn!(

@@ -68,6 +68,17 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The smoothed gradient noise scale, if the trainer has reported gradient norms.
+    ///
+    /// A panic elsewhere while holding the estimator's lock cannot leave it half
+    /// updated in a way that matters here, so a poisoned lock is read anyway.
+    pub(crate) fn noise_scale(&self) -> Option<f64> {
+        self.gns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .noise_scale()
+    }
+
     pub(crate) fn new(initial_batch_size: u32, gns_smoothing: f64) -> Shared {
         Shared {
             batch_size: AtomicU32::new(initial_batch_size),

@@ -32,6 +32,13 @@ pub struct PairProblem {
 }
 
 impl PairProblem {
+    /// The optimum, or an error for a problem with no feasible configuration.
+    pub fn required_optimum(&self) -> Result<f64> {
+        self.optimum().ok_or_else(|| {
+            TunerError::InvalidInput("problem has no feasible configuration".to_owned())
+        })
+    }
+
     /// The exhaustive optimum over the feasible configurations.
     pub fn optimum(&self) -> Option<f64> {
         self.values
@@ -225,11 +232,7 @@ pub fn gp_lcb_rounds(
     params: &BenchParams,
     seed: u64,
 ) -> Result<(usize, bool)> {
-    let Some(optimum) = problem.optimum() else {
-        return Err(TunerError::InvalidInput(
-            "problem has no feasible configuration".to_owned(),
-        ));
-    };
+    let optimum = problem.required_optimum()?;
     let space = SearchSpace {
         sizes: problem.sizes.to_vec(),
         start: problem.m0_index.to_vec(),
@@ -255,11 +258,7 @@ pub fn random_rounds(
     params: &BenchParams,
     seed: u64,
 ) -> Result<(usize, bool)> {
-    let Some(optimum) = problem.optimum() else {
-        return Err(TunerError::InvalidInput(
-            "problem has no feasible configuration".to_owned(),
-        ));
-    };
+    let optimum = problem.required_optimum()?;
     let mut order: Vec<(usize, usize)> = (0..problem.sizes[0].len())
         .flat_map(|i| (0..problem.sizes[1].len()).map(move |j| (i, j)))
         .collect();
