@@ -1,15 +1,9 @@
 //! `iadeep placer` as an operator runs it: the bench client end to end (in-process
 //! daemon over loopback gRPC), and clear errors for bad flags.
 
-use std::process::{Command, Output};
+mod common;
 
-fn iadeep(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_iadeep"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run iadeep")
-}
+use common::iadeep;
 
 #[test]
 fn bench_client_places_and_releases_over_grpc_and_reports_json() {

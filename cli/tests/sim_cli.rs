@@ -1,14 +1,8 @@
 //! `iadeep sim` and `iadeep demo` as a user runs them.
 
-use std::process::{Command, Output};
+mod common;
 
-fn iadeep(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_iadeep"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run iadeep")
-}
+use common::iadeep;
 
 #[test]
 fn sim_json_has_every_requested_policy_with_the_issue_keys() {

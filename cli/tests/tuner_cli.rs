@@ -2,13 +2,9 @@
 
 use std::process::{Command, Output};
 
-fn iadeep(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_iadeep"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run iadeep")
-}
+mod common;
+
+use common::iadeep;
 
 fn last_json_line(out: &Output) -> serde_json::Value {
     let text = String::from_utf8_lossy(&out.stdout);
