@@ -4,9 +4,10 @@
 //! itself included), the true Σ PD surface over (b1, b2) is built from the measurements:
 //! m0 = the family's middle batch size, PD_k = (m0 · solo(m0)) / (b_k · co-located steps/s),
 //! E = 1 (Gavel has no gradient statistics), failed pairs are out of memory. GP-LCB and
-//! random search (uniform, without replacement) then run against it, each observing the true
-//! value times (1 + 1% Gaussian noise), and we count the rounds until a configuration within
-//! 2% of the exhaustive optimum has been measured.
+//! random search (uniform, without replacement) then run against it, both starting at the
+//! submitted configuration (m0, m0) as the daemon does, each observing the true value times
+//! (1 + 1% Gaussian noise), and we count the rounds (every measurement, out-of-memory ones
+//! included) until a configuration within 2% of the exhaustive optimum has been measured.
 
 use iadeep_datasets::gavel::{JobType, PairOutcome, WorkerThroughputs};
 use rand::seq::SliceRandom;
@@ -259,11 +260,16 @@ pub fn random_rounds(
     seed: u64,
 ) -> Result<(usize, bool)> {
     let optimum = problem.required_optimum()?;
-    let mut order: Vec<(usize, usize)> = (0..problem.sizes[0].len())
+    // Same start as GP-LCB (the submitted m0 configuration), then every other configuration
+    // once, in a uniformly random order.
+    let start = (problem.m0_index[0], problem.m0_index[1]);
+    let mut rest: Vec<(usize, usize)> = (0..problem.sizes[0].len())
         .flat_map(|i| (0..problem.sizes[1].len()).map(move |j| (i, j)))
+        .filter(|&c| c != start)
         .collect();
-    order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
-    for (round, (i, j)) in order.into_iter().enumerate() {
+    rest.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+    let order = std::iter::once(start).chain(rest);
+    for (round, (i, j)) in order.enumerate() {
         if problem.values[i][j].is_some_and(|v| v <= optimum * (1.0 + params.tolerance)) {
             return Ok((round + 1, true));
         }
@@ -309,6 +315,26 @@ mod tests {
             let opt = p.optimum().expect("kept only feasible problems");
             assert!(opt.is_finite() && opt > 0.0);
             assert!(p.sizes[0].len() >= 3 && p.sizes[1].len() >= 3);
+        }
+    }
+
+    #[test]
+    fn both_searches_start_at_m0() {
+        // m0 is the optimum: both strategies find it in round 1, whatever the seed.
+        let p = PairProblem {
+            families: ("a".into(), "b".into()),
+            sizes: [vec![1, 2, 4], vec![1, 2, 4]],
+            m0_index: [1, 1],
+            values: vec![
+                vec![Some(3.0), Some(2.5), Some(2.9)],
+                vec![Some(2.2), Some(2.0), Some(2.6)],
+                vec![Some(3.1), Some(2.7), None],
+            ],
+        };
+        let params = BenchParams::default();
+        for seed in 0..5 {
+            assert_eq!(random_rounds(&p, &params, seed).expect("runs"), (1, true));
+            assert_eq!(gp_lcb_rounds(&p, &params, seed).expect("runs"), (1, true));
         }
     }
 

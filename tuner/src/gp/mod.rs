@@ -9,6 +9,6 @@ pub mod kernel;
 pub mod mean;
 pub mod model;
 
-pub use kernel::Matern52;
+pub use kernel::{LinearTrend, Matern52};
 pub use mean::ConstantMean;
-pub use model::{GaussianProcess, GpParams, Prediction};
+pub use model::{GaussianProcess, GpParams, Prediction, Predictor};
