@@ -453,25 +453,32 @@ impl GpLcb {
             .collect();
         let radius = self.params.max_step_log2 + 1e-9;
         let measured = &self.observations;
+        let d = space.sizes.len();
+        // Measured configurations as log2 points, row-major: the reach test runs for every
+        // candidate of the acquisition.
+        let measured_log2: Vec<f64> = measured
+            .iter()
+            .flat_map(|(o, _)| o.iter().zip(&log2).map(|(&i, l)| l[i]))
+            .collect();
         let within_reach = |idx: &[usize]| {
             radius.is_infinite()
-                || measured.iter().any(|(o, _)| {
-                    o.iter()
+                || measured_log2.chunks_exact(d).any(|m| {
+                    m.iter()
                         .zip(idx)
                         .zip(&log2)
-                        .all(|((&a, &b), l)| (l[a] - l[b]).abs() <= radius)
+                        .all(|((&a, &i), l)| (a - l[i]).abs() <= radius)
                 })
         };
         let allowed = |idx: &[usize]| {
             feasible(space, out_of_memory, idx)
-                && (exclude.is_empty() || !exclude.contains(idx))
                 && within_reach(idx)
+                && (exclude.is_empty() || !exclude.contains(idx))
         };
-        let mut point = vec![0.0; space.sizes.len()];
+        let mut point = vec![0.0; d];
         let mut predictor = gp.predictor();
         let mut score = |idx: &[usize]| {
-            for ((p, &i), s) in point.iter_mut().zip(idx).zip(&space.sizes) {
-                *p = f64::from(s[i]).log2();
+            for ((p, &i), l) in point.iter_mut().zip(idx).zip(&log2) {
+                *p = l[i];
             }
             let p = predictor.predict(&point);
             p.mean - beta_sqrt * p.std

@@ -6,6 +6,7 @@
 //! Inputs are log2 batch sizes, so "twice as large" is the same distance everywhere.
 
 pub mod kernel;
+pub mod linalg;
 pub mod mean;
 pub mod model;
 

@@ -16,6 +16,7 @@ use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
 use rand::Rng;
 
 use super::kernel::{LinearTrend, Matern52};
+use super::linalg::{PackedLower, dot};
 use super::mean::ConstantMean;
 use crate::error::{Result, TunerError};
 
@@ -141,6 +142,14 @@ fn trend_gram(x: &DMatrix<f64>, center: &[f64]) -> DMatrix<f64> {
     &centred * centred.transpose()
 }
 
+/// A likelihood evaluation with its Cholesky factor and α = K⁻¹y, which conditioning reuses.
+struct Factorised {
+    cost: f64,
+    grad: Option<DVector<f64>>,
+    chol: Cholesky<f64, Dyn>,
+    alpha: DVector<f64>,
+}
+
 /// One likelihood evaluation, kept for the gradient call at the same point.
 struct Evaluation {
     theta: DVector<f64>,
@@ -154,6 +163,8 @@ struct NegLogMarginal<'a> {
     y: &'a DVector<f64>,
     n: usize,
     d: usize,
+    /// The inputs, row-major.
+    x_rows: Vec<f64>,
     /// (x_ic − x_jc)² for every pair i > j (pair-major, d per pair): θ-independent.
     sq_diff: Vec<f64>,
     /// The trend's unit-variance Gram matrix (θ-independent) and the prior mean of ln v.
@@ -184,6 +195,10 @@ impl<'a> NegLogMarginal<'a> {
             y,
             n,
             d,
+            x_rows: x
+                .row_iter()
+                .flat_map(|r| r.iter().copied().collect::<Vec<_>>())
+                .collect(),
             sq_diff,
             trend: trend.map(|(center, prior)| (trend_gram(x, center), prior.ln())),
             jitter,
@@ -208,7 +223,9 @@ impl<'a> NegLogMarginal<'a> {
         }
         let inside = theta.map(|v| v.clamp(-THETA_BOX, THETA_BOX));
         let outside = theta - &inside;
-        let (mut cost, mut grad) = self.evaluate_inside(&inside, with_grad)?;
+        let Factorised {
+            mut cost, mut grad, ..
+        } = self.evaluate_inside(&inside, with_grad)?;
         cost += 0.5 * WALL * outside.norm_squared();
         if let Some(g) = &mut grad {
             *g += &outside * WALL;
@@ -216,27 +233,13 @@ impl<'a> NegLogMarginal<'a> {
         Ok((cost, grad))
     }
 
-    /// [`Self::evaluate`] for θ inside the box.
-    fn evaluate_inside(
-        &self,
-        theta: &DVector<f64>,
-        with_grad: bool,
-    ) -> Result<(f64, Option<DVector<f64>>)> {
+    /// [`Self::evaluate`] for θ inside the box, with the factor it computed.
+    fn evaluate_inside(&self, theta: &DVector<f64>, with_grad: bool) -> Result<Factorised> {
         let (n, d) = (self.n, self.d);
         let len = theta.len();
         let signal2 = (2.0 * theta[d]).exp();
         let noise2 = (2.0 * theta[d + 1]).exp();
-        let mut inv_len2 = [0.0; 16];
-        let inv_len2: &mut [f64] = if d <= 16 {
-            &mut inv_len2[..d]
-        } else {
-            return Err(TunerError::InvalidInput(format!(
-                "at most 16 co-located tasks are supported, got {d}"
-            )));
-        };
-        for (c, v) in inv_len2.iter_mut().enumerate() {
-            *v = (-2.0 * theta[c]).exp();
-        }
+        let inv_len2: Vec<f64> = (0..d).map(|c| (-2.0 * theta[c]).exp()).collect();
         // Per pair: r and exp(−√5 r), kept for the gradient.
         let pairs = n * n.saturating_sub(1) / 2;
         let mut dist = Vec::with_capacity(if with_grad { pairs } else { 0 });
@@ -272,17 +275,24 @@ impl<'a> NegLogMarginal<'a> {
             cost += 0.5 * z * z;
         }
         if !with_grad {
-            return Ok((cost, None));
+            return Ok(Factorised {
+                cost,
+                grad: None,
+                chol,
+                alpha,
+            });
         }
         // ∂cost/∂θ = ½ tr(W ∂K/∂θ) with W = K⁻¹ − ααᵀ; only the lower triangle is read.
-        let w = chol.inverse();
+        // K⁻¹, lower triangle packed by rows: (i, j) at i(i+1)/2 + j.
+        let w = PackedLower::from_cholesky(&chol).inverse_lower();
         let mut grad = DVector::zeros(len);
         let mut p = 0;
         for i in 0..n {
+            let row = i * (i + 1) / 2;
             for j in 0..i {
                 let (r, e, v) = dist[p];
                 // Counted twice by symmetry, × ½ → once.
-                let wij = w[(i, j)] - alpha[i] * alpha[j];
+                let wij = w[row + j] - alpha[i] * alpha[j];
                 let f = wij * signal2 * 5.0 / 3.0 * (1.0 + SQRT5 * r) * e;
                 let diffs = &self.sq_diff[p * d..(p + 1) * d];
                 for c in 0..d {
@@ -291,7 +301,7 @@ impl<'a> NegLogMarginal<'a> {
                 grad[d] += wij * 2.0 * v;
                 p += 1;
             }
-            let wii = w[(i, i)] - alpha[i] * alpha[i];
+            let wii = w[row + i] - alpha[i] * alpha[i];
             grad[d] += wii * signal2;
             grad[d + 1] += wii * noise2;
         }
@@ -300,17 +310,23 @@ impl<'a> NegLogMarginal<'a> {
             let v = theta[d + 2].exp();
             let mut g = 0.0;
             for i in 0..n {
+                let row = i * (i + 1) / 2;
                 for j in 0..i {
-                    g += (w[(i, j)] - alpha[i] * alpha[j]) * gram[(i, j)];
+                    g += (w[row + j] - alpha[i] * alpha[j]) * gram[(i, j)];
                 }
-                g += 0.5 * (w[(i, i)] - alpha[i] * alpha[i]) * gram[(i, i)];
+                g += 0.5 * (w[row + i] - alpha[i] * alpha[i]) * gram[(i, i)];
             }
             grad[d + 2] += v * g;
         }
         for j in 0..len {
             grad[j] += (theta[j] - prior_mean(d, j, log_trend)) / (PRIOR_SD * PRIOR_SD);
         }
-        Ok((cost, Some(grad)))
+        Ok(Factorised {
+            cost,
+            grad: Some(grad),
+            chol,
+            alpha,
+        })
     }
 
     /// Cost and gradient at `theta`, from the cache when argmin asks again for the same point.
@@ -368,7 +384,8 @@ pub struct GaussianProcess {
     trend: Option<LinearTrend>,
     log_noise: f64,
     mean: ConstantMean,
-    chol: Cholesky<f64, Dyn>,
+    /// The Cholesky factor of K, packed for fast forward substitution.
+    lower: PackedLower,
     alpha: DVector<f64>,
     neg_log_marginal: f64,
 }
@@ -386,7 +403,7 @@ pub struct Prediction {
 pub struct Predictor<'a> {
     gp: &'a GaussianProcess,
     scaled: Vec<f64>,
-    kstar: DVector<f64>,
+    kstar: Vec<f64>,
 }
 
 impl Predictor<'_> {
@@ -399,13 +416,12 @@ impl Predictor<'_> {
             *s = v * il;
         }
         let mut prior_var = signal2;
-        for (i, k) in self.kstar.iter_mut().enumerate() {
-            let row = &gp.scaled_rows[i * d..(i + 1) * d];
-            let r2: f64 = row
-                .iter()
-                .zip(&self.scaled)
-                .map(|(a, b)| (a - b) * (a - b))
-                .sum();
+        let kstar = self.kstar.as_mut_slice();
+        for (k, row) in kstar.iter_mut().zip(gp.scaled_rows.chunks_exact(d)) {
+            let mut r2 = 0.0;
+            for (a, b) in row.iter().zip(&self.scaled) {
+                r2 += (a - b) * (a - b);
+            }
             *k = signal2 * Matern52::shape(r2.sqrt());
         }
         if let Some(trend) = &gp.trend {
@@ -413,23 +429,17 @@ impl Predictor<'_> {
             for (c, (p, m)) in point.iter().zip(&trend.center).enumerate() {
                 let t = p - m;
                 norm2 += t * t;
-                for (i, k) in self.kstar.iter_mut().enumerate() {
-                    *k += trend.variance * t * gp.centred_rows[i * d + c];
+                let scaled_t = trend.variance * t;
+                for (k, row) in kstar.iter_mut().zip(gp.centred_rows.chunks_exact(d)) {
+                    *k += scaled_t * row[c];
                 }
             }
             prior_var += trend.variance * norm2;
         }
-        let mean_z = self.kstar.dot(&gp.alpha);
+        let mean_z = dot(kstar, gp.alpha.as_slice());
         // v = L⁻¹ k*, in place: σ² = k** − vᵀv.
-        let var_z = if gp
-            .chol
-            .l_dirty()
-            .solve_lower_triangular_mut(&mut self.kstar)
-        {
-            (prior_var - self.kstar.dot(&self.kstar)).max(0.0)
-        } else {
-            prior_var
-        };
+        gp.lower.forward_substitute(kstar);
+        let var_z = (prior_var - dot(kstar, kstar)).max(0.0);
         Prediction {
             mean: gp.mean.restore(mean_z),
             std: var_z.sqrt() * gp.mean.scale,
@@ -515,7 +525,8 @@ impl GaussianProcess {
                 "no hyper-parameter start gave a finite likelihood".to_owned(),
             ));
         };
-        Self::with_hyper(x, &ys, &theta, mean, center, params.jitter, cost)
+        tracing::trace!(cost, "hyper-parameters fitted");
+        Self::with_hyper(&problem, d, &theta, mean, center)
     }
 
     fn check_input(x: &DMatrix<f64>, y: &[f64]) -> Result<()> {
@@ -561,21 +572,23 @@ impl GaussianProcess {
         let mean = ConstantMean::fit(y);
         let ys = DVector::from_iterator(n, y.iter().map(|v| mean.standardise(*v)));
         let trend = center.as_deref().map(|c| (c, params.trend_variance));
-        let (cost, _) =
-            NegLogMarginal::new(&x, &ys, trend, params.jitter).evaluate(theta, false)?;
-        Self::with_hyper(x, &ys, theta, mean, center, params.jitter, cost)
+        let problem = NegLogMarginal::new(&x, &ys, trend, params.jitter);
+        Self::with_hyper(&problem, d, theta, mean, center)
     }
 
+    /// The model at θ (clamped to the box): one Cholesky, through the same covariance code
+    /// as the likelihood.
     fn with_hyper(
-        x: DMatrix<f64>,
-        ys: &DVector<f64>,
+        problem: &NegLogMarginal,
+        d: usize,
         theta: &DVector<f64>,
         mean: ConstantMean,
         trend_center: Option<Vec<f64>>,
-        jitter: f64,
-        neg_log_marginal: f64,
     ) -> Result<GaussianProcess> {
-        let (n, d) = (x.nrows(), x.ncols());
+        let theta = theta.map(|v| v.clamp(-THETA_BOX, THETA_BOX));
+        let Factorised {
+            cost, chol, alpha, ..
+        } = problem.evaluate_inside(&theta, false)?;
         let trend = trend_center.map(|center| LinearTrend {
             variance: theta[d + 2].exp(),
             center,
@@ -584,25 +597,16 @@ impl GaussianProcess {
             log_lengths: theta.rows(0, d).into_owned(),
             log_signal: theta[d],
         };
-        let noise2 = (2.0 * theta[d + 1]).exp();
-        let rows: Vec<Vec<f64>> = (0..n).map(|i| x.row(i).iter().copied().collect()).collect();
-        let mut k = DMatrix::from_fn(n, n, |i, j| {
-            kernel.value(&rows[i], &rows[j])
-                + trend.as_ref().map_or(0.0, |t| t.value(&rows[i], &rows[j]))
-        });
-        for i in 0..n {
-            k[(i, i)] += noise2;
-        }
-        let chol = jittered_cholesky(k, jitter)?;
-        let alpha = chol.solve(ys);
         let inv_lengths: Vec<f64> = kernel.log_lengths.iter().map(|l| (-l).exp()).collect();
-        let scaled_rows: Vec<f64> = rows
-            .iter()
+        let scaled_rows: Vec<f64> = problem
+            .x_rows
+            .chunks_exact(d)
             .flat_map(|r| r.iter().zip(&inv_lengths).map(|(v, il)| v * il))
             .collect();
         let centred_rows: Vec<f64> = match &trend {
-            Some(t) => rows
-                .iter()
+            Some(t) => problem
+                .x_rows
+                .chunks_exact(d)
                 .flat_map(|r| r.iter().zip(&t.center).map(|(v, c)| v - c))
                 .collect(),
             None => Vec::new(),
@@ -616,9 +620,9 @@ impl GaussianProcess {
             trend,
             log_noise: theta[d + 1],
             mean,
-            chol,
+            lower: PackedLower::from_cholesky(&chol),
             alpha,
-            neg_log_marginal,
+            neg_log_marginal: cost,
         })
     }
 
@@ -654,7 +658,7 @@ impl GaussianProcess {
         Predictor {
             gp: self,
             scaled: vec![0.0; self.d],
-            kstar: DVector::zeros(self.alpha.len()),
+            kstar: vec![0.0; self.alpha.len()],
         }
     }
 
