@@ -534,30 +534,31 @@ impl GpLcb {
         pool.sort_by(|a, b| a.0.total_cmp(&b.0));
         pool.truncate(self.params.descent_starts);
         for (mut s, mut idx) in pool {
-            // A few sweeps suffice: the LCB surface is smooth in log2 batch size.
-            let mut improved = true;
-            let mut sweeps = 0;
-            while improved && sweeps < 4 {
-                improved = false;
-                sweeps += 1;
-                for t in 0..sizes.len() {
-                    let keep = idx[t];
-                    let mut best_i = keep;
-                    for i in 0..sizes[t].len() {
-                        if i == keep {
-                            continue;
-                        }
-                        idx[t] = i;
-                        if allowed(&idx) {
-                            let v = score(&idx);
-                            if v < s {
-                                s = v;
-                                best_i = i;
-                                improved = true;
-                            }
+            // Cyclic coordinate descent, at most four sweeps (the LCB surface is smooth in
+            // log2 batch size). It stops as soon as d lines in a row brought no improvement:
+            // the point is then a coordinate-wise minimum, and finishing the sweep would
+            // only re-scan lines already known not to improve.
+            let mut unchanged = 0;
+            for t in (0..sizes.len()).cycle().take(4 * sizes.len()) {
+                let keep = idx[t];
+                let mut best_i = keep;
+                for i in 0..sizes[t].len() {
+                    if i == keep {
+                        continue;
+                    }
+                    idx[t] = i;
+                    if allowed(&idx) {
+                        let v = score(&idx);
+                        if v < s {
+                            s = v;
+                            best_i = i;
                         }
                     }
-                    idx[t] = best_i;
+                }
+                idx[t] = best_i;
+                unchanged = if best_i == keep { unchanged + 1 } else { 1 };
+                if unchanged >= sizes.len() {
+                    break;
                 }
             }
             best.consider(&idx, s, rng);
