@@ -168,6 +168,10 @@ enum TunerCommand {
         /// Seeds per problem.
         #[arg(long, default_value_t = 20)]
         seeds: u64,
+        /// First seed: the runs use seeds FIRST..FIRST+SEEDS. The search's defaults were
+        /// chosen with --first-seed 100; the figures to report use the default 0.
+        #[arg(long, default_value_t = 0, value_name = "FIRST")]
+        first_seed: u64,
         /// Also print one JSON object on the last line of stdout.
         #[arg(long)]
         json: bool,
@@ -183,6 +187,7 @@ pub async fn run(args: TunerArgs) -> Result<ExitCode> {
             gavel,
             worker_type,
             seeds,
+            first_seed,
             json,
         } => {
             let data = match &gavel {
@@ -202,12 +207,13 @@ pub async fn run(args: TunerArgs) -> Result<ExitCode> {
             );
             let params = BenchParams {
                 seeds,
+                first_seed,
                 ..BenchParams::default()
             };
             let report = gavel_bench::run(&problems, &params)?;
             println!(
-                "worker type {worker_type}: {} pair problems × {} seeds",
-                report.problems, report.seeds
+                "worker type {worker_type}: {} pair problems × {} seeds (from seed {})",
+                report.problems, report.seeds, report.first_seed
             );
             println!(
                 "{:<10} {:>14} {:>11} {:>12} {:>10}",

@@ -53,6 +53,8 @@ fn tuner_bench_on_the_bundled_gavel_data() {
         "k80",
         "--seeds",
         "2",
+        "--first-seed",
+        "100",
         "--json",
     ]);
     assert!(
@@ -62,6 +64,9 @@ fn tuner_bench_on_the_bundled_gavel_data() {
     );
     let json = last_json_line(&out);
     assert!(json["problems"].as_u64().expect("count") > 0);
+    assert_eq!(json["first_seed"].as_u64(), Some(100));
+    let problems = json["problems"].as_u64().expect("count");
+    assert_eq!(json["gp_lcb"]["runs"].as_u64(), Some(problems * 2));
     for strategy in ["gp_lcb", "random"] {
         assert!(json[strategy]["median_rounds"].as_f64().expect("median") >= 1.0);
         assert!(json[strategy]["p90_rounds"].is_number());

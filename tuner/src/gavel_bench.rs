@@ -173,6 +173,8 @@ impl Evaluator for NoisySurface<'_> {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BenchParams {
     pub seeds: u64,
+    /// Seeds run are `first_seed..first_seed + seeds`: tune on one range, report another.
+    pub first_seed: u64,
     /// Relative measurement noise.
     pub noise: f64,
     /// A configuration within this relative gap of the optimum counts as found.
@@ -188,6 +190,7 @@ impl Default for BenchParams {
     fn default() -> Self {
         BenchParams {
             seeds: 20,
+            first_seed: 0,
             noise: 0.01,
             tolerance: 0.02,
             cap_factor: 3,
@@ -212,6 +215,7 @@ pub struct RoundStats {
 pub struct BenchReport {
     pub problems: usize,
     pub seeds: u64,
+    pub first_seed: u64,
     pub gp_lcb: RoundStats,
     pub random: RoundStats,
 }
@@ -286,7 +290,7 @@ pub fn run(problems: &[PairProblem], params: &BenchParams) -> Result<BenchReport
     }
     let (mut gp, mut random) = (Vec::new(), Vec::new());
     for problem in problems {
-        for seed in 0..params.seeds {
+        for seed in params.first_seed..params.first_seed.saturating_add(params.seeds) {
             gp.push(gp_lcb_rounds(problem, params, seed)?);
             random.push(random_rounds(problem, params, seed)?);
         }
@@ -295,6 +299,7 @@ pub fn run(problems: &[PairProblem], params: &BenchParams) -> Result<BenchReport
     Ok(BenchReport {
         problems: problems.len(),
         seeds: params.seeds,
+        first_seed: params.first_seed,
         gp_lcb: summarise(&gp),
         random: summarise(&random),
     })

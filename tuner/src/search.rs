@@ -1,10 +1,13 @@
 //! GP-LCB over the joint batch-size lattice of the tasks sharing one GPU.
 //!
 //! The search minimises the device objective Σ_k PD_k. Each round it fits a
-//! [`GaussianProcess`] to the observations (inputs: log2 batch sizes) and proposes the
-//! memory-feasible configuration minimising μ(x) − √β_t σ(x), with the finite-domain schedule
-//! β_t = 2 ln(|D| t² π² / 6δ) of Srinivas et al. (2010). Small lattices are enumerated; large
-//! ones are sampled and the best samples refined by coordinate descent.
+//! [`GaussianProcess`] to ln Σ PD (inputs: log2 batch sizes) and proposes the memory-feasible
+//! configuration minimising μ(x) − √β_t σ(x), with the finite-domain schedule
+//! β_t = 2 ln(|D| t² π² / 6δ) of Srinivas et al. (2010) scaled as [`LcbParams::beta_scale`]
+//! explains. The first configuration is the submitted m0; later ones lie within
+//! [`LcbParams::max_step_log2`] doublings of a measured one, and are not re-measurements while
+//! the fitted noise is small. Small lattices are enumerated; large ones are sampled and the
+//! best samples refined by coordinate descent.
 //!
 //! The search never measures anything itself: an [`Evaluator`] runs a configuration and
 //! returns its Σ PD (the tuner daemon over the store, the Gavel benchmark, tests).
