@@ -55,8 +55,9 @@ impl Default for GpParams {
     /// Two random restarts (cold fits only), at most 20 iterations stopping at a gradient norm
     /// of 0.05, and a trend whose slope has a prior median standard deviation of 0.5 per
     /// doubling (about ±1 standardised unit over the four doublings of a typical lattice).
-    /// On 50 observations in 4 dimensions a warm fit then takes ~10 likelihood evaluations
-    /// and a cold one ~60 (measured with `--example fit_timing`).
+    /// On the `round` bench's data (50 observations in 4 dimensions) a warm fit then took
+    /// about 12 likelihood evaluations and a cold one about 65 (counted with a temporary counter
+    /// in `evaluate_cached`, not committed).
     fn default() -> Self {
         GpParams {
             restarts: 2,
