@@ -599,10 +599,18 @@ impl GpLcb {
 /// See [`GpLcb::feasible`]; a free function so that the acquisition can borrow the search's
 /// fields separately.
 fn feasible(space: &SearchSpace, out_of_memory: &[Vec<usize>], idx: &[usize]) -> bool {
-    space.fits_memory(idx)
-        && !out_of_memory
-            .iter()
-            .any(|oom| oom.iter().zip(idx).all(|(o, i)| i >= o))
+    space.fits_memory(idx) && !at_or_above_an_oom(out_of_memory, idx)
+}
+
+/// Whether `idx` is at least as large, in every task's batch size, as some configuration in
+/// `out_of_memory` (indices into ascending candidate sizes): then it cannot fit either, since
+/// each task's memory grows with its batch size. The one definition of this rule, used by
+/// [`GpLcb`] and by any baseline that must share the same world knowledge (the Gavel
+/// benchmark's random search).
+pub fn at_or_above_an_oom(out_of_memory: &[Vec<usize>], idx: &[usize]) -> bool {
+    out_of_memory
+        .iter()
+        .any(|oom| oom.len() == idx.len() && oom.iter().zip(idx).all(|(o, i)| i >= o))
 }
 
 /// The lowest acquisition value seen so far, ties broken uniformly at random (reservoir
