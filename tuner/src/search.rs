@@ -858,6 +858,30 @@ mod tests {
     }
 
     #[test]
+    fn the_controller_never_decides_at_or_above_a_recorded_oom() {
+        // The daemon's path: StoreEvaluator reports an OOM as `None`, the control loop
+        // records it through the controller, and no later decision may be at or above it.
+        let search = GpLcb::new(space(None), LcbParams::default(), 7).expect("valid");
+        let mut ctl = Controller::new(search, ControllerParams::default());
+        ctl.record(&[0, 0], Some(5.0)).expect("records");
+        ctl.record(&[2, 3], None).expect("records");
+        for (i, j) in (2..7).flat_map(|i| (3..7).map(move |j| (i, j))) {
+            assert!(!ctl.search().feasible(&[i, j]), "({i}, {j}) still feasible");
+        }
+        for _ in 0..15 {
+            let (Decision::Explore(idx) | Decision::Settle(idx)) = ctl.decide().expect("decides");
+            assert!(
+                !(idx[0] >= 2 && idx[1] >= 3),
+                "decided {idx:?} above the OOM (2, 3)"
+            );
+            let v = Bowl
+                .evaluate(&ctl.search().space().batch_sizes(&idx))
+                .expect("evaluates");
+            ctl.record(&idx, v).expect("records");
+        }
+    }
+
+    #[test]
     fn large_lattices_use_sampling_and_descent() {
         let sizes: Vec<u32> = (1..=32).map(|i| i * 8).collect();
         let sp = SearchSpace {
