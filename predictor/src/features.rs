@@ -27,9 +27,11 @@ pub const NEUTRAL_MEM_MIB: f64 = 4096.0;
 
 const MIN_STEP_S: f64 = 1e-6;
 const MAX_STEP_S: f64 = 1e6;
+/// Added to co-runner sums before a log, so that "no co-runner" stays finite.
+const EMPTY_SUM: f64 = 1e-9;
 
 /// Names of the columns, in order; `FEATURE_NAMES.len()` is the width of a row.
-pub const FEATURE_NAMES: [&str; 36] = [
+pub const FEATURE_NAMES: [&str; 40] = [
     // Device kind, one-hot (8).
     "device=k80",
     "device=p100",
@@ -70,6 +72,11 @@ pub const FEATURE_NAMES: [&str; 36] = [
     "rel.time_share",
     "rel.total_sm_util_pct",
     "rel.total_mem_bw_util_pct",
+    // Logs and log-ratios of the co-runners' totals to the task's own values (4).
+    "co.log2_sum_solo_step_time_s",
+    "rel.log2_co_step_time_over_task",
+    "rel.log2_co_samples_per_s_over_task",
+    "rel.log2_co_batch_size_over_task",
 ];
 
 /// Width of a feature row.
@@ -185,7 +192,19 @@ pub fn feature_row(device_kind: &str, task: &TaskProfile, corunners: &[TaskProfi
     row.push(t.step_time_s / (t.step_time_s + co_time));
     row.push(t.sm_util_pct.unwrap_or(NEUTRAL_UTIL_PCT) + sum(&sm));
     row.push(t.mem_bw_util_pct.unwrap_or(NEUTRAL_UTIL_PCT) + sum(&bw));
-    debug_assert_eq!(row.len(), N_FEATURES);
+    // Logs and log-ratios of the co-runners' totals against the task's own values:
+    // under time slicing the slowdown grows with how much work the others put in
+    // per step of the task, a ratio that means the same for a small model on a fast
+    // card as for a large one on a slow card. A tree can split on a ratio directly
+    // (it cannot form one from two columns), and the linear base (see
+    // `crate::linear`) needs them in log form to be additive. Without co-runners
+    // the sums are 0; EMPTY_SUM keeps the logs finite (that case never reaches the
+    // model: alone, the slowdown is 1 by definition).
+    let co_time = co_time.max(EMPTY_SUM);
+    row.push(co_time.log2());
+    row.push((co_time / t.step_time_s).log2());
+    row.push(((sum(&|c| c.samples_per_s) + EMPTY_SUM) / t.samples_per_s).log2());
+    row.push(((sum(&|c| c.batch_size) + EMPTY_SUM) / t.batch_size).log2());
     row
 }
 

@@ -77,6 +77,9 @@ impl ForestParams {
 #[derive(Debug)]
 pub struct Forest {
     trees: Vec<Tree>,
+    /// Columns of the full row the trees were fitted on (those not constant in
+    /// the training rows), in order.
+    active: Vec<usize>,
     n_features: usize,
 }
 
@@ -103,19 +106,31 @@ impl Forest {
             return Err(PredictorError::Fit("rows of different widths".into()));
         }
         let n = rows.len();
+        // A column constant over the training rows offers no split, yet smartcore
+        // sorts and scans it at every node. Most rows carry several (unknown
+        // utilisations, one device kind, one co-runner), so leaving them out cuts the
+        // fit time without changing what a tree can learn. At least one column is
+        // kept so a tree can always be fitted (as a single leaf).
+        let mut active: Vec<usize> = (0..n_features)
+            .filter(|&c| rows.iter().any(|r| r[c] != rows[0][c]))
+            .collect();
+        if active.is_empty() {
+            active.push(0);
+        }
+        let width = active.len();
         let mut rng = ChaCha8Rng::seed_from_u64(params.seed);
         let bootstraps: Vec<Vec<usize>> = (0..params.n_trees)
             .map(|_| (0..n).map(|_| rng.random_range(0..n)).collect())
             .collect();
         let fit_one = |tree_index: usize| -> Result<Tree, PredictorError> {
             let picks = &bootstraps[tree_index];
-            let mut flat = Vec::with_capacity(n * n_features);
+            let mut flat = Vec::with_capacity(n * width);
             let mut y = Vec::with_capacity(n);
             for &i in picks {
-                flat.extend_from_slice(&rows[i]);
+                flat.extend(active.iter().map(|&c| rows[i][c]));
                 y.push(targets[i]);
             }
-            let x = DenseMatrix::new(n, n_features, flat, false)
+            let x = DenseMatrix::new(n, width, flat, false)
                 .map_err(|e| PredictorError::Fit(e.to_string()))?;
             let tree_params = DecisionTreeRegressorParameters {
                 max_depth: Some(params.max_depth),
@@ -159,7 +174,11 @@ impl Forest {
             .into_iter()
             .map(|t| t.unwrap_or_else(|| Err(PredictorError::Fit("a tree was not fitted".into()))))
             .collect::<Result<Vec<Tree>, PredictorError>>()?;
-        Ok(Forest { trees, n_features })
+        Ok(Forest {
+            trees,
+            active,
+            n_features,
+        })
     }
 
     /// Number of trees.
@@ -181,7 +200,8 @@ impl Forest {
                 self.n_features
             )));
         }
-        let x = DenseMatrix::new(1, row.len(), row.to_vec(), false)
+        let picked: Vec<f64> = self.active.iter().map(|&c| row[c]).collect();
+        let x = DenseMatrix::new(1, picked.len(), picked, false)
             .map_err(|e| PredictorError::Fit(e.to_string()))?;
         let mut sum = 0.0;
         let mut sum_sq = 0.0;
@@ -255,6 +275,27 @@ mod tests {
         for probe in [[2.0, 7.0], [8.0, 44.0]] {
             assert_eq!(a.predict(&probe).expect("a"), b.predict(&probe).expect("b"));
         }
+    }
+
+    #[test]
+    fn constant_columns_change_nothing() {
+        let rows: Vec<Vec<f64>> = (0..40)
+            .map(|i| vec![f64::from(i % 7), f64::from(i)])
+            .collect();
+        let padded: Vec<Vec<f64>> = rows.iter().map(|r| vec![3.0, r[0], 1.0, r[1]]).collect();
+        let y: Vec<f64> = (0..40).map(|i| f64::from(i % 5)).collect();
+        let p = ForestParams::default();
+        let a = Forest::fit(&rows, &y, &p).expect("fit");
+        let b = Forest::fit(&padded, &y, &p).expect("fit");
+        for probe in [[1.0, 3.0], [6.0, 39.0]] {
+            let wide = [9.0, probe[0], -4.0, probe[1]];
+            assert_eq!(a.predict(&probe).expect("a"), b.predict(&wide).expect("b"));
+        }
+        // All columns constant: a single-leaf forest predicting the mean.
+        let flat = vec![vec![1.0, 2.0]; 10];
+        let y: Vec<f64> = (0..10).map(f64::from).collect();
+        let f = Forest::fit(&flat, &y, &p).expect("fit");
+        assert!(f.predict(&[1.0, 2.0]).expect("predict").0.is_finite());
     }
 
     #[test]

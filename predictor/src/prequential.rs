@@ -127,13 +127,26 @@ pub fn evaluate(
     seeds: u64,
     params: &LearnerParams,
 ) -> Result<EvalReport, PredictorError> {
+    evaluate_seeds(samples, 0..seeds, params)
+}
+
+/// Runs the evaluation over the shuffles numbered `seeds`.
+///
+/// Seed `s` shuffles the stream with `ChaCha8Rng::seed_from_u64(s)` and offsets the
+/// forests' seed by `s`, so seeds `0..5` are exactly [`evaluate`] with 5 seeds.
+/// Tune hyper-parameters on a range that does not overlap the seeds you report.
+pub fn evaluate_seeds(
+    samples: &[CoLocationSample],
+    seeds: std::ops::Range<u64>,
+    params: &LearnerParams,
+) -> Result<EvalReport, PredictorError> {
     params.check()?;
     if samples.is_empty() {
         return Err(PredictorError::NoSamples);
     }
     let mut ours = Vec::new();
     let mut reference = Vec::new();
-    for seed in 0..seeds {
+    for seed in seeds {
         let mut stream = samples.to_vec();
         stream.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
         let mut seeded = params.clone();
