@@ -36,4 +36,4 @@ pub use model::{
 pub use params::PlacerParams;
 pub use policy::{Decision, Placer, Rejection, Verdict};
 pub use service::{PlaceOutcome, PlacementService};
-pub use view::{ClusterView, DeviceState, Resident};
+pub use view::{ClusterView, DeviceState, Resident, WaitingTask};

@@ -152,6 +152,7 @@ impl PlacementService {
             let (device_id, record, reservation, expect) = match plan {
                 Ok(reserve) => reserve,
                 Err((retry_after, reason)) => {
+                    self.note_queued(&task, retry_after);
                     tracing::debug!(task = %task.task_id, retry_after_s = retry_after.as_secs(), %reason, "queued");
                     return Ok(PlaceOutcome {
                         decision: place_response::Decision::Queued(QueueDecision {
@@ -170,8 +171,11 @@ impl PlacementService {
                 .await?
             {
                 CasOutcome::Swapped { revision } => {
-                    self.view_mut()
-                        .apply_residents(&device_id, Some(record), revision);
+                    {
+                        let mut view = self.view_mut();
+                        view.apply_residents(&device_id, Some(record), revision);
+                        view.forget_waiting(&task.task_id);
+                    }
                     let placement = Placement {
                         task_id: task.task_id.clone(),
                         device_id: device_id.clone(),
@@ -206,6 +210,22 @@ impl PlacementService {
             task_id: task.task_id,
             attempts,
         })
+    }
+
+    /// Counts `task` as waiting for a device, so the tasks submitted after it see it
+    /// ahead of them (see [`crate::policy`], step 3), until twice its retry hint has
+    /// passed: the client was told to come back after `retry_after`, and one more hint
+    /// of slack covers a client that polls late; one that stays away longer has given
+    /// up and stops holding the others back. Placing or releasing the task forgets it.
+    ///
+    /// The queue is this process's: placers sharing a store do not see each other's
+    /// waiting tasks (a task that is refused by one and retries on another is counted
+    /// by both until it expires, which errs towards placing).
+    pub fn note_queued(&self, task: &TaskSpec, retry_after: std::time::Duration) {
+        let now = iadeep_proto::now_unix_ms();
+        let hold_ms = i64::try_from(retry_after.as_millis().saturating_mul(2)).unwrap_or(i64::MAX);
+        self.view_mut()
+            .note_waiting(task, now, now.saturating_add(hold_ms));
     }
 
     /// Puts what a lost compare-and-swap found into the view.
@@ -282,6 +302,8 @@ impl PlacementService {
             }
         }
         let had_placement = self.store.delete(&placement_key).await?;
+        // A task withdrawn while it waited no longer holds the others back.
+        self.view_mut().forget_waiting(task_id);
         if released.is_some() || had_placement {
             self.metrics.released.inc();
             tracing::debug!(task = %task_id, device = ?released, "released");

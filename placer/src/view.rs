@@ -208,6 +208,22 @@ pub struct ClusterView {
     reports: HashMap<String, TaskReport>,
     /// Where each resident task is, for release and duplicate checks.
     task_device: HashMap<String, String>,
+    /// Tasks told to queue that are expected back (see [`ClusterView::note_waiting`]).
+    waiting: HashMap<String, WaitingTask>,
+}
+
+/// A task waiting for a device: one that was answered "queue" and is expected to ask
+/// again. Decisions count the ones submitted before the task they decide on, because
+/// each of those will take a device that frees up before this one gets its turn.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WaitingTask {
+    /// Submission time (Unix ms): the task's `submitted_at_unix_ms`, or when the placer
+    /// first saw it if the submitter did not say. Orders the queue, with the task id
+    /// breaking ties.
+    pub submitted_at_unix_ms: i64,
+    /// Until when the task counts as waiting (Unix ms): a client that does not come
+    /// back by then has given up, and must not hold others back forever.
+    pub expires_at_unix_ms: i64,
 }
 
 impl ClusterView {
@@ -218,7 +234,64 @@ impl ClusterView {
             devices: BTreeMap::new(),
             reports: HashMap::new(),
             task_device: HashMap::new(),
+            waiting: HashMap::new(),
         }
+    }
+
+    /// Records that `task` waits for a device until `expires_at_unix_ms` (or refreshes
+    /// the expiry of a task already waiting, keeping its place in the queue). Its
+    /// submission time is the spec's, or `now_unix_ms` when the spec has none. Expired
+    /// entries are dropped on the way, so the set stays as small as the real queue.
+    pub fn note_waiting(&mut self, task: &TaskSpec, now_unix_ms: i64, expires_at_unix_ms: i64) {
+        self.waiting
+            .retain(|_, w| w.expires_at_unix_ms > now_unix_ms);
+        let submitted = if task.submitted_at_unix_ms > 0 {
+            task.submitted_at_unix_ms
+        } else {
+            now_unix_ms
+        };
+        self.waiting
+            .entry(task.task_id.clone())
+            .and_modify(|w| w.expires_at_unix_ms = w.expires_at_unix_ms.max(expires_at_unix_ms))
+            .or_insert(WaitingTask {
+                submitted_at_unix_ms: submitted,
+                expires_at_unix_ms,
+            });
+    }
+
+    /// Forgets a waiting task (it was placed, released or withdrawn). True when it was there.
+    pub fn forget_waiting(&mut self, task_id: &str) -> bool {
+        self.waiting.remove(task_id).is_some()
+    }
+
+    /// Forgets every waiting task (for a caller that re-declares its whole queue).
+    pub fn clear_waiting(&mut self) {
+        self.waiting.clear();
+    }
+
+    /// The waiting tasks by id, expired ones included until the next [`Self::note_waiting`].
+    pub fn waiting(&self) -> impl Iterator<Item = (&str, &WaitingTask)> {
+        self.waiting.iter().map(|(id, w)| (id.as_str(), w))
+    }
+
+    /// How many unexpired waiting tasks were submitted before `task` (by submission time,
+    /// then task id). `task` itself never counts; when it is not waiting yet, it is
+    /// ordered by its spec's submission time, or as the newest when it has none.
+    pub fn waiting_ahead_of(&self, task: &TaskSpec, now_unix_ms: i64) -> usize {
+        let mine = match self.waiting.get(&task.task_id) {
+            Some(w) => w.submitted_at_unix_ms,
+            None if task.submitted_at_unix_ms > 0 => task.submitted_at_unix_ms,
+            None => i64::MAX,
+        };
+        let key = (mine, task.task_id.as_str());
+        self.waiting
+            .iter()
+            .filter(|(id, w)| {
+                w.expires_at_unix_ms > now_unix_ms
+                    && id.as_str() != task.task_id
+                    && (w.submitted_at_unix_ms, id.as_str()) < key
+            })
+            .count()
     }
 
     /// The memory estimator of this view.
@@ -421,6 +494,41 @@ mod tests {
         assert!(view.apply_residents("d0", None, 13));
         assert_eq!(view.resident_count(), 0);
         assert_eq!(view.device("d0").and_then(|d| d.residents_revision), None);
+    }
+
+    #[test]
+    fn waiting_tasks_are_ordered_by_submission_and_expire() {
+        let mut view = ClusterView::new(Arc::new(crate::model::ModelledMemory));
+        let at = |id: &str, ms: i64| TaskSpec {
+            task_id: id.into(),
+            submitted_at_unix_ms: ms,
+            ..Default::default()
+        };
+        view.note_waiting(&at("b", 200), 1_000, 5_000);
+        view.note_waiting(&at("a", 200), 1_000, 5_000);
+        view.note_waiting(&at("c", 100), 1_000, 2_000);
+        // No submission time: ordered by when the placer first saw it.
+        view.note_waiting(&at("d", 0), 1_500, 5_000);
+        assert_eq!(view.waiting_ahead_of(&at("c", 100), 1_000), 0);
+        // Ties by id: "a" is ahead of "b".
+        assert_eq!(view.waiting_ahead_of(&at("a", 200), 1_000), 1);
+        assert_eq!(view.waiting_ahead_of(&at("b", 200), 1_000), 2);
+        assert_eq!(view.waiting_ahead_of(&at("d", 0), 1_000), 3);
+        // Not waiting and no submission time: the newest, behind everyone.
+        assert_eq!(view.waiting_ahead_of(&at("new", 0), 1_000), 4);
+        assert_eq!(view.waiting_ahead_of(&at("early", 50), 1_000), 0);
+        // "c" expires at 2,000 ms; refreshing "a" keeps its place in the queue.
+        view.note_waiting(&at("a", 900), 1_800, 9_000);
+        assert_eq!(view.waiting_ahead_of(&at("b", 200), 2_000), 1);
+        assert_eq!(view.waiting_ahead_of(&at("new", 0), 2_000), 3);
+        assert!(view.forget_waiting("a"));
+        assert!(!view.forget_waiting("a"));
+        assert_eq!(view.waiting_ahead_of(&at("new", 0), 2_000), 2);
+        // Noting drops expired entries.
+        view.note_waiting(&at("e", 300), 6_000, 7_000);
+        let mut left: Vec<&str> = view.waiting().map(|(id, _)| id).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["e"]);
     }
 
     #[test]

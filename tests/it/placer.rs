@@ -15,7 +15,7 @@ use iadeep_placer::{
 use iadeep_proto::placer_client::PlacerClient;
 use iadeep_proto::{
     CoLocationSample, DeviceInfo, DeviceResidents, ListDevicesRequest, PlaceRequest, Placement,
-    ReleaseRequest, SoloProfile, TaskSpec, place_response,
+    ReleaseRequest, SoloProfile, TaskReport, TaskSpec, place_response,
 };
 use iadeep_state::testing::EtcdServer;
 use iadeep_state::{EtcdStore, StateStore, WatchEvent, keys, typed};
@@ -248,6 +248,94 @@ async fn place_list_and_release_over_grpc_and_etcd() {
     );
     assert!(text.contains("iadeep_placer_releases_total 1"), "{text}");
     daemon.shutdown().await;
+}
+
+/// The daemon counts the tasks it told to queue (until twice their retry hint has
+/// passed, or until they are placed or released) ahead of the tasks that come after
+/// them: with one device freeing up and one task already waiting for it, the next
+/// task would wait a whole round, so it is co-located instead of queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_told_to_queue_count_ahead_of_later_ones() {
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    register(store.as_ref(), "n1.gpu0", "n1", 16_384).await;
+    // The resident's report is in the store before the daemon loads its view, so the
+    // first decision already knows: 100,000 samples left at 1,000/s, free in ~100 s.
+    let report = TaskReport {
+        task_id: "resident".into(),
+        device_id: "n1.gpu0".into(),
+        batch_size: 64,
+        samples_per_s: 1000.0,
+        reported_at_unix_ms: iadeep_proto::now_unix_ms(),
+        ..Default::default()
+    };
+    typed::put(
+        store.as_ref(),
+        &keys::task_report("resident"),
+        &report,
+        None,
+    )
+    .await
+    .expect("write report");
+    let daemon = daemon(store.clone(), None).await;
+    let mut c = client(&daemon).await;
+
+    let long = |id: &str| TaskSpec {
+        // 64e6 samples at 0.2 s per 64: 200,000 s alone.
+        total_samples: Some(64_000_000),
+        ..task(id, 4000, 90.0)
+    };
+    let resident = TaskSpec {
+        total_samples: Some(100_000),
+        ..task("resident", 4000, 90.0)
+    };
+    let first = place(&mut c, resident).await.expect("place");
+    assert!(
+        matches!(first.decision, Some(place_response::Decision::Placed(_))),
+        "{first:?}"
+    );
+    // Sharing costs far more than 100 s of waiting: the first long task queues.
+    let queued = place(&mut c, long("first")).await.expect("place");
+    assert!(
+        matches!(queued.decision, Some(place_response::Decision::Queued(_))),
+        "{queued:?}"
+    );
+    let summary = queued.explanation.expect("explanation").summary;
+    assert!(summary.contains("no task waits ahead"), "{summary}");
+    let Some(place_response::Decision::Queued(q)) = queued.decision else {
+        unreachable!("checked above");
+    };
+    assert!(
+        (90_000..=100_000).contains(&q.retry_after_ms),
+        "retry after the resident finishes: {q:?}"
+    );
+
+    // The second sees the first ahead of it: only one device frees up, so the
+    // second would wait a whole round; it is placed next to the resident.
+    let second = place(&mut c, long("second")).await.expect("place");
+    let summary = second.explanation.clone().expect("explanation").summary;
+    assert!(
+        matches!(second.decision, Some(place_response::Decision::Placed(_))),
+        "{second:?}"
+    );
+    assert!(summary.contains("1 task waits ahead"), "{summary}");
+
+    // The first asks again and keeps its place: nobody waits ahead of it.
+    let again = place(&mut c, long("first")).await.expect("place");
+    let summary = again.explanation.expect("explanation").summary;
+    assert!(summary.contains("no task waits ahead"), "{summary}");
+
+    // Withdrawn (released while it waited), it no longer holds anyone back.
+    c.release(ReleaseRequest {
+        task_id: "first".into(),
+    })
+    .await
+    .expect("release");
+    let third = place(&mut c, task("third", 1000, 5.0))
+        .await
+        .expect("place");
+    let summary = third.explanation.expect("explanation").summary;
+    assert!(summary.contains("no task waits ahead"), "{summary}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
