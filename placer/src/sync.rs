@@ -189,6 +189,38 @@ impl Ctx {
     }
 
     fn apply(&self, event: WatchEvent) {
+        let key = match &event {
+            WatchEvent::Put(kv) => kv.key.as_str(),
+            WatchEvent::Delete { key, .. } => key.as_str(),
+        };
+        // Only what decisions read takes the view's write lock: every writer waits for
+        // the decisions in flight and holds back the ones arriving, so the keys each
+        // Place and Release write that the view ignores (placements, specs) and the
+        // samples (they go to the model) must not queue behind them.
+        match KeyKind::parse(key) {
+            KeyKind::DeviceResidents { device } => {
+                // Our own reservations reach the view from the compare-and-swap that
+                // wrote them; their echo from the watch (same record, same revision)
+                // needs no write lock.
+                if let WatchEvent::Put(kv) = &event {
+                    let view = self.view.read().unwrap_or_else(|e| e.into_inner());
+                    if view.device(&device).and_then(|d| d.residents_revision)
+                        == Some(kv.mod_revision)
+                    {
+                        return;
+                    }
+                }
+            }
+            KeyKind::DeviceInfo { .. } | KeyKind::TaskReport { .. } | KeyKind::TaskAlive { .. } => {
+            }
+            KeyKind::Sample { .. } => {
+                if let WatchEvent::Put(kv) = event {
+                    self.learn(&kv);
+                }
+                return;
+            }
+            _ => return,
+        }
         let mut view = self.view.write().unwrap_or_else(|e| e.into_inner());
         match event {
             WatchEvent::Put(kv) => self.apply_put(&mut view, kv),
@@ -228,15 +260,29 @@ impl Ctx {
                 view.set_alive(&task);
                 Ok(())
             }
-            KeyKind::Sample { .. } => typed::decode::<CoLocationSample>(&kv).map(|sample| {
-                self.model.observe(&sample);
-                self.metrics.samples_observed.inc();
-            }),
+            KeyKind::Sample { .. } => {
+                self.learn(&kv);
+                Ok(())
+            }
             _ => Ok(()),
         };
         if let Err(err) = result {
             self.metrics.decode_errors.inc();
             tracing::warn!(%err, "skipping a stored value that does not decode");
+        }
+    }
+
+    /// Feeds a co-location sample to the slowdown model (no view lock needed).
+    fn learn(&self, kv: &KeyValue) {
+        match typed::decode::<CoLocationSample>(kv) {
+            Ok(sample) => {
+                self.model.observe(&sample);
+                self.metrics.samples_observed.inc();
+            }
+            Err(err) => {
+                self.metrics.decode_errors.inc();
+                tracing::warn!(%err, "skipping a stored value that does not decode");
+            }
         }
     }
 }
