@@ -18,12 +18,23 @@
 //! 3. **Queue or place.** If the best device is not idle, placing costs the excess
 //!    `increase − 1` units of PD for about the task's solo duration `D`, i.e.
 //!    `(increase − 1) × D` seconds of solo-speed progress lost across the device's
-//!    tasks. Waiting costs the time `W` until the first of the devices considered is
-//!    predicted to be idle (every resident finished, from their reported progress),
-//!    after which the task would run alone at PD 1. The task queues, with a retry
-//!    hint of `W`, when `W × wait_cost_factor` is smaller. When no device's
-//!    residents all report progress, `W` is unknown and the task is placed.
-
+//!    tasks. Waiting costs the time `W` until a device frees up *for this task*,
+//!    after which it would run alone at PD 1. The `q` tasks waiting ahead of it
+//!    (told to queue earlier and submitted before it, see
+//!    [`ClusterView::waiting_ahead_of`]) take the first `q` devices that free up, so
+//!    `W` is the (q+1)-th smallest predicted idle time (every resident finished, from
+//!    their reported progress) among the devices considered that have residents.
+//!    The task queues, with a retry hint of `W`, when `W × wait_cost_factor` is
+//!    smaller. `W` is unknown, and the task is placed, when fewer than `q + 1` such
+//!    devices have every resident reporting its progress: either nothing says when a
+//!    device frees up (as with an empty queue and no reports), or more tasks wait
+//!    than devices promise to free up, so waiting would last longer than a whole
+//!    round of the residents' work, which no co-location cost is worth predicting
+//!    against. Devices that do not report are left out of the order statistic, so
+//!    `W` is what the reporting devices promise: it can only be an over-estimate if
+//!    the others free up sooner. The tasks ahead may themselves be co-located
+//!    instead of waiting, which also makes `W` an over-estimate; both bias towards
+//!    placing, never towards an unbounded wait.
 use std::cmp::Ordering;
 use std::fmt;
 use std::sync::Arc;
@@ -137,6 +148,12 @@ pub struct Assessment<'v> {
     /// Seconds until the first considered device is predicted to be idle (all its
     /// residents finished), from the residents' reported progress.
     pub earliest_idle_s: Option<f64>,
+    /// Tasks waiting ahead of this one (see [`ClusterView::waiting_ahead_of`]).
+    pub waiting_ahead: usize,
+    /// Seconds until the (`waiting_ahead` + 1)-th considered device is predicted to be
+    /// idle: the wait `W` of the queue-or-place rule (see the module docs). `None`
+    /// when fewer devices say when they free up.
+    pub wait_s: Option<f64>,
 }
 
 /// What to tell the caller.
@@ -218,37 +235,40 @@ impl Placer {
         let new_profile = profile_of(task, None);
         let new_footprint = view.memory().min_footprint_mib(task, None);
         let task_hash = crate::view::fnv1a(task.task_id.as_bytes());
-        let mut out = Assessment::default();
+        let mut out = Assessment {
+            waiting_ahead: view.waiting_ahead_of(task, now_unix_ms),
+            ..Assessment::default()
+        };
+        // Seconds until each considered device with residents is predicted to be idle.
+        let mut idle_in_s: Vec<f64> = Vec::new();
         // Feasible shared devices waiting for the model: (id, device, need, demand, tiebreak).
         let mut shared: Vec<(&'v str, &'v DeviceState, u64, f64, u64)> = Vec::new();
-        let mut consider = |id: &'v str,
-                            device: Option<&'v DeviceState>,
-                            out: &mut Assessment<'v>| {
-            let Some(device) = device else {
-                out.rejected.push((id, Rejection::UnknownDevice));
-                return;
+        let mut consider =
+            |id: &'v str, device: Option<&'v DeviceState>, out: &mut Assessment<'v>| {
+                let Some(device) = device else {
+                    out.rejected.push((id, Rejection::UnknownDevice));
+                    return;
+                };
+                if device.info.is_some()
+                    && let Some(at) = device.summary().idle_at_unix_ms
+                {
+                    idle_in_s.push((at - now_unix_ms).max(0) as f64 / 1000.0);
+                }
+                let tiebreak = tiebreak(task_hash, device.id_hash);
+                match self.feasible(device, &new_profile, new_footprint) {
+                    Ok((need, None)) => out.candidates.push(Candidate {
+                        device_id: id,
+                        pd_increase: 1.0,
+                        uncertainty: 0.0,
+                        rank: 1.0,
+                        reserved_mem_mib: need,
+                        idle: true,
+                        tiebreak,
+                    }),
+                    Ok((need, Some(demand))) => shared.push((id, device, need, demand, tiebreak)),
+                    Err(rejection) => out.rejected.push((id, rejection)),
+                }
             };
-            if device.info.is_some()
-                && let Some(at) = device.summary().idle_at_unix_ms
-            {
-                let left = (at - now_unix_ms).max(0) as f64 / 1000.0;
-                out.earliest_idle_s = Some(out.earliest_idle_s.map_or(left, |e: f64| e.min(left)));
-            }
-            let tiebreak = tiebreak(task_hash, device.id_hash);
-            match self.feasible(device, &new_profile, new_footprint) {
-                Ok((need, None)) => out.candidates.push(Candidate {
-                    device_id: id,
-                    pd_increase: 1.0,
-                    uncertainty: 0.0,
-                    rank: 1.0,
-                    reserved_mem_mib: need,
-                    idle: true,
-                    tiebreak,
-                }),
-                Ok((need, Some(demand))) => shared.push((id, device, need, demand, tiebreak)),
-                Err(rejection) => out.rejected.push((id, rejection)),
-            }
-        };
         if restrict.is_empty() {
             for (id, device) in view.devices() {
                 consider(id, Some(device), &mut out);
@@ -257,6 +277,12 @@ impl Placer {
             for id in restrict {
                 consider(id.as_str(), view.device(id), &mut out);
             }
+        }
+        out.earliest_idle_s = idle_in_s.iter().copied().reduce(f64::min);
+        let q = out.waiting_ahead;
+        if q < idle_in_s.len() {
+            let (_, w, _) = idle_in_s.select_nth_unstable_by(q, f64::total_cmp);
+            out.wait_s = Some(*w);
         }
         if limit > 0 && shared.len() > limit {
             shared.select_nth_unstable_by(limit - 1, |a, b| {
@@ -352,20 +378,32 @@ impl Placer {
         let own = self.slowdown.predict(kind, new_profile, profiles);
         let mut increase = own.slowdown;
         let mut variance = own.uncertainty * own.uncertainty;
-        // For each resident i: its co-runners without the task, then with it.
+        // Each resident's slowdown among the residents alone: reused while neither the
+        // residents nor the model changed (see `SlowdownCache`).
+        let version = self.slowdown.version();
+        let without = match version.and_then(|v| device.alone_together.get(v)) {
+            Some(cached) if cached.len() == profiles.len() => cached,
+            _ => {
+                let fresh: Arc<[f64]> = (0..profiles.len())
+                    .map(|i| {
+                        scratch.clear();
+                        scratch.extend(others(profiles, i).cloned());
+                        self.slowdown.predict(kind, &profiles[i], scratch).slowdown
+                    })
+                    .collect();
+                if let Some(v) = version {
+                    device.alone_together.put(v, fresh.clone());
+                }
+                fresh
+            }
+        };
+        // Each resident's slowdown with the newcomer too.
         for (i, me) in profiles.iter().enumerate() {
             scratch.clear();
-            scratch.extend(
-                profiles
-                    .iter()
-                    .enumerate()
-                    .filter(|&(j, _)| j != i)
-                    .map(|(_, p)| p.clone()),
-            );
-            let without = self.slowdown.predict(kind, me, scratch);
+            scratch.extend(others(profiles, i).cloned());
             scratch.push(new_profile.clone());
             let with = self.slowdown.predict(kind, me, scratch);
-            increase += with.slowdown - without.slowdown;
+            increase += with.slowdown - without[i];
             variance += with.uncertainty * with.uncertainty;
         }
         if increase > self.params.max_pd_increase {
@@ -412,7 +450,8 @@ impl Placer {
 
     /// Queue or place, given the assessment of the devices (see the module docs).
     pub fn verdict(&self, task: &TaskSpec, assessment: &Assessment<'_>) -> Verdict {
-        let wait = assessment.earliest_idle_s;
+        let wait = assessment.wait_s;
+        let ahead = assessment.waiting_ahead;
         let Some(best) = assessment.candidates.first() else {
             let reason = if assessment.rejected.is_empty() {
                 "no device is registered".to_owned()
@@ -423,8 +462,9 @@ impl Placer {
                 )
             };
             return Verdict::Queue {
-                retry_after: self.retry_hint(wait),
-                reason,
+                // Something may change when the first device frees up, even with a queue.
+                retry_after: self.retry_hint(wait.or(assessment.earliest_idle_s)),
+                reason: format!("{reason}; {}", waiting_ahead_text(ahead)),
             };
         };
         let place = Verdict::Place {
@@ -442,10 +482,14 @@ impl Placer {
             Some(w) if w * self.params.wait_cost_factor < cost_place_s => Verdict::Queue {
                 retry_after: self.retry_hint(Some(w)),
                 reason: format!(
-                    "waiting about {w:.0} s for a device to become idle costs less than running now \
-                     on {} (predicted summed PD +{:.2}: {excess:.2} × {duration_s:.0} s of \
+                    "waiting about {w:.0} s for a device to become idle ({}, so it waits \
+                     for the {} device to free up) costs less than running now on {} \
+                     (predicted summed PD +{:.2}: {excess:.2} × {duration_s:.0} s of \
                      solo-speed progress lost)",
-                    best.device_id, best.pd_increase
+                    waiting_ahead_text(ahead),
+                    ordinal(ahead + 1),
+                    best.device_id,
+                    best.pd_increase
                 ),
             },
             _ => place,
@@ -483,9 +527,10 @@ impl Placer {
             Verdict::Place { device_id, .. } => {
                 let best = assessment.candidates.first();
                 format!(
-                    "placed on {device_id}: predicted summed PD +{:.2} (±{:.2})",
+                    "placed on {device_id}: predicted summed PD +{:.2} (±{:.2}); {}",
                     best.map_or(0.0, |c| c.pd_increase),
-                    best.map_or(0.0, |c| c.uncertainty)
+                    best.map_or(0.0, |c| c.uncertainty),
+                    waiting_ahead_text(assessment.waiting_ahead)
                 )
             }
             Verdict::Queue {
@@ -522,6 +567,27 @@ impl Placer {
     }
 }
 
+/// "no task waits ahead", "1 task waits ahead", "3 tasks wait ahead".
+fn waiting_ahead_text(ahead: usize) -> String {
+    match ahead {
+        0 => "no task waits ahead".to_owned(),
+        1 => "1 task waits ahead".to_owned(),
+        n => format!("{n} tasks wait ahead"),
+    }
+}
+
+/// "1st", "2nd", "3rd", "4th", … "11th", "21st".
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
 /// "memory: 12, sm_cap: 3", in a stable order.
 fn rejection_counts(rejected: &[(&str, Rejection)]) -> String {
     let mut counts: Vec<(&'static str, usize)> = Vec::new();
@@ -537,6 +603,15 @@ fn rejection_counts(rejected: &[(&str, Rejection)]) -> String {
         .map(|(k, n)| format!("{k}: {n}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Every profile but the `i`-th: resident `i`'s co-runners.
+fn others(profiles: &[TaskProfile], i: usize) -> impl Iterator<Item = &TaskProfile> {
+    profiles
+        .iter()
+        .enumerate()
+        .filter(move |&(j, _)| j != i)
+        .map(|(_, p)| p)
 }
 
 /// Solo run time of the whole task: total samples × solo step time ÷ batch size.
@@ -771,6 +846,207 @@ mod tests {
             matches!(d.verdict, Verdict::Place { .. }),
             "{:?}",
             d.verdict
+        );
+    }
+
+    /// Three shared devices freeing up in 10, 20 and 30 s: the wait is the time until
+    /// the (q+1)-th frees up, with q the tasks waiting ahead.
+    #[test]
+    fn the_wait_counts_the_tasks_queued_ahead() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        for (i, left_s) in [30u64, 10, 20].into_iter().enumerate() {
+            let id = format!("r{i}");
+            device(
+                &mut view,
+                &format!("d{i}"),
+                32_000,
+                &[spec(&id, 4000, 95.0, Some(1000 + 900 * left_s))],
+            );
+            view.set_report(TaskReport {
+                task_id: id,
+                samples_done: 1000,
+                samples_per_s: 900.0,
+                reported_at_unix_ms: 0,
+                ..Default::default()
+            });
+        }
+        // Placing costs (1.9 + 0.9 − 1) × 3125 s, far more than any of these waits.
+        let mut new = spec("new", 4000, 95.0, Some(1_000_000));
+        new.submitted_at_unix_ms = 5_000;
+        let ahead = |view: &mut ClusterView, n: usize| {
+            view.clear_waiting();
+            for k in 0..n {
+                let mut earlier = spec(&format!("early{k}"), 4000, 95.0, None);
+                earlier.submitted_at_unix_ms = 1_000;
+                view.note_waiting(&earlier, 0, 600_000);
+            }
+        };
+        for (q, expect_s) in [(0usize, 10u64), (1, 20), (2, 30)] {
+            ahead(&mut view, q);
+            let assessment = placer().assess(&view, &new, &[], 0);
+            assert_eq!(assessment.waiting_ahead, q);
+            assert_eq!(assessment.earliest_idle_s, Some(10.0));
+            assert_eq!(assessment.wait_s, Some(expect_s as f64));
+            let d = placer().decide(&view, &new, &[], 0);
+            match &d.verdict {
+                Verdict::Queue {
+                    retry_after,
+                    reason,
+                } => {
+                    assert_eq!(*retry_after, Duration::from_secs(expect_s));
+                    assert!(
+                        reason.contains(&format!("waiting about {expect_s} s")),
+                        "{reason}"
+                    );
+                    let said = match q {
+                        0 => "no task waits ahead".to_owned(),
+                        1 => "1 task waits ahead".to_owned(),
+                        n => format!("{n} tasks wait ahead"),
+                    };
+                    assert!(reason.contains(&said), "{reason}");
+                    assert!(
+                        d.explanation.summary.contains(&said),
+                        "{}",
+                        d.explanation.summary
+                    );
+                }
+                other => panic!("{q} ahead: expected queue, got {other:?}"),
+            }
+        }
+        // Three ahead, three devices reporting: no device frees up for this task within
+        // a round of the residents' work, so the wait is unknown and the task is placed.
+        ahead(&mut view, 3);
+        let assessment = placer().assess(&view, &new, &[], 0);
+        assert_eq!((assessment.waiting_ahead, assessment.wait_s), (3, None));
+        let d = placer().decide(&view, &new, &[], 0);
+        assert!(
+            matches!(d.verdict, Verdict::Place { .. }),
+            "{:?}",
+            d.verdict
+        );
+        assert!(
+            d.explanation.summary.contains("3 tasks wait ahead"),
+            "{}",
+            d.explanation.summary
+        );
+        // Tasks submitted after this one, or expired, do not count.
+        view.clear_waiting();
+        let mut later = spec("later", 4000, 95.0, None);
+        later.submitted_at_unix_ms = 9_000;
+        view.note_waiting(&later, 0, 600_000);
+        view.note_waiting(&spec("gone", 4000, 95.0, None), 0, 1_000);
+        let assessment = placer().assess(&view, &new, &[], 1_000);
+        assert_eq!(
+            (assessment.waiting_ahead, assessment.wait_s),
+            (0, Some(9.0))
+        );
+        // The wait is over the devices considered only.
+        ahead(&mut view, 1);
+        let only = ["d0".to_owned(), "d1".to_owned()];
+        let assessment = placer().assess(&view, &new, &only, 0);
+        assert_eq!(assessment.wait_s, Some(30.0));
+    }
+
+    /// [`TimeShare`] that counts its predictions and says which version it is.
+    #[derive(Debug, Default)]
+    struct Counted {
+        calls: std::sync::atomic::AtomicU64,
+        version: std::sync::atomic::AtomicU64,
+    }
+
+    impl SlowdownModel for Counted {
+        fn predict(&self, kind: &str, task: &TaskProfile, co: &[TaskProfile]) -> SlowdownEstimate {
+            self.calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            TimeShare.predict(kind, task, co)
+        }
+        fn observe(&self, _: &CoLocationSample) {}
+        fn version(&self) -> Option<u64> {
+            Some(self.version.load(std::sync::atomic::Ordering::Relaxed))
+        }
+    }
+
+    /// The residents' slowdowns among themselves are predicted once per change of the
+    /// residents or the model, and reusing them changes no score.
+    #[test]
+    fn residents_slowdowns_without_the_newcomer_are_reused_until_something_changes() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        let three = [
+            spec("r1", 1000, 40.0, None),
+            spec("r2", 1000, 30.0, None),
+            spec("r3", 1000, 50.0, None),
+        ];
+        device(&mut view, "d0", 32_000, &three);
+        let model = Arc::new(Counted::default());
+        let p = Placer::new(PlacerParams::default(), model.clone()).expect("valid");
+        let uncached = placer().assess(&view, &spec("a", 1000, 30.0, None), &[], 0);
+        let calls = |f: &dyn Fn()| {
+            let before = model.calls.load(Relaxed);
+            f();
+            model.calls.load(Relaxed) - before
+        };
+        // First decision: own + 3 with + 3 without; then only own + 3 with.
+        let first = calls(&|| {
+            let a = p.assess(&view, &spec("a", 1000, 30.0, None), &[], 0);
+            assert_eq!(
+                a.candidates[0].pd_increase,
+                uncached.candidates[0].pd_increase
+            );
+            assert_eq!(
+                a.candidates[0].uncertainty,
+                uncached.candidates[0].uncertainty
+            );
+        });
+        assert_eq!(first, 7);
+        let second = calls(&|| {
+            let a = p.assess(&view, &spec("b", 1000, 30.0, None), &[], 0);
+            let fresh = placer().assess(&view, &spec("b", 1000, 30.0, None), &[], 0);
+            assert_eq!(a.candidates[0].pd_increase, fresh.candidates[0].pd_increase);
+        });
+        assert_eq!(second, 4);
+        // A new model version: predicted afresh.
+        model.version.store(1, Relaxed);
+        assert_eq!(
+            calls(&|| drop(p.assess(&view, &spec("c", 1000, 30.0, None), &[], 0))),
+            7
+        );
+        assert_eq!(
+            calls(&|| drop(p.assess(&view, &spec("c", 1000, 30.0, None), &[], 0))),
+            4
+        );
+        // A resident's report changes its profile: predicted afresh, with the new batch.
+        view.set_report(TaskReport {
+            task_id: "r2".into(),
+            batch_size: 64,
+            ..Default::default()
+        });
+        assert_eq!(
+            calls(&|| drop(p.assess(&view, &spec("d", 1000, 30.0, None), &[], 0))),
+            7
+        );
+        // The residents change: two left, predicted afresh, scores still exact.
+        device(&mut view, "d0", 32_000, &three[..2]);
+        let fewer = calls(&|| {
+            let a = p.assess(&view, &spec("e", 1000, 30.0, None), &[], 0);
+            let fresh = placer().assess(&view, &spec("e", 1000, 30.0, None), &[], 0);
+            assert_eq!(a.candidates[0].pd_increase, fresh.candidates[0].pd_increase);
+        });
+        assert_eq!(fewer, 5);
+    }
+
+    #[test]
+    fn ordinals_read_right() {
+        let got: Vec<String> = [1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111]
+            .into_iter()
+            .map(ordinal)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st",
+                "111th"
+            ]
         );
     }
 

@@ -152,6 +152,7 @@ impl PlacementService {
             let (device_id, record, reservation, expect) = match plan {
                 Ok(reserve) => reserve,
                 Err((retry_after, reason)) => {
+                    self.note_queued(&task, retry_after);
                     tracing::debug!(task = %task.task_id, retry_after_s = retry_after.as_secs(), %reason, "queued");
                     return Ok(PlaceOutcome {
                         decision: place_response::Decision::Queued(QueueDecision {
@@ -170,8 +171,11 @@ impl PlacementService {
                 .await?
             {
                 CasOutcome::Swapped { revision } => {
-                    self.view_mut()
-                        .apply_residents(&device_id, Some(record), revision);
+                    {
+                        let mut view = self.view_mut();
+                        view.apply_residents(&device_id, Some(record), revision);
+                        view.forget_waiting(&task.task_id);
+                    }
                     let placement = Placement {
                         task_id: task.task_id.clone(),
                         device_id: device_id.clone(),
@@ -206,6 +210,22 @@ impl PlacementService {
             task_id: task.task_id,
             attempts,
         })
+    }
+
+    /// Counts `task` as waiting for a device, so the tasks submitted after it see it
+    /// ahead of them (see [`crate::policy`], step 3), until twice its retry hint has
+    /// passed: the client was told to come back after `retry_after`, and one more hint
+    /// of slack covers a client that polls late; one that stays away longer has given
+    /// up and stops holding the others back. Placing or releasing the task forgets it.
+    ///
+    /// The queue is this process's: placers sharing a store do not see each other's
+    /// waiting tasks (a task that is refused by one and retries on another is counted
+    /// by both until it expires, which errs towards placing).
+    pub fn note_queued(&self, task: &TaskSpec, retry_after: std::time::Duration) {
+        let now = iadeep_proto::now_unix_ms();
+        let hold_ms = i64::try_from(retry_after.as_millis().saturating_mul(2)).unwrap_or(i64::MAX);
+        self.view_mut()
+            .note_waiting(task, now, now.saturating_add(hold_ms));
     }
 
     /// Puts what a lost compare-and-swap found into the view.
@@ -282,6 +302,8 @@ impl PlacementService {
             }
         }
         let had_placement = self.store.delete(&placement_key).await?;
+        // A task withdrawn while it waited no longer holds the others back.
+        self.view_mut().forget_waiting(task_id);
         if released.is_some() || had_placement {
             self.metrics.released.inc();
             tracing::debug!(task = %task_id, device = ?released, "released");
@@ -331,6 +353,40 @@ impl PlacementService {
             task_id: task_id.to_owned(),
             attempts,
         })
+    }
+
+    /// Releases every resident task whose agent has been gone for `grace` (at once when
+    /// it reported finishing), see [`ClusterView::dead_residents`]. Returns the tasks
+    /// released. A task that came back (its `alive` key reappeared) between the check
+    /// and the release is skipped; one that fails to release is logged and retried on
+    /// the next call.
+    pub async fn release_dead(&self, grace: std::time::Duration) -> Vec<String> {
+        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        let dead = self
+            .view_mut()
+            .dead_residents(iadeep_proto::now_unix_ms(), grace_ms);
+        let mut released = Vec::new();
+        for task in dead {
+            // Re-checked, so an agent that restarted in the meantime keeps its device.
+            if self.view().agent_alive(&task.task_id) {
+                tracing::debug!(task = %task.task_id, "agent came back; keeps its reservation");
+                continue;
+            }
+            match self.release(&task.task_id).await {
+                Ok(Some(device)) => {
+                    self.metrics.dead_released.inc();
+                    let gone_s =
+                        (iadeep_proto::now_unix_ms() - task.gone_since_unix_ms).max(0) / 1000;
+                    tracing::info!(task = %task.task_id, %device, finished = task.finished, gone_s,
+                        "released the reservation of a task whose agent is gone");
+                    released.push(task.task_id);
+                }
+                Ok(None) => {}
+                Err(err) => tracing::warn!(task = %task.task_id, device = %task.device_id, %err,
+                    "cannot release a dead task's reservation; retrying later"),
+            }
+        }
+        released
     }
 
     /// Every device in the view with its residents.

@@ -2,7 +2,7 @@
 //! snapshot's revision + 1, so no change between the two is missed.
 //!
 //! Three prefixes are followed, each by its own task: devices (registrations and
-//! residents records), tasks (reports) and co-location samples (fed to the
+//! residents records), tasks (reports and the agents' `alive` keys) and co-location samples (fed to the
 //! slowdown model so the predictor learns from what the tuners measure). A watch
 //! that ends (history compacted, store gone) is replaced by a fresh range and
 //! watch after a short pause; a value that does not decode is logged and skipped,
@@ -130,7 +130,27 @@ impl Ctx {
                     }
                 }
             }
-            Prefix::Tasks | Prefix::Samples => {}
+            Prefix::Tasks => {
+                // Agents whose alive key went while the watch was down.
+                let alive: HashSet<String> = snapshot
+                    .kvs
+                    .iter()
+                    .filter_map(|kv| match KeyKind::parse(&kv.key) {
+                        KeyKind::TaskAlive { task } => Some(task),
+                        _ => None,
+                    })
+                    .collect();
+                let gone: Vec<String> = view
+                    .alive_tasks()
+                    .filter(|t| !alive.contains(*t))
+                    .map(str::to_owned)
+                    .collect();
+                let now = iadeep_proto::now_unix_ms();
+                for task in gone {
+                    view.set_not_alive(&task, now);
+                }
+            }
+            Prefix::Samples => {}
         }
         for kv in snapshot.kvs {
             if prefix == Prefix::Samples && kv.mod_revision <= seen {
@@ -169,6 +189,38 @@ impl Ctx {
     }
 
     fn apply(&self, event: WatchEvent) {
+        let key = match &event {
+            WatchEvent::Put(kv) => kv.key.as_str(),
+            WatchEvent::Delete { key, .. } => key.as_str(),
+        };
+        // Only what decisions read takes the view's write lock: every writer waits for
+        // the decisions in flight and holds back the ones arriving, so the keys each
+        // Place and Release write that the view ignores (placements, specs) and the
+        // samples (they go to the model) must not queue behind them.
+        match KeyKind::parse(key) {
+            KeyKind::DeviceResidents { device } => {
+                // Our own reservations reach the view from the compare-and-swap that
+                // wrote them; their echo from the watch (same record, same revision)
+                // needs no write lock.
+                if let WatchEvent::Put(kv) = &event {
+                    let view = self.view.read().unwrap_or_else(|e| e.into_inner());
+                    if view.device(&device).and_then(|d| d.residents_revision)
+                        == Some(kv.mod_revision)
+                    {
+                        return;
+                    }
+                }
+            }
+            KeyKind::DeviceInfo { .. } | KeyKind::TaskReport { .. } | KeyKind::TaskAlive { .. } => {
+            }
+            KeyKind::Sample { .. } => {
+                if let WatchEvent::Put(kv) = event {
+                    self.learn(&kv);
+                }
+                return;
+            }
+            _ => return,
+        }
         let mut view = self.view.write().unwrap_or_else(|e| e.into_inner());
         match event {
             WatchEvent::Put(kv) => self.apply_put(&mut view, kv),
@@ -178,6 +230,10 @@ impl Ctx {
                     view.apply_residents(&device, None, revision);
                 }
                 KeyKind::TaskReport { task } => view.remove_report(&task),
+                KeyKind::TaskAlive { task } => {
+                    tracing::debug!(%task, "task's agent is gone (alive key deleted)");
+                    view.set_not_alive(&task, iadeep_proto::now_unix_ms());
+                }
                 _ => {}
             },
         }
@@ -199,15 +255,34 @@ impl Ctx {
                 report.task_id = task;
                 view.set_report(report);
             }),
-            KeyKind::Sample { .. } => typed::decode::<CoLocationSample>(&kv).map(|sample| {
-                self.model.observe(&sample);
-                self.metrics.samples_observed.inc();
-            }),
+            // The value is the agent's own note; only the key's existence matters.
+            KeyKind::TaskAlive { task } => {
+                view.set_alive(&task);
+                Ok(())
+            }
+            KeyKind::Sample { .. } => {
+                self.learn(&kv);
+                Ok(())
+            }
             _ => Ok(()),
         };
         if let Err(err) = result {
             self.metrics.decode_errors.inc();
             tracing::warn!(%err, "skipping a stored value that does not decode");
+        }
+    }
+
+    /// Feeds a co-location sample to the slowdown model (no view lock needed).
+    fn learn(&self, kv: &KeyValue) {
+        match typed::decode::<CoLocationSample>(kv) {
+            Ok(sample) => {
+                self.model.observe(&sample);
+                self.metrics.samples_observed.inc();
+            }
+            Err(err) => {
+                self.metrics.decode_errors.inc();
+                tracing::warn!(%err, "skipping a stored value that does not decode");
+            }
         }
     }
 }

@@ -192,7 +192,7 @@ async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
     }
     let mut result = ExtenderFilterResult::default();
     let mut passed: Vec<String> = Vec::new();
-    {
+    let queued_for = {
         let view = ext.service.view();
         let by_node = devices_by_node(&view, &nodes);
         let placed_on = view
@@ -239,6 +239,16 @@ async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
                 result.failed_nodes.insert(node.clone(), reason);
             }
         }
+        match verdict {
+            Verdict::Queue { retry_after, .. } if placed_on.is_none() && !restrict.is_empty() => {
+                Some(retry_after)
+            }
+            _ => None,
+        }
+    };
+    // kube-scheduler retries a pending pod by itself: it waits like a gRPC client told to queue.
+    if let Some(retry_after) = queued_for {
+        ext.service.note_queued(&spec, retry_after);
     }
     match (args.nodes, args.node_names) {
         (Some(list), _) => {
