@@ -21,7 +21,9 @@ use crate::learner::{FittedModel, Learner, LearnerParams, ProfileTrainer, Slowdo
 
 #[derive(Debug)]
 struct Shared {
-    model: RwLock<Arc<FittedModel>>,
+    /// The model predictions use, with the number of samples observed when the
+    /// window it was fitted on was taken.
+    model: RwLock<(u64, Arc<FittedModel>)>,
     learner: Mutex<Learner>,
     trainer: ProfileTrainer,
     /// Number of models swapped in so far.
@@ -35,12 +37,34 @@ impl Shared {
         self.learner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Swaps in `model`, fitted on the window taken when `observed_at_snapshot`
+    /// samples had been observed, unless the current model is newer. A background
+    /// fit and `refit_now` can overlap and the one that started from the older
+    /// window may finish last; installing it would move the model back in time.
+    fn install(&self, observed_at_snapshot: u64, model: FittedModel) -> bool {
+        let mut current = self.model.write().unwrap_or_else(|e| e.into_inner());
+        if current.0 > observed_at_snapshot {
+            return false;
+        }
+        *current = (observed_at_snapshot, Arc::new(model));
+        true
+    }
+
     fn refit(&self) -> Result<(), PredictorError> {
-        let snapshot = self.learner().snapshot();
+        let (observed_at_snapshot, snapshot) = {
+            let mut learner = self.learner();
+            (learner.observed(), learner.snapshot())
+        };
         let started = Instant::now();
         let model = self.trainer.fit(&snapshot)?;
         let n = model.n_samples();
-        *self.model.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(model);
+        if !self.install(observed_at_snapshot, model) {
+            tracing::debug!(
+                samples = n,
+                "predictor refit finished after a newer one; discarded"
+            );
+            return Ok(());
+        }
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         tracing::debug!(
             samples = n,
@@ -65,7 +89,7 @@ impl OnlinePredictor {
     pub fn new(params: LearnerParams) -> Result<OnlinePredictor, PredictorError> {
         let learner = Learner::new(params.clone())?;
         let shared = Arc::new(Shared {
-            model: RwLock::new(Arc::new(FittedModel::ColdStart)),
+            model: RwLock::new((0, Arc::new(FittedModel::ColdStart))),
             learner: Mutex::new(learner),
             trainer: ProfileTrainer { params },
             generation: AtomicU64::new(0),
@@ -126,7 +150,14 @@ impl OnlinePredictor {
         task: &TaskProfile,
         corunners: &[TaskProfile],
     ) -> Prediction {
-        let model = Arc::clone(&self.shared.model.read().unwrap_or_else(|e| e.into_inner()));
+        let model = Arc::clone(
+            &self
+                .shared
+                .model
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .1,
+        );
         model.predict(device_kind, task, corunners)
     }
 
@@ -182,6 +213,7 @@ impl OnlinePredictor {
             .model
             .read()
             .unwrap_or_else(|e| e.into_inner())
+            .1
             .n_samples()
     }
 
@@ -223,6 +255,25 @@ mod tests {
             slowdown: 1.0 + 0.3 / (step + 0.3),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_fit_of_an_older_window_never_replaces_a_newer_model() {
+        let predictor = OnlinePredictor::new(LearnerParams::default()).expect("new");
+        for i in 0..60 {
+            predictor.observe(sample(i));
+        }
+        predictor.refit_now().expect("refit");
+        let newest = predictor.model_samples();
+        assert_eq!(newest, 60);
+        // A fit that started when only 20 samples had been seen finishes now.
+        let stale = predictor
+            .shared
+            .trainer
+            .fit(&(0..20).map(|i| Arc::new(sample(i))).collect::<Vec<_>>())
+            .expect("fit");
+        assert!(!predictor.shared.install(20, stale));
+        assert_eq!(predictor.model_samples(), newest);
     }
 
     #[test]
