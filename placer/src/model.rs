@@ -36,6 +36,15 @@ pub trait SlowdownModel: Send + Sync + fmt::Debug {
     /// Learns from a measured co-location. Models that do not learn ignore it; the
     /// daemon feeds every sample the tuners write here.
     fn observe(&self, sample: &CoLocationSample);
+
+    /// Identifies the model's current state: two calls that return the same `Some(v)`
+    /// must give the same predictions for the same inputs, so the placer may reuse
+    /// them (the residents' slowdowns without a newcomer change only when the residents
+    /// or the model do). `None`, the default, means "may change at any time": nothing
+    /// is reused.
+    fn version(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Estimates how much GPU memory a task needs at least.
@@ -89,6 +98,13 @@ impl SlowdownModel for PredictorSlowdown {
 
     fn observe(&self, sample: &CoLocationSample) {
         self.predictor.observe(sample.clone());
+    }
+
+    /// The predictor's generation: it swaps its model in before counting it, so a
+    /// prediction made after reading generation `g` comes from model `g` or a newer
+    /// one, and a newer one is counted (and the reuse dropped) right after.
+    fn version(&self) -> Option<u64> {
+        Some(self.predictor.generation())
     }
 }
 

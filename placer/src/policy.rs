@@ -378,20 +378,32 @@ impl Placer {
         let own = self.slowdown.predict(kind, new_profile, profiles);
         let mut increase = own.slowdown;
         let mut variance = own.uncertainty * own.uncertainty;
-        // For each resident i: its co-runners without the task, then with it.
+        // Each resident's slowdown among the residents alone: reused while neither the
+        // residents nor the model changed (see `SlowdownCache`).
+        let version = self.slowdown.version();
+        let without = match version.and_then(|v| device.alone_together.get(v)) {
+            Some(cached) if cached.len() == profiles.len() => cached,
+            _ => {
+                let fresh: Arc<[f64]> = (0..profiles.len())
+                    .map(|i| {
+                        scratch.clear();
+                        scratch.extend(others(profiles, i).cloned());
+                        self.slowdown.predict(kind, &profiles[i], scratch).slowdown
+                    })
+                    .collect();
+                if let Some(v) = version {
+                    device.alone_together.put(v, fresh.clone());
+                }
+                fresh
+            }
+        };
+        // Each resident's slowdown with the newcomer too.
         for (i, me) in profiles.iter().enumerate() {
             scratch.clear();
-            scratch.extend(
-                profiles
-                    .iter()
-                    .enumerate()
-                    .filter(|&(j, _)| j != i)
-                    .map(|(_, p)| p.clone()),
-            );
-            let without = self.slowdown.predict(kind, me, scratch);
+            scratch.extend(others(profiles, i).cloned());
             scratch.push(new_profile.clone());
             let with = self.slowdown.predict(kind, me, scratch);
-            increase += with.slowdown - without.slowdown;
+            increase += with.slowdown - without[i];
             variance += with.uncertainty * with.uncertainty;
         }
         if increase > self.params.max_pd_increase {
@@ -591,6 +603,15 @@ fn rejection_counts(rejected: &[(&str, Rejection)]) -> String {
         .map(|(k, n)| format!("{k}: {n}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Every profile but the `i`-th: resident `i`'s co-runners.
+fn others(profiles: &[TaskProfile], i: usize) -> impl Iterator<Item = &TaskProfile> {
+    profiles
+        .iter()
+        .enumerate()
+        .filter(move |&(j, _)| j != i)
+        .map(|(_, p)| p)
 }
 
 /// Solo run time of the whole task: total samples × solo step time ÷ batch size.
@@ -924,6 +945,94 @@ mod tests {
         let only = ["d0".to_owned(), "d1".to_owned()];
         let assessment = placer().assess(&view, &new, &only, 0);
         assert_eq!(assessment.wait_s, Some(30.0));
+    }
+
+    /// [`TimeShare`] that counts its predictions and says which version it is.
+    #[derive(Debug, Default)]
+    struct Counted {
+        calls: std::sync::atomic::AtomicU64,
+        version: std::sync::atomic::AtomicU64,
+    }
+
+    impl SlowdownModel for Counted {
+        fn predict(&self, kind: &str, task: &TaskProfile, co: &[TaskProfile]) -> SlowdownEstimate {
+            self.calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            TimeShare.predict(kind, task, co)
+        }
+        fn observe(&self, _: &CoLocationSample) {}
+        fn version(&self) -> Option<u64> {
+            Some(self.version.load(std::sync::atomic::Ordering::Relaxed))
+        }
+    }
+
+    /// The residents' slowdowns among themselves are predicted once per change of the
+    /// residents or the model, and reusing them changes no score.
+    #[test]
+    fn residents_slowdowns_without_the_newcomer_are_reused_until_something_changes() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        let three = [
+            spec("r1", 1000, 40.0, None),
+            spec("r2", 1000, 30.0, None),
+            spec("r3", 1000, 50.0, None),
+        ];
+        device(&mut view, "d0", 32_000, &three);
+        let model = Arc::new(Counted::default());
+        let p = Placer::new(PlacerParams::default(), model.clone()).expect("valid");
+        let uncached = placer().assess(&view, &spec("a", 1000, 30.0, None), &[], 0);
+        let calls = |f: &dyn Fn()| {
+            let before = model.calls.load(Relaxed);
+            f();
+            model.calls.load(Relaxed) - before
+        };
+        // First decision: own + 3 with + 3 without; then only own + 3 with.
+        let first = calls(&|| {
+            let a = p.assess(&view, &spec("a", 1000, 30.0, None), &[], 0);
+            assert_eq!(
+                a.candidates[0].pd_increase,
+                uncached.candidates[0].pd_increase
+            );
+            assert_eq!(
+                a.candidates[0].uncertainty,
+                uncached.candidates[0].uncertainty
+            );
+        });
+        assert_eq!(first, 7);
+        let second = calls(&|| {
+            let a = p.assess(&view, &spec("b", 1000, 30.0, None), &[], 0);
+            let fresh = placer().assess(&view, &spec("b", 1000, 30.0, None), &[], 0);
+            assert_eq!(a.candidates[0].pd_increase, fresh.candidates[0].pd_increase);
+        });
+        assert_eq!(second, 4);
+        // A new model version: predicted afresh.
+        model.version.store(1, Relaxed);
+        assert_eq!(
+            calls(&|| drop(p.assess(&view, &spec("c", 1000, 30.0, None), &[], 0))),
+            7
+        );
+        assert_eq!(
+            calls(&|| drop(p.assess(&view, &spec("c", 1000, 30.0, None), &[], 0))),
+            4
+        );
+        // A resident's report changes its profile: predicted afresh, with the new batch.
+        view.set_report(TaskReport {
+            task_id: "r2".into(),
+            batch_size: 64,
+            ..Default::default()
+        });
+        assert_eq!(
+            calls(&|| drop(p.assess(&view, &spec("d", 1000, 30.0, None), &[], 0))),
+            7
+        );
+        // The residents change: two left, predicted afresh, scores still exact.
+        device(&mut view, "d0", 32_000, &three[..2]);
+        let fewer = calls(&|| {
+            let a = p.assess(&view, &spec("e", 1000, 30.0, None), &[], 0);
+            let fresh = placer().assess(&view, &spec("e", 1000, 30.0, None), &[], 0);
+            assert_eq!(a.candidates[0].pd_increase, fresh.candidates[0].pd_increase);
+        });
+        assert_eq!(fewer, 5);
     }
 
     #[test]

@@ -144,6 +144,62 @@ pub struct DeviceState {
     /// Hash of the device id, for cheap per-task tie-breaking.
     pub(crate) id_hash: u64,
     summary: DeviceSummary,
+    /// The residents' predicted slowdowns among themselves, reused across decisions.
+    pub(crate) alone_together: SlowdownCache,
+}
+
+/// Each resident's predicted slowdown next to the other residents (without any
+/// newcomer), and the model version they came from. They change only when the
+/// residents, their reports or the model change, yet every decision scoring the device
+/// needs them: computing them once per change instead of once per decision saves
+/// `n` of the `2n + 1` predictions of an `n`-resident device.
+///
+/// Filled lazily by the first decision that scores the device (decisions share the
+/// view through a read lock, hence the mutex) and emptied whenever the device's
+/// residents or their reports change ([`DeviceState`] refresh).
+#[derive(Debug, Default)]
+pub(crate) struct SlowdownCache(std::sync::Mutex<Option<CachedSlowdowns>>);
+
+#[derive(Clone, Debug)]
+pub(crate) struct CachedSlowdowns {
+    pub(crate) model_version: u64,
+    pub(crate) slowdowns: Arc<[f64]>,
+}
+
+impl SlowdownCache {
+    /// The cached slowdowns if they came from `model_version`.
+    pub(crate) fn get(&self, model_version: u64) -> Option<Arc<[f64]>> {
+        let guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        guard
+            .as_ref()
+            .filter(|c| c.model_version == model_version)
+            .map(|c| c.slowdowns.clone())
+    }
+
+    pub(crate) fn put(&self, model_version: u64, slowdowns: Arc<[f64]>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(CachedSlowdowns {
+            model_version,
+            slowdowns,
+        });
+    }
+
+    fn clear(&mut self) {
+        *self.0.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// A copy starts empty: it is a cache, refilled on demand.
+impl Clone for SlowdownCache {
+    fn clone(&self) -> Self {
+        SlowdownCache::default()
+    }
+}
+
+/// A cache never makes two devices different.
+impl PartialEq for SlowdownCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl DeviceState {
@@ -173,6 +229,7 @@ impl DeviceState {
         }
         summary.idle_at_unix_ms = idle_at.filter(|_| !self.residents.is_empty());
         self.summary = summary;
+        self.alone_together.clear();
     }
 
     /// MiB reserved by the residents.
