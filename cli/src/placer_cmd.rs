@@ -59,9 +59,18 @@ struct DaemonArgs {
     /// extender's bind verb creates pod Bindings. Without it, bind refuses.
     #[arg(long, value_name = "HOST:PORT")]
     kube_api: Option<String>,
+    /// Seconds a task's agent may be gone (its `alive` key deleted when its lease
+    /// expired, without a Release) before the placer gives its GPU reservation back;
+    /// long enough for a restarted agent to come back and keep its GPU. A task that
+    /// reported finishing is released as soon as its agent is gone. 0 never releases.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_DEAD_TASK_GRACE_S)]
+    dead_task_grace_s: u64,
     #[command(flatten)]
     policy: PolicyArgs,
 }
+
+/// Default of `--dead-task-grace-s`: a minute covers an agent's restart after a crash.
+const DEFAULT_DEAD_TASK_GRACE_S: u64 = 60;
 
 /// Policy knobs (see `iadeep_placer::PlacerParams` for what each means).
 #[derive(Debug, Clone, Args)]
@@ -166,6 +175,8 @@ async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
         extender: args.extender,
         metrics: args.metrics,
         kube_api: args.kube_api,
+        dead_task_grace: (args.dead_task_grace_s > 0)
+            .then(|| Duration::from_secs(args.dead_task_grace_s)),
     };
     let mut daemon = Daemon::start(store, placer, Arc::new(ModelledMemory), config)
         .await
@@ -278,6 +289,8 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
                 extender: None,
                 metrics: None,
                 kube_api: None,
+                // As the daemon runs by default.
+                dead_task_grace: Some(Duration::from_secs(DEFAULT_DEAD_TASK_GRACE_S)),
             };
             let placer = args.policy.placer_with(predictor)?;
             let daemon = Daemon::start(store.clone(), placer, Arc::new(ModelledMemory), config)

@@ -32,6 +32,9 @@ pub struct DaemonConfig {
     pub metrics: Option<SocketAddr>,
     /// Plain-HTTP Kubernetes API (`kubectl proxy`) for the extender's Bindings.
     pub kube_api: Option<String>,
+    /// Release the reservation of a task whose agent has been gone (its `alive` key
+    /// deleted, its lease expired) this long; `None` never does (see [`crate::reaper`]).
+    pub dead_task_grace: Option<std::time::Duration>,
 }
 
 /// A running placer.
@@ -167,6 +170,12 @@ impl Daemon {
             servers.push((
                 "metrics",
                 serve_http("metrics server", listener, router, stop_rx.clone()),
+            ));
+        }
+        if let Some(grace) = config.dead_task_grace {
+            servers.push((
+                "dead-task reaper",
+                crate::reaper::spawn(service.clone(), grace, stop_rx.clone()),
             ));
         }
         tracing::info!(grpc = %grpc_addr, extender = ?extender_addr, metrics = ?metrics_addr,

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod model;
 pub mod params;
 pub mod policy;
+pub mod reaper;
 pub mod service;
 pub mod sync;
 pub mod synthetic;
@@ -36,4 +37,4 @@ pub use model::{
 pub use params::PlacerParams;
 pub use policy::{Decision, Placer, Rejection, Verdict};
 pub use service::{PlaceOutcome, PlacementService};
-pub use view::{ClusterView, DeviceState, Resident, WaitingTask};
+pub use view::{ClusterView, DeadResident, DeviceState, Resident, WaitingTask};

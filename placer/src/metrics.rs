@@ -86,6 +86,8 @@ pub struct PlacerMetrics {
     pub cas_conflicts: Counter,
     /// Releases that removed a reservation.
     pub released: Counter,
+    /// Reservations given back because the task's agent was gone (see [`crate::reaper`]).
+    pub dead_released: Counter,
     /// Co-location samples handed to the slowdown model.
     pub samples_observed: Counter,
     /// Stored values that could not be decoded (skipped).
@@ -147,6 +149,11 @@ impl PlacerMetrics {
                 "iadeep_placer_releases_total",
                 "Releases that removed a reservation.",
                 &self.released,
+            ),
+            (
+                "iadeep_placer_dead_task_releases_total",
+                "Reservations given back because the task's agent was gone past the grace period.",
+                &self.dead_released,
             ),
             (
                 "iadeep_placer_samples_observed_total",

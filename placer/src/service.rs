@@ -355,6 +355,40 @@ impl PlacementService {
         })
     }
 
+    /// Releases every resident task whose agent has been gone for `grace` (at once when
+    /// it reported finishing), see [`ClusterView::dead_residents`]. Returns the tasks
+    /// released. A task that came back (its `alive` key reappeared) between the check
+    /// and the release is skipped; one that fails to release is logged and retried on
+    /// the next call.
+    pub async fn release_dead(&self, grace: std::time::Duration) -> Vec<String> {
+        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        let dead = self
+            .view_mut()
+            .dead_residents(iadeep_proto::now_unix_ms(), grace_ms);
+        let mut released = Vec::new();
+        for task in dead {
+            // Re-checked, so an agent that restarted in the meantime keeps its device.
+            if self.view().agent_alive(&task.task_id) {
+                tracing::debug!(task = %task.task_id, "agent came back; keeps its reservation");
+                continue;
+            }
+            match self.release(&task.task_id).await {
+                Ok(Some(device)) => {
+                    self.metrics.dead_released.inc();
+                    let gone_s =
+                        (iadeep_proto::now_unix_ms() - task.gone_since_unix_ms).max(0) / 1000;
+                    tracing::info!(task = %task.task_id, %device, finished = task.finished, gone_s,
+                        "released the reservation of a task whose agent is gone");
+                    released.push(task.task_id);
+                }
+                Ok(None) => {}
+                Err(err) => tracing::warn!(task = %task.task_id, device = %task.device_id, %err,
+                    "cannot release a dead task's reservation; retrying later"),
+            }
+        }
+        released
+    }
+
     /// Every device in the view with its residents.
     pub fn list_devices(&self) -> Vec<DeviceStatus> {
         let view = self.view();

@@ -2,7 +2,7 @@
 //! snapshot's revision + 1, so no change between the two is missed.
 //!
 //! Three prefixes are followed, each by its own task: devices (registrations and
-//! residents records), tasks (reports) and co-location samples (fed to the
+//! residents records), tasks (reports and the agents' `alive` keys) and co-location samples (fed to the
 //! slowdown model so the predictor learns from what the tuners measure). A watch
 //! that ends (history compacted, store gone) is replaced by a fresh range and
 //! watch after a short pause; a value that does not decode is logged and skipped,
@@ -130,7 +130,27 @@ impl Ctx {
                     }
                 }
             }
-            Prefix::Tasks | Prefix::Samples => {}
+            Prefix::Tasks => {
+                // Agents whose alive key went while the watch was down.
+                let alive: HashSet<String> = snapshot
+                    .kvs
+                    .iter()
+                    .filter_map(|kv| match KeyKind::parse(&kv.key) {
+                        KeyKind::TaskAlive { task } => Some(task),
+                        _ => None,
+                    })
+                    .collect();
+                let gone: Vec<String> = view
+                    .alive_tasks()
+                    .filter(|t| !alive.contains(*t))
+                    .map(str::to_owned)
+                    .collect();
+                let now = iadeep_proto::now_unix_ms();
+                for task in gone {
+                    view.set_not_alive(&task, now);
+                }
+            }
+            Prefix::Samples => {}
         }
         for kv in snapshot.kvs {
             if prefix == Prefix::Samples && kv.mod_revision <= seen {
@@ -178,6 +198,10 @@ impl Ctx {
                     view.apply_residents(&device, None, revision);
                 }
                 KeyKind::TaskReport { task } => view.remove_report(&task),
+                KeyKind::TaskAlive { task } => {
+                    tracing::debug!(%task, "task's agent is gone (alive key deleted)");
+                    view.set_not_alive(&task, iadeep_proto::now_unix_ms());
+                }
                 _ => {}
             },
         }
@@ -199,6 +223,11 @@ impl Ctx {
                 report.task_id = task;
                 view.set_report(report);
             }),
+            // The value is the agent's own note; only the key's existence matters.
+            KeyKind::TaskAlive { task } => {
+                view.set_alive(&task);
+                Ok(())
+            }
             KeyKind::Sample { .. } => typed::decode::<CoLocationSample>(&kv).map(|sample| {
                 self.model.observe(&sample);
                 self.metrics.samples_observed.inc();

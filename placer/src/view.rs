@@ -7,7 +7,7 @@
 //! same record may arrive twice (from our own compare-and-swap and from the
 //! watch) without harm.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use iadeep_proto::{DeviceInfo, DeviceResidents, Reservation, TaskProfile, TaskReport, TaskSpec};
@@ -267,6 +267,22 @@ pub struct ClusterView {
     task_device: HashMap<String, String>,
     /// Tasks told to queue that are expected back (see [`ClusterView::note_waiting`]).
     waiting: HashMap<String, WaitingTask>,
+    /// Tasks whose `alive` key exists (their agent holds its lease).
+    alive: HashSet<String>,
+    /// Resident tasks noticed without an `alive` key after their agent had run, and
+    /// since when (Unix ms); see [`ClusterView::dead_residents`].
+    gone_since: HashMap<String, i64>,
+}
+
+/// A resident task whose agent is gone, as [`ClusterView::dead_residents`] reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadResident {
+    pub task_id: String,
+    pub device_id: String,
+    /// Since when (Unix ms) the task has been seen without its `alive` key.
+    pub gone_since_unix_ms: i64,
+    /// Its last report said it finished.
+    pub finished: bool,
 }
 
 /// A task waiting for a device: one that was answered "queue" and is expected to ask
@@ -292,7 +308,74 @@ impl ClusterView {
             reports: HashMap::new(),
             task_device: HashMap::new(),
             waiting: HashMap::new(),
+            alive: HashSet::new(),
+            gone_since: HashMap::new(),
         }
+    }
+
+    /// The task's `alive` key exists: its agent runs (again).
+    pub fn set_alive(&mut self, task_id: &str) {
+        self.gone_since.remove(task_id);
+        self.alive.insert(task_id.to_owned());
+    }
+
+    /// The task's `alive` key was deleted (lease revoked or expired) at `now_unix_ms`.
+    pub fn set_not_alive(&mut self, task_id: &str, now_unix_ms: i64) {
+        if self.alive.remove(task_id) {
+            self.gone_since.insert(task_id.to_owned(), now_unix_ms);
+        }
+    }
+
+    /// The task's `alive` key exists.
+    pub fn agent_alive(&self, task_id: &str) -> bool {
+        self.alive.contains(task_id)
+    }
+
+    /// Tasks whose `alive` key the view holds, for re-reading the store.
+    pub fn alive_tasks(&self) -> impl Iterator<Item = &str> {
+        self.alive.iter().map(String::as_str)
+    }
+
+    /// Resident tasks whose agent has gone: no `alive` key now, although one was seen
+    /// or the task reported (an agent writes its `alive` key before its first report,
+    /// so a report without the key means the agent ran and stopped, also when that
+    /// happened while this placer was not watching). A task just placed, whose agent
+    /// has not started yet, has neither and is never counted.
+    ///
+    /// The first call that notices a task starts its clock at `now_unix_ms`; a task
+    /// is returned once `grace_ms` have passed since, or at once when its last report
+    /// said it finished (its agent will not come back for it).
+    pub fn dead_residents(&mut self, now_unix_ms: i64, grace_ms: i64) -> Vec<DeadResident> {
+        let mut dead = Vec::new();
+        for (task_id, device_id) in &self.task_device {
+            if self.alive.contains(task_id) {
+                continue;
+            }
+            let report = self.reports.get(task_id);
+            let since = match self.gone_since.get(task_id) {
+                Some(&since) => since,
+                None if report.is_some() => {
+                    self.gone_since.insert(task_id.clone(), now_unix_ms);
+                    now_unix_ms
+                }
+                None => continue,
+            };
+            let finished = report.is_some_and(|r| r.finished);
+            if finished || now_unix_ms.saturating_sub(since) >= grace_ms {
+                dead.push(DeadResident {
+                    task_id: task_id.clone(),
+                    device_id: device_id.clone(),
+                    gone_since_unix_ms: since,
+                    finished,
+                });
+            }
+        }
+        // Tasks that hold nothing any more need no clock.
+        let task_device = &self.task_device;
+        self.gone_since
+            .retain(|task, _| task_device.contains_key(task));
+        dead.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+        dead
     }
 
     /// Records that `task` waits for a device until `expires_at_unix_ms` (or refreshes
@@ -586,6 +669,63 @@ mod tests {
         let mut left: Vec<&str> = view.waiting().map(|(id, _)| id).collect();
         left.sort_unstable();
         assert_eq!(left, ["e"]);
+    }
+
+    #[test]
+    fn dead_residents_are_those_whose_agent_ran_and_went_past_the_grace() {
+        let mut view = ClusterView::new(Arc::new(crate::model::ModelledMemory));
+        let record = DeviceResidents {
+            device_id: "d0".into(),
+            reservations: ["crashed", "restarted", "unstarted", "reported", "done"]
+                .into_iter()
+                .map(|t| reservation(t, 100))
+                .collect(),
+        };
+        view.apply_residents("d0", Some(record), 1);
+        for task in ["crashed", "restarted", "done"] {
+            view.set_alive(task);
+        }
+        // "reported" ran before this placer watched: a report, no alive key.
+        for (task, finished) in [("reported", false), ("done", true)] {
+            view.set_report(TaskReport {
+                task_id: task.into(),
+                finished,
+                ..Default::default()
+            });
+        }
+        view.set_not_alive("crashed", 1_000);
+        view.set_not_alive("restarted", 1_000);
+        view.set_not_alive("done", 1_000);
+        // Not an agent we saw: nothing to start a clock for.
+        view.set_not_alive("stranger", 1_000);
+        let ids = |dead: Vec<DeadResident>| -> Vec<String> {
+            dead.into_iter().map(|d| d.task_id).collect()
+        };
+        // The finished one at once; the others wait for the grace.
+        assert_eq!(ids(view.dead_residents(1_500, 5_000)), ["done"]);
+        view.set_alive("restarted");
+        assert!(view.agent_alive("restarted"));
+        assert_eq!(ids(view.dead_residents(5_999, 5_000)), ["done"]);
+        let dead = view.dead_residents(6_000, 5_000);
+        assert_eq!(ids(dead.clone()), ["crashed", "done"]);
+        assert_eq!(dead[0].device_id, "d0");
+        assert_eq!(
+            (dead[0].gone_since_unix_ms, dead[0].finished),
+            (1_000, false)
+        );
+        // "reported" was first noticed at 1,500 ms.
+        assert_eq!(
+            ids(view.dead_residents(6_500, 5_000)),
+            ["crashed", "done", "reported"]
+        );
+        // Released (its reservation gone): no longer reported, its clock dropped.
+        let record = DeviceResidents {
+            device_id: "d0".into(),
+            reservations: vec![reservation("restarted", 100), reservation("unstarted", 100)],
+        };
+        view.apply_residents("d0", Some(record), 2);
+        assert!(view.dead_residents(60_000, 5_000).is_empty());
+        assert!(view.gone_since.is_empty());
     }
 
     #[test]

@@ -46,6 +46,9 @@ fn placer() -> Placer {
     .expect("default params are valid")
 }
 
+/// Short, so the dead-task test does not wait long; no other test has a dead agent.
+const DEAD_TASK_GRACE: Duration = Duration::from_millis(1500);
+
 fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
@@ -56,6 +59,7 @@ async fn daemon(store: Arc<dyn StateStore>, kube_api: Option<String>) -> Daemon 
         extender: Some(loopback()),
         metrics: Some(loopback()),
         kube_api,
+        dead_task_grace: Some(DEAD_TASK_GRACE),
     };
     Daemon::start(store, placer(), Arc::new(ModelledMemory), config)
         .await
@@ -277,6 +281,8 @@ async fn tasks_told_to_queue_count_ahead_of_later_ones() {
     )
     .await
     .expect("write report");
+    // Its agent runs, so the dead-task reaper leaves it alone.
+    start_agent(store.as_ref(), "resident", Duration::from_secs(60)).await;
     let daemon = daemon(store.clone(), None).await;
     let mut c = client(&daemon).await;
 
@@ -336,6 +342,121 @@ async fn tasks_told_to_queue_count_ahead_of_later_ones() {
         .expect("place");
     let summary = third.explanation.expect("explanation").summary;
     assert!(summary.contains("no task waits ahead"), "{summary}");
+}
+
+/// An agent's `alive` key under a fresh lease, as the agent SDK writes it.
+async fn start_agent(store: &dyn StateStore, task: &str, ttl: Duration) -> iadeep_state::LeaseId {
+    let lease = store.grant_lease(ttl).await.expect("grant lease");
+    store
+        .put(&keys::task_alive(task), b"pid 1".to_vec(), Some(lease))
+        .await
+        .expect("put alive");
+    lease
+}
+
+async fn report(store: &dyn StateStore, task: &str, finished: bool) {
+    let report = TaskReport {
+        task_id: task.into(),
+        batch_size: 64,
+        samples_per_s: 100.0,
+        finished,
+        reported_at_unix_ms: iadeep_proto::now_unix_ms(),
+        ..Default::default()
+    };
+    typed::put(store, &keys::task_report(task), &report, None)
+        .await
+        .expect("write report");
+}
+
+async fn residents_of(store: &dyn StateStore, device: &str) -> Vec<String> {
+    typed::get::<DeviceResidents>(store, &keys::device_residents(device))
+        .await
+        .expect("read residents")
+        .map(|(r, _)| r.reservations.into_iter().map(|r| r.task_id).collect())
+        .unwrap_or_default()
+}
+
+/// Tasks whose agent dies without Release: the reservation and placement of one whose
+/// lease expired go after the grace period; one that finished goes at once; one whose
+/// agent restarts within the grace keeps its device; one whose agent never started
+/// keeps it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_of_tasks_whose_agent_died_are_released_after_the_grace() {
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    register(store.as_ref(), "n1.gpu0", "n1", 32_768).await;
+    let daemon = daemon(store.clone(), None).await;
+    let mut c = client(&daemon).await;
+    for id in ["crashed", "restarted", "done", "unstarted"] {
+        let answer = place(&mut c, task(id, 2000, 10.0)).await.expect("place");
+        assert!(
+            matches!(answer.decision, Some(place_response::Decision::Placed(_))),
+            "{answer:?}"
+        );
+    }
+    let s = store.as_ref();
+    // "crashed" never renews its lease: etcd expires it and deletes the alive key.
+    start_agent(s, "crashed", Duration::from_secs(1)).await;
+    report(s, "crashed", false).await;
+    let restarted = start_agent(s, "restarted", Duration::from_secs(30)).await;
+    report(s, "restarted", false).await;
+    let done = start_agent(s, "done", Duration::from_secs(30)).await;
+    report(s, "done", true).await;
+    // The agent of "done" exits normally: finished report, lease revoked.
+    s.revoke_lease(done).await.expect("revoke");
+    // "restarted" crashes and comes back at once with a new lease.
+    s.revoke_lease(restarted).await.expect("revoke");
+    start_agent(s, "restarted", Duration::from_secs(30)).await;
+
+    eventually("the finished task to be released", async || {
+        !residents_of(s, "n1.gpu0")
+            .await
+            .contains(&"done".to_owned())
+    })
+    .await;
+    eventually("the crashed task's alive key to expire", async || {
+        s.get(&keys::task_alive("crashed"))
+            .await
+            .expect("get")
+            .is_none()
+    })
+    .await;
+    let expired_at = std::time::Instant::now();
+    assert!(
+        residents_of(s, "n1.gpu0")
+            .await
+            .contains(&"crashed".to_owned()),
+        "released before the grace period"
+    );
+    eventually("the crashed task to be released", async || {
+        !residents_of(s, "n1.gpu0")
+            .await
+            .contains(&"crashed".to_owned())
+    })
+    .await;
+    // The placer noticed the deletion no earlier than this test did (both watch etcd;
+    // the test polls every 50 ms), so the release came a grace period after it.
+    let waited = expired_at.elapsed();
+    assert!(
+        waited + Duration::from_millis(100) >= DEAD_TASK_GRACE,
+        "released {waited:?} after the alive key went, before the {DEAD_TASK_GRACE:?} grace"
+    );
+    for gone in ["crashed", "done"] {
+        assert!(
+            s.get(&keys::task_placement(gone))
+                .await
+                .expect("get")
+                .is_none(),
+            "{gone}'s placement is deleted"
+        );
+    }
+    // Past another grace period, the live and the unstarted keep their devices.
+    tokio::time::sleep(DEAD_TASK_GRACE + Duration::from_millis(500)).await;
+    let mut left = residents_of(s, "n1.gpu0").await;
+    left.sort();
+    assert_eq!(left, ["restarted", "unstarted"]);
+    let metrics = daemon.service().metrics();
+    assert_eq!(metrics.dead_released.get(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
