@@ -19,7 +19,15 @@ pub struct SimPredictor {
     model: Arc<FittedModel>,
     pub refits: u64,
     pub samples: u64,
+    /// `samples` at the last refit.
+    at_refit: u64,
 }
+
+/// A refit waits until the samples seen grew by this fraction since the last one (on
+/// top of the learner's cadence). A refit costs the whole window, synchronously here;
+/// with a fixed cadence a long run's refits cost the square of its samples, while a
+/// model refitted after each 10% growth is as current relative to what it knows.
+pub const GROWTH_PER_REFIT: f64 = 0.1;
 
 impl SimPredictor {
     /// A cold predictor. Refits every `refit_every` samples.
@@ -38,6 +46,7 @@ impl SimPredictor {
             model: Arc::new(FittedModel::ColdStart),
             refits: 0,
             samples: 0,
+            at_refit: 0,
         })
     }
 
@@ -46,10 +55,15 @@ impl SimPredictor {
         self.model.predict(kind, task, corunners)
     }
 
-    /// Learns one measured co-location; refits when the cadence says so.
+    /// Learns one measured co-location; refits when the cadence says so, and at most
+    /// once per [`GROWTH_PER_REFIT`] growth of the samples seen (see there).
     pub fn observe(&mut self, sample: CoLocationSample) {
         match self.learner.observe(sample) {
-            Ok(true) => {
+            Ok(true)
+                if (self.samples - self.at_refit) as f64
+                    >= GROWTH_PER_REFIT * self.samples as f64 =>
+            {
+                self.at_refit = self.samples;
                 let snapshot = self.learner.snapshot();
                 match self.trainer.fit(&snapshot) {
                     Ok(model) => {
@@ -62,7 +76,7 @@ impl SimPredictor {
                 }
                 self.samples += 1;
             }
-            Ok(false) => self.samples += 1,
+            Ok(_) => self.samples += 1,
             Err(err) => tracing::debug!(%err, "co-location sample refused"),
         }
     }
