@@ -212,7 +212,9 @@ pub fn estimate_solo_step(measured: &BTreeMap<u32, f64>, batch_size: u32) -> Opt
     } else {
         ((b.1.ln() - a.1.ln()) / (f64::from(b.0).ln() - f64::from(a.0).ln())).clamp(0.0, 1.0)
     };
-    let step_s = a.1 * (f64::from(batch_size) / f64::from(a.0)).powf(slope);
+    // Anchored at the nearest measurement, so a clamped slope stays continuous there.
+    let anchor = if batch_size > b.0 { b } else { a };
+    let step_s = anchor.1 * (f64::from(batch_size) / f64::from(anchor.0)).powf(slope);
     step_s
         .is_finite()
         .then_some(SoloEstimate { step_s, source })
