@@ -24,9 +24,10 @@ pub struct SimPredictor {
 }
 
 /// A refit waits until the samples seen grew by this fraction since the last one (on
-/// top of the learner's cadence). A refit costs the whole window, synchronously here;
-/// with a fixed cadence a long run's refits cost the square of its samples, while a
-/// model refitted after each 10% growth is as current relative to what it knows.
+/// top of the learner's cadence). A refit trains the forest on the whole window,
+/// synchronously here where the daemon refits in the background; with a fixed
+/// cadence and thousands of samples the refits would dominate a run, while a model
+/// refitted after each 10% growth stays about as current relative to what it knows.
 pub const GROWTH_PER_REFIT: f64 = 0.1;
 
 impl SimPredictor {
@@ -61,7 +62,7 @@ impl SimPredictor {
         match self.learner.observe(sample) {
             Ok(true)
                 if (self.samples - self.at_refit) as f64
-                    >= GROWTH_PER_REFIT * self.samples as f64 =>
+                    >= GROWTH_PER_REFIT * self.at_refit as f64 =>
             {
                 self.at_refit = self.samples;
                 let snapshot = self.learner.snapshot();
