@@ -3,6 +3,7 @@
 //! `OnlinePredictor` runs, but refitted synchronously when a refit is due, so a run
 //! does not depend on thread timing and the same seed gives the same numbers.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use iadeep_predictor::Prediction;
@@ -21,6 +22,31 @@ pub struct SimPredictor {
     pub samples: u64,
     /// `samples` at the last refit.
     at_refit: u64,
+    /// Predictions of the current model, by their exact inputs: the placer asks the
+    /// same questions over and over (every waiting task, every device, at every event)
+    /// while the model changes only at a refit, and a forest prediction costs
+    /// microseconds. Emptied at each refit, so an answer is always the current model's.
+    memo: HashMap<PredictionKey, Prediction>,
+    pub memo_hits: u64,
+}
+
+/// A profile's fields exactly (floats by their bits), so equal keys mean equal inputs.
+type ProfileKey = (String, u32, u64, Option<u64>, Option<u64>, Option<u64>);
+type PredictionKey = (String, ProfileKey, Vec<ProfileKey>);
+
+/// Beyond this many memoised predictions the memo starts again (bounds its memory on
+/// long runs where the model stops refitting).
+const MEMO_CAPACITY: usize = 1 << 20;
+
+fn profile_key(p: &TaskProfile) -> ProfileKey {
+    (
+        p.model.clone(),
+        p.batch_size,
+        p.solo_step_time_s.to_bits(),
+        p.sm_util_pct.map(f64::to_bits),
+        p.mem_bw_util_pct.map(f64::to_bits),
+        p.gpu_mem_mib,
+    )
 }
 
 /// A refit waits until the samples seen grew by this fraction since the last one (on
@@ -48,12 +74,34 @@ impl SimPredictor {
             refits: 0,
             samples: 0,
             at_refit: 0,
+            memo: HashMap::new(),
+            memo_hits: 0,
         })
     }
 
-    /// Predicted slowdown of `task` next to `corunners` on a `kind` GPU.
-    pub fn predict(&self, kind: &str, task: &TaskProfile, corunners: &[TaskProfile]) -> Prediction {
-        self.model.predict(kind, task, corunners)
+    /// Predicted slowdown of `task` next to `corunners` on a `kind` GPU: exactly what
+    /// the current model says, remembered until the next refit (see `memo`).
+    pub fn predict(
+        &mut self,
+        kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Prediction {
+        let key = (
+            kind.to_owned(),
+            profile_key(task),
+            corunners.iter().map(profile_key).collect(),
+        );
+        if let Some(hit) = self.memo.get(&key) {
+            self.memo_hits += 1;
+            return *hit;
+        }
+        let fresh = self.model.predict(kind, task, corunners);
+        if self.memo.len() >= MEMO_CAPACITY {
+            self.memo.clear();
+        }
+        self.memo.insert(key, fresh);
+        fresh
     }
 
     /// Learns one measured co-location; refits when the cadence says so, and at most
@@ -69,6 +117,7 @@ impl SimPredictor {
                 match self.trainer.fit(&snapshot) {
                     Ok(model) => {
                         self.model = Arc::new(model);
+                        self.memo.clear();
                         self.refits += 1;
                     }
                     Err(err) => {
