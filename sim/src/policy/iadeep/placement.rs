@@ -186,24 +186,6 @@ pub struct SimPlacement {
     waiting_version: Option<u64>,
     /// The retry hint of the last decision, when the placer said "queue".
     pub retry_after: Option<std::time::Duration>,
-    /// Incremented whenever the placer's view changes (a device record rewritten, a
-    /// device added, the waiting set changed).
-    view_state: u64,
-    /// Per task told to queue: the view state, model version and batch size it was
-    /// decided on, and when (Unix ms) the wait its retry hint came from ends.
-    queued: HashMap<usize, QueuedAt>,
-    /// Decisions answered from `queued` without asking the placer.
-    pub skipped: u64,
-}
-
-/// What a "queue" answer was decided on (see [`SimPlacement::decide`]).
-#[derive(Clone, Copy, Debug)]
-struct QueuedAt {
-    view_state: u64,
-    model_version: Option<u64>,
-    batch_size: u32,
-    /// `now + W` of the retry hint, `None` when the hint did not come from a wait.
-    wait_ends_unix_ms: Option<i64>,
 }
 
 impl SimPlacement {
@@ -223,9 +205,6 @@ impl SimPlacement {
             waiting: HashSet::new(),
             waiting_version: None,
             retry_after: None,
-            view_state: 0,
-            queued: HashMap::new(),
-            skipped: 0,
         })
     }
 
@@ -245,7 +224,6 @@ impl SimPlacement {
                 ..DeviceInfo::default()
             });
             self.applied.push(Vec::new());
-            self.view_state += 1;
         }
         for device in 0..view.devices() {
             if view.resident_count(device) == 0 && self.applied[device].is_empty() {
@@ -282,7 +260,6 @@ impl SimPlacement {
                 });
             }
             self.revision += 1;
-            self.view_state += 1;
             let record = (!reservations.is_empty()).then(|| DeviceResidents {
                 device_id: device_key(device),
                 reservations,
@@ -306,7 +283,6 @@ impl SimPlacement {
             return;
         }
         self.waiting_version = Some(version);
-        self.view_state += 1;
         let kind = view.device_kind().to_owned();
         let now_ms = unix_ms(view.now_s());
         let waiting = view.waiting();
@@ -323,45 +299,18 @@ impl SimPlacement {
         self.waiting = now;
     }
 
-    /// The retry hint the placer gives for a wait ending at `ends_unix_ms` (its
-    /// `retry_hint`): the remaining wait within the bounds, or a tenth of the longest
-    /// hint when no wait is known.
-    fn retry_hint(&self, ends_unix_ms: Option<i64>, now_ms: i64) -> std::time::Duration {
-        let p = self.placer.params();
-        match ends_unix_ms {
-            Some(end) => std::time::Duration::from_millis((end - now_ms).max(0) as u64)
-                .clamp(p.min_retry_after, p.max_retry_after),
-            None => p.min_retry_after.max(p.max_retry_after / 10),
-        }
-    }
-
     /// The placer's decision for a waiting task. A "queue" verdict keeps it waiting;
     /// the engine asks again at the next event.
     ///
-    /// A task told to queue is answered "queue" again without asking the placer while
-    /// the placer's view, the slowdown model and the task's batch size are unchanged:
-    /// with the same view only time has passed, which leaves feasibility and every
-    /// score as they were and can only shorten the wait `W` (devices' idle times are
-    /// absolute; the simulator's waiting tasks never expire), and a shorter `W` only
-    /// favours queueing. The retry hint is the placer's for the shorter remaining
-    /// wait, so the answer is exactly the one the placer would give.
+    /// The verdict is the one [`Placer::decide`] gives (the same assessment and
+    /// verdict functions), without the explanation the daemon sends to its clients:
+    /// formatting it for every waiting task at every event cost the simulator more
+    /// than the decision itself, and nobody reads it here.
     pub fn decide(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
         self.retry_after = None;
         self.sync(view);
         self.sync_waiting(view);
         let now_ms = unix_ms(view.now_s());
-        let model_version = self.placer.slowdown_model().version();
-        if let Some(q) = self.queued.get(&task.spec.id)
-            && q.view_state == self.view_state
-            && q.model_version == model_version
-            && model_version.is_some()
-            && q.batch_size == task.batch_size
-        {
-            self.skipped += 1;
-            self.retry_after = Some(self.retry_hint(q.wait_ends_unix_ms, now_ms));
-            return Decision::Queue;
-        }
-        self.queued.remove(&task.spec.id);
         let spec = proto_spec(task.spec, task.batch_size, view.device_kind());
         let assessment = self.placer.assess_limited(
             &self.view,
@@ -371,16 +320,6 @@ impl SimPlacement {
             self.placer.params().max_scored_devices,
         );
         let verdict = self.placer.verdict(&spec, &assessment);
-        // The wait the placer's retry hint comes from (see `Placer::verdict`).
-        let hint_wait_s = if assessment.candidates.is_empty() {
-            assessment.wait_s.or(assessment.earliest_idle_s)
-        } else {
-            assessment.wait_s
-        };
-        let wait_ends_unix_ms = hint_wait_s
-            .filter(|w| w.is_finite())
-            .map(|w| now_ms + (w.max(0.0) * 1000.0).round() as i64);
-        drop(assessment);
         match verdict {
             Verdict::Place {
                 device_id,
@@ -426,15 +365,6 @@ impl SimPlacement {
                 }
                 tracing::trace!(task = task.spec.id, ?retry_after, %reason, "placer queues");
                 self.retry_after = Some(retry_after);
-                self.queued.insert(
-                    task.spec.id,
-                    QueuedAt {
-                        view_state: self.view_state,
-                        model_version,
-                        batch_size: task.batch_size,
-                        wait_ends_unix_ms,
-                    },
-                );
                 Decision::Queue
             }
         }
@@ -442,7 +372,6 @@ impl SimPlacement {
 
     /// Forgets a finished task (its device's record is rewritten at the next sync).
     pub fn forget(&mut self, task: usize) {
-        self.queued.remove(&task);
         self.reserved.remove(&task);
         self.start_batch.remove(&task);
         self.view.remove_report(&task_key(task));
