@@ -28,19 +28,33 @@ pub struct SimPredictor {
     /// microseconds. Emptied at each refit, so an answer is always the current model's.
     memo: HashMap<PredictionKey, Prediction>,
     pub memo_hits: u64,
+    /// Model names and device kinds as small numbers, so a memo key is all integers
+    /// (building and comparing keys of strings cost more than the lookups saved).
+    names: HashMap<String, u32>,
 }
 
-/// A profile's fields exactly (floats by their bits), so equal keys mean equal inputs.
-type ProfileKey = (String, u32, u64, Option<u64>, Option<u64>, Option<u64>);
-type PredictionKey = (String, ProfileKey, Vec<ProfileKey>);
+/// A profile's fields exactly (the model's name by its number, floats by their bits),
+/// so equal keys mean equal inputs.
+type ProfileKey = (u32, u32, u64, Option<u64>, Option<u64>, Option<u64>);
+type PredictionKey = (u32, ProfileKey, Vec<ProfileKey>);
 
 /// Beyond this many memoised predictions the memo starts again (bounds its memory on
 /// long runs where the model stops refitting).
 const MEMO_CAPACITY: usize = 1 << 20;
 
-fn profile_key(p: &TaskProfile) -> ProfileKey {
+/// The number of `name` in `names`, given the next free one when new.
+fn name_id(names: &mut HashMap<String, u32>, name: &str) -> u32 {
+    if let Some(id) = names.get(name) {
+        return *id;
+    }
+    let id = names.len() as u32;
+    names.insert(name.to_owned(), id);
+    id
+}
+
+fn profile_key(names: &mut HashMap<String, u32>, p: &TaskProfile) -> ProfileKey {
     (
-        p.model.clone(),
+        name_id(names, &p.model),
         p.batch_size,
         p.solo_step_time_s.to_bits(),
         p.sm_util_pct.map(f64::to_bits),
@@ -76,6 +90,7 @@ impl SimPredictor {
             at_refit: 0,
             memo: HashMap::new(),
             memo_hits: 0,
+            names: HashMap::new(),
         })
     }
 
@@ -87,10 +102,11 @@ impl SimPredictor {
         task: &TaskProfile,
         corunners: &[TaskProfile],
     ) -> Prediction {
+        let names = &mut self.names;
         let key = (
-            kind.to_owned(),
-            profile_key(task),
-            corunners.iter().map(profile_key).collect(),
+            name_id(names, kind),
+            profile_key(names, task),
+            corunners.iter().map(|c| profile_key(names, c)).collect(),
         );
         if let Some(hit) = self.memo.get(&key) {
             self.memo_hits += 1;
