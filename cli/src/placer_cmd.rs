@@ -90,6 +90,10 @@ struct PolicyArgs {
     /// A GPU whose summed PD would grow by more than this is not a candidate (≥ 1).
     #[arg(long, default_value_t = PlacerParams::default().max_pd_increase)]
     max_pd_increase: f64,
+    /// A shared GPU is a candidate only if the task joining raises its predicted
+    /// combined normalised throughput (Σ 1/slowdown) by at least this, in [0, 1].
+    #[arg(long, default_value_t = PlacerParams::default().min_throughput_gain)]
+    min_throughput_gain: f64,
     /// Seconds of degraded progress one second of waiting is worth (queue-or-place).
     #[arg(long, default_value_t = PlacerParams::default().wait_cost_factor)]
     wait_cost_factor: f64,
@@ -112,6 +116,7 @@ impl PolicyArgs {
             sm_util_cap_pct: self.sm_util_cap_pct,
             mem_bw_util_cap_pct: self.mem_bw_util_cap_pct,
             max_pd_increase: self.max_pd_increase,
+            min_throughput_gain: self.min_throughput_gain,
             wait_cost_factor: self.wait_cost_factor,
             max_scored_devices: self.max_scored_devices,
             ..PlacerParams::default()

@@ -22,6 +22,12 @@ pub struct PlacerParams {
     /// A device whose predicted Σ PD would grow by more than this is not a candidate.
     /// An idle device costs exactly 1.0 (the task's own PD alone), so this must be ≥ 1.
     pub max_pd_increase: f64,
+    /// A shared device is a candidate only if the task joining raises its predicted
+    /// combined normalised throughput (Σ 1/IF over its tasks, 1 per task alone) by at
+    /// least this, in units of one task's solo throughput. Otherwise running the task
+    /// later alone does the same work sooner, however long the queue. 0 accepts any
+    /// co-location that does not lose throughput; must be in [0, 1].
+    pub min_throughput_gain: f64,
     /// How much the ranking penalises the predictor's uncertainty: devices are ranked
     /// by `increase + uncertainty_weight × uncertainty` (pessimistic, like an upper
     /// confidence bound), so a poorly known co-location has to look clearly better.
@@ -52,6 +58,7 @@ impl Default for PlacerParams {
             sm_util_cap_pct: 200.0,
             mem_bw_util_cap_pct: 150.0,
             max_pd_increase: 4.0,
+            min_throughput_gain: 0.1,
             uncertainty_weight: 0.5,
             wait_cost_factor: 1.0,
             assumed_task_duration: Duration::from_secs(3600),
@@ -94,6 +101,15 @@ impl PlacerParams {
                 format!(
                     "{} < 1: even an idle device costs the task's own PD of 1",
                     self.max_pd_increase
+                ),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.min_throughput_gain) {
+            return Err(bad(
+                "min_throughput_gain",
+                format!(
+                    "{} is not in [0, 1] (a fraction of one task's solo throughput)",
+                    self.min_throughput_gain
                 ),
             ));
         }
@@ -159,6 +175,13 @@ mod tests {
                 "max_pd_increase",
                 PlacerParams {
                     max_pd_increase: 0.5,
+                    ..Default::default()
+                },
+            ),
+            (
+                "min_throughput_gain",
+                PlacerParams {
+                    min_throughput_gain: -0.1,
                     ..Default::default()
                 },
             ),

@@ -12,6 +12,13 @@
 //!    plus the new task's own predicted IF. The placer does not change batch sizes,
 //!    so at the submitted batch sizes DT = E = 1 and PD = IF; the tuner then
 //!    improves on it. An idle device costs exactly 1.0 (the task alone).
+//!    **Throughput guard.** A shared device is rejected unless the task joining
+//!    raises its predicted combined normalised throughput, Σ 1/IF over its tasks
+//!    (each task alone counts 1), by at least
+//!    [`PlacerParams::min_throughput_gain`]: if the residents plus the newcomer do
+//!    less work per second than the residents alone (plus the margin), running the
+//!    task later alone does the same work sooner, however long the queue, so no
+//!    queue rule below should place it there.
 //!    Devices are ranked by `increase + uncertainty_weight × uncertainty`; equal
 //!    ranks are broken by a hash of (task, device) so that concurrent requests
 //!    spread over equally good devices instead of all racing for the first.
@@ -64,6 +71,14 @@ pub enum Rejection {
     MemBwCap { predicted_pct: f64, cap_pct: f64 },
     /// Predicted Σ PD increase over [`PlacerParams::max_pd_increase`].
     PdCap { predicted: f64, cap: f64 },
+    /// Joining would not raise the device's predicted combined normalised throughput
+    /// (Σ 1/IF over its tasks) by [`PlacerParams::min_throughput_gain`]: running the
+    /// task later alone does the same work sooner.
+    ThroughputGain {
+        before: f64,
+        after: f64,
+        min_gain: f64,
+    },
 }
 
 impl Rejection {
@@ -77,6 +92,7 @@ impl Rejection {
             Rejection::SmCap { .. } => "sm_cap",
             Rejection::MemBwCap { .. } => "mem_bw_cap",
             Rejection::PdCap { .. } => "pd_cap",
+            Rejection::ThroughputGain { .. } => "throughput_gain",
         }
     }
 }
@@ -113,6 +129,16 @@ impl fmt::Display for Rejection {
             Rejection::PdCap { predicted, cap } => write!(
                 f,
                 "predicted increase of the device's summed PD {predicted:.2} is over the cap of {cap:.2}"
+            ),
+            Rejection::ThroughputGain {
+                before,
+                after,
+                min_gain,
+            } => write!(
+                f,
+                "sharing gains too little: predicted combined normalised throughput \
+                 {before:.2} → {after:.2}, less than the required gain of {min_gain:.2} \
+                 (the task would do its work sooner later, alone)"
             ),
         }
     }
@@ -377,6 +403,9 @@ impl Placer {
         let profiles = &device.summary().profiles;
         let own = self.slowdown.predict(kind, new_profile, profiles);
         let mut increase = own.slowdown;
+        // Combined normalised throughput Σ 1/IF, with the newcomer and without it.
+        let mut after = throughput(own.slowdown);
+        let mut before = 0.0;
         let mut variance = own.uncertainty * own.uncertainty;
         // Each resident's slowdown among the residents alone: reused while neither the
         // residents nor the model changed (see `SlowdownCache`).
@@ -405,11 +434,20 @@ impl Placer {
             let with = self.slowdown.predict(kind, me, scratch);
             increase += with.slowdown - without[i];
             variance += with.uncertainty * with.uncertainty;
+            after += throughput(with.slowdown);
+            before += throughput(without[i]);
         }
         if increase > self.params.max_pd_increase {
             return Err(Rejection::PdCap {
                 predicted: increase,
                 cap: self.params.max_pd_increase,
+            });
+        }
+        if after - before < self.params.min_throughput_gain {
+            return Err(Rejection::ThroughputGain {
+                before,
+                after,
+                min_gain: self.params.min_throughput_gain,
             });
         }
         Ok((increase, variance.sqrt()))
@@ -605,6 +643,18 @@ fn rejection_counts(rejected: &[(&str, Rejection)]) -> String {
         .join(", ")
 }
 
+/// Normalised throughput of a task slowed down `slowdown`× (1 alone); a slowdown
+/// below 1 (a model's noise) counts as 1, so sharing never looks like a speed-up.
+fn throughput(slowdown: f64) -> f64 {
+    if slowdown.is_finite() && slowdown > 1.0 {
+        1.0 / slowdown
+    } else if slowdown.is_nan() || slowdown == f64::INFINITY {
+        0.0
+    } else {
+        1.0
+    }
+}
+
 /// Every profile but the `i`-th: resident `i`'s co-runners.
 fn others(profiles: &[TaskProfile], i: usize) -> impl Iterator<Item = &TaskProfile> {
     profiles
@@ -677,6 +727,17 @@ mod tests {
 
     fn placer() -> Placer {
         Placer::new(PlacerParams::default(), Arc::new(TimeShare)).expect("valid params")
+    }
+
+    /// The queue-or-place rule alone: these tests pair heavy tasks (SM 95% each, a
+    /// combined throughput gain of only 0.05 under [`TimeShare`]) that the throughput
+    /// guard would otherwise reject before the rule is reached.
+    fn queue_rule_placer() -> Placer {
+        let params = PlacerParams {
+            min_throughput_gain: 0.0,
+            ..Default::default()
+        };
+        Placer::new(params, Arc::new(TimeShare)).expect("valid params")
     }
 
     fn spec(id: &str, mib: u64, sm: f64, total: Option<u64>) -> TaskSpec {
@@ -814,7 +875,7 @@ mod tests {
         device(&mut view, "d0", 32_000, std::slice::from_ref(&resident));
         let new = spec("new", 4000, 95.0, Some(1_000_000)); // 1e6 × 0.1 / 32 ≈ 3125 s alone
         // Nobody reports: the wait is unknown, so the task is placed despite the cost.
-        let d = placer().decide(&view, &new, &[], 0);
+        let d = queue_rule_placer().decide(&view, &new, &[], 0);
         assert!(
             matches!(d.verdict, Verdict::Place { .. }),
             "{:?}",
@@ -829,7 +890,7 @@ mod tests {
             reported_at_unix_ms: 0,
             ..Default::default()
         });
-        let d = placer().decide(&view, &new, &[], 0);
+        let d = queue_rule_placer().decide(&view, &new, &[], 0);
         match d.verdict {
             Verdict::Queue {
                 retry_after,
@@ -841,7 +902,8 @@ mod tests {
             other => panic!("expected queue, got {other:?}"),
         }
         // A light newcomer costs nothing extra: placed even though a device frees soon.
-        let d = placer().decide(&view, &spec("light", 1000, 4.0, Some(1_000_000)), &[], 0);
+        let d =
+            queue_rule_placer().decide(&view, &spec("light", 1000, 4.0, Some(1_000_000)), &[], 0);
         assert!(
             matches!(d.verdict, Verdict::Place { .. }),
             "{:?}",
@@ -883,11 +945,11 @@ mod tests {
         };
         for (q, expect_s) in [(0usize, 10u64), (1, 20), (2, 30)] {
             ahead(&mut view, q);
-            let assessment = placer().assess(&view, &new, &[], 0);
+            let assessment = queue_rule_placer().assess(&view, &new, &[], 0);
             assert_eq!(assessment.waiting_ahead, q);
             assert_eq!(assessment.earliest_idle_s, Some(10.0));
             assert_eq!(assessment.wait_s, Some(expect_s as f64));
-            let d = placer().decide(&view, &new, &[], 0);
+            let d = queue_rule_placer().decide(&view, &new, &[], 0);
             match &d.verdict {
                 Verdict::Queue {
                     retry_after,
@@ -916,9 +978,9 @@ mod tests {
         // Three ahead, three devices reporting: no device frees up for this task within
         // a round of the residents' work, so the wait is unknown and the task is placed.
         ahead(&mut view, 3);
-        let assessment = placer().assess(&view, &new, &[], 0);
+        let assessment = queue_rule_placer().assess(&view, &new, &[], 0);
         assert_eq!((assessment.waiting_ahead, assessment.wait_s), (3, None));
-        let d = placer().decide(&view, &new, &[], 0);
+        let d = queue_rule_placer().decide(&view, &new, &[], 0);
         assert!(
             matches!(d.verdict, Verdict::Place { .. }),
             "{:?}",
@@ -935,7 +997,7 @@ mod tests {
         later.submitted_at_unix_ms = 9_000;
         view.note_waiting(&later, 0, 600_000);
         view.note_waiting(&spec("gone", 4000, 95.0, None), 0, 1_000);
-        let assessment = placer().assess(&view, &new, &[], 1_000);
+        let assessment = queue_rule_placer().assess(&view, &new, &[], 1_000);
         assert_eq!(
             (assessment.waiting_ahead, assessment.wait_s),
             (0, Some(9.0))
@@ -943,7 +1005,7 @@ mod tests {
         // The wait is over the devices considered only.
         ahead(&mut view, 1);
         let only = ["d0".to_owned(), "d1".to_owned()];
-        let assessment = placer().assess(&view, &new, &only, 0);
+        let assessment = queue_rule_placer().assess(&view, &new, &only, 0);
         assert_eq!(assessment.wait_s, Some(30.0));
     }
 
@@ -1033,6 +1095,83 @@ mod tests {
             assert_eq!(a.candidates[0].pd_increase, fresh.candidates[0].pd_increase);
         });
         assert_eq!(fewer, 5);
+    }
+
+    /// Every task slows down by a fixed factor whenever it has company.
+    #[derive(Debug)]
+    struct FixedIf(f64);
+
+    impl SlowdownModel for FixedIf {
+        fn predict(&self, _: &str, _: &TaskProfile, co: &[TaskProfile]) -> SlowdownEstimate {
+            SlowdownEstimate {
+                slowdown: if co.is_empty() { 1.0 } else { self.0 },
+                uncertainty: 0.0,
+            }
+        }
+        fn observe(&self, _: &CoLocationSample) {}
+    }
+
+    /// A pair at IF 2.2 each does 2/2.2 < 1 task of work per second: worse than the
+    /// resident alone, so the device is rejected; at IF 1.3 each it does 1.54, accepted.
+    /// An idle device is never rejected for it.
+    #[test]
+    fn sharing_must_raise_the_combined_throughput() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        device(&mut view, "d0", 32_000, &[spec("r1", 4000, 10.0, None)]);
+        let new = spec("new", 4000, 10.0, None);
+        let with_if = |slowdown: f64| {
+            Placer::new(PlacerParams::default(), Arc::new(FixedIf(slowdown))).expect("valid")
+        };
+        let d = with_if(2.2).decide(&view, &new, &[], 0);
+        let Verdict::Queue { reason, .. } = &d.verdict else {
+            panic!("expected queue, got {:?}", d.verdict);
+        };
+        assert!(reason.contains("throughput_gain: 1"), "{reason}");
+        let why = &d.explanation.candidates[0].rejected_because;
+        assert!(
+            why.contains("combined normalised throughput 1.00 → 0.91"),
+            "{why}"
+        );
+        let a = with_if(2.2).assess(&view, &new, &[], 0);
+        assert!(matches!(
+            a.rejected[0].1,
+            Rejection::ThroughputGain { before, after, .. }
+                if before == 1.0 && (after - 2.0 / 2.2).abs() < 1e-12
+        ));
+        assert_eq!(a.rejected[0].1.kind(), "throughput_gain");
+
+        let d = with_if(1.3).decide(&view, &new, &[], 0);
+        assert!(
+            matches!(&d.verdict, Verdict::Place { device_id, .. } if device_id == "d0"),
+            "{:?}",
+            d.verdict
+        );
+        // A gain of 0.54 is below a required 0.6.
+        let strict = Placer::new(
+            PlacerParams {
+                min_throughput_gain: 0.6,
+                ..Default::default()
+            },
+            Arc::new(FixedIf(1.3)),
+        )
+        .expect("valid");
+        assert!(matches!(
+            strict.decide(&view, &new, &[], 0).verdict,
+            Verdict::Queue { .. }
+        ));
+
+        // With an idle device besides, the task goes there, whatever sharing costs.
+        device(&mut view, "idle", 32_000, &[]);
+        let d = with_if(2.2).decide(&view, &new, &[], 0);
+        assert_eq!(
+            d.verdict,
+            Verdict::Place {
+                device_id: "idle".into(),
+                reserved_mem_mib: 4000
+            }
+        );
+        let a = with_if(2.2).assess(&view, &new, &[], 0);
+        assert!(a.candidates.iter().any(|c| c.idle && c.device_id == "idle"));
     }
 
     #[test]

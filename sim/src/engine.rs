@@ -8,11 +8,20 @@
 //! old version and are dropped). The statistical efficiency term follows the task's
 //! progress and is refreshed at each event on its device.
 //!
-//! Admission is FIFO for every policy: the head of the queue is offered to the
+//! Admission is FIFO for the baselines: the head of the queue is offered to the
 //! policy whenever something changes, and while the policy keeps it waiting the
-//! tasks behind it wait too. This keeps the comparison about *where* and *how*
-//! tasks run, not about queue reordering. A task that crashes and has to leave its
-//! device waits in a recovery list that is offered first and blocks nobody.
+//! tasks behind it wait too. A policy that decides itself whether a task should wait
+//! (iadeep's placer: queue or place) asks for [`Admission::EachTask`]: every waiting
+//! task is offered in submission order, as every client of the placement daemon asks
+//! for itself, and one told to wait does not block the others. A policy that never
+//! keeps a task waiting while a device could take it (exclusive FIFO) behaves the
+//! same either way. A task that crashes and has to leave its device waits in a
+//! recovery list that is offered first and blocks nobody.
+//!
+//! With [`Admission::EachTask`] one pass stops after [`MAX_CONSECUTIVE_WAITS`]
+//! tasks in a row were told to wait: when every card is full, the tasks further back
+//! would be told the same, and asking all of them at every event would make a pass
+//! cost the whole queue.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
@@ -24,10 +33,14 @@ use rand_distr_free::normal;
 
 use crate::error::{Result, SimError};
 use crate::metrics::{RunMetrics, TaskOutcome};
-use crate::policy::{Decision, OomAction, Policy, TuneStep};
+use crate::policy::{Admission, Decision, OomAction, Policy, TuneStep};
 use crate::view::{AgentReport, ClusterView, Resident, TaskSpec, Waiting};
 use crate::workload::TaskTemplate;
 use crate::world::{TypeId, World};
+
+/// With [`Admission::EachTask`], a pass over the queue stops after this many tasks
+/// in a row were told to wait (see the module docs).
+pub const MAX_CONSECUTIVE_WAITS: usize = 64;
 
 /// Engine parameters.
 #[derive(Clone, Debug, PartialEq)]
@@ -185,6 +198,8 @@ pub struct Engine<'w> {
     rng: ChaCha8Rng,
     metrics: RunMetrics,
     retry_pending: bool,
+    /// Incremented whenever a task joins or leaves the queue or the recovery list.
+    waiting_version: u64,
 }
 
 /// The view handed to policies: specs and reports only.
@@ -228,6 +243,17 @@ impl ClusterView for View<'_, '_> {
             .devices
             .get(device)
             .map_or(0, |d| d.residents.len())
+    }
+    fn waiting(&self) -> Vec<&TaskSpec> {
+        self.engine
+            .recovery
+            .iter()
+            .chain(&self.engine.queue)
+            .map(|t| &self.engine.tasks[*t].spec)
+            .collect()
+    }
+    fn waiting_version(&self) -> u64 {
+        self.engine.waiting_version
     }
 }
 
@@ -299,6 +325,7 @@ impl<'w> Engine<'w> {
             now: 0.0,
             metrics: RunMetrics::default(),
             retry_pending: false,
+            waiting_version: 0,
         };
         for (index, t) in workload.iter().enumerate() {
             engine.schedule(t.submit_s, EventKind::Arrival(index));
@@ -342,6 +369,7 @@ impl<'w> Engine<'w> {
                 EventKind::Arrival(task) => {
                     self.tasks[task].status = Status::Waiting;
                     self.queue.push_back(task);
+                    self.waiting_version += 1;
                 }
                 EventKind::Finish { task, version } => {
                     if self.tasks[task].version != version {
@@ -438,16 +466,41 @@ impl<'w> Engine<'w> {
                 Decision::Queue => index += 1,
                 Decision::Place { device, batch_size } => {
                     self.recovery.remove(index);
+                    self.waiting_version += 1;
                     self.start(task, device, batch_size, policy)?;
                 }
             }
         }
-        while let Some(&task) = self.queue.front() {
-            match self.decide(task, policy) {
-                Decision::Queue => return Ok(()),
-                Decision::Place { device, batch_size } => {
-                    self.queue.pop_front();
-                    self.start(task, device, batch_size, policy)?;
+        match policy.admission() {
+            Admission::Fifo => {
+                while let Some(&task) = self.queue.front() {
+                    match self.decide(task, policy) {
+                        Decision::Queue => return Ok(()),
+                        Decision::Place { device, batch_size } => {
+                            self.queue.pop_front();
+                            self.waiting_version += 1;
+                            self.start(task, device, batch_size, policy)?;
+                        }
+                    }
+                }
+            }
+            Admission::EachTask => {
+                let mut index = 0;
+                let mut waits = 0;
+                while index < self.queue.len() && waits < MAX_CONSECUTIVE_WAITS {
+                    let task = self.queue[index];
+                    match self.decide(task, policy) {
+                        Decision::Queue => {
+                            index += 1;
+                            waits += 1;
+                        }
+                        Decision::Place { device, batch_size } => {
+                            self.queue.remove(index);
+                            self.waiting_version += 1;
+                            waits = 0;
+                            self.start(task, device, batch_size, policy)?;
+                        }
+                    }
                 }
             }
         }
@@ -612,6 +665,7 @@ impl<'w> Engine<'w> {
                 state.hold_until_s = now + restart;
                 self.devices[device].residents.retain(|t| *t != task);
                 self.recovery.push_back(task);
+                self.waiting_version += 1;
                 self.residents_changed(device, policy);
             }
         }

@@ -108,6 +108,7 @@ impl Experiment {
             tasks = metrics.tasks.len(),
             events = metrics.events,
             wall_ms = started.elapsed().as_millis() as u64,
+            diagnostics = %policy.diagnostics(),
             "policy run finished"
         );
         Ok(metrics)

@@ -164,3 +164,26 @@ fn iadeep_never_runs_out_of_memory_and_keeps_the_books() {
         }
     }
 }
+
+/// Whether two tasks ran on one device at the same time (first start to finish).
+fn shared_a_device(metrics: &RunMetrics) -> bool {
+    metrics.tasks.iter().enumerate().any(|(i, a)| {
+        metrics.tasks[i + 1..]
+            .iter()
+            .any(|b| a.device == b.device && a.start_s < b.finish_s && b.start_s < a.finish_s)
+    })
+}
+
+/// Under a burst far larger than the cluster, iadeep's placer co-locates instead of
+/// queueing everything, while exclusive FIFO never shares a device.
+#[test]
+fn iadeep_co_locates_under_a_burst() {
+    let experiment = experiment("p100", 30, 3, 4.0, 7);
+    assert!(!shared_a_device(&run(&experiment, "exclusive")));
+    let metrics = run(&experiment, "iadeep-no-tuner");
+    assert_bookkeeping(&experiment, &metrics);
+    assert!(
+        shared_a_device(&metrics),
+        "iadeep never shared a device with 30 tasks on 3 GPUs"
+    );
+}

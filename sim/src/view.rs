@@ -78,4 +78,10 @@ pub trait ClusterView {
     fn residents(&self, device: usize) -> Vec<Resident<'_>>;
     /// Number of residents of a device (cheaper than `residents`).
     fn resident_count(&self, device: usize) -> usize;
+    /// The tasks submitted and not running: the recovery list (crashed tasks waiting
+    /// to restart), then the queue, each in the order the engine offers them.
+    fn waiting(&self) -> Vec<&TaskSpec>;
+    /// A number that changes whenever [`ClusterView::waiting`] does, so a policy
+    /// can tell cheaply whether the set of waiting tasks changed.
+    fn waiting_version(&self) -> u64;
 }

@@ -34,6 +34,19 @@ pub enum TuneStep {
     Done,
 }
 
+/// How the engine offers waiting tasks to a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Only the head of the queue is offered; while the policy keeps it waiting, the
+    /// tasks behind it wait too (the baselines: a FIFO scheduler in front of them).
+    Fifo,
+    /// Every waiting task is offered, in submission order, and one told to wait does
+    /// not hold back the tasks behind it: how clients of the placement daemon behave,
+    /// each task asking for itself and retrying when told to queue. The placer then
+    /// decides each task knowing how many wait ahead of it.
+    EachTask,
+}
+
 /// What happens to a task that ran out of memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OomAction {
@@ -52,6 +65,11 @@ pub trait Policy {
     /// Decides where the task at the head of the queue goes.
     fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision;
 
+    /// How waiting tasks are offered (FIFO unless the policy queues tasks itself).
+    fn admission(&self) -> Admission {
+        Admission::Fifo
+    }
+
     /// Whether the engine should call [`Policy::tune`] after residents change.
     fn tunes(&self) -> bool {
         false
@@ -69,6 +87,12 @@ pub trait Policy {
 
     /// A task finished on `device`.
     fn on_finish(&mut self, _device: usize, _task: usize) {}
+
+    /// What the policy learned or did internally, for the run's log line (e.g. how
+    /// many samples its predictor got); empty when there is nothing to say.
+    fn diagnostics(&self) -> String {
+        String::new()
+    }
 }
 
 /// Builds a policy by name (see [`crate::experiment::POLICY_NAMES`]).

@@ -15,7 +15,7 @@
 //!   peak memory its agent last reported while running, so memory a tuner round
 //!   added is counted (the placer counts `max(reserved, footprint)`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use iadeep_placer::model::{ModelledMemory, SlowdownEstimate, SlowdownModel};
@@ -41,6 +41,17 @@ impl SharedPredictor {
         SharedPredictor(Mutex::new(predictor))
     }
 
+    /// Samples accepted and refits done so far.
+    pub fn counts(&self) -> (u64, u64) {
+        match self.0.lock() {
+            Ok(p) => (p.samples, p.refits),
+            Err(poisoned) => {
+                let p = poisoned.into_inner();
+                (p.samples, p.refits)
+            }
+        }
+    }
+
     /// Learns one measured co-location (refits synchronously when due).
     pub fn learn(&self, sample: CoLocationSample) {
         match self.0.lock() {
@@ -58,7 +69,7 @@ impl SlowdownModel for SharedPredictor {
         corunners: &[TaskProfile],
     ) -> SlowdownEstimate {
         let p = match self.0.lock() {
-            Ok(p) => p.predict(device_kind, task, corunners),
+            Ok(mut p) => p.predict(device_kind, task, corunners),
             Err(poisoned) => poisoned.into_inner().predict(device_kind, task, corunners),
         };
         SlowdownEstimate {
@@ -71,6 +82,12 @@ impl SlowdownModel for SharedPredictor {
     /// calls this in the simulator.
     fn observe(&self, sample: &CoLocationSample) {
         self.learn(sample.clone());
+    }
+
+    /// The refits so far: the model changes only at a refit, so the placer may reuse
+    /// the residents' slowdowns among themselves until the next one.
+    fn version(&self) -> Option<u64> {
+        Some(self.counts().1)
     }
 }
 
@@ -95,8 +112,12 @@ fn device_key(device: usize) -> String {
     format!("gpu-{device}")
 }
 
+/// Simulated time 0 as a Unix time in ms. Not 0: the placer reads a submission time
+/// of 0 as "not stated", and the first trace job is submitted at time 0.
+const EPOCH_UNIX_MS: i64 = 1_600_000_000_000;
+
 fn unix_ms(now_s: f64) -> i64 {
-    (now_s * 1000.0).round() as i64
+    EPOCH_UNIX_MS + (now_s * 1000.0).round() as i64
 }
 
 /// A submitted spec as the placer's protobuf spec; `start_batch` is the smallest
@@ -159,6 +180,12 @@ pub struct SimPlacement {
     /// Start batch size of each placed task (the spec's smallest batch, see module doc).
     start_batch: HashMap<usize, u32>,
     revision: i64,
+    /// The tasks noted as waiting in the placer's view, and the engine's
+    /// [`ClusterView::waiting_version`] they were taken from.
+    waiting: HashSet<usize>,
+    waiting_version: Option<u64>,
+    /// The retry hint of the last decision, when the placer said "queue".
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl SimPlacement {
@@ -175,6 +202,9 @@ impl SimPlacement {
             reserved: HashMap::new(),
             start_batch: HashMap::new(),
             revision: 0,
+            waiting: HashSet::new(),
+            waiting_version: None,
+            retry_after: None,
         })
     }
 
@@ -243,14 +273,54 @@ impl SimPlacement {
         }
     }
 
-    /// The placer's decision for the task at the head of the queue. A "queue" verdict
-    /// keeps it waiting; the engine asks again at the next event.
+    /// Tells the placer's view which tasks wait for a device: every task submitted and
+    /// not running, as the engine knows it (the daemon learns the same set from the
+    /// tasks it answered "queue"). They never expire here: the simulator knows exactly
+    /// when one is placed, and it is then forgotten.
+    fn sync_waiting(&mut self, view: &dyn ClusterView) {
+        let version = view.waiting_version();
+        if self.waiting_version == Some(version) {
+            return;
+        }
+        self.waiting_version = Some(version);
+        let kind = view.device_kind().to_owned();
+        let now_ms = unix_ms(view.now_s());
+        let waiting = view.waiting();
+        let now: HashSet<usize> = waiting.iter().map(|spec| spec.id).collect();
+        for gone in self.waiting.difference(&now) {
+            self.view.forget_waiting(&task_key(*gone));
+        }
+        for spec in waiting {
+            if !self.waiting.contains(&spec.id) {
+                self.view
+                    .note_waiting(&proto_spec(spec, spec.m0, &kind), now_ms, i64::MAX);
+            }
+        }
+        self.waiting = now;
+    }
+
+    /// The placer's decision for a waiting task. A "queue" verdict keeps it waiting;
+    /// the engine asks again at the next event.
+    ///
+    /// The verdict is the one [`Placer::decide`] gives (the same assessment and
+    /// verdict functions), without the explanation the daemon sends to its clients:
+    /// formatting it for every waiting task at every event cost the simulator more
+    /// than the decision itself, and nobody reads it here.
     pub fn decide(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
+        self.retry_after = None;
         self.sync(view);
+        self.sync_waiting(view);
         let now_ms = unix_ms(view.now_s());
         let spec = proto_spec(task.spec, task.batch_size, view.device_kind());
-        let decision = self.placer.decide(&self.view, &spec, &[], now_ms);
-        match decision.verdict {
+        let assessment = self.placer.assess_limited(
+            &self.view,
+            &spec,
+            &[],
+            now_ms,
+            self.placer.params().max_scored_devices,
+        );
+        let verdict = self.placer.verdict(&spec, &assessment);
+        match verdict {
             Verdict::Place {
                 device_id,
                 reserved_mem_mib,
@@ -294,6 +364,7 @@ impl SimPlacement {
                     };
                 }
                 tracing::trace!(task = task.spec.id, ?retry_after, %reason, "placer queues");
+                self.retry_after = Some(retry_after);
                 Decision::Queue
             }
         }

@@ -3,6 +3,7 @@
 //! `OnlinePredictor` runs, but refitted synchronously when a refit is due, so a run
 //! does not depend on thread timing and the same seed gives the same numbers.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use iadeep_predictor::Prediction;
@@ -19,7 +20,55 @@ pub struct SimPredictor {
     model: Arc<FittedModel>,
     pub refits: u64,
     pub samples: u64,
+    /// `samples` at the last refit.
+    at_refit: u64,
+    /// Predictions of the current model, by their exact inputs: the placer asks the
+    /// same questions over and over (every waiting task, every device, at every event)
+    /// while the model changes only at a refit, and a forest prediction costs
+    /// microseconds. Emptied at each refit, so an answer is always the current model's.
+    memo: HashMap<PredictionKey, Prediction>,
+    pub memo_hits: u64,
+    /// Model names and device kinds as small numbers, so a memo key is all integers
+    /// (building and comparing keys of strings cost more than the lookups saved).
+    names: HashMap<String, u32>,
 }
+
+/// A profile's fields exactly (the model's name by its number, floats by their bits),
+/// so equal keys mean equal inputs.
+type ProfileKey = (u32, u32, u64, Option<u64>, Option<u64>, Option<u64>);
+type PredictionKey = (u32, ProfileKey, Vec<ProfileKey>);
+
+/// Beyond this many memoised predictions the memo starts again (bounds its memory on
+/// long runs where the model stops refitting).
+const MEMO_CAPACITY: usize = 1 << 20;
+
+/// The number of `name` in `names`, given the next free one when new.
+fn name_id(names: &mut HashMap<String, u32>, name: &str) -> u32 {
+    if let Some(id) = names.get(name) {
+        return *id;
+    }
+    let id = names.len() as u32;
+    names.insert(name.to_owned(), id);
+    id
+}
+
+fn profile_key(names: &mut HashMap<String, u32>, p: &TaskProfile) -> ProfileKey {
+    (
+        name_id(names, &p.model),
+        p.batch_size,
+        p.solo_step_time_s.to_bits(),
+        p.sm_util_pct.map(f64::to_bits),
+        p.mem_bw_util_pct.map(f64::to_bits),
+        p.gpu_mem_mib,
+    )
+}
+
+/// A refit waits until the samples seen grew by this fraction since the last one (on
+/// top of the learner's cadence). A refit trains the forest on the whole window,
+/// synchronously here where the daemon refits in the background; with a fixed
+/// cadence and thousands of samples the refits would dominate a run, while a model
+/// refitted after each 10% growth stays about as current relative to what it knows.
+pub const GROWTH_PER_REFIT: f64 = 0.1;
 
 impl SimPredictor {
     /// A cold predictor. Refits every `refit_every` samples.
@@ -38,22 +87,53 @@ impl SimPredictor {
             model: Arc::new(FittedModel::ColdStart),
             refits: 0,
             samples: 0,
+            at_refit: 0,
+            memo: HashMap::new(),
+            memo_hits: 0,
+            names: HashMap::new(),
         })
     }
 
-    /// Predicted slowdown of `task` next to `corunners` on a `kind` GPU.
-    pub fn predict(&self, kind: &str, task: &TaskProfile, corunners: &[TaskProfile]) -> Prediction {
-        self.model.predict(kind, task, corunners)
+    /// Predicted slowdown of `task` next to `corunners` on a `kind` GPU: exactly what
+    /// the current model says, remembered until the next refit (see `memo`).
+    pub fn predict(
+        &mut self,
+        kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Prediction {
+        let names = &mut self.names;
+        let key = (
+            name_id(names, kind),
+            profile_key(names, task),
+            corunners.iter().map(|c| profile_key(names, c)).collect(),
+        );
+        if let Some(hit) = self.memo.get(&key) {
+            self.memo_hits += 1;
+            return *hit;
+        }
+        let fresh = self.model.predict(kind, task, corunners);
+        if self.memo.len() >= MEMO_CAPACITY {
+            self.memo.clear();
+        }
+        self.memo.insert(key, fresh);
+        fresh
     }
 
-    /// Learns one measured co-location; refits when the cadence says so.
+    /// Learns one measured co-location; refits when the cadence says so, and at most
+    /// once per [`GROWTH_PER_REFIT`] growth of the samples seen (see there).
     pub fn observe(&mut self, sample: CoLocationSample) {
         match self.learner.observe(sample) {
-            Ok(true) => {
+            Ok(true)
+                if (self.samples - self.at_refit) as f64
+                    >= GROWTH_PER_REFIT * self.at_refit as f64 =>
+            {
+                self.at_refit = self.samples;
                 let snapshot = self.learner.snapshot();
                 match self.trainer.fit(&snapshot) {
                     Ok(model) => {
                         self.model = Arc::new(model);
+                        self.memo.clear();
                         self.refits += 1;
                     }
                     Err(err) => {
@@ -62,7 +142,7 @@ impl SimPredictor {
                 }
                 self.samples += 1;
             }
-            Ok(false) => self.samples += 1,
+            Ok(_) => self.samples += 1,
             Err(err) => tracing::debug!(%err, "co-location sample refused"),
         }
     }

@@ -17,6 +17,12 @@ use crate::view::Resident;
 /// Hard cap on rounds per search (the stopping rule usually ends it sooner).
 pub const MAX_ROUNDS: usize = 12;
 
+/// Once settled, the running configuration is re-measured every this many reporting
+/// intervals, to notice drift (the daemon's `settled_interval`). Spaced wider than the
+/// daemon's one minute because every re-measurement is an observation the search's
+/// Gaussian process keeps, and a task can run for a day.
+pub const SETTLED_EVERY: usize = 5;
+
 /// The search of one device for one set of residents.
 #[derive(Debug)]
 pub struct DeviceTuner {
@@ -29,6 +35,19 @@ pub struct DeviceTuner {
     pub rounds: usize,
     /// An out-of-memory crash happened under the pending configuration.
     pub oom: bool,
+    /// Settled: the configuration kept and the Σ PD expected of it, re-measured every
+    /// [`SETTLED_EVERY`] intervals.
+    settled: Option<(Vec<usize>, f64)>,
+    /// Intervals since the last re-measurement while settled.
+    idle: usize,
+    /// Times the search re-opened because the measured Σ PD drifted.
+    pub reopened: u64,
+    /// The measured Σ PD drifted: the owner starts a fresh search from what runs now.
+    /// Fresh rather than [`Controller::reopen`], which keeps every observation: they
+    /// describe the objective before the drift, and a search that kept them all
+    /// through a day-long run would refit its Gaussian process on thousands of points.
+    pub drifted: bool,
+    /// The search cannot go on (no feasible configuration, a refused measurement).
     pub finished: bool,
 }
 
@@ -107,6 +126,10 @@ impl DeviceTuner {
             pending: None,
             rounds: 0,
             oom: false,
+            settled: None,
+            idle: 0,
+            reopened: 0,
+            drifted: false,
             finished: false,
         })
     }
@@ -128,13 +151,28 @@ impl DeviceTuner {
     }
 
     /// One round: measure what ran, decide what runs next.
+    ///
+    /// Once settled the search is not over: like the daemon, the tuner keeps
+    /// re-measuring what runs and gives the measurement to the [`Controller`], whose
+    /// drift test says when the measured Σ PD left what it expected (the statistical
+    /// efficiency changes as training progresses, so the best batch sizes do too);
+    /// the owner then starts a fresh search ([`DeviceTuner::drifted`]). A search
+    /// settled by the [`MAX_ROUNDS`] cap, or kept on another configuration by
+    /// hysteresis, gets the same test against the predicted Σ PD of what runs, with
+    /// the controller's threshold.
     pub fn round(&mut self, residents: &[Resident<'_>]) -> Next {
         if self.finished {
             return Next::Done;
         }
+        if self.drifted {
+            return Next::Wait;
+        }
         let Some(current) = self.current(residents) else {
             return Next::Wait;
         };
+        if self.settled.is_some() {
+            return self.remeasure(residents, current);
+        }
         let measured = if std::mem::take(&mut self.oom) {
             None
         } else {
@@ -171,17 +209,80 @@ impl DeviceTuner {
                 Next::Apply(self.assignments(&next))
             }
             TunerDecision::Settle(best) => {
-                self.finished = true;
                 let switch = self
                     .controller
                     .worth_switching(&current, &best)
                     .unwrap_or(false);
+                let keep = if switch { best } else { current };
+                let expected = self
+                    .controller
+                    .search()
+                    .predict(&keep)
+                    .ok()
+                    .flatten()
+                    .map(|p| p.mean)
+                    .or(measured);
+                match expected {
+                    Some(expected) => {
+                        self.settled = Some((keep.clone(), expected));
+                        self.idle = 0;
+                    }
+                    // Nothing to compare a re-measurement with: keep it, stop here.
+                    None => self.finished = true,
+                }
                 if switch {
-                    Next::Apply(self.assignments(&best))
-                } else {
+                    Next::Apply(self.assignments(&keep))
+                } else if self.finished {
                     Next::Done
+                } else {
+                    Next::Wait
                 }
             }
         }
+    }
+
+    /// A settled round: every [`SETTLED_EVERY`] intervals, measure what runs and
+    /// re-open the search if it drifted.
+    fn remeasure(&mut self, residents: &[Resident<'_>], current: Vec<usize>) -> Next {
+        let Some((kept, expected)) = self.settled.clone() else {
+            return Next::Wait;
+        };
+        self.idle += 1;
+        let oom = std::mem::take(&mut self.oom);
+        if !oom && self.idle < SETTLED_EVERY {
+            return Next::Wait;
+        }
+        self.idle = 0;
+        let measured = if oom { None } else { measured_pd(residents) };
+        if !oom && measured.is_none() {
+            return Next::Wait;
+        }
+        // The controller tests drift only on the configuration it settled on; when
+        // hysteresis kept another one running, the same test is applied here.
+        let by_controller = matches!(
+            self.controller.decide(),
+            Ok(TunerDecision::Settle(ref idx)) if *idx == current
+        );
+        if let Err(err) = self.controller.record(&current, measured) {
+            tracing::warn!(%err, "tuner refused a measurement; stopping this search");
+            self.finished = true;
+            return Next::Done;
+        }
+        let drift = ControllerParams::default().drift;
+        let drifted = if by_controller {
+            // The controller applied its own test and re-opened itself.
+            !self.controller.is_settled()
+        } else {
+            current != kept
+                || measured.is_none_or(|v| (v - expected).abs() > drift * expected.abs())
+        };
+        if !drifted {
+            return Next::Wait;
+        }
+        tracing::debug!(?measured, expected, tasks = ?self.tasks, "measured Σ PD drifted; re-opening the search");
+        self.settled = None;
+        self.drifted = true;
+        self.reopened += 1;
+        Next::Wait
     }
 }
