@@ -415,8 +415,7 @@ impl Placer {
             _ => {
                 let fresh: Arc<[f64]> = (0..profiles.len())
                     .map(|i| {
-                        scratch.clear();
-                        scratch.extend(others(profiles, i).cloned());
+                        fill_profiles(scratch, others(profiles, i));
                         self.slowdown.predict(kind, &profiles[i], scratch).slowdown
                     })
                     .collect();
@@ -428,9 +427,10 @@ impl Placer {
         };
         // Each resident's slowdown with the newcomer too.
         for (i, me) in profiles.iter().enumerate() {
-            scratch.clear();
-            scratch.extend(others(profiles, i).cloned());
-            scratch.push(new_profile.clone());
+            fill_profiles(
+                scratch,
+                others(profiles, i).chain(std::iter::once(new_profile)),
+            );
             let with = self.slowdown.predict(kind, me, scratch);
             increase += with.slowdown - without[i];
             variance += with.uncertainty * with.uncertainty;
@@ -655,6 +655,44 @@ fn throughput(slowdown: f64) -> f64 {
     }
 }
 
+/// Makes `scratch` a copy of `profiles`, in order, reusing the strings already
+/// there: a decision builds ~150 co-runner lists, and cloning each profile afresh
+/// (its `model` string) cost an allocation and a free per co-runner.
+fn fill_profiles<'a>(
+    scratch: &mut Vec<TaskProfile>,
+    profiles: impl Iterator<Item = &'a TaskProfile>,
+) {
+    let mut len = 0;
+    for p in profiles {
+        match scratch.get_mut(len) {
+            Some(slot) => copy_profile(slot, p),
+            None => scratch.push(p.clone()),
+        }
+        len += 1;
+    }
+    scratch.truncate(len);
+}
+
+/// `*to = from.clone()`, keeping `to`'s string buffer (prost's derived `Clone` has
+/// no `clone_from`). Destructured so a new field of `TaskProfile` fails to compile
+/// here instead of being left out.
+fn copy_profile(to: &mut TaskProfile, from: &TaskProfile) {
+    let TaskProfile {
+        model,
+        batch_size,
+        solo_step_time_s,
+        sm_util_pct,
+        mem_bw_util_pct,
+        gpu_mem_mib,
+    } = from;
+    to.model.clone_from(model);
+    to.batch_size = *batch_size;
+    to.solo_step_time_s = *solo_step_time_s;
+    to.sm_util_pct = *sm_util_pct;
+    to.mem_bw_util_pct = *mem_bw_util_pct;
+    to.gpu_mem_mib = *gpu_mem_mib;
+}
+
 /// Every profile but the `i`-th: resident `i`'s co-runners.
 fn others(profiles: &[TaskProfile], i: usize) -> impl Iterator<Item = &TaskProfile> {
     profiles
@@ -724,6 +762,37 @@ mod tests {
     }
     use iadeep_proto::{DeviceInfo, DeviceResidents, Reservation, SoloProfile, TaskReport};
     use proptest::prelude::*;
+
+    #[test]
+    fn scratch_profiles_are_exact_copies_whatever_was_there() {
+        let p = |model: &str, b: u32, sm: Option<f64>| TaskProfile {
+            model: model.into(),
+            batch_size: b,
+            solo_step_time_s: f64::from(b) / 100.0,
+            sm_util_pct: sm,
+            mem_bw_util_pct: sm.map(|v| v / 2.0),
+            gpu_mem_mib: Some(u64::from(b) * 10),
+        };
+        let long = vec![
+            p("a", 1, None),
+            p("bbbbbbbb", 2, Some(3.0)),
+            p("c", 3, None),
+        ];
+        let short = vec![p("zz", 9, Some(1.0))];
+        let mut scratch = Vec::new();
+        for want in [&long, &short, &long, &Vec::new(), &short] {
+            fill_profiles(&mut scratch, want.iter());
+            assert_eq!(&scratch, want);
+        }
+        fill_profiles(
+            &mut scratch,
+            others(&long, 1).chain(std::iter::once(&short[0])),
+        );
+        assert_eq!(
+            scratch,
+            vec![long[0].clone(), long[2].clone(), short[0].clone()]
+        );
+    }
 
     fn placer() -> Placer {
         Placer::new(PlacerParams::default(), Arc::new(TimeShare)).expect("valid params")

@@ -125,10 +125,12 @@ impl CleanProfile {
 
 /// The one-hot column of `device_kind`.
 pub fn device_column(device_kind: &str) -> usize {
-    let kind = device_kind.trim().to_ascii_lowercase();
+    // Compared in place: lower-casing into a new String cost an allocation per
+    // prediction, and the placer makes ~150 per decision.
+    let kind = device_kind.trim();
     DEVICE_KINDS
         .iter()
-        .position(|k| *k == kind)
+        .position(|k| k.eq_ignore_ascii_case(kind))
         .unwrap_or(DEVICE_KINDS.len() - 1)
 }
 
@@ -138,10 +140,25 @@ fn known(value: Option<f64>) -> f64 {
 
 /// The feature row of `task` sharing a `device_kind` GPU with `corunners`.
 pub fn feature_row(device_kind: &str, task: &TaskProfile, corunners: &[TaskProfile]) -> Vec<f64> {
-    let mut row = Vec::with_capacity(N_FEATURES);
+    let mut row = [0.0; N_FEATURES];
+    feature_row_into(device_kind, task, corunners, &mut row);
+    row.to_vec()
+}
+
+/// [`feature_row`] written into `row` (e.g. on the stack): the same values, without
+/// allocating, for the prediction path.
+pub fn feature_row_into(
+    device_kind: &str,
+    task: &TaskProfile,
+    corunners: &[TaskProfile],
+    row: &mut [f64; N_FEATURES],
+) {
+    let mut row = RowWriter { row, next: 0 };
     let mut device = [0.0; DEVICE_KINDS.len()];
     device[device_column(device_kind)] = 1.0;
-    row.extend_from_slice(&device);
+    for d in device {
+        row.push(d);
+    }
 
     let t = CleanProfile::from_profile(task);
     row.push(t.step_time_s.log2());
@@ -154,15 +171,17 @@ pub fn feature_row(device_kind: &str, task: &TaskProfile, corunners: &[TaskProfi
     row.push(known(t.gpu_mem_mib));
     row.push(t.gpu_mem_mib.unwrap_or(NEUTRAL_MEM_MIB).max(1.0).log2());
 
-    let co: Vec<CleanProfile> = corunners.iter().map(CleanProfile::from_profile).collect();
-    let n = co.len() as f64;
-    let sum = |f: &dyn Fn(&CleanProfile) -> f64| co.iter().map(f).sum::<f64>();
-    let max = |f: &dyn Fn(&CleanProfile) -> f64| co.iter().map(f).fold(0.0_f64, f64::max);
+    // Sanitised again for every aggregate rather than collected: a handful of
+    // arithmetic operations per co-runner is cheaper than an allocation.
+    let co = || corunners.iter().map(CleanProfile::from_profile);
+    let n = corunners.len() as f64;
+    let sum = |f: &dyn Fn(&CleanProfile) -> f64| co().map(|c| f(&c)).sum::<f64>();
+    let max = |f: &dyn Fn(&CleanProfile) -> f64| co().map(|c| f(&c)).fold(0.0_f64, f64::max);
     let fraction = |f: &dyn Fn(&CleanProfile) -> bool| {
-        if co.is_empty() {
+        if corunners.is_empty() {
             1.0
         } else {
-            co.iter().filter(|c| f(c)).count() as f64 / n
+            co().filter(|c| f(c)).count() as f64 / n
         }
     };
     let sm = |c: &CleanProfile| c.sm_util_pct.unwrap_or(NEUTRAL_UTIL_PCT);
@@ -205,7 +224,22 @@ pub fn feature_row(device_kind: &str, task: &TaskProfile, corunners: &[TaskProfi
     row.push((co_time / t.step_time_s).log2());
     row.push(((sum(&|c| c.samples_per_s) + EMPTY_SUM) / t.samples_per_s).log2());
     row.push(((sum(&|c| c.batch_size) + EMPTY_SUM) / t.batch_size).log2());
-    row
+    debug_assert_eq!(row.next, N_FEATURES, "FEATURE_NAMES and the row disagree");
+}
+
+/// Fills a fixed-width row left to right.
+struct RowWriter<'a> {
+    row: &'a mut [f64; N_FEATURES],
+    next: usize,
+}
+
+impl RowWriter<'_> {
+    fn push(&mut self, value: f64) {
+        if let Some(slot) = self.row.get_mut(self.next) {
+            *slot = value;
+        }
+        self.next += 1;
+    }
 }
 
 #[cfg(test)]

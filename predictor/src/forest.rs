@@ -7,6 +7,7 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use smartcore::linalg::basic::arrays::Array;
 use smartcore::linalg::basic::matrix::DenseMatrix;
 use smartcore::tree::decision_tree_regressor::{
     DecisionTreeRegressor, DecisionTreeRegressorParameters,
@@ -81,6 +82,10 @@ pub struct Forest {
     /// the training rows), in order.
     active: Vec<usize>,
     n_features: usize,
+    /// The same trees flattened for allocation-free inference, features mapped back
+    /// to full-row columns; `None` when reading smartcore's nodes failed (the trees
+    /// themselves answer then, and a warning said so).
+    flat: Option<FlatForest>,
 }
 
 impl Forest {
@@ -122,7 +127,7 @@ impl Forest {
         let bootstraps: Vec<Vec<usize>> = (0..params.n_trees)
             .map(|_| (0..n).map(|_| rng.random_range(0..n)).collect())
             .collect();
-        let fit_one = |tree_index: usize| -> Result<Tree, PredictorError> {
+        let fit_one = |tree_index: usize| -> Result<FittedTree, PredictorError> {
             let picks = &bootstraps[tree_index];
             let mut flat = Vec::with_capacity(n * width);
             let mut y = Vec::with_capacity(n);
@@ -138,14 +143,17 @@ impl Forest {
                 min_samples_split: params.min_samples_split,
                 seed: Some(params.seed.wrapping_add(tree_index as u64)),
             };
-            Tree::fit(&x, &y, tree_params).map_err(|e| PredictorError::Fit(e.to_string()))
+            let tree =
+                Tree::fit(&x, &y, tree_params).map_err(|e| PredictorError::Fit(e.to_string()))?;
+            let flat = flatten_checked(&tree, &x);
+            Ok((tree, flat))
         };
         let threads = match params.fit_threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             t => t,
         }
         .clamp(1, params.n_trees);
-        let mut fitted: Vec<Option<Result<Tree, PredictorError>>> =
+        let mut fitted: Vec<Option<Result<FittedTree, PredictorError>>> =
             (0..params.n_trees).map(|_| None).collect();
         std::thread::scope(|scope| {
             let fit_one = &fit_one;
@@ -170,14 +178,31 @@ impl Forest {
                 }
             }
         });
-        let trees = fitted
+        let fitted = fitted
             .into_iter()
             .map(|t| t.unwrap_or_else(|| Err(PredictorError::Fit("a tree was not fitted".into()))))
-            .collect::<Result<Vec<Tree>, PredictorError>>()?;
+            .collect::<Result<Vec<FittedTree>, PredictorError>>()?;
+        let mut trees = Vec::with_capacity(fitted.len());
+        let mut flat = Some(FlatForest::default());
+        for (tree, nodes) in fitted {
+            trees.push(tree);
+            match (nodes, flat.as_mut()) {
+                (Ok(nodes), Some(forest)) => forest.push_tree(&nodes, &active),
+                (Err(reason), Some(_)) => {
+                    tracing::warn!(
+                        %reason,
+                        "could not flatten a smartcore tree; the forest predicts through smartcore (slower)"
+                    );
+                    flat = None;
+                }
+                (_, None) => {}
+            }
+        }
         Ok(Forest {
             trees,
             active,
             n_features,
+            flat,
         })
     }
 
@@ -200,23 +225,319 @@ impl Forest {
                 self.n_features
             )));
         }
+        if let Some(flat) = &self.flat {
+            return Ok(flat.mean_and_sd(row));
+        }
+        self.predict_through_smartcore(row)
+    }
+
+    /// [`Forest::predict`] through smartcore's own trees: the path before the
+    /// flattened forest, kept as the fallback and as the reference the flattened
+    /// trees are tested against.
+    fn predict_through_smartcore(&self, row: &[f64]) -> Result<(f64, f64), PredictorError> {
         let picked: Vec<f64> = self.active.iter().map(|&c| row[c]).collect();
         let x = DenseMatrix::new(1, picked.len(), picked, false)
             .map_err(|e| PredictorError::Fit(e.to_string()))?;
-        let mut sum = 0.0;
-        let mut sum_sq = 0.0;
+        let mut leaves = Vec::with_capacity(self.trees.len());
         for tree in &self.trees {
             let y = tree
                 .predict(&x)
                 .map_err(|e| PredictorError::Fit(e.to_string()))?;
-            let v = y.first().copied().unwrap_or(f64::NAN);
+            leaves.push(y.first().copied().unwrap_or(f64::NAN));
+        }
+        Ok(mean_and_sd(leaves.into_iter(), self.trees.len()))
+    }
+}
+
+/// A fitted tree and its flattened nodes (or why they could not be read).
+type FittedTree = (Tree, Result<Vec<FlatNode>, String>);
+
+/// Mean and standard deviation of the trees' answers (the same sums, in the same
+/// order, whichever path produced them, so both give the same bits).
+fn mean_and_sd(leaves: impl Iterator<Item = f64>, n_trees: usize) -> (f64, f64) {
+    let mut sum = 0.0;
+    let mut sum_sq = 0.0;
+    for v in leaves {
+        sum += v;
+        sum_sq += v * v;
+    }
+    let n = n_trees as f64;
+    let mean = sum / n;
+    let var = (sum_sq / n - mean * mean).max(0.0);
+    (mean, var.sqrt())
+}
+
+/// Flattens `tree` and checks that the flat nodes give exactly smartcore's answer on
+/// every row of `x` (the tree's training rows, which reach every leaf).
+fn flatten_checked(tree: &Tree, x: &DenseMatrix<f64>) -> Result<Vec<FlatNode>, String> {
+    let nodes = flatten_tree(tree)?;
+    let (n_rows, width) = x.shape();
+    if nodes
+        .iter()
+        .any(|n| n.feature != LEAF && n.feature as usize >= width)
+    {
+        return Err("a split on a column the tree was not fitted on".into());
+    }
+    let expected = tree.predict(x).map_err(|e| e.to_string())?;
+    let mut row = vec![0.0; width];
+    let forest = FlatForest {
+        nodes: nodes.clone(),
+        roots: vec![0],
+    };
+    for (i, want) in expected.iter().enumerate().take(n_rows) {
+        for (c, v) in row.iter_mut().enumerate() {
+            *v = *x.get((i, c));
+        }
+        let got = forest.leaves(&row).next().unwrap_or(f64::NAN);
+        if got.to_bits() != want.to_bits() {
+            return Err(format!(
+                "the flattened tree answers {got} on training row {i}, smartcore {want}"
+            ));
+        }
+    }
+    Ok(nodes)
+}
+
+/// One node of a [`FlatForest`]: a split (`feature` < [`LEAF`]) sends a row to
+/// `left` when `row[feature] <= value` (smartcore's rule, NaN going right), a leaf
+/// answers `value`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct FlatNode {
+    /// Split threshold, or the leaf's output.
+    value: f64,
+    /// Column of the full feature row, or [`LEAF`].
+    feature: u32,
+    /// Absolute index of the child for `row[feature] <= value`.
+    left: u32,
+    /// Absolute index of the other child.
+    right: u32,
+}
+
+const LEAF: u32 = u32::MAX;
+
+/// The forest's trees as one contiguous node array, for allocation-free inference.
+///
+/// smartcore's `predict` wants a matrix and returns a vector per tree, so a single
+/// row through 32 trees cost 34 allocations, and its generic accessors made the
+/// walk itself slow; the placer predicts ~150 rows per decision. The nodes are read
+/// once per fit (see [`flatten_tree`]) and every flattened tree is checked against
+/// smartcore's own predictions on its training rows before it is used.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct FlatForest {
+    nodes: Vec<FlatNode>,
+    roots: Vec<u32>,
+}
+
+impl FlatForest {
+    /// The leaf value of every tree for `row` (a full-width row), in tree order.
+    fn leaves<'a>(&'a self, row: &'a [f64]) -> impl Iterator<Item = f64> + 'a {
+        self.roots.iter().map(move |&root| {
+            let mut node = &self.nodes[root as usize];
+            while node.feature != LEAF {
+                let x = row.get(node.feature as usize).copied().unwrap_or(f64::NAN);
+                node = &self.nodes[if x <= node.value {
+                    node.left
+                } else {
+                    node.right
+                } as usize];
+            }
+            node.value
+        })
+    }
+}
+
+/// Trees walked side by side by [`FlatForest::mean_and_sd`] (8 measured fastest
+/// of 4, 8 and 16 in the placer's `decide` bench).
+const LANES: usize = 8;
+
+impl FlatForest {
+    /// The child of `node` that `row` goes to, or `None` at a leaf.
+    #[inline]
+    fn step(&self, node: u32, row: &[f64]) -> Option<u32> {
+        let n = &self.nodes[node as usize];
+        if n.feature == LEAF {
+            return None;
+        }
+        let x = row.get(n.feature as usize).copied().unwrap_or(f64::NAN);
+        Some(if x <= n.value { n.left } else { n.right })
+    }
+
+    /// [`mean_and_sd`] of the trees' answers for `row`, the same bits as summing
+    /// [`FlatForest::leaves`] in order. A walk is a chain of dependent loads that
+    /// mostly waits on memory, so [`LANES`] trees are walked in lockstep to overlap
+    /// those waits; their leaves are still added in tree order.
+    fn mean_and_sd(&self, row: &[f64]) -> (f64, f64) {
+        let mut sum = 0.0;
+        let mut sum_sq = 0.0;
+        let mut add = |v: f64| {
             sum += v;
             sum_sq += v * v;
+        };
+        let mut groups = self.roots.chunks_exact(LANES);
+        for group in &mut groups {
+            let mut at = [0_u32; LANES];
+            at.copy_from_slice(group);
+            loop {
+                let mut moved = false;
+                for node in &mut at {
+                    if let Some(next) = self.step(*node, row) {
+                        *node = next;
+                        moved = true;
+                    }
+                }
+                if !moved {
+                    break;
+                }
+            }
+            for node in at {
+                add(self.nodes[node as usize].value);
+            }
         }
-        let n = self.trees.len() as f64;
+        for &root in groups.remainder() {
+            let mut node = root;
+            while let Some(next) = self.step(node, row) {
+                node = next;
+            }
+            add(self.nodes[node as usize].value);
+        }
+        let n = self.roots.len() as f64;
         let mean = sum / n;
         let var = (sum_sq / n - mean * mean).max(0.0);
-        Ok((mean, var.sqrt()))
+        (mean, var.sqrt())
+    }
+}
+
+/// Reads the nodes of a fitted smartcore tree.
+///
+/// smartcore 0.7 keeps them private and exposes them only through `Debug` (its
+/// `serde` feature would pull in `typetag`); the derived `Debug` prints every node
+/// as `Node { output: …, split_feature: …, split_value: Some(…)|None, split_score:
+/// …, true_child: Some(…)|None, false_child: … }`, and Rust prints an `f64` so that
+/// parsing gives back the same bits. The result is in tree-local node indices with
+/// features in the tree's own (active) columns. Any surprise in the format is an
+/// error, and the caller also compares predictions, so a format change in a newer
+/// smartcore cannot silently change a prediction.
+fn flatten_tree(tree: &Tree) -> Result<Vec<FlatNode>, String> {
+    parse_nodes(&format!("{tree:?}"))
+}
+
+/// The nodes in a tree's `Debug` text (see [`flatten_tree`]).
+fn parse_nodes(text: &str) -> Result<Vec<FlatNode>, String> {
+    let start = text
+        .find("nodes: [")
+        .ok_or("no node list in the tree's Debug output")?;
+    let mut rest = &text[start..];
+    let mut nodes = Vec::new();
+    while let Some(open) = rest.find("Node {") {
+        let body_start = open + "Node {".len();
+        let close = rest[body_start..].find('}').ok_or("an unterminated node")? + body_start;
+        let body = &rest[body_start..close];
+        rest = &rest[close + 1..];
+        let mut output = None;
+        let mut split_feature = None;
+        let mut split_value = None;
+        let mut split_score = None;
+        let mut true_child = None;
+        let mut false_child = None;
+        for field in body.split(',') {
+            let Some((name, value)) = field.split_once(':') else {
+                return Err(format!("unexpected node field {field:?}"));
+            };
+            let value = value.trim();
+            let some = |v: &str| -> Result<Option<String>, String> {
+                if v == "None" {
+                    Ok(None)
+                } else if let Some(inner) =
+                    v.strip_prefix("Some(").and_then(|v| v.strip_suffix(')'))
+                {
+                    Ok(Some(inner.to_string()))
+                } else {
+                    Err(format!("unexpected optional value {v:?}"))
+                }
+            };
+            let float = |v: &str| v.parse::<f64>().map_err(|e| format!("{v:?}: {e}"));
+            let index = |v: &str| v.parse::<u32>().map_err(|e| format!("{v:?}: {e}"));
+            match name.trim() {
+                "output" => output = Some(float(value)?),
+                "split_feature" => split_feature = Some(index(value)?),
+                "split_value" => split_value = Some(some(value)?.map(|v| float(&v)).transpose()?),
+                "split_score" => split_score = Some(()),
+                "true_child" => true_child = Some(some(value)?.map(|v| index(&v)).transpose()?),
+                "false_child" => false_child = Some(some(value)?.map(|v| index(&v)).transpose()?),
+                other => return Err(format!("unexpected node field {other:?}")),
+            }
+        }
+        let (
+            Some(output),
+            Some(feature),
+            Some(split_value),
+            Some(()),
+            Some(true_child),
+            Some(false_child),
+        ) = (
+            output,
+            split_feature,
+            split_value,
+            split_score,
+            true_child,
+            false_child,
+        )
+        else {
+            return Err(format!("a node lacks a field: {body:?}"));
+        };
+        nodes.push(match (true_child, false_child) {
+            (None, _) => FlatNode {
+                value: output,
+                feature: LEAF,
+                left: 0,
+                right: 0,
+            },
+            (Some(left), Some(right)) => FlatNode {
+                // smartcore compares with `split_value.unwrap_or(NaN)`.
+                value: split_value.unwrap_or(f64::NAN),
+                feature,
+                left,
+                right,
+            },
+            (Some(_), None) => return Err("a split node without a second child".into()),
+        });
+    }
+    if nodes.is_empty() {
+        return Err("a tree without nodes".into());
+    }
+    // Children come after their parent in smartcore's node list; requiring it
+    // here also guarantees that a walk ends.
+    let n = nodes.len() as u32;
+    if nodes.iter().enumerate().any(|(i, node)| {
+        let i = i as u32;
+        node.feature != LEAF
+            && !(i < node.left && node.left < n && i < node.right && node.right < n)
+    }) {
+        return Err("a child index out of order or out of range".into());
+    }
+    Ok(nodes)
+}
+
+impl FlatForest {
+    /// Appends a tree flattened by [`flatten_tree`], mapping its columns (indices
+    /// into `active`) back to full-row columns.
+    fn push_tree(&mut self, nodes: &[FlatNode], active: &[usize]) {
+        let base = self.nodes.len() as u32;
+        self.roots.push(base);
+        self.nodes.extend(nodes.iter().map(|n| {
+            if n.feature == LEAF {
+                *n
+            } else {
+                FlatNode {
+                    value: n.value,
+                    feature: active
+                        .get(n.feature as usize)
+                        .map_or(LEAF - 1, |&c| c as u32),
+                    left: base + n.left,
+                    right: base + n.right,
+                }
+            }
+        }));
     }
 }
 
@@ -296,6 +617,129 @@ mod tests {
         let y: Vec<f64> = (0..10).map(f64::from).collect();
         let f = Forest::fit(&flat, &y, &p).expect("fit");
         assert!(f.predict(&[1.0, 2.0]).expect("predict").0.is_finite());
+    }
+
+    /// Deterministic pseudo-random rows with repeated values (so trees split on ties)
+    /// and wide ranges.
+    fn random_rows(n: usize, width: usize, seed: u64) -> Vec<Vec<f64>> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| {
+                (0..width)
+                    .map(|c| match c % 3 {
+                        0 => f64::from(rng.random_range(0..5_u8)),
+                        1 => rng.random_range(-100.0..100.0),
+                        _ => rng.random_range(0.0..1.0_f64).powi(3) * 1e3,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_flattened_forest_gives_smartcores_exact_answers() {
+        // 11 trees: a group of lanes and a remainder walked alone.
+        for (seed, n, width, n_trees) in [(1_u64, 300, 7, 32), (2, 1000, 12, 32), (3, 40, 3, 11)] {
+            let rows = random_rows(n, width, seed);
+            let y: Vec<f64> = rows
+                .iter()
+                .map(|r| r[0] * 0.3 + (r[1] / 10.0).sin() + r[2].ln_1p())
+                .collect();
+            let mut padded = rows.clone();
+            for r in &mut padded {
+                r.push(7.0); // a constant column, left out of the fit
+            }
+            let params = ForestParams {
+                n_trees,
+                ..ForestParams::default()
+            };
+            let forest = Forest::fit(&padded, &y, &params).expect("fit");
+            assert!(forest.flat.is_some(), "the trees were flattened");
+            let probes = random_rows(2000, width, seed + 100);
+            for (i, probe) in probes.iter().chain(rows.iter()).enumerate() {
+                let mut probe = probe.clone();
+                // The constant column varies at prediction time; NaN and infinities
+                // take smartcore's branches too.
+                probe.push(match i % 4 {
+                    0 => 7.0,
+                    1 => -3.0,
+                    2 => f64::INFINITY,
+                    _ => 1e9,
+                });
+                if i % 97 == 0 {
+                    probe[1] = f64::NAN;
+                }
+                let fast = forest.predict(&probe).expect("flat");
+                let slow = forest.predict_through_smartcore(&probe).expect("smartcore");
+                assert_eq!(
+                    (fast.0.to_bits(), fast.1.to_bits()),
+                    (slow.0.to_bits(), slow.1.to_bits()),
+                    "seed {seed}, probe {i}: {fast:?} vs {slow:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_single_leaf_tree_flattens() {
+        let flat = vec![vec![1.0, 2.0]; 10];
+        let y: Vec<f64> = (0..10).map(f64::from).collect();
+        let f = Forest::fit(&flat, &y, &ForestParams::default()).expect("fit");
+        let nodes = f.flat.as_ref().expect("flattened");
+        assert!(nodes.nodes.iter().all(|n| n.feature == LEAF));
+        assert_eq!(
+            f.predict(&[1.0, 2.0]).expect("flat"),
+            f.predict_through_smartcore(&[1.0, 2.0]).expect("smartcore")
+        );
+    }
+
+    #[test]
+    fn flattened_children_follow_their_parents() {
+        let rows: Vec<Vec<f64>> = (0..30).map(|i| vec![f64::from(i)]).collect();
+        let y: Vec<f64> = (0..30).map(|i| f64::from(i % 3)).collect();
+        let f = Forest::fit(&rows, &y, &ForestParams::default()).expect("fit");
+        let nodes = flatten_tree(&f.trees[0]).expect("flatten");
+        assert!(nodes.len() > 1 && nodes[0].feature != LEAF);
+        // Children always follow their parents, so every walk ends.
+        for (i, n) in nodes.iter().enumerate() {
+            if n.feature != LEAF {
+                assert!(n.left as usize > i && n.right as usize > i);
+            }
+        }
+    }
+
+    #[test]
+    fn a_malformed_tree_text_is_refused() {
+        let node =
+            |rest: &str| format!("nodes: [Node {{ output: 1.5, split_feature: 0, {rest} }}]");
+        let leaf =
+            node("split_value: None, split_score: None, true_child: None, false_child: None");
+        assert_eq!(
+            parse_nodes(&leaf).expect("a leaf"),
+            vec![FlatNode {
+                value: 1.5,
+                feature: LEAF,
+                left: 0,
+                right: 0
+            }]
+        );
+        for bad in [
+            "no nodes here".to_string(),
+            "nodes: []".to_string(),
+            node(
+                "split_value: Some(2.0), split_score: None, true_child: Some(1), false_child: None",
+            ),
+            node(
+                "split_value: Some(2.0), split_score: None, true_child: Some(0), false_child: Some(0)",
+            ),
+            node("split_value: Some(x), split_score: None, true_child: None, false_child: None"),
+            node("split_value: None, true_child: None, false_child: None"),
+            node(
+                "split_value: None, split_score: None, true_child: None, false_child: None, depth: 3",
+            ),
+        ] {
+            assert!(parse_nodes(&bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

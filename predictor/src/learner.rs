@@ -12,7 +12,7 @@ use prost::Message;
 
 use crate::effects::JobEffects;
 use crate::error::PredictorError;
-use crate::features::feature_row;
+use crate::features::{N_FEATURES, feature_row, feature_row_into};
 use crate::forest::{Forest, ForestParams};
 use crate::heuristic;
 use crate::linear::Ridge;
@@ -233,7 +233,8 @@ impl SlowdownModel for FittedModel {
                 effects,
                 ..
             } => {
-                let row = feature_row(device_kind, task, corunners);
+                let mut row = [0.0; N_FEATURES];
+                feature_row_into(device_kind, task, corunners, &mut row);
                 let offset = base.as_ref().map_or(0.0, |b| b.predict(&row))
                     + effects.as_ref().map_or(0.0, |e| e.predict(task, corunners));
                 let predicted = forest.predict(&row).map(|(mean, sd)| {
