@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::iadeep;
+use common::{iadeep, succeeded_json};
 
 #[test]
 fn bench_client_places_and_releases_over_grpc_and_reports_json() {
@@ -22,14 +22,7 @@ fn bench_client_places_and_releases_over_grpc_and_reports_json() {
         "1e9",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let json: serde_json::Value =
-        serde_json::from_str(text.lines().last().expect("output")).expect("JSON line");
+    let json = succeeded_json(&out);
     assert_eq!(json["requests"], 200);
     assert_eq!(
         json["placed"], 200,

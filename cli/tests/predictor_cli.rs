@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::iadeep;
+use common::{iadeep, succeeded_json};
 
 const GAVEL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -41,14 +41,7 @@ fn eval_reports_ours_and_the_reference_over_a_seed_range() {
         FAST,
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let json: serde_json::Value =
-        serde_json::from_str(text.lines().last().expect("output")).expect("JSON line");
+    let json = succeeded_json(&out);
     assert!(json["samples"].as_u64().expect("samples") > 400);
     let ours = json["ours"]["mape_100_135"].as_f64().expect("ours");
     let reference = json["reference"]["mape_100_135"]

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::iadeep;
+use common::{iadeep, succeeded_json};
 
 #[test]
 fn sim_json_has_every_requested_policy_with_the_issue_keys() {
@@ -29,14 +29,7 @@ fn sim_json_has_every_requested_policy_with_the_issue_keys() {
         out_arg,
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let last = text.lines().last().expect("some output");
-    let json: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
+    let json = succeeded_json(&out);
     let policies = json["policies"].as_object().expect("policies object");
     assert_eq!(policies.len(), 3);
     for name in ["exclusive", "packing", "iadeep"] {

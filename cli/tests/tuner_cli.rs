@@ -1,16 +1,10 @@
 //! `iadeep memory eval` and `iadeep tuner bench` as an operator runs them.
 
-use std::process::{Command, Output};
+use std::process::Command;
 
 mod common;
 
-use common::iadeep;
-
-fn last_json_line(out: &Output) -> serde_json::Value {
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().last().expect("some output");
-    serde_json::from_str(line).expect("last line is JSON")
-}
+use common::{iadeep, succeeded_json};
 
 #[test]
 fn memory_eval_prints_both_models_as_json() {
@@ -24,12 +18,7 @@ fn memory_eval_prints_both_models_as_json() {
     std::fs::write(&csv, text).expect("write csv");
     let path = csv.to_str().expect("utf-8 path");
     let out = iadeep(&["memory", "eval", path, "--fit-upto", "16", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json = last_json_line(&out);
+    let json = succeeded_json(&out);
     assert_eq!(json["models"], 2);
     for key in ["underestimate_rate", "median_abs_rel_err", "p90_over"] {
         assert!(json[key].is_number(), "{key}");
@@ -57,12 +46,7 @@ fn tuner_bench_on_the_bundled_gavel_data() {
         "100",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json = last_json_line(&out);
+    let json = succeeded_json(&out);
     assert!(json["problems"].as_u64().expect("count") > 0);
     assert_eq!(json["first_seed"].as_u64(), Some(100));
     let problems = json["problems"].as_u64().expect("count");

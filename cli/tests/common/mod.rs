@@ -11,3 +11,16 @@ pub fn iadeep(args: &[&str]) -> Output {
         .output()
         .expect("run iadeep")
 }
+
+/// Asserts that `out` succeeded (showing its stderr if not) and parses the last
+/// line of its stdout, where every `--json` command prints its result.
+pub fn succeeded_json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().expect("some output");
+    serde_json::from_str(line).expect("last line is JSON")
+}
