@@ -708,6 +708,11 @@ impl Controller {
         &mut self.search
     }
 
+    /// The parameters it was built with.
+    pub fn params(&self) -> &ControllerParams {
+        &self.params
+    }
+
     /// Whether the search has stopped.
     pub fn is_settled(&self) -> bool {
         self.settled.is_some()

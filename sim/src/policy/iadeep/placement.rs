@@ -16,7 +16,7 @@
 //!   added is counted (the placer counts `max(reserved, footprint)`).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use iadeep_placer::model::{ModelledMemory, SlowdownEstimate, SlowdownModel};
 use iadeep_placer::{Placer, PlacerParams, Verdict};
@@ -41,23 +41,21 @@ impl SharedPredictor {
         SharedPredictor(Mutex::new(predictor))
     }
 
+    /// The predictor. A panic elsewhere while it was held cannot leave it half
+    /// updated in a way that matters to a simulation already failing, so carry on.
+    fn lock(&self) -> MutexGuard<'_, SimPredictor> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Samples accepted and refits done so far.
     pub fn counts(&self) -> (u64, u64) {
-        match self.0.lock() {
-            Ok(p) => (p.samples, p.refits),
-            Err(poisoned) => {
-                let p = poisoned.into_inner();
-                (p.samples, p.refits)
-            }
-        }
+        let p = self.lock();
+        (p.samples, p.refits)
     }
 
     /// Learns one measured co-location (refits synchronously when due).
     pub fn learn(&self, sample: CoLocationSample) {
-        match self.0.lock() {
-            Ok(mut p) => p.observe(sample),
-            Err(poisoned) => poisoned.into_inner().observe(sample),
-        }
+        self.lock().observe(sample);
     }
 }
 
@@ -68,10 +66,7 @@ impl SlowdownModel for SharedPredictor {
         task: &TaskProfile,
         corunners: &[TaskProfile],
     ) -> SlowdownEstimate {
-        let p = match self.0.lock() {
-            Ok(mut p) => p.predict(device_kind, task, corunners),
-            Err(poisoned) => poisoned.into_inner().predict(device_kind, task, corunners),
-        };
+        let p = self.lock().predict(device_kind, task, corunners);
         SlowdownEstimate {
             slowdown: p.slowdown,
             uncertainty: p.uncertainty,

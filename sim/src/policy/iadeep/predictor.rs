@@ -27,7 +27,6 @@ pub struct SimPredictor {
     /// while the model changes only at a refit, and a forest prediction costs
     /// microseconds. Emptied at each refit, so an answer is always the current model's.
     memo: HashMap<PredictionKey, Prediction>,
-    pub memo_hits: u64,
     /// Model names and device kinds as small numbers, so a memo key is all integers
     /// (building and comparing keys of strings cost more than the lookups saved).
     names: HashMap<String, u32>,
@@ -89,7 +88,6 @@ impl SimPredictor {
             samples: 0,
             at_refit: 0,
             memo: HashMap::new(),
-            memo_hits: 0,
             names: HashMap::new(),
         })
     }
@@ -109,7 +107,6 @@ impl SimPredictor {
             corunners.iter().map(|c| profile_key(names, c)).collect(),
         );
         if let Some(hit) = self.memo.get(&key) {
-            self.memo_hits += 1;
             return *hit;
         }
         let fresh = self.model.predict(kind, task, corunners);

@@ -268,7 +268,7 @@ impl DeviceTuner {
             self.finished = true;
             return Next::Done;
         }
-        let drift = ControllerParams::default().drift;
+        let drift = self.controller.params().drift;
         let drifted = if by_controller {
             // The controller applied its own test and re-opened itself.
             !self.controller.is_settled()
