@@ -4,6 +4,8 @@
 //! - [`degradation`]: the objective PD = IF·DT/E, the gradient-noise-scale estimator and the
 //!   learning-rate rules that come with a batch-size change;
 //! - [`memory`]: a conservative, monotone per-task memory model (batch size → peak MiB);
+//! - [`feasibility`]: the probability that a configuration does not run out of memory,
+//!   learned from the search's own probes and the monotonicity of memory;
 //! - [`gp`]: a Gaussian-process surrogate (Matérn-5/2, ARD, hyper-parameters by marginal
 //!   likelihood);
 //! - [`search`]: GP-LCB over the memory-feasible lattice of co-located batch sizes, with a
@@ -15,6 +17,7 @@
 pub mod daemon;
 pub mod degradation;
 pub mod error;
+pub mod feasibility;
 pub mod gavel_bench;
 pub mod gp;
 pub mod memory;
