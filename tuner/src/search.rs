@@ -469,16 +469,32 @@ impl GpLcb {
     /// The next configuration to measure (indices into the space).
     pub fn suggest(&mut self) -> Result<Vec<usize>> {
         if self.observations.is_empty() {
-            if self.feasible(&self.space.start) {
-                return Ok(self.space.start.clone());
+            // m0, else m0 halved in every task, halved again…, down to the smallest sizes:
+            // the agent's own out-of-memory fall-back halves the batch size, and the halved
+            // configuration is the closest to what the user submitted that has a fair chance
+            // to fit (the smallest sizes are often several times slower).
+            let mut divisor = 1u32;
+            loop {
+                let idx: Vec<usize> = self
+                    .space
+                    .sizes
+                    .iter()
+                    .zip(&self.space.start)
+                    .map(|(s, &i)| {
+                        let target = s[i] / divisor;
+                        s.partition_point(|&b| b <= target).saturating_sub(1)
+                    })
+                    .collect();
+                if self.feasible(&idx) {
+                    return Ok(idx);
+                }
+                if idx.iter().all(|&i| i == 0) || divisor >= 1 << 30 {
+                    return Err(TunerError::NoFeasibleConfiguration(
+                        "even the smallest batch sizes do not fit the card".to_owned(),
+                    ));
+                }
+                divisor *= 2;
             }
-            let smallest = vec![0; self.space.sizes.len()];
-            if self.feasible(&smallest) {
-                return Ok(smallest);
-            }
-            return Err(TunerError::NoFeasibleConfiguration(
-                "even the smallest batch sizes do not fit the card".to_owned(),
-            ));
         }
         let beta_sqrt = self.beta().sqrt();
         self.model()?;
@@ -1235,6 +1251,24 @@ mod tests {
                 b.step(&mut Bowl).expect("round")
             );
         }
+    }
+
+    #[test]
+    fn an_out_of_memory_start_falls_back_to_halved_sizes() {
+        // Sizes 8 … 512 per task, m0 = (128, 64): the agent halves on OOM, so does the search.
+        let mut sp = space(None);
+        sp.start = vec![4, 3];
+        let mut search = GpLcb::new(sp, LcbParams::default(), 1).expect("valid");
+        assert_eq!(search.suggest().expect("m0"), vec![4, 3]);
+        search.observe(&[4, 3], None).expect("valid");
+        assert_eq!(search.suggest().expect("halved"), vec![3, 2]);
+        search.observe(&[3, 2], None).expect("valid");
+        assert_eq!(search.suggest().expect("quartered"), vec![2, 1]);
+        search.observe(&[0, 0], None).expect("valid");
+        assert!(matches!(
+            search.suggest(),
+            Err(TunerError::NoFeasibleConfiguration(_))
+        ));
     }
 
     #[test]
