@@ -169,7 +169,8 @@ enum TunerCommand {
         #[arg(long, default_value_t = 20)]
         seeds: u64,
         /// First seed: the runs use seeds FIRST..FIRST+SEEDS. The search's defaults were
-        /// chosen with --first-seed 100; the figures to report use the default 0.
+        /// chosen with --first-seed 100 and 200 (--seeds 40); the figures to report use the
+        /// default 0.
         #[arg(long, default_value_t = 0, value_name = "FIRST")]
         first_seed: u64,
         /// Also print one JSON object on the last line of stdout.
