@@ -626,22 +626,24 @@ impl GpLcb {
             }
         }
         // Large lattice: the observed configurations and random candidates within reach of
-        // them (a random measured configuration, each task's size drawn among those within
-        // the step limit of it), then coordinate descent from the best few.
+        // the centres (the incumbent, or a random measured configuration; each task's size
+        // drawn among those within the step limit of it), then coordinate descent from the
+        // best few.
         let mut pool: Vec<(f64, Vec<usize>)> = Vec::new();
         for (idx, _) in measured {
             if allowed(idx) {
                 pool.push((score(idx), idx.clone()));
             }
         }
+        let origins = centres.len() / d;
         for _ in 0..self.params.random_candidates {
-            let (origin, _) = &measured[rng.random_range(0..measured.len())];
+            let origin = &centres[rng.random_range(0..origins) * d..][..d];
             let idx: Vec<usize> = origin
                 .iter()
                 .zip(&log2)
                 .map(|(&o, l)| {
-                    let lo = l.partition_point(|v| *v < l[o] - radius);
-                    let hi = l.partition_point(|v| *v <= l[o] + radius);
+                    let lo = l.partition_point(|v| *v < o - radius);
+                    let hi = l.partition_point(|v| *v <= o + radius);
                     rng.random_range(lo..hi.max(lo + 1))
                 })
                 .collect();
