@@ -31,7 +31,7 @@ pub struct PairProblem {
     pub sizes: [Vec<u32>; 2],
     /// Index of m0 in each task's sizes.
     pub m0_index: [usize; 2],
-    /// `values[i][j]`: Σ PD at (sizes[0][i], sizes[1][j]); `None` = failed (out of memory) or
+    /// `values[i][j]`: Σ PD at `(sizes[0][i], sizes[1][j])`; `None` = failed (out of memory) or
     /// not measured.
     pub values: Vec<Vec<Option<f64>>>,
 }

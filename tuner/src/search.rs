@@ -210,6 +210,14 @@ pub struct LcbParams {
     /// before. With a memory model (`memory: Some`) P(runs) = 1 for everything that fits it
     /// (the model is fit on measured peaks, takes out-of-memory reports in and keeps a
     /// margin, so it knows more than a few probes), and the rule reduces to plain GP-LCB.
+    ///
+    /// What it buys, measured on the Gavel benchmark with seeds 100–139 (600 runs per GPU
+    /// type, the trust region on in both): on K80 the rounds to the target fell from 2,507 to
+    /// 2,335 in all and the median/p90 from 4/9 to 3/7; on P100 from 3,135 to 2,904. It does
+    /// so by ordering, not by avoiding crashes: the share of rounds that ran out of memory
+    /// stayed at 16–17% on K80 and rose from 6% to 11% on P100. Early on the only
+    /// configurations certain to run lie below what ran, and measuring one reveals the slope
+    /// of the surface, after which the search climbs and meets the memory wall sooner.
     pub feasibility: Option<FeasibilityParams>,
     /// The GP fit.
     pub gp: GpParams,
