@@ -227,5 +227,27 @@ mod tests {
             prop_assert!(f.probability(e, Some(s + ds)) >= p - 1e-12);
             prop_assert!(f.probability(e, None) >= p - 1e-12);
         }
+
+        /// Monotone in the batch sizes themselves: growing any task's size never raises
+        /// P(runs), whatever successes and OOMs were recorded.
+        #[test]
+        fn probability_never_rises_with_a_batch_size(
+            successes in proptest::collection::vec(0.0f64..8.0, 2..10),
+            ooms in proptest::collection::vec(0.0f64..8.0, 0..8),
+            x in proptest::collection::vec(0.0f64..8.0, 2),
+            grow in 0.0f64..3.0, task in 0usize..2,
+        ) {
+            let (successes, ooms) = (&successes[..successes.len() / 2 * 2], &ooms[..ooms.len() / 2 * 2]);
+            let mut y = x.clone();
+            y[task] += grow;
+            let f = model();
+            let p = |pt: &[f64]| {
+                f.probability(
+                    excess_over(successes, pt).expect("a success"),
+                    shortfall_below(ooms, pt),
+                )
+            };
+            prop_assert!(p(&y) <= p(&x) + 1e-12, "{} > {}", p(&y), p(&x));
+        }
     }
 }
