@@ -32,8 +32,8 @@
 //! Gavel K80 and P100 samples, seeds that the reported figures (seeds 0..5) do not
 //! use.
 //!
-//! For two or more co-runners the fitted model adds the excess slowdowns it predicts
-//! for each co-runner alone ([`learner::compose_excess`]): training windows hold
+//! For two or more co-runners the fitted model multiplies the slowdowns it predicts
+//! for each co-runner alone ([`learner::compose_pairwise`]): training windows hold
 //! almost only pairs, and a forest does not extrapolate in the number of co-runners.
 
 pub mod effects;
