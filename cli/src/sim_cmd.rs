@@ -12,6 +12,8 @@ use iadeep_sim::metrics::RunMetrics;
 use iadeep_sim::{policy, report, store_sink};
 use iadeep_state::EmbeddedStore;
 
+mod audit;
+
 /// Simulate a GPU cluster on measured data and compare scheduling policies on the
 /// same job stream.
 ///
@@ -57,6 +59,13 @@ pub struct SimArgs {
     /// Print one JSON object with every policy's results as the last line of stdout.
     #[arg(long)]
     json: bool,
+    /// Diagnose iadeep's placement: record every decision of the iadeep policies (the
+    /// predicted slowdowns of the scored devices, the cold-start heuristic's for the
+    /// same co-locations, the samples the predictor had, queue or place) next to the
+    /// simulated world's true slowdowns and the real waits; writes
+    /// audit-<policy>.jsonl to --out and prints a summary per policy on stderr.
+    #[arg(long)]
+    audit: bool,
 }
 
 /// Run the 300-job, 20-GPU demo on the bundled data and print the comparison.
@@ -93,7 +102,7 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     if !args.policies.is_empty() {
         params.policies = args.policies.clone();
     }
-    simulate(params, &gavel, &args.out, args.json)?;
+    simulate(params, &gavel, &args.out, args.json, args.audit)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -113,7 +122,7 @@ pub async fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
          every policy on the same stream",
         params.worker_type
     );
-    let (experiment, runs) = simulate(params, &gavel, &args.out, false)?;
+    let (experiment, runs) = simulate(params, &gavel, &args.out, false, false)?;
     // The iadeep run, in the embedded store, as a live cluster would have it.
     if let Some(run) = runs.iter().find(|r| r.policy == "iadeep") {
         let path = args.out.join("state.redb");
@@ -139,6 +148,7 @@ fn simulate(
     gavel: &GavelThroughputs,
     out: &std::path::Path,
     json: bool,
+    audit: bool,
 ) -> anyhow::Result<(Experiment, Vec<RunMetrics>)> {
     let trace = philly::bundled().context("bundled Philly trace")?;
     let names = params.policies.clone();
@@ -162,9 +172,19 @@ fn simulate(
                 let _ = std::io::stderr().flush();
             }
         };
-        let run = experiment
-            .run_policy(policy.as_mut(), &mut progress)
-            .with_context(|| format!("simulating policy {name}"))?;
+        let run = if audit {
+            let (run, records) = experiment
+                .run_policy_audited(policy.as_mut(), &mut progress)
+                .with_context(|| format!("simulating policy {name}"))?;
+            if !records.is_empty() {
+                audit::write(out, name, &records)?;
+            }
+            run
+        } else {
+            experiment
+                .run_policy(policy.as_mut(), &mut progress)
+                .with_context(|| format!("simulating policy {name}"))?
+        };
         if show_progress {
             eprintln!();
         }

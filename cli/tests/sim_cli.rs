@@ -62,3 +62,57 @@ fn sim_rejects_bad_input_with_a_clear_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown policy \"fifo\""));
 }
+
+#[test]
+fn sim_audit_writes_each_iadeep_decision_with_the_truth_and_a_summary() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_dir = dir.path().join("out");
+    let out_arg = out_dir.to_str().expect("utf-8 path");
+    let out = iadeep(&[
+        "sim",
+        "--tasks",
+        "40",
+        "--gpus",
+        "3",
+        "--load",
+        "4",
+        "--seed",
+        "3",
+        "--max-duration-h",
+        "2",
+        "--policies",
+        "exclusive,iadeep",
+        "--out",
+        out_arg,
+        "--audit",
+        "--json",
+    ]);
+    let json = succeeded_json(&out);
+    assert_eq!(json["policies"].as_object().expect("policies").len(), 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("placement audit of iadeep"), "{stderr}");
+    // Only iadeep's placer records decisions.
+    assert!(!out_dir.join("audit-exclusive.jsonl").exists());
+    let lines = std::fs::read_to_string(out_dir.join("audit-iadeep.jsonl")).expect("audit file");
+    let records: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON record per line"))
+        .collect();
+    assert!(records.len() >= 40, "every task is decided at least once");
+    let mut shared = 0;
+    for r in &records {
+        let verdict = r["verdict"].as_str().expect("verdict");
+        assert!(verdict == "place" || verdict == "queue", "{r}");
+        assert!(
+            r["started_s"].as_f64().expect("every task started") >= r["at_s"].as_f64().expect("at")
+        );
+        for c in r["candidates"].as_array().expect("candidates") {
+            shared += 1;
+            let truth = c["truth"]["own"].as_f64().expect("true slowdown filled in");
+            assert!(truth >= 1.0 - 1e-9, "{c}");
+            assert!(c["predicted"]["own"].as_f64().expect("prediction") > 0.0);
+            assert!(c["heuristic"]["own"].as_f64().expect("heuristic") >= 1.0);
+        }
+    }
+    assert!(shared > 0, "4x load on 3 GPUs scores shared devices");
+}

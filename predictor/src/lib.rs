@@ -31,6 +31,10 @@
 //! 12) were selected with `iadeep predictor eval --seed-offset 100 --seeds 40` on the
 //! Gavel K80 and P100 samples, seeds that the reported figures (seeds 0..5) do not
 //! use.
+//!
+//! For two or more co-runners the fitted model multiplies the slowdowns it predicts
+//! for each co-runner alone ([`learner::compose_pairwise`]): training windows hold
+//! almost only pairs, and a forest does not extrapolate in the number of co-runners.
 
 pub mod effects;
 pub mod error;

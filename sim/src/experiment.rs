@@ -3,6 +3,7 @@
 use iadeep_datasets::gavel::GavelThroughputs;
 use iadeep_datasets::philly::PhillyJob;
 
+use crate::audit::{self, AuditRecord};
 use crate::engine::{Engine, EngineParams};
 use crate::error::{Result, SimError};
 use crate::metrics::RunMetrics;
@@ -112,5 +113,20 @@ impl Experiment {
             "policy run finished"
         );
         Ok(metrics)
+    }
+
+    /// Runs one policy with the placement audit on: its decisions, with the world's
+    /// slowdowns and the real start times filled in (see [`crate::audit`]). Empty for
+    /// policies that do not record decisions.
+    pub fn run_policy_audited(
+        &self,
+        policy: &mut dyn Policy,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(RunMetrics, Vec<AuditRecord>)> {
+        policy.enable_audit();
+        let metrics = self.run_policy(policy, progress)?;
+        let mut records = policy.take_audit();
+        audit::fill_truth(&mut records, &self.world, &self.workload, &metrics.tasks);
+        Ok((metrics, records))
     }
 }

@@ -19,8 +19,10 @@
 //! - [`experiment`]: one world, one stream, many policies;
 //! - [`metrics`], [`report`]: completion times, makespan, utilisation, crashes, tuning
 //!   rounds, decision latency; table, CSV, JSON, SVG plots;
+//! - [`audit`]: iadeep's placement decisions next to the world's truth (diagnosis);
 //! - [`store_sink`]: a finished run written to a state store in iadeep's key layout.
 
+pub mod audit;
 pub mod engine;
 pub mod error;
 pub mod experiment;

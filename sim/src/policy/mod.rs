@@ -88,6 +88,15 @@ pub trait Policy {
     /// A task finished on `device`.
     fn on_finish(&mut self, _device: usize, _task: usize) {}
 
+    /// Starts recording placement decisions for the audit ([`crate::audit`]); policies
+    /// without a placement model to audit ignore it.
+    fn enable_audit(&mut self) {}
+
+    /// The decisions recorded since the audit was enabled (truth not yet filled in).
+    fn take_audit(&mut self) -> Vec<crate::audit::AuditRecord> {
+        Vec::new()
+    }
+
     /// What the policy learned or did internally, for the run's log line (e.g. how
     /// many samples its predictor got); empty when there is nothing to say.
     fn diagnostics(&self) -> String {

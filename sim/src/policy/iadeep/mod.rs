@@ -57,6 +57,9 @@ pub struct Iadeep {
     /// The predictor the policy learns into; `None` in the no-predictor ablation.
     predictor: Option<Arc<SharedPredictor>>,
     placement: SimPlacement,
+    /// The model the placer scores with (the learning predictor, or in the
+    /// no-predictor ablation one that never learns), for the audit's sample counts.
+    scoring: Arc<SharedPredictor>,
     tuners: HashMap<usize, DeviceTuner>,
     seed: u64,
     searches: u64,
@@ -108,7 +111,8 @@ impl Iadeep {
             variant,
             knowledge: Knowledge::default(),
             predictor,
-            placement: SimPlacement::new(model)?,
+            placement: SimPlacement::new(model.clone())?,
+            scoring: model,
             tuners: HashMap::new(),
             seed,
             searches: 0,
@@ -199,7 +203,15 @@ impl Policy for Iadeep {
             return Decision::Queue;
         }
         self.knowledge.submit(task.spec);
+        let recorded = self.placement.audit.as_ref().map(Vec::len);
         let decision = self.placement.decide(view, task);
+        if let Some(audit) = self.placement.audit.as_mut()
+            && Some(audit.len()) != recorded
+            && let Some(record) = audit.last_mut()
+        {
+            record.model_samples = self.scoring.model_samples();
+            record.samples_seen = self.scoring.counts().0;
+        }
         match (decision, self.placement.retry_after) {
             (Decision::Queue, Some(retry)) => {
                 self.holds.insert(
@@ -274,6 +286,18 @@ impl Policy for Iadeep {
             tuner.oom = true;
         }
         OomAction::RestartHalf
+    }
+
+    fn enable_audit(&mut self) {
+        self.placement.audit.get_or_insert_with(Vec::new);
+    }
+
+    fn take_audit(&mut self) -> Vec<crate::audit::AuditRecord> {
+        self.placement
+            .audit
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     fn diagnostics(&self) -> String {

@@ -19,12 +19,15 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use iadeep_placer::model::{ModelledMemory, SlowdownEstimate, SlowdownModel};
+use iadeep_placer::policy::{Assessment, solo_duration_s};
+use iadeep_placer::view::profile_of;
 use iadeep_placer::{Placer, PlacerParams, Verdict};
 use iadeep_proto::{
     CoLocationSample, DeviceInfo, DeviceResidents, Reservation, SoloProfile, TaskProfile,
     TaskReport, TaskSpec as ProtoSpec,
 };
 
+use crate::audit::{AuditCandidate, AuditRecord, Slowdowns};
 use crate::policy::Decision;
 use crate::policy::iadeep::predictor::SimPredictor;
 use crate::view::{ClusterView, Resident, TaskSpec, Waiting};
@@ -45,6 +48,11 @@ impl SharedPredictor {
     /// updated in a way that matters to a simulation already failing, so carry on.
     fn lock(&self) -> MutexGuard<'_, SimPredictor> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Samples the current model was fitted on (0 while it is the cold-start heuristic).
+    pub fn model_samples(&self) -> usize {
+        self.lock().model_samples()
     }
 
     /// Samples accepted and refits done so far.
@@ -181,6 +189,8 @@ pub struct SimPlacement {
     waiting_version: Option<u64>,
     /// The retry hint of the last decision, when the placer said "queue".
     pub retry_after: Option<std::time::Duration>,
+    /// Decisions recorded for the placement audit, when it is on (see [`crate::audit`]).
+    pub audit: Option<Vec<AuditRecord>>,
 }
 
 impl SimPlacement {
@@ -200,6 +210,7 @@ impl SimPlacement {
             waiting: HashSet::new(),
             waiting_version: None,
             retry_after: None,
+            audit: None,
         })
     }
 
@@ -315,6 +326,17 @@ impl SimPlacement {
             self.placer.params().max_scored_devices,
         );
         let verdict = self.placer.verdict(&spec, &assessment);
+        if let Some(records) = self.audit.as_mut() {
+            records.push(audit_record(
+                &self.placer,
+                &self.view,
+                view,
+                task,
+                &spec,
+                &assessment,
+                &verdict,
+            ));
+        }
         match verdict {
             Verdict::Place {
                 device_id,
@@ -353,6 +375,11 @@ impl SimPlacement {
                         "too large for the placer's margin; runs alone"
                     );
                     self.start_batch.insert(task.spec.id, task.batch_size);
+                    if let Some(record) = self.audit.as_mut().and_then(|a| a.last_mut()) {
+                        record.verdict = "place";
+                        record.device = Some(device);
+                        record.placed_idle = true;
+                    }
                     return Decision::Place {
                         device,
                         batch_size: task.batch_size,
@@ -370,5 +397,134 @@ impl SimPlacement {
         self.reserved.remove(&task);
         self.start_batch.remove(&task);
         self.view.remove_report(&task_key(task));
+    }
+}
+
+/// A slowdown model as a function: (slowdown, uncertainty) of a task next to co-runners.
+type Predict<'a> = dyn Fn(&TaskProfile, &[TaskProfile]) -> (f64, f64) + 'a;
+
+/// The slowdowns `predict` gives the newcomer `new` and each resident of `profiles`
+/// (with the newcomer and among themselves): the inputs of the placer's score.
+fn slowdowns(
+    predict: &Predict<'_>,
+    new: &TaskProfile,
+    profiles: &[TaskProfile],
+) -> (Slowdowns, f64) {
+    let others = |i: usize| -> Vec<TaskProfile> {
+        profiles
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, p)| p.clone())
+            .collect()
+    };
+    let (own, own_sd) = predict(new, profiles);
+    let mut variance = own_sd * own_sd;
+    let mut with = Vec::with_capacity(profiles.len());
+    let mut without = Vec::with_capacity(profiles.len());
+    for (i, me) in profiles.iter().enumerate() {
+        let mut co = others(i);
+        without.push(predict(me, &co).0);
+        co.push(new.clone());
+        let (w, sd) = predict(me, &co);
+        variance += sd * sd;
+        with.push(w);
+    }
+    (Slowdowns { own, with, without }, variance.sqrt())
+}
+
+/// What the placer knew for one decision, for the placement audit: the scored shared
+/// candidates at the head of the ranking, each with the slowdowns the placer's model
+/// and the cold-start heuristic predict (asked again with the placer's own inputs).
+fn audit_record(
+    placer: &Placer,
+    placer_view: &iadeep_placer::ClusterView,
+    view: &dyn ClusterView,
+    task: Waiting<'_>,
+    spec: &ProtoSpec,
+    assessment: &Assessment<'_>,
+    verdict: &Verdict,
+) -> AuditRecord {
+    let kind = view.device_kind();
+    let new = profile_of(spec, None);
+    let model = placer.slowdown_model();
+    let learned = |t: &TaskProfile, co: &[TaskProfile]| {
+        let p = model.predict(kind, t, co);
+        (p.slowdown, p.uncertainty)
+    };
+    let heuristic = |t: &TaskProfile, co: &[TaskProfile]| {
+        if co.is_empty() {
+            return (1.0, 0.0);
+        }
+        let p = iadeep_predictor::heuristic::predict(t, co);
+        (p.slowdown, p.uncertainty)
+    };
+    let head = placer.params().explain_top_k.max(1);
+    let candidates = assessment
+        .candidates
+        .iter()
+        .take(head)
+        .filter(|c| !c.idle)
+        .filter_map(|c| {
+            let device_state = placer_view.device(c.device_id)?;
+            let profiles = &device_state.summary().profiles;
+            let residents = device_state
+                .residents
+                .iter()
+                .zip(profiles)
+                .map(|(r, p)| {
+                    let id = r
+                        .reservation
+                        .task_id
+                        .strip_prefix("task-")
+                        .and_then(|t| t.parse().ok())
+                        .unwrap_or(usize::MAX);
+                    (id, p.batch_size)
+                })
+                .collect();
+            let (predicted, uncertainty) = slowdowns(&learned, &new, profiles);
+            Some(AuditCandidate {
+                device: c.device_id.strip_prefix("gpu-")?.parse().ok()?,
+                residents,
+                predicted,
+                uncertainty,
+                rank: c.rank,
+                heuristic: slowdowns(&heuristic, &new, profiles).0,
+                truth: None,
+            })
+        })
+        .collect();
+    let (verdict, device) = match verdict {
+        Verdict::Place { device_id, .. } => (
+            "place",
+            device_id
+                .strip_prefix("gpu-")
+                .and_then(|d| d.parse::<usize>().ok()),
+        ),
+        Verdict::Queue { .. } => ("queue", None),
+    };
+    AuditRecord {
+        at_s: view.now_s(),
+        task: task.spec.id,
+        batch_size: task.batch_size,
+        verdict,
+        device,
+        placed_idle: device.is_some_and(|d| view.resident_count(d) == 0),
+        idle_available: assessment.candidates.iter().any(|c| c.idle),
+        model_samples: 0,
+        samples_seen: 0,
+        waiting_ahead: assessment.waiting_ahead,
+        wait_s: assessment.wait_s,
+        duration_s: solo_duration_s(spec)
+            .unwrap_or(placer.params().assumed_task_duration.as_secs_f64()),
+        candidates,
+        rejected: assessment.rejected.iter().fold(
+            std::collections::BTreeMap::new(),
+            |mut counts, (_, why)| {
+                *counts.entry(why.kind()).or_default() += 1;
+                counts
+            },
+        ),
+        started_s: None,
     }
 }

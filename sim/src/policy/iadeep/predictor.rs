@@ -92,6 +92,11 @@ impl SimPredictor {
         })
     }
 
+    /// Samples the current model was fitted on (0 while it is the cold-start heuristic).
+    pub fn model_samples(&self) -> usize {
+        self.model.n_samples()
+    }
+
     /// Predicted slowdown of `task` next to `corunners` on a `kind` GPU: exactly what
     /// the current model says, remembered until the next refit (see `memo`).
     pub fn predict(

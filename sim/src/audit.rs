@@ -1,0 +1,406 @@
+//! Placement audit: every decision of iadeep's placer next to what the simulated world
+//! says would really have happened, to find out where predicted slowdowns lead the
+//! placer astray (issue 7: the learned predictor made placement worse than its own
+//! cold-start heuristic).
+//!
+//! The policy records what it knew when it decided ([`AuditRecord`]: the scored
+//! candidates with the predicted slowdowns of the newcomer and of each resident, the
+//! same numbers under the cold-start heuristic, the samples its model was fitted on,
+//! the queue-or-place inputs). It never sees the ground truth: after the run,
+//! [`fill_truth`] adds the world's slowdowns for exactly those co-locations and batch
+//! sizes, and the time each queued task really waited. [`AuditSummary`] condenses a
+//! run into the few numbers that say whether the predictions, the ranking and the
+//! queue-or-place rule were right.
+//!
+//! Off by default (`iadeep sim --audit`): recording costs a few predictions per
+//! decision, and the records are only for diagnosis.
+
+use serde::Serialize;
+
+use crate::metrics::TaskOutcome;
+use crate::workload::TaskTemplate;
+use crate::world::World;
+
+/// Predicted or true slowdowns of one candidate co-location.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Slowdowns {
+    /// Slowdown of the newcomer next to the residents.
+    pub own: f64,
+    /// Each resident's slowdown with the newcomer.
+    pub with: Vec<f64>,
+    /// Each resident's slowdown among the residents alone.
+    pub without: Vec<f64>,
+}
+
+impl Slowdowns {
+    /// Increase of the device's Σ PD at fixed batch sizes (PD = IF): the placer's score.
+    pub fn pd_increase(&self) -> f64 {
+        self.own
+            + self
+                .with
+                .iter()
+                .zip(&self.without)
+                .map(|(w, o)| w - o)
+                .sum::<f64>()
+    }
+
+    /// Gain of the device's combined normalised throughput Σ 1/IF when the newcomer
+    /// joins: the placer's throughput guard.
+    pub fn throughput_gain(&self) -> f64 {
+        1.0 / self.own + self.with.iter().map(|s| 1.0 / s).sum::<f64>()
+            - self.without.iter().map(|s| 1.0 / s).sum::<f64>()
+    }
+}
+
+/// One shared device the placer scored for a task.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct AuditCandidate {
+    pub device: usize,
+    /// The residents as the placer saw them: (task id, batch size).
+    pub residents: Vec<(usize, u32)>,
+    /// What the placer's slowdown model predicted.
+    pub predicted: Slowdowns,
+    /// The model's uncertainty of the Σ PD increase, as the placer combined it.
+    pub uncertainty: f64,
+    /// The placer's rank (increase + weight × uncertainty); the lowest is chosen.
+    pub rank: f64,
+    /// What the predictor's cold-start heuristic predicts for the same co-location.
+    pub heuristic: Slowdowns,
+    /// The simulated world's slowdowns (filled after the run).
+    pub truth: Option<Slowdowns>,
+}
+
+/// One placement decision.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct AuditRecord {
+    /// Simulated time of the decision, s.
+    pub at_s: f64,
+    pub task: usize,
+    /// Batch size the task would start at.
+    pub batch_size: u32,
+    /// `place` or `queue`.
+    pub verdict: &'static str,
+    /// Where it was placed.
+    pub device: Option<usize>,
+    /// The chosen device was idle.
+    pub placed_idle: bool,
+    /// An idle device could take the task.
+    pub idle_available: bool,
+    /// Samples the predictor's current model was fitted on (0: cold-start heuristic).
+    pub model_samples: usize,
+    /// Co-location samples the predictor had accepted so far.
+    pub samples_seen: u64,
+    /// Tasks waiting ahead of this one.
+    pub waiting_ahead: usize,
+    /// The wait W the queue-or-place rule weighed, s.
+    pub wait_s: Option<f64>,
+    /// The task's solo duration D the rule used, s.
+    pub duration_s: f64,
+    /// The scored shared devices, best first (at most the placer's explanation size).
+    pub candidates: Vec<AuditCandidate>,
+    /// Devices the placer rejected, counted by reason (`Rejection::kind`).
+    pub rejected: std::collections::BTreeMap<&'static str, usize>,
+    /// When the task really started (filled after the run), s.
+    pub started_s: Option<f64>,
+}
+
+/// Adds the world's slowdowns to every candidate and each task's real start time.
+///
+/// `workload` gives each task id's family; the batch sizes are those recorded, so the
+/// truth is for exactly the co-location the placer scored.
+pub fn fill_truth(
+    records: &mut [AuditRecord],
+    world: &World,
+    workload: &[TaskTemplate],
+    outcomes: &[TaskOutcome],
+) {
+    let catalogue = &world.catalogue;
+    let type_of = |task: usize, batch: u32| {
+        workload
+            .get(task)
+            .and_then(|t| catalogue.type_of(t.family, batch))
+    };
+    let slowdown = |job, others: &[usize]| {
+        let factor: f64 = others.iter().map(|o| catalogue.ratio(job, *o)).product();
+        1.0 / factor
+    };
+    for record in records.iter_mut() {
+        record.started_s = outcomes
+            .iter()
+            .find(|o| o.id == record.task)
+            .map(|o| o.start_s);
+        let Some(new) = type_of(record.task, record.batch_size) else {
+            continue;
+        };
+        for c in &mut record.candidates {
+            let residents: Option<Vec<usize>> =
+                c.residents.iter().map(|(t, b)| type_of(*t, *b)).collect();
+            let Some(residents) = residents else {
+                continue;
+            };
+            let others = |i: usize| -> Vec<usize> {
+                residents
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, t)| *t)
+                    .collect()
+            };
+            c.truth = Some(Slowdowns {
+                own: slowdown(new, &residents),
+                with: (0..residents.len())
+                    .map(|i| {
+                        let mut o = others(i);
+                        o.push(new);
+                        slowdown(residents[i], &o)
+                    })
+                    .collect(),
+                without: (0..residents.len())
+                    .map(|i| slowdown(residents[i], &others(i)))
+                    .collect(),
+            });
+        }
+    }
+}
+
+/// Mean of a list (NaN when empty, printed as such).
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len() as f64
+}
+
+/// Error statistics of one predictor against the truth over some candidates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ErrorStats {
+    pub n: usize,
+    /// Mean absolute percentage error of the newcomer's slowdown.
+    pub own_mape: f64,
+    /// Mean of predicted / true − 1 of the newcomer's slowdown (negative: optimistic).
+    pub own_bias: f64,
+    /// Mean of predicted − true Σ PD increase.
+    pub pd_increase_bias: f64,
+    /// Mean of predicted − true throughput gain (positive: co-location looks better).
+    pub gain_bias: f64,
+}
+
+fn errors(pairs: &[(&Slowdowns, &Slowdowns)]) -> ErrorStats {
+    let own: Vec<f64> = pairs.iter().map(|(p, t)| p.own / t.own - 1.0).collect();
+    ErrorStats {
+        n: pairs.len(),
+        own_mape: mean(&own.iter().map(|e| e.abs()).collect::<Vec<_>>()),
+        own_bias: mean(&own),
+        pd_increase_bias: mean(
+            &pairs
+                .iter()
+                .map(|(p, t)| p.pd_increase() - t.pd_increase())
+                .collect::<Vec<_>>(),
+        ),
+        gain_bias: mean(
+            &pairs
+                .iter()
+                .map(|(p, t)| p.throughput_gain() - t.throughput_gain())
+                .collect::<Vec<_>>(),
+        ),
+    }
+}
+
+/// One run's audit condensed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct AuditSummary {
+    pub decisions: usize,
+    pub placed_idle: usize,
+    pub placed_shared: usize,
+    pub queued: usize,
+    /// Queue decisions with an idle device free (never: an idle device always wins).
+    pub queued_with_idle: usize,
+    /// Every scored candidate: the placer's model, with the model fitted (≥ 1 sample).
+    pub model_fitted: ErrorStats,
+    /// Every scored candidate while the model was the cold-start heuristic.
+    pub model_cold: ErrorStats,
+    /// The heuristic on the very same candidates as `model_fitted`.
+    pub heuristic_on_fitted: ErrorStats,
+    /// Shared placements whose true throughput gain was below the placer's minimum
+    /// (the guard would have rejected them had it known the truth).
+    pub shared_bad_gain: usize,
+    /// Shared placements: mean true throughput gain.
+    pub shared_true_gain: f64,
+    /// Decisions with ≥ 2 scored candidates whose chosen candidate had the lowest true
+    /// Σ PD increase among them.
+    pub ranked: usize,
+    pub ranked_best: usize,
+    /// Queue decisions where placing on the best candidate would truly have cost less
+    /// (true excess × D) than the wait that followed (start − decision).
+    pub queue_regretted: usize,
+    /// Queue decisions: mean predicted W, mean real wait, mean true cost of placing, s.
+    pub queue_wait_pred_s: f64,
+    pub queue_wait_real_s: f64,
+    pub queue_place_cost_true_s: f64,
+    pub queue_place_cost_pred_s: f64,
+    /// Shared placements with a known W whose true cost of placing was above W.
+    pub shared_regretted: usize,
+}
+
+impl AuditSummary {
+    /// Condenses records with the truth filled in; `min_gain` is the placer's
+    /// throughput-gain guard.
+    pub fn of(records: &[AuditRecord], min_gain: f64) -> AuditSummary {
+        let mut s = AuditSummary {
+            decisions: records.len(),
+            ..AuditSummary::default()
+        };
+        let mut fitted = Vec::new();
+        let mut cold = Vec::new();
+        let mut heuristic = Vec::new();
+        let mut shared_gain = Vec::new();
+        let (mut w_pred, mut w_real, mut c_true, mut c_pred) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for r in records {
+            for c in &r.candidates {
+                if let Some(t) = &c.truth {
+                    if r.model_samples > 0 {
+                        fitted.push((&c.predicted, t));
+                        heuristic.push((&c.heuristic, t));
+                    } else {
+                        cold.push((&c.predicted, t));
+                    }
+                }
+            }
+            let best = r.candidates.first();
+            let true_cost =
+                |c: &AuditCandidate| c.truth.as_ref().map(|t| (t.pd_increase() - 1.0).max(0.0));
+            match (r.verdict, r.placed_idle) {
+                ("place", true) => s.placed_idle += 1,
+                ("place", false) => {
+                    s.placed_shared += 1;
+                    if let Some(t) = best.and_then(|c| c.truth.as_ref()) {
+                        let gain = t.throughput_gain();
+                        shared_gain.push(gain);
+                        if gain < min_gain {
+                            s.shared_bad_gain += 1;
+                        }
+                    }
+                    if let (Some(w), Some(cost)) = (r.wait_s, best.and_then(true_cost))
+                        && cost * r.duration_s > w
+                    {
+                        s.shared_regretted += 1;
+                    }
+                }
+                _ => {
+                    s.queued += 1;
+                    if r.idle_available {
+                        s.queued_with_idle += 1;
+                    }
+                    if let (Some(best), Some(started)) = (best, r.started_s) {
+                        let waited = started - r.at_s;
+                        if let Some(cost) = true_cost(best) {
+                            let cost = cost * r.duration_s;
+                            if cost < waited {
+                                s.queue_regretted += 1;
+                            }
+                            c_true.push(cost);
+                            c_pred
+                                .push((best.predicted.pd_increase() - 1.0).max(0.0) * r.duration_s);
+                            w_real.push(waited);
+                            w_pred.push(r.wait_s.unwrap_or(f64::NAN));
+                        }
+                    }
+                }
+            }
+            if r.candidates.len() >= 2
+                && r.candidates.iter().all(|c| c.truth.is_some())
+                && !r.idle_available
+            {
+                s.ranked += 1;
+                let truth = |c: &AuditCandidate| {
+                    c.truth
+                        .as_ref()
+                        .map_or(f64::INFINITY, Slowdowns::pd_increase)
+                };
+                let lowest = r.candidates.iter().map(truth).fold(f64::INFINITY, f64::min);
+                if truth(&r.candidates[0]) <= lowest + 1e-9 {
+                    s.ranked_best += 1;
+                }
+            }
+        }
+        s.model_fitted = errors(&fitted);
+        s.model_cold = errors(&cold);
+        s.heuristic_on_fitted = errors(&heuristic);
+        s.shared_true_gain = mean(&shared_gain);
+        s.queue_wait_pred_s = mean(&w_pred);
+        s.queue_wait_real_s = mean(&w_real);
+        s.queue_place_cost_true_s = mean(&c_true);
+        s.queue_place_cost_pred_s = mean(&c_pred);
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pd_increase_and_gain_follow_the_placer_formulas() {
+        // Two residents at 1.2 each; the newcomer makes them 1.5 and runs at 1.6.
+        let s = Slowdowns {
+            own: 1.6,
+            with: vec![1.5, 1.5],
+            without: vec![1.2, 1.2],
+        };
+        assert!((s.pd_increase() - (1.6 + 0.6)).abs() < 1e-12);
+        let gain = 1.0 / 1.6 + 2.0 / 1.5 - 2.0 / 1.2;
+        assert!((s.throughput_gain() - gain).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_summary_counts_verdicts_and_judges_the_ranking_by_the_truth() {
+        let cand = |device, pred: f64, truth: f64| AuditCandidate {
+            device,
+            residents: vec![(9, 32)],
+            predicted: Slowdowns {
+                own: pred,
+                with: vec![pred],
+                without: vec![1.0],
+            },
+            heuristic: Slowdowns {
+                own: 1.2,
+                with: vec![1.2],
+                without: vec![1.0],
+            },
+            truth: Some(Slowdowns {
+                own: truth,
+                with: vec![truth],
+                without: vec![1.0],
+            }),
+            ..AuditCandidate::default()
+        };
+        let placed = AuditRecord {
+            verdict: "place",
+            device: Some(0),
+            model_samples: 50,
+            // Chosen by prediction (1.3 < 1.4) but truly worse (1.9 > 1.5).
+            candidates: vec![cand(0, 1.3, 1.9), cand(1, 1.4, 1.5)],
+            wait_s: Some(100.0),
+            duration_s: 1000.0,
+            ..AuditRecord::default()
+        };
+        let queued = AuditRecord {
+            verdict: "queue",
+            at_s: 10.0,
+            started_s: Some(5000.0),
+            candidates: vec![cand(0, 2.0, 1.1)],
+            duration_s: 1000.0,
+            ..AuditRecord::default()
+        };
+        let s = AuditSummary::of(&[placed, queued], 0.1);
+        assert_eq!((s.decisions, s.placed_shared, s.queued), (2, 1, 1));
+        assert_eq!((s.ranked, s.ranked_best), (1, 0));
+        // True gain of the chosen pair: 2 / 1.9 − 1 < 0.1.
+        assert_eq!(s.shared_bad_gain, 1);
+        // True cost 0.8 × 1000 s > W = 100 s.
+        assert_eq!(s.shared_regretted, 1);
+        // Placing would have cost 0.2 × 1000 s, the wait was 4990 s.
+        assert_eq!(s.queue_regretted, 1);
+        assert_eq!(s.model_fitted.n, 2);
+        assert_eq!(s.model_cold.n, 1);
+        assert!(s.model_fitted.own_bias < 0.0);
+    }
+}
