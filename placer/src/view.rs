@@ -82,9 +82,13 @@ fn finish_at(spec: &TaskSpec, report: &TaskReport) -> Option<i64> {
 /// size it currently runs at if it has reported (scaling the solo step time
 /// linearly in the batch size, the best a placer can do without a model of it).
 ///
-/// The model name is left empty on purpose: it is never a feature (a name says
-/// nothing about a model never seen before), and copying it for every
-/// co-location a decision evaluates was most of the decision's time.
+/// The model name goes with it: it is never a tree or line feature (a name says
+/// nothing about a model never seen before), but the predictor's per-job effects
+/// are keyed by it (a model it has samples of is corrected by how much more it
+/// slows and is slowed than its profile says; an unknown name gets no
+/// correction), and the tuners write their samples with it. The hot path copies
+/// it into reused buffers (`copy_profile` in `policy.rs`), so it costs no
+/// allocation per evaluated co-location.
 pub fn profile_of(spec: &TaskSpec, report: Option<&TaskReport>) -> TaskProfile {
     let solo = spec.profile.clone().unwrap_or_default();
     let profile_batch = if solo.batch_size > 0 {
@@ -102,7 +106,7 @@ pub fn profile_of(spec: &TaskSpec, report: Option<&TaskReport>) -> TaskProfile {
         (None, _) => 0.0,
     };
     TaskProfile {
-        model: String::new(),
+        model: spec.model.clone(),
         batch_size,
         solo_step_time_s,
         sm_util_pct: solo.sm_util_pct,
