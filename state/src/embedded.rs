@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 
 use crate::error::{Result, StateError};
 use crate::store::{
-    CasOutcome, Expect, KeyValue, LeaseId, RangeSnapshot, Revision, StateStore, WatchEvent,
+    KeyValue, LeaseId, RangeSnapshot, Revision, StateStore, Txn, TxnOp, TxnOutcome, WatchEvent,
     WatchStream, lease_ttl_secs,
 };
 
@@ -208,16 +208,20 @@ fn decode_event(revision: Revision, bytes: &[u8]) -> Result<WatchEvent> {
     }
 }
 
-/// One change inside a write.
-enum Change {
-    Put {
-        key: String,
-        value: Vec<u8>,
-        lease: Option<LeaseId>,
-    },
-    Delete {
-        key: String,
-    },
+/// What applying one [`Txn`] inside a batch did.
+#[derive(Clone, Debug)]
+struct Applied {
+    outcome: TxnOutcome,
+    /// Whether it wrote anything (a committed transaction of deletes of absent keys
+    /// does not advance the revision, as in etcd).
+    changed: bool,
+}
+
+/// A transaction whose comparisons held, with the records its operations replace,
+/// read before anything is written so a corrupt record fails only its own
+/// transaction and never leaves one half-applied.
+struct Prepared {
+    ops: Vec<(TxnOp, Option<Record>)>,
 }
 
 impl EmbeddedStore {
@@ -322,7 +326,7 @@ impl EmbeddedStore {
                 let (key, bytes) = entry.map_err(|e| self.db_err(e))?;
                 let (record, _) = Record::decode(key.value(), bytes.value())?;
                 if record.lease.is_some() {
-                    orphans.push(Change::Delete {
+                    orphans.push(TxnOp::Delete {
                         key: key.value().to_owned(),
                     });
                 }
@@ -331,7 +335,11 @@ impl EmbeddedStore {
         if !orphans.is_empty() {
             let count = orphans.len();
             let mut shared = self.lock();
-            self.apply(&mut shared, orphans)?;
+            let txn = Txn {
+                compares: Vec::new(),
+                ops: orphans,
+            };
+            self.apply_one(&mut shared, txn)?;
             tracing::info!(
                 store = %self.inner.location,
                 keys = count,
@@ -369,66 +377,104 @@ impl EmbeddedStore {
         }
     }
 
-    /// Applies `changes` atomically at one new revision, records and broadcasts the
-    /// events. Returns the new revision, or `None` when nothing changed (deleting
-    /// absent keys does not advance the revision, as in etcd).
-    fn apply(&self, shared: &mut Shared, changes: Vec<Change>) -> Result<Option<Revision>> {
-        let revision = shared.revision + 1;
-        let mut events = Vec::with_capacity(changes.len());
+    /// Applies one transaction on its own (one commit).
+    fn apply_one(&self, shared: &mut Shared, txn: Txn) -> Result<Applied> {
+        let mut results = self.apply_batch(shared, vec![txn])?;
+        results.pop().unwrap_or_else(|| {
+            Err(StateError::Embedded {
+                path: self.inner.location.clone(),
+                reason: "a batch of one transaction produced no outcome".into(),
+            })
+        })
+    }
+
+    /// Applies `txns` in order in ONE redb write transaction, i.e. one durable
+    /// commit; each committed transaction gets its own revision, and each one's
+    /// comparisons are evaluated against the state the earlier ones left (reads
+    /// inside a redb write transaction see its own uncommitted writes), exactly as
+    /// if they had been committed one by one. Events are recorded, lease
+    /// bookkeeping updated and watchers told only once the commit is durable.
+    ///
+    /// The outer error means the commit itself failed: nothing of the batch was
+    /// written. An inner error (a duplicate key, a lease that is gone, a corrupt
+    /// record among the keys a transaction reads) fails that transaction only,
+    /// before it wrote anything.
+    fn apply_batch(&self, shared: &mut Shared, txns: Vec<Txn>) -> Result<Vec<Result<Applied>>> {
+        let mut revision = shared.revision;
+        let mut results = Vec::with_capacity(txns.len());
+        let mut events: Vec<WatchEvent> = Vec::new();
         // Lease bookkeeping is only touched after the commit succeeded.
         let mut lease_moves: Vec<(String, Option<LeaseId>, Option<LeaseId>)> = Vec::new();
-        let txn = self.inner.db.begin_write().map_err(|e| self.db_err(e))?;
+        let mut oldest = shared.oldest_event_revision;
+        let write = self.inner.db.begin_write().map_err(|e| self.db_err(e))?;
         {
-            let mut kv = txn.open_table(KV).map_err(|e| self.db_err(e))?;
-            for change in changes {
-                match change {
-                    Change::Put { key, value, lease } => {
-                        let previous = match kv.get(key.as_str()).map_err(|e| self.db_err(e))? {
-                            Some(bytes) => Some(Record::decode(&key, bytes.value())?.0),
-                            None => None,
-                        };
-                        let record = Record {
-                            create_revision: previous.map_or(revision, |p| p.create_revision),
-                            mod_revision: revision,
-                            version: previous.map_or(1, |p| p.version + 1),
-                            lease,
-                        };
-                        kv.insert(key.as_str(), record.encode(&value).as_slice())
-                            .map_err(|e| self.db_err(e))?;
-                        lease_moves.push((key.clone(), previous.and_then(|p| p.lease), lease));
-                        events.push(WatchEvent::Put(record.into_kv(key, value)));
+            let mut kv = write.open_table(KV).map_err(|e| self.db_err(e))?;
+            let mut log = write.open_table(EVENTS).map_err(|e| self.db_err(e))?;
+            for txn in txns {
+                let prepared = match self.prepare(shared, &kv, txn) {
+                    Ok(Ok(prepared)) => prepared,
+                    Ok(Err(current)) => {
+                        results.push(Ok(Applied {
+                            outcome: TxnOutcome::Failed { current },
+                            changed: false,
+                        }));
+                        continue;
                     }
-                    Change::Delete { key } => {
-                        let removed = match kv.remove(key.as_str()).map_err(|e| self.db_err(e))? {
-                            Some(bytes) => Some(Record::decode(&key, bytes.value())?.0),
-                            None => None,
-                        };
-                        if let Some(previous) = removed {
-                            lease_moves.push((key.clone(), previous.lease, None));
-                            events.push(WatchEvent::Delete { key, revision });
+                    Err(err) => {
+                        results.push(Err(err));
+                        continue;
+                    }
+                };
+                let at = revision + 1;
+                let mut index = 0u32;
+                for (op, previous) in prepared.ops {
+                    let event = match op {
+                        TxnOp::Put { key, value, lease } => {
+                            let record = Record {
+                                create_revision: previous.map_or(at, |p| p.create_revision),
+                                mod_revision: at,
+                                version: previous.map_or(1, |p| p.version + 1),
+                                lease,
+                            };
+                            kv.insert(key.as_str(), record.encode(&value).as_slice())
+                                .map_err(|e| self.db_err(e))?;
+                            lease_moves.push((key.clone(), previous.and_then(|p| p.lease), lease));
+                            WatchEvent::Put(record.into_kv(key, value))
                         }
-                    }
+                        TxnOp::Delete { key } => {
+                            let Some(previous) = previous else {
+                                continue; // deleting an absent key changes nothing
+                            };
+                            kv.remove(key.as_str()).map_err(|e| self.db_err(e))?;
+                            lease_moves.push((key.clone(), previous.lease, None));
+                            WatchEvent::Delete { key, revision: at }
+                        }
+                    };
+                    log.insert((at, index), encode_event(&event).as_slice())
+                        .map_err(|e| self.db_err(e))?;
+                    index += 1;
+                    events.push(event);
                 }
+                let changed = index > 0;
+                if changed {
+                    revision = at;
+                }
+                results.push(Ok(Applied {
+                    outcome: TxnOutcome::Committed { revision },
+                    changed,
+                }));
             }
-            if events.is_empty() {
-                drop(kv);
-                txn.abort().map_err(|e| self.db_err(e))?;
-                return Ok(None);
+            if revision == shared.revision {
+                drop((kv, log));
+                write.abort().map_err(|e| self.db_err(e))?;
+                return Ok(results);
             }
-            let mut log = txn.open_table(EVENTS).map_err(|e| self.db_err(e))?;
-            for (index, event) in events.iter().enumerate() {
-                let index = u32::try_from(index).unwrap_or(u32::MAX);
-                log.insert((revision, index), encode_event(event).as_slice())
-                    .map_err(|e| self.db_err(e))?;
-            }
-            let mut meta = txn.open_table(META).map_err(|e| self.db_err(e))?;
+            let mut meta = write.open_table(META).map_err(|e| self.db_err(e))?;
             meta.insert(META_REVISION, revision)
                 .map_err(|e| self.db_err(e))?;
             // Trim the history in batches so the cost is amortised over many writes.
             let keep_from = revision - self.inner.history_revisions + 1;
-            if keep_from - shared.oldest_event_revision
-                >= (self.inner.history_revisions / 10).max(1)
-            {
+            if keep_from - oldest >= (self.inner.history_revisions / 10).max(1) {
                 let stale: Vec<(i64, u32)> = log
                     .range(..(keep_from, 0))
                     .map_err(|e| self.db_err(e))?
@@ -440,11 +486,12 @@ impl EmbeddedStore {
                 }
                 meta.insert(META_OLDEST, keep_from)
                     .map_err(|e| self.db_err(e))?;
-                shared.oldest_event_revision = keep_from;
+                oldest = keep_from;
             }
         }
-        txn.commit().map_err(|e| self.db_err(e))?;
+        write.commit().map_err(|e| self.db_err(e))?;
         shared.revision = revision;
+        shared.oldest_event_revision = oldest;
         for (key, old, new) in lease_moves {
             if old == new {
                 continue;
@@ -462,22 +509,80 @@ impl EmbeddedStore {
                 .filter(|e| e.revision() >= w.min_revision && e.key().starts_with(&w.prefix))
                 .all(|e| w.tx.send(Ok(e.clone())).is_ok())
         });
-        Ok(Some(revision))
+        Ok(results)
+    }
+
+    /// Checks `txn` against the state in `kv` (which includes the earlier
+    /// transactions of the batch): `Ok(Ok(_))` with the records its operations
+    /// replace when every comparison holds, `Ok(Err(current))` with the compared
+    /// keys' values when one does not.
+    fn prepare(
+        &self,
+        shared: &Shared,
+        kv: &redb::Table<&str, &[u8]>,
+        txn: Txn,
+    ) -> Result<std::result::Result<Prepared, Vec<Option<KeyValue>>>> {
+        txn.check()?;
+        let read = |key: &str| -> Result<Option<(Record, Vec<u8>)>> {
+            match kv.get(key).map_err(|e| self.db_err(e))? {
+                Some(bytes) => Ok(Some(Record::decode(key, bytes.value())?)),
+                None => Ok(None),
+            }
+        };
+        let mut current = Vec::with_capacity(txn.compares.len());
+        let mut holds = true;
+        for compare in &txn.compares {
+            let found = read(&compare.key)?.map(|(r, v)| r.into_kv(compare.key.clone(), v));
+            holds &= Txn::holds(compare.expect, found.as_ref());
+            current.push(found);
+        }
+        if !holds {
+            return Ok(Err(current));
+        }
+        let mut ops = Vec::with_capacity(txn.ops.len());
+        for op in txn.ops {
+            if let TxnOp::Put {
+                lease: Some(lease), ..
+            } = &op
+            {
+                Self::check_lease(shared, Some(*lease))?;
+            }
+            let previous = read(op.key())?.map(|(record, _)| record);
+            ops.push((op, previous));
+        }
+        Ok(Ok(Prepared { ops }))
     }
 
     /// Ends `lease` now: deletes its keys at one revision and forgets it.
     fn end_lease(&self, shared: &mut Shared, lease: LeaseId) -> Result<()> {
         if let Some(state) = shared.leases.remove(&lease) {
             let count = state.keys.len();
-            let changes = state
+            let ops = state
                 .keys
                 .into_iter()
-                .map(|key| Change::Delete { key })
+                .map(|key| TxnOp::Delete { key })
                 .collect();
-            self.apply(shared, changes)?;
+            let txn = Txn {
+                compares: Vec::new(),
+                ops,
+            };
+            self.apply_one(shared, txn)?;
             tracing::debug!(store = %self.inner.location, %lease, keys = count, "lease ended");
         }
         Ok(())
+    }
+
+    /// Applies `txn` durably (one commit) and returns what it did.
+    async fn submit(&self, txn: Txn) -> Result<Applied> {
+        let mut shared = self.lock();
+        self.apply_one(&mut shared, txn)
+    }
+
+    fn impossible(&self, what: &str) -> StateError {
+        StateError::Embedded {
+            path: self.inner.location.clone(),
+            reason: format!("internal error: {what}"),
+        }
     }
 
     fn check_lease(shared: &Shared, lease: Option<LeaseId>) -> Result<()> {
@@ -555,66 +660,19 @@ impl StateStore for EmbeddedStore {
     }
 
     async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision> {
-        let mut shared = self.lock();
-        Self::check_lease(&shared, lease)?;
-        let change = Change::Put {
-            key: key.to_owned(),
-            value,
-            lease,
-        };
-        Ok(self
-            .apply(&mut shared, vec![change])?
-            .unwrap_or(shared.revision))
+        let txn = Txn::new().put(key, value, lease);
+        match self.submit(txn).await?.outcome {
+            TxnOutcome::Committed { revision } => Ok(revision),
+            TxnOutcome::Failed { .. } => Err(self.impossible("a put without comparisons failed")),
+        }
     }
 
     async fn delete(&self, key: &str) -> Result<bool> {
-        let mut shared = self.lock();
-        let change = Change::Delete {
-            key: key.to_owned(),
-        };
-        Ok(self.apply(&mut shared, vec![change])?.is_some())
+        Ok(self.submit(Txn::new().delete(key)).await?.changed)
     }
 
-    async fn compare_and_swap(
-        &self,
-        key: &str,
-        expect: Expect,
-        value: Vec<u8>,
-        lease: Option<LeaseId>,
-    ) -> Result<CasOutcome> {
-        let mut shared = self.lock();
-        let current = self.read_record(key)?;
-        let holds = match (&expect, &current) {
-            (Expect::Absent, None) => true,
-            (Expect::ModRevision(rev), Some(kv)) => kv.mod_revision == *rev,
-            _ => false,
-        };
-        if !holds {
-            return Ok(CasOutcome::Conflict { current });
-        }
-        Self::check_lease(&shared, lease)?;
-        let change = Change::Put {
-            key: key.to_owned(),
-            value,
-            lease,
-        };
-        let revision = self
-            .apply(&mut shared, vec![change])?
-            .unwrap_or(shared.revision);
-        Ok(CasOutcome::Swapped { revision })
-    }
-
-    async fn compare_and_delete(&self, key: &str, mod_revision: Revision) -> Result<bool> {
-        let mut shared = self.lock();
-        match self.read_record(key)? {
-            Some(kv) if kv.mod_revision == mod_revision => {
-                let change = Change::Delete {
-                    key: key.to_owned(),
-                };
-                Ok(self.apply(&mut shared, vec![change])?.is_some())
-            }
-            _ => Ok(false),
-        }
+    async fn transact(&self, txn: Txn) -> Result<TxnOutcome> {
+        Ok(self.submit(txn).await?.outcome)
     }
 
     async fn range(&self, prefix: &str) -> Result<RangeSnapshot> {
