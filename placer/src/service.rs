@@ -1,13 +1,18 @@
 //! Place, release and list over a live store: the policy plus the reservation
 //! protocol, shared by the gRPC service and the Kubernetes extender.
 //!
-//! A placement is decided on the in-memory view, then made real by one
-//! compare-and-swap on the chosen device's residents record, expecting the
-//! revision the decision was based on. If another placement got there first the
-//! CAS fails and returns the record as it is now; the view takes it and the
-//! task is decided again, at most `max_reserve_attempts` times. Because every
-//! admission goes through that CAS, no interleaving of requests (in this
-//! process or in another placer) can admit more than the record said fits.
+//! A placement is decided on the in-memory view, then made real by one store
+//! transaction that compares the chosen device's residents record with the
+//! revision the decision was based on and, iff it still matches, writes the new
+//! record, the task's placement and its spec: one durable commit per decision,
+//! and never a reservation without its placement. If another placement got
+//! there first the comparison fails, nothing is written, and the transaction
+//! returns the record as it is now; the view takes it and the task is decided
+//! again, at most `max_reserve_attempts` times. Because every admission goes
+//! through that comparison, no interleaving of requests (in this process or in
+//! another placer) can admit more than the record said fits. A Release is
+//! likewise one transaction: the record without the task (or its deletion)
+//! and the placement's deletion.
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
@@ -16,7 +21,7 @@ use iadeep_proto::{
     DeviceInfo, DeviceResidents, DeviceStatus, Explanation, Placement, QueueDecision, Reservation,
     TaskSpec, place_response,
 };
-use iadeep_state::{CasOutcome, Expect, StateStore, keys, typed};
+use iadeep_state::{Expect, StateStore, Txn, TxnOutcome, keys, typed};
 use prost::Message;
 
 use crate::error::{PlacerError, Result};
@@ -165,30 +170,29 @@ impl PlacementService {
                 }
             };
             let key = keys::device_residents(&device_id);
-            match self
-                .store
-                .compare_and_swap(&key, expect, record.encode_to_vec(), None)
-                .await?
-            {
-                CasOutcome::Swapped { revision } => {
+            let placement = Placement {
+                task_id: task.task_id.clone(),
+                device_id: device_id.clone(),
+                reserved_mem_mib: reservation.reserved_mem_mib,
+                placed_at_unix_ms: reservation.placed_at_unix_ms,
+            };
+            // The reservation, the placement and the spec in one durable commit:
+            // all three or none, at the cost of one.
+            let txn = Txn::new()
+                .compare(key.as_str(), expect)
+                .put(key.as_str(), record.encode_to_vec(), None)
+                .put(
+                    keys::task_placement(&task.task_id),
+                    placement.encode_to_vec(),
+                    None,
+                )
+                .put(keys::task_spec(&task.task_id), task.encode_to_vec(), None);
+            match self.store.transact(txn).await? {
+                TxnOutcome::Committed { revision } => {
                     {
                         let mut view = self.view_mut();
                         view.apply_residents(&device_id, Some(record), revision);
                         view.forget_waiting(&task.task_id);
-                    }
-                    let placement = Placement {
-                        task_id: task.task_id.clone(),
-                        device_id: device_id.clone(),
-                        reserved_mem_mib: reservation.reserved_mem_mib,
-                        placed_at_unix_ms: reservation.placed_at_unix_ms,
-                    };
-                    if let Err(err) = self.record_placement(&task, &placement).await {
-                        tracing::error!(task = %task.task_id, device = %device_id, %err,
-                            "reserved the device but could not record the placement; undoing");
-                        if let Err(undo) = self.release(&task.task_id).await {
-                            tracing::error!(task = %task.task_id, %undo, "undo failed: release the task by hand");
-                        }
-                        return Err(err);
                     }
                     tracing::info!(task = %task.task_id, device = %device_id,
                         reserved_mib = placement.reserved_mem_mib, attempt,
@@ -198,11 +202,12 @@ impl PlacementService {
                         explanation,
                     });
                 }
-                CasOutcome::Conflict { current } => {
+                TxnOutcome::Failed { mut current } => {
                     self.metrics.cas_conflicts.inc();
                     tracing::debug!(task = %task.task_id, device = %device_id, attempt,
                         "device changed since the decision; deciding again");
-                    self.absorb(&device_id, expect, current);
+                    // The only comparison is the residents record's.
+                    self.absorb(&device_id, expect, current.pop().flatten());
                 }
             }
         }
@@ -276,32 +281,34 @@ impl PlacementService {
         }
     }
 
-    async fn record_placement(&self, task: &TaskSpec, placement: &Placement) -> Result<()> {
-        let store = self.store.as_ref();
-        typed::put(store, &keys::task_placement(&task.task_id), placement, None).await?;
-        typed::put(store, &keys::task_spec(&task.task_id), task, None).await?;
-        Ok(())
-    }
-
     /// Gives `task_id`'s reservation back. Returns the device it held, or `None` when it
     /// held none (releasing twice is not an error).
+    ///
+    /// The reservation's removal and the placement's deletion are one transaction.
     pub async fn release(&self, task_id: &str) -> Result<Option<String>> {
         validate::task_id("task_id", task_id)?;
         let placement_key = keys::task_placement(task_id);
         let from_store = typed::get::<Placement>(self.store.as_ref(), &placement_key)
             .await?
             .map(|(p, _)| p.device_id);
+        let had_placement = from_store.is_some();
         let from_view = self.view().device_of(task_id).map(str::to_owned);
         let mut released = None;
-        // Normally both agree; after a crash between the two writes only one knows.
+        // Normally both agree; a record written by hand or by an older placer may not.
         let mut devices: Vec<String> = from_store.into_iter().chain(from_view).collect();
         devices.dedup();
         for device_id in devices {
-            if self.remove_reservation(&device_id, task_id).await? {
+            if self
+                .remove_reservation(&device_id, task_id, &placement_key)
+                .await?
+            {
                 released = Some(device_id);
             }
         }
-        let had_placement = self.store.delete(&placement_key).await?;
+        if released.is_none() && had_placement {
+            // A placement without a reservation: nothing else to take it away with.
+            self.store.delete(&placement_key).await?;
+        }
         // A task withdrawn while it waited no longer holds the others back.
         self.view_mut().forget_waiting(task_id);
         if released.is_some() || had_placement {
@@ -311,43 +318,67 @@ impl PlacementService {
         Ok(released)
     }
 
-    /// Removes one task from a device's residents record; true when it was there.
-    async fn remove_reservation(&self, device_id: &str, task_id: &str) -> Result<bool> {
+    /// Removes one task from a device's residents record and deletes `placement_key`
+    /// in the same transaction; true when the task was there.
+    ///
+    /// The first attempt starts from the view's copy of the record (no read from the
+    /// store); a lost comparison returns the record as it is now, which the next
+    /// attempt uses. The store is read only when the view does not list the task
+    /// there (another placer may have placed it and this view not caught up yet).
+    async fn remove_reservation(
+        &self,
+        device_id: &str,
+        task_id: &str,
+        placement_key: &str,
+    ) -> Result<bool> {
         validate::device_ids("device_id", std::slice::from_ref(&device_id.to_owned()))?;
         let key = keys::device_residents(device_id);
         let attempts = self.placer.params().max_reserve_attempts;
+        let mut known: Option<(DeviceResidents, i64)> = {
+            let view = self.view();
+            view.device(device_id).and_then(|d| {
+                let holds = d.residents.iter().any(|r| r.reservation.task_id == task_id);
+                d.residents_revision
+                    .filter(|_| holds)
+                    .map(|rev| (d.residents_record(device_id), rev))
+            })
+        };
         for _ in 0..attempts {
-            let Some((mut record, kv)) =
-                typed::get::<DeviceResidents>(self.store.as_ref(), &key).await?
-            else {
-                return Ok(false);
+            let (mut record, mod_revision) = match known.take() {
+                Some(known) => known,
+                None => match typed::get::<DeviceResidents>(self.store.as_ref(), &key).await? {
+                    Some((record, kv)) => (record, kv.mod_revision),
+                    None => return Ok(false),
+                },
             };
             let before = record.reservations.len();
             record.reservations.retain(|r| r.task_id != task_id);
             if record.reservations.len() == before {
                 return Ok(false);
             }
-            if record.reservations.is_empty() {
-                if self.store.compare_and_delete(&key, kv.mod_revision).await? {
-                    self.view_mut()
-                        .apply_residents(device_id, None, kv.mod_revision + 1);
+            let txn = Txn::new().compare(key.as_str(), Expect::ModRevision(mod_revision));
+            let txn = if record.reservations.is_empty() {
+                txn.delete(key.as_str())
+            } else {
+                txn.put(key.as_str(), record.encode_to_vec(), None)
+            }
+            .delete(placement_key);
+            match self.store.transact(txn).await? {
+                TxnOutcome::Committed { revision } => {
+                    let record = (!record.reservations.is_empty()).then_some(record);
+                    self.view_mut().apply_residents(device_id, record, revision);
                     return Ok(true);
                 }
-            } else if let CasOutcome::Swapped { revision } = self
-                .store
-                .compare_and_swap(
-                    &key,
-                    Expect::ModRevision(kv.mod_revision),
-                    record.encode_to_vec(),
-                    None,
-                )
-                .await?
-            {
-                self.view_mut()
-                    .apply_residents(device_id, Some(record), revision);
-                return Ok(true);
+                TxnOutcome::Failed { mut current } => {
+                    self.metrics.cas_conflicts.inc();
+                    match current.pop().flatten() {
+                        Some(kv) => {
+                            known = Some((typed::decode::<DeviceResidents>(&kv)?, kv.mod_revision))
+                        }
+                        None => return Ok(false),
+                    }
+                }
             }
-            self.metrics.cas_conflicts.inc();
         }
         Err(PlacerError::Contention {
             task_id: task_id.to_owned(),

@@ -634,6 +634,27 @@ async fn concurrent_places_on_a_nearly_full_cluster_never_overpack_a_device() {
         *per_device.entry(p.device_id.clone()).or_default() += 1;
     }
     assert!(per_device.values().all(|&n| n == 1), "{per_device:?}");
+    // The reservation, placement and spec are one transaction: a placed task has all
+    // three, a task that lost the race has none (no placement left behind).
+    let placements = store.range(keys::TASKS).await.expect("range tasks").kvs;
+    let with = |suffix: &str| -> Vec<String> {
+        let mut ids: Vec<String> = placements
+            .iter()
+            .filter(|kv| kv.key.ends_with(suffix))
+            .map(|kv| kv.key.clone())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let mut expected: Vec<String> = placed
+        .iter()
+        .map(|p| keys::task_placement(&p.task_id))
+        .collect();
+    expected.sort();
+    assert_eq!(with("/placement"), expected);
+    let mut expected: Vec<String> = placed.iter().map(|p| keys::task_spec(&p.task_id)).collect();
+    expected.sort();
+    assert_eq!(with("/spec"), expected);
 
     // No version of any residents record ever exceeded the device's usable memory.
     let mut versions = 0;
