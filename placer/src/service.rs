@@ -285,33 +285,43 @@ impl PlacementService {
     /// held none (releasing twice is not an error).
     ///
     /// The reservation's removal and the placement's deletion are one transaction.
+    /// Since Place writes both in one transaction too, the view's device for the task
+    /// is normally all that is needed, so the usual Release costs that one commit and
+    /// no read; the placement is read from the store only when the view does not hold
+    /// the task (not synced yet, or a record written by hand or by an older placer).
     pub async fn release(&self, task_id: &str) -> Result<Option<String>> {
         validate::task_id("task_id", task_id)?;
         let placement_key = keys::task_placement(task_id);
-        let from_store = typed::get::<Placement>(self.store.as_ref(), &placement_key)
-            .await?
-            .map(|(p, _)| p.device_id);
-        let had_placement = from_store.is_some();
         let from_view = self.view().device_of(task_id).map(str::to_owned);
         let mut released = None;
-        // Normally both agree; a record written by hand or by an older placer may not.
-        let mut devices: Vec<String> = from_store.into_iter().chain(from_view).collect();
-        devices.dedup();
-        for device_id in devices {
-            if self
+        if let Some(device_id) = from_view
+            && self
                 .remove_reservation(&device_id, task_id, &placement_key)
                 .await?
+        {
+            released = Some(device_id);
+        }
+        let mut had_placement = released.is_some();
+        if released.is_none() {
+            let from_store = typed::get::<Placement>(self.store.as_ref(), &placement_key)
+                .await?
+                .map(|(p, _)| p.device_id);
+            had_placement = from_store.is_some();
+            if let Some(device_id) = from_store
+                && self
+                    .remove_reservation(&device_id, task_id, &placement_key)
+                    .await?
             {
                 released = Some(device_id);
             }
-        }
-        if released.is_none() && had_placement {
-            // A placement without a reservation: nothing else to take it away with.
-            self.store.delete(&placement_key).await?;
+            if released.is_none() && had_placement {
+                // A placement without a reservation: nothing else to take it away with.
+                self.store.delete(&placement_key).await?;
+            }
         }
         // A task withdrawn while it waited no longer holds the others back.
         self.view_mut().forget_waiting(task_id);
-        if released.is_some() || had_placement {
+        if had_placement {
             self.metrics.released.inc();
             tracing::debug!(task = %task_id, device = ?released, "released");
         }
