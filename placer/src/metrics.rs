@@ -88,6 +88,8 @@ pub struct PlacerMetrics {
     pub released: Counter,
     /// Reservations given back because the task's agent was gone (see [`crate::reaper`]).
     pub dead_released: Counter,
+    /// Reservations given back because the task's agent never started (see [`crate::reaper`]).
+    pub unstarted_released: Counter,
     /// Co-location samples handed to the slowdown model.
     pub samples_observed: Counter,
     /// Stored values that could not be decoded (skipped).
@@ -154,6 +156,11 @@ impl PlacerMetrics {
                 "iadeep_placer_dead_task_releases_total",
                 "Reservations given back because the task's agent was gone past the grace period.",
                 &self.dead_released,
+            ),
+            (
+                "iadeep_placer_unstarted_task_releases_total",
+                "Reservations given back because the task's agent never started within its grace period.",
+                &self.unstarted_released,
             ),
             (
                 "iadeep_placer_samples_observed_total",

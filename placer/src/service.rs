@@ -430,6 +430,39 @@ impl PlacementService {
         released
     }
 
+    /// Releases every resident task whose agent never appeared (no `alive` key, no
+    /// report) and that was placed at least `grace` ago, see
+    /// [`ClusterView::unstarted_residents`]. Returns the tasks released. A task whose
+    /// agent appeared between the check and the release is skipped; one that fails to
+    /// release is logged and retried on the next call.
+    pub async fn release_unstarted(&self, grace: std::time::Duration) -> Vec<String> {
+        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        let unstarted = self
+            .view()
+            .unstarted_residents(iadeep_proto::now_unix_ms(), grace_ms);
+        let mut released = Vec::new();
+        for task in unstarted {
+            if self.view().agent_alive(&task.task_id) {
+                tracing::debug!(task = %task.task_id, "agent appeared; keeps its reservation");
+                continue;
+            }
+            match self.release(&task.task_id).await {
+                Ok(Some(device)) => {
+                    self.metrics.unstarted_released.inc();
+                    let waited_s =
+                        (iadeep_proto::now_unix_ms() - task.placed_at_unix_ms).max(0) / 1000;
+                    tracing::info!(task = %task.task_id, %device, waited_s,
+                        "released the reservation of a task whose agent never started");
+                    released.push(task.task_id);
+                }
+                Ok(None) => {}
+                Err(err) => tracing::warn!(task = %task.task_id, device = %task.device_id, %err,
+                    "cannot release a never-started task's reservation; retrying later"),
+            }
+        }
+        released
+    }
+
     /// Every device in the view with its residents.
     pub fn list_devices(&self) -> Vec<DeviceStatus> {
         let view = self.view();
