@@ -436,6 +436,7 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
         "release_p99_ms": ms(percentile(&release, 99.0)),
         "store": url.to_string(),
         "cas_conflicts": local.as_ref().map(|d| d.service().metrics().cas_conflicts.get()),
+        "gate_waits": local.as_ref().map(|d| d.service().metrics().gate_waits.get()),
         "predictor_model_samples": forest.as_ref().map(|p| p.model_samples()),
     });
     if args.json {

@@ -84,6 +84,9 @@ pub struct PlacerMetrics {
     pub failed: Counter,
     /// Reservations lost to a concurrent writer (each leads to a fresh decision).
     pub cas_conflicts: Counter,
+    /// Places that waited for another request's commit on their chosen device and
+    /// decided again, instead of sending a transaction certain to lose.
+    pub gate_waits: Counter,
     /// Releases that removed a reservation.
     pub released: Counter,
     /// Reservations given back because the task's agent was gone (see [`crate::reaper`]).
@@ -146,6 +149,11 @@ impl PlacerMetrics {
                 "iadeep_placer_cas_conflicts_total",
                 "Reservations lost to a concurrent writer, each followed by a fresh decision.",
                 &self.cas_conflicts,
+            ),
+            (
+                "iadeep_placer_gate_waits_total",
+                "Places that waited for another request's commit on the same device, then decided again.",
+                &self.gate_waits,
             ),
             (
                 "iadeep_placer_releases_total",

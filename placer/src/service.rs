@@ -44,6 +44,98 @@ pub struct PlacementService {
     view: Arc<RwLock<ClusterView>>,
     placer: Arc<Placer>,
     metrics: Arc<PlacerMetrics>,
+    gates: Arc<DeviceGates>,
+}
+
+/// How many times per allowed store conflict a Place may wait for another request's
+/// commit on its chosen device before giving up: each wait means another request
+/// made progress, so this only bounds a request that keeps losing to a busy stream.
+const WAITS_PER_ATTEMPT: u32 = 4;
+
+/// The revision a decision expected, as the view stores it.
+fn expected_revision(expect: Expect) -> Option<iadeep_state::Revision> {
+    match expect {
+        Expect::ModRevision(rev) => Some(rev),
+        Expect::Absent => None,
+    }
+}
+
+/// Which devices have a reservation change being committed by this process.
+///
+/// Why: concurrent Places decide on the same view, and the best device for one is
+/// often the best for the next; the second transaction, built on the revision the
+/// first is about to replace, is certain to fail its comparison, and costs a durable
+/// commit and a round trip for nothing before the task is re-decided. With a gate,
+/// the second request instead waits for the first's commit to reach the view and
+/// decides again on it. The store's comparison still guards every admission (other
+/// placer processes have their own gates); this only avoids conflicts that are known
+/// in advance.
+#[derive(Debug, Default)]
+struct DeviceGates {
+    busy: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
+}
+
+/// Held while a device's reservation change is committed; opens the gate when dropped.
+struct Gate<'a> {
+    gates: &'a DeviceGates,
+    device_id: String,
+}
+
+impl DeviceGates {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<tokio::sync::Notify>>>
+    {
+        self.busy.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the device's gate, or `None` when another request holds it.
+    fn try_enter(&self, device_id: &str) -> Option<Gate<'_>> {
+        let mut busy = self.lock();
+        if busy.contains_key(device_id) {
+            return None;
+        }
+        busy.insert(device_id.to_owned(), Arc::new(tokio::sync::Notify::new()));
+        Some(Gate {
+            gates: self,
+            device_id: device_id.to_owned(),
+        })
+    }
+
+    /// Takes the device's gate, waiting while others hold it, at most `max_waits`
+    /// times; `None` after that (the caller goes ahead ungated: the store's comparison
+    /// still decides).
+    async fn enter(&self, device_id: &str, max_waits: u32) -> Option<Gate<'_>> {
+        for _ in 0..max_waits {
+            if let Some(gate) = self.try_enter(device_id) {
+                return Some(gate);
+            }
+            self.wait(device_id).await;
+        }
+        self.try_enter(device_id)
+    }
+
+    /// Waits until the device's gate is open (at once if it is).
+    async fn wait(&self, device_id: &str) {
+        let notify = self.lock().get(device_id).cloned();
+        if let Some(notify) = notify {
+            let opened = notify.notified();
+            tokio::pin!(opened);
+            // Registered before re-checking, so an opening in between is not missed.
+            opened.as_mut().enable();
+            if self.lock().contains_key(device_id) {
+                opened.await;
+            }
+        }
+    }
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        if let Some(notify) = self.gates.lock().remove(&self.device_id) {
+            notify.notify_waiters();
+        }
+    }
 }
 
 impl PlacementService {
@@ -59,6 +151,7 @@ impl PlacementService {
             view,
             placer,
             metrics,
+            gates: Arc::new(DeviceGates::default()),
         }
     }
 
@@ -106,7 +199,9 @@ impl PlacementService {
         validate::task_spec("task", &task)?;
         validate::device_ids("candidate_device_ids", &restrict)?;
         let attempts = self.placer.params().max_reserve_attempts;
-        for attempt in 1..=attempts {
+        let mut attempt = 0;
+        let mut waits = 0;
+        loop {
             // Decide and build the new record under one read lock, so the expected
             // revision is the one the decision saw.
             let (explanation, plan) = {
@@ -169,6 +264,33 @@ impl PlacementService {
                     });
                 }
             };
+            // One commit at a time per device from this process: a second one, decided
+            // on the same revision, could only lose (see `DeviceGates`).
+            let Some(_gate) = self.gates.try_enter(&device_id) else {
+                waits += 1;
+                if waits > attempts.saturating_mul(WAITS_PER_ATTEMPT) {
+                    return Err(PlacerError::Contention {
+                        task_id: task.task_id,
+                        attempts: attempt,
+                    });
+                }
+                self.metrics.gate_waits.inc();
+                tracing::debug!(task = %task.task_id, device = %device_id,
+                    "device being reserved by another request; deciding again after it");
+                self.gates.wait(&device_id).await;
+                continue;
+            };
+            if self
+                .view()
+                .device(&device_id)
+                .and_then(|d| d.residents_revision)
+                != expected_revision(expect)
+            {
+                // A commit landed between the decision and the gate: decide on it.
+                waits += 1;
+                continue;
+            }
+            attempt += 1;
             let key = keys::device_residents(&device_id);
             let placement = Placement {
                 task_id: task.task_id.clone(),
@@ -208,13 +330,15 @@ impl PlacementService {
                         "device changed since the decision; deciding again");
                     // The only comparison is the residents record's.
                     self.absorb(&device_id, expect, current.pop().flatten());
+                    if attempt >= attempts {
+                        return Err(PlacerError::Contention {
+                            task_id: task.task_id,
+                            attempts,
+                        });
+                    }
                 }
             }
         }
-        Err(PlacerError::Contention {
-            task_id: task.task_id,
-            attempts,
-        })
     }
 
     /// Counts `task` as waiting for a device, so the tasks submitted after it see it
@@ -344,6 +468,11 @@ impl PlacementService {
         validate::device_ids("device_id", std::slice::from_ref(&device_id.to_owned()))?;
         let key = keys::device_residents(device_id);
         let attempts = self.placer.params().max_reserve_attempts;
+        // Behind any Place committing on this device, so the view's record is current.
+        let _gate = self
+            .gates
+            .enter(device_id, attempts.saturating_mul(WAITS_PER_ATTEMPT))
+            .await;
         let mut known: Option<(DeviceResidents, i64)> = {
             let view = self.view();
             view.device(device_id).and_then(|d| {
@@ -480,5 +609,37 @@ impl PlacementService {
                 reserved_mem_mib: device.reserved_mem_mib(),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_device_gate_admits_one_and_wakes_the_waiters_when_it_opens() {
+        let gates = Arc::new(DeviceGates::default());
+        let held = gates.try_enter("d0").expect("open gate");
+        assert!(gates.try_enter("d0").is_none(), "one holder at a time");
+        assert!(gates.try_enter("d1").is_some(), "gates are per device");
+        let waiter = {
+            let gates = gates.clone();
+            tokio::spawn(async move {
+                gates.wait("d0").await;
+                gates.try_enter("d0").is_some()
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "waits while the gate is held");
+        drop(held);
+        let entered = tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("woken when the gate opens")
+            .expect("waiter task");
+        assert!(entered);
+        // An open gate does not make anyone wait.
+        tokio::time::timeout(std::time::Duration::from_secs(1), gates.wait("d0"))
+            .await
+            .expect("no wait on an open gate");
     }
 }
