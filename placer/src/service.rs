@@ -121,9 +121,15 @@ impl DeviceGates {
         if let Some(notify) = notify {
             let opened = notify.notified();
             tokio::pin!(opened);
-            // Registered before re-checking, so an opening in between is not missed.
+            // Registered before re-checking, so an opening in between is not missed;
+            // the re-check is on this very gate, not the device: if it opened and
+            // another request took the device meanwhile, this one's wait is over.
             opened.as_mut().enable();
-            if self.lock().contains_key(device_id) {
+            let still_shut = self
+                .lock()
+                .get(device_id)
+                .is_some_and(|current| Arc::ptr_eq(current, &notify));
+            if still_shut {
                 opened.await;
             }
         }
