@@ -65,12 +65,20 @@ struct DaemonArgs {
     /// reported finishing is released as soon as its agent is gone. 0 never releases.
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_DEAD_TASK_GRACE_S)]
     dead_task_grace_s: u64,
+    /// Seconds after its placement a task whose agent never started (no `alive` key
+    /// and no report ever seen: the job was never launched, its pod never ran) keeps
+    /// its GPU reservation before the placer gives it back. Must cover the slowest
+    /// legitimate start (image pull, data staging). 0 never releases.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_UNSTARTED_TASK_GRACE_S)]
+    unstarted_task_grace_s: u64,
     #[command(flatten)]
     policy: PolicyArgs,
 }
 
 /// Default of `--dead-task-grace-s`: a minute covers an agent's restart after a crash.
 const DEFAULT_DEAD_TASK_GRACE_S: u64 = 60;
+/// Default of `--unstarted-task-grace-s`: ten minutes cover a slow image pull.
+const DEFAULT_UNSTARTED_TASK_GRACE_S: u64 = 600;
 
 /// Policy knobs (see `iadeep_placer::PlacerParams` for what each means).
 #[derive(Debug, Clone, Args)]
@@ -182,6 +190,8 @@ async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
         kube_api: args.kube_api,
         dead_task_grace: (args.dead_task_grace_s > 0)
             .then(|| Duration::from_secs(args.dead_task_grace_s)),
+        unstarted_task_grace: (args.unstarted_task_grace_s > 0)
+            .then(|| Duration::from_secs(args.unstarted_task_grace_s)),
     };
     let mut daemon = Daemon::start(store, placer, Arc::new(ModelledMemory), config)
         .await
@@ -296,6 +306,7 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
                 kube_api: None,
                 // As the daemon runs by default.
                 dead_task_grace: Some(Duration::from_secs(DEFAULT_DEAD_TASK_GRACE_S)),
+                unstarted_task_grace: Some(Duration::from_secs(DEFAULT_UNSTARTED_TASK_GRACE_S)),
             };
             let placer = args.policy.placer_with(predictor)?;
             let daemon = Daemon::start(store.clone(), placer, Arc::new(ModelledMemory), config)
@@ -425,6 +436,7 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
         "release_p99_ms": ms(percentile(&release, 99.0)),
         "store": url.to_string(),
         "cas_conflicts": local.as_ref().map(|d| d.service().metrics().cas_conflicts.get()),
+        "gate_waits": local.as_ref().map(|d| d.service().metrics().gate_waits.get()),
         "predictor_model_samples": forest.as_ref().map(|p| p.model_samples()),
     });
     if args.json {

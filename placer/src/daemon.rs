@@ -35,6 +35,9 @@ pub struct DaemonConfig {
     /// Release the reservation of a task whose agent has been gone (its `alive` key
     /// deleted, its lease expired) this long; `None` never does (see [`crate::reaper`]).
     pub dead_task_grace: Option<std::time::Duration>,
+    /// Release the reservation of a task whose agent never appeared (no `alive` key, no
+    /// report) this long after it was placed; `None` never does (see [`crate::reaper`]).
+    pub unstarted_task_grace: Option<std::time::Duration>,
 }
 
 /// A running placer.
@@ -172,10 +175,14 @@ impl Daemon {
                 serve_http("metrics server", listener, router, stop_rx.clone()),
             ));
         }
-        if let Some(grace) = config.dead_task_grace {
+        let graces = crate::reaper::Graces {
+            dead: config.dead_task_grace,
+            unstarted: config.unstarted_task_grace,
+        };
+        if graces.dead.is_some() || graces.unstarted.is_some() {
             servers.push((
                 "dead-task reaper",
-                crate::reaper::spawn(service.clone(), grace, stop_rx.clone()),
+                crate::reaper::spawn(service.clone(), graces, stop_rx.clone()),
             ));
         }
         tracing::info!(grpc = %grpc_addr, extender = ?extender_addr, metrics = ?metrics_addr,

@@ -37,4 +37,4 @@ pub use model::{
 pub use params::PlacerParams;
 pub use policy::{Decision, Placer, Rejection, Verdict};
 pub use service::{PlaceOutcome, PlacementService};
-pub use view::{ClusterView, DeadResident, DeviceState, Resident, WaitingTask};
+pub use view::{ClusterView, DeadResident, DeviceState, Resident, UnstartedResident, WaitingTask};

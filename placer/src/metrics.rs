@@ -84,10 +84,15 @@ pub struct PlacerMetrics {
     pub failed: Counter,
     /// Reservations lost to a concurrent writer (each leads to a fresh decision).
     pub cas_conflicts: Counter,
+    /// Places that waited for another request's commit on their chosen device and
+    /// decided again, instead of sending a transaction certain to lose.
+    pub gate_waits: Counter,
     /// Releases that removed a reservation.
     pub released: Counter,
     /// Reservations given back because the task's agent was gone (see [`crate::reaper`]).
     pub dead_released: Counter,
+    /// Reservations given back because the task's agent never started (see [`crate::reaper`]).
+    pub unstarted_released: Counter,
     /// Co-location samples handed to the slowdown model.
     pub samples_observed: Counter,
     /// Stored values that could not be decoded (skipped).
@@ -146,6 +151,11 @@ impl PlacerMetrics {
                 &self.cas_conflicts,
             ),
             (
+                "iadeep_placer_gate_waits_total",
+                "Places that waited for another request's commit on the same device, then decided again.",
+                &self.gate_waits,
+            ),
+            (
                 "iadeep_placer_releases_total",
                 "Releases that removed a reservation.",
                 &self.released,
@@ -154,6 +164,11 @@ impl PlacerMetrics {
                 "iadeep_placer_dead_task_releases_total",
                 "Reservations given back because the task's agent was gone past the grace period.",
                 &self.dead_released,
+            ),
+            (
+                "iadeep_placer_unstarted_task_releases_total",
+                "Reservations given back because the task's agent never started within its grace period.",
+                &self.unstarted_released,
             ),
             (
                 "iadeep_placer_samples_observed_total",

@@ -1,4 +1,4 @@
-//! Gives back what tasks hold after their agent is gone without a Release.
+//! Gives back what tasks hold after their agent is gone without a Release, or never came.
 //!
 //! A task's agent holds the lease of `tasks/{task}/alive`; when the process dies
 //! (crash, node loss, a killed pod) the lease expires and etcd deletes the key, but
@@ -9,6 +9,14 @@
 //! least `grace` — long enough for a restarted agent to re-create its key and keep
 //! its device. A task whose last report said it finished is released at once: its
 //! agent has no reason to come back.
+//!
+//! A task can also be placed and never start (the job was never launched, its pod
+//! never got to run): no `alive` key ever appears, so no lease ever expires for it.
+//! With an `unstarted` grace, the reaper releases a resident task with no `alive` key
+//! and no report seen that was placed at least that long ago (see
+//! [`crate::view::ClusterView::unstarted_residents`]). That grace must cover the
+//! slowest legitimate start (image pulls, data staging), so it is separate from the
+//! dead-task grace and much longer by default.
 
 use std::time::Duration;
 
@@ -16,6 +24,15 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::service::PlacementService;
+
+/// The grace periods the reaper applies; `None` turns that check off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Graces {
+    /// How long a task's agent may be gone before its reservation is released.
+    pub dead: Option<Duration>,
+    /// How long after placement a task whose agent never appeared keeps its reservation.
+    pub unstarted: Option<Duration>,
+}
 
 /// How often the reaper looks, for a given grace period.
 pub fn tick_for(grace: Duration) -> Duration {
@@ -25,20 +42,32 @@ pub fn tick_for(grace: Duration) -> Duration {
 /// Runs the reaper until `stop` turns true (or its sender is dropped).
 pub fn spawn(
     service: PlacementService,
-    grace: Duration,
+    graces: Graces,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<crate::Result<()>> {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(tick_for(grace));
+        let period = [graces.dead, graces.unstarted]
+            .into_iter()
+            .flatten()
+            .map(tick_for)
+            .min()
+            .unwrap_or(Duration::from_secs(10));
+        let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tracing::info!(
-            grace_s = grace.as_secs_f64(),
-            "releasing the reservations of dead tasks"
+            dead_grace_s = graces.dead.map(|g| g.as_secs_f64()),
+            unstarted_grace_s = graces.unstarted.map(|g| g.as_secs_f64()),
+            "releasing the reservations of dead and never-started tasks"
         );
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    service.release_dead(grace).await;
+                    if let Some(grace) = graces.dead {
+                        service.release_dead(grace).await;
+                    }
+                    if let Some(grace) = graces.unstarted {
+                        service.release_unstarted(grace).await;
+                    }
                 }
                 changed = stop.changed() => {
                     if changed.is_err() || *stop.borrow() {

@@ -1,13 +1,18 @@
 //! Place, release and list over a live store: the policy plus the reservation
 //! protocol, shared by the gRPC service and the Kubernetes extender.
 //!
-//! A placement is decided on the in-memory view, then made real by one
-//! compare-and-swap on the chosen device's residents record, expecting the
-//! revision the decision was based on. If another placement got there first the
-//! CAS fails and returns the record as it is now; the view takes it and the
-//! task is decided again, at most `max_reserve_attempts` times. Because every
-//! admission goes through that CAS, no interleaving of requests (in this
-//! process or in another placer) can admit more than the record said fits.
+//! A placement is decided on the in-memory view, then made real by one store
+//! transaction that compares the chosen device's residents record with the
+//! revision the decision was based on and, iff it still matches, writes the new
+//! record, the task's placement and its spec: one durable commit per decision,
+//! and never a reservation without its placement. If another placement got
+//! there first the comparison fails, nothing is written, and the transaction
+//! returns the record as it is now; the view takes it and the task is decided
+//! again, at most `max_reserve_attempts` times. Because every admission goes
+//! through that comparison, no interleaving of requests (in this process or in
+//! another placer) can admit more than the record said fits. A Release is
+//! likewise one transaction: the record without the task (or its deletion)
+//! and the placement's deletion.
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
@@ -16,7 +21,7 @@ use iadeep_proto::{
     DeviceInfo, DeviceResidents, DeviceStatus, Explanation, Placement, QueueDecision, Reservation,
     TaskSpec, place_response,
 };
-use iadeep_state::{CasOutcome, Expect, StateStore, keys, typed};
+use iadeep_state::{Expect, StateStore, Txn, TxnOutcome, keys, typed};
 use prost::Message;
 
 use crate::error::{PlacerError, Result};
@@ -39,6 +44,104 @@ pub struct PlacementService {
     view: Arc<RwLock<ClusterView>>,
     placer: Arc<Placer>,
     metrics: Arc<PlacerMetrics>,
+    gates: Arc<DeviceGates>,
+}
+
+/// How many times per allowed store conflict a Place may wait for another request's
+/// commit on its chosen device before giving up: each wait means another request
+/// made progress, so this only bounds a request that keeps losing to a busy stream.
+const WAITS_PER_ATTEMPT: u32 = 4;
+
+/// The revision a decision expected, as the view stores it.
+fn expected_revision(expect: Expect) -> Option<iadeep_state::Revision> {
+    match expect {
+        Expect::ModRevision(rev) => Some(rev),
+        Expect::Absent => None,
+    }
+}
+
+/// Which devices have a reservation change being committed by this process.
+///
+/// Why: concurrent Places decide on the same view, and the best device for one is
+/// often the best for the next; the second transaction, built on the revision the
+/// first is about to replace, is certain to fail its comparison, and costs a durable
+/// commit and a round trip for nothing before the task is re-decided. With a gate,
+/// the second request instead waits for the first's commit to reach the view and
+/// decides again on it. The store's comparison still guards every admission (other
+/// placer processes have their own gates); this only avoids conflicts that are known
+/// in advance.
+#[derive(Debug, Default)]
+struct DeviceGates {
+    busy: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
+}
+
+/// Held while a device's reservation change is committed; opens the gate when dropped.
+struct Gate<'a> {
+    gates: &'a DeviceGates,
+    device_id: String,
+}
+
+impl DeviceGates {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<tokio::sync::Notify>>>
+    {
+        self.busy.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the device's gate, or `None` when another request holds it.
+    fn try_enter(&self, device_id: &str) -> Option<Gate<'_>> {
+        let mut busy = self.lock();
+        if busy.contains_key(device_id) {
+            return None;
+        }
+        busy.insert(device_id.to_owned(), Arc::new(tokio::sync::Notify::new()));
+        Some(Gate {
+            gates: self,
+            device_id: device_id.to_owned(),
+        })
+    }
+
+    /// Takes the device's gate, waiting while others hold it, at most `max_waits`
+    /// times; `None` after that (the caller goes ahead ungated: the store's comparison
+    /// still decides).
+    async fn enter(&self, device_id: &str, max_waits: u32) -> Option<Gate<'_>> {
+        for _ in 0..max_waits {
+            if let Some(gate) = self.try_enter(device_id) {
+                return Some(gate);
+            }
+            self.wait(device_id).await;
+        }
+        self.try_enter(device_id)
+    }
+
+    /// Waits until the device's gate is open (at once if it is).
+    async fn wait(&self, device_id: &str) {
+        let notify = self.lock().get(device_id).cloned();
+        if let Some(notify) = notify {
+            let opened = notify.notified();
+            tokio::pin!(opened);
+            // Registered before re-checking, so an opening in between is not missed;
+            // the re-check is on this very gate, not the device: if it opened and
+            // another request took the device meanwhile, this one's wait is over.
+            opened.as_mut().enable();
+            let still_shut = self
+                .lock()
+                .get(device_id)
+                .is_some_and(|current| Arc::ptr_eq(current, &notify));
+            if still_shut {
+                opened.await;
+            }
+        }
+    }
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        if let Some(notify) = self.gates.lock().remove(&self.device_id) {
+            notify.notify_waiters();
+        }
+    }
 }
 
 impl PlacementService {
@@ -54,6 +157,7 @@ impl PlacementService {
             view,
             placer,
             metrics,
+            gates: Arc::new(DeviceGates::default()),
         }
     }
 
@@ -101,7 +205,9 @@ impl PlacementService {
         validate::task_spec("task", &task)?;
         validate::device_ids("candidate_device_ids", &restrict)?;
         let attempts = self.placer.params().max_reserve_attempts;
-        for attempt in 1..=attempts {
+        let mut attempt = 0;
+        let mut waits = 0;
+        loop {
             // Decide and build the new record under one read lock, so the expected
             // revision is the one the decision saw.
             let (explanation, plan) = {
@@ -164,31 +270,57 @@ impl PlacementService {
                     });
                 }
             };
-            let key = keys::device_residents(&device_id);
-            match self
-                .store
-                .compare_and_swap(&key, expect, record.encode_to_vec(), None)
-                .await?
+            // One commit at a time per device from this process: a second one, decided
+            // on the same revision, could only lose (see `DeviceGates`).
+            let Some(_gate) = self.gates.try_enter(&device_id) else {
+                waits += 1;
+                if waits > attempts.saturating_mul(WAITS_PER_ATTEMPT) {
+                    return Err(PlacerError::Contention {
+                        task_id: task.task_id,
+                        attempts: attempt,
+                    });
+                }
+                self.metrics.gate_waits.inc();
+                tracing::debug!(task = %task.task_id, device = %device_id,
+                    "device being reserved by another request; deciding again after it");
+                self.gates.wait(&device_id).await;
+                continue;
+            };
+            if self
+                .view()
+                .device(&device_id)
+                .and_then(|d| d.residents_revision)
+                != expected_revision(expect)
             {
-                CasOutcome::Swapped { revision } => {
+                // A commit landed between the decision and the gate: decide on it.
+                waits += 1;
+                continue;
+            }
+            attempt += 1;
+            let key = keys::device_residents(&device_id);
+            let placement = Placement {
+                task_id: task.task_id.clone(),
+                device_id: device_id.clone(),
+                reserved_mem_mib: reservation.reserved_mem_mib,
+                placed_at_unix_ms: reservation.placed_at_unix_ms,
+            };
+            // The reservation, the placement and the spec in one durable commit:
+            // all three or none, at the cost of one.
+            let txn = Txn::new()
+                .compare(key.as_str(), expect)
+                .put(key.as_str(), record.encode_to_vec(), None)
+                .put(
+                    keys::task_placement(&task.task_id),
+                    placement.encode_to_vec(),
+                    None,
+                )
+                .put(keys::task_spec(&task.task_id), task.encode_to_vec(), None);
+            match self.store.transact(txn).await? {
+                TxnOutcome::Committed { revision } => {
                     {
                         let mut view = self.view_mut();
                         view.apply_residents(&device_id, Some(record), revision);
                         view.forget_waiting(&task.task_id);
-                    }
-                    let placement = Placement {
-                        task_id: task.task_id.clone(),
-                        device_id: device_id.clone(),
-                        reserved_mem_mib: reservation.reserved_mem_mib,
-                        placed_at_unix_ms: reservation.placed_at_unix_ms,
-                    };
-                    if let Err(err) = self.record_placement(&task, &placement).await {
-                        tracing::error!(task = %task.task_id, device = %device_id, %err,
-                            "reserved the device but could not record the placement; undoing");
-                        if let Err(undo) = self.release(&task.task_id).await {
-                            tracing::error!(task = %task.task_id, %undo, "undo failed: release the task by hand");
-                        }
-                        return Err(err);
                     }
                     tracing::info!(task = %task.task_id, device = %device_id,
                         reserved_mib = placement.reserved_mem_mib, attempt,
@@ -198,18 +330,21 @@ impl PlacementService {
                         explanation,
                     });
                 }
-                CasOutcome::Conflict { current } => {
+                TxnOutcome::Failed { mut current } => {
                     self.metrics.cas_conflicts.inc();
                     tracing::debug!(task = %task.task_id, device = %device_id, attempt,
                         "device changed since the decision; deciding again");
-                    self.absorb(&device_id, expect, current);
+                    // The only comparison is the residents record's.
+                    self.absorb(&device_id, expect, current.pop().flatten());
+                    if attempt >= attempts {
+                        return Err(PlacerError::Contention {
+                            task_id: task.task_id,
+                            attempts,
+                        });
+                    }
                 }
             }
         }
-        Err(PlacerError::Contention {
-            task_id: task.task_id,
-            attempts,
-        })
     }
 
     /// Counts `task` as waiting for a device, so the tasks submitted after it see it
@@ -276,78 +411,119 @@ impl PlacementService {
         }
     }
 
-    async fn record_placement(&self, task: &TaskSpec, placement: &Placement) -> Result<()> {
-        let store = self.store.as_ref();
-        typed::put(store, &keys::task_placement(&task.task_id), placement, None).await?;
-        typed::put(store, &keys::task_spec(&task.task_id), task, None).await?;
-        Ok(())
-    }
-
     /// Gives `task_id`'s reservation back. Returns the device it held, or `None` when it
     /// held none (releasing twice is not an error).
+    ///
+    /// The reservation's removal and the placement's deletion are one transaction.
+    /// Since Place writes both in one transaction too, the view's device for the task
+    /// is normally all that is needed, so the usual Release costs that one commit and
+    /// no read; the placement is read from the store only when the view does not hold
+    /// the task (not synced yet, or a record written by hand or by an older placer).
     pub async fn release(&self, task_id: &str) -> Result<Option<String>> {
         validate::task_id("task_id", task_id)?;
         let placement_key = keys::task_placement(task_id);
-        let from_store = typed::get::<Placement>(self.store.as_ref(), &placement_key)
-            .await?
-            .map(|(p, _)| p.device_id);
         let from_view = self.view().device_of(task_id).map(str::to_owned);
         let mut released = None;
-        // Normally both agree; after a crash between the two writes only one knows.
-        let mut devices: Vec<String> = from_store.into_iter().chain(from_view).collect();
-        devices.dedup();
-        for device_id in devices {
-            if self.remove_reservation(&device_id, task_id).await? {
+        if let Some(device_id) = from_view
+            && self
+                .remove_reservation(&device_id, task_id, &placement_key)
+                .await?
+        {
+            released = Some(device_id);
+        }
+        let mut had_placement = released.is_some();
+        if released.is_none() {
+            let from_store = typed::get::<Placement>(self.store.as_ref(), &placement_key)
+                .await?
+                .map(|(p, _)| p.device_id);
+            had_placement = from_store.is_some();
+            if let Some(device_id) = from_store
+                && self
+                    .remove_reservation(&device_id, task_id, &placement_key)
+                    .await?
+            {
                 released = Some(device_id);
             }
+            if released.is_none() && had_placement {
+                // A placement without a reservation: nothing else to take it away with.
+                self.store.delete(&placement_key).await?;
+            }
         }
-        let had_placement = self.store.delete(&placement_key).await?;
         // A task withdrawn while it waited no longer holds the others back.
         self.view_mut().forget_waiting(task_id);
-        if released.is_some() || had_placement {
+        if had_placement {
             self.metrics.released.inc();
             tracing::debug!(task = %task_id, device = ?released, "released");
         }
         Ok(released)
     }
 
-    /// Removes one task from a device's residents record; true when it was there.
-    async fn remove_reservation(&self, device_id: &str, task_id: &str) -> Result<bool> {
+    /// Removes one task from a device's residents record and deletes `placement_key`
+    /// in the same transaction; true when the task was there.
+    ///
+    /// The first attempt starts from the view's copy of the record (no read from the
+    /// store); a lost comparison returns the record as it is now, which the next
+    /// attempt uses. The store is read only when the view does not list the task
+    /// there (another placer may have placed it and this view not caught up yet).
+    async fn remove_reservation(
+        &self,
+        device_id: &str,
+        task_id: &str,
+        placement_key: &str,
+    ) -> Result<bool> {
         validate::device_ids("device_id", std::slice::from_ref(&device_id.to_owned()))?;
         let key = keys::device_residents(device_id);
         let attempts = self.placer.params().max_reserve_attempts;
+        // Behind any Place committing on this device, so the view's record is current.
+        let _gate = self
+            .gates
+            .enter(device_id, attempts.saturating_mul(WAITS_PER_ATTEMPT))
+            .await;
+        let mut known: Option<(DeviceResidents, i64)> = {
+            let view = self.view();
+            view.device(device_id).and_then(|d| {
+                let holds = d.residents.iter().any(|r| r.reservation.task_id == task_id);
+                d.residents_revision
+                    .filter(|_| holds)
+                    .map(|rev| (d.residents_record(device_id), rev))
+            })
+        };
         for _ in 0..attempts {
-            let Some((mut record, kv)) =
-                typed::get::<DeviceResidents>(self.store.as_ref(), &key).await?
-            else {
-                return Ok(false);
+            let (mut record, mod_revision) = match known.take() {
+                Some(known) => known,
+                None => match typed::get::<DeviceResidents>(self.store.as_ref(), &key).await? {
+                    Some((record, kv)) => (record, kv.mod_revision),
+                    None => return Ok(false),
+                },
             };
             let before = record.reservations.len();
             record.reservations.retain(|r| r.task_id != task_id);
             if record.reservations.len() == before {
                 return Ok(false);
             }
-            if record.reservations.is_empty() {
-                if self.store.compare_and_delete(&key, kv.mod_revision).await? {
-                    self.view_mut()
-                        .apply_residents(device_id, None, kv.mod_revision + 1);
+            let txn = Txn::new().compare(key.as_str(), Expect::ModRevision(mod_revision));
+            let txn = if record.reservations.is_empty() {
+                txn.delete(key.as_str())
+            } else {
+                txn.put(key.as_str(), record.encode_to_vec(), None)
+            }
+            .delete(placement_key);
+            match self.store.transact(txn).await? {
+                TxnOutcome::Committed { revision } => {
+                    let record = (!record.reservations.is_empty()).then_some(record);
+                    self.view_mut().apply_residents(device_id, record, revision);
                     return Ok(true);
                 }
-            } else if let CasOutcome::Swapped { revision } = self
-                .store
-                .compare_and_swap(
-                    &key,
-                    Expect::ModRevision(kv.mod_revision),
-                    record.encode_to_vec(),
-                    None,
-                )
-                .await?
-            {
-                self.view_mut()
-                    .apply_residents(device_id, Some(record), revision);
-                return Ok(true);
+                TxnOutcome::Failed { mut current } => {
+                    self.metrics.cas_conflicts.inc();
+                    match current.pop().flatten() {
+                        Some(kv) => {
+                            known = Some((typed::decode::<DeviceResidents>(&kv)?, kv.mod_revision))
+                        }
+                        None => return Ok(false),
+                    }
+                }
             }
-            self.metrics.cas_conflicts.inc();
         }
         Err(PlacerError::Contention {
             task_id: task_id.to_owned(),
@@ -389,6 +565,39 @@ impl PlacementService {
         released
     }
 
+    /// Releases every resident task whose agent never appeared (no `alive` key, no
+    /// report) and that was placed at least `grace` ago, see
+    /// [`ClusterView::unstarted_residents`]. Returns the tasks released. A task whose
+    /// agent appeared between the check and the release is skipped; one that fails to
+    /// release is logged and retried on the next call.
+    pub async fn release_unstarted(&self, grace: std::time::Duration) -> Vec<String> {
+        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        let unstarted = self
+            .view()
+            .unstarted_residents(iadeep_proto::now_unix_ms(), grace_ms);
+        let mut released = Vec::new();
+        for task in unstarted {
+            if self.view().agent_alive(&task.task_id) {
+                tracing::debug!(task = %task.task_id, "agent appeared; keeps its reservation");
+                continue;
+            }
+            match self.release(&task.task_id).await {
+                Ok(Some(device)) => {
+                    self.metrics.unstarted_released.inc();
+                    let waited_s =
+                        (iadeep_proto::now_unix_ms() - task.placed_at_unix_ms).max(0) / 1000;
+                    tracing::info!(task = %task.task_id, %device, waited_s,
+                        "released the reservation of a task whose agent never started");
+                    released.push(task.task_id);
+                }
+                Ok(None) => {}
+                Err(err) => tracing::warn!(task = %task.task_id, device = %task.device_id, %err,
+                    "cannot release a never-started task's reservation; retrying later"),
+            }
+        }
+        released
+    }
+
     /// Every device in the view with its residents.
     pub fn list_devices(&self) -> Vec<DeviceStatus> {
         let view = self.view();
@@ -406,5 +615,37 @@ impl PlacementService {
                 reserved_mem_mib: device.reserved_mem_mib(),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_device_gate_admits_one_and_wakes_the_waiters_when_it_opens() {
+        let gates = Arc::new(DeviceGates::default());
+        let held = gates.try_enter("d0").expect("open gate");
+        assert!(gates.try_enter("d0").is_none(), "one holder at a time");
+        assert!(gates.try_enter("d1").is_some(), "gates are per device");
+        let waiter = {
+            let gates = gates.clone();
+            tokio::spawn(async move {
+                gates.wait("d0").await;
+                gates.try_enter("d0").is_some()
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "waits while the gate is held");
+        drop(held);
+        let entered = tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("woken when the gate opens")
+            .expect("waiter task");
+        assert!(entered);
+        // An open gate does not make anyone wait.
+        tokio::time::timeout(std::time::Duration::from_secs(1), gates.wait("d0"))
+            .await
+            .expect("no wait on an open gate");
     }
 }

@@ -289,6 +289,16 @@ pub struct DeadResident {
     pub finished: bool,
 }
 
+/// A resident task whose agent never showed up, as
+/// [`ClusterView::unstarted_residents`] reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnstartedResident {
+    pub task_id: String,
+    pub device_id: String,
+    /// When the reservation was made (Unix ms).
+    pub placed_at_unix_ms: i64,
+}
+
 /// A task waiting for a device: one that was answered "queue" and is expected to ask
 /// again. Decisions count the ones submitted before the task they decide on, because
 /// each of those will take a device that frees up before this one gets its turn.
@@ -380,6 +390,37 @@ impl ClusterView {
             .retain(|task, _| task_device.contains_key(task));
         dead.sort_by(|a, b| a.task_id.cmp(&b.task_id));
         dead
+    }
+
+    /// Resident tasks whose agent never appeared: no `alive` key now, none seen
+    /// since this view started (a task whose key was seen and then deleted is
+    /// [`ClusterView::dead_residents`]'s), and no report, reserved at least `grace_ms`
+    /// before `now_unix_ms`. A task that was placed but never started (the job was
+    /// never launched, its pod never scheduled) would otherwise hold its device
+    /// forever, because no lease of its ever expires.
+    pub fn unstarted_residents(&self, now_unix_ms: i64, grace_ms: i64) -> Vec<UnstartedResident> {
+        let mut unstarted = Vec::new();
+        for (device_id, device) in &self.devices {
+            for resident in &device.residents {
+                let reservation = &resident.reservation;
+                let task_id = &reservation.task_id;
+                if self.alive.contains(task_id)
+                    || self.gone_since.contains_key(task_id)
+                    || self.reports.contains_key(task_id)
+                {
+                    continue;
+                }
+                if now_unix_ms.saturating_sub(reservation.placed_at_unix_ms) >= grace_ms {
+                    unstarted.push(UnstartedResident {
+                        task_id: task_id.clone(),
+                        device_id: device_id.clone(),
+                        placed_at_unix_ms: reservation.placed_at_unix_ms,
+                    });
+                }
+            }
+        }
+        unstarted.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+        unstarted
     }
 
     /// Records that `task` waits for a device until `expires_at_unix_ms` (or refreshes
@@ -730,6 +771,54 @@ mod tests {
         view.apply_residents("d0", Some(record), 2);
         assert!(view.dead_residents(60_000, 5_000).is_empty());
         assert!(view.gone_since.is_empty());
+    }
+
+    #[test]
+    fn unstarted_residents_are_those_never_seen_alive_nor_reporting_past_the_grace() {
+        let mut view = ClusterView::new(Arc::new(crate::model::ModelledMemory));
+        let placed = |task: &str, at: i64| {
+            let mut r = reservation(task, 100);
+            r.placed_at_unix_ms = at;
+            r
+        };
+        let record = DeviceResidents {
+            device_id: "d0".into(),
+            reservations: vec![
+                placed("never", 1_000),
+                placed("late", 4_000),
+                placed("running", 1_000),
+                placed("crashed", 1_000),
+                placed("reported", 1_000),
+            ],
+        };
+        view.apply_residents("d0", Some(record), 1);
+        view.set_alive("running");
+        view.set_alive("crashed");
+        view.set_not_alive("crashed", 2_000);
+        view.set_report(TaskReport {
+            task_id: "reported".into(),
+            ..Default::default()
+        });
+        let ids = |found: Vec<UnstartedResident>| -> Vec<String> {
+            found.into_iter().map(|u| u.task_id).collect()
+        };
+        assert!(view.unstarted_residents(5_999, 5_000).is_empty());
+        let found = view.unstarted_residents(6_000, 5_000);
+        assert_eq!(
+            found,
+            [UnstartedResident {
+                task_id: "never".into(),
+                device_id: "d0".into(),
+                placed_at_unix_ms: 1_000
+            }]
+        );
+        assert_eq!(
+            ids(view.unstarted_residents(9_000, 5_000)),
+            ["late", "never"]
+        );
+        // Its agent starts after all: no longer a candidate.
+        view.set_alive("late");
+        assert_eq!(ids(view.unstarted_residents(9_000, 5_000)), ["never"]);
     }
 
     #[test]

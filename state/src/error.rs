@@ -54,6 +54,10 @@ pub enum StateError {
     #[error("lease {0} not found (expired or revoked)")]
     LeaseNotFound(LeaseId),
 
+    /// A transaction the store cannot apply as asked (e.g. one key written twice).
+    #[error("invalid transaction: {reason}")]
+    InvalidTxn { reason: String },
+
     /// A lease TTL the store cannot represent.
     #[error("invalid lease TTL {0:?}: must be between 1 s and 1 year")]
     InvalidTtl(Duration),

@@ -10,7 +10,7 @@ use etcd_client::{
 
 use crate::error::{Result, StateError};
 use crate::store::{
-    CasOutcome, Expect, KeyValue, LeaseId, RangeSnapshot, Revision, StateStore, WatchEvent,
+    Expect, KeyValue, LeaseId, RangeSnapshot, Revision, StateStore, TxnOutcome, WatchEvent,
     WatchStream, lease_ttl_secs,
 };
 
@@ -179,51 +179,64 @@ impl StateStore for EtcdStore {
         Ok(resp.deleted() > 0)
     }
 
-    async fn compare_and_swap(
-        &self,
-        key: &str,
-        expect: Expect,
-        value: Vec<u8>,
-        lease: Option<LeaseId>,
-    ) -> Result<CasOutcome> {
-        let compare = match expect {
-            Expect::Absent => Compare::create_revision(key, CompareOp::Equal, 0),
-            Expect::ModRevision(rev) => Compare::mod_revision(key, CompareOp::Equal, rev),
-        };
-        let options = lease.map(|l| PutOptions::new().with_lease(l.0));
-        let txn = Txn::new()
-            .when([compare])
-            .and_then([TxnOp::put(key, value, options)])
-            .or_else([TxnOp::get(key, None)]);
+    async fn transact(&self, txn: crate::store::Txn) -> Result<TxnOutcome> {
+        // etcd would refuse it too, with a less helpful message.
+        txn.check()?;
+        let target = txn
+            .ops
+            .first()
+            .map(|op| op.key().to_owned())
+            .or_else(|| txn.compares.first().map(|c| c.key.clone()))
+            .unwrap_or_else(|| "an empty transaction".to_owned());
+        let lease = txn.ops.iter().find_map(|op| match op {
+            crate::store::TxnOp::Put { lease, .. } => *lease,
+            crate::store::TxnOp::Delete { .. } => None,
+        });
+        let compares: Vec<Compare> = txn
+            .compares
+            .iter()
+            .map(|c| match c.expect {
+                // A missing key compares as create revision 0.
+                Expect::Absent => Compare::create_revision(c.key.as_str(), CompareOp::Equal, 0),
+                Expect::ModRevision(rev) => {
+                    Compare::mod_revision(c.key.as_str(), CompareOp::Equal, rev)
+                }
+            })
+            .collect();
+        // On failure, read back every compared key so the caller sees why.
+        let reads: Vec<TxnOp> = txn
+            .compares
+            .iter()
+            .map(|c| TxnOp::get(c.key.as_str(), None))
+            .collect();
+        let ops: Vec<TxnOp> = txn
+            .ops
+            .into_iter()
+            .map(|op| match op {
+                crate::store::TxnOp::Put { key, value, lease } => {
+                    TxnOp::put(key, value, lease.map(|l| PutOptions::new().with_lease(l.0)))
+                }
+                crate::store::TxnOp::Delete { key } => TxnOp::delete(key, None),
+            })
+            .collect();
+        let request = Txn::new().when(compares).and_then(ops).or_else(reads);
         let mut kv = self.client.kv_client();
-        let resp = kv.txn(txn).await.map_err(|e| match lease {
+        let resp = kv.txn(request).await.map_err(|e| match lease {
             Some(l) if e.to_string().contains("lease not found") => StateError::LeaseNotFound(l),
-            _ => self.error("compare-and-swap", key, e),
+            _ => self.error("transaction", &target, e),
         })?;
         if resp.succeeded() {
-            return Ok(CasOutcome::Swapped {
+            return Ok(TxnOutcome::Committed {
                 revision: header_revision(resp.header()),
             });
         }
-        let mut current = None;
+        let mut current = Vec::with_capacity(resp.op_responses().len());
         for op in resp.op_responses() {
             if let TxnOpResponse::Get(get) = op {
-                current = get.kvs().first().map(convert_kv).transpose()?;
+                current.push(get.kvs().first().map(convert_kv).transpose()?);
             }
         }
-        Ok(CasOutcome::Conflict { current })
-    }
-
-    async fn compare_and_delete(&self, key: &str, mod_revision: Revision) -> Result<bool> {
-        let txn = Txn::new()
-            .when([Compare::mod_revision(key, CompareOp::Equal, mod_revision)])
-            .and_then([TxnOp::delete(key, None)]);
-        let mut kv = self.client.kv_client();
-        let resp = kv
-            .txn(txn)
-            .await
-            .map_err(|e| self.error("compare-and-delete", key, e))?;
-        Ok(resp.succeeded())
+        Ok(TxnOutcome::Failed { current })
     }
 
     async fn range(&self, prefix: &str) -> Result<RangeSnapshot> {
@@ -355,13 +368,18 @@ impl WatchSession {
     }
 
     /// Sends the events of `resp`; an error means the reader is gone.
+    ///
+    /// The floor is taken once per response: a transaction's events share one
+    /// revision and etcd sends them in one response, so all of them must pass
+    /// (a floor raised after the first would drop its siblings).
     fn deliver(&mut self, resp: &etcd_client::WatchResponse) -> Result<()> {
+        let floor = self.next_revision;
         for event in resp.events() {
             let Some(event) = convert_event(event)? else {
                 continue;
             };
             let revision = event.revision();
-            if self.next_revision.is_some_and(|next| revision < next) {
+            if floor.is_some_and(|next| revision < next) {
                 continue; // already delivered before a reconnection
             }
             self.next_revision = Some(revision + 1);

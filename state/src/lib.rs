@@ -23,7 +23,7 @@ pub use error::{Result, StateError};
 pub use etcd::EtcdStore;
 pub use lease::{LeaseHealth, LeaseKeeper};
 pub use store::{
-    CasOutcome, Expect, KeyValue, LeaseId, RangeSnapshot, Revision, StateStore, WatchEvent,
-    WatchStream,
+    CasOutcome, Expect, KeyValue, LeaseId, RangeSnapshot, Revision, StateStore, Txn, TxnCompare,
+    TxnOp, TxnOutcome, WatchEvent, WatchStream,
 };
 pub use url::StoreUrl;

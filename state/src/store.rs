@@ -97,6 +97,126 @@ impl CasOutcome {
     }
 }
 
+/// One condition of a [`Txn`]: what `key` must look like for the transaction to apply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxnCompare {
+    pub key: String,
+    pub expect: Expect,
+}
+
+/// One write of a [`Txn`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxnOp {
+    /// Writes `value` at `key`, bound to `lease` if given (without one, the key is
+    /// detached from any lease it had, as a plain put does).
+    Put {
+        key: String,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    },
+    /// Deletes `key` (deleting an absent key is allowed and changes nothing).
+    Delete { key: String },
+}
+
+impl TxnOp {
+    /// The key the operation writes.
+    pub fn key(&self) -> &str {
+        match self {
+            TxnOp::Put { key, .. } | TxnOp::Delete { key } => key,
+        }
+    }
+}
+
+/// An atomic multi-key transaction: every operation applies, in one durable commit
+/// at one revision, if and only if every comparison holds; otherwise nothing is
+/// written and the revision does not move.
+///
+/// Why one primitive rather than several compare-and-swaps: a placement touches
+/// three keys (the device's residents, the task's placement and its spec), and a
+/// durable commit is what a decision costs, so one commit per decision is both
+/// cheaper and the only way a crash can never leave half of it behind.
+///
+/// A key may be written by at most one operation (etcd refuses duplicates, and so
+/// does every backend, so code cannot depend on an order between them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Txn {
+    pub compares: Vec<TxnCompare>,
+    pub ops: Vec<TxnOp>,
+}
+
+impl Txn {
+    /// An empty transaction (it commits and writes nothing).
+    pub fn new() -> Txn {
+        Txn::default()
+    }
+
+    /// Adds the condition that `key` matches `expect`.
+    pub fn compare(mut self, key: impl Into<String>, expect: Expect) -> Txn {
+        self.compares.push(TxnCompare {
+            key: key.into(),
+            expect,
+        });
+        self
+    }
+
+    /// Adds a put of `value` at `key`.
+    pub fn put(mut self, key: impl Into<String>, value: Vec<u8>, lease: Option<LeaseId>) -> Txn {
+        self.ops.push(TxnOp::Put {
+            key: key.into(),
+            value,
+            lease,
+        });
+        self
+    }
+
+    /// Adds a delete of `key`.
+    pub fn delete(mut self, key: impl Into<String>) -> Txn {
+        self.ops.push(TxnOp::Delete { key: key.into() });
+        self
+    }
+
+    /// Refuses a transaction that writes one key twice.
+    pub fn check(&self) -> Result<()> {
+        let mut seen = std::collections::HashSet::with_capacity(self.ops.len());
+        for op in &self.ops {
+            if !seen.insert(op.key()) {
+                return Err(StateError::InvalidTxn {
+                    reason: format!("key {:?} is written more than once", op.key()),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `current` (the key's value now, if any) satisfies `expect`.
+    pub fn holds(expect: Expect, current: Option<&KeyValue>) -> bool {
+        match (expect, current) {
+            (Expect::Absent, None) => true,
+            (Expect::ModRevision(rev), Some(kv)) => kv.mod_revision == rev,
+            _ => false,
+        }
+    }
+}
+
+/// Result of a [`Txn`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxnOutcome {
+    /// Every comparison held; the operations were committed durably at `revision`
+    /// (the current revision, unchanged, when they changed nothing).
+    Committed { revision: Revision },
+    /// Some comparison failed; nothing was written. `current` holds, for each
+    /// compared key in the order of [`Txn::compares`], what is there now, so the
+    /// caller can refresh its view and try again without another read.
+    Failed { current: Vec<Option<KeyValue>> },
+}
+
+impl TxnOutcome {
+    /// True when the transaction was applied.
+    pub fn committed(&self) -> bool {
+        matches!(self, TxnOutcome::Committed { .. })
+    }
+}
+
 /// A consistent snapshot of a prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RangeSnapshot {
@@ -179,17 +299,36 @@ pub trait StateStore: Send + Sync + fmt::Debug {
     /// Deletes `key`; returns whether it existed.
     async fn delete(&self, key: &str) -> Result<bool>;
 
-    /// Writes `value` at `key` only if `expect` holds, atomically.
+    /// Writes `value` at `key` only if `expect` holds, atomically: a one-key [`Txn`].
     async fn compare_and_swap(
         &self,
         key: &str,
         expect: Expect,
         value: Vec<u8>,
         lease: Option<LeaseId>,
-    ) -> Result<CasOutcome>;
+    ) -> Result<CasOutcome> {
+        let txn = Txn::new().compare(key, expect).put(key, value, lease);
+        Ok(match self.transact(txn).await? {
+            TxnOutcome::Committed { revision } => CasOutcome::Swapped { revision },
+            TxnOutcome::Failed { mut current } => CasOutcome::Conflict {
+                current: current.pop().flatten(),
+            },
+        })
+    }
 
     /// Deletes `key` only if its mod-revision is `mod_revision`; returns whether it did.
-    async fn compare_and_delete(&self, key: &str, mod_revision: Revision) -> Result<bool>;
+    async fn compare_and_delete(&self, key: &str, mod_revision: Revision) -> Result<bool> {
+        let txn = Txn::new()
+            .compare(key, Expect::ModRevision(mod_revision))
+            .delete(key);
+        Ok(self.transact(txn).await?.committed())
+    }
+
+    /// Applies `txn` atomically and durably: all of its operations at one new revision
+    /// if every comparison holds, nothing otherwise. A transaction that writes one key
+    /// twice is refused with [`StateError::InvalidTxn`]; a put bound to a lease that
+    /// no longer exists fails with [`StateError::LeaseNotFound`] and writes nothing.
+    async fn transact(&self, txn: Txn) -> Result<TxnOutcome>;
 
     /// Every key starting with `prefix`, sorted, with the revision of the snapshot.
     async fn range(&self, prefix: &str) -> Result<RangeSnapshot>;

@@ -54,12 +54,22 @@ fn loopback() -> SocketAddr {
 }
 
 async fn daemon(store: Arc<dyn StateStore>, kube_api: Option<String>) -> Daemon {
+    daemon_with(store, kube_api, None).await
+}
+
+/// A daemon that also releases tasks whose agent never started after `unstarted`.
+async fn daemon_with(
+    store: Arc<dyn StateStore>,
+    kube_api: Option<String>,
+    unstarted: Option<Duration>,
+) -> Daemon {
     let config = DaemonConfig {
         grpc: loopback(),
         extender: Some(loopback()),
         metrics: Some(loopback()),
         kube_api,
         dead_task_grace: Some(DEAD_TASK_GRACE),
+        unstarted_task_grace: unstarted,
     };
     Daemon::start(store, placer(), Arc::new(ModelledMemory), config)
         .await
@@ -459,6 +469,66 @@ async fn reservations_of_tasks_whose_agent_died_are_released_after_the_grace() {
     assert_eq!(metrics.dead_released.get(), 2);
 }
 
+/// A task placed whose agent never starts gives its device back once the
+/// never-started grace has passed since its placement (reservation and placement
+/// both); a task placed with it whose agent started keeps its device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_of_tasks_whose_agent_never_started_are_released_after_their_grace() {
+    const UNSTARTED_GRACE: Duration = Duration::from_secs(2);
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    register(store.as_ref(), "n1.gpu0", "n1", 32_768).await;
+    let daemon = daemon_with(store.clone(), None, Some(UNSTARTED_GRACE)).await;
+    let mut c = client(&daemon).await;
+    let placed_before = std::time::Instant::now();
+    for id in ["never", "started"] {
+        let answer = place(&mut c, task(id, 2000, 10.0)).await.expect("place");
+        assert!(
+            matches!(answer.decision, Some(place_response::Decision::Placed(_))),
+            "{answer:?}"
+        );
+    }
+    let s = store.as_ref();
+    start_agent(s, "started", Duration::from_secs(30)).await;
+    tokio::time::sleep(UNSTARTED_GRACE / 2).await;
+    let mut held = residents_of(s, "n1.gpu0").await;
+    held.sort();
+    assert_eq!(
+        held,
+        ["never", "started"],
+        "released before the grace period"
+    );
+    eventually("the never-started task to be released", async || {
+        !residents_of(s, "n1.gpu0")
+            .await
+            .contains(&"never".to_owned())
+    })
+    .await;
+    let waited = placed_before.elapsed();
+    assert!(
+        waited >= UNSTARTED_GRACE,
+        "released {waited:?} after its placement, before the {UNSTARTED_GRACE:?} grace"
+    );
+    assert!(
+        s.get(&keys::task_placement("never"))
+            .await
+            .expect("get")
+            .is_none(),
+        "its placement is deleted with the reservation"
+    );
+    // Another grace later, the started one still holds its device.
+    tokio::time::sleep(UNSTARTED_GRACE).await;
+    assert_eq!(residents_of(s, "n1.gpu0").await, ["started"]);
+    let metrics = daemon.service().metrics();
+    assert_eq!(
+        (
+            metrics.unstarted_released.get(),
+            metrics.dead_released.get()
+        ),
+        (1, 0)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_are_invalid_argument_naming_the_field_and_write_nothing() {
     let server = start_etcd();
@@ -634,6 +704,27 @@ async fn concurrent_places_on_a_nearly_full_cluster_never_overpack_a_device() {
         *per_device.entry(p.device_id.clone()).or_default() += 1;
     }
     assert!(per_device.values().all(|&n| n == 1), "{per_device:?}");
+    // The reservation, placement and spec are one transaction: a placed task has all
+    // three, a task that lost the race has none (no placement left behind).
+    let placements = store.range(keys::TASKS).await.expect("range tasks").kvs;
+    let with = |suffix: &str| -> Vec<String> {
+        let mut ids: Vec<String> = placements
+            .iter()
+            .filter(|kv| kv.key.ends_with(suffix))
+            .map(|kv| kv.key.clone())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let mut expected: Vec<String> = placed
+        .iter()
+        .map(|p| keys::task_placement(&p.task_id))
+        .collect();
+    expected.sort();
+    assert_eq!(with("/placement"), expected);
+    let mut expected: Vec<String> = placed.iter().map(|p| keys::task_spec(&p.task_id)).collect();
+    expected.sort();
+    assert_eq!(with("/spec"), expected);
 
     // No version of any residents record ever exceeded the device's usable memory.
     let mut versions = 0;

@@ -16,7 +16,7 @@ use iadeep_proto::TaskSpec;
 
 use crate::error::StateError;
 use crate::keys;
-use crate::store::{CasOutcome, Expect, StateStore, WatchEvent, WatchStream};
+use crate::store::{CasOutcome, Expect, StateStore, Txn, TxnOutcome, WatchEvent, WatchStream};
 use crate::typed;
 
 /// How long a case waits for an event that must come.
@@ -172,6 +172,208 @@ pub async fn stale_compare_and_swap_writes_nothing(store: Arc<dyn StateStore>) {
             .expect("cad")
     );
     assert_eq!(store.get("/stale/k").await.expect("get"), None);
+}
+
+/// A transaction whose comparisons hold applies every operation at ONE new revision:
+/// puts create and update keys, deletes remove them, a watcher sees all of it at
+/// that revision, and keys it does not name are untouched.
+pub async fn transaction_applies_all_at_one_revision(store: Arc<dyn StateStore>) {
+    let ra = store.put("/tx/a", b"a1".to_vec(), None).await.expect("put");
+    store.put("/tx/c", b"c1".to_vec(), None).await.expect("put");
+    let other = store.put("/tx/z", b"z".to_vec(), None).await.expect("put");
+    let mut watch = store.watch("/tx/", None).await.expect("watch");
+    let txn = Txn::new()
+        .compare("/tx/a", Expect::ModRevision(ra))
+        .compare("/tx/b", Expect::Absent)
+        .put("/tx/a", b"a2".to_vec(), None)
+        .put("/tx/b", b"b1".to_vec(), None)
+        .delete("/tx/c")
+        .delete("/tx/never");
+    let outcome = store.transact(txn).await.expect("transact");
+    let TxnOutcome::Committed { revision } = outcome else {
+        panic!("every comparison holds, must commit: {outcome:?}");
+    };
+    assert!(revision > other, "a commit advances the revision");
+    let a = store.get("/tx/a").await.expect("get").expect("a");
+    assert_eq!(
+        (a.value.as_slice(), a.mod_revision, a.version),
+        (&b"a2"[..], revision, 2)
+    );
+    let b = store.get("/tx/b").await.expect("get").expect("b");
+    assert_eq!(
+        (b.create_revision, b.mod_revision, b.version),
+        (revision, revision, 1)
+    );
+    assert_eq!(store.get("/tx/c").await.expect("get"), None);
+    let z = store.get("/tx/z").await.expect("get").expect("z");
+    assert_eq!(
+        z.mod_revision, other,
+        "a key the transaction does not name is untouched"
+    );
+    assert_eq!(store.range("/tx/").await.expect("range").revision, revision);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let event = next_event(&mut watch).await;
+        assert_eq!(event.revision(), revision, "{event:?}");
+        seen.push((event.key().to_owned(), matches!(event, WatchEvent::Put(_))));
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("/tx/a".to_owned(), true),
+            ("/tx/b".to_owned(), true),
+            ("/tx/c".to_owned(), false)
+        ]
+    );
+    assert_no_event(&mut watch, Duration::from_millis(200)).await;
+
+    // Deleting only absent keys commits without a new revision, as in etcd.
+    let noop = store
+        .transact(Txn::new().delete("/tx/never"))
+        .await
+        .expect("transact");
+    assert_eq!(noop, TxnOutcome::Committed { revision });
+}
+
+/// Fault: one failed comparison among several fails the whole transaction: nothing
+/// is written, the revision does not move, and the caller gets every compared key as
+/// it is now, in the order of the comparisons.
+pub async fn failed_transaction_writes_nothing(store: Arc<dyn StateStore>) {
+    let stale = store
+        .put("/txf/a", b"old".to_vec(), None)
+        .await
+        .expect("put");
+    let fresh = store
+        .put("/txf/a", b"new".to_vec(), None)
+        .await
+        .expect("put");
+    let b = store.put("/txf/b", b"b".to_vec(), None).await.expect("put");
+    let before = store.range("/txf/").await.expect("range").revision;
+    let txn = Txn::new()
+        .compare("/txf/b", Expect::ModRevision(b))
+        .compare("/txf/a", Expect::ModRevision(stale))
+        .compare("/txf/none", Expect::Absent)
+        .put("/txf/b", b"lost".to_vec(), None)
+        .put("/txf/new", b"lost".to_vec(), None)
+        .delete("/txf/a");
+    match store.transact(txn).await.expect("transact") {
+        TxnOutcome::Failed { current } => {
+            assert_eq!(current.len(), 3, "{current:?}");
+            let b_now = current[0].as_ref().expect("b is there");
+            assert_eq!((b_now.value.as_slice(), b_now.mod_revision), (&b"b"[..], b));
+            let a_now = current[1].as_ref().expect("a is there");
+            assert_eq!(
+                (a_now.value.as_slice(), a_now.mod_revision),
+                (&b"new"[..], fresh)
+            );
+            assert_eq!(current[2], None);
+        }
+        other => panic!("a stale comparison must fail the transaction: {other:?}"),
+    }
+    assert_eq!(store.range("/txf/").await.expect("range").revision, before);
+    let a = store.get("/txf/a").await.expect("get").expect("a survives");
+    assert_eq!(a.value, b"new");
+    let b_kv = store.get("/txf/b").await.expect("get").expect("b");
+    assert_eq!(b_kv.value, b"b");
+    assert_eq!(store.get("/txf/new").await.expect("get"), None);
+
+    // A key that must be absent but exists fails it too.
+    let txn = Txn::new()
+        .compare("/txf/b", Expect::Absent)
+        .put("/txf/new", b"lost".to_vec(), None);
+    assert!(!store.transact(txn).await.expect("transact").committed());
+    assert_eq!(store.get("/txf/new").await.expect("get"), None);
+
+    // Writing one key twice is refused, not applied in some order.
+    let twice = Txn::new()
+        .put("/txf/new", b"1".to_vec(), None)
+        .delete("/txf/new");
+    match store.transact(twice).await {
+        Err(StateError::InvalidTxn { reason }) => assert!(reason.contains("/txf/new"), "{reason}"),
+        other => panic!("a key written twice must be refused: {other:?}"),
+    }
+    assert_eq!(store.get("/txf/new").await.expect("get"), None);
+}
+
+/// A transaction's puts carry their lease (revoking it deletes them, not the
+/// unleased ones), and a put bound to a lease that is gone fails the whole
+/// transaction with nothing written.
+pub async fn transaction_attaches_leases(store: Arc<dyn StateStore>) {
+    let lease = store
+        .grant_lease(Duration::from_secs(60))
+        .await
+        .expect("grant");
+    let txn = Txn::new()
+        .compare("/txl/leased", Expect::Absent)
+        .put("/txl/leased", b"l".to_vec(), Some(lease))
+        .put("/txl/plain", b"p".to_vec(), None);
+    assert!(store.transact(txn).await.expect("transact").committed());
+    let leased = store
+        .get("/txl/leased")
+        .await
+        .expect("get")
+        .expect("leased");
+    assert_eq!(leased.lease, Some(lease));
+    store.revoke_lease(lease).await.expect("revoke");
+    assert_eq!(store.get("/txl/leased").await.expect("get"), None);
+    assert!(store.get("/txl/plain").await.expect("get").is_some());
+    let before = store.range("/txl/").await.expect("range").revision;
+    let txn = Txn::new().put("/txl/other", b"o".to_vec(), None).put(
+        "/txl/leased",
+        b"l".to_vec(),
+        Some(lease),
+    );
+    match store.transact(txn).await {
+        Err(StateError::LeaseNotFound(id)) => assert_eq!(id, lease),
+        other => panic!("a put with a revoked lease must fail the transaction: {other:?}"),
+    }
+    assert_eq!(store.get("/txl/other").await.expect("get"), None);
+    assert_eq!(store.range("/txl/").await.expect("range").revision, before);
+}
+
+/// Concurrent transactions that each add one to a counter with a comparison on its
+/// revision never lose an update: the final count equals the commits, and the
+/// commits' revisions are all different.
+pub async fn concurrent_transactions_serialise(store: Arc<dyn StateStore>) {
+    const WRITERS: usize = 8;
+    const ADDS: usize = 5;
+    store.put("/txc/n", b"0".to_vec(), None).await.expect("put");
+    let mut handles = Vec::new();
+    for w in 0..WRITERS {
+        let store = store.clone();
+        handles.push(tokio::spawn(async move {
+            let mut revisions = Vec::new();
+            while revisions.len() < ADDS {
+                let kv = store.get("/txc/n").await.expect("get").expect("counter");
+                let n: u64 = std::str::from_utf8(&kv.value)
+                    .expect("utf8")
+                    .parse()
+                    .expect("number");
+                let txn = Txn::new()
+                    .compare("/txc/n", Expect::ModRevision(kv.mod_revision))
+                    .put("/txc/n", (n + 1).to_string().into_bytes(), None)
+                    .put(format!("/txc/by/{w}/{}", revisions.len()), vec![], None);
+                if let TxnOutcome::Committed { revision } =
+                    store.transact(txn).await.expect("transact")
+                {
+                    revisions.push(revision);
+                }
+            }
+            revisions
+        }));
+    }
+    let mut revisions = Vec::new();
+    for handle in handles {
+        revisions.extend(handle.await.expect("writer"));
+    }
+    let kv = store.get("/txc/n").await.expect("get").expect("counter");
+    assert_eq!(kv.value, (WRITERS * ADDS).to_string().into_bytes());
+    revisions.sort_unstable();
+    revisions.dedup();
+    assert_eq!(revisions.len(), WRITERS * ADDS, "one revision per commit");
+    let markers = store.range("/txc/by/").await.expect("range").kvs;
+    assert_eq!(markers.len(), WRITERS * ADDS);
 }
 
 /// A watch sees puts and deletes under its prefix, in order, and nothing else.
@@ -397,6 +599,10 @@ macro_rules! conformance_tests {
             range_is_prefix_bounded_and_sorted,
             compare_and_swap_semantics,
             stale_compare_and_swap_writes_nothing,
+            transaction_applies_all_at_one_revision,
+            failed_transaction_writes_nothing,
+            transaction_attaches_leases,
+            concurrent_transactions_serialise,
             watch_sees_changes_in_order,
             watch_resumes_from_a_revision,
             range_then_watch_has_no_gap,
