@@ -33,7 +33,8 @@ pub struct PlacerParams {
     /// confidence bound), so a poorly known co-location has to look clearly better.
     pub uncertainty_weight: f64,
     /// Seconds of degraded progress one second of waiting is worth. The task queues when
-    /// `wait × wait_cost_factor < excess PD × task duration` (see [`crate::policy`]).
+    /// `wait × wait_cost_factor < excess PD × task duration + delay to a task ahead`
+    /// (see [`crate::policy`]).
     pub wait_cost_factor: f64,
     /// Solo run time assumed for a task that does not say how much work it has.
     pub assumed_task_duration: Duration,

@@ -19,13 +19,24 @@
 //!    less work per second than the residents alone (plus the margin), running the
 //!    task later alone does the same work sooner, however long the queue, so no
 //!    queue rule below should place it there.
-//!    Devices are ranked by `increase + uncertainty_weight × uncertainty`; equal
-//!    ranks are broken by a hash of (task, device) so that concurrent requests
+//!    **Promised devices.** A device among the first `q` predicted to free up (see
+//!    step 3) is what a task waiting ahead counts on. Joining it keeps it busy at
+//!    least until the newcomer finishes, about its solo duration `D` from now, so
+//!    that task waits `delay = max(0, D − R)` longer, `R` being when the device's
+//!    residents are predicted to finish. The placer's own audit (`iadeep sim
+//!    --audit`) showed this is why `W` ran 2–2.5× below the real wait: the
+//!    residents' progress was predicted well, but devices about to free up were
+//!    joined before they did. The delay is priced like the excess below, per
+//!    second of the newcomer's solo run (`delay / D` added to the rank), so an
+//!    unpromised device of similar PD is preferred, and in full in step 3.
+//!    Devices are ranked by `increase + uncertainty_weight × uncertainty + delay / D`;
+//!    equal ranks are broken by a hash of (task, device) so that concurrent requests
 //!    spread over equally good devices instead of all racing for the first.
 //! 3. **Queue or place.** If the best device is not idle, placing costs the excess
 //!    `increase − 1` units of PD for about the task's solo duration `D`, i.e.
 //!    `(increase − 1) × D` seconds of solo-speed progress lost across the device's
-//!    tasks. Waiting costs the time `W` until a device frees up *for this task*,
+//!    tasks, plus the `delay` it imposes on a task waiting ahead if the device was
+//!    promised to one. Waiting costs the time `W` until a device frees up *for this task*,
 //!    after which it would run alone at PD 1. The `q` tasks waiting ahead of it
 //!    (told to queue earlier and submitted before it, see
 //!    [`ClusterView::waiting_ahead_of`]) take the first `q` devices that free up, so
@@ -158,6 +169,9 @@ pub struct Candidate<'v> {
     pub reserved_mem_mib: u64,
     /// The device has no resident.
     pub idle: bool,
+    /// Seconds a task waiting ahead, promised this device, would wait longer if the
+    /// task joined it (see the module docs); 0 when no waiting task counts on it.
+    pub delay_s: f64,
     tiebreak: u64,
 }
 
@@ -180,6 +194,24 @@ pub struct Assessment<'v> {
     /// idle: the wait `W` of the queue-or-place rule (see the module docs). `None`
     /// when fewer devices say when they free up.
     pub wait_s: Option<f64>,
+}
+
+/// A feasible shared device waiting for the slowdown model.
+struct Shared<'v> {
+    id: &'v str,
+    device: &'v DeviceState,
+    /// MiB to reserve.
+    need: u64,
+    /// Aggregate demand, for pre-screening.
+    demand: f64,
+    tiebreak: u64,
+    /// Seconds until its residents are predicted to finish, if they all report.
+    idle_in: Option<f64>,
+}
+
+/// Orders devices by when they free up, then by id.
+fn by_idle_time(a: &(f64, &str), b: &(f64, &str)) -> Ordering {
+    a.0.total_cmp(&b.0).then(a.1.cmp(b.1))
 }
 
 /// What to tell the caller.
@@ -265,20 +297,25 @@ impl Placer {
             waiting_ahead: view.waiting_ahead_of(task, now_unix_ms),
             ..Assessment::default()
         };
-        // Seconds until each considered device with residents is predicted to be idle.
-        let mut idle_in_s: Vec<f64> = Vec::new();
-        // Feasible shared devices waiting for the model: (id, device, need, demand, tiebreak).
-        let mut shared: Vec<(&'v str, &'v DeviceState, u64, f64, u64)> = Vec::new();
+        // Seconds until each considered device with residents is predicted to be idle,
+        // with its id (ties in time are ordered by id, so "the first q" is well defined).
+        let mut idle_in_s: Vec<(f64, &'v str)> = Vec::new();
+        // Feasible shared devices waiting for the model.
+        let mut shared: Vec<Shared<'v>> = Vec::new();
         let mut consider =
             |id: &'v str, device: Option<&'v DeviceState>, out: &mut Assessment<'v>| {
                 let Some(device) = device else {
                     out.rejected.push((id, Rejection::UnknownDevice));
                     return;
                 };
+                let idle_in = device
+                    .summary()
+                    .idle_at_unix_ms
+                    .map(|at| (at - now_unix_ms).max(0) as f64 / 1000.0);
                 if device.info.is_some()
-                    && let Some(at) = device.summary().idle_at_unix_ms
+                    && let Some(s) = idle_in
                 {
-                    idle_in_s.push((at - now_unix_ms).max(0) as f64 / 1000.0);
+                    idle_in_s.push((s, id));
                 }
                 let tiebreak = tiebreak(task_hash, device.id_hash);
                 match self.feasible(device, &new_profile, new_footprint) {
@@ -289,9 +326,17 @@ impl Placer {
                         rank: 1.0,
                         reserved_mem_mib: need,
                         idle: true,
+                        delay_s: 0.0,
                         tiebreak,
                     }),
-                    Ok((need, Some(demand))) => shared.push((id, device, need, demand, tiebreak)),
+                    Ok((need, Some(demand))) => shared.push(Shared {
+                        id,
+                        device,
+                        need,
+                        demand,
+                        tiebreak,
+                        idle_in,
+                    }),
                     Err(rejection) => out.rejected.push((id, rejection)),
                 }
             };
@@ -304,33 +349,65 @@ impl Placer {
                 consider(id.as_str(), view.device(id), &mut out);
             }
         }
-        out.earliest_idle_s = idle_in_s.iter().copied().reduce(f64::min);
+        out.earliest_idle_s = idle_in_s.iter().map(|(s, _)| *s).reduce(f64::min);
         let q = out.waiting_ahead;
-        if q < idle_in_s.len() {
-            let (_, w, _) = idle_in_s.select_nth_unstable_by(q, f64::total_cmp);
-            out.wait_s = Some(*w);
-        }
+        // The (q+1)-th device to free up: W, and the bound below which a device is
+        // promised to a task ahead. With fewer such devices than tasks ahead, every
+        // device that says when it frees up is promised to one.
+        let promised_below = if q < idle_in_s.len() {
+            let (_, w, _) = idle_in_s.select_nth_unstable_by(q, by_idle_time);
+            out.wait_s = Some(w.0);
+            Some(*w)
+        } else {
+            None
+        };
+        let promised = |id: &'v str, idle_in: Option<f64>| match (idle_in, promised_below) {
+            (None, _) => false,
+            (Some(s), Some(bound)) => by_idle_time(&(s, id), &bound) == Ordering::Less,
+            (Some(_), None) => q > 0,
+        };
+        let duration_s = solo_duration_s(task)
+            .unwrap_or(self.params.assumed_task_duration.as_secs_f64())
+            .max(1.0);
         if limit > 0 && shared.len() > limit {
             shared.select_nth_unstable_by(limit - 1, |a, b| {
-                a.3.partial_cmp(&b.3)
+                a.demand
+                    .partial_cmp(&b.demand)
                     .unwrap_or(Ordering::Equal)
-                    .then(a.4.cmp(&b.4))
+                    .then(a.tiebreak.cmp(&b.tiebreak))
             });
             out.unscored = shared.len() - limit;
             shared.truncate(limit);
         }
         let mut scratch = Vec::new();
-        for (id, device, need, _, tiebreak) in shared {
+        for Shared {
+            id,
+            device,
+            need,
+            tiebreak,
+            idle_in,
+            ..
+        } in shared
+        {
             match self.score(device, &new_profile, &mut scratch) {
-                Ok((pd_increase, uncertainty)) => out.candidates.push(Candidate {
-                    device_id: id,
-                    pd_increase,
-                    uncertainty,
-                    rank: pd_increase + self.params.uncertainty_weight * uncertainty,
-                    reserved_mem_mib: need,
-                    idle: false,
-                    tiebreak,
-                }),
+                Ok((pd_increase, uncertainty)) => {
+                    let delay_s = match idle_in {
+                        Some(r) if promised(id, idle_in) => (duration_s - r).max(0.0),
+                        _ => 0.0,
+                    };
+                    out.candidates.push(Candidate {
+                        device_id: id,
+                        pd_increase,
+                        uncertainty,
+                        rank: pd_increase
+                            + self.params.uncertainty_weight * uncertainty
+                            + delay_s / duration_s,
+                        reserved_mem_mib: need,
+                        idle: false,
+                        delay_s,
+                        tiebreak,
+                    })
+                }
                 Err(rejection) => out.rejected.push((id, rejection)),
             }
         }
@@ -515,7 +592,7 @@ impl Placer {
         let excess = (best.pd_increase - 1.0).max(0.0);
         let duration_s =
             solo_duration_s(task).unwrap_or(self.params.assumed_task_duration.as_secs_f64());
-        let cost_place_s = excess * duration_s;
+        let cost_place_s = excess * duration_s + best.delay_s;
         match wait {
             Some(w) if w * self.params.wait_cost_factor < cost_place_s => Verdict::Queue {
                 retry_after: self.retry_hint(Some(w)),
@@ -523,11 +600,13 @@ impl Placer {
                     "waiting about {w:.0} s for a device to become idle ({}, so it waits \
                      for the {} device to free up) costs less than running now on {} \
                      (predicted summed PD +{:.2}: {excess:.2} × {duration_s:.0} s of \
-                     solo-speed progress lost)",
+                     solo-speed progress lost, plus {:.0} s of delay to a task waiting \
+                     ahead that counts on that device)",
                     waiting_ahead_text(ahead),
                     ordinal(ahead + 1),
                     best.device_id,
-                    best.pd_increase
+                    best.pd_increase,
+                    best.delay_s
                 ),
             },
             _ => place,
@@ -978,6 +1057,113 @@ mod tests {
             "{:?}",
             d.verdict
         );
+    }
+
+    /// A view with shared devices `(id, MiB of the resident, seconds until it
+    /// finishes)`, each resident reporting 900 samples/s, and `ahead` tasks told to
+    /// queue before the newcomer submitted at 5 s.
+    fn freeing_view(devices: &[(&str, u64, u64)], ahead: usize) -> ClusterView {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        for (id, mib, left_s) in devices {
+            let resident = format!("r-{id}");
+            device(
+                &mut view,
+                id,
+                32_000,
+                &[spec(&resident, *mib, 40.0, Some(1000 + 900 * left_s))],
+            );
+            view.set_report(TaskReport {
+                task_id: resident,
+                samples_done: 1000,
+                samples_per_s: 900.0,
+                reported_at_unix_ms: 0,
+                ..Default::default()
+            });
+        }
+        for k in 0..ahead {
+            let mut earlier = spec(&format!("early{k}"), 4000, 95.0, None);
+            earlier.submitted_at_unix_ms = 1_000;
+            view.note_waiting(&earlier, 0, 600_000);
+        }
+        view
+    }
+
+    fn light_newcomer() -> TaskSpec {
+        // 1e6 samples × 0.1 s / 32 = 3125 s alone; at 4% SM it slows nobody.
+        let mut new = spec("new", 1000, 4.0, Some(1_000_000));
+        new.submitted_at_unix_ms = 5_000;
+        new
+    }
+
+    /// The device a task waiting ahead counts on (the first to free up) carries the
+    /// delay joining it would cause; the next one, the newcomer's own W, does not,
+    /// and with nobody waiting ahead no device is promised.
+    #[test]
+    fn joining_a_device_promised_to_a_task_ahead_is_priced_by_the_delay() {
+        let devices = [("soon", 4000, 10), ("later", 4000, 1000)];
+        let new = light_newcomer();
+        let view = freeing_view(&devices, 1);
+        let a = queue_rule_placer().assess(&view, &new, &[], 0);
+        assert_eq!((a.waiting_ahead, a.wait_s), (1, Some(1000.0)));
+        let delay = |a: &Assessment<'_>, id: &str| {
+            a.candidates
+                .iter()
+                .find(|c| c.device_id == id)
+                .map(|c| c.delay_s)
+                .expect("device is a candidate")
+        };
+        assert!((delay(&a, "soon") - (3125.0 - 10.0)).abs() < 1e-6);
+        assert_eq!(delay(&a, "later"), 0.0);
+        // Same predicted PD on both: the unpromised device ranks first.
+        assert_eq!(a.candidates[0].device_id, "later");
+        assert!(a.candidates[0].rank < a.candidates[1].rank);
+        let d = queue_rule_placer().decide(&view, &new, &[], 0);
+        assert_eq!(
+            d.verdict,
+            Verdict::Place {
+                device_id: "later".into(),
+                reserved_mem_mib: 1000
+            }
+        );
+
+        let view = freeing_view(&devices, 0);
+        let a = queue_rule_placer().assess(&view, &new, &[], 0);
+        assert!(a.candidates.iter().all(|c| c.delay_s == 0.0), "{a:?}");
+    }
+
+    /// When the only device the newcomer fits is promised to a task ahead, the delay
+    /// it would cause outweighs its own wait: it queues although it slows nobody,
+    /// whereas without a task ahead it is placed.
+    #[test]
+    fn the_delay_to_a_task_ahead_can_make_a_free_co_location_wait() {
+        // "full" frees up later and has no room for the newcomer.
+        let devices = [("soon", 4000, 10), ("full", 31_000, 1000)];
+        let new = light_newcomer();
+        let d = queue_rule_placer().decide(&freeing_view(&devices, 1), &new, &[], 0);
+        match d.verdict {
+            Verdict::Queue { reason, .. } => {
+                assert!(reason.contains("3115 s of delay"), "{reason}")
+            }
+            other => panic!("expected queue, got {other:?}"),
+        }
+        let d = queue_rule_placer().decide(&freeing_view(&devices, 0), &new, &[], 0);
+        assert_eq!(
+            d.verdict,
+            Verdict::Place {
+                device_id: "soon".into(),
+                reserved_mem_mib: 1000
+            }
+        );
+    }
+
+    /// With more tasks ahead than devices that say when they free up, W is unknown
+    /// (the task is placed) but every such device is promised to a task ahead.
+    #[test]
+    fn every_reporting_device_is_promised_when_more_tasks_wait_than_free_up() {
+        let view = freeing_view(&[("soon", 4000, 10)], 2);
+        let a = queue_rule_placer().assess(&view, &light_newcomer(), &[], 0);
+        assert_eq!((a.waiting_ahead, a.wait_s), (2, None));
+        assert!((a.candidates[0].delay_s - 3115.0).abs() < 1e-6);
     }
 
     /// Three shared devices freeing up in 10, 20 and 30 s: the wait is the time until

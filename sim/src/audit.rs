@@ -8,7 +8,9 @@
 //! same numbers under the cold-start heuristic, the samples its model was fitted on,
 //! the queue-or-place inputs). It never sees the ground truth: after the run,
 //! [`fill_truth`] adds the world's slowdowns for exactly those co-locations and batch
-//! sizes, and the time each queued task really waited. [`AuditSummary`] condenses a
+//! sizes, the time each queued task really waited, and when the devices its wait W
+//! counted on truly freed up (their residents done, and truly empty: W assumes
+//! nobody joins a device before it frees up). [`AuditSummary`] condenses a
 //! run into the few numbers that say whether the predictions, the ranking and the
 //! queue-or-place rule were right.
 //!
@@ -102,6 +104,82 @@ pub struct AuditRecord {
     pub rejected: std::collections::BTreeMap<&'static str, usize>,
     /// When the task really started (filled after the run), s.
     pub started_s: Option<f64>,
+    /// For a decision with a W: seconds until the (`waiting_ahead` + 1)-th of the
+    /// devices busy at the decision truly saw the residents it had then all finish,
+    /// which is what W predicts from their progress (filled after the run).
+    pub residents_done_s: Option<f64>,
+    /// For a decision with a W: seconds until the (`waiting_ahead` + 1)-th of those
+    /// devices truly became empty, tasks placed on it while it was still busy keeping
+    /// it busy (filled after the run). The gap to `residents_done_s` is the part of
+    /// W's error due to co-location onto devices about to free up, not to the
+    /// residents' progress.
+    pub drained_s: Option<f64>,
+}
+
+/// Adds each task's real start time and, to every queue decision that weighed a W,
+/// the true freeing times W tried to predict.
+fn fill_waits(records: &mut [AuditRecord], outcomes: &[TaskOutcome]) {
+    let occupancy = occupancy(outcomes);
+    for record in records.iter_mut() {
+        record.started_s = outcomes
+            .iter()
+            .find(|o| o.id == record.task)
+            .map(|o| o.start_s);
+        if record.verdict == "queue" && record.wait_s.is_some() {
+            let (done, drained) = freeing_times(&occupancy, record.at_s);
+            record.residents_done_s = kth_smallest(done, record.waiting_ahead);
+            record.drained_s = kth_smallest(drained, record.waiting_ahead);
+        }
+    }
+}
+
+/// Each device's occupancy from the outcomes: (start, finish) of every task, s.
+fn occupancy(outcomes: &[TaskOutcome]) -> std::collections::BTreeMap<usize, Vec<(f64, f64)>> {
+    let mut by_device = std::collections::BTreeMap::<usize, Vec<(f64, f64)>>::new();
+    for o in outcomes {
+        by_device
+            .entry(o.device)
+            .or_default()
+            .push((o.start_s, o.finish_s));
+    }
+    by_device
+}
+
+/// For the devices busy at `at_s`: seconds until the residents they had then all
+/// finish, and seconds until each next became empty (a task starting on it while it is
+/// busy extends that; one starting the moment it frees up took an empty device).
+fn freeing_times(
+    occupancy: &std::collections::BTreeMap<usize, Vec<(f64, f64)>>,
+    at_s: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut done, mut drained) = (Vec::new(), Vec::new());
+    for spans in occupancy.values() {
+        let Some(first) = spans
+            .iter()
+            .filter(|(start, finish)| *start <= at_s && at_s < *finish)
+            .map(|(_, finish)| *finish)
+            .reduce(f64::max)
+        else {
+            continue;
+        };
+        let mut until = first;
+        while let Some(later) = spans
+            .iter()
+            .filter(|(start, finish)| *start < until && *finish > until)
+            .map(|(_, finish)| *finish)
+            .reduce(f64::max)
+        {
+            until = later;
+        }
+        done.push(first - at_s);
+        drained.push(until - at_s);
+    }
+    (done, drained)
+}
+
+/// The `k`-th smallest (from 0) of `values`, if there are that many.
+fn kth_smallest(mut values: Vec<f64>, k: usize) -> Option<f64> {
+    (k < values.len()).then(|| *values.select_nth_unstable_by(k, f64::total_cmp).1)
 }
 
 /// Adds the world's slowdowns to every candidate and each task's real start time.
@@ -124,11 +202,8 @@ pub fn fill_truth(
         let factor: f64 = others.iter().map(|o| catalogue.ratio(job, *o)).product();
         1.0 / factor
     };
+    fill_waits(records, outcomes);
     for record in records.iter_mut() {
-        record.started_s = outcomes
-            .iter()
-            .find(|o| o.id == record.task)
-            .map(|o| o.start_s);
         let Some(new) = type_of(record.task, record.batch_size) else {
             continue;
         };
@@ -235,6 +310,11 @@ pub struct AuditSummary {
     pub queue_wait_real_s: f64,
     pub queue_place_cost_true_s: f64,
     pub queue_place_cost_pred_s: f64,
+    /// Queue decisions: mean true time until the (q+1)-th busy device's residents at
+    /// the decision all finished, and until it truly became empty, s (over the
+    /// decisions where both are known).
+    pub queue_residents_done_s: f64,
+    pub queue_drained_s: f64,
     /// Shared placements with a known W whose true cost of placing was above W.
     pub shared_regretted: usize,
 }
@@ -253,6 +333,7 @@ impl AuditSummary {
         let mut shared_gain = Vec::new();
         let (mut w_pred, mut w_real, mut c_true, mut c_pred) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut w_done, mut w_drained) = (Vec::new(), Vec::new());
         for r in records {
             for c in &r.candidates {
                 if let Some(t) = &c.truth {
@@ -301,6 +382,10 @@ impl AuditSummary {
                                 .push((best.predicted.pd_increase() - 1.0).max(0.0) * r.duration_s);
                             w_real.push(waited);
                             w_pred.push(r.wait_s.unwrap_or(f64::NAN));
+                            if let (Some(done), Some(drained)) = (r.residents_done_s, r.drained_s) {
+                                w_done.push(done);
+                                w_drained.push(drained);
+                            }
                         }
                     }
                 }
@@ -329,6 +414,8 @@ impl AuditSummary {
         s.queue_wait_real_s = mean(&w_real);
         s.queue_place_cost_true_s = mean(&c_true);
         s.queue_place_cost_pred_s = mean(&c_pred);
+        s.queue_residents_done_s = mean(&w_done);
+        s.queue_drained_s = mean(&w_drained);
         s
     }
 }
@@ -336,6 +423,79 @@ impl AuditSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn outcome(id: usize, device: usize, start_s: f64, finish_s: f64) -> TaskOutcome {
+        TaskOutcome {
+            id,
+            model: String::new(),
+            m0: 1,
+            submit_s: 0.0,
+            start_s,
+            finish_s,
+            ooms: 0,
+            work_samples: 1.0,
+            done_samples: 1.0,
+            device,
+            final_batch_size: 1,
+        }
+    }
+
+    #[test]
+    fn a_device_joined_while_busy_frees_up_later_than_its_residents_finish() {
+        let outcomes = [
+            // GPU 0: busy until 100 s, but a task joins at 50 s and runs to 300 s.
+            outcome(0, 0, 0.0, 100.0),
+            outcome(1, 0, 50.0, 300.0),
+            // GPU 1: busy until 200 s; the task starting the moment it frees took an
+            // empty device, so GPU 1 counts as free at 200 s.
+            outcome(2, 1, 0.0, 200.0),
+            outcome(3, 1, 200.0, 900.0),
+            // GPU 2: idle at the decision (its task starts later), so not counted.
+            outcome(4, 2, 20.0, 60.0),
+        ];
+        let occupancy = occupancy(&outcomes);
+        let (mut done, mut drained) = freeing_times(&occupancy, 10.0);
+        done.sort_by(f64::total_cmp);
+        drained.sort_by(f64::total_cmp);
+        assert_eq!(done, vec![90.0, 190.0]);
+        assert_eq!(drained, vec![190.0, 290.0]);
+        assert_eq!(kth_smallest(drained.clone(), 0), Some(190.0));
+        assert_eq!(kth_smallest(drained, 2), None);
+    }
+
+    #[test]
+    fn the_freeing_times_go_to_queue_decisions_with_a_wait_only() {
+        let outcomes = [
+            outcome(0, 0, 0.0, 100.0),
+            outcome(1, 0, 50.0, 300.0),
+            outcome(2, 1, 400.0, 500.0),
+        ];
+        let queued = AuditRecord {
+            verdict: "queue",
+            at_s: 10.0,
+            task: 2,
+            wait_s: Some(90.0),
+            ..AuditRecord::default()
+        };
+        let no_wait = AuditRecord {
+            wait_s: None,
+            ..queued.clone()
+        };
+        let placed = AuditRecord {
+            verdict: "place",
+            ..queued.clone()
+        };
+        let mut records = [queued, no_wait, placed];
+        fill_waits(&mut records, &outcomes);
+        assert_eq!(records[0].started_s, Some(400.0));
+        assert_eq!(
+            (records[0].residents_done_s, records[0].drained_s),
+            (Some(90.0), Some(290.0))
+        );
+        for r in &records[1..] {
+            assert_eq!((r.residents_done_s, r.drained_s), (None, None));
+        }
+    }
 
     #[test]
     fn pd_increase_and_gain_follow_the_placer_formulas() {
@@ -388,6 +548,9 @@ mod tests {
             started_s: Some(5000.0),
             candidates: vec![cand(0, 2.0, 1.1)],
             duration_s: 1000.0,
+            wait_s: Some(50.0),
+            residents_done_s: Some(60.0),
+            drained_s: Some(4990.0),
             ..AuditRecord::default()
         };
         let s = AuditSummary::of(&[placed, queued], 0.1);
@@ -399,6 +562,14 @@ mod tests {
         assert_eq!(s.shared_regretted, 1);
         // Placing would have cost 0.2 × 1000 s, the wait was 4990 s.
         assert_eq!(s.queue_regretted, 1);
+        assert_eq!(
+            (
+                s.queue_wait_pred_s,
+                s.queue_residents_done_s,
+                s.queue_drained_s
+            ),
+            (50.0, 60.0, 4990.0)
+        );
         assert_eq!(s.model_fitted.n, 2);
         assert_eq!(s.model_cold.n, 1);
         assert!(s.model_fitted.own_bias < 0.0);

@@ -65,6 +65,12 @@ fn summary_text(policy: &str, s: &AuditSummary) -> String {
             s.queue_regretted
         ),
         format!(
+            "  W's error: the (q+1)-th busy device's residents truly finished after {:.0} s \
+             (what W predicts), but it truly became empty after {:.0} s (tasks joined it \
+             while still busy)",
+            s.queue_residents_done_s, s.queue_drained_s
+        ),
+        format!(
             "  place: {} shared placements regretted (true cost of placing above W)",
             s.shared_regretted
         ),

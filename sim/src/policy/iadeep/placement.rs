@@ -526,5 +526,7 @@ fn audit_record(
             },
         ),
         started_s: None,
+        residents_done_s: None,
+        drained_s: None,
     }
 }
