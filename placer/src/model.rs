@@ -8,7 +8,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use iadeep_predictor::{LearnerParams, OnlinePredictor};
+use iadeep_predictor::{LearnerParams, OnlinePredictor, PairwiseFold};
 use iadeep_proto::{CoLocationSample, TaskProfile, TaskReport, TaskSpec};
 use iadeep_tuner::memory::{MemoryModel, MemoryModelParams, MemorySample};
 
@@ -43,6 +43,37 @@ pub trait SlowdownModel: Send + Sync + fmt::Debug {
     /// or the model do). `None`, the default, means "may change at any time": nothing
     /// is reused.
     fn version(&self) -> Option<u64> {
+        None
+    }
+
+    /// For a model that composes several co-runners from one-co-runner predictions
+    /// (see [`iadeep_predictor::learner::compose_pairwise`]): the composition of
+    /// `task`'s predictions next to each of `corunners`. `None`, the default: the
+    /// model does not compose that way, and [`SlowdownModel::predict_extending`] is
+    /// never asked.
+    ///
+    /// Why: a resident is predicted next to the other residents and a newcomer for
+    /// every newcomer; the placer keeps this prefix of the pairs among the residents
+    /// (with [`SlowdownModel::version`]) and adds only the newcomer's pair.
+    fn pairwise_prefix(
+        &self,
+        _device_kind: &str,
+        _task: &TaskProfile,
+        _corunners: &[TaskProfile],
+    ) -> Option<PairwiseFold> {
+        None
+    }
+
+    /// `predict(device_kind, task, [corunners…, extra])` from `prefix` =
+    /// `pairwise_prefix(device_kind, task, [corunners…])`, with the same result;
+    /// `None` when the model cannot (the caller then predicts the whole list).
+    fn predict_extending(
+        &self,
+        _device_kind: &str,
+        _task: &TaskProfile,
+        _prefix: &PairwiseFold,
+        _extra: &TaskProfile,
+    ) -> Option<SlowdownEstimate> {
         None
     }
 }
@@ -105,6 +136,30 @@ impl SlowdownModel for PredictorSlowdown {
     /// one, and a newer one is counted (and the reuse dropped) right after.
     fn version(&self) -> Option<u64> {
         Some(self.predictor.generation())
+    }
+
+    fn pairwise_prefix(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Option<PairwiseFold> {
+        self.predictor.pairwise_prefix(device_kind, task, corunners)
+    }
+
+    fn predict_extending(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        prefix: &PairwiseFold,
+        extra: &TaskProfile,
+    ) -> Option<SlowdownEstimate> {
+        self.predictor
+            .predict_extending(device_kind, task, prefix, extra)
+            .map(|p| SlowdownEstimate {
+                slowdown: p.slowdown,
+                uncertainty: p.uncertainty,
+            })
     }
 }
 
