@@ -320,8 +320,10 @@ impl Placer {
             shared.truncate(limit);
         }
         let mut scratch = Vec::new();
+        let pinned = self.slowdown.pinned();
+        let model = pinned.as_deref().unwrap_or(&*self.slowdown);
         for (id, device, need, _, tiebreak) in shared {
-            match self.score(device, &new_profile, &mut scratch) {
+            match self.score(model, device, &new_profile, &mut scratch) {
                 Ok((pd_increase, uncertainty)) => out.candidates.push(Candidate {
                     device_id: id,
                     pd_increase,
@@ -395,13 +397,14 @@ impl Placer {
     /// Predicted Σ PD increase of a shared device and its uncertainty.
     fn score(
         &self,
+        model: &dyn SlowdownModel,
         device: &DeviceState,
         new_profile: &TaskProfile,
         scratch: &mut Vec<TaskProfile>,
     ) -> Result<(f64, f64), Rejection> {
         let kind = device.info.as_ref().map_or("", |i| i.kind.as_str());
         let profiles = &device.summary().profiles;
-        let own = self.slowdown.predict(kind, new_profile, profiles);
+        let own = model.predict(kind, new_profile, profiles);
         let mut increase = own.slowdown;
         // Combined normalised throughput Σ 1/IF, with the newcomer and without it.
         let mut after = throughput(own.slowdown);
@@ -409,7 +412,7 @@ impl Placer {
         let mut variance = own.uncertainty * own.uncertainty;
         // Each resident's slowdown among the residents alone: reused while neither the
         // residents nor the model changed (see `SlowdownCache`).
-        let version = self.slowdown.version();
+        let version = model.version();
         let alone = match version.and_then(|v| device.alone_together.get(v)) {
             Some(cached) if cached.slowdowns.len() == profiles.len() => cached,
             _ => {
@@ -421,12 +424,12 @@ impl Placer {
                     fill_profiles(scratch, others(profiles, i));
                     fresh
                         .slowdowns
-                        .push(self.slowdown.predict(kind, me, scratch).slowdown);
+                        .push(model.predict(kind, me, scratch).slowdown);
                     // Only reused when it spares work: with one resident, the pair
                     // with the newcomer is the whole prediction.
                     if version.is_some()
                         && profiles.len() >= 2
-                        && let Some(prefix) = self.slowdown.pairwise_prefix(kind, me, scratch)
+                        && let Some(prefix) = model.pairwise_prefix(kind, me, scratch)
                     {
                         fresh.prefixes.push(prefix);
                     }
@@ -446,10 +449,10 @@ impl Placer {
         // the residents plus the newcomer's pair when the model composes pairwise,
         // else predicted over the whole list.
         for (i, me) in profiles.iter().enumerate() {
-            let extended = alone.prefixes.get(i).and_then(|prefix| {
-                self.slowdown
-                    .predict_extending(kind, me, prefix, new_profile)
-            });
+            let extended = alone
+                .prefixes
+                .get(i)
+                .and_then(|prefix| model.predict_extending(kind, me, prefix, new_profile));
             let with = match extended {
                 Some(with) => with,
                 None => {
@@ -457,7 +460,7 @@ impl Placer {
                         scratch,
                         others(profiles, i).chain(std::iter::once(new_profile)),
                     );
-                    self.slowdown.predict(kind, me, scratch)
+                    model.predict(kind, me, scratch)
                 }
             };
             increase += with.slowdown - without[i];

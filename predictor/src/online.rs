@@ -185,6 +185,15 @@ impl OnlinePredictor {
             .predict_extending(device_kind, task, prefix, extra)
     }
 
+    /// The generation and the last fitted model, to predict from one model for a
+    /// while without taking the lock for every prediction (the placer asks ~200
+    /// per decision, from several threads at once). The generation is read first,
+    /// so the model is that generation's or a newer one.
+    pub fn snapshot(&self) -> (u64, Arc<FittedModel>) {
+        let generation = self.generation();
+        (generation, self.current())
+    }
+
     fn current(&self) -> Arc<FittedModel> {
         Arc::clone(
             &self
