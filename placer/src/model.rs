@@ -8,7 +8,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use iadeep_predictor::{LearnerParams, OnlinePredictor};
+use iadeep_predictor::learner::SlowdownModel as PredictorModel;
+use iadeep_predictor::{FittedModel, LearnerParams, OnlinePredictor, PairwiseFold};
 use iadeep_proto::{CoLocationSample, TaskProfile, TaskReport, TaskSpec};
 use iadeep_tuner::memory::{MemoryModel, MemoryModelParams, MemorySample};
 
@@ -43,6 +44,47 @@ pub trait SlowdownModel: Send + Sync + fmt::Debug {
     /// or the model do). `None`, the default, means "may change at any time": nothing
     /// is reused.
     fn version(&self) -> Option<u64> {
+        None
+    }
+
+    /// The model as it is now, to ask for the predictions of one whole decision:
+    /// `None`, the default, means ask `self`. A decision makes ~200 predictions, and
+    /// the online predictor takes a lock and counts a reference for each; from
+    /// concurrent decisions on different cores those counters bounce between
+    /// caches. A pinned model also gives predictions and [`SlowdownModel::version`]
+    /// from the same fit.
+    fn pinned(&self) -> Option<Arc<dyn SlowdownModel>> {
+        None
+    }
+
+    /// For a model that composes several co-runners from one-co-runner predictions
+    /// (see [`iadeep_predictor::learner::compose_pairwise`]): the composition of
+    /// `task`'s predictions next to each of `corunners`. `None`, the default: the
+    /// model does not compose that way, and [`SlowdownModel::predict_extending`] is
+    /// never asked.
+    ///
+    /// Why: a resident is predicted next to the other residents and a newcomer for
+    /// every newcomer; the placer keeps this prefix of the pairs among the residents
+    /// (with [`SlowdownModel::version`]) and adds only the newcomer's pair.
+    fn pairwise_prefix(
+        &self,
+        _device_kind: &str,
+        _task: &TaskProfile,
+        _corunners: &[TaskProfile],
+    ) -> Option<PairwiseFold> {
+        None
+    }
+
+    /// `predict(device_kind, task, [corunners…, extra])` from `prefix` =
+    /// `pairwise_prefix(device_kind, task, [corunners…])`, with the same result;
+    /// `None` when the model cannot (the caller then predicts the whole list).
+    fn predict_extending(
+        &self,
+        _device_kind: &str,
+        _task: &TaskProfile,
+        _prefix: &PairwiseFold,
+        _extra: &TaskProfile,
+    ) -> Option<SlowdownEstimate> {
         None
     }
 }
@@ -105,6 +147,97 @@ impl SlowdownModel for PredictorSlowdown {
     /// one, and a newer one is counted (and the reuse dropped) right after.
     fn version(&self) -> Option<u64> {
         Some(self.predictor.generation())
+    }
+
+    fn pairwise_prefix(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Option<PairwiseFold> {
+        self.predictor.pairwise_prefix(device_kind, task, corunners)
+    }
+
+    fn pinned(&self) -> Option<Arc<dyn SlowdownModel>> {
+        let (generation, model) = self.predictor.snapshot();
+        Some(Arc::new(PinnedPredictor {
+            predictor: self.predictor.clone(),
+            model,
+            generation,
+        }))
+    }
+
+    fn predict_extending(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        prefix: &PairwiseFold,
+        extra: &TaskProfile,
+    ) -> Option<SlowdownEstimate> {
+        self.predictor
+            .predict_extending(device_kind, task, prefix, extra)
+            .map(|p| SlowdownEstimate {
+                slowdown: p.slowdown,
+                uncertainty: p.uncertainty,
+            })
+    }
+}
+
+/// One fitted model of a [`PredictorSlowdown`], pinned for a decision
+/// ([`SlowdownModel::pinned`]): predictions without the predictor's lock.
+#[derive(Debug)]
+struct PinnedPredictor {
+    /// Where samples still go: pinning a model does not stop learning.
+    predictor: Arc<OnlinePredictor>,
+    model: Arc<FittedModel>,
+    /// The generation read just before `model` (which is that one or newer).
+    generation: u64,
+}
+
+impl SlowdownModel for PinnedPredictor {
+    fn predict(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> SlowdownEstimate {
+        let p = PredictorModel::predict(&*self.model, device_kind, task, corunners);
+        SlowdownEstimate {
+            slowdown: p.slowdown,
+            uncertainty: p.uncertainty,
+        }
+    }
+
+    fn observe(&self, sample: &CoLocationSample) {
+        self.predictor.observe(sample.clone());
+    }
+
+    fn version(&self) -> Option<u64> {
+        Some(self.generation)
+    }
+
+    fn pairwise_prefix(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Option<PairwiseFold> {
+        self.model.pairwise_prefix(device_kind, task, corunners)
+    }
+
+    fn predict_extending(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        prefix: &PairwiseFold,
+        extra: &TaskProfile,
+    ) -> Option<SlowdownEstimate> {
+        self.model
+            .predict_extending(device_kind, task, prefix, extra)
+            .map(|p| SlowdownEstimate {
+                slowdown: p.slowdown,
+                uncertainty: p.uncertainty,
+            })
     }
 }
 
@@ -181,6 +314,43 @@ impl MemoryEstimator for ModelledMemory {
 mod tests {
     use super::*;
     use iadeep_proto::SoloProfile;
+
+    /// A pinned model predicts what the live predictor does, names the same
+    /// version, and still passes samples on to the predictor.
+    #[test]
+    fn a_pinned_predictor_is_the_live_one_without_the_lock() {
+        let gavel = iadeep_datasets::gavel::GavelThroughputs::bundled().expect("bundled Gavel");
+        let worker = gavel.worker("k80").expect("k80 measurements");
+        let samples = iadeep_predictor::gavel::samples_from_gavel(worker, "k80").samples;
+        let params = LearnerParams {
+            forest: iadeep_predictor::forest::ForestParams {
+                n_trees: 4,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let some = samples[0].clone();
+        let predictor =
+            Arc::new(OnlinePredictor::from_samples(params, samples).expect("fit a forest"));
+        let live = PredictorSlowdown::new(predictor.clone());
+        let pinned = live.pinned().expect("the predictor pins its model");
+        assert_eq!(pinned.version(), live.version());
+        let task = some.task.clone().expect("task");
+        let co = &some.corunners;
+        assert!(!co.is_empty());
+        assert_eq!(
+            pinned.predict("k80", &task, co),
+            live.predict("k80", &task, co)
+        );
+        let prefix = pinned.pairwise_prefix("k80", &task, co).expect("forest");
+        assert_eq!(
+            pinned.predict_extending("k80", &task, &prefix, &co[0]),
+            live.predict_extending("k80", &task, &prefix, &co[0])
+        );
+        let observed = predictor.observed();
+        pinned.observe(&some);
+        assert_eq!(predictor.observed(), observed + 1);
+    }
 
     fn spec(request: u64, profile: Option<(u32, u64)>) -> TaskSpec {
         TaskSpec {

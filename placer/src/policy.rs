@@ -63,7 +63,7 @@ use iadeep_proto::{CandidateScore, Explanation, TaskProfile, TaskSpec};
 use crate::error::Result;
 use crate::model::SlowdownModel;
 use crate::params::PlacerParams;
-use crate::view::{ClusterView, DeviceState, profile_of};
+use crate::view::{AloneTogether, ClusterView, DeviceState, profile_of};
 
 /// Why a device cannot take the task.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -380,6 +380,8 @@ impl Placer {
             shared.truncate(limit);
         }
         let mut scratch = Vec::new();
+        let pinned = self.slowdown.pinned();
+        let model = pinned.as_deref().unwrap_or(&*self.slowdown);
         for Shared {
             id,
             device,
@@ -389,7 +391,7 @@ impl Placer {
             ..
         } in shared
         {
-            match self.score(device, &new_profile, &mut scratch) {
+            match self.score(model, device, &new_profile, &mut scratch) {
                 Ok((pd_increase, uncertainty)) => {
                     let delay_s = match idle_in {
                         Some(r) if promised(id, idle_in) => (duration_s - r).max(0.0),
@@ -472,13 +474,14 @@ impl Placer {
     /// Predicted Σ PD increase of a shared device and its uncertainty.
     fn score(
         &self,
+        model: &dyn SlowdownModel,
         device: &DeviceState,
         new_profile: &TaskProfile,
         scratch: &mut Vec<TaskProfile>,
     ) -> Result<(f64, f64), Rejection> {
         let kind = device.info.as_ref().map_or("", |i| i.kind.as_str());
         let profiles = &device.summary().profiles;
-        let own = self.slowdown.predict(kind, new_profile, profiles);
+        let own = model.predict(kind, new_profile, profiles);
         let mut increase = own.slowdown;
         // Combined normalised throughput Σ 1/IF, with the newcomer and without it.
         let mut after = throughput(own.slowdown);
@@ -486,29 +489,57 @@ impl Placer {
         let mut variance = own.uncertainty * own.uncertainty;
         // Each resident's slowdown among the residents alone: reused while neither the
         // residents nor the model changed (see `SlowdownCache`).
-        let version = self.slowdown.version();
-        let without = match version.and_then(|v| device.alone_together.get(v)) {
-            Some(cached) if cached.len() == profiles.len() => cached,
+        let version = model.version();
+        let alone = match version.and_then(|v| device.alone_together.get(v)) {
+            Some(cached) if cached.slowdowns.len() == profiles.len() => cached,
             _ => {
-                let fresh: Arc<[f64]> = (0..profiles.len())
-                    .map(|i| {
-                        fill_profiles(scratch, others(profiles, i));
-                        self.slowdown.predict(kind, &profiles[i], scratch).slowdown
-                    })
-                    .collect();
+                let mut fresh = AloneTogether {
+                    slowdowns: Vec::with_capacity(profiles.len()),
+                    prefixes: Vec::new(),
+                };
+                for (i, me) in profiles.iter().enumerate() {
+                    fill_profiles(scratch, others(profiles, i));
+                    fresh
+                        .slowdowns
+                        .push(model.predict(kind, me, scratch).slowdown);
+                    // Only reused when it spares work: with one resident, the pair
+                    // with the newcomer is the whole prediction.
+                    if version.is_some()
+                        && profiles.len() >= 2
+                        && let Some(prefix) = model.pairwise_prefix(kind, me, scratch)
+                    {
+                        fresh.prefixes.push(prefix);
+                    }
+                }
+                if fresh.prefixes.len() != profiles.len() {
+                    fresh.prefixes.clear();
+                }
+                let fresh = Arc::new(fresh);
                 if let Some(v) = version {
                     device.alone_together.put(v, fresh.clone());
                 }
                 fresh
             }
         };
-        // Each resident's slowdown with the newcomer too.
+        let without = &alone.slowdowns;
+        // Each resident's slowdown with the newcomer too: from the cached pairs among
+        // the residents plus the newcomer's pair when the model composes pairwise,
+        // else predicted over the whole list.
         for (i, me) in profiles.iter().enumerate() {
-            fill_profiles(
-                scratch,
-                others(profiles, i).chain(std::iter::once(new_profile)),
-            );
-            let with = self.slowdown.predict(kind, me, scratch);
+            let extended = alone
+                .prefixes
+                .get(i)
+                .and_then(|prefix| model.predict_extending(kind, me, prefix, new_profile));
+            let with = match extended {
+                Some(with) => with,
+                None => {
+                    fill_profiles(
+                        scratch,
+                        others(profiles, i).chain(std::iter::once(new_profile)),
+                    );
+                    model.predict(kind, me, scratch)
+                }
+            };
             increase += with.slowdown - without[i];
             variance += with.uncertainty * with.uncertainty;
             after += throughput(with.slowdown);
@@ -1427,6 +1458,101 @@ mod tests {
         );
         let a = with_if(2.2).assess(&view, &new, &[], 0);
         assert!(a.candidates.iter().any(|c| c.idle && c.device_id == "idle"));
+    }
+
+    /// The fitted predictor, hiding its pairwise composition: every resident is
+    /// predicted over its whole co-runner list, as before the prefixes were reused.
+    #[derive(Debug)]
+    struct WholeLists(crate::model::PredictorSlowdown);
+
+    impl SlowdownModel for WholeLists {
+        fn predict(&self, kind: &str, task: &TaskProfile, co: &[TaskProfile]) -> SlowdownEstimate {
+            self.0.predict(kind, task, co)
+        }
+        fn observe(&self, _: &CoLocationSample) {}
+        fn version(&self) -> Option<u64> {
+            self.0.version()
+        }
+    }
+
+    /// Reusing the residents' pairwise predictions changes no decision and no
+    /// explanation, bit for bit: a forest fitted on the bundled Gavel K80
+    /// measurements, a seeded synthetic cluster, and many arrivals, each decided
+    /// twice so the second decision runs on the cached prefixes.
+    #[test]
+    fn reusing_the_residents_pairs_changes_no_decision() {
+        use crate::model::PredictorSlowdown;
+        use crate::synthetic::SyntheticCluster;
+        let gavel = iadeep_datasets::gavel::GavelThroughputs::bundled().expect("bundled Gavel");
+        let worker = gavel.worker("k80").expect("k80 measurements");
+        let samples = iadeep_predictor::gavel::samples_from_gavel(worker, "k80").samples;
+        let params = iadeep_predictor::LearnerParams {
+            forest: iadeep_predictor::forest::ForestParams {
+                n_trees: 8,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let predictor = Arc::new(
+            iadeep_predictor::OnlinePredictor::from_samples(params, samples).expect("fit"),
+        );
+        assert!(predictor.model_samples() > 0, "the forest is fitted");
+        let cluster = SyntheticCluster::new(120, 300, 7);
+        let reused_view = cluster.view(Arc::new(ModelledMemory));
+        let whole_view = cluster.view(Arc::new(ModelledMemory));
+        let reused = Placer::new(
+            PlacerParams::default(),
+            Arc::new(PredictorSlowdown::new(predictor.clone())),
+        )
+        .expect("valid");
+        let whole = Placer::new(
+            PlacerParams::default(),
+            Arc::new(WholeLists(PredictorSlowdown::new(predictor.clone()))),
+        )
+        .expect("valid");
+        assert!(
+            reused_view
+                .devices()
+                .any(|(_, d)| d.summary().profiles.len() >= 3),
+            "the cluster has devices with several residents"
+        );
+        let now = 1_000;
+        for round in 0..2 {
+            for i in 0..40 {
+                let task = cluster.arrival(i);
+                let a = reused.assess(&reused_view, &task, &[], now);
+                let b = whole.assess(&whole_view, &task, &[], now);
+                fn bits<'v>(a: &Assessment<'v>) -> Vec<(&'v str, u64, u64)> {
+                    let mut c: Vec<_> = a
+                        .candidates
+                        .iter()
+                        .map(|c| {
+                            (
+                                c.device_id,
+                                c.pd_increase.to_bits(),
+                                c.uncertainty.to_bits(),
+                            )
+                        })
+                        .collect();
+                    c.sort_unstable();
+                    c
+                }
+                assert_eq!(bits(&a), bits(&b), "round {round}, arrival {i}");
+                assert_eq!(a.rejected, b.rejected, "round {round}, arrival {i}");
+                assert_eq!(
+                    reused.decide(&reused_view, &task, &[], now),
+                    whole.decide(&whole_view, &task, &[], now),
+                    "round {round}, arrival {i}"
+                );
+            }
+        }
+        // The reused path was taken: the cache holds prefixes for shared devices.
+        assert!(reused_view.devices().any(|(_, d)| {
+            d.summary().profiles.len() >= 2
+                && d.alone_together
+                    .get(predictor.generation())
+                    .is_some_and(|c| c.prefixes.len() == d.summary().profiles.len())
+        }));
     }
 
     #[test]

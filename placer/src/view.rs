@@ -167,12 +167,23 @@ pub(crate) struct SlowdownCache(std::sync::Mutex<Option<CachedSlowdowns>>);
 #[derive(Clone, Debug)]
 pub(crate) struct CachedSlowdowns {
     pub(crate) model_version: u64,
-    pub(crate) slowdowns: Arc<[f64]>,
+    pub(crate) slowdowns: Arc<AloneTogether>,
+}
+
+/// What is cached per device and model version.
+#[derive(Debug)]
+pub(crate) struct AloneTogether {
+    /// Resident `i`'s predicted slowdown next to the other residents.
+    pub(crate) slowdowns: Vec<f64>,
+    /// Resident `i`'s pairwise predictions next to each other resident, composed
+    /// ([`crate::model::SlowdownModel::pairwise_prefix`]); empty when the model
+    /// does not compose pairwise or the device has one resident.
+    pub(crate) prefixes: Vec<iadeep_predictor::PairwiseFold>,
 }
 
 impl SlowdownCache {
     /// The cached slowdowns if they came from `model_version`.
-    pub(crate) fn get(&self, model_version: u64) -> Option<Arc<[f64]>> {
+    pub(crate) fn get(&self, model_version: u64) -> Option<Arc<AloneTogether>> {
         let guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
         guard
             .as_ref()
@@ -180,7 +191,7 @@ impl SlowdownCache {
             .map(|c| c.slowdowns.clone())
     }
 
-    pub(crate) fn put(&self, model_version: u64, slowdowns: Arc<[f64]>) {
+    pub(crate) fn put(&self, model_version: u64, slowdowns: Arc<AloneTogether>) {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(CachedSlowdowns {
             model_version,
             slowdowns,

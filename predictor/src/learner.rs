@@ -222,19 +222,99 @@ pub enum FittedModel {
 /// uses the same independence rule for three or more jobs (Gavel measured pairs
 /// only), so the simulator cannot tell whether it holds on real GPUs.
 pub fn compose_pairwise(pairwise: impl Iterator<Item = Prediction>) -> Prediction {
-    let (log, rel_var) = pairwise.fold((0.0, 0.0), |(l, v), p| {
+    let mut fold = PairwiseFold::default();
+    for p in pairwise {
+        fold.add(p);
+    }
+    fold.finish()
+}
+
+/// The running state of [`compose_pairwise`]: the composition of the pairwise
+/// predictions added so far, in order.
+///
+/// Why it is exposed: the placer predicts each resident of a device next to the
+/// other residents *and* a newcomer, for every newcomer it considers. The pairs
+/// among the residents do not change between newcomers, so it keeps this fold of
+/// them and adds only the newcomer's pair ([`FittedModel::predict_extending`]);
+/// the additions happen in the same order as [`compose_pairwise`] over the whole
+/// list would make them, so the result has the same bits.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PairwiseFold {
+    log: f64,
+    rel_var: f64,
+    count: usize,
+}
+
+impl PairwiseFold {
+    /// Adds the prediction next to one more co-runner.
+    pub fn add(&mut self, p: Prediction) {
         let s = p.slowdown.max(1.0);
-        (l + s.ln(), v + (p.uncertainty / s).powi(2))
-    });
-    let slowdown = f64::exp(log);
-    Prediction {
-        slowdown,
-        uncertainty: slowdown * rel_var.sqrt(),
-        source: PredictionSource::Model,
+        self.log += s.ln();
+        self.rel_var += (p.uncertainty / s).powi(2);
+        self.count += 1;
+    }
+
+    /// Number of pairwise predictions added.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The composed prediction.
+    pub fn finish(&self) -> Prediction {
+        let slowdown = f64::exp(self.log);
+        Prediction {
+            slowdown,
+            uncertainty: slowdown * self.rel_var.sqrt(),
+            source: PredictionSource::Model,
+        }
     }
 }
 
 impl FittedModel {
+    /// The fold of `task`'s pairwise predictions next to each of `corunners`, in
+    /// order, when this model composes several co-runners from pairs (the fitted
+    /// forest); `None` for the cold-start rule, which does not.
+    pub fn pairwise_prefix(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Option<PairwiseFold> {
+        match self {
+            FittedModel::ColdStart => None,
+            FittedModel::Forest { .. } => {
+                let mut fold = PairwiseFold::default();
+                for c in corunners {
+                    fold.add(self.predict(device_kind, task, std::slice::from_ref(c)));
+                }
+                Some(fold)
+            }
+        }
+    }
+
+    /// `self.predict(device_kind, task, [corunners…, extra])`, given `prefix` =
+    /// `self.pairwise_prefix(device_kind, task, [corunners…])` with at least one
+    /// co-runner: one pairwise prediction instead of `prefix.count() + 1`, with the
+    /// same bits. `None` when this model does not compose pairwise or `prefix` is
+    /// empty (one co-runner alone is predicted directly, not composed).
+    pub fn predict_extending(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        prefix: &PairwiseFold,
+        extra: &TaskProfile,
+    ) -> Option<Prediction> {
+        match self {
+            FittedModel::ColdStart => None,
+            FittedModel::Forest { .. } if prefix.count() == 0 => None,
+            FittedModel::Forest { .. } => {
+                let mut fold = *prefix;
+                fold.add(self.predict(device_kind, task, std::slice::from_ref(extra)));
+                Some(fold.finish())
+            }
+        }
+    }
+
     /// Number of samples the model was fitted on (0 for cold start).
     pub fn n_samples(&self) -> usize {
         match self {
@@ -533,6 +613,66 @@ mod tests {
         assert!(one.slowdown <= two.slowdown && two.slowdown <= three.slowdown);
         let relative = one.uncertainty / one.slowdown;
         assert!((two.uncertainty - two.slowdown * relative * 2f64.sqrt()).abs() < 1e-9);
+    }
+
+    /// Extending a cached prefix of pairwise predictions gives the same bits as
+    /// predicting over the whole list; the cold-start rule and an empty prefix
+    /// decline.
+    #[test]
+    fn extending_a_pairwise_prefix_matches_the_whole_list() {
+        let trainer = ProfileTrainer {
+            params: LearnerParams::default(),
+        };
+        let pairs: Vec<_> = (0..40)
+            .map(|i| {
+                let step = 0.1 + 0.05 * f64::from(i % 9);
+                Arc::new(sample(1.1 + step, step))
+            })
+            .collect();
+        let model = trainer.fit(&pairs).expect("fit");
+        let profile = |m: &str, step: f64| TaskProfile {
+            model: m.into(),
+            batch_size: 32,
+            solo_step_time_s: step,
+            ..Default::default()
+        };
+        let task = profile("a", 0.3);
+        let others = [profile("b", 0.2), profile("a", 0.45), profile("c", 0.1)];
+        let extra = profile("b", 0.35);
+        for n in 1..=others.len() {
+            let prefix = model
+                .pairwise_prefix("k80", &task, &others[..n])
+                .expect("the forest composes pairwise");
+            assert_eq!(prefix.count(), n);
+            let mut whole = others[..n].to_vec();
+            whole.push(extra.clone());
+            let want = model.predict("k80", &task, &whole);
+            let got = model
+                .predict_extending("k80", &task, &prefix, &extra)
+                .expect("a non-empty prefix extends");
+            assert_eq!(got.slowdown.to_bits(), want.slowdown.to_bits(), "{n}");
+            assert_eq!(got.uncertainty.to_bits(), want.uncertainty.to_bits(), "{n}");
+            if n >= 2 {
+                let alone = model.predict("k80", &task, &others[..n]);
+                assert_eq!(prefix.finish().slowdown.to_bits(), alone.slowdown.to_bits());
+            }
+        }
+        let empty = model.pairwise_prefix("k80", &task, &[]).expect("forest");
+        assert!(
+            model
+                .predict_extending("k80", &task, &empty, &extra)
+                .is_none()
+        );
+        let cold = FittedModel::ColdStart;
+        assert!(cold.pairwise_prefix("k80", &task, &others).is_none());
+        assert!(
+            cold.predict_extending("k80", &task, &prefix_of(&model, &task, &others), &extra)
+                .is_none()
+        );
+    }
+
+    fn prefix_of(model: &FittedModel, task: &TaskProfile, co: &[TaskProfile]) -> PairwiseFold {
+        model.pairwise_prefix("k80", task, co).expect("forest")
     }
 
     proptest! {

@@ -52,7 +52,7 @@ pub mod reference;
 pub mod window;
 
 pub use error::PredictorError;
-pub use learner::{FittedModel, Learner, LearnerParams};
+pub use learner::{FittedModel, Learner, LearnerParams, PairwiseFold};
 pub use online::OnlinePredictor;
 
 /// Where a prediction came from.

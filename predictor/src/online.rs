@@ -17,7 +17,9 @@ use iadeep_proto::{CoLocationSample, TaskProfile};
 
 use crate::Prediction;
 use crate::error::PredictorError;
-use crate::learner::{FittedModel, Learner, LearnerParams, ProfileTrainer, SlowdownModel, Trainer};
+use crate::learner::{
+    FittedModel, Learner, LearnerParams, PairwiseFold, ProfileTrainer, SlowdownModel, Trainer,
+};
 
 #[derive(Debug)]
 struct Shared {
@@ -159,6 +161,48 @@ impl OnlinePredictor {
                 .1,
         );
         model.predict(device_kind, task, corunners)
+    }
+
+    /// [`FittedModel::pairwise_prefix`] of the last fitted model.
+    pub fn pairwise_prefix(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Option<PairwiseFold> {
+        self.current().pairwise_prefix(device_kind, task, corunners)
+    }
+
+    /// [`FittedModel::predict_extending`] of the last fitted model.
+    pub fn predict_extending(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        prefix: &PairwiseFold,
+        extra: &TaskProfile,
+    ) -> Option<Prediction> {
+        self.current()
+            .predict_extending(device_kind, task, prefix, extra)
+    }
+
+    /// The generation and the last fitted model, to predict from one model for a
+    /// while without taking the lock for every prediction (the placer asks ~200
+    /// per decision, from several threads at once). The generation is read first,
+    /// so the model is that generation's or a newer one.
+    pub fn snapshot(&self) -> (u64, Arc<FittedModel>) {
+        let generation = self.generation();
+        (generation, self.current())
+    }
+
+    fn current(&self) -> Arc<FittedModel> {
+        Arc::clone(
+            &self
+                .shared
+                .model
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .1,
+        )
     }
 
     /// Learns from one measured co-location. Cheap: the refit, when due, runs in
