@@ -305,15 +305,15 @@ impl PlacementService {
                 placed_at_unix_ms: reservation.placed_at_unix_ms,
             };
             // The reservation, the placement and the spec in one durable commit:
-            // all three or none, at the cost of one.
+            // all three or none, at the cost of one. The placement must not exist
+            // yet: two requests for the same task decided at once (on two devices, or
+            // by two placer processes sharing the store) must not both reserve.
+            let placement_key = keys::task_placement(&task.task_id);
             let txn = Txn::new()
                 .compare(key.as_str(), expect)
+                .compare(placement_key.as_str(), Expect::Absent)
                 .put(key.as_str(), record.encode_to_vec(), None)
-                .put(
-                    keys::task_placement(&task.task_id),
-                    placement.encode_to_vec(),
-                    None,
-                )
+                .put(placement_key.as_str(), placement.encode_to_vec(), None)
                 .put(keys::task_spec(&task.task_id), task.encode_to_vec(), None);
             match self.store.transact(txn).await? {
                 TxnOutcome::Committed { revision } => {
@@ -330,12 +330,30 @@ impl PlacementService {
                         explanation,
                     });
                 }
-                TxnOutcome::Failed { mut current } => {
+                TxnOutcome::Failed { current } => {
+                    let mut current = current.into_iter();
+                    let residents_now = current.next().flatten();
+                    if let Some(existing) = current.next().flatten() {
+                        // Placed meanwhile by another request: answer that placement,
+                        // as a retry after a lost answer gets it.
+                        let placement = typed::decode::<Placement>(&existing)?;
+                        tracing::info!(task = %task.task_id, device = %placement.device_id,
+                            "placed meanwhile by another request; answering that placement");
+                        return Ok(PlaceOutcome {
+                            explanation: Explanation {
+                                summary: format!(
+                                    "task {} is already placed on {}",
+                                    task.task_id, placement.device_id
+                                ),
+                                candidates: Vec::new(),
+                            },
+                            decision: place_response::Decision::Placed(placement),
+                        });
+                    }
                     self.metrics.cas_conflicts.inc();
                     tracing::debug!(task = %task.task_id, device = %device_id, attempt,
                         "device changed since the decision; deciding again");
-                    // The only comparison is the residents record's.
-                    self.absorb(&device_id, expect, current.pop().flatten());
+                    self.absorb(&device_id, expect, residents_now);
                     if attempt >= attempts {
                         return Err(PlacerError::Contention {
                             task_id: task.task_id,
@@ -621,6 +639,76 @@ impl PlacementService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{ModelledMemory, PredictorSlowdown};
+    use crate::params::PlacerParams;
+    use iadeep_proto::{DeviceInfo, SoloProfile};
+    use iadeep_state::EmbeddedStore;
+
+    /// A placer process of its own over `store`: its own view (two idle devices, no
+    /// sync), policy, metrics and gates.
+    fn service(store: Arc<dyn StateStore>) -> PlacementService {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        for id in ["d0", "d1"] {
+            view.upsert_device(DeviceInfo {
+                device_id: id.into(),
+                node: "n".into(),
+                memory_mib: 16_384,
+                kind: "v100".into(),
+                ..Default::default()
+            });
+        }
+        let slowdown = Arc::new(PredictorSlowdown::cold().expect("cold predictor"));
+        let placer = Placer::new(PlacerParams::default(), slowdown).expect("default params");
+        PlacementService::new(
+            store,
+            Arc::new(RwLock::new(view)),
+            Arc::new(placer),
+            Arc::new(PlacerMetrics::default()),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_task_placed_by_another_placer_is_not_placed_twice() {
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        // Two processes whose views do not know of each other's placements yet (as
+        // when both decide before either's watch delivers the other's commit).
+        let (one, two) = (service(store.clone()), service(store.clone()));
+        let spec = TaskSpec {
+            task_id: "t".into(),
+            model: "resnet50".into(),
+            initial_batch_size: 64,
+            gpu_mem_request_mib: 4_000,
+            profile: Some(SoloProfile {
+                batch_size: 64,
+                step_time_s: Some(0.2),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let first = one
+            .place(spec.clone(), vec!["d0".into()])
+            .await
+            .expect("first place");
+        let second = two
+            .place(spec, vec!["d1".into()])
+            .await
+            .expect("second place");
+        for outcome in [&first, &second] {
+            match &outcome.decision {
+                place_response::Decision::Placed(p) => assert_eq!(p.device_id, "d0"),
+                other => panic!("expected the placement on d0, got {other:?}"),
+            }
+        }
+        assert!(
+            store
+                .get(&keys::device_residents("d1"))
+                .await
+                .expect("read d1")
+                .is_none(),
+            "the second request reserved d1 as well"
+        );
+    }
 
     #[tokio::test]
     async fn a_device_gate_admits_one_and_wakes_the_waiters_when_it_opens() {
