@@ -23,6 +23,16 @@ pub struct SlowdownEstimate {
     pub uncertainty: f64,
 }
 
+/// The predictor's answer as the placer uses it (its source is only for logs).
+impl From<iadeep_predictor::Prediction> for SlowdownEstimate {
+    fn from(p: iadeep_predictor::Prediction) -> SlowdownEstimate {
+        SlowdownEstimate {
+            slowdown: p.slowdown,
+            uncertainty: p.uncertainty,
+        }
+    }
+}
+
 /// Predicts how much a task slows down next to co-runners.
 pub trait SlowdownModel: Send + Sync + fmt::Debug {
     /// IF of `task` on a device of `device_kind` shared with `corunners`
@@ -131,11 +141,7 @@ impl SlowdownModel for PredictorSlowdown {
         task: &TaskProfile,
         corunners: &[TaskProfile],
     ) -> SlowdownEstimate {
-        let p = self.predictor.predict(device_kind, task, corunners);
-        SlowdownEstimate {
-            slowdown: p.slowdown,
-            uncertainty: p.uncertainty,
-        }
+        self.predictor.predict(device_kind, task, corunners).into()
     }
 
     fn observe(&self, sample: &CoLocationSample) {
@@ -176,10 +182,7 @@ impl SlowdownModel for PredictorSlowdown {
     ) -> Option<SlowdownEstimate> {
         self.predictor
             .predict_extending(device_kind, task, prefix, extra)
-            .map(|p| SlowdownEstimate {
-                slowdown: p.slowdown,
-                uncertainty: p.uncertainty,
-            })
+            .map(SlowdownEstimate::from)
     }
 }
 
@@ -201,11 +204,7 @@ impl SlowdownModel for PinnedPredictor {
         task: &TaskProfile,
         corunners: &[TaskProfile],
     ) -> SlowdownEstimate {
-        let p = PredictorModel::predict(&*self.model, device_kind, task, corunners);
-        SlowdownEstimate {
-            slowdown: p.slowdown,
-            uncertainty: p.uncertainty,
-        }
+        PredictorModel::predict(&*self.model, device_kind, task, corunners).into()
     }
 
     fn observe(&self, sample: &CoLocationSample) {
@@ -234,10 +233,7 @@ impl SlowdownModel for PinnedPredictor {
     ) -> Option<SlowdownEstimate> {
         self.model
             .predict_extending(device_kind, task, prefix, extra)
-            .map(|p| SlowdownEstimate {
-                slowdown: p.slowdown,
-                uncertainty: p.uncertainty,
-            })
+            .map(SlowdownEstimate::from)
     }
 }
 

@@ -74,11 +74,7 @@ impl SlowdownModel for SharedPredictor {
         task: &TaskProfile,
         corunners: &[TaskProfile],
     ) -> SlowdownEstimate {
-        let p = self.lock().predict(device_kind, task, corunners);
-        SlowdownEstimate {
-            slowdown: p.slowdown,
-            uncertainty: p.uncertainty,
-        }
+        self.lock().predict(device_kind, task, corunners).into()
     }
 
     /// The policy feeds samples itself ([`SharedPredictor::learn`]); the placer never
