@@ -152,15 +152,7 @@ impl OnlinePredictor {
         task: &TaskProfile,
         corunners: &[TaskProfile],
     ) -> Prediction {
-        let model = Arc::clone(
-            &self
-                .shared
-                .model
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .1,
-        );
-        model.predict(device_kind, task, corunners)
+        self.current().predict(device_kind, task, corunners)
     }
 
     /// [`FittedModel::pairwise_prefix`] of the last fitted model.
