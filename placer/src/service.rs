@@ -60,6 +60,21 @@ fn expected_revision(expect: Expect) -> Option<iadeep_state::Revision> {
     }
 }
 
+/// The answer to a Place for a task that already holds `placement`: that placement
+/// again, so a client retrying (or racing itself) never gets a second device.
+fn already_placed(placement: Placement) -> PlaceOutcome {
+    PlaceOutcome {
+        explanation: Explanation {
+            summary: format!(
+                "task {} is already placed on {}",
+                placement.task_id, placement.device_id
+            ),
+            candidates: Vec::new(),
+        },
+        decision: place_response::Decision::Placed(placement),
+    }
+}
+
 /// Which devices have a reservation change being committed by this process.
 ///
 /// Why: concurrent Places decide on the same view, and the best device for one is
@@ -339,16 +354,7 @@ impl PlacementService {
                         let placement = typed::decode::<Placement>(&existing)?;
                         tracing::info!(task = %task.task_id, device = %placement.device_id,
                             "placed meanwhile by another request; answering that placement");
-                        return Ok(PlaceOutcome {
-                            explanation: Explanation {
-                                summary: format!(
-                                    "task {} is already placed on {}",
-                                    task.task_id, placement.device_id
-                                ),
-                                candidates: Vec::new(),
-                            },
-                            decision: place_response::Decision::Placed(placement),
-                        });
+                        return Ok(already_placed(placement));
                     }
                     self.metrics.cas_conflicts.inc();
                     tracing::debug!(task = %task.task_id, device = %device_id, attempt,
@@ -415,18 +421,12 @@ impl PlacementService {
             })
             .map(|r| r.reservation.clone())
             .unwrap_or_default();
-        PlaceOutcome {
-            decision: place_response::Decision::Placed(Placement {
-                task_id: task_id.to_owned(),
-                device_id: device_id.to_owned(),
-                reserved_mem_mib: reservation.reserved_mem_mib,
-                placed_at_unix_ms: reservation.placed_at_unix_ms,
-            }),
-            explanation: Explanation {
-                summary: format!("task {task_id} is already placed on {device_id}"),
-                candidates: Vec::new(),
-            },
-        }
+        already_placed(Placement {
+            task_id: task_id.to_owned(),
+            device_id: device_id.to_owned(),
+            reserved_mem_mib: reservation.reserved_mem_mib,
+            placed_at_unix_ms: reservation.placed_at_unix_ms,
+        })
     }
 
     /// Gives `task_id`'s reservation back. Returns the device it held, or `None` when it
