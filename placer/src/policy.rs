@@ -366,9 +366,8 @@ impl Placer {
             (Some(s), Some(bound)) => by_idle_time(&(s, id), &bound) == Ordering::Less,
             (Some(_), None) => q > 0,
         };
-        let duration_s = solo_duration_s(task)
-            .unwrap_or(self.params.assumed_task_duration.as_secs_f64())
-            .max(1.0);
+        // At least a second: the delay is priced per second of it.
+        let duration_s = self.expected_duration_s(task).max(1.0);
         if limit > 0 && shared.len() > limit {
             shared.select_nth_unstable_by(limit - 1, |a, b| {
                 a.demand
@@ -584,6 +583,12 @@ impl Placer {
         }
     }
 
+    /// The task's solo duration `D` (see the module docs), or the assumed one when
+    /// its spec does not say how much work it has.
+    fn expected_duration_s(&self, task: &TaskSpec) -> f64 {
+        solo_duration_s(task).unwrap_or(self.params.assumed_task_duration.as_secs_f64())
+    }
+
     fn retry_hint(&self, wait_s: Option<f64>) -> Duration {
         let p = &self.params;
         match wait_s {
@@ -621,8 +626,7 @@ impl Placer {
             return place;
         }
         let excess = (best.pd_increase - 1.0).max(0.0);
-        let duration_s =
-            solo_duration_s(task).unwrap_or(self.params.assumed_task_duration.as_secs_f64());
+        let duration_s = self.expected_duration_s(task);
         let cost_place_s = excess * duration_s + best.delay_s;
         match wait {
             Some(w) if w * self.params.wait_cost_factor < cost_place_s => Verdict::Queue {
