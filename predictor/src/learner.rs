@@ -282,14 +282,24 @@ impl FittedModel {
     ) -> Option<PairwiseFold> {
         match self {
             FittedModel::ColdStart => None,
-            FittedModel::Forest { .. } => {
-                let mut fold = PairwiseFold::default();
-                for c in corunners {
-                    fold.add(self.predict(device_kind, task, std::slice::from_ref(c)));
-                }
-                Some(fold)
-            }
+            FittedModel::Forest { .. } => Some(self.fold_pairwise(device_kind, task, corunners)),
         }
+    }
+
+    /// `task`'s pairwise predictions next to each of `corunners`, folded in order:
+    /// the one path both a whole-list prediction and a prefix take, so extending a
+    /// prefix gives the same bits as predicting the whole list.
+    fn fold_pairwise(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> PairwiseFold {
+        let mut fold = PairwiseFold::default();
+        for c in corunners {
+            fold.add(self.predict(device_kind, task, std::slice::from_ref(c)));
+        }
+        fold
     }
 
     /// `self.predict(device_kind, task, [corunners…, extra])`, given `prefix` =
@@ -350,11 +360,7 @@ impl SlowdownModel for FittedModel {
                 ..
             } => {
                 if corunners.len() >= 2 {
-                    return compose_pairwise(
-                        corunners
-                            .iter()
-                            .map(|c| self.predict(device_kind, task, std::slice::from_ref(c))),
-                    );
+                    return self.fold_pairwise(device_kind, task, corunners).finish();
                 }
                 let mut row = [0.0; N_FEATURES];
                 feature_row_into(device_kind, task, corunners, &mut row);
