@@ -141,25 +141,24 @@ impl Feasibility {
 /// as log2 batch sizes, `references` row-major with `point.len()` columns; `None` when there
 /// is no reference.
 pub fn excess_over(references: &[f64], point: &[f64]) -> Option<f64> {
-    references
-        .chunks_exact(point.len())
-        .map(|r| {
-            r.iter()
-                .zip(point)
-                .map(|(a, p)| (p - a).max(0.0))
-                .sum::<f64>()
-        })
-        .reduce(f64::min)
+    nearest_gap(references, point, |reference, p| p - reference)
 }
 
 /// Doublings (summed over tasks) `point` must grow to reach the nearest of `ooms` (row-major
 /// log2 batch sizes); 0 at or above one; `None` when there is none.
 pub fn shortfall_below(ooms: &[f64], point: &[f64]) -> Option<f64> {
-    ooms.chunks_exact(point.len())
-        .map(|o| {
-            o.iter()
+    nearest_gap(ooms, point, |oom, p| oom - p)
+}
+
+/// The smallest, over the rows of `references`, of the summed positive `gap(reference, p)`
+/// per task.
+fn nearest_gap(references: &[f64], point: &[f64], gap: impl Fn(f64, f64) -> f64) -> Option<f64> {
+    references
+        .chunks_exact(point.len())
+        .map(|r| {
+            r.iter()
                 .zip(point)
-                .map(|(a, p)| (a - p).max(0.0))
+                .map(|(&a, &p)| gap(a, p).max(0.0))
                 .sum::<f64>()
         })
         .reduce(f64::min)
