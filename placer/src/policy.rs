@@ -585,7 +585,7 @@ impl Placer {
 
     /// The task's solo duration `D` (see the module docs), or the assumed one when
     /// its spec does not say how much work it has.
-    fn expected_duration_s(&self, task: &TaskSpec) -> f64 {
+    pub fn expected_duration_s(&self, task: &TaskSpec) -> f64 {
         solo_duration_s(task).unwrap_or(self.params.assumed_task_duration.as_secs_f64())
     }
 

@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use iadeep_placer::model::{ModelledMemory, SlowdownEstimate, SlowdownModel};
-use iadeep_placer::policy::{Assessment, solo_duration_s};
+use iadeep_placer::policy::Assessment;
 use iadeep_placer::view::profile_of;
 use iadeep_placer::{Placer, PlacerParams, Verdict};
 use iadeep_proto::{
@@ -511,8 +511,7 @@ fn audit_record(
         samples_seen: 0,
         waiting_ahead: assessment.waiting_ahead,
         wait_s: assessment.wait_s,
-        duration_s: solo_duration_s(spec)
-            .unwrap_or(placer.params().assumed_task_duration.as_secs_f64()),
+        duration_s: placer.expected_duration_s(spec),
         candidates,
         rejected: assessment.rejected.iter().fold(
             std::collections::BTreeMap::new(),
