@@ -120,11 +120,10 @@ pub struct AuditRecord {
 /// the true freeing times W tried to predict.
 fn fill_waits(records: &mut [AuditRecord], outcomes: &[TaskOutcome]) {
     let occupancy = occupancy(outcomes);
+    let start_of: std::collections::HashMap<usize, f64> =
+        outcomes.iter().map(|o| (o.id, o.start_s)).collect();
     for record in records.iter_mut() {
-        record.started_s = outcomes
-            .iter()
-            .find(|o| o.id == record.task)
-            .map(|o| o.start_s);
+        record.started_s = start_of.get(&record.task).copied();
         if record.verdict == "queue" && record.wait_s.is_some() {
             let (done, drained) = freeing_times(&occupancy, record.at_s);
             record.residents_done_s = kth_smallest(done, record.waiting_ahead);
