@@ -5,7 +5,9 @@
 //! - [`gns`]: the gradient noise scale φ from two gradient norms at two batch
 //!   sizes, which the agent measures and E(m) needs;
 //! - [`lr`]: the learning-rate factor that comes with a batch-size change, which
-//!   the tuner writes into assignments and the agent applies on its own fall-backs.
+//!   the tuner writes into assignments and the agent applies on its own fall-backs;
+//! - [`margin`]: the one memory margin of a card, kept free by the placer, the tuner
+//!   and the agent's fall-back alike.
 //!
 //! Why a crate of its own: the agent SDK is linked into users' training loops and
 //! must stay light, so it cannot depend on the tuner (GP, linear algebra); both
@@ -13,10 +15,12 @@
 
 pub mod gns;
 pub mod lr;
+pub mod margin;
 pub mod pd;
 
 pub use gns::{GnsEstimator, GnsSampleError};
 pub use lr::lr_factor;
+pub use margin::MemoryMargin;
 pub use pd::PdInput;
 
 /// A value outside its domain; the message names it.

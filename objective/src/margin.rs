@@ -1,0 +1,96 @@
+//! The one memory margin of a GPU (DESIGN.md, "Memory safety"): what the placer never
+//! reserves, what the tuner never assigns, and what the agent's out-of-memory fall-back
+//! keeps free, defined once so the three never disagree about what fits.
+//!
+//! Why both a fraction and a fixed part: the fraction covers what grows with the card
+//! and the jobs on it (allocator fragmentation, cuDNN/cuBLAS workspaces, estimation
+//! error of the memory model); the fixed part covers what does not (the CUDA context
+//! that each new process brings before its first allocation is reported).
+
+use crate::{ObjectiveError, Result};
+
+/// Memory of a card that is never handed out: `fraction` of the card plus `fixed_mib`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemoryMargin {
+    /// Share of the card kept free, in [0, 0.9).
+    pub fraction: f64,
+    /// MiB kept free on top of the fraction.
+    pub fixed_mib: f64,
+}
+
+impl MemoryMargin {
+    /// The production margin: 5 % of the card plus 256 MiB.
+    pub const DEFAULT: MemoryMargin = MemoryMargin {
+        fraction: 0.05,
+        fixed_mib: 256.0,
+    };
+
+    /// Refuses a margin that would make no sense (negative, non-finite, or 90 % or more
+    /// of the card).
+    pub fn check(&self) -> Result<()> {
+        if !(self.fraction.is_finite() && (0.0..0.9).contains(&self.fraction)) {
+            return Err(ObjectiveError::InvalidInput(format!(
+                "memory margin fraction must be in [0, 0.9), got {}",
+                self.fraction
+            )));
+        }
+        if !(self.fixed_mib.is_finite() && self.fixed_mib >= 0.0) {
+            return Err(ObjectiveError::InvalidInput(format!(
+                "memory margin MiB must be finite and ≥ 0, got {}",
+                self.fixed_mib
+            )));
+        }
+        Ok(())
+    }
+
+    /// MiB of a card of `capacity_mib` that tasks may use together (never negative).
+    pub fn usable_mib(&self, capacity_mib: f64) -> f64 {
+        (capacity_mib * (1.0 - self.fraction) - self.fixed_mib).max(0.0)
+    }
+
+    /// Whether tasks needing `total_mib` together fit a card of `capacity_mib`.
+    pub fn fits(&self, total_mib: f64, capacity_mib: f64) -> bool {
+        total_mib <= self.usable_mib(capacity_mib)
+    }
+}
+
+impl Default for MemoryMargin {
+    fn default() -> Self {
+        MemoryMargin::DEFAULT
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usable_memory_keeps_both_parts() {
+        let m = MemoryMargin::DEFAULT;
+        assert_eq!(m.usable_mib(16384.0), 16384.0 * 0.95 - 256.0);
+        assert!(m.fits(15_000.0, 16384.0));
+        assert!(!m.fits(15_400.0, 16384.0));
+        assert_eq!(m.usable_mib(100.0), 0.0, "never negative");
+    }
+
+    #[test]
+    fn nonsense_is_refused() {
+        MemoryMargin::DEFAULT.check().expect("default is valid");
+        for bad in [
+            MemoryMargin {
+                fraction: -0.1,
+                fixed_mib: 0.0,
+            },
+            MemoryMargin {
+                fraction: 0.95,
+                fixed_mib: 0.0,
+            },
+            MemoryMargin {
+                fraction: 0.05,
+                fixed_mib: f64::NAN,
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+    }
+}
