@@ -113,11 +113,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::State(args) => state_cmd::run(args).await,
             Command::Placer(args) => placer_cmd::run(*args).await,
-            // The simulation is CPU work that drives the placement service on its own
-            // runtime: it runs on a blocking thread, not on an async worker.
-            Command::Sim(args) => tokio::task::spawn_blocking(move || sim_cmd::run_sim(args))
-                .await
-                .map_err(|e| anyhow::anyhow!("the simulation thread panicked: {e}"))?,
+            Command::Sim(args) => sim_cmd::run_sim(args),
             Command::Demo(args) => sim_cmd::run_demo(args).await,
             Command::EmulateJob(args) => emulate_cmd::run(args).await,
             Command::Memory(args) => memory_cmd::run(args),

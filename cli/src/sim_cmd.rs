@@ -122,11 +122,7 @@ pub async fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
          every policy on the same stream",
         params.worker_type
     );
-    let out = args.out.clone();
-    let (experiment, runs) =
-        tokio::task::spawn_blocking(move || simulate(params, &gavel, &out, false, false))
-            .await
-            .context("the simulation thread panicked")??;
+    let (experiment, runs) = simulate(params, &gavel, &args.out, false, false)?;
     // The iadeep run, in the embedded store, as a live cluster would have it.
     if let Some(run) = runs.iter().find(|r| r.policy == "iadeep") {
         let path = args.out.join("state.redb");

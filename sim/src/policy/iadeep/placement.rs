@@ -165,7 +165,6 @@ pub struct SimPlacement {
     /// The service's view, which this module keeps current as the daemon's sync does.
     view: Arc<RwLock<iadeep_placer::ClusterView>>,
     store: Arc<dyn StateStore>,
-    runtime: tokio::runtime::Runtime,
     /// The simulated time the service's clock reads, Unix ms.
     now_ms: Arc<AtomicI64>,
     devices: usize,
@@ -206,20 +205,24 @@ impl SimPlacement {
             Arc::new(iadeep_placer::metrics::PlacerMetrics::default()),
         )
         .with_clock(clock);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .map_err(|e| policy_error(format!("runtime: {e}")))?;
         Ok(SimPlacement {
             service,
             view,
             store,
-            runtime,
             now_ms,
             devices: 0,
             applied: Vec::new(),
             retry_after: None,
             audit: None,
         })
+    }
+
+    /// Runs a store call of the service to completion on the calling thread. The
+    /// simulation is synchronous, and the service's store calls on the in-memory store
+    /// need no runtime (a writer thread answers them over channels), so any caller may
+    /// run the simulation, in an async context or not.
+    fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        futures::executor::block_on(future)
     }
 
     fn view_mut(&self) -> std::sync::RwLockWriteGuard<'_, iadeep_placer::ClusterView> {
@@ -286,7 +289,6 @@ impl SimPlacement {
             self.record_audit(view, task, &spec);
         }
         let outcome = self
-            .runtime
             .block_on(self.service.place(spec, Vec::new()))
             .map_err(|e| policy_error(format!("place: {e}")))?;
         match outcome.decision {
@@ -324,7 +326,6 @@ impl SimPlacement {
     pub fn assigned(&mut self, assignment: &BatchSizeAssignment) -> crate::Result<()> {
         let key = keys::task_assignment(&assignment.task_id);
         let revision = self
-            .runtime
             .block_on(typed::put(self.store.as_ref(), &key, assignment, None))
             .map_err(|e| policy_error(format!("assignment: {e}")))?;
         self.view_mut().set_assignment(assignment.clone(), revision);
@@ -333,8 +334,7 @@ impl SimPlacement {
 
     /// Releases a finished task, as its orchestrator does.
     pub fn release(&mut self, task: usize) -> crate::Result<()> {
-        self.runtime
-            .block_on(self.service.release(&task_key(task)))
+        self.block_on(self.service.release(&task_key(task)))
             .map_err(|e| policy_error(format!("release: {e}")))?;
         let mut view = self.view_mut();
         view.remove_report(&task_key(task));
