@@ -30,6 +30,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -63,6 +64,9 @@ const REAPER_INTERVAL: Duration = Duration::from_millis(50);
 /// The embedded single-file store. Cheap to clone; clones share one database.
 #[derive(Clone)]
 pub struct EmbeddedStore {
+    /// Declared before `inner` so it drops first (see [`Owner`]); `None` in the
+    /// background threads' temporary handles.
+    owner: Option<Arc<Owner>>,
     inner: Arc<Inner>,
 }
 
@@ -71,6 +75,41 @@ impl std::fmt::Debug for EmbeddedStore {
         f.debug_struct("EmbeddedStore")
             .field("location", &self.inner.location)
             .finish_non_exhaustive()
+    }
+}
+
+/// Shared by every handle given to callers, not by the background threads: when
+/// the last such handle is dropped, the threads are told to stop and joined before
+/// that handle's reference to the database goes, so the database is closed (and
+/// its file left clean) on the caller's thread.
+///
+/// Why: a background thread briefly holding the last reference would otherwise
+/// close the database itself, and a short-lived process (`iadeep state put`) can
+/// exit before it does, leaving a file that needs a repair at the next open.
+struct Owner {
+    /// The queue of the group-commit writer (see [`spawn_writer`]); `None` when
+    /// read-only. Dropping it is what stops the writer.
+    writer: Option<std::sync::mpsc::Sender<WriteRequest>>,
+    stop: Arc<AtomicBool>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.writer = None;
+        self.stop.store(true, Ordering::Relaxed);
+        let threads = std::mem::take(
+            &mut *self
+                .threads
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        for thread in threads {
+            if thread.thread().id() != std::thread::current().id() {
+                thread.thread().unpark();
+                let _ = thread.join();
+            }
+        }
     }
 }
 
@@ -96,8 +135,6 @@ struct Inner {
     history_revisions: i64,
     /// Serialises every write and guards the in-process parts (leases, watchers).
     shared: Mutex<Shared>,
-    /// The queue of the group-commit writer (see [`spawn_writer`]).
-    writer: std::sync::mpsc::Sender<WriteRequest>,
     /// Durable commits so far (each may carry many transactions).
     commits: std::sync::atomic::AtomicU64,
 }
@@ -285,6 +322,25 @@ impl EmbeddedStore {
             std::fs::create_dir_all(parent)
                 .map_err(|e| fail(format!("cannot create directory {}: {e}", parent.display())))?;
         }
+        if existed {
+            // Checked read-only first: opening a redb file for writing marks it,
+            // and another program's database must be left exactly as it was.
+            contain(&location, "checking the file", || {
+                match open_retrying_briefly(|| ReadOnlyDatabase::open(path)) {
+                    Ok(db) => {
+                        let txn = db.begin_read().map_err(|e| fail(e.to_string()))?;
+                        check_tables(&txn).map_err(&fail)
+                    }
+                    // Not closed cleanly (a crash): only a read-write open can repair
+                    // it, and a crashed iadeep process is by far the likeliest writer.
+                    Err(redb::DatabaseError::RepairAborted) => Ok(()),
+                    Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(()),
+                    Err(other) => Err(fail(format!(
+                        "{other} (the file is damaged or not an iadeep store)"
+                    ))),
+                }
+            })?;
+        }
         let db = contain(&location, "opening the file", || {
             open_retrying_briefly(|| {
                 if existed {
@@ -420,13 +476,7 @@ impl EmbeddedStore {
     ) -> Result<(Self, std::sync::mpsc::Receiver<WriteRequest>)> {
         let err = |e: redb::Error| StateError::Embedded {
             path: location.clone(),
-            reason: match e {
-                redb::Error::TableDoesNotExist(table) => format!(
-                    "a redb file without iadeep's table {table:?}: not an iadeep store \
-                     (refusing to write into it)"
-                ),
-                other => other.to_string(),
-            },
+            reason: e.to_string(),
         };
         let read_counters = |meta: &dyn Fn(&str) -> Result<Option<i64>>| -> Result<(i64, i64)> {
             Ok((
@@ -436,17 +486,11 @@ impl EmbeddedStore {
         };
         let (revision, oldest) = {
             if existing {
-                // Checked before any write, so a foreign file is never modified.
                 let txn = db.begin_read().map_err(|e| err(e.into()))?;
-                for table in [KV.name(), EVENTS.name()] {
-                    let exists = txn
-                        .list_tables()
-                        .map_err(|e| err(e.into()))?
-                        .any(|t| t.name() == table);
-                    if !exists {
-                        return Err(err(redb::Error::TableDoesNotExist(table.to_owned())));
-                    }
-                }
+                check_tables(&txn).map_err(|reason| StateError::Embedded {
+                    path: location.clone(),
+                    reason,
+                })?;
                 let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
                 read_counters(&|name| {
                     Ok(meta
@@ -477,11 +521,15 @@ impl EmbeddedStore {
         };
         let (writer, queue) = std::sync::mpsc::channel();
         let store = EmbeddedStore {
+            owner: Some(Arc::new(Owner {
+                writer: matches!(db, Db::Writable(_)).then_some(writer),
+                stop: Arc::new(AtomicBool::new(false)),
+                threads: Mutex::new(Vec::new()),
+            })),
             inner: Arc::new(Inner {
                 db,
                 location,
                 history_revisions,
-                writer,
                 commits: std::sync::atomic::AtomicU64::new(0),
                 shared: Mutex::new(Shared {
                     revision,
@@ -497,8 +545,16 @@ impl EmbeddedStore {
 
     /// Starts the group-commit writer and the lease reaper of a writable store.
     fn spawn_background(&self, queue: std::sync::mpsc::Receiver<WriteRequest>) -> Result<()> {
-        spawn_writer(Arc::downgrade(&self.inner), queue)?;
-        spawn_lease_reaper(Arc::downgrade(&self.inner));
+        let Some(owner) = &self.owner else {
+            return Err(self.impossible("background threads started from a background handle"));
+        };
+        let mut threads = owner
+            .threads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let weak = Arc::downgrade(&self.inner);
+        threads.push(spawn_writer(weak.clone(), queue)?);
+        threads.extend(spawn_lease_reaper(weak, owner.stop.clone()));
         Ok(())
     }
 
@@ -782,8 +838,10 @@ impl EmbeddedStore {
             return Err(self.read_only());
         }
         let (reply, outcome) = tokio::sync::oneshot::channel();
-        self.inner
-            .writer
+        self.owner
+            .as_ref()
+            .and_then(|owner| owner.writer.as_ref())
+            .ok_or_else(|| self.impossible("a write through a background handle"))?
             .send(WriteRequest { txn, reply })
             .map_err(|_| self.impossible("the writer thread has stopped"))?;
         outcome
@@ -868,8 +926,11 @@ const OPEN_RETRY: Duration = Duration::from_millis(300);
 /// during that commit forms the next group.
 ///
 /// The thread holds the store weakly and stops when the last handle is dropped
-/// (the queue's sender lives in the store).
-fn spawn_writer(inner: Weak<Inner>, queue: std::sync::mpsc::Receiver<WriteRequest>) -> Result<()> {
+/// (the queue's sender lives in the callers' handles' [`Owner`]).
+fn spawn_writer(
+    inner: Weak<Inner>,
+    queue: std::sync::mpsc::Receiver<WriteRequest>,
+) -> Result<std::thread::JoinHandle<()>> {
     let location = inner
         .upgrade()
         .map(|i| i.location.clone())
@@ -877,6 +938,7 @@ fn spawn_writer(inner: Weak<Inner>, queue: std::sync::mpsc::Receiver<WriteReques
     std::thread::Builder::new()
         .name("iadeep-store-writer".into())
         .spawn(move || {
+            // Ends when the last caller's handle drops the queue's sender.
             while let Ok(first) = queue.recv() {
                 let mut group = vec![first];
                 while group.len() < MAX_GROUP_COMMIT {
@@ -888,7 +950,7 @@ fn spawn_writer(inner: Weak<Inner>, queue: std::sync::mpsc::Receiver<WriteReques
                 let Some(inner) = inner.upgrade() else {
                     return;
                 };
-                let store = EmbeddedStore { inner };
+                let store = EmbeddedStore { owner: None, inner };
                 let (txns, replies): (Vec<Txn>, Vec<_>) =
                     group.into_iter().map(|r| (r.txn, r.reply)).unzip();
                 let size = txns.len();
@@ -898,20 +960,23 @@ fn spawn_writer(inner: Weak<Inner>, queue: std::sync::mpsc::Receiver<WriteReques
                         store.apply_batch(&mut shared, txns)
                     })
                 };
+                let location = store.inner.location.clone();
+                // Released before anyone is answered: see `Owner`.
+                drop(store);
                 match results {
                     Ok(results) => {
-                        tracing::trace!(store = %store.inner.location, size, "group committed");
+                        tracing::trace!(store = %location, size, "group committed");
                         for (reply, result) in replies.into_iter().zip(results) {
                             // A caller that gave up waiting does not stop the others.
                             let _ = reply.send(result);
                         }
                     }
                     Err(err) => {
-                        tracing::error!(store = %store.inner.location, size, %err,
+                        tracing::error!(store = %location, size, %err,
                             "group commit failed; none of its transactions was written");
                         for reply in replies {
                             let _ = reply.send(Err(StateError::Embedded {
-                                path: store.inner.location.clone(),
+                                path: location.clone(),
                                 reason: format!("commit failed: {err}"),
                             }));
                         }
@@ -919,7 +984,6 @@ fn spawn_writer(inner: Weak<Inner>, queue: std::sync::mpsc::Receiver<WriteReques
                 }
             }
         })
-        .map(|_| ())
         .map_err(|e| StateError::Embedded {
             path: location,
             reason: format!("cannot start the writer thread: {e}"),
@@ -928,15 +992,22 @@ fn spawn_writer(inner: Weak<Inner>, queue: std::sync::mpsc::Receiver<WriteReques
 
 /// A thread (not a task, so the store works under any runtime or none) that
 /// expires leases. It stops once the last handle to the store is dropped.
-fn spawn_lease_reaper(inner: Weak<Inner>) {
+fn spawn_lease_reaper(
+    inner: Weak<Inner>,
+    stop: Arc<AtomicBool>,
+) -> Option<std::thread::JoinHandle<()>> {
     let spawned = std::thread::Builder::new()
         .name("iadeep-lease-reaper".into())
         .spawn(move || {
             loop {
-                std::thread::sleep(REAPER_INTERVAL);
+                // Woken early by `Owner` when the store is dropped.
+                std::thread::park_timeout(REAPER_INTERVAL);
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
                 match inner.upgrade() {
                     Some(inner) => {
-                        let store = EmbeddedStore { inner };
+                        let store = EmbeddedStore { owner: None, inner };
                         let expired = contain(&store.inner.location, "expiring leases", || {
                             store.reap_expired();
                             Ok(())
@@ -949,8 +1020,12 @@ fn spawn_lease_reaper(inner: Weak<Inner>) {
                 }
             }
         });
-    if let Err(err) = spawned {
-        tracing::error!(%err, "could not start the lease reaper: leases will only expire on keep-alive");
+    match spawned {
+        Ok(thread) => Some(thread),
+        Err(err) => {
+            tracing::error!(%err, "could not start the lease reaper: leases will only expire on keep-alive");
+            None
+        }
     }
 }
 
@@ -1129,6 +1204,24 @@ fn check_existing_file(path: &Path) -> std::result::Result<bool, String> {
                 .into(),
         ),
     }
+}
+
+/// Checks that a database holds iadeep's tables (the reason when it does not).
+fn check_tables(txn: &redb::ReadTransaction) -> std::result::Result<(), String> {
+    let tables: Vec<String> = txn
+        .list_tables()
+        .map_err(|e| e.to_string())?
+        .map(|t| t.name().to_owned())
+        .collect();
+    for table in [KV.name(), EVENTS.name(), META.name()] {
+        if !tables.iter().any(|t| t == table) {
+            return Err(format!(
+                "a redb database without iadeep's table {table:?}: not an iadeep store \
+                 (refusing to write into it)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Runs `work`, which calls into redb, turning a panic into an error.

@@ -1,6 +1,7 @@
 //! All cross-crate integration tests, in one binary so the 2-core CI links once.
 
 mod agent;
+mod cluster_failover;
 mod placer;
 mod predictor;
 mod sim;

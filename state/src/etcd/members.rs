@@ -290,6 +290,10 @@ impl Members {
 /// the cluster refused it), so another member, or the same one later, may.
 fn member_failed(err: &etcd_client::Error) -> bool {
     use tonic::Code;
+    if super::lease_not_found(err) {
+        // The cluster's answer, whichever member (or stream) carried it.
+        return false;
+    }
     match err {
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         // A stream that ended or broke before answering: the member went away.
