@@ -7,4 +7,5 @@ mod predictor;
 mod sim;
 mod state_embedded;
 mod state_etcd;
+mod state_etcd_security;
 mod tuner_daemon;
