@@ -478,12 +478,6 @@ impl EmbeddedStore {
             path: location.clone(),
             reason: e.to_string(),
         };
-        let read_counters = |meta: &dyn Fn(&str) -> Result<Option<i64>>| -> Result<(i64, i64)> {
-            Ok((
-                meta(META_REVISION)?.unwrap_or(0),
-                meta(META_OLDEST)?.unwrap_or(1),
-            ))
-        };
         let (revision, oldest) = {
             if existing {
                 let txn = db.begin_read().map_err(|e| err(e.into()))?;
@@ -491,13 +485,8 @@ impl EmbeddedStore {
                     path: location.clone(),
                     reason,
                 })?;
-                let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
-                read_counters(&|name| {
-                    Ok(meta
-                        .get(name)
-                        .map_err(|e| err(e.into()))?
-                        .map(|g| g.value()))
-                })?
+                read_counters(&txn.open_table(META).map_err(|e| err(e.into()))?)
+                    .map_err(|e| err(e.into()))?
             } else {
                 let Db::Writable(writable) = &db else {
                     return Err(err(redb::Error::DatabaseClosed));
@@ -507,13 +496,8 @@ impl EmbeddedStore {
                     // Creating the tables here means every later read finds them.
                     txn.open_table(KV).map_err(|e| err(e.into()))?;
                     txn.open_table(EVENTS).map_err(|e| err(e.into()))?;
-                    let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
-                    read_counters(&|name| {
-                        Ok(meta
-                            .get(name)
-                            .map_err(|e| err(e.into()))?
-                            .map(|g| g.value()))
-                    })?
+                    read_counters(&txn.open_table(META).map_err(|e| err(e.into()))?)
+                        .map_err(|e| err(e.into()))?
                 };
                 txn.commit().map_err(|e| err(e.into()))?;
                 counters
@@ -1204,6 +1188,19 @@ fn check_existing_file(path: &Path) -> std::result::Result<bool, String> {
                 .into(),
         ),
     }
+}
+
+/// The current revision and the oldest one kept in the history (a new store's defaults).
+fn read_counters(
+    meta: &impl ReadableTable<&'static str, i64>,
+) -> std::result::Result<(i64, i64), redb::StorageError> {
+    let read = |name: &str| -> std::result::Result<Option<i64>, redb::StorageError> {
+        Ok(meta.get(name)?.map(|g| g.value()))
+    };
+    Ok((
+        read(META_REVISION)?.unwrap_or(0),
+        read(META_OLDEST)?.unwrap_or(1),
+    ))
 }
 
 /// Checks that a database holds iadeep's tables (the reason when it does not).

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::runtime;
 use iadeep_agent::Agent;
 use iadeep_placer::{
     Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams, PredictorSlowdown,
@@ -33,14 +34,6 @@ const JOBS: [&str; 2] = ["job-a", "job-b"];
 /// release a job whose alive key vanished, which is what must not happen.
 const LEASE_TTL: Duration = Duration::from_secs(3);
 const DEAD_TASK_GRACE: Duration = Duration::from_secs(2);
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 fn spec(task: &str) -> TaskSpec {
     TaskSpec {

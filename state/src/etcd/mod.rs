@@ -120,36 +120,20 @@ impl EtcdStore {
             })
     }
 
-    /// One read through the members' failover.
-    async fn read<T, F, Fut>(&self, what: &str, attempt: F) -> Result<T, Failure>
+    /// One request through the members' failover (see [`members`]), each attempt
+    /// bounded by `attempt_timeout`.
+    async fn request<T, F, Fut>(
+        &self,
+        what: &str,
+        attempt_timeout: Duration,
+        attempt: F,
+    ) -> Result<T, Failure>
     where
         F: FnMut(etcd_client::Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, AttemptError>>,
     {
         self.members
-            .call(what, READ_ATTEMPT_TIMEOUT, FAILOVER_BUDGET, attempt)
-            .await
-    }
-
-    /// One write through the members' failover.
-    async fn write<T, F, Fut>(&self, what: &str, attempt: F) -> Result<T, Failure>
-    where
-        F: FnMut(etcd_client::Client) -> Fut,
-        Fut: std::future::Future<Output = Result<T, AttemptError>>,
-    {
-        self.members
-            .call(what, WRITE_ATTEMPT_TIMEOUT, FAILOVER_BUDGET, attempt)
-            .await
-    }
-
-    /// One lease request through the members' failover.
-    async fn lease_call<T, F, Fut>(&self, what: &str, attempt: F) -> Result<T, Failure>
-    where
-        F: FnMut(etcd_client::Client) -> Fut,
-        Fut: std::future::Future<Output = Result<T, AttemptError>>,
-    {
-        self.members
-            .call(what, LEASE_ATTEMPT_TIMEOUT, FAILOVER_BUDGET, attempt)
+            .call(what, attempt_timeout, FAILOVER_BUDGET, attempt)
             .await
     }
 
@@ -227,7 +211,7 @@ impl StateStore for EtcdStore {
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         let resp = self
-            .read("get", |client| async move {
+            .request("get", READ_ATTEMPT_TIMEOUT, |client| async move {
                 Ok(client.kv_client().get(key, None).await?)
             })
             .await
@@ -238,7 +222,7 @@ impl StateStore for EtcdStore {
     async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision> {
         let options = lease.map(|l| PutOptions::new().with_lease(l.0));
         let resp = self
-            .write("put", |client| {
+            .request("put", WRITE_ATTEMPT_TIMEOUT, |client| {
                 let (value, options) = (value.clone(), options.clone());
                 async move { Ok(client.kv_client().put(key, value, options).await?) }
             })
@@ -254,7 +238,7 @@ impl StateStore for EtcdStore {
 
     async fn delete(&self, key: &str) -> Result<bool> {
         let resp = self
-            .write("delete", |client| async move {
+            .request("delete", WRITE_ATTEMPT_TIMEOUT, |client| async move {
                 Ok(client.kv_client().delete(key, None).await?)
             })
             .await
@@ -304,7 +288,7 @@ impl StateStore for EtcdStore {
             .collect();
         let request = Txn::new().when(compares).and_then(ops).or_else(reads);
         let resp = self
-            .write("transaction", |client| {
+            .request("transaction", WRITE_ATTEMPT_TIMEOUT, |client| {
                 let request = request.clone();
                 async move { Ok(client.kv_client().txn(request).await?) }
             })
@@ -331,7 +315,7 @@ impl StateStore for EtcdStore {
 
     async fn range(&self, prefix: &str) -> Result<RangeSnapshot> {
         let resp = self
-            .read("range", |client| async move {
+            .request("range", READ_ATTEMPT_TIMEOUT, |client| async move {
                 Ok(client
                     .kv_client()
                     .get(prefix, Some(GetOptions::new().with_prefix()))
@@ -363,7 +347,7 @@ impl StateStore for EtcdStore {
     async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId> {
         let secs = lease_ttl_secs(ttl)?;
         let resp = self
-            .lease_call("lease grant", |client| async move {
+            .request("lease grant", LEASE_ATTEMPT_TIMEOUT, |client| async move {
                 Ok(client.lease_client().grant(secs, None).await?)
             })
             .await
@@ -375,16 +359,21 @@ impl StateStore for EtcdStore {
         // One short keep-alive stream per refresh, opened on whichever member can
         // serve it: a stream kept open would die with its member.
         let ttl = self
-            .lease_call("lease keep-alive", |client| async move {
-                let (mut keeper, mut responses) = client.lease_client().keep_alive(lease.0).await?;
-                keeper.keep_alive().await?;
-                match responses.message().await? {
-                    Some(resp) => Ok(resp.ttl()),
-                    None => Err(AttemptError::Member(
-                        "keep-alive stream closed before answering".into(),
-                    )),
-                }
-            })
+            .request(
+                "lease keep-alive",
+                LEASE_ATTEMPT_TIMEOUT,
+                |client| async move {
+                    let (mut keeper, mut responses) =
+                        client.lease_client().keep_alive(lease.0).await?;
+                    keeper.keep_alive().await?;
+                    match responses.message().await? {
+                        Some(resp) => Ok(resp.ttl()),
+                        None => Err(AttemptError::Member(
+                            "keep-alive stream closed before answering".into(),
+                        )),
+                    }
+                },
+            )
             .await
             .map_err(|f| self.lease_failed("lease keep-alive", lease, f))?;
         if ttl > 0 {
@@ -396,7 +385,7 @@ impl StateStore for EtcdStore {
 
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
         let revoked = self
-            .lease_call("lease revoke", |client| async move {
+            .request("lease revoke", LEASE_ATTEMPT_TIMEOUT, |client| async move {
                 Ok(client.lease_client().revoke(lease.0).await?)
             })
             .await;
@@ -432,7 +421,7 @@ impl WatchSession {
         let prefix = self.prefix.as_str();
         let (stream, created) = self
             .store
-            .read("watch", |client| {
+            .request("watch", READ_ATTEMPT_TIMEOUT, |client| {
                 let options = options.clone();
                 async move {
                     let mut stream = client.watch_client().watch(prefix, Some(options)).await?;
