@@ -33,8 +33,12 @@ struct Cli {
 /// Where the cluster state lives; shared by every subcommand that needs it.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StoreArgs {
-    /// The state store: `etcd://HOST:PORT[,HOST:PORT...]` for an etcd cluster, or a
-    /// file path for the embedded single-machine store (one process at a time).
+    /// The state store. An etcd cluster: `etcd://HOST:PORT[,HOST:PORT...]` (every
+    /// member, so requests move when one is lost), `etcds://...?ca=PATH&cert=PATH&key=PATH`
+    /// for TLS, `USER:PASSWORD@` before the hosts for etcd's authentication (prefer
+    /// IADEEP_STORE to keep the password off the command line). Or the embedded
+    /// single-machine store (one process at a time): a file path containing '/' or
+    /// ending in .redb, or `file:PATH`. A bare `HOST:PORT` is refused as ambiguous.
     /// Default: the embedded store under the user's data directory
     /// (e.g. ~/.local/share/iadeep/state.redb).
     #[arg(long, global = true, env = "IADEEP_STORE", value_name = "URL")]

@@ -29,7 +29,9 @@ enum StateCommand {
         meta: bool,
     },
     /// Store VALUE at KEY. For iadeep's keys VALUE is JSON of the key's message
-    /// (e.g. a DeviceInfo for /iadeep/v1/devices/ID/info) and is checked; `-` reads stdin.
+    /// (e.g. a DeviceInfo for /iadeep/v1/devices/ID/info, a TunerState for
+    /// .../devices/ID/tuner) and is checked, including that its id is the key's;
+    /// a key under /iadeep/v1/ outside the layout is refused. `-` reads stdin.
     Put {
         key: String,
         value: String,
@@ -67,10 +69,17 @@ enum StateCommand {
 
 pub async fn run(args: StateArgs) -> Result<ExitCode> {
     let url = args.store.url();
-    let store = url
-        .open()
-        .await
-        .with_context(|| format!("cannot open the state store {url}"))?;
+    // Reading never creates, repairs or rewrites an embedded store file.
+    let read_only = matches!(
+        args.command,
+        StateCommand::Get { .. } | StateCommand::Ls { .. } | StateCommand::Watch { .. }
+    );
+    let opened = if read_only {
+        url.open_read_only().await
+    } else {
+        url.open().await
+    };
+    let store = opened.with_context(|| format!("cannot open the state store {url}"))?;
     match args.command {
         StateCommand::Get { key, meta } => get(store.as_ref(), &key, meta).await,
         StateCommand::Put {

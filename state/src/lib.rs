@@ -20,7 +20,7 @@ pub mod testing;
 
 pub use embedded::EmbeddedStore;
 pub use error::{Result, StateError};
-pub use etcd::EtcdStore;
+pub use etcd::{EtcdConfig, EtcdCredentials, EtcdStore, EtcdTls};
 pub use lease::{LeaseHealth, LeaseKeeper};
 pub use store::{
     CasOutcome, Expect, KeyValue, LeaseId, RangeSnapshot, Revision, StateStore, Txn, TxnCompare,

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::runtime;
 use iadeep_agent::Agent;
 use iadeep_proto::{
     BatchSizeAssignment, CoLocationSample, DeviceInfo, LrScalingRule, Placement, SoloProfile,
@@ -147,14 +148,6 @@ impl Drop for Job {
 
 /// Round → (task, batch size) of every assignment written under it.
 type AssignedRounds = BTreeMap<u64, Vec<(String, u32)>>;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 fn params() -> DaemonParams {
     let mut p = DaemonParams {
