@@ -40,7 +40,10 @@ fn round_trip(store: &str) {
     let get = iadeep(store, &["state", "get", key]);
     assert!(get.status.success(), "{}", stderr(&get));
     let json: serde_json::Value = serde_json::from_str(&stdout(&get)).expect("get prints JSON");
-    assert_eq!(json["memory_mib"], 24576);
+    assert_eq!(
+        json["memoryMib"], "24576",
+        "protobuf JSON: 64-bit integers are strings"
+    );
     assert_eq!(json["kind"], "rtx3090");
 
     let plain = iadeep(store, &["state", "put", "/ops/note", "hello operator"]);
