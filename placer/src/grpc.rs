@@ -18,10 +18,24 @@ pub fn status_of(err: &PlacerError) -> Status {
         // Retrying later is the right reaction to both.
         PlacerError::Contention { .. } => Status::aborted(err.to_string()),
         PlacerError::Store(_) => Status::unavailable(err.to_string()),
-        PlacerError::InvalidParams { .. } | PlacerError::Serve { .. } => {
-            Status::internal(err.to_string())
-        }
+        PlacerError::InvalidParams { .. }
+        | PlacerError::Serve { .. }
+        | PlacerError::Kubernetes { .. } => Status::internal(err.to_string()),
     }
+}
+
+/// "gpu0: reason; gpu1: reason", at most a few devices, for an error message.
+pub fn never_fits_text(reasons: &[(String, crate::policy::Rejection)]) -> String {
+    const SHOWN: usize = 3;
+    let mut text: Vec<String> = reasons
+        .iter()
+        .take(SHOWN)
+        .map(|(id, why)| format!("{id}: {why}"))
+        .collect();
+    if reasons.len() > SHOWN {
+        text.push(format!("and {} more", reasons.len() - SHOWN));
+    }
+    text.join("; ")
 }
 
 /// The gRPC front end.
@@ -50,6 +64,28 @@ impl PlacerRpc for GrpcPlacer {
                 "invalid task: missing (a PlaceRequest must carry the TaskSpec to place)",
             ));
         };
+        // Malformed requests are answered as such first (the same checks as the
+        // service's), so the error names the field at fault.
+        let checked = crate::validate::task_spec("task", &task).and_then(|()| {
+            crate::validate::device_ids("candidate_device_ids", &request.candidate_device_ids)
+        });
+        if let Err(err) = checked {
+            self.service.metrics().invalid.inc();
+            return Err(status_of(&err));
+        }
+        if let Some(reasons) = self.service.placer().never_fits_any(
+            &self.service.view(),
+            &task,
+            &request.candidate_device_ids,
+        ) {
+            // Never "queued": a client would retry forever, and the task would count as
+            // waiting ahead of every later one.
+            self.service.metrics().invalid.inc();
+            return Err(Status::invalid_argument(format!(
+                "invalid task: no device it may use can ever hold it ({})",
+                never_fits_text(&reasons)
+            )));
+        }
         let outcome = self
             .service
             .place(task, request.candidate_device_ids)
