@@ -66,11 +66,7 @@ enum StateCommand {
 }
 
 pub async fn run(args: StateArgs) -> Result<ExitCode> {
-    let url = args.store.url();
-    let store = url
-        .open()
-        .await
-        .with_context(|| format!("cannot open the state store {url}"))?;
+    let store = crate::open_store(&args.store.url()).await?;
     match args.command {
         StateCommand::Get { key, meta } => get(store.as_ref(), &key, meta).await,
         StateCommand::Put {
@@ -82,9 +78,9 @@ pub async fn run(args: StateArgs) -> Result<ExitCode> {
         StateCommand::Del { key } => {
             codec::check_key(&key)?;
             if store.delete(&key).await? {
-                println!("deleted {key}");
+                outln!("deleted {key}")?;
             } else {
-                println!("{key} did not exist");
+                outln!("{key} did not exist")?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -93,9 +89,9 @@ pub async fn run(args: StateArgs) -> Result<ExitCode> {
             let snapshot = store.range(&prefix).await?;
             for kv in &snapshot.kvs {
                 if long {
-                    println!("{} {}", kv.key, codec::one_line(&kv.key, &kv.value));
+                    outln!("{} {}", kv.key, codec::one_line(&kv.key, &kv.value))?;
                 } else {
-                    println!("{}", kv.key);
+                    outln!("{}", kv.key)?;
                 }
             }
             tracing::debug!(
@@ -131,8 +127,8 @@ async fn get(store: &dyn StateStore, key: &str, meta: bool) -> Result<ExitCode> 
     }
     let value = codec::to_json(key, &kv.value)?;
     match value {
-        serde_json::Value::String(text) => println!("{text}"),
-        other => println!("{}", serde_json::to_string_pretty(&other)?),
+        serde_json::Value::String(text) => outln!("{text}")?,
+        other => outln!("{}", serde_json::to_string_pretty(&other)?)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -160,7 +156,7 @@ async fn put(
         None => None,
     };
     let revision = store.put(key, bytes, lease).await?;
-    println!("put {key} at revision {revision}");
+    outln!("put {key} at revision {revision}")?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -180,13 +176,13 @@ async fn watch(
             _ = tokio::signal::ctrl_c() => break,
         };
         match event {
-            Some(Ok(WatchEvent::Put(kv))) => println!(
+            Some(Ok(WatchEvent::Put(kv))) => outln!(
                 "PUT {} {} {}",
                 kv.mod_revision,
                 kv.key,
                 codec::one_line(&kv.key, &kv.value)
-            ),
-            Some(Ok(WatchEvent::Delete { key, revision })) => println!("DELETE {revision} {key}"),
+            )?,
+            Some(Ok(WatchEvent::Delete { key, revision })) => outln!("DELETE {revision} {key}")?,
             Some(Err(err)) => return Err(err.into()),
             None => break,
         }
