@@ -188,10 +188,7 @@ pub async fn run(args: PlacerArgs) -> Result<ExitCode> {
 
 async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
     let placer = args.policy.placer()?;
-    let store = url
-        .open()
-        .await
-        .with_context(|| format!("cannot open the state store {url}"))?;
+    let store = crate::open_store(&url).await?;
     if args.kube_api.is_some() && args.extender.is_none() {
         bail!("--kube-api is for the extender's bind verb: give --extender ADDR too");
     }
@@ -241,10 +238,7 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
     if args.concurrency == 0 || args.requests == 0 {
         bail!("--concurrency and --requests must be positive");
     }
-    let store = url
-        .open()
-        .await
-        .with_context(|| format!("cannot open the state store {url}"))?;
+    let store = crate::open_store(&url).await?;
     let cluster = SyntheticCluster::new(args.devices, args.residents, args.seed);
     let seeding = Instant::now();
     cluster
