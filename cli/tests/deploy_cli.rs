@@ -6,8 +6,12 @@ use std::path::Path;
 use std::process::Command;
 
 fn deploy(path: &str) -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(path))
-        .expect("read a deploy file")
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy")
+            .join(path),
+    )
+    .expect("read a deploy file")
 }
 
 fn accepts(args: &[String]) {
@@ -48,7 +52,10 @@ fn kubernetes_container_args_are_accepted() {
 
 #[test]
 fn systemd_exec_lines_are_accepted() {
-    for unit in ["systemd/iadeep-placer.service", "systemd/iadeep-tuner.service"] {
+    for unit in [
+        "systemd/iadeep-placer.service",
+        "systemd/iadeep-tuner.service",
+    ] {
         let text = deploy(unit);
         let exec = text
             .lines()

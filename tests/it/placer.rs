@@ -151,7 +151,7 @@ async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn place_list_and_release_over_grpc_and_etcd() {
-    let server = start_etcd();
+    let mut server = start_etcd();
     let store = etcd_store(&server).await;
     register(store.as_ref(), "n1.gpu0", "n1", 16_384).await;
     register(store.as_ref(), "n1.gpu1", "n1", 16_384).await;
@@ -286,6 +286,17 @@ async fn place_list_and_release_over_grpc_and_etcd() {
         "{text}"
     );
     assert!(text.contains("iadeep_placer_releases_total 1"), "{text}");
+
+    // Not ready while the store does not answer, ready again once it does.
+    server.stop();
+    let (status, body) = http::get(&metrics_addr, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("state store"), "{body}");
+    server.restart().expect("restart etcd");
+    eventually("ready again", async || {
+        http::get(&metrics_addr, "/readyz").await.0 == 200
+    })
+    .await;
     daemon.shutdown().await;
 }
 
