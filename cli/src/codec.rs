@@ -173,8 +173,11 @@ mod tests {
         let bytes = from_input(&key, r#"{"device_id":"n1:gpu0","memory_mib":24576}"#, false)
             .expect("valid JSON");
         let json = to_json(&key, &bytes).expect("decodes");
-        assert_eq!(json["memory_mib"], 24576);
-        assert_eq!(json["device_id"], "n1:gpu0");
+        // Written with the proto names, printed in protobuf's JSON mapping.
+        assert_eq!(json["memoryMib"], "24576");
+        assert_eq!(json["deviceId"], "n1:gpu0");
+        let again = from_input(&key, &json.to_string(), false).expect("standard JSON");
+        assert_eq!(again, bytes);
     }
 
     #[test]

@@ -3,20 +3,27 @@
 //! One binary, one subcommand per job. Each subcommand lives in its own module;
 //! this file only parses the command line, sets up logging and reports errors.
 
+#[macro_use]
+mod output;
 mod codec;
 mod data_cmd;
 mod emulate_cmd;
 mod memory_cmd;
 mod placer_cmd;
 mod predictor_cmd;
+mod progress;
 mod sim_cmd;
 mod state_cmd;
 mod tuner_cmd;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
-use iadeep_state::StoreUrl;
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use iadeep_state::{StateStore, StoreUrl};
 
 /// iadeep lets several deep-learning training jobs share one GPU without hurting
 /// each other: it places each new job where it causes the least slowdown and tunes
@@ -26,8 +33,20 @@ use iadeep_state::StoreUrl;
 #[derive(Debug, Parser)]
 #[command(name = "iadeep", version, about, long_about, propagate_version = true)]
 struct Cli {
+    /// Log lines as text (coloured only when stderr is a terminal and NO_COLOR is
+    /// unset) or as one JSON object per line, for log collectors.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text,
+        env = "IADEEP_LOG_FORMAT", value_name = "FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 /// Where the cluster state lives; shared by every subcommand that needs it.
@@ -51,6 +70,80 @@ impl StoreArgs {
         self.store
             .clone()
             .unwrap_or_else(StoreUrl::default_embedded)
+    }
+}
+
+/// Longest wait for a TCP connection to one etcd endpoint before saying it is unreachable.
+const ETCD_REACH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Opens the store at `url`. An etcd nobody answers at is reported in plain words
+/// (which endpoint, what the operating system said) before the client library gets
+/// to wrap the failure in its own terms.
+pub async fn open_store(url: &StoreUrl) -> anyhow::Result<Arc<dyn StateStore>> {
+    reach(url).await?;
+    url.open()
+        .await
+        .with_context(|| format!("cannot open the state store {url}"))
+}
+
+/// [`open_store`] for commands that only read: an embedded store file is opened read-only,
+/// never created, repaired or rewritten.
+pub async fn open_store_read_only(url: &StoreUrl) -> anyhow::Result<Arc<dyn StateStore>> {
+    reach(url).await?;
+    url.open_read_only()
+        .await
+        .with_context(|| format!("cannot open the state store {url}"))
+}
+
+/// Fails with a human message when no etcd member of `url` answers on TCP.
+async fn reach(url: &StoreUrl) -> anyhow::Result<()> {
+    if let StoreUrl::Etcd(config) = url {
+        let mut failures = Vec::new();
+        for endpoint in &config.endpoints {
+            match tokio::time::timeout(ETCD_REACH_TIMEOUT, tokio::net::TcpStream::connect(endpoint))
+                .await
+            {
+                Ok(Ok(_)) => {
+                    failures.clear();
+                    break;
+                }
+                Ok(Err(err)) => failures.push(format!("{endpoint}: {err}")),
+                Err(_) => failures.push(format!(
+                    "{endpoint}: no answer within {} s",
+                    ETCD_REACH_TIMEOUT.as_secs()
+                )),
+            }
+        }
+        if !failures.is_empty() {
+            anyhow::bail!(
+                "cannot reach etcd ({}); is it running, and is --store (or IADEEP_STORE) right?",
+                failures.join("; ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM (what Kubernetes and systemd send to stop a daemon).
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -85,24 +178,42 @@ impl Command {
     /// simulations show only the simulator's own progress and warnings.
     fn default_log_filter(&self) -> &'static str {
         match self {
-            Command::Sim(_) | Command::Demo(_) => "warn,iadeep_sim=info,iadeep::sim_cmd=info",
+            Command::Sim(_) | Command::Demo(_) => {
+                "warn,iadeep_sim=info,iadeep::sim_cmd=info,iadeep::progress=info"
+            }
             _ => "info",
         }
     }
 }
 
-fn init_logging(default_filter: &str) {
+fn init_logging(default_filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(progress::LogWriter);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => {
+            // Colour codes are for people at a terminal, not for files and pipes.
+            let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            builder.with_ansi(ansi).init();
+        }
+    }
+}
+
+/// Whether `err` comes from writing to a closed pipe (`iadeep state ls | head`).
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.command.default_log_filter());
+    init_logging(cli.command.default_log_filter(), cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -128,6 +239,8 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(code) => code,
+        // The reader has all it wanted: stop quietly, as `cat` and `grep` do.
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE

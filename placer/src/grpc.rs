@@ -33,8 +33,24 @@ pub fn status_of(err: &PlacerError) -> Status {
             }
             _ => Status::internal(message),
         },
-        PlacerError::InvalidParams { .. } | PlacerError::Serve { .. } => Status::internal(message),
+        PlacerError::InvalidParams { .. }
+        | PlacerError::Serve { .. }
+        | PlacerError::Kubernetes { .. } => Status::internal(message),
     }
+}
+
+/// "gpu0: reason; gpu1: reason", at most a few devices, for an error message.
+pub fn never_fits_text(reasons: &[(String, crate::policy::Rejection)]) -> String {
+    const SHOWN: usize = 3;
+    let mut text: Vec<String> = reasons
+        .iter()
+        .take(SHOWN)
+        .map(|(id, why)| format!("{id}: {why}"))
+        .collect();
+    if reasons.len() > SHOWN {
+        text.push(format!("and {} more", reasons.len() - SHOWN));
+    }
+    text.join("; ")
 }
 
 /// The gRPC front end.
@@ -71,6 +87,19 @@ impl PlacerRpc for GrpcPlacer {
         let Some(task) = request.task else {
             return Err(status_of(&PlacerError::invalid("task", "missing")));
         };
+        if let Some(reasons) = self.service.placer().never_fits_any(
+            &self.service.view(),
+            &task,
+            &request.candidate_device_ids,
+        ) {
+            // Never "queued": a client would retry forever, and the task would count as
+            // waiting ahead of every later one.
+            self.service.metrics().invalid.inc();
+            return Err(Status::invalid_argument(format!(
+                "invalid task: no device it may use can ever hold it ({})",
+                never_fits_text(&reasons)
+            )));
+        }
         let outcome = self
             .service
             .place(task, request.candidate_device_ids)

@@ -76,6 +76,9 @@ pub enum Rejection {
     UnknownTaskMemory,
     /// Not enough memory: the task needs `need_mib`, `free_mib` are left of the usable memory.
     Memory { need_mib: u64, free_mib: u64 },
+    /// The task needs more than the card's usable memory even with the card empty:
+    /// waiting cannot help (see [`Placer::never_fits`]).
+    TooLarge { need_mib: u64, usable_mib: u64 },
     /// Predicted aggregate SM utilisation over the cap.
     SmCap { predicted_pct: f64, cap_pct: f64 },
     /// Predicted aggregate DRAM-bandwidth utilisation over the cap.
@@ -100,6 +103,7 @@ impl Rejection {
             Rejection::NotRegistered => "not_registered",
             Rejection::UnknownTaskMemory => "unknown_task_memory",
             Rejection::Memory { .. } => "memory",
+            Rejection::TooLarge { .. } => "too_large",
             Rejection::SmCap { .. } => "sm_cap",
             Rejection::MemBwCap { .. } => "mem_bw_cap",
             Rejection::PdCap { .. } => "pd_cap",
@@ -122,6 +126,14 @@ impl fmt::Display for Rejection {
             Rejection::Memory { need_mib, free_mib } => write!(
                 f,
                 "memory: the task needs {need_mib} MiB, {free_mib} MiB are free after the margin"
+            ),
+            Rejection::TooLarge {
+                need_mib,
+                usable_mib,
+            } => write!(
+                f,
+                "never fits: the task needs {need_mib} MiB, more than the {usable_mib} MiB \
+                 this GPU has after the margin even when empty"
             ),
             Rejection::SmCap {
                 predicted_pct,
@@ -273,6 +285,57 @@ impl Placer {
         now_unix_ms: i64,
     ) -> Assessment<'v> {
         self.assess_limited(view, task, restrict, now_unix_ms, 0)
+    }
+
+    /// Why `task` can never run on `device_id`, whatever leaves it: the device is
+    /// unknown, or the task's smallest footprint exceeds the card's usable memory even
+    /// when the card is empty. `None` when waiting might help (including a device
+    /// whose tuner is away, which may come back).
+    ///
+    /// Front ends answer such a request at once (gRPC INVALID_ARGUMENT, the extender's
+    /// `FailedAndUnresolvableNodes`) instead of "queue": a task that can never start
+    /// must not count as waiting ahead of later ones.
+    pub fn never_fits(
+        &self,
+        view: &ClusterView,
+        task: &TaskSpec,
+        device_id: &str,
+    ) -> Option<Rejection> {
+        let Some(device) = view.device(device_id) else {
+            return Some(Rejection::UnknownDevice);
+        };
+        let info = device.info.as_ref()?;
+        let need_mib = view.memory().min_footprint_mib(task, None)?;
+        let usable_mib = self.params.usable_memory_mib(info.memory_mib);
+        (need_mib > usable_mib).then_some(Rejection::TooLarge {
+            need_mib,
+            usable_mib,
+        })
+    }
+
+    /// The reason for each device when `task` can never run on any of `restrict`
+    /// (every registered device when empty); `None` when some device might take it
+    /// one day, or when no device is registered yet.
+    pub fn never_fits_any(
+        &self,
+        view: &ClusterView,
+        task: &TaskSpec,
+        restrict: &[String],
+    ) -> Option<Vec<(String, Rejection)>> {
+        let ids: Vec<&str> = if restrict.is_empty() {
+            view.devices()
+                .filter(|(_, d)| d.info.is_some())
+                .map(|(id, _)| id)
+                .collect()
+        } else {
+            restrict.iter().map(String::as_str).collect()
+        };
+        if ids.is_empty() {
+            return None;
+        }
+        ids.into_iter()
+            .map(|id| Some((id.to_owned(), self.never_fits(view, task, id)?)))
+            .collect()
     }
 
     /// Like [`Placer::assess`], but with `limit` > 0 the slowdown model is asked only
@@ -963,6 +1026,36 @@ mod tests {
             };
             view.apply_residents(id, Some(record), 1);
         }
+    }
+
+    #[test]
+    fn requests_no_card_can_ever_hold_never_fit_and_others_may_wait() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        device(&mut view, "small", 16_384, &[spec("r", 10_000, 50.0, None)]);
+        let p = placer();
+        let usable = p.params().usable_memory_mib(16_384);
+        // Too large even for the empty card: waiting cannot help.
+        assert_eq!(
+            p.never_fits(&view, &spec("huge", usable + 1, 10.0, None), "small"),
+            Some(Rejection::TooLarge {
+                need_mib: usable + 1,
+                usable_mib: usable
+            })
+        );
+        // Does not fit next to the resident now, but would once it leaves.
+        assert_eq!(
+            p.never_fits(&view, &spec("later", usable, 10.0, None), "small"),
+            None
+        );
+        assert_eq!(
+            p.never_fits(&view, &spec("x", 1, 10.0, None), "nope"),
+            Some(Rejection::UnknownDevice)
+        );
+        // A task of unknown size may still get a whole card.
+        assert_eq!(
+            p.never_fits(&view, &spec("unknown", 0, 10.0, None), "small"),
+            None
+        );
     }
 
     #[test]

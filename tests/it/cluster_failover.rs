@@ -216,7 +216,6 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader() {
         grpc: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         extender: None,
         metrics: None,
-        kube_api: None,
         dead_task_grace: Some(DEAD_TASK_GRACE),
         unstarted_task_grace: None,
     };

@@ -2,6 +2,9 @@
 
 mod agent;
 mod cluster_failover;
+mod http;
+mod kube_fake;
+mod manifests;
 mod placer;
 mod predictor;
 mod sim;
