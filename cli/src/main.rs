@@ -6,12 +6,16 @@
 mod codec;
 mod data_cmd;
 mod emulate_cmd;
+mod local;
 mod memory_cmd;
 mod placer_cmd;
 mod predictor_cmd;
+mod run_cmd;
+mod signals;
 mod sim_cmd;
 mod state_cmd;
 mod tuner_cmd;
+mod up_cmd;
 
 use std::process::ExitCode;
 
@@ -52,6 +56,11 @@ impl StoreArgs {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Start a local cluster on this machine in the foreground: etcd, the placer and a
+    /// tuner per GPU.
+    Up(Box<up_cmd::UpArgs>),
+    /// Run a training command on the GPU the placer chooses; release it when it exits.
+    Run(Box<run_cmd::RunArgs>),
     /// Read, write and watch the cluster state directly (for operators).
     State(state_cmd::StateArgs),
     /// Run the placement service (gRPC, Kubernetes scheduler extender, metrics),
@@ -93,6 +102,7 @@ fn init_logging(default_filter: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
@@ -111,6 +121,8 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Up(args) => up_cmd::run(*args).await,
+            Command::Run(args) => run_cmd::run(*args).await,
             Command::State(args) => state_cmd::run(args).await,
             Command::Placer(args) => placer_cmd::run(*args).await,
             Command::Sim(args) => sim_cmd::run_sim(args),
