@@ -56,10 +56,8 @@ impl StoreArgs {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Start a local cluster on this machine in the foreground: etcd, the placer and a
-    /// tuner per GPU.
+    // `up` and `run` take their help from their argument structs (a paragraph each).
     Up(Box<up_cmd::UpArgs>),
-    /// Run a training command on the GPU the placer chooses; release it when it exits.
     Run(Box<run_cmd::RunArgs>),
     /// Read, write and watch the cluster state directly (for operators).
     State(state_cmd::StateArgs),

@@ -31,7 +31,9 @@ use crate::placer_cmd::{GraceArgs, PolicyArgs};
 use etcd::{EtcdLaunch, LocalEtcd};
 
 /// Start a local iadeep cluster in the foreground: etcd, the placer and one batch-size
-/// tuner per GPU. Prints the store URL and placer address and writes them to
+/// tuner per GPU.
+///
+/// Prints the store URL and placer address and writes them to
 /// DIR/cluster.env (`source DIR/cluster.env`, then `iadeep run --batch-size N -- python
 /// train.py`). Ctrl-C or SIGTERM stops everything; `iadeep up` again on the same --dir
 /// resumes the stored state (placements, tuner observations, predictor samples).
