@@ -91,6 +91,8 @@ const QUEUE_TIMEOUT_EXIT: u8 = 75;
 /// Bounds on the pause between two Place calls while queued.
 const MIN_RETRY: Duration = Duration::from_millis(500);
 const MAX_RETRY: Duration = Duration::from_secs(60);
+/// How often a queued job looks whether a GPU freed up.
+const FREED_POLL: Duration = Duration::from_secs(2);
 /// Deadline of each call to the placer.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -291,14 +293,14 @@ async fn wait_for_placement(
     let started = Instant::now();
     let node = crate::local::node_name();
     let mut unavailable_since: Option<Instant> = None;
+    let mut seen = Occupancy::new();
     loop {
         let attempt = async {
-            let devices = call("ListDevices", client.list_devices(ListDevicesRequest {}))
+            let statuses = call("ListDevices", client.list_devices(ListDevicesRequest {}))
                 .await?
-                .devices
-                .into_iter()
-                .filter_map(|d| d.device)
-                .collect::<Vec<DeviceInfo>>();
+                .devices;
+            seen = occupancy(&statuses);
+            let devices: Vec<DeviceInfo> = statuses.into_iter().filter_map(|d| d.device).collect();
             let local: Vec<DeviceInfo> = devices
                 .iter()
                 .filter(|d| args.any_node || crate::local::is_local(&d.node, &node))
@@ -338,6 +340,7 @@ async fn wait_for_placement(
                     .explanation
                     .map(|e| e.summary)
                     .filter(|s| !s.is_empty());
+
                 match response.decision {
                     Some(place_response::Decision::Placed(placement)) => {
                         let device = match local
@@ -355,11 +358,11 @@ async fn wait_for_placement(
                     Some(place_response::Decision::Queued(queued)) => {
                         let retry = Duration::from_millis(queued.retry_after_ms)
                             .clamp(MIN_RETRY, MAX_RETRY);
+                        // The summary repeats the reason with the candidates' counts.
                         tracing::info!(
                             waited_s = started.elapsed().as_secs(),
-                            "queued: {}{}; asking again in {:.1} s",
-                            queued.reason,
-                            summary.map(|s| format!(" ({s})")).unwrap_or_default(),
+                            "the placer says wait ({}); asking again in {:.0} s, or as soon as a GPU frees up",
+                            summary.unwrap_or(queued.reason),
                             retry.as_secs_f64()
                         );
                         retry
@@ -384,9 +387,60 @@ async fn wait_for_placement(
         {
             return Ok(Waited::TimedOut);
         }
+        if let Some(sig) = wait_or_freed(client, &seen, retry, signals).await {
+            return Ok(Waited::Interrupted(sig));
+        }
+    }
+}
+
+/// The tasks on each device, as ListDevices shows them.
+type Occupancy = std::collections::BTreeMap<String, std::collections::BTreeSet<String>>;
+
+fn occupancy(statuses: &[iadeep_proto::DeviceStatus]) -> Occupancy {
+    statuses
+        .iter()
+        .filter_map(|s| {
+            let device = s.device.as_ref()?;
+            Some((
+                device.device_id.clone(),
+                s.resident_task_ids.iter().cloned().collect(),
+            ))
+        })
+        .collect()
+}
+
+/// Whether a task left a device (or a device appeared) since `before`: worth asking again.
+fn freed(before: &Occupancy, now: &Occupancy) -> bool {
+    now.iter().any(|(device, tasks)| match before.get(device) {
+        None => true,
+        Some(was) => !was.is_subset(tasks),
+    })
+}
+
+/// Sleeps `retry`, but returns early when a GPU frees up (ListDevices, every few
+/// seconds): the placer's hint is a bound, and a job should not idle behind it. Returns
+/// the signal that interrupted the wait, if one did.
+async fn wait_or_freed(
+    client: &mut PlacerClient<Channel>,
+    before: &Occupancy,
+    retry: Duration,
+    signals: &mut Signals,
+) -> Option<Signal> {
+    let deadline = Instant::now() + retry;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
         tokio::select! {
-            _ = tokio::time::sleep(retry) => {}
-            sig = signals.next() => return Ok(Waited::Interrupted(sig)),
+            _ = tokio::time::sleep((deadline - now).min(FREED_POLL)) => {}
+            sig = signals.next() => return Some(sig),
+        }
+        if let Ok(list) = call("ListDevices", client.list_devices(ListDevicesRequest {})).await
+            && freed(before, &occupancy(&list.devices))
+        {
+            tracing::info!("a GPU freed up; asking the placer again");
+            return None;
         }
     }
 }
@@ -476,6 +530,23 @@ mod tests {
         let id = default_task_id("my job/1");
         assert!(id.starts_with("my-job-1-"), "{id}");
         assert!(iadeep_state::keys::validate_id("task", &id).is_ok(), "{id}");
+    }
+
+    #[test]
+    fn a_task_leaving_or_a_device_appearing_counts_as_freed() {
+        let occupancy = |pairs: &[(&str, &[&str])]| -> Occupancy {
+            pairs
+                .iter()
+                .map(|(d, tasks)| (d.to_string(), tasks.iter().map(|t| t.to_string()).collect()))
+                .collect()
+        };
+        let before = occupancy(&[("gpu0", &["a", "b"])]);
+        assert!(!freed(&before, &occupancy(&[("gpu0", &["a", "b", "c"])])));
+        assert!(freed(&before, &occupancy(&[("gpu0", &["a"])])));
+        assert!(freed(
+            &before,
+            &occupancy(&[("gpu0", &["a", "b"]), ("gpu1", &[])])
+        ));
     }
 
     #[test]

@@ -172,3 +172,44 @@ def test_iadeep_run_says_what_is_missing():
     )
     assert result.returncode != 0
     assert "IADEEP_PLACER" in result.stderr and "iadeep up" in result.stderr
+
+
+def test_a_job_that_does_not_fit_waits_in_the_queue_saying_why(tmp_path: Path):
+    small = Cluster(tmp_path / "cluster", memory_mib=2000).start()
+    try:
+        out = tmp_path / "holder.json"
+        holder = small.run_job(
+            ["--batch-size", "8", "--gpu-mem-mib", "1500", "--task-id", "holder"],
+            python_job(SYNTHETIC, "--hang", "--out", str(out)),
+        )
+        started(out)
+        # A second job needing as much cannot share the card: it waits, then gives up.
+        gave_up = small.run_job(
+            ["--batch-size", "8", "--gpu-mem-mib", "1500", "--task-id", "impatient", "--max-wait-s", "1"],
+            [sys.executable, "-c", "pass"], stderr=subprocess.PIPE, text=True,
+        )
+        _, log = gave_up.communicate(timeout=DEADLINE_S)
+        assert gave_up.returncode == 75, log
+        assert "the placer says wait" in log and "giving up" in log
+        assert small.placement("impatient") is None
+
+        waiting = small.run_job(
+            ["--batch-size", "8", "--gpu-mem-mib", "1500", "--task-id", "patient"],
+            [sys.executable, "-c", "pass"], stderr=subprocess.PIPE, text=True,
+        )
+        lines = []
+        wait_for("the queued job to say why it waits", lambda: _line_with(waiting, "the placer says wait", lines))
+        assert small.placement("patient") is None
+        holder.send_signal(signal.SIGTERM)  # the holder finishes; its GPU frees
+        assert holder.wait(timeout=DEADLINE_S) == 0
+        _, rest = waiting.communicate(timeout=DEADLINE_S)
+        assert waiting.returncode == 0, "".join(lines) + rest
+        assert "placed; starting the job" in rest
+    finally:
+        small.stop()
+
+
+def _line_with(process: subprocess.Popen, needle: str, lines: list):
+    line = process.stderr.readline()
+    lines.append(line)
+    return needle in line or None
