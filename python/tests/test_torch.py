@@ -29,12 +29,16 @@ def assign(cluster: Cluster, task: str, batch_size: int, lr_factor: float, round
     run_iadeep("state", "put", f"/iadeep/v1/tasks/{task}/assignment", json.dumps(value), "--store", cluster.store)
 
 
+def numbered_loader(agent: iadeep.Agent, samples: int):
+    """A loader over the samples 0..samples-1 (as floats) and an SGD optimizer at lr 0.1."""
+    optimizer = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
+    dataset = TensorDataset(torch.arange(samples).float().unsqueeze(1))
+    return it.AdaptiveDataLoader(dataset, agent, optimizer=optimizer), optimizer
+
+
 def test_the_loader_switches_batch_size_mid_epoch_without_losing_its_place(cluster: Cluster):
     agent = make_agent(cluster, "loader-1", 4, 2, 16)
-    model = torch.nn.Linear(1, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    dataset = TensorDataset(torch.arange(2000).float().unsqueeze(1))
-    loader = it.AdaptiveDataLoader(dataset, agent, optimizer=optimizer)
+    loader, optimizer = numbered_loader(agent, 2000)
     changes = []
     loader.on_change = changes.append
     assigned = False
@@ -60,10 +64,7 @@ def test_the_loader_switches_batch_size_mid_epoch_without_losing_its_place(clust
 
 def test_out_of_memory_is_reported_and_the_same_samples_retried_smaller(cluster: Cluster):
     agent = make_agent(cluster, "oom-1", 8, 2, 16)
-    model = torch.nn.Linear(1, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    dataset = TensorDataset(torch.arange(40).float().unsqueeze(1))
-    loader = it.AdaptiveDataLoader(dataset, agent, optimizer=optimizer)
+    loader, optimizer = numbered_loader(agent, 40)
     trained, failed = [], []
     for (batch,) in loader:
         with loader.catch_oom():
