@@ -31,7 +31,10 @@ def _read(path: Path):
 
 def test_a_job_applies_the_tuners_assignment_reports_finishes_and_is_released(cluster: Cluster, tmp_path: Path):
     out = tmp_path / "job.json"
-    job = cluster.run_job(RUN_ARGS + ["--task-id", "adaptive-1"], python_job(SYNTHETIC, "--out", str(out)))
+    # The job gives up after 150 s without a change (the assertions below then say so).
+    job = cluster.run_job(
+        RUN_ARGS + ["--task-id", "adaptive-1"], python_job(SYNTHETIC, "--out", str(out), "--max-seconds", "150")
+    )
     assert job.wait(timeout=DEADLINE_S) == 0
     result = json.loads(out.read_text())
 
