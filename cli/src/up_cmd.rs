@@ -208,7 +208,10 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
         }
     };
     let placer_url = format!("http://{}", running.placer.grpc_addr());
-    dir.write_env(&store_url, &placer_url)?;
+    if let Err(err) = dir.write_env(&store_url, &placer_url) {
+        running.stop().await;
+        return Err(err);
+    }
     println!(
         "iadeep cluster up: {} GPU(s) ({}), store {store_url}, placer {placer_url}",
         running.device_ids.len(),
