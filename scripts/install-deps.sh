@@ -5,6 +5,8 @@
 #   libprotobuf-dev    the well-known .proto files protoc includes
 #   gcc, libc6-dev     a C compiler for the crates with C parts (ring, zstd)
 #   etcd-server        the real etcd the tests start on a loopback port (not with --build)
+#   python3, python3-venv  the virtual environment the Python package's tests run in
+#                      (not with --build)
 #
 # Usage: scripts/install-deps.sh [--build]   (--build: only what building needs)
 set -euo pipefail
@@ -16,6 +18,11 @@ command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 if ! $build_only; then
     command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need+=(etcd-server)
+    if ! command -v python3 >/dev/null 2>&1; then
+        need+=(python3 python3-venv)
+    elif ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
+        need+=(python3-venv)
+    fi
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "installing: ${need[*]}"

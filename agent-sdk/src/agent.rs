@@ -204,6 +204,16 @@ impl Agent {
         }
     }
 
+    /// Records the peak GPU memory the trainer measured itself, in MiB (e.g. from
+    /// `torch.cuda.max_memory_reserved()` since the last batch-size change), for a
+    /// job whose memory NVML cannot see: the tuner needs it to grow the batch size.
+    /// One relaxed atomic maximum; the reporter sends the largest value recorded
+    /// between two reports. When NVML sees this process, its figure is used instead.
+    #[inline]
+    pub fn record_peak_memory(&self, mib: u64) {
+        self.shared.record_peak(mib);
+    }
+
     /// A batch-size change to apply before the next step, if the tuner sent one.
     ///
     /// The agent's batch size switches here, not behind the loop's back, so the

@@ -111,13 +111,16 @@ impl PeakMemory {
         }
     }
 
-    /// Samples the probes (NVML first: it sees the whole process, including the
-    /// framework's caching allocator) and returns the peak so far.
-    pub(crate) fn sample(&mut self) -> Option<u64> {
+    /// Samples the probes and returns the peak so far. NVML comes first: it sees the
+    /// whole process, including the framework's caching allocator and the CUDA
+    /// context; then what the trainer `recorded` itself (`Agent::record_peak_memory`),
+    /// then the caller's probe.
+    pub(crate) fn sample(&mut self, recorded: Option<u64>) -> Option<u64> {
         let now = self
             .nvml
             .as_mut()
             .and_then(NvmlProbe::current_mib)
+            .or(recorded)
             .or_else(|| self.caller.as_mut().and_then(|p| p.current_mib()));
         if let Some(now) = now {
             self.peak = Some(self.peak.map_or(now, |p| p.max(now)));
@@ -134,14 +137,23 @@ mod tests {
     fn peak_is_the_largest_value_a_probe_showed() {
         let mut values = vec![Some(300), None, Some(900), Some(500)].into_iter();
         let mut peak = PeakMemory::new(None, Some(Box::new(move || values.next().flatten())));
-        assert_eq!(peak.sample(), Some(300));
-        assert_eq!(peak.sample(), Some(300));
-        assert_eq!(peak.sample(), Some(900));
-        assert_eq!(peak.sample(), Some(900));
+        assert_eq!(peak.sample(None), Some(300));
+        assert_eq!(peak.sample(None), Some(300));
+        assert_eq!(peak.sample(None), Some(900));
+        assert_eq!(peak.sample(None), Some(900));
+    }
+
+    #[test]
+    fn a_recorded_peak_comes_before_the_callers_probe() {
+        let mut peak = PeakMemory::new(None, Some(Box::new(|| Some(100))));
+        assert_eq!(peak.sample(Some(700)), Some(700));
+        assert_eq!(peak.sample(None), Some(700), "the peak stays");
+        let mut recorded_only = PeakMemory::new(None, None);
+        assert_eq!(recorded_only.sample(Some(400)), Some(400));
     }
 
     #[test]
     fn no_probe_reports_nothing() {
-        assert_eq!(PeakMemory::new(None, None).sample(), None);
+        assert_eq!(PeakMemory::new(None, None).sample(None), None);
     }
 }

@@ -391,7 +391,7 @@ impl Reporter {
             samples_per_s: measured
                 .filter(|m| m.step_time_s > 0.0)
                 .map_or(0.0, |m| f64::from(m.batch_size) / m.step_time_s),
-            peak_mem_mib: self.memory.sample(),
+            peak_mem_mib: self.memory.sample(self.shared.take_recorded_peak()),
             grad_noise_scale,
             samples_done: last.map_or(0, |s| s.samples),
             steps_done: last.map_or(0, |s| s.steps),

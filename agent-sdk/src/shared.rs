@@ -59,6 +59,9 @@ pub(crate) struct Shared {
     lr_factor_bits: AtomicU64,
     /// Smallest batch size that ran out of memory; 0 = none.
     oom_batch_size: AtomicU32,
+    /// Largest peak memory the trainer recorded itself since the reporter last
+    /// looked, MiB; 0 = none.
+    recorded_peak_mib: AtomicU64,
     pending_flag: AtomicBool,
     pending: Mutex<Option<BatchSizeChange>>,
     pub(crate) gns: Mutex<GnsEstimator>,
@@ -90,6 +93,7 @@ impl Shared {
             round: AtomicU64::new(0),
             lr_factor_bits: AtomicU64::new(1.0f64.to_bits()),
             oom_batch_size: AtomicU32::new(0),
+            recorded_peak_mib: AtomicU64::new(0),
             pending_flag: AtomicBool::new(false),
             pending: Mutex::new(None),
             gns: Mutex::new(GnsEstimator::new(gns_smoothing)),
@@ -176,6 +180,18 @@ impl Shared {
         self.lr_factor_bits
             .store(change.lr_factor.to_bits(), Ordering::Relaxed);
         self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Keeps the largest peak the trainer measured itself until the reporter takes it.
+    pub(crate) fn record_peak(&self, mib: u64) {
+        if mib > 0 {
+            self.recorded_peak_mib.fetch_max(mib, Ordering::Relaxed);
+        }
+    }
+
+    /// The trainer's recorded peak since the last call, if it recorded one.
+    pub(crate) fn take_recorded_peak(&self) -> Option<u64> {
+        Some(self.recorded_peak_mib.swap(0, Ordering::Relaxed)).filter(|&m| m > 0)
     }
 
     /// Records that `batch_size` ran out of memory, keeping the smallest such size.

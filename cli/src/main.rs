@@ -8,13 +8,17 @@ mod output;
 mod codec;
 mod data_cmd;
 mod emulate_cmd;
+mod local;
 mod memory_cmd;
 mod placer_cmd;
 mod predictor_cmd;
 mod progress;
+mod run_cmd;
+mod signals;
 mod sim_cmd;
 mod state_cmd;
 mod tuner_cmd;
+mod up_cmd;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -124,31 +128,11 @@ async fn reach(url: &StoreUrl) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Resolves on Ctrl-C or SIGTERM (what Kubernetes and systemd send to stop a daemon).
-pub async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
 #[derive(Debug, Subcommand)]
 enum Command {
+    // `up` and `run` take their help from their argument structs (a paragraph each).
+    Up(Box<up_cmd::UpArgs>),
+    Run(Box<run_cmd::RunArgs>),
     /// Read, write and watch the cluster state directly (for operators).
     State(state_cmd::StateArgs),
     /// Run the placement service (gRPC, Kubernetes scheduler extender, metrics),
@@ -226,6 +210,8 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Up(args) => up_cmd::run(*args).await,
+            Command::Run(args) => run_cmd::run(*args).await,
             Command::State(args) => state_cmd::run(args).await,
             Command::Placer(args) => placer_cmd::run(*args).await,
             Command::Sim(args) => sim_cmd::run_sim(args),

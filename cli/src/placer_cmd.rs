@@ -68,6 +68,16 @@ struct DaemonArgs {
     /// extender's `httpTimeout` in the scheduler configuration (5 s in deploy/).
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_BIND_TIMEOUT.as_millis() as u64)]
     bind_timeout_ms: u64,
+    #[command(flatten)]
+    graces: GraceArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
+}
+
+/// When the placer gives back the reservation of a task that did not release it
+/// (shared by `iadeep placer` and `iadeep up`).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct GraceArgs {
     /// Seconds a task's agent may be gone (its `alive` key deleted when its lease
     /// expired, without a Release) before the placer gives its GPU reservation back;
     /// long enough for a restarted agent to come back and keep its GPU. A task that
@@ -80,8 +90,17 @@ struct DaemonArgs {
     /// legitimate start (image pull, data staging). 0 never releases.
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_UNSTARTED_TASK_GRACE_S)]
     unstarted_task_grace_s: u64,
-    #[command(flatten)]
-    policy: PolicyArgs,
+}
+
+impl GraceArgs {
+    /// The reaper's graces as the daemon takes them (`None`: never release).
+    pub(crate) fn durations(&self) -> (Option<Duration>, Option<Duration>) {
+        let seconds = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+        (
+            seconds(self.dead_task_grace_s),
+            seconds(self.unstarted_task_grace_s),
+        )
+    }
 }
 
 /// Default of `--dead-task-grace-s`: a minute covers an agent's restart after a crash.
@@ -91,7 +110,7 @@ const DEFAULT_UNSTARTED_TASK_GRACE_S: u64 = 600;
 
 /// Policy knobs (see `iadeep_placer::PlacerParams` for what each means).
 #[derive(Debug, Clone, Args)]
-struct PolicyArgs {
+pub(crate) struct PolicyArgs {
     /// Fraction of each GPU's memory never reserved.
     #[arg(long, default_value_t = PlacerParams::default().memory_margin_frac)]
     memory_margin_frac: f64,
@@ -121,7 +140,7 @@ struct PolicyArgs {
 }
 
 impl PolicyArgs {
-    fn placer(&self) -> Result<Placer> {
+    pub(crate) fn placer(&self) -> Result<Placer> {
         let predictor = PredictorSlowdown::cold().context("cannot start the slowdown predictor")?;
         self.placer_with(predictor)
     }
@@ -188,6 +207,7 @@ pub async fn run(args: PlacerArgs) -> Result<ExitCode> {
 
 async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
     let placer = args.policy.placer()?;
+    let (dead_task_grace, unstarted_task_grace) = args.graces.durations();
     let store = crate::open_store(&url).await?;
     if args.kube_api.is_some() && args.extender.is_none() {
         bail!("--kube-api is for the extender's bind verb: give --extender ADDR too");
@@ -203,16 +223,14 @@ async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
             bind_timeout: Duration::from_millis(args.bind_timeout_ms),
         }),
         metrics: args.metrics,
-        dead_task_grace: (args.dead_task_grace_s > 0)
-            .then(|| Duration::from_secs(args.dead_task_grace_s)),
-        unstarted_task_grace: (args.unstarted_task_grace_s > 0)
-            .then(|| Duration::from_secs(args.unstarted_task_grace_s)),
+        dead_task_grace,
+        unstarted_task_grace,
     };
     let mut daemon = Daemon::start(store, placer, Arc::new(ModelledMemory), config)
         .await
         .context("cannot start the placer")?;
     tokio::select! {
-        _ = crate::shutdown_signal() => {
+        _ = crate::signals::shutdown() => {
             tracing::info!("shutting down");
             daemon.shutdown().await;
             Ok(ExitCode::SUCCESS)

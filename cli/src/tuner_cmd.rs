@@ -222,7 +222,7 @@ async fn run_daemon(args: DaemonArgs) -> Result<ExitCode> {
     tokio::pin!(all);
     let result = tokio::select! {
         result = &mut all => result.map(|_| ()),
-        () = crate::shutdown_signal() => {
+        () = crate::signals::shutdown() => {
             tracing::info!("shutting down");
             let _ = stop.send(true);
             all.await.map(|_| ())

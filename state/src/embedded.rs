@@ -1248,10 +1248,16 @@ fn contain<T>(location: &str, what: &str, work: impl FnOnce() -> Result<T>) -> R
 /// The default location of the embedded store: `$XDG_DATA_HOME/iadeep/state.redb`
 /// (or the platform's data directory), falling back to `./.iadeep/state.redb`.
 pub fn default_path() -> PathBuf {
+    data_dir().join("state.redb")
+}
+
+/// iadeep's folder in the user's data directory (`$XDG_DATA_HOME/iadeep`, or the
+/// platform's equivalent), falling back to `./.iadeep`: where local state lives by
+/// default (the embedded store, `iadeep up`'s cluster).
+pub fn data_dir() -> PathBuf {
     dirs::data_dir()
         .map(|d| d.join("iadeep"))
         .unwrap_or_else(|| PathBuf::from(".iadeep"))
-        .join("state.redb")
 }
 
 #[cfg(test)]

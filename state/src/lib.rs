@@ -9,6 +9,7 @@
 pub mod embedded;
 pub mod error;
 pub mod etcd;
+pub mod etcd_program;
 pub mod keys;
 pub mod lease;
 pub mod store;

@@ -297,3 +297,19 @@ fn a_revoked_lease_is_granted_again_and_the_alive_key_comes_back() {
     assert!(back.is_some(), "the agent re-registered with a new lease");
     agent.finish().expect("finish");
 }
+
+#[test]
+fn a_peak_the_trainer_records_reaches_the_report() {
+    let rt = runtime();
+    let store = memory_store();
+    let agent = builder(&store, "job-7").connect().expect("connect");
+    agent.record_peak_memory(900);
+    agent.record_peak_memory(1200);
+    agent.record_peak_memory(1000);
+    // A report may go out between two calls; the peak of the three arrives anyway.
+    let r = wait_for(Duration::from_secs(3), || {
+        report(&rt, &store, "job-7").filter(|r| r.peak_mem_mib == Some(1200))
+    });
+    assert!(r.is_some(), "the largest recorded value reaches the store");
+    agent.finish().expect("finish");
+}

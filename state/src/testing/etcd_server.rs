@@ -23,25 +23,14 @@ fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("no free port: {e}"))
 }
 
-/// The etcd binary: `$ETCD_BIN`, else `etcd` on the `PATH`, else Debian's `/usr/bin/etcd`.
+/// The etcd binary (see [`crate::etcd_program::find`]).
 fn etcd_binary() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os("ETCD_BIN") {
-        return Ok(PathBuf::from(path));
-    }
-    let on_path = std::env::var_os("PATH")
-        .map(|paths| {
-            std::env::split_paths(&paths)
-                .map(|dir| dir.join("etcd"))
-                .find(|candidate| candidate.is_file())
-        })
-        .unwrap_or(None);
-    on_path
-        .or_else(|| Some(PathBuf::from("/usr/bin/etcd")).filter(|p| p.is_file()))
-        .ok_or_else(|| {
-            "etcd not found: install Debian's etcd-server (the README's test command, \
-             scripts/test.sh, does) or set ETCD_BIN"
-                .to_owned()
-        })
+    crate::etcd_program::find().ok_or_else(|| {
+        format!(
+            "etcd not found: {} (the README's test command, scripts/test.sh, installs it)",
+            crate::etcd_program::INSTALL_HINT
+        )
+    })
 }
 
 /// TLS for a test server's client port (PEM files, e.g. made with `rcgen`).
