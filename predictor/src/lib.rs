@@ -12,8 +12,8 @@
 //!   few samples suffice to learn and which transfers to new models);
 //! - [`effects`]: per-job sensitivity and aggressiveness of jobs seen before,
 //!   shrunk towards 0 (a new model has none and gets the profile model alone);
-//! - [`forest`]: our own bagged forest of smartcore regression trees, so the spread
-//!   across trees is available as uncertainty;
+//! - [`forest`]: our own bagged forest of our own CART regression trees (`tree`),
+//!   so the spread across trees is available as uncertainty;
 //! - [`window`]: the bounded training window (newest samples plus an order-independent
 //!   reservoir for diversity);
 //! - [`learner`]: the synchronous core (window, cadence, fit) that production and the
@@ -49,6 +49,7 @@ pub mod online;
 pub mod persist;
 pub mod prequential;
 pub mod reference;
+mod tree;
 pub mod window;
 
 pub use error::PredictorError;
