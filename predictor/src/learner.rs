@@ -242,6 +242,10 @@ pub fn compose_pairwise(pairwise: impl Iterator<Item = Prediction>) -> Predictio
 pub struct PairwiseFold {
     log: f64,
     rel_var: f64,
+    /// Sums of the squared log-distances from each pairwise prediction to the ends
+    /// of its 90 % interval.
+    lower_sq: f64,
+    upper_sq: f64,
     count: usize,
 }
 
@@ -251,6 +255,8 @@ impl PairwiseFold {
         let s = p.slowdown.max(1.0);
         self.log += s.ln();
         self.rel_var += (p.uncertainty / s).powi(2);
+        self.lower_sq += (p.lower_90 / p.slowdown).ln().powi(2);
+        self.upper_sq += (p.upper_90 / p.slowdown).ln().powi(2);
         self.count += 1;
     }
 
@@ -259,12 +265,16 @@ impl PairwiseFold {
         self.count
     }
 
-    /// The composed prediction.
+    /// The composed prediction. Its interval adds the pairs' log-distances in
+    /// quadrature, as if their errors were independent (like the uncertainty): no
+    /// sample of three or more jobs calibrates it.
     pub fn finish(&self) -> Prediction {
         let slowdown = f64::exp(self.log);
         Prediction {
             slowdown,
             uncertainty: slowdown * self.rel_var.sqrt(),
+            lower_90: slowdown * (-self.lower_sq.sqrt()).exp(),
+            upper_90: slowdown * self.upper_sq.sqrt().exp(),
             source: PredictionSource::Model,
         }
     }
@@ -343,11 +353,7 @@ impl SlowdownModel for FittedModel {
     ) -> Prediction {
         if corunners.is_empty() {
             // Alone on a GPU a task runs at its solo speed by definition.
-            return Prediction {
-                slowdown: 1.0,
-                uncertainty: 0.0,
-                source: PredictionSource::Model,
-            };
+            return Prediction::certain(1.0, PredictionSource::Model);
         }
         match self {
             FittedModel::ColdStart => heuristic::predict(task, corunners),
@@ -376,11 +382,9 @@ impl SlowdownModel for FittedModel {
                     }
                 });
                 match predicted {
-                    Ok((mean, sd)) if mean.is_finite() && sd.is_finite() => Prediction {
-                        slowdown: mean,
-                        uncertainty: sd,
-                        source: PredictionSource::Model,
-                    },
+                    Ok((mean, sd)) if mean.is_finite() && sd.is_finite() => {
+                        Prediction::with_stated_spread(mean, sd, PredictionSource::Model)
+                    }
                     Ok(_) | Err(_) => {
                         tracing::warn!("forest prediction failed; using the cold-start heuristic");
                         heuristic::predict(task, corunners)
@@ -689,10 +693,8 @@ mod tests {
             parts in proptest::collection::vec((0.5f64..20.0, 0.0f64..5.0), 1..6),
             extra in (0.5f64..20.0, 0.0f64..5.0),
         ) {
-            let p = |(s, u): (f64, f64)| Prediction {
-                slowdown: s,
-                uncertainty: u,
-                source: PredictionSource::Model,
+            let p = |(s, u): (f64, f64)| {
+                Prediction::with_stated_spread(s, u, PredictionSource::Model)
             };
             let before = compose_pairwise(parts.iter().copied().map(p));
             let after = compose_pairwise(parts.iter().copied().chain([extra]).map(p));

@@ -47,9 +47,11 @@ pub mod learner;
 pub mod linear;
 pub mod online;
 pub mod persist;
+pub mod plain_forest;
 pub mod prequential;
 pub mod reference;
 mod tree;
+pub mod unseen;
 pub mod window;
 
 pub use error::PredictorError;
@@ -73,5 +75,47 @@ pub struct Prediction {
     /// Standard deviation of the per-tree predictions (model), or the heuristic's
     /// stated width (cold start). Same unit as `slowdown`.
     pub uncertainty: f64,
+    /// Lower end of the 90 % predictive interval of the slowdown.
+    pub lower_90: f64,
+    /// Upper end of the 90 % predictive interval of the slowdown.
+    pub upper_90: f64,
     pub source: PredictionSource,
+}
+
+/// The standard normal quantile of 0.95: ±`Z_90` standard deviations hold 90 %.
+pub const Z_90: f64 = 1.644_853_626_951_472_2;
+
+impl Prediction {
+    /// A prediction with no doubt: alone on a GPU a task runs at its solo speed.
+    pub fn certain(slowdown: f64, source: PredictionSource) -> Prediction {
+        Prediction {
+            slowdown,
+            uncertainty: 0.0,
+            lower_90: slowdown,
+            upper_90: slowdown,
+            source,
+        }
+    }
+
+    /// A prediction whose 90 % interval is `slowdown · exp(±Z_90 · uncertainty /
+    /// slowdown)`: a log-normal reading of a stated spread, for the models that have
+    /// no calibration (the cold-start rule and the baselines).
+    pub fn with_stated_spread(
+        slowdown: f64,
+        uncertainty: f64,
+        source: PredictionSource,
+    ) -> Prediction {
+        let relative = if slowdown > 0.0 {
+            uncertainty / slowdown
+        } else {
+            0.0
+        };
+        Prediction {
+            slowdown,
+            uncertainty,
+            lower_90: slowdown * (-Z_90 * relative).exp(),
+            upper_90: slowdown * (Z_90 * relative).exp(),
+            source,
+        }
+    }
 }
