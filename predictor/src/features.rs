@@ -82,6 +82,52 @@ pub const FEATURE_NAMES: [&str; 40] = [
 /// Width of a feature row.
 pub const N_FEATURES: usize = FEATURE_NAMES.len();
 
+/// The columns the linear base is fitted on (see [`crate::linear`]): those whose
+/// scale means the same for every model, so that a line through the models seen
+/// says something about a new one: the device kind, logs of step times and their
+/// ratio, the time share, utilisations and memory. Left to the forest: batch sizes
+/// and samples per second (8,192 samples of a recommender are not 16 images, and
+/// within a family they only re-state the step time), and the co-runner count and
+/// linear sums (the base sees pairs; more co-runners are composed from pairs).
+pub const BASE_FEATURES: [&str; 26] = [
+    "device=k80",
+    "device=p100",
+    "device=v100",
+    "device=t4",
+    "device=a100",
+    "device=h100",
+    "device=h200",
+    "device=other",
+    "task.log2_solo_step_time_s",
+    "task.sm_util_known",
+    "task.sm_util_pct",
+    "task.mem_bw_util_known",
+    "task.mem_bw_util_pct",
+    "task.gpu_mem_known",
+    "task.log2_gpu_mem_mib",
+    "co.sm_known_fraction",
+    "co.sum_sm_util_pct",
+    "co.mem_bw_known_fraction",
+    "co.sum_mem_bw_util_pct",
+    "co.gpu_mem_known_fraction",
+    "co.log2_sum_gpu_mem_mib",
+    "rel.time_share",
+    "rel.total_sm_util_pct",
+    "rel.total_mem_bw_util_pct",
+    "co.log2_sum_solo_step_time_s",
+    "rel.log2_co_step_time_over_task",
+];
+
+/// The column of the feature called `name`.
+pub fn column(name: &str) -> Option<usize> {
+    FEATURE_NAMES.iter().position(|n| *n == name)
+}
+
+/// The columns of [`BASE_FEATURES`].
+pub fn base_columns() -> Vec<usize> {
+    BASE_FEATURES.iter().filter_map(|n| column(n)).collect()
+}
+
 /// A solo profile with every value sanitised and every unknown made explicit.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CleanProfile {
@@ -262,6 +308,11 @@ mod tests {
         assert_eq!(row.len(), N_FEATURES);
         assert_eq!(row[device_column("V100")], 1.0);
         assert_eq!(row.iter().take(8).sum::<f64>(), 1.0);
+    }
+
+    #[test]
+    fn every_base_feature_is_a_feature() {
+        assert_eq!(base_columns().len(), BASE_FEATURES.len());
     }
 
     #[test]

@@ -106,6 +106,17 @@ impl Forest {
         targets: &[f64],
         params: &ForestParams,
     ) -> Result<Forest, PredictorError> {
+        Ok(Forest::fit_with_out_of_bag(rows, targets, params)?.0)
+    }
+
+    /// [`Forest::fit`], and for every row the mean answer of the trees whose
+    /// bootstrap did not draw it (`None` for a row every tree drew): a prediction
+    /// for each training row by trees that never saw it, for calibration.
+    pub fn fit_with_out_of_bag(
+        rows: &[Vec<f64>],
+        targets: &[f64],
+        params: &ForestParams,
+    ) -> Result<(Forest, Vec<Option<f64>>), PredictorError> {
         params.check()?;
         if rows.is_empty() {
             return Err(PredictorError::NoSamples);
@@ -197,7 +208,22 @@ impl Forest {
             let tree = tree.ok_or_else(|| PredictorError::Fit("a tree was not fitted".into()))?;
             trees.push_tree(&tree, &active);
         }
-        Ok(Forest { trees, n_features })
+        let out_of_bag = rows
+            .iter()
+            .enumerate()
+            .map(|(i, row)| {
+                let mut sum = 0.0;
+                let mut count = 0;
+                for (&root, (weights, _)) in trees.roots.iter().zip(&bags) {
+                    if weights[i] == 0 {
+                        sum += trees.leaf(root, row);
+                        count += 1;
+                    }
+                }
+                (count > 0).then(|| sum / f64::from(count))
+            })
+            .collect();
+        Ok((Forest { trees, n_features }, out_of_bag))
     }
 
     /// Number of trees.
@@ -455,6 +481,30 @@ mod tests {
                 (want.0.to_bits(), want.1.to_bits())
             );
         }
+    }
+
+    /// A row's out-of-bag answer comes from the trees that did not draw it: on
+    /// pure noise they cannot have memorised it, so it is far from the row's own
+    /// target, where the whole forest (which mostly did draw it) is close.
+    #[test]
+    fn out_of_bag_answers_come_from_trees_that_never_saw_the_row() {
+        let rows: Vec<Vec<f64>> = (0..200).map(|i| vec![f64::from(i)]).collect();
+        let y: Vec<f64> = (0..200).map(|i| f64::from((i * 7919) % 101)).collect();
+        let (forest, oob) =
+            Forest::fit_with_out_of_bag(&rows, &y, &ForestParams::default()).expect("fit");
+        assert_eq!(oob.len(), 200);
+        let (mut in_bag_error, mut oob_error) = (0.0, 0.0);
+        for ((r, t), o) in rows.iter().zip(&y).zip(&oob) {
+            in_bag_error += (forest.predict(r).expect("predict").0 - t).abs();
+            oob_error += (o.expect("32 trees leave every row out of some bag") - t).abs();
+        }
+        assert!(
+            oob_error > 2.0 * in_bag_error,
+            "{oob_error} vs {in_bag_error}"
+        );
+        let (again, _) =
+            Forest::fit_with_out_of_bag(&rows, &y, &ForestParams::default()).expect("fit");
+        assert_eq!(again, forest, "the same forest as Forest::fit");
     }
 
     #[test]

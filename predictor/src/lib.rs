@@ -8,12 +8,15 @@
 //! How it is put together, one module per idea:
 //! - [`features`]: the profile features that generalise to models never seen before;
 //! - [`heuristic`]: the transparent cold-start rule used until enough samples exist;
-//! - [`linear`]: the ridge base on the profile features (the additive part, which
-//!   few samples suffice to learn and which transfers to new models);
+//! - [`linear`]: the ridge base on the features whose scale means the same for every
+//!   model (the additive part, which few samples suffice to learn and which
+//!   transfers to new models), clamped to the range it was fitted on;
 //! - [`effects`]: per-job sensitivity and aggressiveness of jobs seen before,
 //!   shrunk towards 0 (a new model has none and gets the profile model alone);
 //! - [`forest`]: our own bagged forest of our own CART regression trees (`tree`),
 //!   so the spread across trees is available as uncertainty;
+//! - [`calibration`]: the 90 % predictive interval of every prediction, conformal
+//!   from out-of-sample residuals, apart for jobs seen and for models never seen;
 //! - [`window`]: the bounded training window (newest samples plus an order-independent
 //!   reservoir for diversity);
 //! - [`learner`]: the synchronous core (window, cadence, fit) that production and the
@@ -22,20 +25,33 @@
 //!   makes a prediction wait for a refit;
 //! - [`persist`]: samples in the state store and the rebuild after a restart;
 //! - [`jsonl`], [`gavel`]: the JSON Lines sample format and the Gavel converter;
-//! - [`reference`], [`prequential`]: the job-name one-hot baseline and the
-//!   predict-then-learn evaluation.
+//! - [`reference`], [`plain_forest`]: the baselines (a forest on one-hot job names,
+//!   a plain forest on our features);
+//! - [`prequential`], [`unseen`]: the evaluation's two splits, predict-then-learn
+//!   over a shuffled stream and model families never seen.
 //!
 //! The model ([`learner::FittedModel`]) predicts ln(slowdown − 0.8) as ridge base +
-//! per-job effects + forest on the residuals. The defaults of [`LearnerParams`]
-//! (target floor 0.8, ridge penalty 0.03, effects prior 1 sample, 32 trees of depth
-//! 12) were selected with `iadeep predictor eval --seed-offset 100 --seeds 40` on the
-//! Gavel K80 and P100 samples, seeds that the reported figures (seeds 0..5) do not
-//! use.
+//! per-job effects + forest on the residuals.
+//!
+//! **How the defaults were chosen.** Every setting is chosen on one data set and
+//! reported on the other, on seeds the reported figures (0..5) do not use:
+//! `iadeep predictor eval` with `--seed-offset 100`, 10 seeds of the unseen-models
+//! split and 6 of the default split, on the Gavel K80 samples; the lowest
+//! unseen-models MAPE, the default split breaking ties. The K80 chose target floor
+//! 0.8 (0 and 0.5 lost 2–5 % on the default split), ridge penalty 1 (0.03, 0.3, 3,
+//! 10 tried), effects prior 1 sample (3 tried), 32 trees of depth 12 with every
+//! column searched (leaf size 3 and half the columns tried). These are the defaults
+//! and were reported on the P100 samples. The same search on the P100 samples chose
+//! ridge penalty 3 and the rest alike; that is what was reported on the K80. The
+//! figures are in the README ("Evaluating the predictor"); the model's structure
+//! (which columns the base takes, the clamp, the calibration) was designed looking
+//! at the K80 only.
 //!
 //! For two or more co-runners the fitted model multiplies the slowdowns it predicts
 //! for each co-runner alone ([`learner::compose_pairwise`]): training windows hold
 //! almost only pairs, and a forest does not extrapolate in the number of co-runners.
 
+pub mod calibration;
 pub mod effects;
 pub mod error;
 pub mod features;
