@@ -89,7 +89,8 @@ fn yes() -> bool {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BaseFeatures {
-    /// [`crate::features::BASE_FEATURES`]: those on a scale shared by all models.
+    /// Every column but [`crate::features::NOT_IN_BASE`]: those on a scale shared
+    /// by all models.
     #[default]
     Generalising,
     /// Every feature.

@@ -31,15 +31,28 @@ impl SlowdownModel for PlainForestModel {
     ) -> Prediction {
         match self {
             PlainForestModel::ColdStart => heuristic::predict(task, corunners),
-            PlainForestModel::Forest(forest) => {
-                match forest.predict(&feature_row(device_kind, task, corunners)) {
-                    Ok((mean, sd)) => {
-                        Prediction::with_stated_spread(mean, sd, PredictionSource::Model)
-                    }
-                    Err(_) => heuristic::predict(task, corunners),
-                }
-            }
+            PlainForestModel::Forest(forest) => baseline_prediction(
+                forest,
+                &feature_row(device_kind, task, corunners),
+                task,
+                corunners,
+            ),
         }
+    }
+}
+
+/// A baseline forest's prediction from its `row`: the trees' mean with their
+/// spread read as log-normal for the interval (the baselines have no calibration),
+/// or the cold-start rule when the row does not fit the forest.
+pub(crate) fn baseline_prediction(
+    forest: &Forest,
+    row: &[f64],
+    task: &TaskProfile,
+    corunners: &[TaskProfile],
+) -> Prediction {
+    match forest.predict(row) {
+        Ok((mean, sd)) => Prediction::with_stated_spread(mean, sd, PredictionSource::Model),
+        Err(_) => heuristic::predict(task, corunners),
     }
 }
 

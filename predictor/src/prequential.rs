@@ -257,10 +257,39 @@ fn summarise(per_seed: &[Windows]) -> Mape {
 
 /// `params` for seed `seed`: the forests' seed offset by it, so that every seed
 /// draws other trees as well as another order.
-pub(crate) fn seeded(params: &LearnerParams, seed: u64) -> LearnerParams {
+fn seeded(params: &LearnerParams, seed: u64) -> LearnerParams {
     let mut seeded = params.clone();
     seeded.forest.seed = params.forest.seed.wrapping_add(seed);
     seeded
+}
+
+/// The loop both splits share: checks the inputs, runs `one_seed` (one result per
+/// approach, in [`Approach::ALL`] order) for every seed with [`seeded`] parameters,
+/// logs each result, and returns every approach's results in seed order.
+pub(crate) fn per_approach_over_seeds<R: std::fmt::Debug>(
+    samples: &[CoLocationSample],
+    seeds: std::ops::Range<u64>,
+    params: &LearnerParams,
+    mut one_seed: impl FnMut(u64, &LearnerParams) -> Result<Vec<R>, PredictorError>,
+) -> Result<Vec<Vec<R>>, PredictorError> {
+    params.check()?;
+    if samples.is_empty() {
+        return Err(PredictorError::NoSamples);
+    }
+    let mut per_approach: Vec<Vec<R>> = Approach::ALL.iter().map(|_| Vec::new()).collect();
+    for seed in seeds {
+        let results = one_seed(seed, &seeded(params, seed))?;
+        for ((approach, result), all) in Approach::ALL.iter().zip(results).zip(&mut per_approach) {
+            tracing::info!(
+                seed,
+                approach = approach.name(),
+                ?result,
+                "evaluation seed done"
+            );
+            all.push(result);
+        }
+    }
+    Ok(per_approach)
 }
 
 /// Runs the evaluation over `seeds` shuffles of `samples` (seeds 0, 1, ...).
@@ -282,30 +311,11 @@ pub fn evaluate_seeds(
     seeds: std::ops::Range<u64>,
     params: &LearnerParams,
 ) -> Result<EvalReport, PredictorError> {
-    params.check()?;
-    if samples.is_empty() {
-        return Err(PredictorError::NoSamples);
-    }
-    let mut per_approach: Vec<Vec<Windows>> = vec![Vec::new(); Approach::ALL.len()];
-    for seed in seeds {
+    let per_approach = per_approach_over_seeds(samples, seeds, params, |seed, params| {
         let mut stream = samples.to_vec();
         stream.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
-        let params = seeded(params, seed);
-        let results = for_each_approach(|approach| {
-            Ok(windows(&stream_outcomes(&params, approach, &stream)?))
-        })?;
-        for ((approach, result), all) in Approach::ALL.iter().zip(results).zip(&mut per_approach) {
-            tracing::info!(
-                seed,
-                approach = approach.name(),
-                early = ?result.0,
-                late = ?result.1,
-                coverage_90 = ?result.2,
-                "prequential seed done"
-            );
-            all.push(result);
-        }
-    }
+        for_each_approach(|approach| Ok(windows(&stream_outcomes(params, approach, &stream)?)))
+    })?;
     Ok(EvalReport {
         samples: samples.len(),
         split: "default",

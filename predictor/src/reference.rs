@@ -13,12 +13,13 @@ use std::sync::Arc;
 
 use iadeep_proto::{CoLocationSample, TaskProfile};
 
+use crate::Prediction;
 use crate::error::PredictorError;
 use crate::features::{DEVICE_KINDS, device_column};
 use crate::forest::Forest;
 use crate::heuristic;
 use crate::learner::{LearnerParams, SlowdownModel, Trainer};
-use crate::{Prediction, PredictionSource};
+use crate::plain_forest::baseline_prediction;
 
 /// The reference model.
 #[derive(Debug)]
@@ -67,15 +68,12 @@ impl SlowdownModel for ReferenceModel {
     ) -> Prediction {
         match self {
             ReferenceModel::ColdStart => heuristic::predict(task, corunners),
-            ReferenceModel::Forest { forest, vocabulary } => {
-                let row = one_hot_row(vocabulary, device_kind, task, corunners);
-                match forest.predict(&row) {
-                    Ok((mean, sd)) => {
-                        Prediction::with_stated_spread(mean, sd, PredictionSource::Model)
-                    }
-                    Err(_) => heuristic::predict(task, corunners),
-                }
-            }
+            ReferenceModel::Forest { forest, vocabulary } => baseline_prediction(
+                forest,
+                &one_hot_row(vocabulary, device_kind, task, corunners),
+                task,
+                corunners,
+            ),
         }
     }
 }

@@ -22,7 +22,9 @@ use serde::Serialize;
 
 use crate::error::PredictorError;
 use crate::learner::{Learner, LearnerParams};
-use crate::prequential::{Approach, Outcome, coverage, for_each_approach, mean, seeded};
+use crate::prequential::{
+    Approach, Outcome, coverage, for_each_approach, mean, per_approach_over_seeds,
+};
 
 /// One approach on the unseen-models split.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -160,30 +162,13 @@ pub fn evaluate_unseen(
     seeds: std::ops::Range<u64>,
     params: &LearnerParams,
 ) -> Result<UnseenReport, PredictorError> {
-    params.check()?;
-    if samples.is_empty() {
-        return Err(PredictorError::NoSamples);
-    }
-    let mut per_approach: Vec<Vec<(Option<f64>, Option<f64>)>> =
-        vec![Vec::new(); Approach::ALL.len()];
-    for seed in seeds {
+    let per_approach = per_approach_over_seeds(samples, seeds, params, |seed, params| {
         let (families, stream) = stream_of(samples, seed)?;
-        let params = seeded(params, seed);
-        let results = for_each_approach(|approach| {
-            let outcomes = outcomes(&params, approach, &families, &stream)?;
+        for_each_approach(|approach| {
+            let outcomes = outcomes(params, approach, &families, &stream)?;
             Ok((mean(outcomes.iter().map(|o| o.ape)), coverage(&outcomes)))
-        })?;
-        for ((approach, result), all) in Approach::ALL.iter().zip(results).zip(&mut per_approach) {
-            tracing::info!(
-                seed,
-                approach = approach.name(),
-                mape = ?result.0,
-                coverage_90 = ?result.1,
-                "unseen-models seed done"
-            );
-            all.push(result);
-        }
-    }
+        })
+    })?;
     Ok(UnseenReport {
         samples: samples.len(),
         split: "unseen-models",
