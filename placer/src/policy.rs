@@ -33,10 +33,15 @@
 //!    equal ranks are broken by a hash of (task, device) so that concurrent requests
 //!    spread over equally good devices instead of all racing for the first.
 //! 3. **Queue or place.** If the best device is not idle, placing costs the excess
-//!    `increase − 1` units of PD for about the task's solo duration `D`, i.e.
-//!    `(increase − 1) × D` seconds of solo-speed progress lost across the device's
+//!    `increase₉₀ − 1` units of PD for about the task's solo duration `D`, i.e.
+//!    `(increase₉₀ − 1) × D` seconds of solo-speed progress lost across the device's
 //!    tasks, plus the `delay` it imposes on a task waiting ahead if the device was
-//!    promised to one. Waiting costs the time `W` until a device frees up *for this task*,
+//!    promised to one. `increase₉₀` is the pessimistic increase: each slowdown it
+//!    sums at the upper end of the model's 90 % predictive interval
+//!    ([`SlowdownEstimate::upper_90`]). Why pessimistic: a placement holds for the
+//!    task's whole run, while `W` comes from measured progress; where the model is
+//!    unsure (a model it has never seen, a wide interval) a co-location that merely
+//!    looks cheap should not win over a wait that is known. Waiting costs the time `W` until a device frees up *for this task*,
 //!    after which it would run alone at PD 1. The `q` tasks waiting ahead of it
 //!    (told to queue earlier and submitted before it, see
 //!    [`ClusterView::waiting_ahead_of`]) take the first `q` devices that free up, so
@@ -173,6 +178,9 @@ pub struct Candidate<'v> {
     pub device_id: &'v str,
     /// Predicted increase of the device's Σ PD.
     pub pd_increase: f64,
+    /// The same increase with every slowdown of the newcomer and of the residents
+    /// next to it at the upper end of its 90 % interval (see the module docs).
+    pub pd_increase_upper_90: f64,
     /// Uncertainty of that prediction (root of the summed squared model uncertainties).
     pub uncertainty: f64,
     /// What the ranking sorts by: `pd_increase + uncertainty_weight × uncertainty`.
@@ -206,6 +214,13 @@ pub struct Assessment<'v> {
     /// idle: the wait `W` of the queue-or-place rule (see the module docs). `None`
     /// when fewer devices say when they free up.
     pub wait_s: Option<f64>,
+}
+
+/// What [`Placer::score`] says of a shared device.
+struct Score {
+    pd_increase: f64,
+    pd_increase_upper_90: f64,
+    uncertainty: f64,
 }
 
 /// A feasible shared device waiting for the slowdown model.
@@ -385,6 +400,7 @@ impl Placer {
                     Ok((need, None)) => out.candidates.push(Candidate {
                         device_id: id,
                         pd_increase: 1.0,
+                        pd_increase_upper_90: 1.0,
                         uncertainty: 0.0,
                         rank: 1.0,
                         reserved_mem_mib: need,
@@ -454,7 +470,11 @@ impl Placer {
         } in shared
         {
             match self.score(model, device, &new_profile, &mut scratch) {
-                Ok((pd_increase, uncertainty)) => {
+                Ok(Score {
+                    pd_increase,
+                    pd_increase_upper_90,
+                    uncertainty,
+                }) => {
                     let delay_s = match idle_in {
                         Some(r) if promised(id, idle_in) => (duration_s - r).max(0.0),
                         _ => 0.0,
@@ -462,6 +482,7 @@ impl Placer {
                     out.candidates.push(Candidate {
                         device_id: id,
                         pd_increase,
+                        pd_increase_upper_90,
                         uncertainty,
                         rank: pd_increase
                             + self.params.uncertainty_weight * uncertainty
@@ -533,18 +554,20 @@ impl Placer {
         ))
     }
 
-    /// Predicted Σ PD increase of a shared device and its uncertainty.
+    /// Predicted Σ PD increase of a shared device, pessimistic and not, and its
+    /// uncertainty.
     fn score(
         &self,
         model: &dyn SlowdownModel,
         device: &DeviceState,
         new_profile: &TaskProfile,
         scratch: &mut Vec<TaskProfile>,
-    ) -> Result<(f64, f64), Rejection> {
+    ) -> Result<Score, Rejection> {
         let kind = device.info.as_ref().map_or("", |i| i.kind.as_str());
         let profiles = &device.summary().profiles;
         let own = model.predict(kind, new_profile, profiles);
         let mut increase = own.slowdown;
+        let mut increase_upper = own.upper_90.max(own.slowdown);
         // Combined normalised throughput Σ 1/IF, with the newcomer and without it.
         let mut after = throughput(own.slowdown);
         let mut before = 0.0;
@@ -603,6 +626,7 @@ impl Placer {
                 }
             };
             increase += with.slowdown - without[i];
+            increase_upper += with.upper_90.max(with.slowdown) - without[i];
             variance += with.uncertainty * with.uncertainty;
             after += throughput(with.slowdown);
             before += throughput(without[i]);
@@ -620,7 +644,11 @@ impl Placer {
                 min_gain: self.params.min_throughput_gain,
             });
         }
-        Ok((increase, variance.sqrt()))
+        Ok(Score {
+            pd_increase: increase,
+            pd_increase_upper_90: increase_upper,
+            uncertainty: variance.sqrt(),
+        })
     }
 
     /// Decides where `task` goes (among `restrict`, when not empty), or that it waits.
@@ -688,7 +716,7 @@ impl Placer {
         if best.idle {
             return place;
         }
-        let excess = (best.pd_increase - 1.0).max(0.0);
+        let excess = (best.pd_increase_upper_90 - 1.0).max(0.0);
         let duration_s = self.expected_duration_s(task);
         let cost_place_s = excess * duration_s + best.delay_s;
         match wait {
@@ -697,13 +725,15 @@ impl Placer {
                 reason: format!(
                     "waiting about {w:.0} s for a device to become idle ({}, so it waits \
                      for the {} device to free up) costs less than running now on {} \
-                     (predicted summed PD +{:.2}: {excess:.2} × {duration_s:.0} s of \
-                     solo-speed progress lost, plus {:.0} s of delay to a task waiting \
-                     ahead that counts on that device)",
+                     (predicted summed PD +{:.2}, up to +{:.2} at the upper ends of the \
+                     90 % intervals: {excess:.2} × {duration_s:.0} s of solo-speed \
+                     progress lost, plus {:.0} s of delay to a task waiting ahead that \
+                     counts on that device)",
                     waiting_ahead_text(ahead),
                     ordinal(ahead + 1),
                     best.device_id,
                     best.pd_increase,
+                    best.pd_increase_upper_90,
                     best.delay_s
                 ),
             },
@@ -930,10 +960,7 @@ mod tests {
             let all = || std::iter::once(task).chain(corunners);
             let sm: f64 = all().map(|p| p.sm_util_pct.unwrap_or(100.0)).sum();
             let bw: f64 = all().map(|p| p.mem_bw_util_pct.unwrap_or(100.0)).sum();
-            SlowdownEstimate {
-                slowdown: (sm / 100.0).max(bw / 100.0).max(1.0),
-                uncertainty: 0.0,
-            }
+            SlowdownEstimate::certain((sm / 100.0).max(bw / 100.0).max(1.0))
         }
         fn observe(&self, _: &CoLocationSample) {}
     }
@@ -1185,6 +1212,64 @@ mod tests {
             "{:?}",
             d.verdict
         );
+    }
+
+    /// Every task next to company slows down 1.2×, but the model is unsure: the
+    /// upper end of its 90 % interval is `upper`.
+    #[derive(Debug)]
+    struct Unsure {
+        upper: f64,
+    }
+
+    impl SlowdownModel for Unsure {
+        fn predict(&self, _: &str, _: &TaskProfile, co: &[TaskProfile]) -> SlowdownEstimate {
+            if co.is_empty() {
+                return SlowdownEstimate::certain(1.0);
+            }
+            SlowdownEstimate {
+                slowdown: 1.2,
+                uncertainty: 0.1,
+                upper_90: self.upper,
+            }
+        }
+        fn observe(&self, _: &CoLocationSample) {}
+    }
+
+    /// The queue-or-place rule charges the upper ends of the 90 % intervals: the same
+    /// predicted slowdowns place the task when the model is sure and queue it when
+    /// the model says they could be much worse.
+    #[test]
+    fn an_unsure_co_location_is_charged_at_the_upper_end_of_its_interval() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        // Free in (2,701,000 − 1,000) / 900 = 3,000 s.
+        let resident = spec("r1", 4000, 50.0, Some(2_701_000));
+        device(&mut view, "d0", 32_000, std::slice::from_ref(&resident));
+        view.set_report(TaskReport {
+            task_id: "r1".into(),
+            samples_done: 1000,
+            samples_per_s: 900.0,
+            reported_at_unix_ms: 0,
+            ..Default::default()
+        });
+        let new = spec("new", 4000, 50.0, Some(1_000_000)); // 3,125 s alone
+        let decide = |upper: f64| {
+            Placer::new(PlacerParams::default(), Arc::new(Unsure { upper }))
+                .expect("valid params")
+                .decide(&view, &new, &[], 0)
+        };
+        // Sure: (1.2 + 0.2 − 1) × 3,125 s = 1,250 s lost < 3,000 s of waiting.
+        let sure = decide(1.2);
+        assert!(
+            matches!(sure.verdict, Verdict::Place { .. }),
+            "{:?}",
+            sure.verdict
+        );
+        // Unsure: (2.0 + 1.0 − 1) × 3,125 s = 6,250 s lost > 3,000 s of waiting.
+        let unsure = decide(2.0);
+        let Verdict::Queue { reason, .. } = &unsure.verdict else {
+            panic!("expected queue, got {:?}", unsure.verdict);
+        };
+        assert!(reason.contains("+1.40, up to +3.00"), "{reason}");
     }
 
     /// A view with shared devices `(id, MiB of the resident, seconds until it
@@ -1486,10 +1571,7 @@ mod tests {
 
     impl SlowdownModel for FixedIf {
         fn predict(&self, _: &str, _: &TaskProfile, co: &[TaskProfile]) -> SlowdownEstimate {
-            SlowdownEstimate {
-                slowdown: if co.is_empty() { 1.0 } else { self.0 },
-                uncertainty: 0.0,
-            }
+            SlowdownEstimate::certain(if co.is_empty() { 1.0 } else { self.0 })
         }
         fn observe(&self, _: &CoLocationSample) {}
     }
