@@ -1,7 +1,13 @@
 //! Compiles `proto/iadeep/v1/*.proto` with protox (a pure-Rust protobuf
-//! compiler), so building iadeep never needs a `protoc` on the machine.
+//! compiler), so building iadeep's own schema never needs a `protoc`.
+//!
+//! Three outputs: the prost messages and tonic services, serde impls following
+//! protobuf's canonical JSON mapping (pbjson), and the encoded descriptor set that
+//! the gRPC server's reflection service publishes.
 
 use std::path::PathBuf;
+
+use prost::Message;
 
 const PROTOS: &[&str] = &[
     "iadeep/v1/task.proto",
@@ -14,15 +20,19 @@ const PROTOS: &[&str] = &[
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("proto");
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
     for proto in PROTOS {
         println!("cargo:rerun-if-changed={}", root.join(proto).display());
     }
     let descriptors = protox::compile(PROTOS, [&root])?;
-    tonic_prost_build::configure()
-        // Serde lets operators read and write stored values as JSON (`iadeep state`).
-        .message_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]")
-        .message_attribute(".", "#[serde(default, deny_unknown_fields)]")
-        .enum_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]")
-        .compile_fds(descriptors)?;
+    let encoded = descriptors.encode_to_vec();
+    std::fs::write(out.join("iadeep_descriptor.bin"), &encoded)?;
+    // Operators read and write stored values as JSON (`iadeep state`) in protobuf's
+    // standard mapping, so tools in other languages (MessageToJson) interoperate; the
+    // generated deserialisers also accept the proto field names (snake_case).
+    pbjson_build::Builder::new()
+        .register_descriptors(&encoded)?
+        .build(&[".iadeep"])?;
+    tonic_prost_build::configure().compile_fds(descriptors)?;
     Ok(())
 }

@@ -2,9 +2,11 @@
 # Runs iadeep's whole test suite on a fresh Debian/Ubuntu machine.
 #
 # Installs what the tests need and is missing (etcd-server for the real etcd the
-# tests start, protobuf-compiler and libprotobuf-dev for etcd-client's build),
-# then runs every test of the workspace. The etcd tests never skip: without etcd
-# they fail.
+# tests start, protobuf-compiler and libprotobuf-dev for etcd-client's build,
+# python3-venv for the Python package's tests), then runs every test of the
+# workspace, then builds the Python package and runs its tests against real
+# `iadeep up` clusters (scripts/test-python.sh). The etcd tests never skip: without
+# etcd they fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,3 +17,6 @@ cargo test --workspace "$@"
 # The conformance suite prints which etcd server it talked to; show it.
 cargo test -p iadeep-tests --test it state_etcd::talks_to_a_real_etcd_server -- --nocapture 2>&1 \
     | grep -E "etcd conformance tests ran against|test result"
+
+# The Python package: wheel, install, pytest against real `iadeep up` clusters.
+scripts/test-python.sh

@@ -10,11 +10,14 @@
 //!   learning-rate rules; [`memory`]: NVML or caller-supplied peak memory;
 //!   [`emulate`]: a job that follows measured step times (Pollux traces) for
 //!   simulations and end-to-end tests.
+//! - [`launch`]: the environment variables a launcher (`iadeep run`) sets for the
+//!   job, written and read through one definition.
 
 mod agent;
 mod config;
 pub mod emulate;
 mod error;
+pub mod launch;
 /// The gradient-noise-scale estimator and learning-rate rules live in `iadeep-objective`,
 /// shared with the tuner; re-exported because trainers use them through the agent.
 pub use iadeep_objective::{gns, lr};

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result, bail};
 use iadeep_proto as pb;
-use iadeep_state::keys::KeyKind;
+use iadeep_state::keys::{self, KeyKind};
 use iadeep_state::typed;
 use prost::Message;
 use serde_json::Value;
@@ -19,6 +19,10 @@ macro_rules! with_message_type {
             }
             KeyKind::DeviceResidents { .. } => {
                 type $ty = pb::DeviceResidents;
+                $body
+            }
+            KeyKind::DeviceTuner { .. } => {
+                type $ty = pb::TunerState;
                 $body
             }
             KeyKind::TaskSpec { .. } => {
@@ -66,18 +70,80 @@ fn raw_to_json(bytes: &[u8]) -> Value {
 }
 
 /// The bytes to store at `key` for what the operator typed: JSON of the key's
-/// message type (checked, unknown fields rejected), or the text itself for other keys.
+/// message type (checked, unknown fields rejected, ids matching the key), the text
+/// itself for an alive key or a key outside iadeep's layout. A key under
+/// [`keys::ROOT`] that is not part of the layout is refused: nothing would read it,
+/// so it is almost certainly a typo.
 pub fn from_input(key: &str, input: &str, raw: bool) -> Result<Vec<u8>> {
     if raw {
         return Ok(input.as_bytes().to_vec());
     }
-    with_message_type!(KeyKind::parse(key), M => {
+    let kind = KeyKind::parse(key);
+    if kind == KeyKind::Other && key.starts_with(keys::ROOT) {
+        bail!(
+            "{key} is not one of iadeep's keys (devices/ID/{{info,tuner,residents}}, \
+             tasks/ID/{{spec,placement,alive,report,assignment}}, samples/ID/SEQ); \
+             use --raw to store it anyway"
+        );
+    }
+    with_message_type!(&kind, M => {
         let message: M = serde_json::from_str(input).with_context(|| {
             format!("the value for {key} must be JSON of {} (use --raw to store bytes as given)",
                 std::any::type_name::<M>().rsplit("::").next().unwrap_or("its message"))
         })?;
+        check_ids(key, &kind, &message)?;
         Ok(message.encode_to_vec())
     }, Ok(input.as_bytes().to_vec()))
+}
+
+/// The ids a stored message carries, for comparison with the ids its key names.
+trait CarriesIds {
+    /// `(field, value)` of the device or task id the message says it is about.
+    fn ids(&self) -> Vec<(&'static str, &str)>;
+}
+
+macro_rules! carries_ids {
+    ($($ty:ty => $($field:ident),+;)+) => {
+        $(impl CarriesIds for $ty {
+            fn ids(&self) -> Vec<(&'static str, &str)> {
+                vec![$((stringify!($field), self.$field.as_str())),+]
+            }
+        })+
+    };
+}
+
+carries_ids! {
+    pb::DeviceInfo => device_id;
+    pb::DeviceResidents => device_id;
+    pb::TunerState => device_id;
+    pb::TaskSpec => task_id;
+    pb::Placement => task_id;
+    pb::TaskReport => task_id;
+    pb::BatchSizeAssignment => task_id;
+    pb::CoLocationSample => device_id;
+}
+
+/// Refuses a message whose own device or task id differs from the key's: readers
+/// trust both, and a record filed under the wrong id corrupts another's state.
+fn check_ids(key: &str, kind: &KeyKind, message: &impl CarriesIds) -> Result<()> {
+    let expected = match kind {
+        KeyKind::DeviceInfo { device }
+        | KeyKind::DeviceTuner { device }
+        | KeyKind::DeviceResidents { device }
+        | KeyKind::Sample { device, .. } => device,
+        KeyKind::TaskSpec { task }
+        | KeyKind::TaskPlacement { task }
+        | KeyKind::TaskReport { task }
+        | KeyKind::TaskAssignment { task }
+        | KeyKind::TaskAlive { task } => task,
+        KeyKind::Other => return Ok(()),
+    };
+    for (field, value) in message.ids() {
+        if value != expected {
+            bail!("{field} is {value:?} but the key {key} is about {expected:?}");
+        }
+    }
+    Ok(())
 }
 
 /// One line summarising a value for listings.
@@ -100,7 +166,6 @@ pub fn check_key(key: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use iadeep_state::keys;
 
     #[test]
     fn known_keys_round_trip_through_json() {
@@ -108,8 +173,11 @@ mod tests {
         let bytes = from_input(&key, r#"{"device_id":"n1:gpu0","memory_mib":24576}"#, false)
             .expect("valid JSON");
         let json = to_json(&key, &bytes).expect("decodes");
-        assert_eq!(json["memory_mib"], 24576);
-        assert_eq!(json["device_id"], "n1:gpu0");
+        // Written with the proto names, printed in protobuf's JSON mapping.
+        assert_eq!(json["memoryMib"], "24576");
+        assert_eq!(json["deviceId"], "n1:gpu0");
+        let again = from_input(&key, &json.to_string(), false).expect("standard JSON");
+        assert_eq!(again, bytes);
     }
 
     #[test]
@@ -120,6 +188,44 @@ mod tests {
         assert!(
             from_input(&key, "not json", true).is_ok(),
             "--raw stores anything"
+        );
+    }
+
+    #[test]
+    fn every_iadeep_key_is_type_checked() {
+        let tuner = keys::device_tuner("d0");
+        let err = from_input(&tuner, "garbage", false).expect_err("not JSON");
+        assert!(format!("{err:#}").contains("TunerState"), "{err:#}");
+        let bytes = from_input(&tuner, r#"{"device_id":"d0","round":3}"#, false).expect("valid");
+        assert_eq!(to_json(&tuner, &bytes).expect("decodes")["round"], 3);
+
+        let residents = keys::device_residents("d0");
+        let err = from_input(
+            &residents,
+            r#"{"device_id":"d0","reservations":[{"bogus":1}]}"#,
+            false,
+        )
+        .expect_err("unknown field in a reservation");
+        assert!(format!("{err:#}").contains("DeviceResidents"), "{err:#}");
+
+        // The message's own id must be the key's.
+        let err = from_input(&residents, r#"{"device_id":"d1"}"#, false).expect_err("wrong id");
+        assert!(err.to_string().contains("device_id is \"d1\""), "{err}");
+        let err =
+            from_input(&keys::task_spec("t"), r#"{"task_id":"u"}"#, false).expect_err("wrong task");
+        assert!(err.to_string().contains("task_id"), "{err}");
+
+        // A key under the root that is not in the layout is a typo.
+        let err = from_input("/iadeep/v1/devices/d0/tunr", "{}", false).expect_err("typo");
+        assert!(
+            err.to_string().contains("not one of iadeep's keys"),
+            "{err}"
+        );
+        assert!(from_input("/iadeep/v1/devices/d0/tunr", "x", true).is_ok());
+        // An alive key holds text.
+        assert_eq!(
+            from_input(&keys::task_alive("t"), "pid 7", false).ok(),
+            Some(b"pid 7".to_vec())
         );
     }
 

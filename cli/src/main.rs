@@ -3,20 +3,31 @@
 //! One binary, one subcommand per job. Each subcommand lives in its own module;
 //! this file only parses the command line, sets up logging and reports errors.
 
+#[macro_use]
+mod output;
 mod codec;
 mod data_cmd;
 mod emulate_cmd;
+mod local;
 mod memory_cmd;
 mod placer_cmd;
 mod predictor_cmd;
+mod progress;
+mod run_cmd;
+mod signals;
 mod sim_cmd;
 mod state_cmd;
 mod tuner_cmd;
+mod up_cmd;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
-use iadeep_state::StoreUrl;
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use iadeep_state::{StateStore, StoreUrl};
 
 /// iadeep lets several deep-learning training jobs share one GPU without hurting
 /// each other: it places each new job where it causes the least slowdown and tunes
@@ -26,15 +37,31 @@ use iadeep_state::StoreUrl;
 #[derive(Debug, Parser)]
 #[command(name = "iadeep", version, about, long_about, propagate_version = true)]
 struct Cli {
+    /// Log lines as text (coloured only when stderr is a terminal and NO_COLOR is
+    /// unset) or as one JSON object per line, for log collectors.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text,
+        env = "IADEEP_LOG_FORMAT", value_name = "FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 /// Where the cluster state lives; shared by every subcommand that needs it.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StoreArgs {
-    /// The state store: `etcd://HOST:PORT[,HOST:PORT...]` for an etcd cluster, or a
-    /// file path for the embedded single-machine store (one process at a time).
+    /// The state store. An etcd cluster: `etcd://HOST:PORT[,HOST:PORT...]` (every
+    /// member, so requests move when one is lost), `etcds://...?ca=PATH&cert=PATH&key=PATH`
+    /// for TLS, `USER:PASSWORD@` before the hosts for etcd's authentication (prefer
+    /// IADEEP_STORE to keep the password off the command line). Or the embedded
+    /// single-machine store (one process at a time): a file path containing '/' or
+    /// ending in .redb, or `file:PATH`. A bare `HOST:PORT` is refused as ambiguous.
     /// Default: the embedded store under the user's data directory
     /// (e.g. ~/.local/share/iadeep/state.redb).
     #[arg(long, global = true, env = "IADEEP_STORE", value_name = "URL")]
@@ -50,8 +77,62 @@ impl StoreArgs {
     }
 }
 
+/// Longest wait for a TCP connection to one etcd endpoint before saying it is unreachable.
+const ETCD_REACH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Opens the store at `url`. An etcd nobody answers at is reported in plain words
+/// (which endpoint, what the operating system said) before the client library gets
+/// to wrap the failure in its own terms.
+pub async fn open_store(url: &StoreUrl) -> anyhow::Result<Arc<dyn StateStore>> {
+    reach(url).await?;
+    url.open()
+        .await
+        .with_context(|| format!("cannot open the state store {url}"))
+}
+
+/// [`open_store`] for commands that only read: an embedded store file is opened read-only,
+/// never created, repaired or rewritten.
+pub async fn open_store_read_only(url: &StoreUrl) -> anyhow::Result<Arc<dyn StateStore>> {
+    reach(url).await?;
+    url.open_read_only()
+        .await
+        .with_context(|| format!("cannot open the state store {url}"))
+}
+
+/// Fails with a human message when no etcd member of `url` answers on TCP.
+async fn reach(url: &StoreUrl) -> anyhow::Result<()> {
+    if let StoreUrl::Etcd(config) = url {
+        let mut failures = Vec::new();
+        for endpoint in &config.endpoints {
+            match tokio::time::timeout(ETCD_REACH_TIMEOUT, tokio::net::TcpStream::connect(endpoint))
+                .await
+            {
+                Ok(Ok(_)) => {
+                    failures.clear();
+                    break;
+                }
+                Ok(Err(err)) => failures.push(format!("{endpoint}: {err}")),
+                Err(_) => failures.push(format!(
+                    "{endpoint}: no answer within {} s",
+                    ETCD_REACH_TIMEOUT.as_secs()
+                )),
+            }
+        }
+        if !failures.is_empty() {
+            anyhow::bail!(
+                "cannot reach etcd ({}); is it running, and is --store (or IADEEP_STORE) right?",
+                failures.join("; ")
+            );
+        }
+    }
+    Ok(())
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    // `up` and `run` take their help from their argument structs (a paragraph each).
+    Up(Box<up_cmd::UpArgs>),
+    Run(Box<run_cmd::RunArgs>),
     /// Read, write and watch the cluster state directly (for operators).
     State(state_cmd::StateArgs),
     /// Run the placement service (gRPC, Kubernetes scheduler extender, metrics),
@@ -81,24 +162,42 @@ impl Command {
     /// simulations show only the simulator's own progress and warnings.
     fn default_log_filter(&self) -> &'static str {
         match self {
-            Command::Sim(_) | Command::Demo(_) => "warn,iadeep_sim=info,iadeep::sim_cmd=info",
+            Command::Sim(_) | Command::Demo(_) => {
+                "warn,iadeep_sim=info,iadeep::sim_cmd=info,iadeep::progress=info"
+            }
             _ => "info",
         }
     }
 }
 
-fn init_logging(default_filter: &str) {
+fn init_logging(default_filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(progress::LogWriter);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => {
+            // Colour codes are for people at a terminal, not for files and pipes.
+            let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            builder.with_ansi(ansi).init();
+        }
+    }
+}
+
+/// Whether `err` comes from writing to a closed pipe (`iadeep state ls | head`).
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.command.default_log_filter());
+    init_logging(cli.command.default_log_filter(), cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -111,6 +210,8 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Up(args) => up_cmd::run(*args).await,
+            Command::Run(args) => run_cmd::run(*args).await,
             Command::State(args) => state_cmd::run(args).await,
             Command::Placer(args) => placer_cmd::run(*args).await,
             Command::Sim(args) => sim_cmd::run_sim(args),
@@ -124,6 +225,8 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(code) => code,
+        // The reader has all it wanted: stop quietly, as `cat` and `grep` do.
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
+use iadeep_placer::extender::kube_api::KubeApiConfig;
+use iadeep_placer::extender::{DEFAULT_BIND_TIMEOUT, ExtenderConfig};
 use iadeep_placer::synthetic::SyntheticCluster;
 use iadeep_placer::{
     Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams, PredictorSlowdown,
@@ -52,13 +54,30 @@ struct DaemonArgs {
     /// Kubernetes scheduler-extender listen address (filter, prioritize, bind); off when absent.
     #[arg(long, value_name = "ADDR")]
     extender: Option<SocketAddr>,
-    /// Prometheus metrics listen address (GET /metrics); off when absent.
+    /// Operators' HTTP address: Prometheus metrics (GET /metrics), liveness (GET /healthz)
+    /// and readiness (GET /readyz: the state store answers); off when absent.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
-    /// HOST:PORT of a plain-HTTP Kubernetes API (e.g. `kubectl proxy`) through which the
-    /// extender's bind verb creates pod Bindings. Without it, bind refuses.
-    #[arg(long, value_name = "HOST:PORT")]
-    kube_api: Option<String>,
+    /// How the extender's bind verb reaches the Kubernetes API to create pod Bindings:
+    /// `auto` (a kubeconfig from $KUBECONFIG or ~/.kube/config, else the in-cluster
+    /// service account, over TLS), or the URL of an API server used without credentials,
+    /// e.g. http://127.0.0.1:8001 of a `kubectl proxy`. Without it, bind refuses.
+    #[arg(long, value_name = "auto|URL")]
+    kube_api: Option<KubeApiConfig>,
+    /// Longest a bind may take, Kubernetes API calls included. Keep it below the
+    /// extender's `httpTimeout` in the scheduler configuration (5 s in deploy/).
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_BIND_TIMEOUT.as_millis() as u64)]
+    bind_timeout_ms: u64,
+    #[command(flatten)]
+    graces: GraceArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
+}
+
+/// When the placer gives back the reservation of a task that did not release it
+/// (shared by `iadeep placer` and `iadeep up`).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct GraceArgs {
     /// Seconds a task's agent may be gone (its `alive` key deleted when its lease
     /// expired, without a Release) before the placer gives its GPU reservation back;
     /// long enough for a restarted agent to come back and keep its GPU. A task that
@@ -71,8 +90,17 @@ struct DaemonArgs {
     /// legitimate start (image pull, data staging). 0 never releases.
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_UNSTARTED_TASK_GRACE_S)]
     unstarted_task_grace_s: u64,
-    #[command(flatten)]
-    policy: PolicyArgs,
+}
+
+impl GraceArgs {
+    /// The reaper's graces as the daemon takes them (`None`: never release).
+    pub(crate) fn durations(&self) -> (Option<Duration>, Option<Duration>) {
+        let seconds = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+        (
+            seconds(self.dead_task_grace_s),
+            seconds(self.unstarted_task_grace_s),
+        )
+    }
 }
 
 /// Default of `--dead-task-grace-s`: a minute covers an agent's restart after a crash.
@@ -84,7 +112,7 @@ const DEFAULT_UNSTARTED_TASK_GRACE_S: u64 = 600;
 /// margin is not one of them: it is defined once (5 % of each GPU plus 256 MiB) so that
 /// the placer, the tuners and the agents never disagree about what fits.
 #[derive(Debug, Clone, Args)]
-struct PolicyArgs {
+pub(crate) struct PolicyArgs {
     /// Cap on the sum of the solo SM utilisations of a GPU's tasks, percent.
     #[arg(long, default_value_t = PlacerParams::default().sm_util_cap_pct)]
     sm_util_cap_pct: f64,
@@ -108,7 +136,7 @@ struct PolicyArgs {
 }
 
 impl PolicyArgs {
-    fn placer(&self) -> Result<Placer> {
+    pub(crate) fn placer(&self) -> Result<Placer> {
         let predictor = PredictorSlowdown::cold().context("cannot start the slowdown predictor")?;
         self.placer_with(predictor)
     }
@@ -173,52 +201,35 @@ pub async fn run(args: PlacerArgs) -> Result<ExitCode> {
 
 async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
     let placer = args.policy.placer()?;
-    let store = url
-        .open()
-        .await
-        .with_context(|| format!("cannot open the state store {url}"))?;
+    let (dead_task_grace, unstarted_task_grace) = args.graces.durations();
+    let store = crate::open_store(&url).await?;
+    if args.kube_api.is_some() && args.extender.is_none() {
+        bail!("--kube-api is for the extender's bind verb: give --extender ADDR too");
+    }
+    if args.bind_timeout_ms == 0 {
+        bail!("--bind-timeout-ms must be positive");
+    }
     let config = DaemonConfig {
         grpc: args.grpc,
-        extender: args.extender,
+        extender: args.extender.map(|listen| ExtenderConfig {
+            listen,
+            kube_api: args.kube_api.clone(),
+            bind_timeout: Duration::from_millis(args.bind_timeout_ms),
+        }),
         metrics: args.metrics,
-        kube_api: args.kube_api,
-        dead_task_grace: (args.dead_task_grace_s > 0)
-            .then(|| Duration::from_secs(args.dead_task_grace_s)),
-        unstarted_task_grace: (args.unstarted_task_grace_s > 0)
-            .then(|| Duration::from_secs(args.unstarted_task_grace_s)),
+        dead_task_grace,
+        unstarted_task_grace,
     };
     let mut daemon = Daemon::start(store, placer, Arc::new(ModelledMemory), config)
         .await
         .context("cannot start the placer")?;
     tokio::select! {
-        _ = shutdown_signal() => {
+        _ = crate::signals::shutdown() => {
             tracing::info!("shutting down");
             daemon.shutdown().await;
             Ok(ExitCode::SUCCESS)
         }
         err = daemon.failed() => Err(err).context("the placer stopped"),
-    }
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -239,10 +250,7 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
     if args.concurrency == 0 || args.requests == 0 {
         bail!("--concurrency and --requests must be positive");
     }
-    let store = url
-        .open()
-        .await
-        .with_context(|| format!("cannot open the state store {url}"))?;
+    let store = crate::open_store(&url).await?;
     let cluster = SyntheticCluster::new(args.devices, args.residents, args.seed);
     let seeding = Instant::now();
     cluster
@@ -297,7 +305,6 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
                 grpc: SocketAddr::from(([127, 0, 0, 1], 0)),
                 extender: None,
                 metrics: None,
-                kube_api: None,
                 // As the daemon runs by default.
                 dead_task_grace: Some(Duration::from_secs(DEFAULT_DEAD_TASK_GRACE_S)),
                 unstarted_task_grace: Some(Duration::from_secs(DEFAULT_UNSTARTED_TASK_GRACE_S)),

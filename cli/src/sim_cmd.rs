@@ -1,6 +1,5 @@
 //! `iadeep sim` and `iadeep demo`: the trace-driven cluster simulator.
 
-use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -11,6 +10,8 @@ use iadeep_sim::experiment::{Experiment, ExperimentParams};
 use iadeep_sim::metrics::RunMetrics;
 use iadeep_sim::{policy, report, store_sink};
 use iadeep_state::EmbeddedStore;
+
+use crate::progress::Progress;
 
 mod audit;
 
@@ -117,11 +118,11 @@ pub async fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     params.workload.seed = args.seed;
     params.engine.gpus = 20;
     params.engine.seed = args.seed;
-    println!(
+    outln!(
         "iadeep demo: 300 single-GPU jobs from the Philly trace on 20 simulated {} GPUs, \
          every policy on the same stream",
         params.worker_type
-    );
+    )?;
     let (experiment, runs) = simulate(params, &gavel, &args.out, false, false)?;
     // The iadeep run, in the embedded store, as a live cluster would have it.
     if let Some(run) = runs.iter().find(|r| r.policy == "iadeep") {
@@ -133,11 +134,11 @@ pub async fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
         let store = EmbeddedStore::open(&path)
             .with_context(|| format!("opening the embedded store {}", path.display()))?;
         let keys = store_sink::record_run(&store, &experiment, run).await?;
-        println!(
+        outln!(
             "The iadeep run's devices, specs, placements and final reports ({keys} keys) are in \
              the embedded store {p}; try: iadeep state ls --store {p} /iadeep/v1/devices/",
             p = path.display()
-        );
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -155,23 +156,11 @@ fn simulate(
     let seed = params.workload.seed;
     let started = std::time::Instant::now();
     let experiment = Experiment::new(params, gavel, &trace)?;
-    let show_progress = std::io::stderr().is_terminal();
     let mut runs: Vec<RunMetrics> = Vec::new();
     for name in &names {
         let mut policy = policy::build(name, seed)?;
-        let mut last_percent = usize::MAX;
-        let mut progress = |done: usize, total: usize| {
-            if !show_progress {
-                return;
-            }
-            let percent = done * 100 / total.max(1);
-            if percent != last_percent {
-                last_percent = percent;
-                let bar = "#".repeat(percent / 4);
-                eprint!("\r{name:<20} [{bar:<25}] {done}/{total}");
-                let _ = std::io::stderr().flush();
-            }
-        };
+        let mut shown = Progress::start(name);
+        let mut progress = |done: usize, total: usize| shown.update(done, total);
         let run = if audit {
             let (run, records) = experiment
                 .run_policy_audited(policy.as_mut(), &mut progress)
@@ -185,9 +174,7 @@ fn simulate(
                 .run_policy(policy.as_mut(), &mut progress)
                 .with_context(|| format!("simulating policy {name}"))?
         };
-        if show_progress {
-            eprintln!();
-        }
+        shown.finish();
         runs.push(run);
     }
     let summaries: Vec<_> = runs.iter().map(RunMetrics::summary).collect();
@@ -197,17 +184,17 @@ fn simulate(
         wall_s = format!("{:.2}", started.elapsed().as_secs_f64()),
         "simulation finished"
     );
-    print!("{}", report::table(&summaries));
-    println!(
+    crate::output::text(&report::table(&summaries))?;
+    outln!(
         "CT = completion time (submit to end); util = mean fraction of GPUs busy; work = mean \
          useful work per GPU (1 = one job alone at full speed); place/tune µs = mean decision time."
-    );
-    println!("Results and plots written to {}:", out.display());
+    )?;
+    outln!("Results and plots written to {}:", out.display())?;
     for file in &files {
-        println!("  {}", file.display());
+        outln!("  {}", file.display())?;
     }
     if json {
-        println!("{}", report::json(&summaries));
+        outln!("{}", report::json(&summaries))?;
     }
     Ok((experiment, runs))
 }

@@ -29,7 +29,9 @@ enum StateCommand {
         meta: bool,
     },
     /// Store VALUE at KEY. For iadeep's keys VALUE is JSON of the key's message
-    /// (e.g. a DeviceInfo for /iadeep/v1/devices/ID/info) and is checked; `-` reads stdin.
+    /// (e.g. a DeviceInfo for /iadeep/v1/devices/ID/info, a TunerState for
+    /// .../devices/ID/tuner) and is checked, including that its id is the key's;
+    /// a key under /iadeep/v1/ outside the layout is refused. `-` reads stdin.
     Put {
         key: String,
         value: String,
@@ -67,10 +69,16 @@ enum StateCommand {
 
 pub async fn run(args: StateArgs) -> Result<ExitCode> {
     let url = args.store.url();
-    let store = url
-        .open()
-        .await
-        .with_context(|| format!("cannot open the state store {url}"))?;
+    // Reading never creates, repairs or rewrites an embedded store file.
+    let read_only = matches!(
+        args.command,
+        StateCommand::Get { .. } | StateCommand::Ls { .. } | StateCommand::Watch { .. }
+    );
+    let store = if read_only {
+        crate::open_store_read_only(&url).await?
+    } else {
+        crate::open_store(&url).await?
+    };
     match args.command {
         StateCommand::Get { key, meta } => get(store.as_ref(), &key, meta).await,
         StateCommand::Put {
@@ -82,9 +90,9 @@ pub async fn run(args: StateArgs) -> Result<ExitCode> {
         StateCommand::Del { key } => {
             codec::check_key(&key)?;
             if store.delete(&key).await? {
-                println!("deleted {key}");
+                outln!("deleted {key}")?;
             } else {
-                println!("{key} did not exist");
+                outln!("{key} did not exist")?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -93,9 +101,9 @@ pub async fn run(args: StateArgs) -> Result<ExitCode> {
             let snapshot = store.range(&prefix).await?;
             for kv in &snapshot.kvs {
                 if long {
-                    println!("{} {}", kv.key, codec::one_line(&kv.key, &kv.value));
+                    outln!("{} {}", kv.key, codec::one_line(&kv.key, &kv.value))?;
                 } else {
-                    println!("{}", kv.key);
+                    outln!("{}", kv.key)?;
                 }
             }
             tracing::debug!(
@@ -131,8 +139,8 @@ async fn get(store: &dyn StateStore, key: &str, meta: bool) -> Result<ExitCode> 
     }
     let value = codec::to_json(key, &kv.value)?;
     match value {
-        serde_json::Value::String(text) => println!("{text}"),
-        other => println!("{}", serde_json::to_string_pretty(&other)?),
+        serde_json::Value::String(text) => outln!("{text}")?,
+        other => outln!("{}", serde_json::to_string_pretty(&other)?)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -160,7 +168,7 @@ async fn put(
         None => None,
     };
     let revision = store.put(key, bytes, lease).await?;
-    println!("put {key} at revision {revision}");
+    outln!("put {key} at revision {revision}")?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -180,13 +188,13 @@ async fn watch(
             _ = tokio::signal::ctrl_c() => break,
         };
         match event {
-            Some(Ok(WatchEvent::Put(kv))) => println!(
+            Some(Ok(WatchEvent::Put(kv))) => outln!(
                 "PUT {} {} {}",
                 kv.mod_revision,
                 kv.key,
                 codec::one_line(&kv.key, &kv.value)
-            ),
-            Some(Ok(WatchEvent::Delete { key, revision })) => println!("DELETE {revision} {key}"),
+            )?,
+            Some(Ok(WatchEvent::Delete { key, revision })) => outln!("DELETE {revision} {key}")?,
             Some(Err(err)) => return Err(err.into()),
             None => break,
         }

@@ -13,12 +13,12 @@ use iadeep_tuner::gavel_bench::{self, BenchParams};
 
 use crate::StoreArgs;
 
-/// Without a subcommand: run the tuner daemon of one GPU. It registers the device (from NVML
-/// when a GPU is present, otherwise from --memory-mib and --kind), follows the tasks placed on
-/// it, and tunes their batch sizes by GP-LCB over Σ PD measured from the agents' reports,
-/// never assigning a configuration whose conservative memory exceeds the card minus the
-/// margin (5 % + 256 MiB, the placer's). Its observations are persisted in the store, so a
-/// restarted tuner resumes.
+/// Without a subcommand: run the tuner daemon of one GPU (--device ID), or of every GPU of
+/// this node in one process (--all-gpus). It registers each device (from NVML when a GPU is
+/// present, otherwise from --memory-mib and --kind), follows the tasks placed on it, and
+/// tunes their batch sizes by GP-LCB over Σ PD measured from the agents' reports, never
+/// assigning a configuration whose conservative memory exceeds the card minus the margin
+/// (5 % + 256 MiB, the placer's). Its observations are persisted in the store, so a restarted tuner resumes.
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct TunerArgs {
@@ -32,28 +32,39 @@ pub struct TunerArgs {
 #[derive(Debug, Args)]
 struct DaemonArgs {
     /// Cluster-unique id of the GPU (letters, digits, '.', '_', '-', ':'), e.g. node3-gpu0.
-    /// Required to run the daemon.
-    #[arg(long, value_name = "ID")]
+    /// One of --device and --all-gpus is required to run the daemon.
+    #[arg(long, value_name = "ID", conflicts_with = "all_gpus")]
     device: Option<String>,
+    /// Tune every GPU of this node, one daemon per GPU in this process, with ids
+    /// NODE-gpuINDEX. The GPUs are counted by NVML, or given by --gpus without it.
+    #[arg(long, conflicts_with = "gpu_index")]
+    all_gpus: bool,
+    /// With --all-gpus and no NVML: how many GPUs the node has (each of --memory-mib).
+    #[arg(long, value_name = "N", requires = "all_gpus")]
+    gpus: Option<u32>,
     #[command(flatten)]
     store: StoreArgs,
     /// Total GPU memory in MiB. Required when NVML finds no GPU; overrides NVML otherwise.
     #[arg(long, value_name = "M")]
     memory_mib: Option<u64>,
-    /// NVML index of the GPU on this node.
-    #[arg(long, default_value_t = 0, value_name = "N")]
-    gpu_index: u32,
+    /// NVML index of the GPU on this node (with --device).
+    #[arg(long, value_name = "N")]
+    gpu_index: Option<u32>,
     /// Short device kind for the predictor (e.g. k80, p100, h100). Default: from the NVML
     /// name, or "unknown" without NVML.
     #[arg(long, value_name = "K")]
     kind: Option<String>,
-    /// Node name recorded with the device.
-    #[arg(long, value_name = "NAME")]
+    /// Node name recorded with each device; the placer's Kubernetes extender matches GPUs
+    /// to nodes by it. Default: $NODE_NAME (set from the downward API in the DaemonSet),
+    /// else this machine's host name.
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     node: Option<String>,
     /// Do not load NVML even if it is installed (the device is then described by flags).
     #[arg(long)]
     no_nvml: bool,
-    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464.
+    /// Serve Prometheus metrics at http://ADDR/metrics (every GPU of the process), with
+    /// liveness at /healthz and readiness (the store answers) at /readyz, e.g.
+    /// 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
     /// Longest wait for every task's fresh reports in a round; a round without them is
@@ -100,51 +111,125 @@ impl DaemonArgs {
     }
 }
 
-async fn run_daemon(args: DaemonArgs) -> Result<ExitCode> {
-    let Some(device_id) = args.device.clone() else {
-        bail!(
-            "`iadeep tuner` needs --device ID (or a subcommand such as `tuner bench`); see --help"
-        );
-    };
-    let params = args.params()?;
-    let flags = DeviceFlags {
+/// The node name: the flag or $NODE_NAME, else the host name.
+fn node_name(flag: Option<&str>) -> Result<String> {
+    if let Some(node) = flag.filter(|n| !n.is_empty()) {
+        return Ok(node.to_owned());
+    }
+    gethostname::gethostname()
+        .into_string()
+        .ok()
+        .filter(|n| !n.is_empty())
+        .context("cannot read this machine's host name; give --node NAME")
+}
+
+/// How many GPUs NVML sees; `None` when NVML cannot be loaded (no driver).
+fn nvml_gpu_count() -> Result<Option<u32>> {
+    match nvml_wrapper::Nvml::init() {
+        Ok(nvml) => Ok(Some(
+            nvml.device_count()
+                .context("NVML is loaded but cannot count the GPUs")?,
+        )),
+        Err(err) => {
+            tracing::info!(%err, "NVML not available (no NVIDIA driver?)");
+            Ok(None)
+        }
+    }
+}
+
+/// A device to tune: its flags and what NVML said about it.
+type DeviceParts = (DeviceFlags, Option<daemon::device::NvmlDevice>);
+
+/// The devices this process tunes.
+fn devices(args: &DaemonArgs, node: &str) -> Result<Vec<DeviceParts>> {
+    let flags = |device_id: String, index: u32| DeviceFlags {
         device_id,
-        index: args.gpu_index,
+        index,
         memory_mib: args.memory_mib,
         kind: args.kind.clone(),
-        node: args.node.clone(),
+        node: Some(node.to_owned()),
         no_nvml: args.no_nvml,
     };
-    let nvml = if flags.no_nvml {
-        tracing::info!("--no-nvml: the device is described by flags");
-        None
-    } else {
-        daemon::device::query_nvml(flags.index)?
-    };
-    let info = daemon::device::describe(&flags, nvml)?;
-    let url = args.store.url();
-    let store = url
-        .open()
-        .await
-        .with_context(|| format!("cannot open the state store {url}"))?;
-    tracing::info!(device = %info.device_id, memory_mib = info.memory_mib, kind = %info.kind,
-        from_nvml = info.from_nvml, store = %store.describe(), "tuner starting");
-    let tuner = daemon::Daemon::new(store, info.clone(), params)?;
-    let server = match args.metrics {
-        Some(addr) => Some(
-            daemon::metrics::serve(addr, info.device_id.clone(), tuner.metrics())
-                .await?
-                .1,
-        ),
-        None => None,
-    };
-    let shutdown = async {
-        if let Err(err) = tokio::signal::ctrl_c().await {
-            tracing::warn!(%err, "cannot listen for Ctrl-C; stop the tuner by killing it");
-            std::future::pending::<()>().await;
+    let nvml = |index: u32| -> Result<Option<daemon::device::NvmlDevice>> {
+        if args.no_nvml {
+            Ok(None)
+        } else {
+            Ok(daemon::device::query_nvml(index)?)
         }
     };
-    let result = tuner.run(shutdown).await;
+    if !args.all_gpus {
+        let Some(device_id) = args.device.clone() else {
+            bail!(
+                "`iadeep tuner` needs --device ID or --all-gpus (or a subcommand such as \
+                 `tuner bench`); see --help"
+            );
+        };
+        let index = args.gpu_index.unwrap_or(0);
+        return Ok(vec![(flags(device_id, index), nvml(index)?)]);
+    }
+    let count = match (args.gpus, args.no_nvml) {
+        (Some(n), _) => n,
+        (None, true) => bail!("--all-gpus with --no-nvml needs --gpus N"),
+        (None, false) => nvml_gpu_count()?.context(
+            "--all-gpus found no NVML to count the GPUs with; give --gpus N and --memory-mib",
+        )?,
+    };
+    if count == 0 {
+        bail!("--all-gpus: this node has no GPU");
+    }
+    (0..count)
+        .map(|index| Ok((flags(format!("{node}-gpu{index}"), index), nvml(index)?)))
+        .collect()
+}
+
+async fn run_daemon(args: DaemonArgs) -> Result<ExitCode> {
+    let params = args.params()?;
+    if args.no_nvml {
+        tracing::info!("--no-nvml: the devices are described by flags");
+    }
+    let node = node_name(args.node.as_deref())?;
+    let mut infos = Vec::new();
+    for (flags, nvml) in devices(&args, &node)? {
+        infos.push(daemon::device::describe(&flags, nvml)?);
+    }
+    let store = crate::open_store(&args.store.url()).await?;
+    let mut tuners = Vec::new();
+    for info in &infos {
+        tracing::info!(device = %info.device_id, node = %info.node, memory_mib = info.memory_mib,
+            kind = %info.kind, from_nvml = info.from_nvml, store = %store.describe(), "tuner starting");
+        tuners.push(daemon::Daemon::new(store.clone(), info.clone(), params)?);
+    }
+    let server = match args.metrics {
+        Some(addr) => {
+            let devices = infos
+                .iter()
+                .zip(&tuners)
+                .map(|(info, tuner)| (info.device_id.clone(), tuner.metrics()))
+                .collect();
+            let ready = iadeep_ops::store_ready(store.clone());
+            Some(daemon::metrics::serve_all(addr, devices, ready).await?.1)
+        }
+        None => None,
+    };
+    // One signal stops every daemon of the process.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let runs = tuners.into_iter().map(|tuner| {
+        let mut stopped = stopped.clone();
+        tuner.run(async move {
+            // An error means the sender is gone: stop as well.
+            let _ = stopped.wait_for(|s| *s).await;
+        })
+    });
+    let all = futures::future::try_join_all(runs);
+    tokio::pin!(all);
+    let result = tokio::select! {
+        result = &mut all => result.map(|_| ()),
+        () = crate::signals::shutdown() => {
+            tracing::info!("shutting down");
+            let _ = stop.send(true);
+            all.await.map(|_| ())
+        }
+    };
     if let Some(server) = server {
         server.abort();
     }

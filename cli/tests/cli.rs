@@ -40,7 +40,10 @@ fn round_trip(store: &str) {
     let get = iadeep(store, &["state", "get", key]);
     assert!(get.status.success(), "{}", stderr(&get));
     let json: serde_json::Value = serde_json::from_str(&stdout(&get)).expect("get prints JSON");
-    assert_eq!(json["memory_mib"], 24576);
+    assert_eq!(
+        json["memoryMib"], "24576",
+        "protobuf JSON: 64-bit integers are strings"
+    );
     assert_eq!(json["kind"], "rtx3090");
 
     let plain = iadeep(store, &["state", "put", "/ops/note", "hello operator"]);
@@ -121,9 +124,15 @@ fn unreachable_etcd_and_unreadable_file_are_clear_errors() {
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(
-        err.contains("unreachable") && err.contains(&port.to_string()),
+        err.contains("cannot reach etcd")
+            && err.contains("refused")
+            && err.contains(&port.to_string()),
         "{err}"
     );
+    // Words, not a client library's Debug output.
+    for debug in ["Error(", "ConnectError", "Os {", "kind:"] {
+        assert!(!err.contains(debug), "{err}");
+    }
 
     let dir = tempfile::tempdir().expect("temp dir");
     let garbage = dir.path().join("garbage.redb");
@@ -137,4 +146,68 @@ fn unreachable_etcd_and_unreadable_file_are_clear_errors() {
     let out = iadeep("etcd://nohostport", &["state", "ls", "/"]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("HOST:PORT"), "{}", stderr(&out));
+}
+
+/// Logs in a pipe carry no colour codes; `--log-format json` writes one JSON object a line.
+#[test]
+fn logs_in_a_pipe_are_plain_and_json_on_request() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("s.redb");
+    let store = store.to_str().expect("utf-8 path");
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_iadeep"))
+            .args(["state", "ls", "/", "--store", store])
+            .args(extra)
+            .env("RUST_LOG", "debug")
+            .env_remove("NO_COLOR")
+            .output()
+            .expect("run iadeep")
+    };
+    let text = run(&[]);
+    assert!(text.status.success(), "{}", stderr(&text));
+    assert!(stderr(&text).contains("listed"), "{}", stderr(&text));
+    assert!(!stderr(&text).contains('\u{1b}'), "{:?}", stderr(&text));
+    let json = run(&["--log-format", "json"]);
+    assert!(json.status.success(), "{}", stderr(&json));
+    let lines: Vec<serde_json::Value> = stderr(&json)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["fields"]["message"] == "listed"),
+        "{lines:?}"
+    );
+}
+
+/// `iadeep state get BIG | head -c 1`: the reader leaves early, iadeep ends quietly.
+#[test]
+fn a_closed_pipe_ends_the_command_quietly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("s.redb");
+    let store = store.to_str().expect("utf-8 path");
+    // More than a pipe holds, so the writes meet the closed end.
+    let mut put = Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args(["state", "put", "/ops/big", "-", "--store", store])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run iadeep");
+    {
+        use std::io::Write;
+        let mut stdin = put.stdin.take().expect("stdin");
+        stdin
+            .write_all("x".repeat(1 << 20).as_bytes())
+            .expect("write the value");
+    }
+    assert!(put.wait().expect("wait").success());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args(["state", "get", "/ops/big", "--store", store])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run iadeep");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
 }

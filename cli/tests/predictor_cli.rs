@@ -49,6 +49,44 @@ fn eval_reports_ours_and_the_reference_over_a_seed_range() {
         .expect("reference");
     assert!(json["ours"]["mape_from_135"].is_number());
     assert!(ours > 0.0 && ours < reference, "{ours} vs {reference}");
+    assert_eq!(json["split"], "default");
+    assert!(json["plain_forest"]["mape_100_135"].is_number());
+    for approach in ["ours", "reference", "plain_forest"] {
+        let coverage = json[approach]["coverage_90"].as_f64().expect("coverage");
+        assert!((0.0..=1.0).contains(&coverage), "{approach}: {coverage}");
+    }
+}
+
+/// The unseen-models split prints its own JSON line: one MAPE per approach over
+/// every sample, and the coverage of the 90 % intervals.
+#[test]
+fn eval_reports_the_unseen_models_split() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let samples = k80_samples(dir.path());
+    let out = iadeep(&[
+        "predictor",
+        "eval",
+        &samples,
+        "--split",
+        "unseen-models",
+        "--seeds",
+        "1",
+        "--params",
+        FAST,
+        "--json",
+    ]);
+    let json = succeeded_json(&out);
+    assert_eq!(json["split"], "unseen-models");
+    assert!(json["samples"].as_u64().expect("samples") > 400);
+    for approach in ["ours", "reference", "plain_forest"] {
+        let mape = json[approach]["mape"].as_f64().expect("mape");
+        assert!(mape > 0.0 && mape < 1.0, "{approach}: {mape}");
+        let coverage = json[approach]["coverage_90"].as_f64().expect("coverage");
+        assert!((0.0..=1.0).contains(&coverage), "{approach}: {coverage}");
+    }
+    let bad = iadeep(&["predictor", "eval", &samples, "--split", "by-magic"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unseen-models"));
 }
 
 #[test]

@@ -9,27 +9,46 @@ fn sim_json_has_every_requested_policy_with_the_issue_keys() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out_dir = dir.path().join("out");
     let out_arg = out_dir.to_str().expect("utf-8 path");
-    let out = iadeep(&[
-        "sim",
-        "--worker-type",
-        "p100",
-        "--tasks",
-        "12",
-        "--gpus",
-        "2",
-        "--load",
-        "2",
-        "--seed",
-        "4",
-        "--max-duration-h",
-        "2",
-        "--policies",
-        "exclusive,packing,iadeep",
-        "--out",
-        out_arg,
-        "--json",
-    ]);
+    // The default log filter, stderr a pipe: progress comes as plain log lines.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args([
+            "sim",
+            "--worker-type",
+            "p100",
+            "--tasks",
+            "12",
+            "--gpus",
+            "2",
+            "--load",
+            "2",
+            "--seed",
+            "4",
+            "--max-duration-h",
+            "2",
+            "--policies",
+            "exclusive,packing,iadeep",
+            "--out",
+            out_arg,
+            "--json",
+        ])
+        .env_remove("RUST_LOG")
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("run iadeep");
     let json = succeeded_json(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "no colour codes in a pipe: {stderr}"
+    );
+    for name in ["exclusive", "packing", "iadeep"] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.contains("progress 100 %") && l.contains(&format!("task={name}"))),
+            "a progress line for {name}: {stderr}"
+        );
+    }
     let policies = json["policies"].as_object().expect("policies object");
     assert_eq!(policies.len(), 3);
     for name in ["exclusive", "packing", "iadeep"] {
@@ -49,6 +68,12 @@ fn sim_json_has_every_requested_policy_with_the_issue_keys() {
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         assert!(size > 100, "{} missing or empty", path.display());
     }
+    let utilisation = std::fs::read_to_string(out_dir.join("utilisation.csv")).expect("csv");
+    assert_eq!(
+        utilisation.lines().count(),
+        1 + 3 * iadeep_sim::report::UTIL_CSV_BINS,
+        "down-sampled to a fixed number of windows per policy"
+    );
     let summary = std::fs::read_to_string(out_dir.join("summary.csv")).expect("summary");
     assert_eq!(summary.lines().count(), 4, "{summary}");
 }

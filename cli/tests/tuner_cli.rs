@@ -80,19 +80,21 @@ fn tuner_daemon_needs_a_device_and_without_nvml_its_memory() {
     );
 }
 
-/// GET http://addr/metrics with a bare HTTP/1.0 request.
-fn scrape(addr: &str) -> Option<String> {
+/// GET http://addr/path with a bare HTTP/1.0 request.
+fn http_get(addr: &str, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut conn = std::net::TcpStream::connect(addr).ok()?;
-    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+    conn.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
         .ok()?;
     let mut body = String::new();
     conn.read_to_string(&mut body).ok()?;
     Some(body)
 }
 
+/// `--all-gpus`: one process registers and tunes every GPU of the node, under the node
+/// name from $NODE_NAME (the DaemonSet's downward API), and stops on SIGTERM.
 #[test]
-fn tuner_daemon_registers_its_device_and_serves_metrics() {
+fn tuner_all_gpus_registers_every_device_of_the_node_and_serves_metrics() {
     let etcd = iadeep_state::testing::EtcdServer::start().unwrap_or_else(|e| panic!("{e}"));
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -102,8 +104,9 @@ fn tuner_daemon_registers_its_device_and_serves_metrics() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_iadeep"))
         .args([
             "tuner",
-            "--device",
-            "n1-gpu0",
+            "--all-gpus",
+            "--gpus",
+            "2",
             "--no-nvml",
             "--memory-mib",
             "16384",
@@ -115,41 +118,59 @@ fn tuner_daemon_registers_its_device_and_serves_metrics() {
             &etcd.url(),
         ])
         .env("RUST_LOG", "warn")
+        .env("NODE_NAME", "n1")
         .spawn()
         .expect("start the tuner");
-    let start = std::time::Instant::now();
-    let (mut info, mut metrics) = (None, None);
-    while start.elapsed() < std::time::Duration::from_secs(15)
-        && (info.is_none() || metrics.is_none())
-    {
+    let get = |key: &str| {
         let out = Command::new(env!("CARGO_BIN_EXE_iadeep"))
-            .args([
-                "state",
-                "get",
-                "/iadeep/v1/devices/n1-gpu0/info",
-                "--store",
-                &etcd.url(),
-            ])
+            .args(["state", "get", key, "--store", &etcd.url()])
             .output()
             .expect("run iadeep state get");
-        if out.status.success() {
-            info = Some(String::from_utf8_lossy(&out.stdout).into_owned());
-        }
-        metrics = metrics.or_else(|| scrape(&addr));
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let start = std::time::Instant::now();
+    let (mut infos, mut metrics, mut ready) = (Vec::new(), None, None);
+    while start.elapsed() < std::time::Duration::from_secs(15)
+        && (infos.len() < 2 || metrics.is_none() || ready.is_none())
+    {
+        infos = ["n1-gpu0", "n1-gpu1"]
+            .iter()
+            .filter_map(|d| get(&format!("/iadeep/v1/devices/{d}/info")))
+            .collect();
+        metrics = metrics.or_else(|| http_get(&addr, "/metrics"));
+        ready = ready.or_else(|| http_get(&addr, "/readyz").filter(|r| r.contains("200 OK")));
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    let _ = child.kill();
-    let _ = child.wait();
-    let info = info.expect("device registered");
-    let compact: String = info.split_whitespace().collect();
-    assert!(
-        compact.contains("\"memory_mib\":16384") && compact.contains("\"from_nvml\":false"),
-        "{info}"
-    );
+    let stopped = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("send SIGTERM");
+    assert!(stopped.success());
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "a clean stop on SIGTERM: {status}");
+    assert_eq!(infos.len(), 2, "both GPUs registered: {infos:?}");
+    for info in &infos {
+        let compact: String = info.split_whitespace().collect();
+        assert!(
+            compact.contains("\"memoryMib\":\"16384\"") && compact.contains("\"node\":\"n1\""),
+            "{info}"
+        );
+    }
     let metrics = metrics.expect("metrics served");
     assert!(metrics.contains("200 OK"), "{metrics}");
+    for device in ["n1-gpu0", "n1-gpu1"] {
+        assert!(
+            metrics.contains(&format!(
+                "iadeep_tuner_rounds_total{{device=\"{device}\"}} 0"
+            )),
+            "{metrics}"
+        );
+    }
     assert!(
-        metrics.contains("iadeep_tuner_rounds_total{device=\"n1-gpu0\"} 0"),
+        metrics.contains("iadeep_build_info{component=\"tuner\""),
         "{metrics}"
     );
+    assert!(ready.is_some(), "ready once the store answers");
 }

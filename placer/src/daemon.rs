@@ -1,19 +1,23 @@
-//! The placer daemon: view sync, gRPC, the Kubernetes extender and metrics,
-//! each on its own listener, stopped together.
+//! The placer daemon: view sync, gRPC (with `grpc.health.v1` and server
+//! reflection), the Kubernetes extender and the operators' HTTP endpoints
+//! (`/metrics`, `/healthz`, `/readyz`), each on its own listener, stopped together.
+//!
+//! Every listener is created by [`bind`] and every HTTP server started by
+//! [`serve_http`]: the one place to wrap them (e.g. with TLS).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
 use axum::Router;
-use axum::extract::State;
-use axum::routing::get;
+use iadeep_proto::placer_server::PlacerServer;
 use iadeep_state::StateStore;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::error::{PlacerError, Result};
-use crate::extender::Extender;
+#[cfg(feature = "kubernetes")]
+use crate::extender::{Extender, ExtenderConfig, kube_api::KubeApi};
 use crate::grpc::GrpcPlacer;
 use crate::metrics::PlacerMetrics;
 use crate::model::MemoryEstimator;
@@ -27,11 +31,10 @@ use crate::view::ClusterView;
 pub struct DaemonConfig {
     pub grpc: SocketAddr,
     /// The Kubernetes scheduler extender; `None` to not serve it.
-    pub extender: Option<SocketAddr>,
-    /// Prometheus `/metrics`; `None` to not serve it.
+    #[cfg(feature = "kubernetes")]
+    pub extender: Option<ExtenderConfig>,
+    /// `/metrics`, `/healthz` and `/readyz`; `None` to not serve them.
     pub metrics: Option<SocketAddr>,
-    /// Plain-HTTP Kubernetes API (`kubectl proxy`) for the extender's Bindings.
-    pub kube_api: Option<String>,
     /// Release the reservation of a task whose agent has been gone (its `alive` key
     /// deleted, its lease expired) this long; `None` never does (see [`crate::reaper`]).
     pub dead_task_grace: Option<std::time::Duration>,
@@ -123,18 +126,46 @@ impl Daemon {
             metrics.clone(),
         )
         .await?;
-        let service = PlacementService::new(store, view, Arc::new(placer), metrics.clone());
+        let service = PlacementService::new(store.clone(), view, Arc::new(placer), metrics.clone());
         let (stop, stop_rx) = watch::channel(false);
         let mut servers = Vec::new();
 
         let grpc_listener = bind("gRPC listener", config.grpc).await?;
         let grpc_addr = local_addr("gRPC listener", &grpc_listener)?;
         let grpc = GrpcPlacer::server(service.clone());
+        // grpc.health.v1 for Kubernetes' gRPC probes and load balancers: the Placer
+        // service (and the server as a whole, "") serve once the view is loaded, which
+        // it is by now.
+        let (health_reporter, health) = tonic_health::server::health_reporter();
+        health_reporter
+            .set_serving::<PlacerServer<GrpcPlacer>>()
+            .await;
+        let reflection_error = |e: tonic_reflection::server::Error| PlacerError::Serve {
+            what: "gRPC reflection",
+            addr: grpc_addr.to_string(),
+            reason: e.to_string(),
+        };
+        // Server reflection (v1 and the v1alpha older grpcurl versions ask for).
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(iadeep_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(reflection_error)?;
+        let reflection_alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(iadeep_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()
+            .map_err(reflection_error)?;
         let grpc_stop = stop_rx.clone();
         servers.push((
             "gRPC",
             tokio::spawn(async move {
+                // Kept alive with the server: dropping it would end the health watches.
+                let _health_reporter = health_reporter;
                 tonic::transport::Server::builder()
+                    .add_service(health)
+                    .add_service(reflection)
+                    .add_service(reflection_alpha)
                     .add_service(grpc)
                     .serve_with_incoming_shutdown(
                         // Without TCP_NODELAY a response written in two pieces waits for the
@@ -152,11 +183,25 @@ impl Daemon {
             }),
         ));
 
+        #[cfg_attr(not(feature = "kubernetes"), allow(unused_mut))]
         let mut extender_addr = None;
-        if let Some(addr) = config.extender {
-            let listener = bind("extender listener", addr).await?;
+        #[cfg(feature = "kubernetes")]
+        if let Some(extender) = &config.extender {
+            let kube = match &extender.kube_api {
+                Some(api) => {
+                    let kube = KubeApi::connect(api).await?;
+                    tracing::info!(
+                        server = kube.server(),
+                        "extender binds pods through the Kubernetes API"
+                    );
+                    Some(kube)
+                }
+                None => None,
+            };
+            let listener = bind("extender listener", extender.listen).await?;
             extender_addr = Some(local_addr("extender listener", &listener)?);
-            let router = Arc::new(Extender::new(service.clone(), config.kube_api.clone())).router();
+            let router =
+                Arc::new(Extender::new(service.clone(), kube, extender.bind_timeout)).router();
             servers.push((
                 "extender",
                 serve_http("extender server", listener, router, stop_rx.clone()),
@@ -167,9 +212,15 @@ impl Daemon {
         if let Some(addr) = config.metrics {
             let listener = bind("metrics listener", addr).await?;
             metrics_addr = Some(local_addr("metrics listener", &listener)?);
-            let router = Router::new()
-                .route("/metrics", get(render_metrics))
-                .with_state(service.clone());
+            let scrape_service = service.clone();
+            let scrape: iadeep_ops::Scrape = Arc::new(move || {
+                let (devices, residents) = {
+                    let view = scrape_service.view();
+                    (view.len(), view.resident_count())
+                };
+                scrape_service.metrics().render(devices, residents)
+            });
+            let router = iadeep_ops::router(scrape, iadeep_ops::store_ready(store.clone()));
             servers.push((
                 "metrics",
                 serve_http("metrics server", listener, router, stop_rx.clone()),
@@ -254,12 +305,4 @@ impl Daemon {
         }
         tracing::info!("placer stopped");
     }
-}
-
-async fn render_metrics(State(service): State<PlacementService>) -> String {
-    let (devices, residents) = {
-        let view = service.view();
-        (view.len(), view.resident_count())
-    };
-    service.metrics().render(devices, residents)
 }

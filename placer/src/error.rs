@@ -28,6 +28,10 @@ pub enum PlacerError {
     #[error("task {task_id} is already placed on device {device_id}")]
     AlreadyPlaced { task_id: String, device_id: String },
 
+    /// The Kubernetes client could not be set up.
+    #[error("{what}: {reason}")]
+    Kubernetes { what: String, reason: String },
+
     /// A network listener could not be bound or served.
     #[error("{what} on {addr}: {reason}")]
     Serve {

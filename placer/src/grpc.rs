@@ -7,21 +7,50 @@ use iadeep_proto::{
 };
 use tonic::{Request, Response, Status};
 
+use iadeep_state::StateError;
+
 use crate::error::PlacerError;
 use crate::service::PlacementService;
+use crate::validate;
 
 /// Maps placer errors to gRPC codes a client can act on.
+///
+/// Only UNAVAILABLE and ABORTED invite a retry, so only what a retry can cure maps
+/// to them: no store member reachable, and losing a race to concurrent placements.
+/// A stored value that does not decode is DATA_LOSS; a request the store refuses
+/// as too large is RESOURCE_EXHAUSTED; any other store refusal is INTERNAL.
 pub fn status_of(err: &PlacerError) -> Status {
+    let message = err.to_string();
     match err {
-        PlacerError::InvalidArgument { .. } => Status::invalid_argument(err.to_string()),
-        PlacerError::AlreadyPlaced { .. } => Status::already_exists(err.to_string()),
-        // Retrying later is the right reaction to both.
-        PlacerError::Contention { .. } => Status::aborted(err.to_string()),
-        PlacerError::Store(_) => Status::unavailable(err.to_string()),
-        PlacerError::InvalidParams { .. } | PlacerError::Serve { .. } => {
-            Status::internal(err.to_string())
-        }
+        PlacerError::InvalidArgument { .. } => Status::invalid_argument(message),
+        PlacerError::AlreadyPlaced { .. } => Status::already_exists(message),
+        PlacerError::Contention { .. } => Status::aborted(message),
+        PlacerError::Store(store) => match store {
+            StateError::Unavailable { .. } => Status::unavailable(message),
+            StateError::Decode { .. } | StateError::Corrupt { .. } => Status::data_loss(message),
+            StateError::Backend { reason, .. } if reason.contains("too large") => {
+                Status::resource_exhausted(message)
+            }
+            _ => Status::internal(message),
+        },
+        PlacerError::InvalidParams { .. }
+        | PlacerError::Serve { .. }
+        | PlacerError::Kubernetes { .. } => Status::internal(message),
     }
+}
+
+/// "gpu0: reason; gpu1: reason", at most a few devices, for an error message.
+pub fn never_fits_text(reasons: &[(String, crate::policy::Rejection)]) -> String {
+    const SHOWN: usize = 3;
+    let mut text: Vec<String> = reasons
+        .iter()
+        .take(SHOWN)
+        .map(|(id, why)| format!("{id}: {why}"))
+        .collect();
+    if reasons.len() > SHOWN {
+        text.push(format!("and {} more", reasons.len() - SHOWN));
+    }
+    text.join("; ")
 }
 
 /// The gRPC front end.
@@ -31,9 +60,19 @@ pub struct GrpcPlacer {
 }
 
 impl GrpcPlacer {
-    /// A tonic service answering with `service`.
+    /// A tonic service answering with `service`; requests larger than
+    /// [`validate::MAX_REQUEST_BYTES`] are refused before they are decoded.
     pub fn server(service: PlacementService) -> PlacerServer<GrpcPlacer> {
         PlacerServer::new(GrpcPlacer { service })
+            .max_decoding_message_size(validate::MAX_REQUEST_BYTES)
+    }
+
+    /// Refuses an invalid request (counted as such) before the service sees it.
+    fn check(&self, checked: crate::error::Result<()>) -> Result<(), Status> {
+        checked.map_err(|err| {
+            self.service.metrics().invalid.inc();
+            status_of(&err)
+        })
     }
 }
 
@@ -44,12 +83,23 @@ impl PlacerRpc for GrpcPlacer {
         request: Request<PlaceRequest>,
     ) -> Result<Response<PlaceResponse>, Status> {
         let request = request.into_inner();
+        self.check(validate::place_request(&request))?;
         let Some(task) = request.task else {
-            self.service.metrics().invalid.inc();
-            return Err(Status::invalid_argument(
-                "invalid task: missing (a PlaceRequest must carry the TaskSpec to place)",
-            ));
+            return Err(status_of(&PlacerError::invalid("task", "missing")));
         };
+        if let Some(reasons) = self.service.placer().never_fits_any(
+            &self.service.view(),
+            &task,
+            &request.candidate_device_ids,
+        ) {
+            // Never "queued": a client would retry forever, and the task would count as
+            // waiting ahead of every later one.
+            self.service.metrics().invalid.inc();
+            return Err(Status::invalid_argument(format!(
+                "invalid task: no device it may use can ever hold it ({})",
+                never_fits_text(&reasons)
+            )));
+        }
         let outcome = self
             .service
             .place(task, request.candidate_device_ids)
@@ -66,6 +116,7 @@ impl PlacerRpc for GrpcPlacer {
         request: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
         let request = request.into_inner();
+        self.check(validate::release_request(&request))?;
         let device = self
             .service
             .release(&request.task_id)

@@ -7,7 +7,8 @@
 //! daemon and the simulator; the daemon ([`daemon::Daemon`]) keeps the view
 //! fresh from the store ([`sync`]), makes each placement real with a
 //! compare-and-swap on the device's residents record ([`service`]), and serves
-//! it over gRPC ([`grpc`]) and as a Kubernetes scheduler extender ([`extender`]).
+//! it over gRPC ([`grpc`]) and, with the `kubernetes` feature, as a Kubernetes
+//! scheduler extender (`extender`).
 //!
 //! Slowdowns and memory footprints come through two small traits
 //! ([`model::SlowdownModel`], [`model::MemoryEstimator`]) so the policy does not
@@ -15,9 +16,9 @@
 
 pub mod daemon;
 pub mod error;
+#[cfg(feature = "kubernetes")]
 pub mod extender;
 pub mod grpc;
-pub mod http1;
 pub mod metrics;
 pub mod model;
 pub mod params;

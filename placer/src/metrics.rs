@@ -1,26 +1,27 @@
-//! Prometheus metrics of the placer, rendered in the text exposition format.
+//! Prometheus metrics of the placer, kept in a [`prometheus::Registry`] (with the
+//! process and build-info metrics of [`iadeep_ops::registry`]) and rendered by the
+//! library's text encoder.
 //!
-//! A handful of counters and histograms do not justify a metrics framework:
-//! atomics, fixed buckets and one `render` keep the hot path to a few relaxed
-//! atomic adds.
+//! The fields keep small wrappers ([`Counter`], [`Histogram`]) so the hot path is
+//! one atomic add and callers never touch label plumbing.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use prometheus::{HistogramOpts, IntCounterVec, IntGauge, Opts, Registry};
+
 /// A monotonically increasing count.
-#[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
+#[derive(Clone, Debug)]
+pub struct Counter(prometheus::IntCounter);
 
 impl Counter {
     /// Adds one.
     pub fn inc(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.0.inc();
     }
 
     /// The current count.
     pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.0.get()
     }
 }
 
@@ -30,55 +31,30 @@ const LATENCY_BUCKETS_S: [f64; 14] = [
     2.5,
 ];
 
-/// A latency histogram with Prometheus' cumulative buckets.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; LATENCY_BUCKETS_S.len()],
-    count: AtomicU64,
-    sum_ns: AtomicU64,
-}
+/// A latency histogram (seconds).
+#[derive(Clone, Debug)]
+pub struct Histogram(prometheus::Histogram);
 
 impl Histogram {
     /// Records one observation.
     pub fn observe(&self, elapsed: Duration) {
-        let secs = elapsed.as_secs_f64();
-        if let Some(i) = LATENCY_BUCKETS_S.iter().position(|&le| secs <= le) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+        self.0.observe(elapsed.as_secs_f64());
     }
 
     /// Number of observations.
     pub fn count(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (le, bucket) in LATENCY_BUCKETS_S.iter().zip(&self.buckets) {
-            cumulative += bucket.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
-        }
-        let count = self.count();
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {count}");
+        self.0.get_sample_count()
     }
 }
 
 /// Everything the placer counts.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct PlacerMetrics {
     /// Place requests answered "placed".
     pub placed: Counter,
     /// Place requests answered "queued".
     pub queued: Counter,
-    /// Place requests refused as malformed.
+    /// Place requests refused as malformed, or as never satisfiable.
     pub invalid: Counter,
     /// Place requests that failed (store errors, contention).
     pub failed: Counter,
@@ -105,113 +81,129 @@ pub struct PlacerMetrics {
     pub decision_latency: Histogram,
     /// Time of a whole Place, reservation in the store included.
     pub place_latency: Histogram,
+    devices: IntGauge,
+    residents: IntGauge,
+    registry: Registry,
+}
+
+impl Default for PlacerMetrics {
+    fn default() -> Self {
+        PlacerMetrics::new(iadeep_ops::registry("placer"))
+    }
+}
+
+/// Registers a metric whose definition is a constant of this file (so an error is a
+/// bug, caught by the tests below, not something input can cause).
+fn registered<C: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: prometheus::Result<C>,
+) -> C {
+    let metric = metric.expect("metric definitions are valid constants");
+    iadeep_ops::register(registry, Box::new(metric.clone()));
+    metric
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> Counter {
+    Counter(registered(
+        registry,
+        prometheus::IntCounter::new(name, help),
+    ))
+}
+
+fn labelled(vec: &IntCounterVec, label: &str) -> Counter {
+    Counter(vec.with_label_values(&[label]))
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str) -> Histogram {
+    let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS_S.to_vec());
+    Histogram(registered(registry, prometheus::Histogram::with_opts(opts)))
 }
 
 impl PlacerMetrics {
-    /// The metrics in Prometheus' text format; `devices` and `residents` are gauges of the view.
-    pub fn render(&self, devices: usize, residents: usize) -> String {
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP iadeep_placer_decisions_total Place requests by outcome.\n\
-             # TYPE iadeep_placer_decisions_total counter"
+    /// The placer's metrics, registered in `registry`.
+    pub fn new(registry: Registry) -> PlacerMetrics {
+        let vec = |name: &str, help: &str, label: &str| {
+            registered(
+                &registry,
+                IntCounterVec::new(Opts::new(name, help), &[label]),
+            )
+        };
+        let decisions = vec(
+            "iadeep_placer_decisions_total",
+            "Place requests by outcome.",
+            "outcome",
         );
-        for (outcome, counter) in [
-            ("placed", &self.placed),
-            ("queued", &self.queued),
-            ("invalid", &self.invalid),
-            ("failed", &self.failed),
-        ] {
-            let _ = writeln!(
-                out,
-                "iadeep_placer_decisions_total{{outcome=\"{outcome}\"}} {}",
-                counter.get()
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP iadeep_placer_extender_requests_total Kubernetes extender requests by verb.\n\
-             # TYPE iadeep_placer_extender_requests_total counter"
+        let verbs = vec(
+            "iadeep_placer_extender_requests_total",
+            "Kubernetes extender requests by verb.",
+            "verb",
         );
-        for (verb, counter) in [
-            ("filter", &self.extender_filter),
-            ("prioritize", &self.extender_prioritize),
-            ("bind", &self.extender_bind),
-        ] {
-            let _ = writeln!(
-                out,
-                "iadeep_placer_extender_requests_total{{verb=\"{verb}\"}} {}",
-                counter.get()
-            );
-        }
-        for (name, help, counter) in [
-            (
+        let gauge = |name: &str, help: &str| registered(&registry, IntGauge::new(name, help));
+        PlacerMetrics {
+            placed: labelled(&decisions, "placed"),
+            queued: labelled(&decisions, "queued"),
+            invalid: labelled(&decisions, "invalid"),
+            failed: labelled(&decisions, "failed"),
+            cas_conflicts: counter(
+                &registry,
                 "iadeep_placer_cas_conflicts_total",
                 "Reservations lost to a concurrent writer, each followed by a fresh decision.",
-                &self.cas_conflicts,
             ),
-            (
+            gate_waits: counter(
+                &registry,
                 "iadeep_placer_gate_waits_total",
                 "Places that waited for another request's commit on the same device, then decided again.",
-                &self.gate_waits,
             ),
-            (
+            released: counter(
+                &registry,
                 "iadeep_placer_releases_total",
                 "Releases that removed a reservation.",
-                &self.released,
             ),
-            (
+            dead_released: counter(
+                &registry,
                 "iadeep_placer_dead_task_releases_total",
                 "Reservations given back because the task's agent was gone past the grace period.",
-                &self.dead_released,
             ),
-            (
+            unstarted_released: counter(
+                &registry,
                 "iadeep_placer_unstarted_task_releases_total",
                 "Reservations given back because the task's agent never started within its grace period.",
-                &self.unstarted_released,
             ),
-            (
+            samples_observed: counter(
+                &registry,
                 "iadeep_placer_samples_observed_total",
                 "Co-location samples fed to the slowdown model.",
-                &self.samples_observed,
             ),
-            (
+            decode_errors: counter(
+                &registry,
                 "iadeep_placer_decode_errors_total",
                 "Stored values that did not decode and were skipped.",
-                &self.decode_errors,
             ),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            let _ = writeln!(out, "{name} {}", counter.get());
+            extender_filter: labelled(&verbs, "filter"),
+            extender_prioritize: labelled(&verbs, "prioritize"),
+            extender_bind: labelled(&verbs, "bind"),
+            decision_latency: histogram(
+                &registry,
+                "iadeep_placer_decision_seconds",
+                "Time of one placement decision over the in-memory view.",
+            ),
+            place_latency: histogram(
+                &registry,
+                "iadeep_placer_place_seconds",
+                "Time of one Place request, reservation in the store included.",
+            ),
+            devices: gauge("iadeep_placer_devices", "Devices in the placer's view."),
+            residents: gauge("iadeep_placer_residents", "Tasks holding a reservation."),
+            registry,
         }
-        for (name, help, value) in [
-            (
-                "iadeep_placer_devices",
-                "Devices in the placer's view.",
-                devices,
-            ),
-            (
-                "iadeep_placer_residents",
-                "Tasks holding a reservation.",
-                residents,
-            ),
-        ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-            );
-        }
-        self.decision_latency.render(
-            &mut out,
-            "iadeep_placer_decision_seconds",
-            "Time of one placement decision over the in-memory view.",
-        );
-        self.place_latency.render(
-            &mut out,
-            "iadeep_placer_place_seconds",
-            "Time of one Place request, reservation in the store included.",
-        );
-        out
+    }
+
+    /// The metrics in Prometheus' text format; `devices` and `residents` are gauges of the view.
+    pub fn render(&self, devices: usize, residents: usize) -> String {
+        self.devices.set(i64::try_from(devices).unwrap_or(i64::MAX));
+        self.residents
+            .set(i64::try_from(residents).unwrap_or(i64::MAX));
+        iadeep_ops::encode(&self.registry)
     }
 }
 
@@ -227,11 +219,17 @@ mod tests {
         m.decision_latency.observe(Duration::from_secs(10));
         m.placed.inc();
         let text = m.render(3, 2);
-        assert!(text.contains("iadeep_placer_decision_seconds_bucket{le=\"0.00005\"} 1"));
+        assert!(
+            text.contains("iadeep_placer_decision_seconds_bucket{le=\"0.00005\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("iadeep_placer_decision_seconds_bucket{le=\"0.005\"} 2"));
         assert!(text.contains("iadeep_placer_decision_seconds_bucket{le=\"+Inf\"} 3"));
         assert!(text.contains("iadeep_placer_decision_seconds_count 3"));
         assert!(text.contains("iadeep_placer_decisions_total{outcome=\"placed\"} 1"));
+        assert!(text.contains("iadeep_placer_decisions_total{outcome=\"queued\"} 0"));
         assert!(text.contains("iadeep_placer_devices 3"));
+        assert!(text.contains("iadeep_build_info{component=\"placer\""));
+        assert_eq!(m.decision_latency.count(), 3);
     }
 }

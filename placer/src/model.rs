@@ -21,6 +21,21 @@ pub struct SlowdownEstimate {
     /// Spread of the prediction (e.g. the standard deviation across a forest's trees),
     /// in the same unit; 0 when the model claims certainty.
     pub uncertainty: f64,
+    /// Upper end of the model's 90 % predictive interval of IF: the pessimistic
+    /// slowdown the queue-or-place rule charges (see [`crate::policy`]); equal to
+    /// `slowdown` when the model claims certainty.
+    pub upper_90: f64,
+}
+
+impl SlowdownEstimate {
+    /// An estimate the model is sure of.
+    pub fn certain(slowdown: f64) -> SlowdownEstimate {
+        SlowdownEstimate {
+            slowdown,
+            uncertainty: 0.0,
+            upper_90: slowdown,
+        }
+    }
 }
 
 /// The predictor's answer as the placer uses it (its source is only for logs).
@@ -29,6 +44,7 @@ impl From<iadeep_predictor::Prediction> for SlowdownEstimate {
         SlowdownEstimate {
             slowdown: p.slowdown,
             uncertainty: p.uncertainty,
+            upper_90: p.upper_90,
         }
     }
 }

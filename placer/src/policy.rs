@@ -39,10 +39,15 @@
 //!    equal ranks are broken by a hash of (task, device) so that concurrent requests
 //!    spread over equally good devices instead of all racing for the first.
 //! 3. **Queue or place.** If the best device is not idle, placing costs the excess
-//!    `increase − 1` units of PD for about the task's solo duration `D`, i.e.
-//!    `(increase − 1) × D` seconds of solo-speed progress lost across the device's
+//!    `increase₉₀ − 1` units of PD for about the task's solo duration `D`, i.e.
+//!    `(increase₉₀ − 1) × D` seconds of solo-speed progress lost across the device's
 //!    tasks, plus the `delay` it imposes on a task waiting ahead if the device was
-//!    promised to one. Waiting costs the time `W` until a device frees up *for this task*,
+//!    promised to one. `increase₉₀` is the pessimistic increase: each slowdown it
+//!    sums at the upper end of the model's 90 % predictive interval
+//!    ([`SlowdownEstimate::upper_90`]). Why pessimistic: a placement holds for the
+//!    task's whole run, while `W` comes from measured progress; where the model is
+//!    unsure (a model it has never seen, a wide interval) a co-location that merely
+//!    looks cheap should not win over a wait that is known. Waiting costs the time `W` until a device frees up *for this task*,
 //!    after which it would run alone at PD 1. The `q` tasks waiting ahead of it
 //!    (told to queue earlier and submitted before it, see
 //!    [`ClusterView::waiting_ahead_of`]) take the first `q` devices that free up, so
@@ -82,6 +87,9 @@ pub enum Rejection {
     UnknownTaskMemory,
     /// Not enough memory: the task needs `need_mib`, `free_mib` are left of the usable memory.
     Memory { need_mib: u64, free_mib: u64 },
+    /// The task needs more than the whole card at the batch size it starts at:
+    /// waiting cannot help (see [`Placer::never_fits`]).
+    TooLarge { need_mib: u64, usable_mib: u64 },
     /// Predicted aggregate SM utilisation over the cap.
     SmCap { predicted_pct: f64, cap_pct: f64 },
     /// Predicted aggregate DRAM-bandwidth utilisation over the cap.
@@ -106,6 +114,7 @@ impl Rejection {
             Rejection::NotRegistered => "not_registered",
             Rejection::UnknownTaskMemory => "unknown_task_memory",
             Rejection::Memory { .. } => "memory",
+            Rejection::TooLarge { .. } => "too_large",
             Rejection::SmCap { .. } => "sm_cap",
             Rejection::MemBwCap { .. } => "mem_bw_cap",
             Rejection::PdCap { .. } => "pd_cap",
@@ -128,6 +137,14 @@ impl fmt::Display for Rejection {
             Rejection::Memory { need_mib, free_mib } => write!(
                 f,
                 "memory: the task needs {need_mib} MiB, {free_mib} MiB are free after the margin"
+            ),
+            Rejection::TooLarge {
+                need_mib,
+                usable_mib,
+            } => write!(
+                f,
+                "never fits: the task needs {need_mib} MiB at the batch size it starts at, \
+                 more than the {usable_mib} MiB this GPU has even when empty"
             ),
             Rejection::SmCap {
                 predicted_pct,
@@ -167,6 +184,9 @@ pub struct Candidate<'v> {
     pub device_id: &'v str,
     /// Predicted increase of the device's Σ PD.
     pub pd_increase: f64,
+    /// The same increase with every slowdown of the newcomer and of the residents
+    /// next to it at the upper end of its 90 % interval (see the module docs).
+    pub pd_increase_upper_90: f64,
     /// Uncertainty of that prediction (root of the summed squared model uncertainties).
     pub uncertainty: f64,
     /// What the ranking sorts by: `pd_increase + uncertainty_weight × uncertainty`.
@@ -222,6 +242,13 @@ pub struct Assessment<'v> {
     /// idle: the wait `W` of the queue-or-place rule (see the module docs). `None`
     /// when fewer devices say when they free up.
     pub wait_s: Option<f64>,
+}
+
+/// What [`Placer::score`] says of a shared device.
+struct Score {
+    pd_increase: f64,
+    pd_increase_upper_90: f64,
+    uncertainty: f64,
 }
 
 /// A feasible shared device waiting for the slowdown model.
@@ -306,6 +333,59 @@ impl Placer {
         self.assess_limited(view, task, restrict, now_unix_ms, 0)
     }
 
+    /// Why `task` can never run on `device_id`, whatever leaves it: the device is
+    /// unknown, or the task's footprint at the batch size it starts at exceeds the whole
+    /// card (what an idle device takes, see [`Placer::assess`]). `None` when waiting
+    /// might help (including a device whose tuner is away, which may come back).
+    ///
+    /// Front ends answer such a request at once (gRPC INVALID_ARGUMENT, the extender's
+    /// `FailedAndUnresolvableNodes`) instead of "queue": a task that can never start
+    /// must not count as waiting ahead of later ones.
+    pub fn never_fits(
+        &self,
+        view: &ClusterView,
+        task: &TaskSpec,
+        device_id: &str,
+    ) -> Option<Rejection> {
+        let Some(device) = view.device(device_id) else {
+            return Some(Rejection::UnknownDevice);
+        };
+        let info = device.info.as_ref()?;
+        let need_mib = view
+            .memory()
+            .bound_mib(task, None, task.initial_batch_size.max(1))?;
+        let usable_mib = info.memory_mib;
+        (need_mib > usable_mib).then_some(Rejection::TooLarge {
+            need_mib,
+            usable_mib,
+        })
+    }
+
+    /// The reason for each device when `task` can never run on any of `restrict`
+    /// (every registered device when empty); `None` when some device might take it
+    /// one day, or when no device is registered yet.
+    pub fn never_fits_any(
+        &self,
+        view: &ClusterView,
+        task: &TaskSpec,
+        restrict: &[String],
+    ) -> Option<Vec<(String, Rejection)>> {
+        let ids: Vec<&str> = if restrict.is_empty() {
+            view.devices()
+                .filter(|(_, d)| d.info.is_some())
+                .map(|(id, _)| id)
+                .collect()
+        } else {
+            restrict.iter().map(String::as_str).collect()
+        };
+        if ids.is_empty() {
+            return None;
+        }
+        ids.into_iter()
+            .map(|id| Some((id.to_owned(), self.never_fits(view, task, id)?)))
+            .collect()
+    }
+
     /// Like [`Placer::assess`], but with `limit` > 0 the slowdown model is asked only
     /// about the `limit` feasible shared devices with the least aggregate demand
     /// (sum of the solo utilisations on the busiest resource, plus 10 points per
@@ -360,6 +440,7 @@ impl Placer {
                     }) => out.candidates.push(Candidate {
                         device_id: id,
                         pd_increase: 1.0,
+                        pd_increase_upper_90: 1.0,
                         uncertainty: 0.0,
                         rank: 1.0,
                         reserved_mem_mib: need,
@@ -436,7 +517,11 @@ impl Placer {
         } in shared
         {
             match self.score(model, device, &new_profile, &mut scratch) {
-                Ok((pd_increase, uncertainty)) => {
+                Ok(Score {
+                    pd_increase,
+                    pd_increase_upper_90,
+                    uncertainty,
+                }) => {
                     let delay_s = match idle_in {
                         Some(r) if promised(id, idle_in) => (duration_s - r).max(0.0),
                         _ => 0.0,
@@ -444,6 +529,7 @@ impl Placer {
                     out.candidates.push(Candidate {
                         device_id: id,
                         pd_increase,
+                        pd_increase_upper_90,
                         uncertainty,
                         rank: pd_increase
                             + self.params.uncertainty_weight * uncertainty
@@ -532,18 +618,20 @@ impl Placer {
         })
     }
 
-    /// Predicted Σ PD increase of a shared device and its uncertainty.
+    /// Predicted Σ PD increase of a shared device, pessimistic and not, and its
+    /// uncertainty.
     fn score(
         &self,
         model: &dyn SlowdownModel,
         device: &DeviceState,
         new_profile: &TaskProfile,
         scratch: &mut Vec<TaskProfile>,
-    ) -> Result<(f64, f64), Rejection> {
+    ) -> Result<Score, Rejection> {
         let kind = device.info.as_ref().map_or("", |i| i.kind.as_str());
         let profiles = &device.summary().profiles;
         let own = model.predict(kind, new_profile, profiles);
         let mut increase = own.slowdown;
+        let mut increase_upper = own.upper_90.max(own.slowdown);
         // Combined normalised throughput Σ 1/IF, with the newcomer and without it.
         let mut after = throughput(own.slowdown);
         let mut before = 0.0;
@@ -602,6 +690,7 @@ impl Placer {
                 }
             };
             increase += with.slowdown - without[i];
+            increase_upper += with.upper_90.max(with.slowdown) - without[i];
             variance += with.uncertainty * with.uncertainty;
             after += throughput(with.slowdown);
             before += throughput(without[i]);
@@ -619,7 +708,11 @@ impl Placer {
                 min_gain: self.params.min_throughput_gain,
             });
         }
-        Ok((increase, variance.sqrt()))
+        Ok(Score {
+            pd_increase: increase,
+            pd_increase_upper_90: increase_upper,
+            uncertainty: variance.sqrt(),
+        })
     }
 
     /// Decides where `task` goes (among `restrict`, when not empty), or that it waits.
@@ -688,7 +781,7 @@ impl Placer {
         if best.idle {
             return place;
         }
-        let excess = (best.pd_increase - 1.0).max(0.0);
+        let excess = (best.pd_increase_upper_90 - 1.0).max(0.0);
         let duration_s = self.expected_duration_s(task);
         let cost_place_s = excess * duration_s + best.delay_s;
         match wait {
@@ -697,13 +790,15 @@ impl Placer {
                 reason: format!(
                     "waiting about {w:.0} s for a device to become idle ({}, so it waits \
                      for the {} device to free up) costs less than running now on {} \
-                     (predicted summed PD +{:.2}: {excess:.2} × {duration_s:.0} s of \
-                     solo-speed progress lost, plus {:.0} s of delay to a task waiting \
-                     ahead that counts on that device)",
+                     (predicted summed PD +{:.2}, up to +{:.2} at the upper ends of the \
+                     90 % intervals: {excess:.2} × {duration_s:.0} s of solo-speed \
+                     progress lost, plus {:.0} s of delay to a task waiting ahead that \
+                     counts on that device)",
                     waiting_ahead_text(ahead),
                     ordinal(ahead + 1),
                     best.device_id,
                     best.pd_increase,
+                    best.pd_increase_upper_90,
                     best.delay_s
                 ),
             },
@@ -1000,10 +1095,7 @@ mod tests {
             let all = || std::iter::once(task).chain(corunners);
             let sm: f64 = all().map(|p| p.sm_util_pct.unwrap_or(100.0)).sum();
             let bw: f64 = all().map(|p| p.mem_bw_util_pct.unwrap_or(100.0)).sum();
-            SlowdownEstimate {
-                slowdown: (sm / 100.0).max(bw / 100.0).max(1.0),
-                uncertainty: 0.0,
-            }
+            SlowdownEstimate::certain((sm / 100.0).max(bw / 100.0).max(1.0))
         }
         fn observe(&self, _: &CoLocationSample) {}
     }
@@ -1096,6 +1188,36 @@ mod tests {
             };
             view.apply_residents(id, Some(record), 1);
         }
+    }
+
+    #[test]
+    fn requests_no_card_can_ever_hold_never_fit_and_others_may_wait() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        device(&mut view, "small", 16_384, &[spec("r", 10_000, 50.0, None)]);
+        let p = placer();
+        let usable = p.params().usable_memory_mib(16_384);
+        // Too large even for the empty card: waiting cannot help.
+        assert_eq!(
+            p.never_fits(&view, &spec("huge", usable + 1, 10.0, None), "small"),
+            Some(Rejection::TooLarge {
+                need_mib: usable + 1,
+                usable_mib: usable
+            })
+        );
+        // Does not fit next to the resident now, but would once it leaves.
+        assert_eq!(
+            p.never_fits(&view, &spec("later", usable, 10.0, None), "small"),
+            None
+        );
+        assert_eq!(
+            p.never_fits(&view, &spec("x", 1, 10.0, None), "nope"),
+            Some(Rejection::UnknownDevice)
+        );
+        // A task of unknown size may still get a whole card.
+        assert_eq!(
+            p.never_fits(&view, &spec("unknown", 0, 10.0, None), "small"),
+            None
+        );
     }
 
     #[test]
@@ -1226,6 +1348,64 @@ mod tests {
             "{:?}",
             d.verdict
         );
+    }
+
+    /// Every task next to company slows down 1.2×, but the model is unsure: the
+    /// upper end of its 90 % interval is `upper`.
+    #[derive(Debug)]
+    struct Unsure {
+        upper: f64,
+    }
+
+    impl SlowdownModel for Unsure {
+        fn predict(&self, _: &str, _: &TaskProfile, co: &[TaskProfile]) -> SlowdownEstimate {
+            if co.is_empty() {
+                return SlowdownEstimate::certain(1.0);
+            }
+            SlowdownEstimate {
+                slowdown: 1.2,
+                uncertainty: 0.1,
+                upper_90: self.upper,
+            }
+        }
+        fn observe(&self, _: &CoLocationSample) {}
+    }
+
+    /// The queue-or-place rule charges the upper ends of the 90 % intervals: the same
+    /// predicted slowdowns place the task when the model is sure and queue it when
+    /// the model says they could be much worse.
+    #[test]
+    fn an_unsure_co_location_is_charged_at_the_upper_end_of_its_interval() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        // Free in (2,701,000 − 1,000) / 900 = 3,000 s.
+        let resident = spec("r1", 4000, 50.0, Some(2_701_000));
+        device(&mut view, "d0", 32_000, std::slice::from_ref(&resident));
+        view.set_report(TaskReport {
+            task_id: "r1".into(),
+            samples_done: 1000,
+            samples_per_s: 900.0,
+            reported_at_unix_ms: 0,
+            ..Default::default()
+        });
+        let new = spec("new", 4000, 50.0, Some(1_000_000)); // 3,125 s alone
+        let decide = |upper: f64| {
+            Placer::new(PlacerParams::default(), Arc::new(Unsure { upper }))
+                .expect("valid params")
+                .decide(&view, &new, &[], 0)
+        };
+        // Sure: (1.2 + 0.2 − 1) × 3,125 s = 1,250 s lost < 3,000 s of waiting.
+        let sure = decide(1.2);
+        assert!(
+            matches!(sure.verdict, Verdict::Place { .. }),
+            "{:?}",
+            sure.verdict
+        );
+        // Unsure: (2.0 + 1.0 − 1) × 3,125 s = 6,250 s lost > 3,000 s of waiting.
+        let unsure = decide(2.0);
+        let Verdict::Queue { reason, .. } = &unsure.verdict else {
+            panic!("expected queue, got {:?}", unsure.verdict);
+        };
+        assert!(reason.contains("+1.40, up to +3.00"), "{reason}");
     }
 
     /// A view with shared devices `(id, MiB of the resident, seconds until it
@@ -1529,10 +1709,7 @@ mod tests {
 
     impl SlowdownModel for FixedIf {
         fn predict(&self, _: &str, _: &TaskProfile, co: &[TaskProfile]) -> SlowdownEstimate {
-            SlowdownEstimate {
-                slowdown: if co.is_empty() { 1.0 } else { self.0 },
-                uncertainty: 0.0,
-            }
+            SlowdownEstimate::certain(if co.is_empty() { 1.0 } else { self.0 })
         }
         fn observe(&self, _: &CoLocationSample) {}
     }

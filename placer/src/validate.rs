@@ -1,17 +1,53 @@
 //! Checks on what callers send, before anything is decided or written.
 //!
 //! Every error names the field (as the caller spells it in the request), because
-//! "invalid argument" alone makes an orchestrator's operator guess.
+//! "invalid argument" alone makes an orchestrator's operator guess. The limits are
+//! the constants below, one set for gRPC and the scheduler extender alike, and the
+//! proto comments (`proto/iadeep/v1/placer.proto`, `task.proto`) state them.
+//!
+//! Why limits at all: everything a request carries is stored (the spec, and a
+//! copy in the device's residents record), so an absurd value is not only a wrong
+//! decision (a batch size of 4,294,967,295 reserves a whole card) but a record
+//! that every later reader pays for.
 
-use iadeep_proto::TaskSpec;
+use iadeep_proto::{LrScalingRule, PlaceRequest, ReleaseRequest, TaskSpec};
 use iadeep_state::keys;
 
 use crate::error::{PlacerError, Result};
 
 /// Largest memory request taken seriously, MiB (1 TiB): beyond it is a unit mistake.
-const MAX_MEM_MIB: u64 = 1 << 20;
+pub const MAX_MEM_MIB: u64 = 1 << 20;
+/// Largest batch size accepted anywhere in a spec (initial, bounds, profile): 2^20.
+pub const MAX_BATCH_SIZE: u32 = 1 << 20;
+/// Longest free-text name (model, device kind), bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+/// Longest task or device id, bytes (ids are key segments; see [`keys::validate_id`]).
+pub const MAX_ID_BYTES: usize = keys::MAX_ID_LEN;
+/// Most candidate devices one Place may name.
+pub const MAX_CANDIDATE_DEVICES: usize = 4096;
+/// Longest solo step time taken seriously, seconds (a day).
+pub const MAX_STEP_TIME_S: f64 = 86_400.0;
+/// Earliest submission time accepted, Unix ms (2000-01-01): before it is a unit
+/// mistake (seconds for milliseconds) or garbage. 0 means "not given".
+pub const MIN_TIMESTAMP_MS: i64 = 946_684_800_000;
+/// How far in the future a submission time may be, ms (a day of clock skew).
+pub const MAX_FUTURE_MS: i64 = 86_400_000;
+/// Largest gRPC request the placer decodes, bytes. The largest valid PlaceRequest
+/// ([`MAX_CANDIDATE_DEVICES`] ids of [`MAX_ID_BYTES`]) is about half of it; a
+/// larger request is refused by gRPC itself with OUT_OF_RANGE before it is read.
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
 
 fn id(field: &str, kind: &'static str, value: &str) -> Result<()> {
+    // Checked first so the message never echoes a huge value back.
+    if value.len() > MAX_ID_BYTES {
+        return Err(PlacerError::invalid(
+            field,
+            format!(
+                "is {} bytes long; at most {MAX_ID_BYTES} are accepted",
+                value.len()
+            ),
+        ));
+    }
     keys::validate_id(kind, value).map_err(|e| PlacerError::invalid(field, e.to_string()))
 }
 
@@ -25,17 +61,86 @@ fn pct(field: &str, value: Option<f64>) -> Result<()> {
     }
 }
 
+fn name(field: &str, value: &str) -> Result<()> {
+    if value.len() > MAX_NAME_BYTES {
+        return Err(PlacerError::invalid(
+            field,
+            format!(
+                "is {} bytes long; at most {MAX_NAME_BYTES} are accepted",
+                value.len()
+            ),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(PlacerError::invalid(field, "contains control characters"));
+    }
+    Ok(())
+}
+
+fn batch_size(field: &str, value: u32) -> Result<()> {
+    if value > MAX_BATCH_SIZE {
+        return Err(PlacerError::invalid(
+            field,
+            format!("{value} is larger than the largest batch size accepted, {MAX_BATCH_SIZE}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a Place request: the spec under `task`, the candidate list.
+pub fn place_request(request: &PlaceRequest) -> Result<()> {
+    let Some(task) = &request.task else {
+        return Err(PlacerError::invalid(
+            "task",
+            "missing (a PlaceRequest must carry the TaskSpec to place)",
+        ));
+    };
+    task_spec("task", task)?;
+    device_ids("candidate_device_ids", &request.candidate_device_ids)
+}
+
+/// Checks a Release request.
+pub fn release_request(request: &ReleaseRequest) -> Result<()> {
+    task_id("task_id", &request.task_id)
+}
+
 /// Checks a task spec; `prefix` is the path of the spec in the request (e.g. `task`).
 ///
 /// Batch-size bounds of 0 mean "not given" and default to the initial batch size.
 pub fn task_spec(prefix: &str, spec: &TaskSpec) -> Result<()> {
     let f = |name: &str| format!("{prefix}.{name}");
     id(&f("task_id"), "task", &spec.task_id)?;
+    name(&f("model"), &spec.model)?;
     if spec.initial_batch_size == 0 {
         return Err(PlacerError::invalid(
             f("initial_batch_size"),
             "must be positive (the batch size the job was submitted with)",
         ));
+    }
+    batch_size(&f("initial_batch_size"), spec.initial_batch_size)?;
+    batch_size(&f("min_batch_size"), spec.min_batch_size)?;
+    batch_size(&f("max_batch_size"), spec.max_batch_size)?;
+    if LrScalingRule::try_from(spec.lr_rule).is_err() {
+        return Err(PlacerError::invalid(
+            f("lr_rule"),
+            format!(
+                "{} is not a known LrScalingRule (0 unspecified, 1 linear, 2 sqrt, 3 adascale)",
+                spec.lr_rule
+            ),
+        ));
+    }
+    if spec.submitted_at_unix_ms != 0 {
+        let latest = iadeep_proto::now_unix_ms().saturating_add(MAX_FUTURE_MS);
+        if !(MIN_TIMESTAMP_MS..=latest).contains(&spec.submitted_at_unix_ms) {
+            return Err(PlacerError::invalid(
+                f("submitted_at_unix_ms"),
+                format!(
+                    "{} is not a time in milliseconds since 1970 between 2000 and a day \
+                     from now (0 means now)",
+                    spec.submitted_at_unix_ms
+                ),
+            ));
+        }
     }
     let min = if spec.min_batch_size == 0 {
         spec.initial_batch_size
@@ -81,12 +186,14 @@ pub fn task_spec(prefix: &str, spec: &TaskSpec) -> Result<()> {
         ));
     }
     if let Some(profile) = &spec.profile {
+        batch_size(&f("profile.batch_size"), profile.batch_size)?;
+        name(&f("profile.device_kind"), &profile.device_kind)?;
         if let Some(t) = profile.step_time_s
-            && !(t.is_finite() && t > 0.0)
+            && !(t.is_finite() && t > 0.0 && t <= MAX_STEP_TIME_S)
         {
             return Err(PlacerError::invalid(
                 f("profile.step_time_s"),
-                format!("{t} is not a positive number of seconds"),
+                format!("{t} is not a positive number of seconds up to {MAX_STEP_TIME_S}"),
             ));
         }
         pct(&f("profile.sm_util_pct"), profile.sm_util_pct)?;
@@ -103,6 +210,15 @@ pub fn task_spec(prefix: &str, spec: &TaskSpec) -> Result<()> {
 
 /// Checks the device ids a caller restricts the choice to.
 pub fn device_ids(field: &str, ids: &[String]) -> Result<()> {
+    if ids.len() > MAX_CANDIDATE_DEVICES {
+        return Err(PlacerError::invalid(
+            field,
+            format!(
+                "names {} devices; at most {MAX_CANDIDATE_DEVICES} are accepted",
+                ids.len()
+            ),
+        ));
+    }
     for (i, device) in ids.iter().enumerate() {
         id(&format!("{field}[{i}]"), "device", device)?;
     }
@@ -193,6 +309,84 @@ mod tests {
                     ..good()
                 },
             ),
+            // What the hostile-input trials sent, each refused and named.
+            (
+                "task.initial_batch_size",
+                TaskSpec {
+                    initial_batch_size: u32::MAX,
+                    max_batch_size: u32::MAX,
+                    ..good()
+                },
+            ),
+            (
+                "task.max_batch_size",
+                TaskSpec {
+                    max_batch_size: MAX_BATCH_SIZE + 1,
+                    ..good()
+                },
+            ),
+            (
+                "task.lr_rule",
+                TaskSpec {
+                    lr_rule: 99,
+                    ..good()
+                },
+            ),
+            (
+                "task.submitted_at_unix_ms",
+                TaskSpec {
+                    submitted_at_unix_ms: i64::MIN,
+                    ..good()
+                },
+            ),
+            (
+                "task.submitted_at_unix_ms",
+                TaskSpec {
+                    submitted_at_unix_ms: i64::MAX,
+                    ..good()
+                },
+            ),
+            (
+                "task.model",
+                TaskSpec {
+                    model: "m".repeat(700_000),
+                    ..good()
+                },
+            ),
+            (
+                "task.model",
+                TaskSpec {
+                    model: "a\u{1b}[2J".into(),
+                    ..good()
+                },
+            ),
+            (
+                "task.profile.device_kind",
+                TaskSpec {
+                    profile: Some(SoloProfile {
+                        device_kind: "k".repeat(MAX_NAME_BYTES + 1),
+                        ..Default::default()
+                    }),
+                    ..good()
+                },
+            ),
+            (
+                "task.profile.batch_size",
+                TaskSpec {
+                    profile: Some(SoloProfile {
+                        batch_size: u32::MAX,
+                        ..Default::default()
+                    }),
+                    ..good()
+                },
+            ),
+            (
+                "task.task_id",
+                TaskSpec {
+                    task_id: "t".repeat(MAX_ID_BYTES + 1),
+                    ..good()
+                },
+            ),
         ];
         for (field, spec) in cases {
             let err = task_spec("task", &spec).expect_err(field);
@@ -204,5 +398,36 @@ mod tests {
         let err =
             device_ids("candidate_device_ids", &["ok".into(), "".into()]).expect_err("empty id");
         assert!(err.to_string().contains("candidate_device_ids[1]"), "{err}");
+        let many = vec!["d".to_owned(); MAX_CANDIDATE_DEVICES + 1];
+        let err = device_ids("candidate_device_ids", &many).expect_err("too many");
+        assert!(
+            err.to_string().starts_with("invalid candidate_device_ids:"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn limits_themselves_are_accepted() {
+        let spec = TaskSpec {
+            model: "m".repeat(MAX_NAME_BYTES),
+            initial_batch_size: MAX_BATCH_SIZE,
+            max_batch_size: MAX_BATCH_SIZE,
+            lr_rule: LrScalingRule::Adascale as i32,
+            submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
+            ..good()
+        };
+        task_spec("task", &spec).expect("at the limits");
+        let request = PlaceRequest {
+            task: Some(spec),
+            candidate_device_ids: vec!["d".to_owned(); MAX_CANDIDATE_DEVICES],
+        };
+        place_request(&request).expect("valid request");
+        let err = place_request(&PlaceRequest::default()).expect_err("no task");
+        assert!(err.to_string().starts_with("invalid task:"), "{err}");
+        let err = release_request(&ReleaseRequest {
+            task_id: "x".repeat(10_000),
+        })
+        .expect_err("long id");
+        assert!(err.to_string().starts_with("invalid task_id:"), "{err}");
     }
 }

@@ -9,7 +9,7 @@ pub enum PredictorError {
     /// A sample cannot be learned from (e.g. a non-positive step time or slowdown).
     #[error("invalid sample: {0}")]
     InvalidSample(String),
-    /// Fitting the forest failed inside smartcore.
+    /// Fitting a model failed (rows that do not line up, or non-finite values).
     #[error("fitting the forest failed: {0}")]
     Fit(String),
     /// Nothing to learn from.

@@ -82,6 +82,43 @@ pub const FEATURE_NAMES: [&str; 40] = [
 /// Width of a feature row.
 pub const N_FEATURES: usize = FEATURE_NAMES.len();
 
+/// The columns the linear base leaves out (see [`crate::linear`]); it takes the
+/// others, whose scale means the same for every model, so that a line through the
+/// models seen says something about a new one: the device kind, logs of step times
+/// and their ratio, the time share, utilisations and memory. Left to the forest:
+/// batch sizes and samples per second (8,192 samples of a recommender are not 16
+/// images, and within a family they only re-state the step time), and the
+/// co-runner count, linear sums and maxima (the base sees pairs, where a maximum
+/// repeats the sum; more co-runners are composed from pairs).
+pub const NOT_IN_BASE: [&str; 14] = [
+    "task.log2_batch_size",
+    "task.log2_samples_per_s",
+    "co.count",
+    "co.sum_solo_step_time_s",
+    "co.max_solo_step_time_s",
+    "co.log2_sum_samples_per_s",
+    "co.log2_max_samples_per_s",
+    "co.log2_sum_batch_size",
+    "co.log2_max_batch_size",
+    "co.max_sm_util_pct",
+    "co.max_mem_bw_util_pct",
+    "co.log2_max_gpu_mem_mib",
+    "rel.log2_co_samples_per_s_over_task",
+    "rel.log2_co_batch_size_over_task",
+];
+
+/// The column of the feature called `name`.
+pub fn column(name: &str) -> Option<usize> {
+    FEATURE_NAMES.iter().position(|n| *n == name)
+}
+
+/// The columns of the linear base: every column but [`NOT_IN_BASE`].
+pub fn base_columns() -> Vec<usize> {
+    (0..N_FEATURES)
+        .filter(|&c| !NOT_IN_BASE.contains(&FEATURE_NAMES[c]))
+        .collect()
+}
+
 /// A solo profile with every value sanitised and every unknown made explicit.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CleanProfile {
@@ -262,6 +299,12 @@ mod tests {
         assert_eq!(row.len(), N_FEATURES);
         assert_eq!(row[device_column("V100")], 1.0);
         assert_eq!(row.iter().take(8).sum::<f64>(), 1.0);
+    }
+
+    #[test]
+    fn every_column_left_out_of_the_base_is_a_feature() {
+        assert!(NOT_IN_BASE.iter().all(|n| column(n).is_some()));
+        assert_eq!(base_columns().len(), N_FEATURES - NOT_IN_BASE.len());
     }
 
     #[test]

@@ -1,21 +1,16 @@
-//! Our own random forest: smartcore regression trees bagged on bootstrap samples.
+//! Our own random forest: our CART regression trees ([`crate::tree`]) bagged on
+//! bootstrap samples.
 //!
-//! smartcore's `RandomForestRegressor` keeps its trees private, so it can give a
-//! mean but not the spread across trees that the placer uses as uncertainty. A
-//! forest of `DecisionTreeRegressor`s fitted on bootstrap resamples gives both.
-//! Fitting is deterministic for a given seed and row order.
+//! The mean of the trees is the prediction and their spread an uncertainty, which
+//! is why the forest is ours: a library forest gives a mean but keeps its trees.
+//! Fitting is deterministic for a given seed and row order, whatever the number of
+//! threads.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use smartcore::linalg::basic::arrays::Array;
-use smartcore::linalg::basic::matrix::DenseMatrix;
-use smartcore::tree::decision_tree_regressor::{
-    DecisionTreeRegressor, DecisionTreeRegressorParameters,
-};
 
 use crate::error::PredictorError;
-
-type Tree = DecisionTreeRegressor<f64, f64, DenseMatrix<f64>, Vec<f64>>;
+use crate::tree::{LEAF, Node, TrainingSet, TreeParams, fit_tree};
 
 /// Hyper-parameters of the forest.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -28,12 +23,20 @@ pub struct ForestParams {
     pub min_samples_leaf: usize,
     /// Minimum samples to split a node.
     pub min_samples_split: usize,
+    /// Share of the columns (those not constant in a node) searched for each split,
+    /// in (0, 1]; 1 searches all (plain bagging), less decorrelates the trees.
+    #[serde(default = "all_features")]
+    pub max_features: f64,
     /// Seed of the bootstrap and of the trees.
     pub seed: u64,
     /// Threads fitting trees in parallel; 0 = the machine's available parallelism.
-    /// The forest is the same whatever the number (each tree's bootstrap is drawn
-    /// up front, in order).
+    /// The forest is the same whatever the number (each tree's bootstrap and seed
+    /// are drawn up front, in order).
     pub fit_threads: usize,
+}
+
+fn all_features() -> f64 {
+    1.0
 }
 
 impl Default for ForestParams {
@@ -43,6 +46,7 @@ impl Default for ForestParams {
             max_depth: 12,
             min_samples_leaf: 1,
             min_samples_split: 2,
+            max_features: all_features(),
             seed: 0x001a_dee9,
             fit_threads: 0,
         }
@@ -70,31 +74,49 @@ impl ForestParams {
         if self.min_samples_split < 2 {
             return bad("min_samples_split", "must be at least 2");
         }
+        if !(self.max_features > 0.0 && self.max_features <= 1.0) {
+            return bad("max_features", "must be in (0, 1]");
+        }
         Ok(())
+    }
+
+    fn tree_params(&self, width: usize) -> TreeParams {
+        TreeParams {
+            max_depth: self.max_depth,
+            min_samples_leaf: self.min_samples_leaf,
+            min_samples_split: self.min_samples_split,
+            max_features: ((self.max_features * width as f64).ceil() as usize).max(1),
+        }
     }
 }
 
 /// A fitted bagged forest.
-#[derive(Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Forest {
-    trees: Vec<Tree>,
-    /// Columns of the full row the trees were fitted on (those not constant in
-    /// the training rows), in order.
-    active: Vec<usize>,
+    /// Every tree's nodes in one array, features as columns of the full row.
+    trees: FlatForest,
     n_features: usize,
-    /// The same trees flattened for allocation-free inference, features mapped back
-    /// to full-row columns; `None` when reading smartcore's nodes failed (the trees
-    /// themselves answer then, and a warning said so).
-    flat: Option<FlatForest>,
 }
 
 impl Forest {
     /// Fits `params.n_trees` trees, each on a bootstrap resample of `rows`/`targets`.
+    /// Every value must be finite (the predictor's features always are).
     pub fn fit(
         rows: &[Vec<f64>],
         targets: &[f64],
         params: &ForestParams,
     ) -> Result<Forest, PredictorError> {
+        Ok(Forest::fit_with_out_of_bag(rows, targets, params)?.0)
+    }
+
+    /// [`Forest::fit`], and for every row the mean answer of the trees whose
+    /// bootstrap did not draw it (`None` for a row every tree drew): a prediction
+    /// for each training row by trees that never saw it, for calibration.
+    pub fn fit_with_out_of_bag(
+        rows: &[Vec<f64>],
+        targets: &[f64],
+        params: &ForestParams,
+    ) -> Result<(Forest, Vec<Option<f64>>), PredictorError> {
         params.check()?;
         if rows.is_empty() {
             return Err(PredictorError::NoSamples);
@@ -110,54 +132,53 @@ impl Forest {
         if rows.iter().any(|r| r.len() != n_features) {
             return Err(PredictorError::Fit("rows of different widths".into()));
         }
+        if let Some(i) = rows
+            .iter()
+            .zip(targets)
+            .position(|(r, t)| !t.is_finite() || r.iter().any(|v| !v.is_finite()))
+        {
+            return Err(PredictorError::Fit(format!(
+                "row {i} has a value that is not a finite number"
+            )));
+        }
         let n = rows.len();
-        // A column constant over the training rows offers no split, yet smartcore
-        // sorts and scans it at every node. Most rows carry several (unknown
-        // utilisations, one device kind, one co-runner), so leaving them out cuts the
-        // fit time without changing what a tree can learn. At least one column is
-        // kept so a tree can always be fitted (as a single leaf).
-        let mut active: Vec<usize> = (0..n_features)
+        // A column constant over the training rows offers no split, yet every tree
+        // would carry it through every partition. Most rows carry several (unknown
+        // utilisations, one device kind, one co-runner), so they are left out; a
+        // tree without columns is a single leaf.
+        let active: Vec<usize> = (0..n_features)
             .filter(|&c| rows.iter().any(|r| r[c] != rows[0][c]))
             .collect();
-        if active.is_empty() {
-            active.push(0);
-        }
-        let width = active.len();
+        let set = TrainingSet::new(rows, &active, targets);
+        let tree_params = params.tree_params(active.len());
         let mut rng = ChaCha8Rng::seed_from_u64(params.seed);
-        let bootstraps: Vec<Vec<usize>> = (0..params.n_trees)
-            .map(|_| (0..n).map(|_| rng.random_range(0..n)).collect())
+        let bags: Vec<(Vec<u32>, u64)> = (0..params.n_trees)
+            .map(|_| {
+                let mut weights = vec![0_u32; n];
+                for _ in 0..n {
+                    weights[rng.random_range(0..n)] += 1;
+                }
+                (weights, rng.random())
+            })
             .collect();
-        let fit_one = |tree_index: usize| -> Result<FittedTree, PredictorError> {
-            let picks = &bootstraps[tree_index];
-            let mut flat = Vec::with_capacity(n * width);
-            let mut y = Vec::with_capacity(n);
-            for &i in picks {
-                flat.extend(active.iter().map(|&c| rows[i][c]));
-                y.push(targets[i]);
-            }
-            let x = DenseMatrix::new(n, width, flat, false)
-                .map_err(|e| PredictorError::Fit(e.to_string()))?;
-            let tree_params = DecisionTreeRegressorParameters {
-                max_depth: Some(params.max_depth),
-                min_samples_leaf: params.min_samples_leaf,
-                min_samples_split: params.min_samples_split,
-                seed: Some(params.seed.wrapping_add(tree_index as u64)),
-            };
-            let tree =
-                Tree::fit(&x, &y, tree_params).map_err(|e| PredictorError::Fit(e.to_string()))?;
-            let flat = flatten_checked(&tree, &x);
-            Ok((tree, flat))
+        let fit_one = |tree: usize| {
+            let (weights, seed) = &bags[tree];
+            fit_tree(
+                &set,
+                weights,
+                &tree_params,
+                &mut ChaCha8Rng::seed_from_u64(*seed),
+            )
         };
         let threads = match params.fit_threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             t => t,
         }
         .clamp(1, params.n_trees);
-        let mut fitted: Vec<Option<Result<FittedTree, PredictorError>>> =
-            (0..params.n_trees).map(|_| None).collect();
+        let mut fitted: Vec<Option<Vec<Node>>> = vec![None; params.n_trees];
         std::thread::scope(|scope| {
             let fit_one = &fit_one;
-            let handles: Vec<_> = (0..threads)
+            let handles: Vec<_> = (1..threads)
                 .map(|t| {
                     scope.spawn(move || {
                         (t..params.n_trees)
@@ -167,6 +188,10 @@ impl Forest {
                     })
                 })
                 .collect();
+            // This thread fits its share too rather than waiting idle.
+            for i in (0..params.n_trees).step_by(threads) {
+                fitted[i] = Some(fit_one(i));
+            }
             for handle in handles {
                 match handle.join() {
                     Ok(results) => {
@@ -178,37 +203,32 @@ impl Forest {
                 }
             }
         });
-        let fitted = fitted
-            .into_iter()
-            .map(|t| t.unwrap_or_else(|| Err(PredictorError::Fit("a tree was not fitted".into()))))
-            .collect::<Result<Vec<FittedTree>, PredictorError>>()?;
-        let mut trees = Vec::with_capacity(fitted.len());
-        let mut flat = Some(FlatForest::default());
-        for (tree, nodes) in fitted {
-            trees.push(tree);
-            match (nodes, flat.as_mut()) {
-                (Ok(nodes), Some(forest)) => forest.push_tree(&nodes, &active),
-                (Err(reason), Some(_)) => {
-                    tracing::warn!(
-                        %reason,
-                        "could not flatten a smartcore tree; the forest predicts through smartcore (slower)"
-                    );
-                    flat = None;
-                }
-                (_, None) => {}
-            }
+        let mut trees = FlatForest::default();
+        for tree in fitted {
+            let tree = tree.ok_or_else(|| PredictorError::Fit("a tree was not fitted".into()))?;
+            trees.push_tree(&tree, &active);
         }
-        Ok(Forest {
-            trees,
-            active,
-            n_features,
-            flat,
-        })
+        let out_of_bag = rows
+            .iter()
+            .enumerate()
+            .map(|(i, row)| {
+                let mut sum = 0.0;
+                let mut count = 0;
+                for (&root, (weights, _)) in trees.roots.iter().zip(&bags) {
+                    if weights[i] == 0 {
+                        sum += trees.leaf(root, row);
+                        count += 1;
+                    }
+                }
+                (count > 0).then(|| sum / f64::from(count))
+            })
+            .collect();
+        Ok((Forest { trees, n_features }, out_of_bag))
     }
 
     /// Number of trees.
     pub fn n_trees(&self) -> usize {
-        self.trees.len()
+        self.trees.roots.len()
     }
 
     /// Width of the rows the forest was fitted on.
@@ -225,41 +245,8 @@ impl Forest {
                 self.n_features
             )));
         }
-        if let Some(flat) = &self.flat {
-            return Ok(flat.mean_and_sd(row));
-        }
-        self.predict_through_smartcore(row)
+        Ok(self.trees.mean_and_sd(row))
     }
-
-    /// [`Forest::predict`] through smartcore's own trees: the path before the
-    /// flattened forest, kept as the fallback and as the reference the flattened
-    /// trees are tested against.
-    fn predict_through_smartcore(&self, row: &[f64]) -> Result<(f64, f64), PredictorError> {
-        let picked: Vec<f64> = self.active.iter().map(|&c| row[c]).collect();
-        let x = DenseMatrix::new(1, picked.len(), picked, false)
-            .map_err(|e| PredictorError::Fit(e.to_string()))?;
-        let mut leaves = Vec::with_capacity(self.trees.len());
-        for tree in &self.trees {
-            let y = tree
-                .predict(&x)
-                .map_err(|e| PredictorError::Fit(e.to_string()))?;
-            leaves.push(y.first().copied().unwrap_or(f64::NAN));
-        }
-        Ok(mean_and_sd(leaves.into_iter(), self.trees.len()))
-    }
-}
-
-/// A fitted tree and its flattened nodes (or why they could not be read).
-type FittedTree = (Tree, Result<Vec<FlatNode>, String>);
-
-/// Mean and standard deviation of the trees' answers (the same sums, in the same
-/// order, whichever path produced them, so both give the same bits).
-fn mean_and_sd(leaves: impl Iterator<Item = f64>, n_trees: usize) -> (f64, f64) {
-    let mut sums = Sums::default();
-    for v in leaves {
-        sums.add(v);
-    }
-    sums.mean_and_sd(n_trees)
 }
 
 /// Running sums of the trees' answers, added in tree order.
@@ -283,64 +270,11 @@ impl Sums {
     }
 }
 
-/// Flattens `tree` and checks that the flat nodes give exactly smartcore's answer on
-/// every row of `x` (the tree's training rows, which reach every leaf).
-fn flatten_checked(tree: &Tree, x: &DenseMatrix<f64>) -> Result<Vec<FlatNode>, String> {
-    let nodes = flatten_tree(tree)?;
-    let (n_rows, width) = x.shape();
-    if nodes
-        .iter()
-        .any(|n| n.feature != LEAF && n.feature as usize >= width)
-    {
-        return Err("a split on a column the tree was not fitted on".into());
-    }
-    let expected = tree.predict(x).map_err(|e| e.to_string())?;
-    let mut row = vec![0.0; width];
-    let forest = FlatForest {
-        nodes: nodes.clone(),
-        roots: vec![0],
-    };
-    for (i, want) in expected.iter().enumerate().take(n_rows) {
-        for (c, v) in row.iter_mut().enumerate() {
-            *v = *x.get((i, c));
-        }
-        let got = forest.leaves(&row).next().unwrap_or(f64::NAN);
-        if got.to_bits() != want.to_bits() {
-            return Err(format!(
-                "the flattened tree answers {got} on training row {i}, smartcore {want}"
-            ));
-        }
-    }
-    Ok(nodes)
-}
-
-/// One node of a [`FlatForest`]: a split (`feature` < [`LEAF`]) sends a row to
-/// `left` when `row[feature] <= value` (smartcore's rule, NaN going right), a leaf
-/// answers `value`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct FlatNode {
-    /// Split threshold, or the leaf's output.
-    value: f64,
-    /// Column of the full feature row, or [`LEAF`].
-    feature: u32,
-    /// Absolute index of the child for `row[feature] <= value`.
-    left: u32,
-    /// Absolute index of the other child.
-    right: u32,
-}
-
-const LEAF: u32 = u32::MAX;
-
-/// The forest's trees as one contiguous node array, for allocation-free inference.
-///
-/// smartcore's `predict` wants a matrix and returns a vector per tree, so a single
-/// row through 32 trees cost 34 allocations, and its generic accessors made the
-/// walk itself slow; the placer predicts ~150 rows per decision. The nodes are read
-/// once per fit (see [`flatten_tree`]) and every flattened tree is checked against
-/// smartcore's own predictions on its training rows before it is used.
+/// The forest's trees as one contiguous node array, for allocation-free inference
+/// (the placer predicts ~150 rows per decision).
 #[derive(Clone, Debug, Default, PartialEq)]
 struct FlatForest {
-    nodes: Vec<FlatNode>,
+    nodes: Vec<Node>,
     roots: Vec<u32>,
 }
 
@@ -349,9 +283,26 @@ struct FlatForest {
 const LANES: usize = 8;
 
 impl FlatForest {
-    /// The leaf value of every tree for `row` (a full-width row), in tree order.
-    fn leaves<'a>(&'a self, row: &'a [f64]) -> impl Iterator<Item = f64> + 'a {
-        self.roots.iter().map(move |&root| self.leaf(root, row))
+    /// Appends a tree from [`fit_tree`], mapping its columns (indices into
+    /// `active`) back to full-row columns and its children to absolute indices.
+    fn push_tree(&mut self, nodes: &[Node], active: &[usize]) {
+        let base = self.nodes.len() as u32;
+        self.roots.push(base);
+        self.nodes.extend(nodes.iter().map(|n| {
+            if n.feature == LEAF {
+                *n
+            } else {
+                Node {
+                    value: n.value,
+                    // `fit_tree` splits only on the columns it was given.
+                    feature: active
+                        .get(n.feature as usize)
+                        .map_or(LEAF - 1, |&c| c as u32),
+                    left: base + n.left,
+                    right: base + n.right,
+                }
+            }
+        }));
     }
 
     /// The value of the leaf `row` reaches from `root`.
@@ -374,13 +325,12 @@ impl FlatForest {
         Some(if x <= n.value { n.left } else { n.right })
     }
 
-    /// [`mean_and_sd`] of the trees' answers for `row`, the same bits as summing
-    /// [`FlatForest::leaves`] in order. A walk is a chain of dependent loads that
-    /// mostly waits on memory, so [`LANES`] trees are walked in lockstep to overlap
-    /// those waits; their leaves are still added in tree order.
+    /// Mean and standard deviation of the trees' answers for `row`, added in tree
+    /// order. A walk is a chain of dependent loads that mostly waits on memory, so
+    /// [`LANES`] trees are walked in lockstep to overlap those waits.
     fn mean_and_sd(&self, row: &[f64]) -> (f64, f64) {
-        // A plain loop: chaining `flat_map` iterators into [`mean_and_sd`] measured
-        // ~10% slower on the placer's `decide` bench.
+        // A plain loop: chaining `flat_map` iterators measured ~10% slower on the
+        // placer's `decide` bench.
         let mut sums = Sums::default();
         let mut groups = self.roots.chunks_exact(LANES);
         for group in &mut groups {
@@ -414,140 +364,6 @@ impl FlatForest {
     }
 }
 
-/// Reads the nodes of a fitted smartcore tree.
-///
-/// smartcore 0.7 keeps them private and exposes them only through `Debug` (its
-/// `serde` feature would pull in `typetag`); the derived `Debug` prints every node
-/// as `Node { output: …, split_feature: …, split_value: Some(…)|None, split_score:
-/// …, true_child: Some(…)|None, false_child: … }`, and Rust prints an `f64` so that
-/// parsing gives back the same bits. The result is in tree-local node indices with
-/// features in the tree's own (active) columns. Any surprise in the format is an
-/// error, and the caller also compares predictions, so a format change in a newer
-/// smartcore cannot silently change a prediction.
-fn flatten_tree(tree: &Tree) -> Result<Vec<FlatNode>, String> {
-    parse_nodes(&format!("{tree:?}"))
-}
-
-/// The nodes in a tree's `Debug` text (see [`flatten_tree`]).
-fn parse_nodes(text: &str) -> Result<Vec<FlatNode>, String> {
-    let start = text
-        .find("nodes: [")
-        .ok_or("no node list in the tree's Debug output")?;
-    let mut rest = &text[start..];
-    let mut nodes = Vec::new();
-    while let Some(open) = rest.find("Node {") {
-        let body_start = open + "Node {".len();
-        let close = rest[body_start..].find('}').ok_or("an unterminated node")? + body_start;
-        let body = &rest[body_start..close];
-        rest = &rest[close + 1..];
-        let mut output = None;
-        let mut split_feature = None;
-        let mut split_value = None;
-        let mut split_score = None;
-        let mut true_child = None;
-        let mut false_child = None;
-        for field in body.split(',') {
-            let Some((name, value)) = field.split_once(':') else {
-                return Err(format!("unexpected node field {field:?}"));
-            };
-            let value = value.trim();
-            let some = |v: &str| -> Result<Option<String>, String> {
-                if v == "None" {
-                    Ok(None)
-                } else if let Some(inner) =
-                    v.strip_prefix("Some(").and_then(|v| v.strip_suffix(')'))
-                {
-                    Ok(Some(inner.to_string()))
-                } else {
-                    Err(format!("unexpected optional value {v:?}"))
-                }
-            };
-            let float = |v: &str| v.parse::<f64>().map_err(|e| format!("{v:?}: {e}"));
-            let index = |v: &str| v.parse::<u32>().map_err(|e| format!("{v:?}: {e}"));
-            match name.trim() {
-                "output" => output = Some(float(value)?),
-                "split_feature" => split_feature = Some(index(value)?),
-                "split_value" => split_value = Some(some(value)?.map(|v| float(&v)).transpose()?),
-                "split_score" => split_score = Some(()),
-                "true_child" => true_child = Some(some(value)?.map(|v| index(&v)).transpose()?),
-                "false_child" => false_child = Some(some(value)?.map(|v| index(&v)).transpose()?),
-                other => return Err(format!("unexpected node field {other:?}")),
-            }
-        }
-        let (
-            Some(output),
-            Some(feature),
-            Some(split_value),
-            Some(()),
-            Some(true_child),
-            Some(false_child),
-        ) = (
-            output,
-            split_feature,
-            split_value,
-            split_score,
-            true_child,
-            false_child,
-        )
-        else {
-            return Err(format!("a node lacks a field: {body:?}"));
-        };
-        nodes.push(match (true_child, false_child) {
-            (None, _) => FlatNode {
-                value: output,
-                feature: LEAF,
-                left: 0,
-                right: 0,
-            },
-            (Some(left), Some(right)) => FlatNode {
-                // smartcore compares with `split_value.unwrap_or(NaN)`.
-                value: split_value.unwrap_or(f64::NAN),
-                feature,
-                left,
-                right,
-            },
-            (Some(_), None) => return Err("a split node without a second child".into()),
-        });
-    }
-    if nodes.is_empty() {
-        return Err("a tree without nodes".into());
-    }
-    // Children come after their parent in smartcore's node list; requiring it
-    // here also guarantees that a walk ends.
-    let n = nodes.len() as u32;
-    if nodes.iter().enumerate().any(|(i, node)| {
-        let i = i as u32;
-        node.feature != LEAF
-            && !(i < node.left && node.left < n && i < node.right && node.right < n)
-    }) {
-        return Err("a child index out of order or out of range".into());
-    }
-    Ok(nodes)
-}
-
-impl FlatForest {
-    /// Appends a tree flattened by [`flatten_tree`], mapping its columns (indices
-    /// into `active`) back to full-row columns.
-    fn push_tree(&mut self, nodes: &[FlatNode], active: &[usize]) {
-        let base = self.nodes.len() as u32;
-        self.roots.push(base);
-        self.nodes.extend(nodes.iter().map(|n| {
-            if n.feature == LEAF {
-                *n
-            } else {
-                FlatNode {
-                    value: n.value,
-                    feature: active
-                        .get(n.feature as usize)
-                        .map_or(LEAF - 1, |&c| c as u32),
-                    left: base + n.left,
-                    right: base + n.right,
-                }
-            }
-        }));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -571,17 +387,23 @@ mod tests {
     }
 
     #[test]
-    fn same_seed_same_forest() {
+    fn same_seed_same_forest_and_another_seed_another() {
         let rows: Vec<Vec<f64>> = (0..40)
             .map(|i| vec![f64::from(i % 7), f64::from(i)])
             .collect();
         let y: Vec<f64> = (0..40).map(|i| f64::from(i % 5)).collect();
-        let p = ForestParams::default();
+        let p = ForestParams {
+            max_features: 0.5,
+            ..ForestParams::default()
+        };
         let a = Forest::fit(&rows, &y, &p).expect("fit");
         let b = Forest::fit(&rows, &y, &p).expect("fit");
-        for probe in [[1.0, 3.0], [6.0, 39.0]] {
-            assert_eq!(a.predict(&probe).expect("a"), b.predict(&probe).expect("b"));
-        }
+        assert_eq!(a, b);
+        let other = ForestParams {
+            seed: p.seed + 1,
+            ..p.clone()
+        };
+        assert_ne!(a, Forest::fit(&rows, &y, &other).expect("fit"));
     }
 
     #[test]
@@ -590,19 +412,19 @@ mod tests {
             .map(|i| vec![f64::from(i % 9), f64::from(i)])
             .collect();
         let y: Vec<f64> = (0..50).map(|i| f64::from(i % 4)).collect();
-        let one = ForestParams {
-            fit_threads: 1,
-            ..ForestParams::default()
-        };
-        let three = ForestParams {
-            fit_threads: 3,
-            ..ForestParams::default()
-        };
-        let a = Forest::fit(&rows, &y, &one).expect("fit");
-        let b = Forest::fit(&rows, &y, &three).expect("fit");
-        for probe in [[2.0, 7.0], [8.0, 44.0]] {
-            assert_eq!(a.predict(&probe).expect("a"), b.predict(&probe).expect("b"));
-        }
+        let forests: Vec<Forest> = [1, 3, 0]
+            .into_iter()
+            .map(|fit_threads| {
+                let p = ForestParams {
+                    fit_threads,
+                    max_features: 0.5,
+                    ..ForestParams::default()
+                };
+                Forest::fit(&rows, &y, &p).expect("fit")
+            })
+            .collect();
+        assert_eq!(forests[0], forests[1]);
+        assert_eq!(forests[0], forests[2]);
     }
 
     #[test]
@@ -619,146 +441,97 @@ mod tests {
             let wide = [9.0, probe[0], -4.0, probe[1]];
             assert_eq!(a.predict(&probe).expect("a"), b.predict(&wide).expect("b"));
         }
-        // All columns constant: a single-leaf forest predicting the mean.
+        // All columns constant: single-leaf trees predicting their bootstrap's mean.
         let flat = vec![vec![1.0, 2.0]; 10];
         let y: Vec<f64> = (0..10).map(f64::from).collect();
         let f = Forest::fit(&flat, &y, &p).expect("fit");
-        assert!(f.predict(&[1.0, 2.0]).expect("predict").0.is_finite());
+        assert!(f.trees.nodes.iter().all(|n| n.feature == LEAF));
+        let (mean, _) = f.predict(&[1.0, 2.0]).expect("predict");
+        assert!((mean - 4.5).abs() < 1.5, "{mean}");
     }
 
-    /// Deterministic pseudo-random rows with repeated values (so trees split on ties)
-    /// and wide ranges.
-    fn random_rows(n: usize, width: usize, seed: u64) -> Vec<Vec<f64>> {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        (0..n)
-            .map(|_| {
-                (0..width)
-                    .map(|c| match c % 3 {
-                        0 => f64::from(rng.random_range(0..5_u8)),
-                        1 => rng.random_range(-100.0..100.0),
-                        _ => rng.random_range(0.0..1.0_f64).powi(3) * 1e3,
-                    })
-                    .collect()
+    /// The lockstep walk gives the bits of walking each tree alone, in order.
+    #[test]
+    fn the_lockstep_walk_matches_tree_by_tree() {
+        let rows: Vec<Vec<f64>> = (0..300)
+            .map(|i| {
+                let i = f64::from(i);
+                vec![(i * 0.37).sin(), (i * 0.11).cos() * 50.0, i % 5.0]
             })
-            .collect()
-    }
-
-    #[test]
-    fn the_flattened_forest_gives_smartcores_exact_answers() {
+            .collect();
+        let y: Vec<f64> = rows
+            .iter()
+            .map(|r| r[0] * 3.0 + r[1] / 10.0 + r[2])
+            .collect();
         // 11 trees: a group of lanes and a remainder walked alone.
-        for (seed, n, width, n_trees) in [(1_u64, 300, 7, 32), (2, 1000, 12, 32), (3, 40, 3, 11)] {
-            let rows = random_rows(n, width, seed);
-            let y: Vec<f64> = rows
-                .iter()
-                .map(|r| r[0] * 0.3 + (r[1] / 10.0).sin() + r[2].ln_1p())
-                .collect();
-            let mut padded = rows.clone();
-            for r in &mut padded {
-                r.push(7.0); // a constant column, left out of the fit
-            }
-            let params = ForestParams {
-                n_trees,
-                ..ForestParams::default()
-            };
-            let forest = Forest::fit(&padded, &y, &params).expect("fit");
-            assert!(forest.flat.is_some(), "the trees were flattened");
-            let probes = random_rows(2000, width, seed + 100);
-            for (i, probe) in probes.iter().chain(rows.iter()).enumerate() {
-                let mut probe = probe.clone();
-                // The constant column varies at prediction time; NaN and infinities
-                // take smartcore's branches too.
-                probe.push(match i % 4 {
-                    0 => 7.0,
-                    1 => -3.0,
-                    2 => f64::INFINITY,
-                    _ => 1e9,
-                });
-                if i % 97 == 0 {
-                    probe[1] = f64::NAN;
-                }
-                let fast = forest.predict(&probe).expect("flat");
-                let slow = forest.predict_through_smartcore(&probe).expect("smartcore");
-                assert_eq!(
-                    (fast.0.to_bits(), fast.1.to_bits()),
-                    (slow.0.to_bits(), slow.1.to_bits()),
-                    "seed {seed}, probe {i}: {fast:?} vs {slow:?}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn a_single_leaf_tree_flattens() {
-        let flat = vec![vec![1.0, 2.0]; 10];
-        let y: Vec<f64> = (0..10).map(f64::from).collect();
-        let f = Forest::fit(&flat, &y, &ForestParams::default()).expect("fit");
-        let nodes = f.flat.as_ref().expect("flattened");
-        assert!(nodes.nodes.iter().all(|n| n.feature == LEAF));
-        assert_eq!(
-            f.predict(&[1.0, 2.0]).expect("flat"),
-            f.predict_through_smartcore(&[1.0, 2.0]).expect("smartcore")
-        );
-    }
-
-    #[test]
-    fn flattened_children_follow_their_parents() {
-        let rows: Vec<Vec<f64>> = (0..30).map(|i| vec![f64::from(i)]).collect();
-        let y: Vec<f64> = (0..30).map(|i| f64::from(i % 3)).collect();
-        let f = Forest::fit(&rows, &y, &ForestParams::default()).expect("fit");
-        let nodes = flatten_tree(&f.trees[0]).expect("flatten");
-        assert!(nodes.len() > 1 && nodes[0].feature != LEAF);
-        // Children always follow their parents, so every walk ends.
-        for (i, n) in nodes.iter().enumerate() {
-            if n.feature != LEAF {
-                assert!(n.left as usize > i && n.right as usize > i);
-            }
-        }
-    }
-
-    #[test]
-    fn a_malformed_tree_text_is_refused() {
-        let node =
-            |rest: &str| format!("nodes: [Node {{ output: 1.5, split_feature: 0, {rest} }}]");
-        let leaf =
-            node("split_value: None, split_score: None, true_child: None, false_child: None");
-        assert_eq!(
-            parse_nodes(&leaf).expect("a leaf"),
-            vec![FlatNode {
-                value: 1.5,
-                feature: LEAF,
-                left: 0,
-                right: 0
-            }]
-        );
-        for bad in [
-            "no nodes here".to_string(),
-            "nodes: []".to_string(),
-            node(
-                "split_value: Some(2.0), split_score: None, true_child: Some(1), false_child: None",
-            ),
-            node(
-                "split_value: Some(2.0), split_score: None, true_child: Some(0), false_child: Some(0)",
-            ),
-            node("split_value: Some(x), split_score: None, true_child: None, false_child: None"),
-            node("split_value: None, true_child: None, false_child: None"),
-            node(
-                "split_value: None, split_score: None, true_child: None, false_child: None, depth: 3",
-            ),
-        ] {
-            assert!(parse_nodes(&bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn bad_params_are_rejected() {
         let p = ForestParams {
-            n_trees: 0,
+            n_trees: 11,
             ..ForestParams::default()
         };
-        assert!(p.check().is_err());
+        let forest = Forest::fit(&rows, &y, &p).expect("fit");
+        for probe in rows.iter().step_by(7) {
+            let mut sums = Sums::default();
+            for &root in &forest.trees.roots {
+                sums.add(forest.trees.leaf(root, probe));
+            }
+            let want = sums.mean_and_sd(11);
+            let got = forest.predict(probe).expect("predict");
+            assert_eq!(
+                (got.0.to_bits(), got.1.to_bits()),
+                (want.0.to_bits(), want.1.to_bits())
+            );
+        }
+    }
+
+    /// A row's out-of-bag answer comes from the trees that did not draw it: on
+    /// pure noise they cannot have memorised it, so it is far from the row's own
+    /// target, where the whole forest (which mostly did draw it) is close.
+    #[test]
+    fn out_of_bag_answers_come_from_trees_that_never_saw_the_row() {
+        let rows: Vec<Vec<f64>> = (0..200).map(|i| vec![f64::from(i)]).collect();
+        let y: Vec<f64> = (0..200).map(|i| f64::from((i * 7919) % 101)).collect();
+        let (forest, oob) =
+            Forest::fit_with_out_of_bag(&rows, &y, &ForestParams::default()).expect("fit");
+        assert_eq!(oob.len(), 200);
+        let (mut in_bag_error, mut oob_error) = (0.0, 0.0);
+        for ((r, t), o) in rows.iter().zip(&y).zip(&oob) {
+            in_bag_error += (forest.predict(r).expect("predict").0 - t).abs();
+            oob_error += (o.expect("32 trees leave every row out of some bag") - t).abs();
+        }
+        assert!(
+            oob_error > 2.0 * in_bag_error,
+            "{oob_error} vs {in_bag_error}"
+        );
+        let (again, _) =
+            Forest::fit_with_out_of_bag(&rows, &y, &ForestParams::default()).expect("fit");
+        assert_eq!(again, forest, "the same forest as Forest::fit");
+    }
+
+    #[test]
+    fn bad_params_and_rows_are_rejected() {
+        for p in [
+            ForestParams {
+                n_trees: 0,
+                ..ForestParams::default()
+            },
+            ForestParams {
+                max_features: 0.0,
+                ..ForestParams::default()
+            },
+            ForestParams {
+                max_features: f64::NAN,
+                ..ForestParams::default()
+            },
+        ] {
+            assert!(p.check().is_err(), "{p:?}");
+        }
+        let p = ForestParams::default();
         assert!(matches!(
-            Forest::fit(&[], &[], &ForestParams::default()),
+            Forest::fit(&[], &[], &p),
             Err(PredictorError::NoSamples)
         ));
+        assert!(Forest::fit(&[vec![1.0], vec![f64::NAN]], &[1.0, 2.0], &p).is_err());
+        assert!(Forest::fit(&[vec![1.0], vec![2.0]], &[1.0, f64::INFINITY], &p).is_err());
+        assert!(Forest::fit(&[vec![1.0], vec![2.0, 3.0]], &[1.0, 2.0], &p).is_err());
     }
 }

@@ -6,6 +6,11 @@
 //! no progress are skipped. Gavel gives no utilisations and no memory, so those
 //! fields are left unknown (not zero).
 //!
+//! A profile's `model` is the family (`ResNet-18`), its batch size the job type's
+//! (`ResNet-18 (batch size 16)` is family `ResNet-18` at batch size 16), as the
+//! simulator and a real agent name them: the sizes of one family are one model at
+//! several batch sizes, which is what the unseen-models evaluation holds out.
+//!
 //! Gavel lists two families without a batch size (A3C, CycleGAN). Their samples use
 //! batch size 1: CycleGAN trains with batch size 1, and for A3C a "step" is one
 //! update of a worker; samples/s then equals steps/s.
@@ -25,7 +30,7 @@ pub struct GavelSamples {
 
 fn profile(job: &JobType, steps_per_s: f64) -> TaskProfile {
     TaskProfile {
-        model: job.to_string(),
+        model: job.family.clone(),
         batch_size: job.batch_size.unwrap_or(1),
         solo_step_time_s: 1.0 / steps_per_s,
         sm_util_pct: None,
@@ -93,8 +98,11 @@ mod tests {
             .samples
             .iter()
             .find(|s| {
-                s.task.as_ref().map(|t| t.model.as_str()) == Some("ResNet-18 (batch size 16)")
-                    && s.corunners[0].model == "LM (batch size 10)"
+                s.task
+                    .as_ref()
+                    .is_some_and(|t| t.model == "ResNet-18" && t.batch_size == 16)
+                    && s.corunners[0].model == "LM"
+                    && s.corunners[0].batch_size == 10
             })
             .expect("sample of the pair");
         assert!((s.slowdown - solo / first).abs() < 1e-12);

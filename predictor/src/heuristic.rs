@@ -15,7 +15,9 @@
 //! heuristic does not try to price it.
 //!
 //! Every co-runner adds a non-negative demand and one overhead term, so adding a
-//! co-runner never lowers the prediction (a property test checks it).
+//! co-runner never lowers the prediction (a property test checks it). The 90 %
+//! interval reads the stated width as a log-normal spread, `slowdown ·
+//! exp(±1.645 · 0.5)`: a rule nothing was fitted on can only state its doubt.
 
 use iadeep_proto::TaskProfile;
 
@@ -41,16 +43,15 @@ pub fn predict(task: &TaskProfile, corunners: &[TaskProfile]) -> Prediction {
     let bw = util(t.mem_bw_util_pct) + co.iter().map(|c| util(c.mem_bw_util_pct)).sum::<f64>();
     let overhead = 1.0 + PER_CORUNNER_OVERHEAD * co.len() as f64;
     let slowdown = overhead.max(sm.max(bw) / 100.0);
-    Prediction {
-        slowdown,
+    if co.is_empty() {
         // Alone there is nothing to guess.
-        uncertainty: if co.is_empty() {
-            0.0
-        } else {
-            RELATIVE_UNCERTAINTY * slowdown
-        },
-        source: PredictionSource::ColdStart,
+        return Prediction::certain(slowdown, PredictionSource::ColdStart);
     }
+    Prediction::with_stated_spread(
+        slowdown,
+        RELATIVE_UNCERTAINTY * slowdown,
+        PredictionSource::ColdStart,
+    )
 }
 
 #[cfg(test)]

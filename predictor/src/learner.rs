@@ -5,14 +5,16 @@
 //! [`crate::prequential`] runs it inline at exactly the same cadence, so the
 //! evaluation measures the production schedule without thread timing noise.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use iadeep_proto::{CoLocationSample, TaskProfile};
 use prost::Message;
 
+use crate::calibration::Calibration;
 use crate::effects::JobEffects;
 use crate::error::PredictorError;
-use crate::features::{N_FEATURES, feature_row, feature_row_into};
+use crate::features::{N_FEATURES, base_columns, feature_row, feature_row_into};
 use crate::forest::{Forest, ForestParams};
 use crate::heuristic;
 use crate::linear::Ridge;
@@ -48,13 +50,17 @@ pub struct LearnerParams {
     /// between pairings is the excess over a floor, not the whole slowdown: with a
     /// floor of 0 a light pairing (1.05) and a heavy one (3.0) differ by a factor 3 in
     /// the model's unit, with 0.8 by a factor 9, which lets the linear base and the
-    /// per-job effects model the excess additively. Kept below 1 so measurement noise
-    /// under 1 stays learnable; slowdowns below `target_floor + MIN_EXCESS` are
-    /// learned as that value. Selected on tuning seeds (see the crate docs).
+    /// per-job effects model the excess additively. A fit lowers it, for its window,
+    /// to [`MIN_EXCESS`] under the smallest slowdown there, so data with slowdowns
+    /// below 1 (measurement noise, or a task that runs faster shared) is learned as
+    /// it is rather than clamped. Chosen on the K80 samples (0 and 0.5 were worse
+    /// on the default split, equal on unseen models), see the crate docs.
     #[serde(default = "default_target_floor")]
     pub target_floor: f64,
     /// Ridge penalty of the linear base model on the profile features (see
-    /// [`crate::linear`]); `None` leaves the base out. Selected on tuning seeds.
+    /// [`crate::linear`]); `None` leaves the base out. Chosen on the K80 samples
+    /// (see the crate docs): a stiffer line than the 0.03 chosen before it existed
+    /// for models never seen generalises better to them.
     #[serde(default)]
     pub ridge_lambda: Option<f64>,
     /// Shrinkage prior, in samples, of the per-job effects (see [`crate::effects`]):
@@ -62,8 +68,33 @@ pub struct LearnerParams {
     /// leaves the effects out (profile features only). Selected on tuning seeds.
     #[serde(default)]
     pub job_effects_prior: Option<f64>,
+    /// Which columns the linear base is fitted on.
+    #[serde(default)]
+    pub base_features: BaseFeatures,
+    /// Whether the forest's correction applies to a task whose model the window has
+    /// never seen (as task or co-runner). The forest learns what the base and the
+    /// effects leave of the jobs seen, mostly their own quirks, keyed by their step
+    /// times; for a new model that is another model's quirk.
+    #[serde(default = "yes")]
+    pub forest_on_new_models: bool,
     /// The forest.
     pub forest: ForestParams,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The columns of the linear base.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BaseFeatures {
+    /// Every column but [`crate::features::NOT_IN_BASE`]: those on a scale shared
+    /// by all models.
+    #[default]
+    Generalising,
+    /// Every feature.
+    All,
 }
 
 impl Default for LearnerParams {
@@ -75,8 +106,10 @@ impl Default for LearnerParams {
             reservoir: 512,
             log_target: true,
             target_floor: DEFAULT_TARGET_FLOOR,
-            ridge_lambda: Some(0.03),
+            ridge_lambda: Some(1.0),
             job_effects_prior: Some(1.0),
+            base_features: BaseFeatures::default(),
+            forest_on_new_models: true,
             forest: ForestParams::default(),
         }
     }
@@ -174,28 +207,322 @@ pub trait Trainer: Send + Sync + std::fmt::Debug {
 
 /// Our model, or the heuristic before enough samples.
 ///
-/// Fitted in three stages on the log-excess target (see [`LearnerParams`]), each on
-/// what the previous ones leave: a ridge line on the profile features (the additive
-/// part, learnable from few samples and valid for models never seen), per-job
-/// effects of jobs seen before ([`crate::effects`]), and the forest on the profile
-/// features for the interactions. The forest's spread across trees is the
-/// uncertainty.
+/// Fitted in three stages on the target (see [`LearnerParams::log_target`]), each
+/// on what the previous ones leave: a ridge line on the profile features that mean
+/// the same for every model (the additive part, learnable from few samples and
+/// valid for models never seen), per-job effects of jobs seen before
+/// ([`crate::effects`]), and the forest on the profile features for the
+/// interactions. The forest's spread across trees is the uncertainty; the 90 %
+/// interval is calibrated ([`crate::calibration`]).
 #[derive(Debug)]
 pub enum FittedModel {
     /// Not enough samples yet: every prediction comes from [`heuristic`].
     ColdStart,
-    /// A model fitted on `n_samples` samples.
-    Forest {
-        forest: Forest,
-        n_samples: usize,
-        log_target: bool,
-        /// The floor of the log target ([`LearnerParams::target_floor`]).
-        target_floor: f64,
-        /// Linear base the forest corrects (the forest predicts its residual).
-        base: Option<Box<Ridge>>,
-        /// Per-job effects added to the base (fitted on its residuals).
-        effects: Option<Box<JobEffects>>,
-    },
+    /// A model fitted on samples.
+    Forest(Box<Staged>),
+}
+
+/// The stages of a fitted model (see [`FittedModel`]).
+#[derive(Debug)]
+pub struct Staged {
+    n_samples: usize,
+    target: Target,
+    /// Linear base the rest corrects.
+    base: Option<Ridge>,
+    /// Per-job effects added to the base (fitted on its residuals).
+    effects: Option<JobEffects>,
+    /// Fitted on what the base and the effects leave.
+    forest: Forest,
+    /// The models (by [`model_key`]) in the window, as task or co-runner.
+    known_models: HashSet<u64>,
+    /// [`LearnerParams::forest_on_new_models`].
+    forest_on_new_models: bool,
+    calibration: Calibration,
+}
+
+/// The unit the stages are fitted in (see [`LearnerParams::log_target`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Target {
+    log: bool,
+    floor: f64,
+}
+
+impl Target {
+    /// The unit for a window of `samples`: the floor is
+    /// [`LearnerParams::target_floor`] or lower, so that every slowdown in the window
+    /// lies at least [`MIN_EXCESS`] above it (data with slowdowns far below 1 would
+    /// otherwise all be learned as one value).
+    fn for_window(params: &LearnerParams, samples: &[Arc<CoLocationSample>]) -> Target {
+        let least = samples
+            .iter()
+            .map(|s| s.slowdown)
+            .fold(f64::INFINITY, f64::min);
+        Target {
+            log: params.log_target,
+            floor: params.target_floor.min(least - MIN_EXCESS).max(0.0),
+        }
+    }
+
+    /// A slowdown in the model's unit.
+    fn encode(&self, slowdown: f64) -> f64 {
+        if self.log {
+            (slowdown - self.floor).max(MIN_EXCESS).ln()
+        } else {
+            slowdown
+        }
+    }
+
+    /// The slowdown and its spread of a value `mean` ± `sd` in the model's unit.
+    fn decode(&self, mean: f64, sd: f64) -> (f64, f64) {
+        if self.log {
+            // Delta method: sd of exp(X) ≈ exp(mean) · sd(X).
+            (self.floor + mean.exp(), mean.exp() * sd)
+        } else {
+            (mean, sd)
+        }
+    }
+}
+
+/// A model name's key in [`Staged::known_models`].
+fn model_key(model: &str) -> u64 {
+    stable_hash(model.as_bytes())
+}
+
+/// Groups of models whose samples the new-model residuals leave out together
+/// (see [`crate::calibration`]): enough that each model fitted for them still sees
+/// most models, few enough to cost a handful of small fits per refit.
+const CALIBRATION_GROUPS: usize = 4;
+/// Most trees of the forests fitted for the new-model residuals: they only need a
+/// mean, not a spread.
+const CALIBRATION_TREES: usize = 8;
+
+/// The samples of a window as the stages see them.
+struct Rows {
+    target: Target,
+    samples: Vec<Arc<CoLocationSample>>,
+    rows: Vec<Vec<f64>>,
+    /// In the model's unit.
+    targets: Vec<f64>,
+}
+
+impl Rows {
+    fn of(samples: &[Arc<CoLocationSample>], target: Target) -> Rows {
+        let mut kept = Rows {
+            target,
+            samples: Vec::with_capacity(samples.len()),
+            rows: Vec::with_capacity(samples.len()),
+            targets: Vec::with_capacity(samples.len()),
+        };
+        for s in samples {
+            let Some(task) = s.task.as_ref() else {
+                continue;
+            };
+            kept.samples.push(Arc::clone(s));
+            kept.rows
+                .push(feature_row(&s.device_kind, task, &s.corunners));
+            kept.targets.push(target.encode(s.slowdown));
+        }
+        kept
+    }
+}
+
+impl Staged {
+    /// Fits the stages on `rows` with `forest` parameters; with `calibrate`, also
+    /// the calibration (which fits further, smaller models), else none.
+    fn fit(
+        rows: &Rows,
+        params: &LearnerParams,
+        forest_params: &ForestParams,
+        calibrate: bool,
+    ) -> Result<Staged, PredictorError> {
+        let target = rows.target;
+        let mut residuals = rows.targets.clone();
+        let base = match params.ridge_lambda {
+            Some(lambda) => {
+                let columns = match params.base_features {
+                    BaseFeatures::Generalising => base_columns(),
+                    BaseFeatures::All => (0..N_FEATURES).collect(),
+                };
+                let base = Ridge::fit(&rows.rows, &residuals, lambda, &columns)?;
+                for (t, r) in residuals.iter_mut().zip(&rows.rows) {
+                    *t -= base.predict(r);
+                }
+                Some(base)
+            }
+            None => None,
+        };
+        let effects = params.job_effects_prior.map(|prior| {
+            let fx = JobEffects::fit(&rows.samples, &residuals, prior);
+            for (t, s) in residuals.iter_mut().zip(&rows.samples) {
+                if let Some(task) = s.task.as_ref() {
+                    *t -= fx.predict(task, &s.corunners);
+                }
+            }
+            fx
+        });
+        let (forest, out_of_bag) =
+            Forest::fit_with_out_of_bag(&rows.rows, &residuals, forest_params)?;
+        let known_models = rows
+            .samples
+            .iter()
+            .flat_map(|s| s.task.iter().chain(&s.corunners))
+            .map(|p| model_key(&p.model))
+            .collect();
+        let mut staged = Staged {
+            n_samples: rows.rows.len(),
+            target,
+            base,
+            effects,
+            forest,
+            known_models,
+            forest_on_new_models: params.forest_on_new_models,
+            calibration: Calibration::default(),
+        };
+        if calibrate {
+            // Each sample by the trees that never drew it, on top of the same base
+            // and effects as the whole model.
+            let known: Vec<f64> = rows
+                .targets
+                .iter()
+                .zip(&residuals)
+                .zip(&out_of_bag)
+                .zip(&rows.samples)
+                .filter_map(|(((t, left), oob), s)| {
+                    let offset = t - left;
+                    let (predicted, _) = target.decode(offset + (*oob)?, 0.0);
+                    Some(log_residual(s.slowdown, predicted))
+                })
+                .collect();
+            let new_model = new_model_residuals(rows, params, forest_params)?;
+            staged.calibration = Calibration::new(&known, &new_model);
+        }
+        Ok(staged)
+    }
+
+    /// The slowdown of `task` next to one co-runner and its spread across trees,
+    /// and whether a model in the pair is new to this model.
+    fn point(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunner: &TaskProfile,
+    ) -> Result<(f64, f64, bool), PredictorError> {
+        let corunners = std::slice::from_ref(corunner);
+        let mut row = [0.0; N_FEATURES];
+        feature_row_into(device_kind, task, corunners, &mut row);
+        let offset = self.base.as_ref().map_or(0.0, |b| b.predict(&row))
+            + self
+                .effects
+                .as_ref()
+                .map_or(0.0, |e| e.predict(task, corunners));
+        let new_model = [task, corunner]
+            .iter()
+            .any(|p| !self.known_models.contains(&model_key(&p.model)));
+        let (mean, sd) = if new_model && !self.forest_on_new_models {
+            (0.0, 0.0)
+        } else {
+            self.forest.predict(&row)?
+        };
+        let (slowdown, sd) = self.target.decode(offset + mean, sd);
+        Ok((slowdown, sd, new_model))
+    }
+
+    /// The prediction for `task` next to one co-runner, with its calibrated interval.
+    fn predict_pair(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunner: &TaskProfile,
+    ) -> Prediction {
+        match self.point(device_kind, task, corunner) {
+            Ok((slowdown, sd, new_model))
+                if slowdown.is_finite() && slowdown > 0.0 && sd.is_finite() =>
+            {
+                match self.calibration.band(new_model) {
+                    Some(band) => {
+                        let (lower_90, upper_90) = band.around(slowdown);
+                        Prediction {
+                            slowdown,
+                            uncertainty: sd,
+                            lower_90,
+                            upper_90,
+                            source: PredictionSource::Model,
+                        }
+                    }
+                    None => Prediction::with_stated_spread(slowdown, sd, PredictionSource::Model),
+                }
+            }
+            Ok(_) | Err(_) => {
+                tracing::warn!("forest prediction failed; using the cold-start heuristic");
+                heuristic::predict(task, std::slice::from_ref(corunner))
+            }
+        }
+    }
+}
+
+/// `ln(measured) − ln(predicted)`.
+fn log_residual(measured: f64, predicted: f64) -> f64 {
+    measured.ln() - predicted.ln()
+}
+
+/// Residuals of every sample predicted by a model fitted without any of its models
+/// (see [`crate::calibration`]).
+fn new_model_residuals(
+    rows: &Rows,
+    params: &LearnerParams,
+    forest_params: &ForestParams,
+) -> Result<Vec<f64>, PredictorError> {
+    let mut models: Vec<(u64, &str)> = rows
+        .samples
+        .iter()
+        .flat_map(|s| s.task.iter().chain(&s.corunners))
+        .map(|p| (model_key(&p.model), p.model.as_str()))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    // In hash order, so the groups do not follow the names' alphabet.
+    models.sort_unstable();
+    let groups = CALIBRATION_GROUPS.min(models.len());
+    if groups < 2 {
+        return Ok(Vec::new());
+    }
+    let small = ForestParams {
+        n_trees: forest_params.n_trees.min(CALIBRATION_TREES),
+        ..forest_params.clone()
+    };
+    let mut residuals = Vec::new();
+    for group in 0..groups {
+        let held: HashSet<&str> = models
+            .iter()
+            .skip(group)
+            .step_by(groups)
+            .map(|(_, m)| *m)
+            .collect();
+        let involves_held = |s: &CoLocationSample| {
+            s.task
+                .iter()
+                .chain(&s.corunners)
+                .any(|p| held.contains(p.model.as_str()))
+        };
+        let (held_out, kept): (Vec<_>, Vec<_>) =
+            rows.samples.iter().partition(|s| involves_held(s));
+        if kept.len() < params.min_samples || held_out.is_empty() {
+            continue;
+        }
+        let kept: Vec<Arc<CoLocationSample>> = kept.into_iter().cloned().collect();
+        let model = Staged::fit(&Rows::of(&kept, rows.target), params, &small, false)?;
+        for s in held_out {
+            let Some(task) = s.task.as_ref() else {
+                continue;
+            };
+            // The model composes co-runners from pairs; a pair is what it is asked.
+            if let [corunner] = s.corunners.as_slice() {
+                let (predicted, _, _) = model.point(&s.device_kind, task, corunner)?;
+                residuals.push(log_residual(s.slowdown, predicted));
+            }
+        }
+    }
+    Ok(residuals)
 }
 
 /// A task's slowdown next to several co-runners, composed from its slowdown next to
@@ -242,6 +569,10 @@ pub fn compose_pairwise(pairwise: impl Iterator<Item = Prediction>) -> Predictio
 pub struct PairwiseFold {
     log: f64,
     rel_var: f64,
+    /// Sums of the squared log-distances from each pairwise prediction to the ends
+    /// of its 90 % interval.
+    lower_sq: f64,
+    upper_sq: f64,
     count: usize,
 }
 
@@ -251,6 +582,8 @@ impl PairwiseFold {
         let s = p.slowdown.max(1.0);
         self.log += s.ln();
         self.rel_var += (p.uncertainty / s).powi(2);
+        self.lower_sq += (p.lower_90 / p.slowdown).ln().powi(2);
+        self.upper_sq += (p.upper_90 / p.slowdown).ln().powi(2);
         self.count += 1;
     }
 
@@ -259,12 +592,16 @@ impl PairwiseFold {
         self.count
     }
 
-    /// The composed prediction.
+    /// The composed prediction. Its interval adds the pairs' log-distances in
+    /// quadrature, as if their errors were independent (like the uncertainty): no
+    /// sample of three or more jobs calibrates it.
     pub fn finish(&self) -> Prediction {
         let slowdown = f64::exp(self.log);
         Prediction {
             slowdown,
             uncertainty: slowdown * self.rel_var.sqrt(),
+            lower_90: slowdown * (-self.lower_sq.sqrt()).exp(),
+            upper_90: slowdown * self.upper_sq.sqrt().exp(),
             source: PredictionSource::Model,
         }
     }
@@ -282,7 +619,7 @@ impl FittedModel {
     ) -> Option<PairwiseFold> {
         match self {
             FittedModel::ColdStart => None,
-            FittedModel::Forest { .. } => Some(self.fold_pairwise(device_kind, task, corunners)),
+            FittedModel::Forest(_) => Some(self.fold_pairwise(device_kind, task, corunners)),
         }
     }
 
@@ -316,8 +653,8 @@ impl FittedModel {
     ) -> Option<Prediction> {
         match self {
             FittedModel::ColdStart => None,
-            FittedModel::Forest { .. } if prefix.count() == 0 => None,
-            FittedModel::Forest { .. } => {
+            FittedModel::Forest(_) if prefix.count() == 0 => None,
+            FittedModel::Forest(_) => {
                 let mut fold = *prefix;
                 fold.add(self.predict(device_kind, task, std::slice::from_ref(extra)));
                 Some(fold.finish())
@@ -329,7 +666,15 @@ impl FittedModel {
     pub fn n_samples(&self) -> usize {
         match self {
             FittedModel::ColdStart => 0,
-            FittedModel::Forest { n_samples, .. } => *n_samples,
+            FittedModel::Forest(staged) => staged.n_samples,
+        }
+    }
+
+    /// The calibration of a fitted model (`None` for cold start).
+    pub fn calibration(&self) -> Option<&Calibration> {
+        match self {
+            FittedModel::ColdStart => None,
+            FittedModel::Forest(staged) => Some(&staged.calibration),
         }
     }
 }
@@ -343,50 +688,14 @@ impl SlowdownModel for FittedModel {
     ) -> Prediction {
         if corunners.is_empty() {
             // Alone on a GPU a task runs at its solo speed by definition.
-            return Prediction {
-                slowdown: 1.0,
-                uncertainty: 0.0,
-                source: PredictionSource::Model,
-            };
+            return Prediction::certain(1.0, PredictionSource::Model);
         }
         match self {
             FittedModel::ColdStart => heuristic::predict(task, corunners),
-            FittedModel::Forest {
-                forest,
-                log_target,
-                target_floor: floor,
-                base,
-                effects,
-                ..
-            } => {
-                if corunners.len() >= 2 {
-                    return self.fold_pairwise(device_kind, task, corunners).finish();
-                }
-                let mut row = [0.0; N_FEATURES];
-                feature_row_into(device_kind, task, corunners, &mut row);
-                let offset = base.as_ref().map_or(0.0, |b| b.predict(&row))
-                    + effects.as_ref().map_or(0.0, |e| e.predict(task, corunners));
-                let predicted = forest.predict(&row).map(|(mean, sd)| {
-                    let mean = mean + offset;
-                    if *log_target {
-                        // Delta method: sd of exp(X) ≈ exp(mean) · sd(X).
-                        (floor + mean.exp(), mean.exp() * sd)
-                    } else {
-                        (mean, sd)
-                    }
-                });
-                match predicted {
-                    Ok((mean, sd)) if mean.is_finite() && sd.is_finite() => Prediction {
-                        slowdown: mean,
-                        uncertainty: sd,
-                        source: PredictionSource::Model,
-                    },
-                    Ok(_) | Err(_) => {
-                        tracing::warn!("forest prediction failed; using the cold-start heuristic");
-                        heuristic::predict(task, corunners)
-                    }
-                }
-            }
+            FittedModel::Forest(staged) => match corunners {
+                [corunner] => staged.predict_pair(device_kind, task, corunner),
+                _ => self.fold_pairwise(device_kind, task, corunners).finish(),
+            },
         }
     }
 }
@@ -408,49 +717,16 @@ impl Trainer for ProfileTrainer {
         if samples.len() < self.params.min_samples {
             return Ok(FittedModel::ColdStart);
         }
-        let mut rows = Vec::with_capacity(samples.len());
-        let mut targets = Vec::with_capacity(samples.len());
-        let mut kept = Vec::with_capacity(samples.len());
-        for s in samples {
-            let Some(task) = s.task.as_ref() else {
-                continue;
-            };
-            kept.push(Arc::clone(s));
-            rows.push(feature_row(&s.device_kind, task, &s.corunners));
-            targets.push(if self.params.log_target {
-                (s.slowdown - self.params.target_floor).max(MIN_EXCESS).ln()
-            } else {
-                s.slowdown
-            });
-        }
-        let base = match self.params.ridge_lambda {
-            Some(lambda) => {
-                let base = Ridge::fit(&rows, &targets, lambda)?;
-                for (t, r) in targets.iter_mut().zip(&rows) {
-                    *t -= base.predict(r);
-                }
-                Some(Box::new(base))
-            }
-            None => None,
-        };
-        let effects = self.params.job_effects_prior.map(|prior| {
-            let fx = JobEffects::fit(&kept, &targets, prior);
-            for (t, s) in targets.iter_mut().zip(&kept) {
-                if let Some(task) = s.task.as_ref() {
-                    *t -= fx.predict(task, &s.corunners);
-                }
-            }
-            Box::new(fx)
-        });
-        let forest = Forest::fit(&rows, &targets, &self.params.forest)?;
-        Ok(FittedModel::Forest {
-            forest,
-            n_samples: rows.len(),
-            log_target: self.params.log_target,
-            target_floor: self.params.target_floor,
-            base,
-            effects,
-        })
+        let rows = Rows::of(samples, Target::for_window(&self.params, samples));
+        let staged = Staged::fit(&rows, &self.params, &self.params.forest, true)?;
+        let (known, new_model) = staged.calibration.counts();
+        tracing::debug!(
+            samples = staged.n_samples,
+            known_residuals = known,
+            new_model_residuals = new_model,
+            "predictor model fitted"
+        );
+        Ok(FittedModel::Forest(Box::new(staged)))
     }
 }
 
@@ -689,10 +965,8 @@ mod tests {
             parts in proptest::collection::vec((0.5f64..20.0, 0.0f64..5.0), 1..6),
             extra in (0.5f64..20.0, 0.0f64..5.0),
         ) {
-            let p = |(s, u): (f64, f64)| Prediction {
-                slowdown: s,
-                uncertainty: u,
-                source: PredictionSource::Model,
+            let p = |(s, u): (f64, f64)| {
+                Prediction::with_stated_spread(s, u, PredictionSource::Model)
             };
             let before = compose_pairwise(parts.iter().copied().map(p));
             let after = compose_pairwise(parts.iter().copied().chain([extra]).map(p));
@@ -702,6 +976,73 @@ mod tests {
             let single = compose_pairwise([p(parts[0])].into_iter());
             prop_assert!((single.slowdown - parts[0].0.max(1.0)).abs() < 1e-12);
         }
+    }
+
+    /// Synthetic pairs of `families` × 3 batch sizes, whose slowdown follows the
+    /// step-time ratio times a factor of each family that no feature reveals, with
+    /// noise: what a model can learn of a new family is the ratio alone.
+    fn families(names: &[&str], seed: u64) -> Vec<Arc<CoLocationSample>> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let factor = |name: &str| 1.0 + (stable_hash(name.as_bytes()) % 7) as f64 / 10.0;
+        let profile = |name: &str, b: u32| TaskProfile {
+            model: name.into(),
+            batch_size: 16 << b,
+            solo_step_time_s: 0.02 * f64::from(1 << b) * factor(name),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        for t in names {
+            for c in names {
+                for (bt, bc) in [(0, 1), (1, 2), (2, 0), (1, 1)] {
+                    let (task, co) = (profile(t, bt), profile(c, bc));
+                    let ratio = co.solo_step_time_s / task.solo_step_time_s;
+                    let noise: f64 = rng.random_range(-0.1..0.1);
+                    out.push(Arc::new(CoLocationSample {
+                        device_kind: "k80".into(),
+                        slowdown: (1.0 + 0.5 * ratio.sqrt()) * factor(t) * noise.exp(),
+                        task: Some(task),
+                        corunners: vec![co],
+                        ..Default::default()
+                    }));
+                }
+            }
+        }
+        out
+    }
+
+    /// Intervals are calibrated per class: a model never seen gets the wider band of
+    /// the new-model residuals, and fresh samples of the jobs seen fall inside their
+    /// intervals about 90 % of the time.
+    #[test]
+    fn intervals_are_wider_for_new_models_and_cover_fresh_samples() {
+        let trainer = ProfileTrainer {
+            params: LearnerParams::default(),
+        };
+        let seen = ["a", "b", "c", "d", "e", "f", "g"];
+        let model = trainer.fit(&families(&seen, 1)).expect("fit");
+        let calibration = model.calibration().expect("fitted");
+        let (known, new_model) = calibration.counts();
+        assert!(known > 100 && new_model > 100, "{known} {new_model}");
+        let width = |p: &Prediction| (p.upper_90 / p.lower_90).ln();
+        let fresh = families(&seen, 2);
+        let mut inside = 0;
+        for s in &fresh {
+            let task = s.task.as_ref().expect("task");
+            let p = model.predict("k80", task, &s.corunners);
+            inside += usize::from(p.lower_90 <= s.slowdown && s.slowdown <= p.upper_90);
+        }
+        let coverage = inside as f64 / fresh.len() as f64;
+        assert!((0.8..=1.0).contains(&coverage), "{coverage}");
+        let old = fresh[0].task.as_ref().expect("task");
+        let known_pair = model.predict("k80", old, &fresh[0].corunners);
+        let mut stranger = old.clone();
+        stranger.model = "never-seen".into();
+        let new_pair = model.predict("k80", &stranger, &fresh[0].corunners);
+        assert!(
+            width(&new_pair) > width(&known_pair),
+            "{new_pair:?} vs {known_pair:?}"
+        );
     }
 
     #[test]
@@ -783,6 +1124,8 @@ mod tests {
             let p = model.predict("k80", &task, &co);
             prop_assert!(p.slowdown.is_finite() && p.uncertainty.is_finite(), "{:?}", p);
             prop_assert!(p.slowdown > 0.0);
+            prop_assert!(p.lower_90.is_finite() && p.upper_90.is_finite(), "{:?}", p);
+            prop_assert!(p.lower_90 <= p.slowdown && p.slowdown <= p.upper_90, "{:?}", p);
         });
     }
 }

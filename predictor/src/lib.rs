@@ -8,12 +8,15 @@
 //! How it is put together, one module per idea:
 //! - [`features`]: the profile features that generalise to models never seen before;
 //! - [`heuristic`]: the transparent cold-start rule used until enough samples exist;
-//! - [`linear`]: the ridge base on the profile features (the additive part, which
-//!   few samples suffice to learn and which transfers to new models);
+//! - [`linear`]: the ridge base on the features whose scale means the same for every
+//!   model (the additive part, which few samples suffice to learn and which
+//!   transfers to new models), clamped to the range it was fitted on;
 //! - [`effects`]: per-job sensitivity and aggressiveness of jobs seen before,
 //!   shrunk towards 0 (a new model has none and gets the profile model alone);
-//! - [`forest`]: our own bagged forest of smartcore regression trees, so the spread
-//!   across trees is available as uncertainty;
+//! - [`forest`]: our own bagged forest of our own CART regression trees (`tree`),
+//!   so the spread across trees is available as uncertainty;
+//! - [`calibration`]: the 90 % predictive interval of every prediction, conformal
+//!   from out-of-sample residuals, apart for jobs seen and for models never seen;
 //! - [`window`]: the bounded training window (newest samples plus an order-independent
 //!   reservoir for diversity);
 //! - [`learner`]: the synchronous core (window, cadence, fit) that production and the
@@ -22,20 +25,33 @@
 //!   makes a prediction wait for a refit;
 //! - [`persist`]: samples in the state store and the rebuild after a restart;
 //! - [`jsonl`], [`gavel`]: the JSON Lines sample format and the Gavel converter;
-//! - [`reference`], [`prequential`]: the job-name one-hot baseline and the
-//!   predict-then-learn evaluation.
+//! - [`reference`], [`plain_forest`]: the baselines (a forest on one-hot job names,
+//!   a plain forest on our features);
+//! - [`prequential`], [`unseen`]: the evaluation's two splits, predict-then-learn
+//!   over a shuffled stream and model families never seen.
 //!
 //! The model ([`learner::FittedModel`]) predicts ln(slowdown − 0.8) as ridge base +
-//! per-job effects + forest on the residuals. The defaults of [`LearnerParams`]
-//! (target floor 0.8, ridge penalty 0.03, effects prior 1 sample, 32 trees of depth
-//! 12) were selected with `iadeep predictor eval --seed-offset 100 --seeds 40` on the
-//! Gavel K80 and P100 samples, seeds that the reported figures (seeds 0..5) do not
-//! use.
+//! per-job effects + forest on the residuals.
+//!
+//! **How the defaults were chosen.** Every setting is chosen on one data set and
+//! reported on the other, on seeds the reported figures (0..5) do not use:
+//! `iadeep predictor eval` with `--seed-offset 100`, 10 seeds of the unseen-models
+//! split and 6 of the default split, on the Gavel K80 samples; the lowest
+//! unseen-models MAPE, the default split breaking ties. The K80 chose target floor
+//! 0.8 (0 and 0.5 lost 2–5 % on the default split), ridge penalty 1 (0.03, 0.3, 3,
+//! 10 tried), effects prior 1 sample (3 tried), 32 trees of depth 12 with every
+//! column searched (leaf size 3 and half the columns tried). These are the defaults
+//! and were reported on the P100 samples. The same search on the P100 samples chose
+//! ridge penalty 3 and the rest alike; that is what was reported on the K80. The
+//! figures are in the README ("Evaluating the predictor"); the model's structure
+//! (which columns the base takes, the clamp, the calibration) was designed looking
+//! at the K80 only.
 //!
 //! For two or more co-runners the fitted model multiplies the slowdowns it predicts
 //! for each co-runner alone ([`learner::compose_pairwise`]): training windows hold
 //! almost only pairs, and a forest does not extrapolate in the number of co-runners.
 
+pub mod calibration;
 pub mod effects;
 pub mod error;
 pub mod features;
@@ -47,8 +63,11 @@ pub mod learner;
 pub mod linear;
 pub mod online;
 pub mod persist;
+pub mod plain_forest;
 pub mod prequential;
 pub mod reference;
+mod tree;
+pub mod unseen;
 pub mod window;
 
 pub use error::PredictorError;
@@ -72,5 +91,47 @@ pub struct Prediction {
     /// Standard deviation of the per-tree predictions (model), or the heuristic's
     /// stated width (cold start). Same unit as `slowdown`.
     pub uncertainty: f64,
+    /// Lower end of the 90 % predictive interval of the slowdown.
+    pub lower_90: f64,
+    /// Upper end of the 90 % predictive interval of the slowdown.
+    pub upper_90: f64,
     pub source: PredictionSource,
+}
+
+/// The standard normal quantile of 0.95: ±`Z_90` standard deviations hold 90 %.
+pub const Z_90: f64 = 1.644_853_626_951_472_2;
+
+impl Prediction {
+    /// A prediction with no doubt: alone on a GPU a task runs at its solo speed.
+    pub fn certain(slowdown: f64, source: PredictionSource) -> Prediction {
+        Prediction {
+            slowdown,
+            uncertainty: 0.0,
+            lower_90: slowdown,
+            upper_90: slowdown,
+            source,
+        }
+    }
+
+    /// A prediction whose 90 % interval is `slowdown · exp(±Z_90 · uncertainty /
+    /// slowdown)`: a log-normal reading of a stated spread, for the models that have
+    /// no calibration (the cold-start rule and the baselines).
+    pub fn with_stated_spread(
+        slowdown: f64,
+        uncertainty: f64,
+        source: PredictionSource,
+    ) -> Prediction {
+        let relative = if slowdown > 0.0 {
+            uncertainty / slowdown
+        } else {
+            0.0
+        };
+        Prediction {
+            slowdown,
+            uncertainty,
+            lower_90: slowdown * (-Z_90 * relative).exp(),
+            upper_90: slowdown * (Z_90 * relative).exp(),
+            source,
+        }
+    }
 }

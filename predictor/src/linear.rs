@@ -10,20 +10,35 @@
 
 use crate::error::PredictorError;
 
-/// A fitted ridge model: `y ≈ intercept + Σ_j beta_j · (x_j − mean_j) / scale_j`.
+/// A fitted ridge model on some columns `c_j` of a row:
+/// `y ≈ intercept + Σ_j beta_j · (clamp(x[c_j]) − mean_j) / scale_j`, each value
+/// clamped into the range the column had in training.
+///
+/// Why the clamp: a line fitted on the models seen so far is only supported where
+/// their values lie; a new model's step time ten times shorter than any seen would
+/// otherwise be extrapolated linearly, and on the log target exponentially (one
+/// unseen model family was predicted 69× too slow before the clamp).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Ridge {
     intercept: f64,
+    columns: Vec<usize>,
+    lows: Vec<f64>,
+    highs: Vec<f64>,
     means: Vec<f64>,
     scales: Vec<f64>,
     beta: Vec<f64>,
 }
 
 impl Ridge {
-    /// Fits on `rows`/`targets` with penalty `lambda` (per standardised column,
-    /// relative to the number of rows, so its effect does not fade as samples grow
-    /// faster than the data justify).
-    pub fn fit(rows: &[Vec<f64>], targets: &[f64], lambda: f64) -> Result<Ridge, PredictorError> {
+    /// Fits on the `columns` of `rows` against `targets` with penalty `lambda` (per
+    /// standardised column, relative to the number of rows, so its effect does not
+    /// fade as samples grow faster than the data justify).
+    pub fn fit(
+        rows: &[Vec<f64>],
+        targets: &[f64],
+        lambda: f64,
+        columns: &[usize],
+    ) -> Result<Ridge, PredictorError> {
         if rows.is_empty() {
             return Err(PredictorError::NoSamples);
         }
@@ -34,21 +49,31 @@ impl Ridge {
             });
         }
         let n = rows.len();
-        let p = rows[0].len();
-        if targets.len() != n || rows.iter().any(|r| r.len() != p) {
+        let p = columns.len();
+        if targets.len() != n || rows.iter().any(|r| columns.iter().any(|&c| c >= r.len())) {
             return Err(PredictorError::Fit(
-                "ridge: rows and targets do not line up".into(),
+                "ridge: rows, columns and targets do not line up".into(),
             ));
         }
+        let rows: Vec<Vec<f64>> = rows
+            .iter()
+            .map(|r| columns.iter().map(|&c| r[c]).collect())
+            .collect();
+        let lows: Vec<f64> = (0..p)
+            .map(|j| rows.iter().map(|r| r[j]).fold(f64::INFINITY, f64::min))
+            .collect();
+        let highs: Vec<f64> = (0..p)
+            .map(|j| rows.iter().map(|r| r[j]).fold(f64::NEG_INFINITY, f64::max))
+            .collect();
         let nf = n as f64;
         let mut means = vec![0.0; p];
-        for r in rows {
+        for r in &rows {
             for (m, v) in means.iter_mut().zip(r) {
                 *m += v / nf;
             }
         }
         let mut scales = vec![0.0; p];
-        for r in rows {
+        for r in &rows {
             for ((s, v), m) in scales.iter_mut().zip(r).zip(&means) {
                 *s += (v - m) * (v - m) / nf;
             }
@@ -82,23 +107,27 @@ impl Ridge {
         let beta = solve_spd(&mut a, &b, p)?;
         Ok(Ridge {
             intercept: y_mean,
+            columns: columns.to_vec(),
+            lows,
+            highs,
             means,
             scales,
             beta,
         })
     }
 
-    /// The prediction for `row` (which must have the width the model was fitted on;
-    /// extra columns are ignored, missing ones count as the training mean).
+    /// The prediction for `row` (a full row; a column it lacks, or a NaN, counts as
+    /// the training mean).
     pub fn predict(&self, row: &[f64]) -> f64 {
-        self.intercept
-            + row
-                .iter()
-                .zip(&self.means)
-                .zip(&self.scales)
-                .zip(&self.beta)
-                .map(|(((x, m), s), b)| b * (x - m) / s)
-                .sum::<f64>()
+        let mut y = self.intercept;
+        for (j, &c) in self.columns.iter().enumerate() {
+            let Some(&x) = row.get(c).filter(|x| !x.is_nan()) else {
+                continue;
+            };
+            let x = x.clamp(self.lows[j], self.highs[j]);
+            y += self.beta[j] * (x - self.means[j]) / self.scales[j];
+        }
+        y
     }
 }
 
@@ -152,7 +181,7 @@ mod tests {
             .map(|i| vec![f64::from(i), 7.0, f64::from(i % 5)])
             .collect();
         let y: Vec<f64> = rows.iter().map(|r| 1.0 + 0.5 * r[0] - 2.0 * r[2]).collect();
-        let m = Ridge::fit(&rows, &y, 1e-9).expect("fit");
+        let m = Ridge::fit(&rows, &y, 1e-9, &[0, 1, 2]).expect("fit");
         for r in &rows {
             let want = 1.0 + 0.5 * r[0] - 2.0 * r[2];
             assert!(
@@ -163,13 +192,29 @@ mod tests {
         }
     }
 
+    /// Only the chosen columns count, and a value outside the training range is
+    /// taken at the nearest end of it.
+    #[test]
+    fn fits_chosen_columns_and_clamps_to_the_training_range() {
+        let rows: Vec<Vec<f64>> = (0..50)
+            .map(|i| vec![f64::from(i % 3) * 100.0, f64::from(i)])
+            .collect();
+        let y: Vec<f64> = rows.iter().map(|r| 2.0 * r[1]).collect();
+        let m = Ridge::fit(&rows, &y, 1e-9, &[1]).expect("fit");
+        assert!((m.predict(&[1e6, 10.0]) - 20.0).abs() < 1e-4);
+        assert!((m.predict(&[0.0, 49.0]) - 98.0).abs() < 1e-4);
+        assert_eq!(m.predict(&[0.0, 1e9]), m.predict(&[0.0, 49.0]));
+        assert_eq!(m.predict(&[0.0, -1e9]), m.predict(&[0.0, 0.0]));
+        assert!(Ridge::fit(&rows, &y, 1.0, &[2]).is_err());
+    }
+
     #[test]
     fn a_large_penalty_shrinks_to_the_mean() {
         let rows: Vec<Vec<f64>> = (0..20).map(|i| vec![f64::from(i)]).collect();
         let y: Vec<f64> = (0..20).map(f64::from).collect();
-        let m = Ridge::fit(&rows, &y, 1e9).expect("fit");
+        let m = Ridge::fit(&rows, &y, 1e9, &[0]).expect("fit");
         assert!((m.predict(&[0.0]) - 9.5).abs() < 1e-3);
-        assert!(Ridge::fit(&rows, &y, 0.0).is_err());
-        assert!(Ridge::fit(&[], &[], 1.0).is_err());
+        assert!(Ridge::fit(&rows, &y, 0.0, &[0]).is_err());
+        assert!(Ridge::fit(&[], &[], 1.0, &[0]).is_err());
     }
 }

@@ -1,11 +1,17 @@
-//! Prequential (predict-then-learn) evaluation, ours against the reference.
+//! The default split: prequential (predict-then-learn) evaluation of ours against
+//! the reference and the plain forest.
 //!
 //! For each seed the samples are shuffled; then every sample is first predicted by
 //! the current model and only afterwards learned, and the model refits on the same
 //! cadence as in production ([`LearnerParams::refit_every`]), inline rather than on
 //! a thread so results do not depend on thread timing. The absolute percentage
 //! error |ŷ − y| / y is averaged over the samples with 0-based position 100..135
-//! (the early regime the placer lives in after a cold start) and from 135 on.
+//! (the early regime the placer lives in after a cold start) and from 135 on; the
+//! coverage of the 90 % interval is the share of samples from position 100 on that
+//! fall inside theirs.
+//!
+//! Every model sees a closed set of jobs here, each identified by its step time and
+//! batch size; [`crate::unseen`] measures models never seen.
 
 use std::sync::Arc;
 
@@ -15,8 +21,10 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use crate::Prediction;
 use crate::error::PredictorError;
 use crate::learner::{Learner, LearnerParams, ProfileTrainer, SlowdownModel, Trainer};
+use crate::plain_forest::PlainForestTrainer;
 use crate::reference::ReferenceTrainer;
 
 /// First position of the early window.
@@ -24,101 +32,264 @@ pub const EARLY_START: usize = 100;
 /// End (exclusive) of the early window and start of the late one.
 pub const LATE_START: usize = 135;
 
-/// A model that learns one sample at a time at the production cadence.
-#[derive(Debug)]
-pub struct StreamModel<T: Trainer> {
-    learner: Learner,
-    trainer: T,
-    model: T::Model,
+/// The approaches an evaluation compares, each with the same window, cadence,
+/// forest parameters and cold-start rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Approach {
+    /// Our predictor ([`ProfileTrainer`]).
+    Ours,
+    /// The job-name one-hot forest ([`crate::reference`]).
+    Reference,
+    /// A plain forest on our profile features ([`crate::plain_forest`]).
+    PlainForest,
 }
 
-impl<T: Trainer> StreamModel<T> {
-    pub fn new(params: LearnerParams, trainer: T) -> Result<StreamModel<T>, PredictorError> {
+impl Approach {
+    /// Every approach, in report order.
+    pub const ALL: [Approach; 3] = [Approach::Ours, Approach::Reference, Approach::PlainForest];
+
+    /// Its name in reports (the JSON key).
+    pub fn name(self) -> &'static str {
+        match self {
+            Approach::Ours => "ours",
+            Approach::Reference => "reference",
+            Approach::PlainForest => "plain_forest",
+        }
+    }
+
+    /// Its trainer with `params`.
+    pub(crate) fn trainer(self, params: &LearnerParams) -> Box<dyn AnyTrainer> {
+        let params = params.clone();
+        match self {
+            Approach::Ours => Box::new(ProfileTrainer { params }),
+            Approach::Reference => Box::new(ReferenceTrainer { params }),
+            Approach::PlainForest => Box::new(PlainForestTrainer { params }),
+        }
+    }
+}
+
+/// A [`Trainer`] whose models are boxed, so the approaches share one code path.
+pub(crate) trait AnyTrainer: Send + Sync {
+    fn initial(&self) -> Box<dyn SlowdownModel>;
+    fn fit(
+        &self,
+        samples: &[Arc<CoLocationSample>],
+    ) -> Result<Box<dyn SlowdownModel>, PredictorError>;
+}
+
+impl<T: Trainer> AnyTrainer for T
+where
+    T::Model: 'static,
+{
+    fn initial(&self) -> Box<dyn SlowdownModel> {
+        Box::new(Trainer::initial(self))
+    }
+
+    fn fit(
+        &self,
+        samples: &[Arc<CoLocationSample>],
+    ) -> Result<Box<dyn SlowdownModel>, PredictorError> {
+        Ok(Box::new(Trainer::fit(self, samples)?))
+    }
+}
+
+/// Runs `run` for every approach at once (one thread each) and returns the results
+/// in [`Approach::ALL`] order.
+pub(crate) fn for_each_approach<R: Send>(
+    run: impl Fn(Approach) -> Result<R, PredictorError> + Sync,
+) -> Result<Vec<R>, PredictorError> {
+    std::thread::scope(|scope| {
+        let run = &run;
+        let handles: Vec<_> = Approach::ALL
+            .iter()
+            .map(|&approach| scope.spawn(move || run(approach)))
+            .collect();
+        handles
+            .into_iter()
+            .zip(Approach::ALL)
+            .map(|(handle, approach)| {
+                handle.join().unwrap_or_else(|_| {
+                    Err(PredictorError::Fit(format!(
+                        "the {} evaluation panicked",
+                        approach.name()
+                    )))
+                })
+            })
+            .collect()
+    })
+}
+
+/// How one prediction fared against the measured slowdown.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Outcome {
+    /// |ŷ − y| / y.
+    pub ape: f64,
+    /// Whether y lies in the prediction's 90 % interval.
+    pub inside_90: bool,
+}
+
+impl Outcome {
+    /// The outcome of `prediction` for the measured `slowdown`.
+    pub fn of(prediction: &Prediction, slowdown: f64) -> Outcome {
+        Outcome {
+            ape: (prediction.slowdown - slowdown).abs() / slowdown,
+            inside_90: prediction.lower_90 <= slowdown && slowdown <= prediction.upper_90,
+        }
+    }
+}
+
+/// A model that learns one sample at a time at the production cadence.
+struct StreamModel {
+    learner: Learner,
+    trainer: Box<dyn AnyTrainer>,
+    model: Box<dyn SlowdownModel>,
+}
+
+impl StreamModel {
+    fn new(params: &LearnerParams, approach: Approach) -> Result<StreamModel, PredictorError> {
+        let trainer = approach.trainer(params);
         Ok(StreamModel {
-            learner: Learner::new(params)?,
+            learner: Learner::new(params.clone())?,
             model: trainer.initial(),
             trainer,
         })
     }
 
-    /// The current model's prediction for `sample`.
-    pub fn predict(&self, sample: &CoLocationSample) -> f64 {
-        match sample.task.as_ref() {
-            Some(task) => {
-                self.model
-                    .predict(&sample.device_kind, task, &sample.corunners)
-                    .slowdown
-            }
-            None => f64::NAN,
-        }
+    /// The current model's prediction for `sample` (`None` without a task).
+    fn predict(&self, sample: &CoLocationSample) -> Option<Prediction> {
+        let task = sample.task.as_ref()?;
+        Some(
+            self.model
+                .predict(&sample.device_kind, task, &sample.corunners),
+        )
     }
 
     /// Learns `sample`, refitting when the cadence says so.
-    pub fn learn(&mut self, sample: CoLocationSample) -> Result<(), PredictorError> {
+    fn learn(&mut self, sample: CoLocationSample) -> Result<(), PredictorError> {
         if self.learner.observe(sample)? {
-            let snapshot: Vec<Arc<CoLocationSample>> = self.learner.snapshot();
+            let snapshot = self.learner.snapshot();
             self.model = self.trainer.fit(&snapshot)?;
         }
         Ok(())
     }
 }
 
-/// MAPE of one approach.
+/// The outcome at each position of one stream, predicted before it is learned.
+pub fn stream_outcomes(
+    params: &LearnerParams,
+    approach: Approach,
+    stream: &[CoLocationSample],
+) -> Result<Vec<Outcome>, PredictorError> {
+    let mut model = StreamModel::new(params, approach)?;
+    let mut outcomes = Vec::with_capacity(stream.len());
+    for sample in stream {
+        let Some(predicted) = model.predict(sample) else {
+            return Err(PredictorError::InvalidSample("no task profile".into()));
+        };
+        outcomes.push(Outcome::of(&predicted, sample.slowdown));
+        model.learn(sample.clone())?;
+    }
+    Ok(outcomes)
+}
+
+/// One approach on the default split.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Mape {
     /// Mean over seeds of the MAPE over positions 100..135 (`None`: too few samples).
     pub mape_100_135: Option<f64>,
     /// Mean over seeds of the MAPE from position 135 on.
     pub mape_from_135: Option<f64>,
+    /// Mean over seeds of the share of samples from position 100 on inside their
+    /// 90 % interval.
+    pub coverage_90: Option<f64>,
     /// Per-seed values (early, late), for the spread.
     #[serde(skip)]
     pub per_seed: Vec<(Option<f64>, Option<f64>)>,
 }
 
-/// The result of an evaluation.
+/// The result of a default-split evaluation.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct EvalReport {
     pub samples: usize,
+    /// Always `"default"`.
+    pub split: &'static str,
     pub ours: Mape,
     pub reference: Mape,
+    pub plain_forest: Mape,
 }
 
-fn mean(values: &[f64]) -> Option<f64> {
-    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+pub(crate) fn mean(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let (sum, n) = values
+        .into_iter()
+        .fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    (n > 0).then(|| sum / n as f64)
 }
 
-/// Errors of one stream: the absolute percentage error at each position.
-pub fn stream_errors<T: Trainer>(
-    params: &LearnerParams,
-    trainer: T,
-    stream: &[CoLocationSample],
-) -> Result<Vec<f64>, PredictorError> {
-    let mut model = StreamModel::new(params.clone(), trainer)?;
-    let mut errors = Vec::with_capacity(stream.len());
-    for sample in stream {
-        let predicted = model.predict(sample);
-        errors.push((predicted - sample.slowdown).abs() / sample.slowdown);
-        model.learn(sample.clone())?;
-    }
-    Ok(errors)
+/// The share of `outcomes` inside their 90 % interval.
+pub(crate) fn coverage(outcomes: &[Outcome]) -> Option<f64> {
+    mean(outcomes.iter().map(|o| if o.inside_90 { 1.0 } else { 0.0 }))
 }
 
-fn windows(errors: &[f64]) -> (Option<f64>, Option<f64>) {
-    let early = errors
-        .get(EARLY_START..LATE_START.min(errors.len()))
+/// (early MAPE, late MAPE, coverage from the early window on) of one stream.
+type Windows = (Option<f64>, Option<f64>, Option<f64>);
+
+fn windows(outcomes: &[Outcome]) -> Windows {
+    let early = outcomes
+        .get(EARLY_START..LATE_START.min(outcomes.len()))
         .unwrap_or(&[]);
-    let late = errors.get(LATE_START..).unwrap_or(&[]);
-    (mean(early), mean(late))
+    let late = outcomes.get(LATE_START..).unwrap_or(&[]);
+    let measured = outcomes.get(EARLY_START..).unwrap_or(&[]);
+    (
+        mean(early.iter().map(|o| o.ape)),
+        mean(late.iter().map(|o| o.ape)),
+        coverage(measured),
+    )
 }
 
-fn summarise(per_seed: Vec<(Option<f64>, Option<f64>)>) -> Mape {
-    let early: Vec<f64> = per_seed.iter().filter_map(|p| p.0).collect();
-    let late: Vec<f64> = per_seed.iter().filter_map(|p| p.1).collect();
+fn summarise(per_seed: &[Windows]) -> Mape {
     Mape {
-        mape_100_135: mean(&early),
-        mape_from_135: mean(&late),
-        per_seed,
+        mape_100_135: mean(per_seed.iter().filter_map(|p| p.0)),
+        mape_from_135: mean(per_seed.iter().filter_map(|p| p.1)),
+        coverage_90: mean(per_seed.iter().filter_map(|p| p.2)),
+        per_seed: per_seed.iter().map(|p| (p.0, p.1)).collect(),
     }
+}
+
+/// `params` for seed `seed`: the forests' seed offset by it, so that every seed
+/// draws other trees as well as another order.
+fn seeded(params: &LearnerParams, seed: u64) -> LearnerParams {
+    let mut seeded = params.clone();
+    seeded.forest.seed = params.forest.seed.wrapping_add(seed);
+    seeded
+}
+
+/// The loop both splits share: checks the inputs, runs `one_seed` (one result per
+/// approach, in [`Approach::ALL`] order) for every seed with [`seeded`] parameters,
+/// logs each result, and returns every approach's results in seed order.
+pub(crate) fn per_approach_over_seeds<R: std::fmt::Debug>(
+    samples: &[CoLocationSample],
+    seeds: std::ops::Range<u64>,
+    params: &LearnerParams,
+    mut one_seed: impl FnMut(u64, &LearnerParams) -> Result<Vec<R>, PredictorError>,
+) -> Result<Vec<Vec<R>>, PredictorError> {
+    params.check()?;
+    if samples.is_empty() {
+        return Err(PredictorError::NoSamples);
+    }
+    let mut per_approach: Vec<Vec<R>> = Approach::ALL.iter().map(|_| Vec::new()).collect();
+    for seed in seeds {
+        let results = one_seed(seed, &seeded(params, seed))?;
+        for ((approach, result), all) in Approach::ALL.iter().zip(results).zip(&mut per_approach) {
+            tracing::info!(
+                seed,
+                approach = approach.name(),
+                ?result,
+                "evaluation seed done"
+            );
+            all.push(result);
+        }
+    }
+    Ok(per_approach)
 }
 
 /// Runs the evaluation over `seeds` shuffles of `samples` (seeds 0, 1, ...).
@@ -140,48 +311,17 @@ pub fn evaluate_seeds(
     seeds: std::ops::Range<u64>,
     params: &LearnerParams,
 ) -> Result<EvalReport, PredictorError> {
-    params.check()?;
-    if samples.is_empty() {
-        return Err(PredictorError::NoSamples);
-    }
-    let mut ours = Vec::new();
-    let mut reference = Vec::new();
-    for seed in seeds {
+    let per_approach = per_approach_over_seeds(samples, seeds, params, |seed, params| {
         let mut stream = samples.to_vec();
         stream.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
-        let mut seeded = params.clone();
-        seeded.forest.seed = params.forest.seed.wrapping_add(seed);
-        let (o, r) = std::thread::scope(|scope| {
-            let reference = scope.spawn(|| {
-                stream_errors(
-                    &seeded,
-                    ReferenceTrainer {
-                        params: seeded.clone(),
-                    },
-                    &stream,
-                )
-            });
-            let ours = stream_errors(
-                &seeded,
-                ProfileTrainer {
-                    params: seeded.clone(),
-                },
-                &stream,
-            );
-            let reference = reference.join().unwrap_or_else(|_| {
-                Err(PredictorError::Fit("reference evaluation panicked".into()))
-            });
-            (ours, reference)
-        });
-        let (o, r) = (windows(&o?), windows(&r?));
-        tracing::info!(seed, ours_early = ?o.0, ours_late = ?o.1, reference_early = ?r.0, reference_late = ?r.1, "prequential seed done");
-        ours.push(o);
-        reference.push(r);
-    }
+        for_each_approach(|approach| Ok(windows(&stream_outcomes(params, approach, &stream)?)))
+    })?;
     Ok(EvalReport {
         samples: samples.len(),
-        ours: summarise(ours),
-        reference: summarise(reference),
+        split: "default",
+        ours: summarise(&per_approach[0]),
+        reference: summarise(&per_approach[1]),
+        plain_forest: summarise(&per_approach[2]),
     })
 }
 
@@ -190,13 +330,20 @@ mod tests {
     use super::*;
     use iadeep_proto::TaskProfile;
 
+    fn outcome(ape: f64, inside_90: bool) -> Outcome {
+        Outcome { ape, inside_90 }
+    }
+
     #[test]
     fn windows_split_at_100_and_135() {
-        let errors: Vec<f64> = (0..200).map(|i| if i < 135 { 0.1 } else { 0.3 }).collect();
-        let (early, late) = windows(&errors);
+        let outcomes: Vec<Outcome> = (0..200)
+            .map(|i| outcome(if i < 135 { 0.1 } else { 0.3 }, i % 4 != 0))
+            .collect();
+        let (early, late, coverage) = windows(&outcomes);
         assert!((early.expect("early") - 0.1).abs() < 1e-12);
         assert!((late.expect("late") - 0.3).abs() < 1e-12);
-        assert_eq!(windows(&errors[..50]), (None, None));
+        assert!((coverage.expect("coverage") - 0.75).abs() < 1e-12);
+        assert_eq!(windows(&outcomes[..50]), (None, None, None));
     }
 
     /// On a synthetic stream where new model names keep appearing but the slowdown
@@ -233,6 +380,7 @@ mod tests {
         let ours = report.ours.mape_100_135.expect("ours");
         let reference = report.reference.mape_100_135.expect("ref");
         assert!(ours < 0.5 * reference, "ours {ours} reference {reference}");
+        assert!(report.plain_forest.mape_100_135.is_some());
         assert_eq!(report.samples, 220);
     }
 }

@@ -1,9 +1,10 @@
 //! The reference approach we compare against: a forest on one-hot job names.
 //!
-//! The row is one column per job name seen in the training window for the task
-//! (1 if it is this task) and one per name for the co-runners (how many co-runners
-//! have that name), plus the device kind. A name never seen in training gets all
-//! zeros: this is exactly why the approach cannot say anything about a new model.
+//! A job is a model name at a batch size. The row is one column per job seen in the
+//! training window for the task (1 if it is this task) and one per job for the
+//! co-runners (how many co-runners are that job), plus the device kind. A job never
+//! seen in training gets all zeros: this is exactly why the approach cannot say
+//! anything about a new model.
 //! Same forest, same window, same refit cadence as ours, so the comparison isolates
 //! the features.
 
@@ -12,12 +13,13 @@ use std::sync::Arc;
 
 use iadeep_proto::{CoLocationSample, TaskProfile};
 
+use crate::Prediction;
 use crate::error::PredictorError;
 use crate::features::{DEVICE_KINDS, device_column};
 use crate::forest::Forest;
 use crate::heuristic;
 use crate::learner::{LearnerParams, SlowdownModel, Trainer};
-use crate::{Prediction, PredictionSource};
+use crate::plain_forest::baseline_prediction;
 
 /// The reference model.
 #[derive(Debug)]
@@ -25,12 +27,19 @@ pub enum ReferenceModel {
     ColdStart,
     Forest {
         forest: Forest,
-        vocabulary: BTreeMap<String, usize>,
+        vocabulary: Vocabulary,
     },
 }
 
+/// The column of each job (model name, batch size) seen in training.
+type Vocabulary = BTreeMap<(String, u32), usize>;
+
+fn job(p: &TaskProfile) -> (String, u32) {
+    (p.model.clone(), p.batch_size)
+}
+
 fn one_hot_row(
-    vocabulary: &BTreeMap<String, usize>,
+    vocabulary: &Vocabulary,
     device_kind: &str,
     task: &TaskProfile,
     corunners: &[TaskProfile],
@@ -39,11 +48,11 @@ fn one_hot_row(
     let mut row = vec![0.0; DEVICE_KINDS.len() + 2 * n];
     row[device_column(device_kind)] = 1.0;
     let base = DEVICE_KINDS.len();
-    if let Some(i) = vocabulary.get(&task.model) {
+    if let Some(i) = vocabulary.get(&job(task)) {
         row[base + i] = 1.0;
     }
     for c in corunners {
-        if let Some(i) = vocabulary.get(&c.model) {
+        if let Some(i) = vocabulary.get(&job(c)) {
             row[base + n + i] += 1.0;
         }
     }
@@ -59,17 +68,12 @@ impl SlowdownModel for ReferenceModel {
     ) -> Prediction {
         match self {
             ReferenceModel::ColdStart => heuristic::predict(task, corunners),
-            ReferenceModel::Forest { forest, vocabulary } => {
-                let row = one_hot_row(vocabulary, device_kind, task, corunners);
-                match forest.predict(&row) {
-                    Ok((mean, sd)) => Prediction {
-                        slowdown: mean,
-                        uncertainty: sd,
-                        source: PredictionSource::Model,
-                    },
-                    Err(_) => heuristic::predict(task, corunners),
-                }
-            }
+            ReferenceModel::Forest { forest, vocabulary } => baseline_prediction(
+                forest,
+                &one_hot_row(vocabulary, device_kind, task, corunners),
+                task,
+                corunners,
+            ),
         }
     }
 }
@@ -95,7 +99,7 @@ impl Trainer for ReferenceTrainer {
         for s in samples {
             for p in s.task.iter().chain(s.corunners.iter()) {
                 let next = vocabulary.len();
-                vocabulary.entry(p.model.clone()).or_insert(next);
+                vocabulary.entry(job(p)).or_insert(next);
             }
         }
         let mut rows = Vec::with_capacity(samples.len());
@@ -118,9 +122,9 @@ mod tests {
 
     #[test]
     fn unseen_names_get_no_column() {
-        let mut vocabulary = BTreeMap::new();
-        vocabulary.insert("A".to_owned(), 0);
-        vocabulary.insert("B".to_owned(), 1);
+        let mut vocabulary = Vocabulary::new();
+        vocabulary.insert(("A".to_owned(), 1), 0);
+        vocabulary.insert(("B".to_owned(), 1), 1);
         let p = |m: &str| TaskProfile {
             model: m.into(),
             batch_size: 1,
@@ -129,6 +133,13 @@ mod tests {
         };
         let row = one_hot_row(&vocabulary, "k80", &p("A"), &[p("B"), p("B"), p("Z")]);
         assert_eq!(&row[8..], &[1.0, 0.0, 0.0, 2.0]);
+        let mut larger = p("A");
+        larger.batch_size = 2;
+        let row = one_hot_row(&vocabulary, "k80", &larger, &[]);
+        assert!(
+            row[8..].iter().all(|v| *v == 0.0),
+            "another batch size, another job"
+        );
         let row = one_hot_row(&vocabulary, "k80", &p("Z"), &[]);
         assert!(row[8..].iter().all(|v| *v == 0.0));
     }

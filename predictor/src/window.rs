@@ -1,6 +1,6 @@
 //! The bounded training window: the newest samples plus a diverse reservoir.
 //!
-//! smartcore's trees have no partial fit, so every refit starts from scratch and
+//! The trees have no partial fit, so every refit starts from scratch and
 //! must be bounded. Keeping only the newest samples would forget rare pairings the
 //! cluster saw long ago; keeping everything would make refits grow without bound.
 //! The window therefore holds the `newest` most recent samples and, beside them, a

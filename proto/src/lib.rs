@@ -4,15 +4,23 @@
 //! the state store, so a report written by an agent and read by a tuner, or a
 //! placement answered over gRPC and stored, can never drift apart.
 //!
-//! Every message also derives serde (`Serialize`, `Deserialize` with defaults
-//! for absent fields and an error for unknown ones) so that operators can read
-//! and write stored values as JSON.
+//! Every message also implements serde in protobuf's canonical JSON mapping
+//! (pbjson: lowerCamelCase names, enum names, 64-bit integers as strings, default
+//! values omitted), so JSON written by `MessageToJson` in any language is read
+//! back, and operators can read and write stored values as JSON. On input the
+//! proto field names (`device_id`) are accepted as well as the JSON names
+//! (`deviceId`), absent fields take their defaults, and unknown fields are an error.
 
 /// Version 1 of the schema (`package iadeep.v1`).
 #[allow(missing_docs, clippy::all, missing_debug_implementations)]
 pub mod v1 {
     tonic::include_proto!("iadeep.v1");
+    include!(concat!(env!("OUT_DIR"), "/iadeep.v1.serde.rs"));
 }
+
+/// The encoded `FileDescriptorSet` of the schema, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/iadeep_descriptor.bin"));
 
 pub use v1::*;
 
@@ -53,6 +61,41 @@ mod tests {
         let json = serde_json::to_string(&spec).expect("serialise");
         let back: TaskSpec = serde_json::from_str(&json).expect("parse");
         assert_eq!(back, spec);
+    }
+
+    #[test]
+    fn json_follows_the_protobuf_mapping() {
+        let spec = TaskSpec {
+            task_id: "job-42".into(),
+            gpu_mem_request_mib: 12_000,
+            lr_rule: LrScalingRule::Sqrt as i32,
+            submitted_at_unix_ms: 1_700_000_000_000,
+            ..Default::default()
+        };
+        let json = serde_json::to_value(&spec).expect("serialise");
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "taskId": "job-42",
+                "gpuMemRequestMib": "12000",
+                "lrRule": "LR_SCALING_RULE_SQRT",
+                "submittedAtUnixMs": "1700000000000",
+            }),
+            "camelCase names, enum names, 64-bit integers as strings, defaults omitted"
+        );
+    }
+
+    #[test]
+    fn json_accepts_proto_names_numbers_and_enum_numbers() {
+        let old: DeviceInfo = serde_json::from_str(r#"{"device_id":"n1:gpu0","memory_mib":24576}"#)
+            .expect("the snake_case names of older iadeep versions");
+        let new: DeviceInfo = serde_json::from_str(r#"{"deviceId":"n1:gpu0","memoryMib":"24576"}"#)
+            .expect("the standard mapping");
+        assert_eq!(old, new);
+        assert_eq!(old.memory_mib, 24576);
+        let spec: TaskSpec =
+            serde_json::from_str(r#"{"task_id":"t","lr_rule":2}"#).expect("enum number");
+        assert_eq!(spec.lr_rule, LrScalingRule::Sqrt as i32);
     }
 
     #[test]

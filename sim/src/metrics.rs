@@ -94,33 +94,83 @@ impl RunMetrics {
         }
     }
 
-    /// Time-weighted mean of `value` over `[from, to]` of the step function `util`.
-    fn time_average(&self, from: f64, to: f64, value: impl Fn(&(f64, usize, f64)) -> f64) -> f64 {
-        if to <= from {
-            return 0.0;
+    /// Time-weighted means of the busy GPUs and the work rate over `bins` equal
+    /// windows of `[from, to]`, in one pass over the step function `util` (each value
+    /// holds until the next change). A run of 10,000 jobs has hundreds of thousands of
+    /// changes; its CSV and plot use a few thousand bins of these.
+    pub fn util_bins(&self, from: f64, to: f64, bins: usize) -> Vec<UtilBin> {
+        if to.partial_cmp(&from) != Some(std::cmp::Ordering::Greater) || bins == 0 {
+            return Vec::new();
         }
-        let mut total = 0.0;
-        for (index, point) in self.util.iter().enumerate() {
-            let start = point.0.max(from);
+        let width = (to - from) / bins as f64;
+        let mut out: Vec<UtilBin> = (0..bins)
+            .map(|i| UtilBin {
+                start_s: from + i as f64 * width,
+                end_s: if i + 1 == bins {
+                    to
+                } else {
+                    from + (i + 1) as f64 * width
+                },
+                busy_gpus: 0.0,
+                work_rate: 0.0,
+            })
+            .collect();
+        for (index, &(at, busy, rate)) in self.util.iter().enumerate() {
+            let mut start = at.max(from);
             let end = self.util.get(index + 1).map_or(to, |next| next.0).min(to);
-            if end > start {
-                total += value(point) * (end - start);
+            if end <= start {
+                continue;
+            }
+            let mut bin = (((start - from) / width) as usize).min(bins - 1);
+            loop {
+                let piece_end = end.min(out[bin].end_s);
+                if piece_end > start {
+                    out[bin].busy_gpus += busy as f64 * (piece_end - start);
+                    out[bin].work_rate += rate * (piece_end - start);
+                    start = piece_end;
+                }
+                if start >= end || bin + 1 == bins {
+                    break;
+                }
+                bin += 1;
             }
         }
-        total / (to - from)
+        for bin in &mut out {
+            let span = bin.end_s - bin.start_s;
+            if span > 0.0 {
+                bin.busy_gpus /= span;
+                bin.work_rate /= span;
+            }
+        }
+        out
     }
 
     /// Mean fraction of GPUs with at least one task, from first submit to last end.
     pub fn average_busy_fraction(&self, from: f64, to: f64) -> f64 {
         let gpus = self.gpus.max(1) as f64;
-        self.time_average(from, to, |p| p.1 as f64 / gpus)
+        self.util_bins(from, to, 1)
+            .first()
+            .map_or(0.0, |b| b.busy_gpus / gpus)
     }
 
     /// Mean useful work per GPU (1 = every GPU running one job alone at full speed).
     pub fn average_work_rate(&self, from: f64, to: f64) -> f64 {
         let gpus = self.gpus.max(1) as f64;
-        self.time_average(from, to, |p| p.2 / gpus)
+        self.util_bins(from, to, 1)
+            .first()
+            .map_or(0.0, |b| b.work_rate / gpus)
     }
+}
+
+/// Time-weighted means over one window of a run (see [`RunMetrics::util_bins`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UtilBin {
+    pub start_s: f64,
+    pub end_s: f64,
+    /// Mean number of GPUs with at least one task.
+    pub busy_gpus: f64,
+    /// Mean useful work, GPU-equivalents of solo progress.
+    pub work_rate: f64,
 }
 
 fn mean(values: &[f64]) -> f64 {
@@ -181,5 +231,13 @@ mod tests {
         assert_eq!(metrics.util.len(), 2);
         // 10 s at 100 %, 10 s at 0 %.
         assert!((metrics.average_busy_fraction(0.0, 20.0) - 0.5).abs() < 1e-12);
+        let bins = metrics.util_bins(0.0, 20.0, 4);
+        let busy: Vec<f64> = bins.iter().map(|b| b.busy_gpus).collect();
+        assert_eq!(busy, [2.0, 2.0, 0.0, 0.0]);
+        // A bin straddling the change averages it.
+        let bins = metrics.util_bins(5.0, 15.0, 1);
+        assert!((bins[0].busy_gpus - 1.0).abs() < 1e-12, "{bins:?}");
+        assert!((bins[0].work_rate - 1.0).abs() < 1e-12, "{bins:?}");
+        assert!(metrics.util_bins(3.0, 3.0, 10).is_empty());
     }
 }

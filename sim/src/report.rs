@@ -6,7 +6,26 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 
 use crate::error::{Result, SimError};
-use crate::metrics::{RunMetrics, Summary};
+use crate::metrics::{RunMetrics, Summary, UtilBin};
+
+/// Rows per policy in `utilisation.csv`: time-weighted means over equal windows, so
+/// the file stays small (a 10,000-job run has hundreds of thousands of changes).
+pub const UTIL_CSV_BINS: usize = 1000;
+/// Windows per policy in the utilisation plot (about two per horizontal pixel).
+const UTIL_PLOT_BINS: usize = 400;
+
+/// The span a run's utilisation covers: from 0 to its last change or task end.
+fn run_end_s(run: &RunMetrics) -> f64 {
+    let last_change = run.util.last().map_or(0.0, |p| p.0);
+    run.tasks
+        .iter()
+        .map(|t| t.finish_s)
+        .fold(last_change, f64::max)
+}
+
+fn util_bins(run: &RunMetrics, bins: usize) -> Vec<UtilBin> {
+    run.util_bins(0.0, run_end_s(run), bins)
+}
 
 /// The human-readable table, one row per policy.
 pub fn table(summaries: &[Summary]) -> String {
@@ -74,8 +93,9 @@ fn write(path: &Path, text: &str) -> Result<()> {
     })
 }
 
-/// Writes `summary.csv`, `tasks.csv`, `utilisation.csv` and the two SVG plots under
-/// `dir`; returns the files written.
+/// Writes `summary.csv`, `tasks.csv`, `utilisation.csv` (time-weighted means over
+/// [`UTIL_CSV_BINS`] windows per policy) and the two SVG plots under `dir`; returns
+/// the files written.
 pub fn write_all(dir: &Path, runs: &[RunMetrics], summaries: &[Summary]) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).map_err(|source| SimError::Io {
         path: dir.display().to_string(),
@@ -133,10 +153,14 @@ pub fn write_all(dir: &Path, runs: &[RunMetrics], summaries: &[Summary]) -> Resu
     write(&path, &csv)?;
     written.push(path);
 
-    let mut csv = String::from("policy,time_s,busy_gpus,work_rate\n");
+    let mut csv = String::from("policy,start_s,end_s,mean_busy_gpus,mean_work_rate\n");
     for run in runs {
-        for (t, busy, rate) in &run.util {
-            let _ = writeln!(csv, "{},{t:.3},{busy},{rate:.5}", run.policy);
+        for bin in util_bins(run, UTIL_CSV_BINS) {
+            let _ = writeln!(
+                csv,
+                "{},{:.3},{:.3},{:.4},{:.5}",
+                run.policy, bin.start_s, bin.end_s, bin.busy_gpus, bin.work_rate
+            );
         }
     }
     let path = dir.join("utilisation.csv");
@@ -170,102 +194,62 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(23, 190, 207),
 ];
 
-/// Completion-time CDF of every policy (hours, log-free linear axis).
+/// Completion-time CDF of every policy on a logarithmic time axis: completion times
+/// span minutes to days, and on a linear axis the policies' curves crowd together at
+/// the left edge of a long run's plot.
 fn plot_cdf(path: &Path, runs: &[RunMetrics]) -> Result<()> {
-    let series = runs
+    let series: Vec<(String, Vec<(f64, f64)>)> = runs
         .iter()
         .map(|run| {
             let mut ct: Vec<f64> = run
                 .tasks
                 .iter()
-                .map(|t| t.completion_s() / 3600.0)
+                .map(|t| (t.completion_s() / 3600.0).max(MIN_CDF_HOURS))
                 .collect();
             ct.sort_by(f64::total_cmp);
             let n = ct.len().max(1) as f64;
+            // At most ~2,000 points per curve: every k-th task and the last.
+            let stride = (ct.len() / 2000).max(1);
+            let last = ct.len().saturating_sub(1);
             let points = ct
                 .into_iter()
                 .enumerate()
+                .filter(|(i, _)| i % stride == 0 || *i == last)
                 .map(|(i, v)| (v, (i + 1) as f64 / n))
                 .collect();
             (run.policy.clone(), points)
         })
         .collect();
-    let frame = Frame {
-        caption: "Completion time CDF",
-        x_desc: "completion time (h)",
-        y_desc: "fraction of tasks",
-        y_max: 1.0,
-        legend: SeriesLabelPosition::LowerRight,
-        stroke: 2,
-    };
-    line_plot(path, &frame, series)
-}
-
-/// Busy fraction of the GPUs over time, one line per policy (at most ~2,000 steps each),
-/// drawn as steps: the fraction holds until the next event changes it.
-fn plot_utilisation(path: &Path, runs: &[RunMetrics]) -> Result<()> {
-    let series = runs
-        .iter()
-        .map(|run| {
-            let gpus = run.gpus.max(1) as f64;
-            let stride = (run.util.len() / 2000).max(1);
-            let mut points: Vec<(f64, f64)> = Vec::new();
-            for (t, busy, _) in run.util.iter().step_by(stride) {
-                let (x, y) = (t / 3600.0, *busy as f64 / gpus);
-                if let Some(&(_, previous)) = points.last() {
-                    points.push((x, previous));
-                }
-                points.push((x, y));
-            }
-            (run.policy.clone(), points)
-        })
-        .collect();
-    let frame = Frame {
-        caption: "GPUs busy over time",
-        x_desc: "time (h)",
-        y_desc: "fraction of GPUs with a task",
-        y_max: 1.05,
-        legend: SeriesLabelPosition::UpperRight,
-        stroke: 1,
-    };
-    line_plot(path, &frame, series)
-}
-
-/// What differs between the plots; everything else is drawn the same way.
-struct Frame {
-    caption: &'static str,
-    x_desc: &'static str,
-    y_desc: &'static str,
-    y_max: f64,
-    legend: SeriesLabelPosition,
-    stroke: u32,
-}
-
-/// One SVG with a line per (policy, points), x from 0 to the largest x of any series.
-fn line_plot(path: &Path, frame: &Frame, series: Vec<(String, Vec<(f64, f64)>)>) -> Result<()> {
-    let max_x = series
+    let (min_x, max_x) = series
         .iter()
         .flat_map(|(_, points)| points.iter().map(|p| p.0))
-        .fold(1e-3, f64::max);
+        .fold((f64::INFINITY, MIN_CDF_HOURS), |(lo, hi), x| {
+            (lo.min(x), hi.max(x))
+        });
+    let min_x = if min_x.is_finite() {
+        min_x
+    } else {
+        MIN_CDF_HOURS
+    };
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_error(path, e))?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(frame.caption, ("sans-serif", 22))
+        .caption("Completion time CDF", ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)
-        .build_cartesian_2d(0.0..max_x * 1.02, 0.0..frame.y_max)
+        .build_cartesian_2d((min_x * 0.9..max_x * 1.1).log_scale(), 0.0..1.0)
         .map_err(|e| plot_error(path, e))?;
     chart
         .configure_mesh()
-        .x_desc(frame.x_desc)
-        .y_desc(frame.y_desc)
+        .x_desc("completion time (h, log scale)")
+        .y_desc("fraction of tasks")
         .draw()
         .map_err(|e| plot_error(path, e))?;
     for (index, (name, points)) in series.into_iter().enumerate() {
         let color = PALETTE[index % PALETTE.len()];
         chart
-            .draw_series(LineSeries::new(points, color.stroke_width(frame.stroke)))
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))
             .map_err(|e| plot_error(path, e))?
             .label(name)
             .legend(move |(x, y)| {
@@ -276,8 +260,65 @@ fn line_plot(path: &Path, frame: &Frame, series: Vec<(String, Vec<(f64, f64)>)>)
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .position(frame.legend.clone())
+        .position(SeriesLabelPosition::LowerRight)
         .draw()
         .map_err(|e| plot_error(path, e))?;
+    root.present().map_err(|e| plot_error(path, e))
+}
+
+/// Shortest completion time drawn on the log axis (36 s): keeps zero-length runs on it.
+const MIN_CDF_HOURS: f64 = 0.01;
+
+/// Busy fraction of the GPUs over time, one panel per policy (overlaid lines of eight
+/// policies over a long run are a tangle), each a time-weighted mean over
+/// [`UTIL_PLOT_BINS`] windows, with the policy's mean in the panel's title.
+fn plot_utilisation(path: &Path, runs: &[RunMetrics]) -> Result<()> {
+    let max_x = runs.iter().map(run_end_s).fold(1e-3, f64::max) / 3600.0;
+    let columns = if runs.len() > 4 { 2 } else { 1 };
+    let rows = runs.len().div_ceil(columns).max(1);
+    let height = u32::try_from(rows * 170 + 60).unwrap_or(u32::MAX);
+    let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_error(path, e))?;
+    let root = root
+        .titled("GPUs busy over time", ("sans-serif", 22))
+        .map_err(|e| plot_error(path, e))?;
+    let panels = root.split_evenly((rows, columns));
+    for (index, (run, panel)) in runs.iter().zip(panels.iter()).enumerate() {
+        let color = PALETTE[index % PALETTE.len()];
+        let gpus = run.gpus.max(1) as f64;
+        let bins = util_bins(run, UTIL_PLOT_BINS);
+        let mean = if bins.is_empty() {
+            0.0
+        } else {
+            bins.iter().map(|b| b.busy_gpus).sum::<f64>() / bins.len() as f64 / gpus
+        };
+        let mut chart = ChartBuilder::on(panel)
+            .caption(
+                format!("{} (mean {:.0} % busy)", run.policy, mean * 100.0),
+                ("sans-serif", 15),
+            )
+            .margin(6)
+            .x_label_area_size(28)
+            .y_label_area_size(40)
+            .build_cartesian_2d(0.0..max_x * 1.02, 0.0..1.05)
+            .map_err(|e| plot_error(path, e))?;
+        chart
+            .configure_mesh()
+            .x_desc("time (h)")
+            .y_desc("busy")
+            .y_labels(3)
+            .draw()
+            .map_err(|e| plot_error(path, e))?;
+        let points = bins
+            .iter()
+            .flat_map(|b| {
+                let y = b.busy_gpus / gpus;
+                [(b.start_s / 3600.0, y), (b.end_s / 3600.0, y)]
+            })
+            .collect::<Vec<_>>();
+        chart
+            .draw_series(AreaSeries::new(points, 0.0, color.mix(0.35)).border_style(color))
+            .map_err(|e| plot_error(path, e))?;
+    }
     root.present().map_err(|e| plot_error(path, e))
 }

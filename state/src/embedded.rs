@@ -16,6 +16,13 @@
 //! - Watches are delivered in-process through unbounded channels; a slow reader
 //!   costs memory, never a lost event.
 //!
+//! A damaged file is an error, never a crash: an existing file must be a redb
+//! database holding iadeep's tables (a 0-byte or foreign file is refused, not
+//! overwritten), and every call into redb goes through [`contain`], which turns a
+//! panic inside redb on corrupt pages into [`StateError::Embedded`]. Read-only
+//! opens ([`EmbeddedStore::open_read_only`], for `iadeep state get/ls/watch`) never
+//! create, repair or write the file.
+//!
 //! Writes use group commit: concurrent transactions are queued to one writer
 //! thread that commits all of those waiting in one redb write transaction, i.e.
 //! one fsync, and answers each caller once that commit is durable (see
@@ -23,11 +30,14 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{
+    Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, TableDefinition, TableHandle,
+};
 use tokio::sync::mpsc;
 
 use crate::error::{Result, StateError};
@@ -54,6 +64,9 @@ const REAPER_INTERVAL: Duration = Duration::from_millis(50);
 /// The embedded single-file store. Cheap to clone; clones share one database.
 #[derive(Clone)]
 pub struct EmbeddedStore {
+    /// Declared before `inner` so it drops first (see [`Owner`]); `None` in the
+    /// background threads' temporary handles.
+    owner: Option<Arc<Owner>>,
     inner: Arc<Inner>,
 }
 
@@ -65,15 +78,63 @@ impl std::fmt::Debug for EmbeddedStore {
     }
 }
 
+/// Shared by every handle given to callers, not by the background threads: when
+/// the last such handle is dropped, the threads are told to stop and joined before
+/// that handle's reference to the database goes, so the database is closed (and
+/// its file left clean) on the caller's thread.
+///
+/// Why: a background thread briefly holding the last reference would otherwise
+/// close the database itself, and a short-lived process (`iadeep state put`) can
+/// exit before it does, leaving a file that needs a repair at the next open.
+struct Owner {
+    /// The queue of the group-commit writer (see [`spawn_writer`]); `None` when
+    /// read-only. Dropping it is what stops the writer.
+    writer: Option<std::sync::mpsc::Sender<WriteRequest>>,
+    stop: Arc<AtomicBool>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.writer = None;
+        self.stop.store(true, Ordering::Relaxed);
+        let threads = std::mem::take(
+            &mut *self
+                .threads
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        for thread in threads {
+            if thread.thread().id() != std::thread::current().id() {
+                thread.thread().unpark();
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// The redb database, writable or not.
+enum Db {
+    Writable(Database),
+    ReadOnly(ReadOnlyDatabase),
+}
+
+impl Db {
+    fn begin_read(&self) -> std::result::Result<redb::ReadTransaction, redb::TransactionError> {
+        match self {
+            Db::Writable(db) => db.begin_read(),
+            Db::ReadOnly(db) => db.begin_read(),
+        }
+    }
+}
+
 struct Inner {
-    db: Database,
+    db: Db,
     /// The file path, or `:memory:`.
     location: String,
     history_revisions: i64,
     /// Serialises every write and guards the in-process parts (leases, watchers).
     shared: Mutex<Shared>,
-    /// The queue of the group-commit writer (see [`spawn_writer`]).
-    writer: std::sync::mpsc::Sender<WriteRequest>,
     /// Durable commits so far (each may carry many transactions).
     commits: std::sync::atomic::AtomicU64,
 }
@@ -247,7 +308,8 @@ impl EmbeddedStore {
     /// Opens (creating if needed) the store at `path`, creating parent directories.
     ///
     /// Keys bound to leases of a previous process are deleted: those leases ended
-    /// when that process did.
+    /// when that process did. An existing file that is empty, not a redb database,
+    /// or a redb database without iadeep's tables is refused and left untouched.
     pub fn open(path: impl AsRef<Path>) -> Result<EmbeddedStore> {
         let path = path.as_ref();
         let location = path.display().to_string();
@@ -255,19 +317,111 @@ impl EmbeddedStore {
             path: location.clone(),
             reason,
         };
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        let existed = check_existing_file(path).map_err(&fail)?;
+        if !existed && let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
                 .map_err(|e| fail(format!("cannot create directory {}: {e}", parent.display())))?;
         }
-        let db = open_retrying_briefly(path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => fail(
-                "the file is already open in another process (an embedded store serves one \
-                 process at a time; use etcd to share state between processes)"
-                    .to_owned(),
-            ),
-            other => fail(other.to_string()),
+        if existed {
+            // Checked read-only first: opening a redb file for writing marks it,
+            // and another program's database must be left exactly as it was.
+            contain(&location, "checking the file", || {
+                match open_retrying_briefly(|| ReadOnlyDatabase::open(path)) {
+                    Ok(db) => {
+                        let txn = db.begin_read().map_err(|e| fail(e.to_string()))?;
+                        check_tables(&txn).map_err(&fail)
+                    }
+                    // Not closed cleanly (a crash): only a read-write open can repair
+                    // it, and a crashed iadeep process is by far the likeliest writer.
+                    Err(redb::DatabaseError::RepairAborted) => Ok(()),
+                    Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(()),
+                    Err(other) => Err(fail(format!(
+                        "{other} (the file is damaged or not an iadeep store)"
+                    ))),
+                }
+            })?;
+        }
+        let db = contain(&location, "opening the file", || {
+            open_retrying_briefly(|| {
+                if existed {
+                    Database::open(path)
+                } else {
+                    Database::create(path)
+                }
+            })
+            .map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => fail(
+                    "the file is already open in another process (an embedded store serves \
+                     one process at a time; use etcd to share state between processes)"
+                        .to_owned(),
+                ),
+                other => fail(format!(
+                    "{other} (the file is damaged or not an iadeep store)"
+                )),
+            })
         })?;
-        Self::from_database(db, location, DEFAULT_HISTORY_REVISIONS)
+        let (store, queue) = contain(&location, "reading the store's counters", || {
+            Self::from_database(
+                Db::Writable(db),
+                location.clone(),
+                DEFAULT_HISTORY_REVISIONS,
+                existed,
+            )
+        })?;
+        contain(&location, "dropping keys of ended leases", || {
+            store.drop_orphaned_leased_keys()
+        })?;
+        store.spawn_background(queue)?;
+        Ok(store)
+    }
+
+    /// Opens the existing store at `path` for reading only: nothing is created,
+    /// repaired or written, and every write fails. Keys bound to leases are hidden,
+    /// since the process that held their leases is gone (a live one would hold the
+    /// file and this open would fail): reads show what a read-write open would.
+    ///
+    /// A file left by a process that was killed needs a repair, which is a write:
+    /// it is refused with a message saying so.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<EmbeddedStore> {
+        let path = path.as_ref();
+        let location = path.display().to_string();
+        let fail = |reason: String| StateError::Embedded {
+            path: location.clone(),
+            reason,
+        };
+        if !check_existing_file(path).map_err(&fail)? {
+            return Err(fail(
+                "no store there (read-only commands never create one; check --store)".into(),
+            ));
+        }
+        let db = contain(&location, "opening the file", || {
+            open_retrying_briefly(|| ReadOnlyDatabase::open(path)).map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => fail(
+                    "the file is open in another process (an embedded store serves one process \
+                     at a time; stop it, or use etcd to share state between processes)"
+                        .into(),
+                ),
+                redb::DatabaseError::RepairAborted => fail(
+                    "the store was not closed cleanly and needs a repair, which a read-only \
+                     command does not do: start any iadeep component on it once (or \
+                     `iadeep state put`) to repair it"
+                        .into(),
+                ),
+                other => fail(format!(
+                    "{other} (the file is damaged or not an iadeep store)"
+                )),
+            })
+        })?;
+        // No writer: the queue is dropped and writes are refused in `submit`.
+        contain(&location, "reading the store's counters", || {
+            Self::from_database(
+                Db::ReadOnly(db),
+                location.clone(),
+                DEFAULT_HISTORY_REVISIONS,
+                true,
+            )
+        })
+        .map(|(store, _queue)| store)
     }
 
     /// A store that lives in memory only, for tests and the simulator.
@@ -283,12 +437,24 @@ impl EmbeddedStore {
                 path: ":memory:".into(),
                 reason: e.to_string(),
             })?;
-        Self::from_database(db, ":memory:".into(), history_revisions.max(1))
+        let (store, queue) = Self::from_database(
+            Db::Writable(db),
+            ":memory:".into(),
+            history_revisions.max(1),
+            false,
+        )?;
+        store.spawn_background(queue)?;
+        Ok(store)
     }
 
     /// The file path of the store, or `:memory:`.
     pub fn location(&self) -> &str {
         &self.inner.location
+    }
+
+    /// Whether the store was opened with [`EmbeddedStore::open_read_only`].
+    pub fn is_read_only(&self) -> bool {
+        matches!(self.inner.db, Db::ReadOnly(_))
     }
 
     /// How many durable commits this handle's database has made since it was opened;
@@ -299,39 +465,55 @@ impl EmbeddedStore {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn from_database(db: Database, location: String, history_revisions: i64) -> Result<Self> {
+    /// Reads the counters (creating the tables of a new writable store) and builds
+    /// the handle, with the queue its group-commit writer will read. `existing`
+    /// files must already hold iadeep's tables.
+    fn from_database(
+        db: Db,
+        location: String,
+        history_revisions: i64,
+        existing: bool,
+    ) -> Result<(Self, std::sync::mpsc::Receiver<WriteRequest>)> {
         let err = |e: redb::Error| StateError::Embedded {
             path: location.clone(),
             reason: e.to_string(),
         };
         let (revision, oldest) = {
-            let txn = db.begin_write().map_err(|e| err(e.into()))?;
-            let counters = {
-                // Creating the tables here means every later read finds them.
-                txn.open_table(KV).map_err(|e| err(e.into()))?;
-                txn.open_table(EVENTS).map_err(|e| err(e.into()))?;
-                let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
-                let read = |name: &str| -> Result<Option<i64>> {
-                    Ok(meta
-                        .get(name)
-                        .map_err(|e| err(e.into()))?
-                        .map(|g| g.value()))
+            if existing {
+                let txn = db.begin_read().map_err(|e| err(e.into()))?;
+                check_tables(&txn).map_err(|reason| StateError::Embedded {
+                    path: location.clone(),
+                    reason,
+                })?;
+                read_counters(&txn.open_table(META).map_err(|e| err(e.into()))?)
+                    .map_err(|e| err(e.into()))?
+            } else {
+                let Db::Writable(writable) = &db else {
+                    return Err(err(redb::Error::DatabaseClosed));
                 };
-                (
-                    read(META_REVISION)?.unwrap_or(0),
-                    read(META_OLDEST)?.unwrap_or(1),
-                )
-            };
-            txn.commit().map_err(|e| err(e.into()))?;
-            counters
+                let txn = writable.begin_write().map_err(|e| err(e.into()))?;
+                let counters = {
+                    // Creating the tables here means every later read finds them.
+                    txn.open_table(KV).map_err(|e| err(e.into()))?;
+                    txn.open_table(EVENTS).map_err(|e| err(e.into()))?;
+                    read_counters(&txn.open_table(META).map_err(|e| err(e.into()))?)
+                        .map_err(|e| err(e.into()))?
+                };
+                txn.commit().map_err(|e| err(e.into()))?;
+                counters
+            }
         };
         let (writer, queue) = std::sync::mpsc::channel();
         let store = EmbeddedStore {
+            owner: Some(Arc::new(Owner {
+                writer: matches!(db, Db::Writable(_)).then_some(writer),
+                stop: Arc::new(AtomicBool::new(false)),
+                threads: Mutex::new(Vec::new()),
+            })),
             inner: Arc::new(Inner {
                 db,
                 location,
                 history_revisions,
-                writer,
                 commits: std::sync::atomic::AtomicU64::new(0),
                 shared: Mutex::new(Shared {
                     revision,
@@ -342,10 +524,22 @@ impl EmbeddedStore {
                 }),
             }),
         };
-        store.drop_orphaned_leased_keys()?;
-        spawn_writer(Arc::downgrade(&store.inner), queue)?;
-        spawn_lease_reaper(Arc::downgrade(&store.inner));
-        Ok(store)
+        Ok((store, queue))
+    }
+
+    /// Starts the group-commit writer and the lease reaper of a writable store.
+    fn spawn_background(&self, queue: std::sync::mpsc::Receiver<WriteRequest>) -> Result<()> {
+        let Some(owner) = &self.owner else {
+            return Err(self.impossible("background threads started from a background handle"));
+        };
+        let mut threads = owner
+            .threads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let weak = Arc::downgrade(&self.inner);
+        threads.push(spawn_writer(weak.clone(), queue)?);
+        threads.extend(spawn_lease_reaper(weak, owner.stop.clone()));
+        Ok(())
     }
 
     fn drop_orphaned_leased_keys(&self) -> Result<()> {
@@ -402,10 +596,18 @@ impl EmbeddedStore {
         match table.get(key).map_err(|e| self.db_err(e))? {
             Some(bytes) => {
                 let (record, value) = Record::decode(key, bytes.value())?;
-                Ok(Some(record.into_kv(key.to_owned(), value)))
+                Ok(self
+                    .visible(&record)
+                    .then(|| record.into_kv(key.to_owned(), value)))
             }
             None => Ok(None),
         }
+    }
+
+    /// Whether a record is part of the store's state: in a read-only store, keys of
+    /// leases are not (their process is gone; see [`EmbeddedStore::open_read_only`]).
+    fn visible(&self, record: &Record) -> bool {
+        !(self.is_read_only() && record.lease.is_some())
     }
 
     /// Applies one transaction on its own (one commit).
@@ -437,7 +639,10 @@ impl EmbeddedStore {
         // Lease bookkeeping is only touched after the commit succeeded.
         let mut lease_moves: Vec<(String, Option<LeaseId>, Option<LeaseId>)> = Vec::new();
         let mut oldest = shared.oldest_event_revision;
-        let write = self.inner.db.begin_write().map_err(|e| self.db_err(e))?;
+        let Db::Writable(db) = &self.inner.db else {
+            return Err(self.read_only());
+        };
+        let write = db.begin_write().map_err(|e| self.db_err(e))?;
         {
             let mut kv = write.open_table(KV).map_err(|e| self.db_err(e))?;
             let mut log = write.open_table(EVENTS).map_err(|e| self.db_err(e))?;
@@ -613,14 +818,26 @@ impl EmbeddedStore {
     /// caller's thread never blocks on the disk, so an async runtime keeps serving
     /// other requests meanwhile (they queue up behind the commit and share the next).
     async fn submit(&self, txn: Txn) -> Result<Applied> {
+        if self.is_read_only() {
+            return Err(self.read_only());
+        }
         let (reply, outcome) = tokio::sync::oneshot::channel();
-        self.inner
-            .writer
+        self.owner
+            .as_ref()
+            .and_then(|owner| owner.writer.as_ref())
+            .ok_or_else(|| self.impossible("a write through a background handle"))?
             .send(WriteRequest { txn, reply })
             .map_err(|_| self.impossible("the writer thread has stopped"))?;
         outcome
             .await
             .map_err(|_| self.impossible("the writer thread dropped a transaction"))?
+    }
+
+    fn read_only(&self) -> StateError {
+        StateError::Embedded {
+            path: self.inner.location.clone(),
+            reason: "opened read-only: writes are refused".into(),
+        }
     }
 
     fn impossible(&self, what: &str) -> StateError {
@@ -660,10 +877,12 @@ impl EmbeddedStore {
 /// store dropped and reopened at once in this process (a restart of a component)
 /// can find the previous handle not yet released. Another process holding the
 /// file still fails, just [`OPEN_RETRY`] later.
-fn open_retrying_briefly(path: &Path) -> std::result::Result<Database, redb::DatabaseError> {
+fn open_retrying_briefly<D>(
+    mut open: impl FnMut() -> std::result::Result<D, redb::DatabaseError>,
+) -> std::result::Result<D, redb::DatabaseError> {
     let deadline = Instant::now() + OPEN_RETRY;
     loop {
-        match Database::create(path) {
+        match open() {
             Err(redb::DatabaseError::DatabaseAlreadyOpen) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -691,8 +910,11 @@ const OPEN_RETRY: Duration = Duration::from_millis(300);
 /// during that commit forms the next group.
 ///
 /// The thread holds the store weakly and stops when the last handle is dropped
-/// (the queue's sender lives in the store).
-fn spawn_writer(inner: Weak<Inner>, queue: std::sync::mpsc::Receiver<WriteRequest>) -> Result<()> {
+/// (the queue's sender lives in the callers' handles' [`Owner`]).
+fn spawn_writer(
+    inner: Weak<Inner>,
+    queue: std::sync::mpsc::Receiver<WriteRequest>,
+) -> Result<std::thread::JoinHandle<()>> {
     let location = inner
         .upgrade()
         .map(|i| i.location.clone())
@@ -700,6 +922,7 @@ fn spawn_writer(inner: Weak<Inner>, queue: std::sync::mpsc::Receiver<WriteReques
     std::thread::Builder::new()
         .name("iadeep-store-writer".into())
         .spawn(move || {
+            // Ends when the last caller's handle drops the queue's sender.
             while let Ok(first) = queue.recv() {
                 let mut group = vec![first];
                 while group.len() < MAX_GROUP_COMMIT {
@@ -711,28 +934,33 @@ fn spawn_writer(inner: Weak<Inner>, queue: std::sync::mpsc::Receiver<WriteReques
                 let Some(inner) = inner.upgrade() else {
                     return;
                 };
-                let store = EmbeddedStore { inner };
+                let store = EmbeddedStore { owner: None, inner };
                 let (txns, replies): (Vec<Txn>, Vec<_>) =
                     group.into_iter().map(|r| (r.txn, r.reply)).unzip();
                 let size = txns.len();
                 let results = {
                     let mut shared = store.lock();
-                    store.apply_batch(&mut shared, txns)
+                    contain(&store.inner.location, "committing", || {
+                        store.apply_batch(&mut shared, txns)
+                    })
                 };
+                let location = store.inner.location.clone();
+                // Released before anyone is answered: see `Owner`.
+                drop(store);
                 match results {
                     Ok(results) => {
-                        tracing::trace!(store = %store.inner.location, size, "group committed");
+                        tracing::trace!(store = %location, size, "group committed");
                         for (reply, result) in replies.into_iter().zip(results) {
                             // A caller that gave up waiting does not stop the others.
                             let _ = reply.send(result);
                         }
                     }
                     Err(err) => {
-                        tracing::error!(store = %store.inner.location, size, %err,
+                        tracing::error!(store = %location, size, %err,
                             "group commit failed; none of its transactions was written");
                         for reply in replies {
                             let _ = reply.send(Err(StateError::Embedded {
-                                path: store.inner.location.clone(),
+                                path: location.clone(),
                                 reason: format!("commit failed: {err}"),
                             }));
                         }
@@ -740,7 +968,6 @@ fn spawn_writer(inner: Weak<Inner>, queue: std::sync::mpsc::Receiver<WriteReques
                 }
             }
         })
-        .map(|_| ())
         .map_err(|e| StateError::Embedded {
             path: location,
             reason: format!("cannot start the writer thread: {e}"),
@@ -749,20 +976,40 @@ fn spawn_writer(inner: Weak<Inner>, queue: std::sync::mpsc::Receiver<WriteReques
 
 /// A thread (not a task, so the store works under any runtime or none) that
 /// expires leases. It stops once the last handle to the store is dropped.
-fn spawn_lease_reaper(inner: Weak<Inner>) {
+fn spawn_lease_reaper(
+    inner: Weak<Inner>,
+    stop: Arc<AtomicBool>,
+) -> Option<std::thread::JoinHandle<()>> {
     let spawned = std::thread::Builder::new()
         .name("iadeep-lease-reaper".into())
         .spawn(move || {
             loop {
-                std::thread::sleep(REAPER_INTERVAL);
+                // Woken early by `Owner` when the store is dropped.
+                std::thread::park_timeout(REAPER_INTERVAL);
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
                 match inner.upgrade() {
-                    Some(inner) => EmbeddedStore { inner }.reap_expired(),
+                    Some(inner) => {
+                        let store = EmbeddedStore { owner: None, inner };
+                        let expired = contain(&store.inner.location, "expiring leases", || {
+                            store.reap_expired();
+                            Ok(())
+                        });
+                        if let Err(err) = expired {
+                            tracing::error!(%err, "could not expire leases");
+                        }
+                    }
                     None => return,
                 }
             }
         });
-    if let Err(err) = spawned {
-        tracing::error!(%err, "could not start the lease reaper: leases will only expire on keep-alive");
+    match spawned {
+        Ok(thread) => Some(thread),
+        Err(err) => {
+            tracing::error!(%err, "could not start the lease reaper: leases will only expire on keep-alive");
+            None
+        }
     }
 }
 
@@ -773,7 +1020,7 @@ impl StateStore for EmbeddedStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
-        self.read_record(key)
+        contain(&self.inner.location, "reading", || self.read_record(key))
     }
 
     async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision> {
@@ -793,6 +1040,48 @@ impl StateStore for EmbeddedStore {
     }
 
     async fn range(&self, prefix: &str) -> Result<RangeSnapshot> {
+        contain(&self.inner.location, "reading", || self.read_range(prefix))
+    }
+
+    async fn watch(&self, prefix: &str, start_revision: Option<Revision>) -> Result<WatchStream> {
+        contain(&self.inner.location, "replaying history", || {
+            self.start_watch(prefix, start_revision)
+        })
+    }
+
+    async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId> {
+        let ttl = Duration::from_secs(lease_ttl_secs(ttl)?.unsigned_abs());
+        let mut shared = self.lock();
+        let id = LeaseId(shared.next_lease);
+        shared.next_lease += 1;
+        shared.leases.insert(
+            id,
+            LeaseState {
+                ttl,
+                deadline: Instant::now() + ttl,
+                keys: BTreeSet::new(),
+            },
+        );
+        Ok(id)
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Duration> {
+        contain(&self.inner.location, "expiring a lease", || {
+            self.refresh_lease(lease)
+        })
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        contain(&self.inner.location, "revoking a lease", || {
+            let mut shared = self.lock();
+            self.end_lease(&mut shared, lease)
+        })
+    }
+}
+
+/// The bodies of the trait's calls that touch redb, each run inside [`contain`].
+impl EmbeddedStore {
+    fn read_range(&self, prefix: &str) -> Result<RangeSnapshot> {
         // Holding the write lock while reading pins the revision to the snapshot.
         let shared = self.lock();
         let txn = self.inner.db.begin_read().map_err(|e| self.db_err(e))?;
@@ -807,12 +1096,14 @@ impl StateStore for EmbeddedStore {
                 break;
             }
             let (record, value) = Record::decode(key, bytes.value())?;
-            kvs.push(record.into_kv(key.to_owned(), value));
+            if self.visible(&record) {
+                kvs.push(record.into_kv(key.to_owned(), value));
+            }
         }
         Ok(RangeSnapshot { kvs, revision })
     }
 
-    async fn watch(&self, prefix: &str, start_revision: Option<Revision>) -> Result<WatchStream> {
+    fn start_watch(&self, prefix: &str, start_revision: Option<Revision>) -> Result<WatchStream> {
         let (tx, stream) = WatchStream::unbounded();
         let mut shared = self.lock();
         if let Some(start) = start_revision.filter(|&s| s <= shared.revision) {
@@ -841,23 +1132,7 @@ impl StateStore for EmbeddedStore {
         Ok(stream)
     }
 
-    async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId> {
-        let ttl = Duration::from_secs(lease_ttl_secs(ttl)?.unsigned_abs());
-        let mut shared = self.lock();
-        let id = LeaseId(shared.next_lease);
-        shared.next_lease += 1;
-        shared.leases.insert(
-            id,
-            LeaseState {
-                ttl,
-                deadline: Instant::now() + ttl,
-                keys: BTreeSet::new(),
-            },
-        );
-        Ok(id)
-    }
-
-    async fn keep_alive(&self, lease: LeaseId) -> Result<Duration> {
+    fn refresh_lease(&self, lease: LeaseId) -> Result<Duration> {
         let mut shared = self.lock();
         let now = Instant::now();
         match shared.leases.get_mut(&lease) {
@@ -873,20 +1148,116 @@ impl StateStore for EmbeddedStore {
             None => Err(StateError::LeaseNotFound(lease)),
         }
     }
+}
 
-    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
-        let mut shared = self.lock();
-        self.end_lease(&mut shared, lease)
+/// The first bytes of every redb file (redb's own magic number, which it does not
+/// export): how a file that is not a store is told apart before redb touches it.
+const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+
+/// Whether a store file exists at `path`; an error (the reason) when something is
+/// there that is not a redb file: a directory, an empty file, anything else.
+///
+/// Why an empty file is refused rather than initialised: it is what a full disk or
+/// a truncation leaves behind, and starting afresh there would silently drop the
+/// cluster's state; an operator who wants a new store deletes the file.
+fn check_existing_file(path: &Path) -> std::result::Result<bool, String> {
+    use std::io::Read;
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(format!("cannot inspect the file: {e}")),
+    };
+    if meta.is_dir() {
+        return Err("is a directory, not a store file".into());
     }
+    if meta.len() == 0 {
+        return Err(
+            "the file is empty (0 bytes), not an iadeep store; refusing to start a new store \
+             over it (delete it to start afresh)"
+                .into(),
+        );
+    }
+    let mut head = [0u8; REDB_MAGIC.len()];
+    let read = std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .map_err(|e| format!("cannot read the file: {e}"));
+    match read {
+        Ok(()) if head == REDB_MAGIC => Ok(true),
+        Ok(()) | Err(_) => Err(
+            "not an iadeep store (not a redb database file); refusing to open or overwrite it"
+                .into(),
+        ),
+    }
+}
+
+/// The current revision and the oldest one kept in the history (a new store's defaults).
+fn read_counters(
+    meta: &impl ReadableTable<&'static str, i64>,
+) -> std::result::Result<(i64, i64), redb::StorageError> {
+    let read = |name: &str| -> std::result::Result<Option<i64>, redb::StorageError> {
+        Ok(meta.get(name)?.map(|g| g.value()))
+    };
+    Ok((
+        read(META_REVISION)?.unwrap_or(0),
+        read(META_OLDEST)?.unwrap_or(1),
+    ))
+}
+
+/// Checks that a database holds iadeep's tables (the reason when it does not).
+fn check_tables(txn: &redb::ReadTransaction) -> std::result::Result<(), String> {
+    let tables: Vec<String> = txn
+        .list_tables()
+        .map_err(|e| e.to_string())?
+        .map(|t| t.name().to_owned())
+        .collect();
+    for table in [KV.name(), EVENTS.name(), META.name()] {
+        if !tables.iter().any(|t| t == table) {
+            return Err(format!(
+                "a redb database without iadeep's table {table:?}: not an iadeep store \
+                 (refusing to write into it)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `work`, which calls into redb, turning a panic into an error.
+///
+/// Why: redb trusts its file; on corrupt pages some of its code paths panic
+/// instead of returning an error. A damaged file must be reported as one (and a
+/// daemon keep serving what it can), never abort the process, so every call into
+/// redb from the store's public surface goes through here.
+fn contain<T>(location: &str, what: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_owned());
+        tracing::error!(store = %location, what, %message, "redb panicked: the store file is damaged");
+        Err(StateError::Embedded {
+            path: location.to_owned(),
+            reason: format!(
+                "the file is damaged ({what} failed inside redb: {message}); restore it from a \
+                 backup or move it aside to start a new store"
+            ),
+        })
+    })
 }
 
 /// The default location of the embedded store: `$XDG_DATA_HOME/iadeep/state.redb`
 /// (or the platform's data directory), falling back to `./.iadeep/state.redb`.
 pub fn default_path() -> PathBuf {
+    data_dir().join("state.redb")
+}
+
+/// iadeep's folder in the user's data directory (`$XDG_DATA_HOME/iadeep`, or the
+/// platform's equivalent), falling back to `./.iadeep`: where local state lives by
+/// default (the embedded store, `iadeep up`'s cluster).
+pub fn data_dir() -> PathBuf {
     dirs::data_dir()
         .map(|d| d.join("iadeep"))
         .unwrap_or_else(|| PathBuf::from(".iadeep"))
-        .join("state.redb")
 }
 
 #[cfg(test)]

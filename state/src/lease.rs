@@ -2,7 +2,7 @@
 //!
 //! Agents and tuners hold a lease while they run so that their keys vanish when
 //! they crash. [`LeaseKeeper`] refreshes it at a third of its TTL, rides out
-//! transient store errors, and tells its owner when the lease is gone so the
+//! transient store errors (retrying a failed refresh after a short pause), and tells its owner when the lease is gone so the
 //! owner can grant a new one and re-publish its keys.
 
 use std::sync::Arc;
@@ -13,6 +13,10 @@ use tokio::task::JoinHandle;
 
 use crate::error::StateError;
 use crate::store::{LeaseId, StateStore};
+
+/// Pause before retrying a keep-alive that failed (the store already retried
+/// inside the call, e.g. across etcd members, before giving up).
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
 
 /// What the keeper knows about its lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,11 +42,11 @@ impl LeaseKeeper {
     pub fn spawn(store: Arc<dyn StateStore>, lease: LeaseId, ttl: Duration) -> LeaseKeeper {
         let (tx, health) = watch::channel(LeaseHealth::Alive);
         let period = (ttl / 3).max(Duration::from_millis(200));
+        let retry = RETRY_PAUSE.min(period);
         let task = tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(period);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut wait = period;
             loop {
-                ticker.tick().await;
+                tokio::time::sleep(wait).await;
                 let next = match store.keep_alive(lease).await {
                     Ok(_) => LeaseHealth::Alive,
                     Err(StateError::LeaseNotFound(_)) => LeaseHealth::Lost,
@@ -56,6 +60,13 @@ impl LeaseKeeper {
                     tracing::warn!(%lease, "lease lost (expired); its keys are gone");
                     return;
                 }
+                // A failed refresh is retried soon, not a whole period later: the
+                // lease keeps running down meanwhile.
+                wait = if next == LeaseHealth::Alive {
+                    period
+                } else {
+                    retry
+                };
             }
         });
         LeaseKeeper {

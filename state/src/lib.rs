@@ -9,6 +9,7 @@
 pub mod embedded;
 pub mod error;
 pub mod etcd;
+pub mod etcd_program;
 pub mod keys;
 pub mod lease;
 pub mod store;
@@ -20,7 +21,7 @@ pub mod testing;
 
 pub use embedded::EmbeddedStore;
 pub use error::{Result, StateError};
-pub use etcd::EtcdStore;
+pub use etcd::{EtcdConfig, EtcdCredentials, EtcdStore, EtcdTls};
 pub use lease::{LeaseHealth, LeaseKeeper};
 pub use store::{
     CasOutcome, Expect, KeyValue, LeaseId, RangeSnapshot, Revision, StateStore, Txn, TxnCompare,

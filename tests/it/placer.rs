@@ -5,10 +5,11 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use iadeep_placer::http1;
+use iadeep_placer::extender::ExtenderConfig;
+use iadeep_placer::extender::kube_api::KubeApiConfig;
 use iadeep_placer::{
     Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams, PredictorSlowdown,
 };
@@ -22,6 +23,9 @@ use iadeep_state::{EtcdStore, StateStore, WatchEvent, keys, typed};
 use serde_json::{Value, json};
 use tonic::Code;
 use tonic::transport::Channel;
+
+use crate::http;
+use crate::kube_fake::{BindAnswer, FakeKube};
 
 fn start_etcd() -> EtcdServer {
     match EtcdServer::start() {
@@ -53,21 +57,28 @@ fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
-async fn daemon(store: Arc<dyn StateStore>, kube_api: Option<String>) -> Daemon {
-    daemon_with(store, kube_api, None).await
+/// The extender's bind budget in these tests: generous for a loaded machine, short
+/// enough that the stalled-Binding test does not wait long.
+const BIND_TIMEOUT: Duration = Duration::from_secs(3);
+
+async fn daemon(store: Arc<dyn StateStore>, kube: Option<&FakeKube>) -> Daemon {
+    daemon_with(store, kube, None).await
 }
 
 /// A daemon that also releases tasks whose agent never started after `unstarted`.
 async fn daemon_with(
     store: Arc<dyn StateStore>,
-    kube_api: Option<String>,
+    kube: Option<&FakeKube>,
     unstarted: Option<Duration>,
 ) -> Daemon {
     let config = DaemonConfig {
         grpc: loopback(),
-        extender: Some(loopback()),
+        extender: Some(ExtenderConfig {
+            listen: loopback(),
+            kube_api: kube.map(|k| KubeApiConfig::Url(k.url.clone())),
+            bind_timeout: BIND_TIMEOUT,
+        }),
         metrics: Some(loopback()),
-        kube_api,
         dead_task_grace: Some(DEAD_TASK_GRACE),
         unstarted_task_grace: unstarted,
     };
@@ -140,7 +151,7 @@ async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn place_list_and_release_over_grpc_and_etcd() {
-    let server = start_etcd();
+    let mut server = start_etcd();
     let store = etcd_store(&server).await;
     register(store.as_ref(), "n1.gpu0", "n1", 16_384).await;
     register(store.as_ref(), "n1.gpu1", "n1", 16_384).await;
@@ -249,9 +260,23 @@ async fn place_list_and_release_over_grpc_and_etcd() {
     );
 
     let metrics_addr = daemon.metrics_addr().expect("metrics served").to_string();
-    let (status, body) = http1::get(&metrics_addr, "/metrics").await.expect("scrape");
+    let (status, content_type, body) = http::request("GET", &metrics_addr, "/metrics", &[]).await;
     let text = String::from_utf8_lossy(&body);
     assert_eq!(status, 200);
+    assert!(
+        content_type.starts_with("text/plain; version=0.0.4"),
+        "{content_type}"
+    );
+    assert!(
+        text.contains("iadeep_build_info{component=\"placer\""),
+        "{text}"
+    );
+    assert!(text.contains("process_resident_memory_bytes"), "{text}");
+    assert_eq!(http::get(&metrics_addr, "/healthz").await.0, 200);
+    assert_eq!(
+        http::get(&metrics_addr, "/readyz").await,
+        (200, "ready\n".to_owned())
+    );
     assert!(
         text.contains("iadeep_placer_decisions_total{outcome=\"placed\"} 3"),
         "{text}"
@@ -261,6 +286,17 @@ async fn place_list_and_release_over_grpc_and_etcd() {
         "{text}"
     );
     assert!(text.contains("iadeep_placer_releases_total 1"), "{text}");
+
+    // Not ready while the store does not answer, ready again once it does.
+    server.stop();
+    let (status, body) = http::get(&metrics_addr, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("state store"), "{body}");
+    server.restart().expect("restart etcd");
+    eventually("ready again", async || {
+        http::get(&metrics_addr, "/readyz").await.0 == 200
+    })
+    .await;
     daemon.shutdown().await;
 }
 
@@ -324,6 +360,33 @@ async fn tasks_told_to_queue_count_ahead_of_later_ones() {
     assert!(
         (90_000..=100_000).contains(&q.retry_after_ms),
         "retry after the resident finishes: {q:?}"
+    );
+
+    // Requests no GPU can ever hold are refused at once, never told to queue, so they
+    // do not count as waiting ahead of anyone.
+    let huge = TaskSpec {
+        gpu_mem_request_mib: 1 << 20,
+        ..long("huge")
+    };
+    let refused = place(&mut c, huge).await.expect_err("1 TiB never fits");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("never fits"),
+        "{}",
+        refused.message()
+    );
+    let unknown = c
+        .place(PlaceRequest {
+            task: Some(long("nowhere")),
+            candidate_device_ids: vec!["no-such-gpu".into()],
+        })
+        .await
+        .expect_err("an unknown candidate");
+    assert_eq!(unknown.code(), Code::InvalidArgument, "{unknown:?}");
+    assert!(
+        unknown.message().contains("no-such-gpu: unknown device"),
+        "{}",
+        unknown.message()
     );
 
     // The second sees the first ahead of it: only one device frees up, so the
@@ -848,13 +911,91 @@ async fn the_view_follows_registrations_reservations_and_samples_written_by_othe
     daemon.shutdown().await;
 }
 
+// ----- gRPC health and reflection -----
+
+/// Kubernetes' gRPC probes and grpcurl use these two standard services; the clients
+/// here are generated from their published protos (tonic-health, tonic-reflection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_health_and_reflection_answer_generated_clients() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    let daemon = daemon(store.clone(), None).await;
+    let channel = Channel::from_shared(format!("http://{}", daemon.grpc_addr()))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(channel.clone());
+    for service in ["", "iadeep.v1.Placer"] {
+        let answer = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .expect("health check")
+            .into_inner();
+        assert_eq!(answer.status(), ServingStatus::Serving, "{service:?}");
+    }
+    let unknown = health
+        .check(HealthCheckRequest {
+            service: "no.such.Service".into(),
+        })
+        .await
+        .expect_err("unknown service");
+    assert_eq!(unknown.code(), Code::NotFound);
+
+    let mut reflection = ServerReflectionClient::new(channel);
+    let requests = [
+        MessageRequest::ListServices(String::new()),
+        MessageRequest::FileContainingSymbol("iadeep.v1.Placer".into()),
+    ]
+    .map(|message| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(message),
+    });
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::iter(requests))
+        .await
+        .expect("reflection stream")
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) = answers
+        .message()
+        .await
+        .expect("answer")
+        .and_then(|a| a.message_response)
+    else {
+        panic!("a service list");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for expected in ["iadeep.v1.Placer", "grpc.health.v1.Health"] {
+        assert!(names.iter().any(|n| n == expected), "{names:?}");
+    }
+    let Some(MessageResponse::FileDescriptorResponse(files)) = answers
+        .message()
+        .await
+        .expect("answer")
+        .and_then(|a| a.message_response)
+    else {
+        panic!("file descriptors");
+    };
+    assert!(!files.file_descriptor_proto.is_empty());
+    daemon.shutdown().await;
+}
+
 // ----- Kubernetes scheduler extender -----
 
 fn pod(name: &str, gpumem: &str, annotations: Value) -> Value {
     json!({
         "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
                       "annotations": annotations},
-        "spec": {"containers": [{"name": "trainer", "image": "pytorch:2",
+        "spec": {"schedulerName": "iadeep", "containers": [{"name": "trainer", "image": "pytorch:2",
             "resources": {"limits": {"nvidia.com/gpumem": gpumem, "cpu": "4"}}}]}
     })
 }
@@ -864,49 +1005,29 @@ fn node(name: &str) -> Value {
            "status": {"allocatable": {"nvidia.com/gpumem": "32768"}}})
 }
 
+/// POSTs to the extender as kube-scheduler does; prints the exchange (run with
+/// `--nocapture` for a kube-scheduler-shaped transcript).
 async fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
-    let (status, bytes) = http1::post_json(addr, path, body.to_string().as_bytes())
-        .await
-        .expect("extender answers");
+    let (status, bytes) = http::post_json(addr, path, body.to_string().as_bytes()).await;
     let value = serde_json::from_slice(&bytes)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    eprintln!("POST {path} {body}\n  -> HTTP {status} {value}");
     (status, value)
 }
 
-/// A stand-in for the Kubernetes API (`kubectl proxy`): records Binding posts.
-async fn fake_kube_api(refuse: bool) -> (String, Arc<Mutex<Vec<(String, Value)>>>) {
-    use axum::extract::{Path, State};
-    use axum::http::StatusCode;
-    type Seen = Arc<Mutex<Vec<(String, Value)>>>;
-    let seen: Seen = Arc::new(Mutex::new(Vec::new()));
-    let app = axum::Router::new()
-        .route(
-            "/api/v1/namespaces/{ns}/pods/{name}/binding",
-            axum::routing::post(
-                move |State(seen): State<Seen>,
-                      Path((ns, name)): Path<(String, String)>,
-                      body: axum::body::Bytes| async move {
-                    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    seen.lock()
-                        .expect("lock")
-                        .push((format!("{ns}/{name}"), value));
-                    if refuse {
-                        (StatusCode::CONFLICT, "pod is already bound".to_owned())
-                    } else {
-                        (StatusCode::CREATED, "{}".to_owned())
-                    }
-                },
-            ),
-        )
-        .with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (addr, seen)
+fn bind_args(name: &str, node: &str) -> Value {
+    json!({"PodName": name, "PodNamespace": "ml", "PodUID": format!("uid-{name}"), "Node": node})
 }
 
+async fn placement_of(store: &dyn StateStore, task: &str) -> Option<Placement> {
+    typed::get::<Placement>(store, &keys::task_placement(task))
+        .await
+        .expect("get")
+        .map(|(p, _)| p)
+}
+
+/// The whole kube-scheduler conversation, with the pod's GPU memory in the canonical
+/// form Kubernetes sends (`12k` for a pod that asked for "12000", i.e. 12,000 MiB).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extender_filters_prioritizes_and_binds_kube_scheduler_payloads() {
     let server = start_etcd();
@@ -932,13 +1053,14 @@ async fn extender_filters_prioritizes_and_binds_kube_scheduler_payloads() {
     )
     .await
     .expect("put residents");
-    let (kube, bindings) = fake_kube_api(false).await;
-    let daemon = daemon(store.clone(), Some(kube)).await;
+    let kube = FakeKube::start().await;
+    let daemon = daemon(store.clone(), Some(&kube)).await;
     let ext = daemon.extender_addr().expect("extender served").to_string();
     let annotations = json!({"iadeep.io/batch-size": "64", "iadeep.io/max-batch-size": "256",
                              "iadeep.io/sm-util-pct": "80", "iadeep.io/step-time-s": "0.3",
                              "iadeep.io/model": "bert-base"});
-    let p = pod("bert", "12Gi", annotations.clone());
+    let p = pod("bert", "12k", annotations.clone());
+    kube.add_pod(&p);
 
     // Not node-cache capable: full Node objects in, the passing ones echoed back.
     let args = json!({"Pod": p, "Nodes": {"metadata": {}, "items": [node("big"), node("small"), node("busy"), node("cpu-only")]}});
@@ -956,10 +1078,11 @@ async fn extender_filters_prioritizes_and_binds_kube_scheduler_payloads() {
         result["Nodes"]["items"][0]["status"]["allocatable"]["nvidia.com/gpumem"],
         "32768"
     );
-    let small = result["FailedNodes"]["small"]
+    // 12,000 MiB can never fit the 8 GiB card: preemption cannot help.
+    let small = result["FailedAndUnresolvableNodes"]["small"]
         .as_str()
-        .expect("small failed");
-    assert!(small.contains("memory"), "{small}");
+        .expect("small can never take it");
+    assert!(small.contains("never fits"), "{small}");
     assert!(
         result["FailedAndUnresolvableNodes"]["cpu-only"]
             .as_str()
@@ -987,40 +1110,46 @@ async fn extender_filters_prioritizes_and_binds_kube_scheduler_payloads() {
     assert_eq!(score("small"), 0, "an infeasible node scores 0");
     assert!((1..10).contains(&score("busy")), "{scores}");
 
-    let bind =
-        json!({"PodName": "bert", "PodNamespace": "ml", "PodUID": "uid-bert", "Node": "big"});
-    let (status, result) = post(&ext, "/bind", &bind).await;
+    let (status, result) = post(&ext, "/bind", &bind_args("bert", "big")).await;
     assert_eq!((status, &result["Error"]), (200, &json!("")), "{result}");
-    let seen = bindings.lock().expect("lock").clone();
+    let seen = kube.bindings();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].0, "ml/bert");
     assert_eq!(seen[0].1["kind"], "Binding");
     assert_eq!(seen[0].1["target"]["name"], "big");
     assert_eq!(seen[0].1["metadata"]["uid"], "uid-bert");
-    let (placement, _) = typed::get::<Placement>(store.as_ref(), &keys::task_placement("ml.bert"))
+    let placement = placement_of(store.as_ref(), "ml.bert")
         .await
-        .expect("get")
         .expect("placement recorded");
     assert_eq!(placement.device_id, "big.gpu0");
-    assert_eq!(placement.reserved_mem_mib, 12 * 1024);
+    assert_eq!(placement.reserved_mem_mib, 12_000, "12k is 12,000 MiB");
+    // The pod says which GPU it got, for a device plugin or the container.
+    let bound = kube.pod("ml", "bert");
+    eprintln!("pod after bind: {}", bound["metadata"]["annotations"]);
+    assert_eq!(
+        bound["metadata"]["annotations"]["iadeep.io/device-id"],
+        "big.gpu0"
+    );
+    assert_eq!(
+        bound["metadata"]["annotations"]["iadeep.io/reserved-mem-mib"],
+        "12000"
+    );
+    assert_eq!(
+        bound["metadata"]["annotations"]["iadeep.io/task-id"],
+        "ml.bert"
+    );
+    assert_eq!(bound["spec"]["nodeName"], "big");
 
     // Once placed, filter only lets the pod's own node through.
     let (_, result) = post(&ext, "/filter", &args).await;
     assert_eq!(result["NodeNames"], json!(["big"]), "{result}");
 
-    // Bind for a pod filter never saw, and a pod whose annotation is wrong.
-    let (_, result) = post(
-        &ext,
-        "/bind",
-        &json!({"PodName": "ghost", "PodNamespace": "ml", "Node": "big"}),
-    )
-    .await;
+    // Bind for a pod the API server does not have, and a pod whose annotation is wrong.
+    let (_, result) = post(&ext, "/bind", &bind_args("ghost", "big")).await;
+    let error = result["Error"].as_str().expect("error");
     assert!(
-        result["Error"]
-            .as_str()
-            .expect("error")
-            .contains("not seen by filter"),
-        "{result}"
+        error.contains("cannot read pod ml/ghost") && error.contains("404"),
+        "{error}"
     );
     let bad = pod("bad", "4000", json!({"iadeep.io/batch-size": "lots"}));
     let (status, result) = post(&ext, "/filter", &json!({"Pod": bad, "NodeNames": ["big"]})).await;
@@ -1044,22 +1173,67 @@ async fn extender_filters_prioritizes_and_binds_kube_scheduler_payloads() {
     daemon.shutdown().await;
 }
 
+/// A request no GPU can hold fails every node as unresolvable, and does not count as
+/// waiting ahead of the pods after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_that_can_never_fit_are_unresolvable_and_wait_for_nothing() {
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    register(store.as_ref(), "n1.gpu0", "n1", 16_384).await;
+    let daemon = daemon(store.clone(), None).await;
+    let ext = daemon.extender_addr().expect("extender").to_string();
+    for (name, gpumem) in [("huge", "100Gi"), ("tebi", "1Ti"), ("many-mib", "200k")] {
+        let p = pod(name, gpumem, json!({"iadeep.io/batch-size": "8"}));
+        let (_, result) = post(&ext, "/filter", &json!({"Pod": p, "NodeNames": ["n1"]})).await;
+        assert_eq!(result["NodeNames"], json!([]), "{result}");
+        assert_eq!(result["FailedNodes"], json!({}), "{result}");
+        let why = result["FailedAndUnresolvableNodes"]["n1"]
+            .as_str()
+            .expect("unresolvable");
+        assert!(why.contains("never fits"), "{why}");
+    }
+    // Absurd amounts are malformed requests, answered with the reason.
+    let p = pod("exa", "2E", json!({"iadeep.io/batch-size": "8"}));
+    let (_, result) = post(&ext, "/filter", &json!({"Pod": p, "NodeNames": ["n1"]})).await;
+    let error = result["Error"].as_str().expect("error");
+    assert!(error.contains("gpu_mem_request_mib"), "{error}");
+    assert_eq!(
+        daemon
+            .service()
+            .view()
+            .waiting_ahead_of(&task("next", 1000, 10.0), iadeep_proto::now_unix_ms()),
+        0,
+        "never-fitting pods wait ahead of nobody"
+    );
+    daemon.shutdown().await;
+}
+
+async fn extender_with_pod(
+    store: &Arc<dyn StateStore>,
+    kube: &FakeKube,
+    name: &str,
+) -> (Daemon, String) {
+    register(store.as_ref(), "big.gpu0", "big", 32_768).await;
+    let daemon = daemon(store.clone(), Some(kube)).await;
+    let ext = daemon.extender_addr().expect("extender").to_string();
+    let p = pod(name, "4000", json!({"iadeep.io/batch-size": "32"}));
+    kube.add_pod(&p);
+    let (_, result) = post(&ext, "/filter", &json!({"Pod": p, "NodeNames": ["big"]})).await;
+    assert_eq!(result["NodeNames"], json!(["big"]), "{result}");
+    (daemon, ext)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_binding_gives_the_reservation_back() {
     let server = start_etcd();
     let store = etcd_store(&server).await;
-    register(store.as_ref(), "big.gpu0", "big", 32_768).await;
-    let (kube, bindings) = fake_kube_api(true).await;
-    let daemon = daemon(store.clone(), Some(kube)).await;
-    let ext = daemon.extender_addr().expect("extender").to_string();
-    let p = pod("bert", "4000", json!({"iadeep.io/batch-size": "32"}));
-    let (_, result) = post(&ext, "/filter", &json!({"Pod": p, "NodeNames": ["big"]})).await;
-    assert_eq!(result["NodeNames"], json!(["big"]), "{result}");
-    let bind = json!({"PodName": "bert", "PodNamespace": "ml", "PodUID": "u", "Node": "big"});
-    let (_, result) = post(&ext, "/bind", &bind).await;
+    let kube = FakeKube::start().await;
+    let (daemon, ext) = extender_with_pod(&store, &kube, "bert").await;
+    kube.answer_bindings(BindAnswer::Refuse(403));
+    let (_, result) = post(&ext, "/bind", &bind_args("bert", "big")).await;
     let error = result["Error"].as_str().expect("error");
-    assert!(error.contains("HTTP 409"), "{error}");
-    assert_eq!(bindings.lock().expect("lock").len(), 1);
+    assert!(error.contains("HTTP 403"), "{error}");
+    assert_eq!(kube.bindings().len(), 1);
     assert!(
         store
             .get(&keys::device_residents("big.gpu0"))
@@ -1067,13 +1241,66 @@ async fn a_refused_binding_gives_the_reservation_back() {
             .expect("get")
             .is_none()
     );
+    assert!(placement_of(store.as_ref(), "ml.bert").await.is_none());
+    daemon.shutdown().await;
+}
+
+/// A Binding whose answer never came may exist: the reservation stays, and the pod
+/// itself tells whether it was bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ambiguous_binding_keeps_the_reservation_and_settles_against_the_pod() {
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    let kube = FakeKube::start().await;
+    let (daemon, ext) = extender_with_pod(&store, &kube, "slow").await;
+
+    // Applied, but the answer comes after the bind budget: the read-back sees the pod
+    // on the node, so the bind succeeded.
+    kube.answer_bindings(BindAnswer::ApplyThenStall(BIND_TIMEOUT * 3));
+    let (_, result) = post(&ext, "/bind", &bind_args("slow", "big")).await;
+    assert_eq!(result["Error"], "", "{result}");
+    assert_eq!(kube.pod("ml", "slow")["spec"]["nodeName"], "big");
+    let placement = placement_of(store.as_ref(), "ml.slow").await.expect("kept");
+    assert_eq!(placement.device_id, "big.gpu0");
+
+    // A server error and nothing applied: the outcome is unknown and the pod not bound,
+    // so the reservation is kept and the bind reported failed.
+    let p = pod("flaky", "4000", json!({"iadeep.io/batch-size": "32"}));
+    kube.add_pod(&p);
+    kube.answer_bindings(BindAnswer::FailUnapplied);
+    let (_, result) = post(&ext, "/bind", &bind_args("flaky", "big")).await;
+    let error = result["Error"].as_str().expect("error");
     assert!(
-        store
-            .get(&keys::task_placement("ml.bert"))
-            .await
-            .expect("get")
-            .is_none()
+        error.contains("HTTP 500") && error.contains("kept"),
+        "{error}"
     );
+    let first = placement_of(store.as_ref(), "ml.flaky")
+        .await
+        .expect("kept");
+
+    // kube-scheduler retries. A second placer replica, which never saw this pod's
+    // filter, answers: filter passes only the reserved node, bind keeps the reservation
+    // it finds and creates the Binding.
+    let replica = daemon_with(store.clone(), Some(&kube), None).await;
+    let ext2 = replica.extender_addr().expect("extender").to_string();
+    kube.answer_bindings(BindAnswer::Create);
+    eventually("the replica sees the reservation", async || {
+        replica.service().view().device_of("ml.flaky").is_some()
+    })
+    .await;
+    let (_, result) = post(&ext2, "/filter", &json!({"Pod": p, "NodeNames": ["big"]})).await;
+    assert_eq!(result["NodeNames"], json!(["big"]), "{result}");
+    let (_, result) = post(&ext2, "/bind", &bind_args("flaky", "big")).await;
+    assert_eq!(result["Error"], "", "{result}");
+    assert_eq!(kube.pod("ml", "flaky")["spec"]["nodeName"], "big");
+    let again = placement_of(store.as_ref(), "ml.flaky")
+        .await
+        .expect("still placed");
+    assert_eq!(again, first, "the same reservation, not a second one");
+    let mut residents = residents_of(store.as_ref(), "big.gpu0").await;
+    residents.sort();
+    assert_eq!(residents, ["ml.flaky", "ml.slow"]);
+    replica.shutdown().await;
     daemon.shutdown().await;
 }
 
@@ -1090,19 +1317,18 @@ async fn garbage_never_crashes_the_daemon() {
         b"[]",
         b"{\"Pod\": 7}",
         b"{\"Pod\": {\"metadata\": {\"name\": \"x\", \"annotations\": {\"iadeep.io/batch-size\": \"99999999999999\"}}}}",
-        b"{\"Pod\": {\"metadata\": {\"name\": \"x\", \"annotations\": {\"iadeep.io/batch-size\": \"8\"}}, \"spec\": {\"containers\": [{\"resources\": {\"limits\": {\"nvidia.com/gpumem\": \"1e400\"}}}]}}, \"NodeNames\": [\"n1\"]}",
+        b"{\"Pod\": {\"metadata\": {\"name\": \"x\", \"annotations\": {\"iadeep.io/batch-size\": \"8\"}}, \"spec\": {\"containers\": [{\"name\": \"c\", \"resources\": {\"limits\": {\"nvidia.com/gpumem\": \"1e400\"}}}]}}, \"NodeNames\": [\"n1\"]}",
+        b"{\"Pod\": {\"metadata\": {\"name\": \"x\", \"annotations\": {\"iadeep.io/batch-size\": \"8\"}}, \"spec\": {\"containers\": [{\"name\": \"c\", \"resources\": {\"limits\": {\"nvidia.com/gpumem\": 3000}}}]}}, \"NodeNames\": [\"n1\"]}",
         b"{\"PodName\": \"\", \"Node\": \"\"}",
         &[0xff, 0xfe, 0x00],
     ];
     for path in ["/filter", "/prioritize", "/bind"] {
         for body in &bodies {
-            let (status, _) = http1::post_json(&ext, path, body).await.expect("answered");
+            let (status, _) = http::post_json(&ext, path, body).await;
             assert!(status == 200 || status == 400, "{path}: HTTP {status}");
         }
     }
-    let (status, _) = http1::post_json(&ext, "/nope", b"{}")
-        .await
-        .expect("answered");
+    let (status, _) = http::post_json(&ext, "/nope", b"{}").await;
     assert_eq!(status, 404);
     // Still serving both front ends.
     let mut c = client(&daemon).await;

@@ -79,8 +79,9 @@ async fn samples_in_etcd_rebuild_the_same_predictor() {
         let task = probe.task.clone().expect("task");
         let a = live.predict("v100", &task, &probe.corunners);
         let b = rebuilt.predict("v100", &task, &probe.corunners);
-        assert_eq!(a, b);
+        assert_eq!(a, b, "the same model and the same calibrated interval");
         assert_eq!(b.source, PredictionSource::Model);
+        assert!(b.lower_90 < b.slowdown && b.slowdown < b.upper_90, "{b:?}");
     }
 }
 

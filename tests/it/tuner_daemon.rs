@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::runtime;
 use iadeep_agent::Agent;
 use iadeep_objective::MemoryMargin;
 use iadeep_proto::{
@@ -165,14 +166,6 @@ impl Drop for Job {
             let _ = t.join();
         }
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 fn params() -> DaemonParams {

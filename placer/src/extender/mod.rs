@@ -5,21 +5,35 @@
 //! name) can take the pod (see [`crate::policy`]). `prioritize` scores nodes
 //! 0–10 by the best device's predicted Σ PD increase Δ as `round(10 / Δ)`: an
 //! idle GPU (Δ = 1) scores 10, a GPU where the pod would add two units of
-//! degradation scores 5. `bind` reserves the GPU with the same compare-and-swap
-//! as the gRPC `Place`, then creates the pod's Binding through the Kubernetes API
-//! (`--kube-api`, a `kubectl proxy` address); if the Binding fails the
-//! reservation is given back, so the two never disagree for long.
+//! degradation scores 5.
+//!
+//! `bind` reads the pod from the Kubernetes API (so any placer replica, or one
+//! restarted since `filter`, can bind it), reserves a GPU of the node with the
+//! same store transaction as the gRPC `Place` (or keeps the one an earlier,
+//! inconclusive bind of the pod made there), writes the GPU into the pod's
+//! annotations, and creates the pod's Binding. A Binding the API server refused
+//! gives the reservation back; one whose outcome is unknown (no answer in time,
+//! a conflict, a server error) is settled by reading the pod back: bound to this
+//! node is success, bound elsewhere gives the reservation back, still pending
+//! keeps it, and kube-scheduler's retry binds the pod to the same node.
+//!
+//! Requests that can never be met on a node (every GPU of the node too small even
+//! when empty) fail it in `FailedAndUnresolvableNodes`, and such a pod does not
+//! count as waiting ahead of others.
 //!
 //! Malformed bodies get HTTP 400 with the result shape and `Error` set; problems
 //! with the pod itself (a missing annotation, an unparsable quantity) are answered
 //! with `Error` naming the annotation or resource, as kube-scheduler expects.
 
+pub mod kube_api;
 pub mod pod;
+pub mod quantity;
 pub mod types;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -28,39 +42,66 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use iadeep_proto::{TaskSpec, place_response};
+use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
+use tokio::time::Instant;
 
-use crate::http1;
-use crate::policy::{Assessment, Verdict};
+use crate::error::PlacerError;
+use crate::policy::{Assessment, Rejection, Verdict};
 use crate::service::PlacementService;
 use crate::validate;
 use crate::view::ClusterView;
+use kube_api::{ApiCallError, KubeApi, KubeApiConfig};
 use types::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
-    NodeList, node_name,
+    node_name,
 };
 
-/// Pods remembered between `filter` and `bind` (bind carries no pod).
-const PENDING_CAP: usize = 10_000;
-/// How long a pod seen by `filter` is remembered for `bind`.
-const PENDING_TTL: Duration = Duration::from_secs(600);
+/// Annotation the extender writes on a bound pod: the id of its GPU in the store.
+pub const DEVICE_ANNOTATION: &str = "iadeep.io/device-id";
+/// Annotation with the GPU's index on its node (for `CUDA_VISIBLE_DEVICES`).
+pub const GPU_INDEX_ANNOTATION: &str = "iadeep.io/gpu-index";
+/// Annotation with the GPU's UUID, when its tuner read one from NVML.
+pub const GPU_UUID_ANNOTATION: &str = "iadeep.io/gpu-uuid";
+/// Annotation with the GPU memory reserved for the pod, MiB.
+pub const RESERVED_MEM_ANNOTATION: &str = "iadeep.io/reserved-mem-mib";
+
+/// Default of [`ExtenderConfig::bind_timeout`]: under the 5 s `httpTimeout` of the
+/// scheduler configuration in `deploy/kubernetes/`, so kube-scheduler hears the
+/// answer instead of giving up on a bind that may still succeed.
+pub const DEFAULT_BIND_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// The extender's settings.
+#[derive(Clone, Debug)]
+pub struct ExtenderConfig {
+    /// Where to serve filter, prioritize and bind.
+    pub listen: SocketAddr,
+    /// The Kubernetes API for `bind`; `None` makes `bind` refuse.
+    pub kube_api: Option<KubeApiConfig>,
+    /// Longest a `bind` may take, Kubernetes API calls included; must stay below the
+    /// scheduler's `httpTimeout` for the extender.
+    pub bind_timeout: Duration,
+}
 
 /// The extender's state.
 #[derive(Debug)]
 pub struct Extender {
     service: PlacementService,
-    /// `host:port` of a plain-HTTP Kubernetes API (e.g. `kubectl proxy`), for Bindings.
-    kube_api: Option<String>,
-    pending: Mutex<HashMap<(String, String), (TaskSpec, Instant)>>,
+    kube: Option<KubeApi>,
+    bind_timeout: Duration,
 }
 
 impl Extender {
-    /// An extender answering from `service`, binding pods through `kube_api` when given.
-    pub fn new(service: PlacementService, kube_api: Option<String>) -> Extender {
+    /// An extender answering from `service`, binding pods through `kube` when given.
+    pub fn new(
+        service: PlacementService,
+        kube: Option<KubeApi>,
+        bind_timeout: Duration,
+    ) -> Extender {
         Extender {
             service,
-            kube_api,
-            pending: Mutex::new(HashMap::new()),
+            kube,
+            bind_timeout,
         }
     }
 
@@ -72,32 +113,17 @@ impl Extender {
             .route("/bind", post(bind))
             .with_state(self)
     }
-
-    fn remember(&self, namespace: &str, name: &str, spec: &TaskSpec) {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if pending.len() >= PENDING_CAP {
-            pending.retain(|_, (_, seen)| seen.elapsed() < PENDING_TTL);
-            if pending.len() >= PENDING_CAP {
-                pending.clear();
-            }
-        }
-        pending.insert(
-            (namespace.to_owned(), name.to_owned()),
-            (spec.clone(), Instant::now()),
-        );
-    }
-
-    fn recall(&self, namespace: &str, name: &str) -> Option<TaskSpec> {
-        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        pending
-            .get(&(namespace.to_owned(), name.to_owned()))
-            .filter(|(_, seen)| seen.elapsed() < PENDING_TTL)
-            .map(|(spec, _)| spec.clone())
-    }
 }
 
 fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
     (status, axum::Json(body)).into_response()
+}
+
+/// The pod's spec from a pod object, checked, or the error to answer.
+fn spec_of(pod: &Pod) -> Result<TaskSpec, String> {
+    pod::task_spec(pod)
+        .and_then(|spec| validate::task_spec("pod", &spec).map(|()| spec))
+        .map_err(|e| e.to_string())
 }
 
 /// The pod's spec and the candidate node names of a filter or prioritize request.
@@ -112,9 +138,7 @@ fn parse_args(body: &[u8]) -> Result<(ExtenderArgs, TaskSpec, Vec<String>), (Sta
         .pod
         .as_ref()
         .ok_or((StatusCode::BAD_REQUEST, "invalid Pod: missing".to_owned()))?;
-    let spec = pod::task_spec(pod)
-        .and_then(|spec| validate::task_spec("pod", &spec).map(|()| spec))
-        .map_err(|e| (StatusCode::OK, e.to_string()))?;
+    let spec = spec_of(pod).map_err(|e| (StatusCode::OK, e))?;
     let nodes: Vec<String> = match (&args.nodes, &args.node_names) {
         (Some(list), _) => list
             .items
@@ -172,6 +196,22 @@ fn per_node<'a>(
     (best, why)
 }
 
+/// Why the pod can never run on any GPU of a node (`None` when one might take it).
+fn never_fits_on(
+    ext: &Extender,
+    view: &ClusterView,
+    spec: &TaskSpec,
+    devices: &[String],
+) -> Option<String> {
+    let reasons: Option<Vec<(String, Rejection)>> = devices
+        .iter()
+        .map(|d| Some((d.clone(), ext.service.placer().never_fits(view, spec, d)?)))
+        .collect();
+    reasons
+        .filter(|r| !r.is_empty())
+        .map(|r| crate::grpc::never_fits_text(&r))
+}
+
 async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
     ext.service.metrics().extender_filter.inc();
     let (args, spec, nodes) = match parse_args(&body) {
@@ -187,9 +227,6 @@ async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
             );
         }
     };
-    if let Some(pod) = &args.pod {
-        ext.remember(&pod.metadata.namespace, &pod.metadata.name, &spec);
-    }
     let mut result = ExtenderFilterResult::default();
     let mut passed: Vec<String> = Vec::new();
     let queued_for = {
@@ -200,7 +237,17 @@ async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
             .and_then(|d| view.device(d))
             .and_then(|d| d.info.as_ref())
             .map(|i| i.node.clone());
-        let restrict: Vec<String> = by_node.values().flatten().cloned().collect();
+        let never: HashMap<&str, String> = by_node
+            .iter()
+            .filter_map(|(node, devices)| {
+                Some((node.as_str(), never_fits_on(&ext, &view, &spec, devices)?))
+            })
+            .collect();
+        let restrict: Vec<String> = by_node
+            .iter()
+            .filter(|(node, _)| !never.contains_key(node.as_str()))
+            .flat_map(|(_, devices)| devices.iter().cloned())
+            .collect();
         let placer = ext.service.placer();
         let assessment = if restrict.is_empty() {
             Assessment::default()
@@ -225,6 +272,10 @@ async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
                     node.clone(),
                     "no GPU on this node is registered with iadeep".to_owned(),
                 );
+            } else if let Some(reason) = never.get(node.as_str()) {
+                result
+                    .failed_and_unresolvable_nodes
+                    .insert(node.clone(), reason.clone());
             } else if let Verdict::Queue { reason, .. } = &verdict {
                 result
                     .failed_nodes
@@ -239,6 +290,7 @@ async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
                 result.failed_nodes.insert(node.clone(), reason);
             }
         }
+        // Only a pod that some node could take one day waits ahead of later pods.
         match verdict {
             Verdict::Queue { retry_after, .. } if placed_on.is_none() && !restrict.is_empty() => {
                 Some(retry_after)
@@ -251,21 +303,16 @@ async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
         ext.service.note_queued(&spec, retry_after);
     }
     match (args.nodes, args.node_names) {
-        (Some(list), _) => {
-            let items = list
-                .items
-                .into_iter()
-                .filter(|n| node_name(n).is_some_and(|name| passed.iter().any(|p| p == name)))
-                .collect();
-            result.nodes = Some(NodeList {
-                items,
-                rest: list.rest,
-            });
+        (Some(mut list), _) => {
+            list.items
+                .retain(|n| node_name(n).is_some_and(|name| passed.iter().any(|p| p == name)));
+            result.nodes = Some(list);
         }
         (None, _) => result.node_names = Some(passed.clone()),
     }
     tracing::debug!(task = %spec.task_id, passed = passed.len(),
-        failed = result.failed_nodes.len() + result.failed_and_unresolvable_nodes.len(),
+        failed = result.failed_nodes.len(),
+        unresolvable = result.failed_and_unresolvable_nodes.len(),
         "extender filter");
     json(StatusCode::OK, &result)
 }
@@ -313,94 +360,244 @@ async fn prioritize(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
 
 async fn bind(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
     ext.service.metrics().extender_bind.inc();
-    let fail = |status: StatusCode, error: String| {
-        tracing::info!(%error, "extender bind: not bound");
-        json(status, &ExtenderBindingResult { error })
+    let deadline = Instant::now() + ext.bind_timeout;
+    let answer = match serde_json::from_slice::<ExtenderBindingArgs>(&body) {
+        Ok(args) => bind_pod(&ext, &args, deadline).await,
+        Err(e) => Err((
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}"),
+        )),
     };
-    let args: ExtenderBindingArgs = match serde_json::from_slice(&body) {
-        Ok(args) => args,
-        Err(e) => {
-            return fail(
-                StatusCode::BAD_REQUEST,
-                format!("invalid request body: {e}"),
-            );
-        }
-    };
-    for (field, value) in [("PodName", &args.pod_name), ("Node", &args.node)] {
-        if value.is_empty() {
-            return fail(StatusCode::BAD_REQUEST, format!("invalid {field}: missing"));
+    match answer {
+        Ok(()) => json(StatusCode::OK, &ExtenderBindingResult::default()),
+        Err((status, error)) => {
+            tracing::info!(%error, "extender bind: not bound");
+            json(status, &ExtenderBindingResult { error })
         }
     }
-    let Some(kube_api) = ext.kube_api.clone() else {
-        return fail(
-            StatusCode::OK,
+}
+
+/// The reservation a bind works with.
+struct Reserved {
+    device_id: String,
+    reserved_mem_mib: u64,
+    /// Made by this bind (given back if the Binding is refused), rather than kept from
+    /// an earlier, inconclusive bind of the same pod.
+    new: bool,
+}
+
+/// Time kept back from the Binding call to read the pod back when its outcome is unknown.
+fn read_back_reserve(budget: Duration) -> Duration {
+    budget / 4
+}
+
+async fn bind_pod(
+    ext: &Extender,
+    args: &ExtenderBindingArgs,
+    deadline: Instant,
+) -> Result<(), (StatusCode, String)> {
+    let refuse = |error: String| (StatusCode::OK, error);
+    for (field, value) in [("PodName", &args.pod_name), ("Node", &args.node)] {
+        if value.is_empty() {
+            return Err((StatusCode::BAD_REQUEST, format!("invalid {field}: missing")));
+        }
+    }
+    let Some(kube) = &ext.kube else {
+        return Err(refuse(
             "this placer was started without --kube-api, so it cannot create the pod's \
              Binding; configure the extender without bindVerb or give the placer --kube-api"
                 .to_owned(),
-        );
+        ));
     };
-    let Some(spec) = ext.recall(&args.pod_namespace, &args.pod_name) else {
-        return fail(
-            StatusCode::OK,
-            format!(
-                "pod {}/{} was not seen by filter in the last {} s; cannot bind it",
-                args.pod_namespace,
-                args.pod_name,
-                PENDING_TTL.as_secs()
-            ),
-        );
-    };
-    let restrict = devices_by_node(&ext.service.view(), std::slice::from_ref(&args.node))
-        .remove(&args.node)
-        .unwrap_or_default();
-    if restrict.is_empty() {
-        return fail(
-            StatusCode::OK,
-            format!("node {} has no GPU registered with iadeep", args.node),
-        );
-    }
-    let placement = match ext.service.place(spec.clone(), restrict).await {
-        Ok(outcome) => match outcome.decision {
-            place_response::Decision::Placed(placement) => placement,
-            place_response::Decision::Queued(queued) => {
-                return fail(StatusCode::OK, format!("queued: {}", queued.reason));
-            }
-        },
-        Err(err) => return fail(StatusCode::OK, err.to_string()),
-    };
-    let binding = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Binding",
-        "metadata": {"name": args.pod_name, "namespace": args.pod_namespace, "uid": args.pod_uid},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
-    });
     let namespace = if args.pod_namespace.is_empty() {
         "default"
     } else {
         args.pod_namespace.as_str()
     };
-    let path = format!(
-        "/api/v1/namespaces/{namespace}/pods/{}/binding",
-        args.pod_name
-    );
-    let outcome = http1::post_json(&kube_api, &path, binding.to_string().as_bytes()).await;
-    let error = match outcome {
-        Ok((status, _)) if (200..300).contains(&status) => None,
-        Ok((status, body)) => Some(format!(
-            "Kubernetes API refused the Binding (HTTP {status}): {}",
-            String::from_utf8_lossy(&body)
-        )),
-        Err(err) => Some(err.to_string()),
-    };
-    if let Some(error) = error {
-        if let Err(undo) = ext.service.release(&spec.task_id).await {
-            tracing::error!(task = %spec.task_id, %undo, "could not give back the reservation of an unbound pod");
-        }
-        return fail(StatusCode::OK, error);
+    let (name, node) = (args.pod_name.as_str(), args.node.as_str());
+    let calls_until = deadline - read_back_reserve(ext.bind_timeout);
+
+    // The pod from the API server, not from memory: any replica can bind it.
+    let pod = kube
+        .pod(namespace, name, calls_until)
+        .await
+        .map_err(|e| refuse(format!("cannot read pod {namespace}/{name}: {e}")))?;
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    if !args.pod_uid.is_empty() && uid != args.pod_uid {
+        return Err(refuse(format!(
+            "pod {namespace}/{name} has UID {uid}, not {}: it was re-created since it was scheduled",
+            args.pod_uid
+        )));
     }
-    tracing::info!(pod = %args.pod_name, namespace, node = %args.node,
-        device = %placement.device_id, "bound");
-    json(StatusCode::OK, &ExtenderBindingResult::default())
+    let spec = spec_of(&pod).map_err(refuse)?;
+    let already = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    if let Some(bound) = already.as_deref().filter(|n| !n.is_empty()) {
+        return if bound == node {
+            Ok(())
+        } else {
+            Err(refuse(format!(
+                "pod {namespace}/{name} is already bound to node {bound}"
+            )))
+        };
+    }
+
+    let reserved = reserve(ext, &spec, node).await.map_err(refuse)?;
+    let give_back = async |why: &str| {
+        if !reserved.new {
+            return;
+        }
+        if let Err(undo) = ext.service.release(&spec.task_id).await {
+            tracing::error!(task = %spec.task_id, %undo, why,
+                "could not give back the reservation of an unbound pod");
+        }
+    };
+
+    // The GPU goes on the pod before the Binding, so it is there when the kubelet
+    // starts the pod (for a device plugin, or the container through the downward API).
+    let annotations = gpu_annotations(ext, &spec, &reserved);
+    if let Err(e) = kube
+        .annotate(namespace, name, &annotations, calls_until)
+        .await
+    {
+        // No Binding was attempted: nothing runs on the reservation yet.
+        give_back("annotating the pod failed").await;
+        return Err(refuse(format!(
+            "cannot annotate pod {namespace}/{name} with its GPU: {e}"
+        )));
+    }
+
+    let outcome = kube.bind(namespace, name, &uid, node, calls_until).await;
+    match outcome {
+        Ok(()) => {}
+        Err(refused @ ApiCallError::Refused { .. }) => {
+            give_back("the Binding was refused").await;
+            return Err(refuse(format!(
+                "Binding of pod {namespace}/{name} to {node}: {refused}"
+            )));
+        }
+        Err(ApiCallError::Unknown(why)) => {
+            // It may exist: ask the API server where the pod is now.
+            let now = kube.pod(namespace, name, deadline).await;
+            match now
+                .as_ref()
+                .map(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()))
+            {
+                Ok(Some(bound)) if bound == node => {
+                    tracing::info!(pod = %name, namespace, node, why = %why,
+                        "Binding's answer was lost, but the pod is bound to this node");
+                }
+                Ok(Some(other)) if !other.is_empty() => {
+                    give_back("the pod is bound to another node").await;
+                    return Err(refuse(format!(
+                        "pod {namespace}/{name} is bound to node {other}, not {node}"
+                    )));
+                }
+                Err(ApiCallError::Refused { code: 404, .. }) => {
+                    give_back("the pod is gone").await;
+                    return Err(refuse(format!("pod {namespace}/{name} no longer exists")));
+                }
+                _ => {
+                    return Err(refuse(format!(
+                        "Binding of pod {namespace}/{name} to {node}: {why}; the pod does not \
+                         show as bound yet, so its reservation on GPU {} is kept (a retry binds \
+                         it to the same node; the unstarted-task grace gives it back if the pod \
+                         never runs)",
+                        reserved.device_id
+                    )));
+                }
+            }
+        }
+    }
+    tracing::info!(pod = %name, namespace, node, device = %reserved.device_id,
+        reserved_mem_mib = reserved.reserved_mem_mib, "bound");
+    Ok(())
+}
+
+/// Reserves a GPU of `node` for the pod, or finds the one an earlier bind reserved there.
+async fn reserve(ext: &Extender, spec: &TaskSpec, node: &str) -> Result<Reserved, String> {
+    let existing = |device_id: &str| -> Result<Reserved, String> {
+        let view = ext.service.view();
+        let device = view.device(device_id);
+        let on = device
+            .and_then(|d| d.info.as_ref())
+            .map(|i| i.node.as_str());
+        if on != Some(node) {
+            return Err(format!(
+                "task {} already holds GPU {device_id} on node {}, not on {node}",
+                spec.task_id,
+                on.unwrap_or("(unknown)")
+            ));
+        }
+        let reserved_mem_mib = device
+            .and_then(|d| {
+                d.residents
+                    .iter()
+                    .find(|r| r.reservation.task_id == spec.task_id)
+            })
+            .map_or(spec.gpu_mem_request_mib, |r| r.reservation.reserved_mem_mib);
+        Ok(Reserved {
+            device_id: device_id.to_owned(),
+            reserved_mem_mib,
+            new: false,
+        })
+    };
+    let held = ext
+        .service
+        .view()
+        .device_of(&spec.task_id)
+        .map(str::to_owned);
+    if let Some(device_id) = held {
+        return existing(&device_id);
+    }
+    let restrict = devices_by_node(&ext.service.view(), &[node.to_owned()])
+        .remove(node)
+        .unwrap_or_default();
+    if restrict.is_empty() {
+        return Err(format!("node {node} has no GPU registered with iadeep"));
+    }
+    match ext.service.place(spec.clone(), restrict).await {
+        Ok(outcome) => match outcome.decision {
+            place_response::Decision::Placed(placement) => Ok(Reserved {
+                device_id: placement.device_id,
+                reserved_mem_mib: placement.reserved_mem_mib,
+                new: true,
+            }),
+            place_response::Decision::Queued(queued) => Err(format!("queued: {}", queued.reason)),
+        },
+        // Placed by another replica whose write this view has not seen yet.
+        Err(PlacerError::AlreadyPlaced { device_id, .. }) => existing(&device_id),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+/// The annotations that tell the pod which GPU it got.
+fn gpu_annotations(
+    ext: &Extender,
+    spec: &TaskSpec,
+    reserved: &Reserved,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::from([
+        (DEVICE_ANNOTATION.to_owned(), reserved.device_id.clone()),
+        (
+            RESERVED_MEM_ANNOTATION.to_owned(),
+            reserved.reserved_mem_mib.to_string(),
+        ),
+        (
+            format!("{}task-id", pod::ANNOTATION_PREFIX),
+            spec.task_id.clone(),
+        ),
+    ]);
+    let view = ext.service.view();
+    if let Some(info) = view
+        .device(&reserved.device_id)
+        .and_then(|d| d.info.as_ref())
+    {
+        out.insert(GPU_INDEX_ANNOTATION.to_owned(), info.index.to_string());
+        if !info.uuid.is_empty() {
+            out.insert(GPU_UUID_ANNOTATION.to_owned(), info.uuid.clone());
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
 //! From a pod to the [`TaskSpec`] the placer decides on.
 //!
 //! The GPU memory request is the `nvidia.com/gpumem` resource (limits, else
-//! requests) summed over the pod's containers. Following the convention of GPU
-//! sharing device plugins, a plain number is MiB; a quantity with a binary
-//! suffix (`Ki`, `Mi`, `Gi`, `Ti`) or a decimal one (`k`, `M`, `G`, `T`, in bytes)
-//! is converted to MiB, rounding up.
+//! requests) of the pod, counted the way Kubernetes counts a pod's request: the sum
+//! over its containers, or the largest init container's when that is larger. A
+//! decimal quantity is MiB, a binary one bytes (see [`super::quantity`] for why
+//! this is the one reading that survives Kubernetes' canonical forms).
 //!
 //! Everything else comes from annotations (see `docs/kubernetes.md`):
 //!
@@ -21,12 +21,13 @@
 //! | `iadeep.io/device-kind` | kind the profile was measured on | profile |
 //! | `iadeep.io/lr-rule` | `linear`, `sqrt` or `adascale` | |
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use iadeep_proto::{LrScalingRule, SoloProfile, TaskSpec};
-use serde_json::Value;
+use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::types::Pod;
+use super::quantity;
 use crate::error::{PlacerError, Result};
 
 /// Prefix of every annotation the placer reads.
@@ -44,12 +45,16 @@ pub fn default_task_id(namespace: &str, name: &str) -> String {
     format!("{namespace}.{name}")
 }
 
+fn annotations(pod: &Pod) -> Option<&BTreeMap<String, String>> {
+    pod.metadata.annotations.as_ref()
+}
+
 fn annotation<T: FromStr>(pod: &Pod, key: &str) -> Result<Option<T>>
 where
     T::Err: std::fmt::Display,
 {
     let full = format!("{ANNOTATION_PREFIX}{key}");
-    match pod.metadata.annotations.get(&full) {
+    match annotations(pod).and_then(|a| a.get(&full)) {
         None => Ok(None),
         Some(text) => text.trim().parse::<T>().map(Some).map_err(|e| {
             PlacerError::invalid(
@@ -60,73 +65,65 @@ where
     }
 }
 
-/// Parses a Kubernetes quantity of GPU memory into MiB (a plain number is MiB).
-pub fn parse_gpumem_mib(value: &Value) -> std::result::Result<u64, String> {
-    let text = match value {
-        Value::String(s) => s.trim().to_owned(),
-        Value::Number(n) => n.to_string(),
-        other => return Err(format!("{other} is not a quantity")),
+/// The GPU memory one container asks for, MiB (0 when it asks for none).
+fn container_gpumem_mib(container: &Container, field: &str) -> Result<u64> {
+    let Some(resources) = &container.resources else {
+        return Ok(0);
     };
-    let digits_end = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(digits_end);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a quantity"))?;
-    let bytes_per_unit: Option<f64> = match suffix {
-        "" => None,
-        "Ki" => Some(1024.0),
-        "Mi" => Some(1024.0 * 1024.0),
-        "Gi" => Some(1024.0 * 1024.0 * 1024.0),
-        "Ti" => Some(1024.0f64.powi(4)),
-        "k" => Some(1e3),
-        "M" => Some(1e6),
-        "G" => Some(1e9),
-        "T" => Some(1e12),
-        other => return Err(format!("{text:?} has an unknown unit {other:?}")),
+    let limit = resources
+        .limits
+        .as_ref()
+        .and_then(|l| l.get(GPUMEM_RESOURCE));
+    let request = resources
+        .requests
+        .as_ref()
+        .and_then(|r| r.get(GPUMEM_RESOURCE));
+    let (which, value) = match (limit, request) {
+        (Some(v), _) => ("limits", v),
+        (None, Some(v)) => ("requests", v),
+        (None, None) => return Ok(0),
     };
-    let mib = match bytes_per_unit {
-        None => number,
-        Some(unit) => number * unit / (1024.0 * 1024.0),
-    };
-    if !(0.0..1e15).contains(&mib) {
-        return Err(format!("{text:?} is out of range"));
-    }
-    Ok(mib.ceil() as u64)
+    quantity::gpu_memory_mib(&value.0).map_err(|reason| {
+        PlacerError::invalid(
+            format!("{field}.resources.{which}[{GPUMEM_RESOURCE}]"),
+            reason.to_string(),
+        )
+    })
 }
 
-/// The GPU memory the pod asks for, MiB, summed over containers (0 when it asks for none).
+/// The GPU memory the pod asks for, MiB (0 when it asks for none): the sum over its
+/// containers, or its largest init container's when larger (they run one at a time,
+/// before the others).
 pub fn gpumem_request_mib(pod: &Pod) -> Result<u64> {
+    let Some(spec) = &pod.spec else {
+        return Ok(0);
+    };
     let mut total = 0u64;
-    for (i, container) in pod.spec.containers.iter().enumerate() {
-        let resources = &container.resources;
-        let (which, value) = match (
-            resources.limits.get(GPUMEM_RESOURCE),
-            resources.requests.get(GPUMEM_RESOURCE),
-        ) {
-            (Some(v), _) => ("limits", v),
-            (None, Some(v)) => ("requests", v),
-            (None, None) => continue,
-        };
-        let mib = parse_gpumem_mib(value).map_err(|reason| {
-            PlacerError::invalid(
-                format!("spec.containers[{i}].resources.{which}[{GPUMEM_RESOURCE}]"),
-                reason,
-            )
-        })?;
+    for (i, container) in spec.containers.iter().enumerate() {
+        let mib = container_gpumem_mib(container, &format!("spec.containers[{i}]"))?;
         total = total.saturating_add(mib);
+    }
+    for (i, container) in spec.init_containers.iter().flatten().enumerate() {
+        let mib = container_gpumem_mib(container, &format!("spec.initContainers[{i}]"))?;
+        total = total.max(mib);
     }
     Ok(total)
 }
 
+/// The pod's namespace (`default` when absent) and name.
+pub fn namespace_and_name(pod: &Pod) -> (&str, &str) {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    (namespace, pod.metadata.name.as_deref().unwrap_or(""))
+}
+
 /// The task spec of `pod`, or an error naming the annotation or resource at fault.
 pub fn task_spec(pod: &Pod) -> Result<TaskSpec> {
-    if pod.metadata.name.is_empty() {
+    let (namespace, name) = namespace_and_name(pod);
+    if name.is_empty() {
         return Err(PlacerError::invalid("Pod.metadata.name", "missing"));
     }
-    let task_id = annotation::<String>(pod, "task-id")?
-        .unwrap_or_else(|| default_task_id(&pod.metadata.namespace, &pod.metadata.name));
+    let task_id =
+        annotation::<String>(pod, "task-id")?.unwrap_or_else(|| default_task_id(namespace, name));
     let initial: u32 = annotation(pod, "batch-size")?.ok_or_else(|| {
         PlacerError::invalid(
             format!("metadata.annotations[{ANNOTATION_PREFIX}batch-size]"),
@@ -153,6 +150,13 @@ pub fn task_spec(pod: &Pod) -> Result<TaskSpec> {
         peak_mem_mib: annotation(pod, "peak-mem-mib")?,
         device_kind: annotation::<String>(pod, "device-kind")?.unwrap_or_default(),
     };
+    // The pod's creation is its submission: the same on every filter and bind call,
+    // whichever placer replica answers.
+    let submitted_at_unix_ms = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or_else(iadeep_proto::now_unix_ms, |t| t.0.as_millisecond());
     Ok(TaskSpec {
         task_id,
         model: annotation::<String>(pod, "model")?.unwrap_or_default(),
@@ -163,7 +167,7 @@ pub fn task_spec(pod: &Pod) -> Result<TaskSpec> {
         profile: Some(profile),
         lr_rule: lr_rule as i32,
         total_samples: annotation(pod, "total-samples")?,
-        submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
+        submitted_at_unix_ms,
         allowed_batch_sizes: Vec::new(),
     })
 }
@@ -174,15 +178,19 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn quantities_convert_to_mib() {
-        assert_eq!(parse_gpumem_mib(&json!("4000")), Ok(4000));
-        assert_eq!(parse_gpumem_mib(&json!(3000)), Ok(3000));
-        assert_eq!(parse_gpumem_mib(&json!("4Gi")), Ok(4096));
-        assert_eq!(parse_gpumem_mib(&json!("512Mi")), Ok(512));
-        assert_eq!(parse_gpumem_mib(&json!("1G")), Ok(954));
-        assert!(parse_gpumem_mib(&json!("4GB")).is_err());
-        assert!(parse_gpumem_mib(&json!("-1")).is_err());
-        assert!(parse_gpumem_mib(&json!(["4"])).is_err());
+    fn canonical_and_init_container_requests() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "annotations": {"iadeep.io/batch-size": "8"}},
+            "spec": {
+                "initContainers": [{"name": "warm", "resources": {"limits": {"nvidia.com/gpumem": "20k"}}}],
+                "containers": [
+                    {"name": "a", "resources": {"limits": {"nvidia.com/gpumem": "12k"}}},
+                    {"name": "b", "resources": {"requests": {"nvidia.com/gpumem": "1Gi"}}}]}
+        }))
+        .expect("pod");
+        assert_eq!(gpumem_request_mib(&pod).expect("request"), 20_000);
+        let spec = task_spec(&pod).expect("spec");
+        assert_eq!(spec.task_id, "default.p");
     }
 
     #[test]
@@ -213,10 +221,11 @@ mod tests {
         let mut bad = pod.clone();
         bad.metadata
             .annotations
+            .get_or_insert_default()
             .insert("iadeep.io/batch-size".into(), "many".into());
         let err = task_spec(&bad).expect_err("bad batch size");
         assert!(err.to_string().contains("iadeep.io/batch-size"), "{err}");
-        bad.metadata.annotations.clear();
+        bad.metadata.annotations = None;
         let err = task_spec(&bad).expect_err("missing batch size");
         assert!(err.to_string().contains("missing"), "{err}");
     }

@@ -1,15 +1,17 @@
-//! The JSON shapes of `k8s.io/kube-scheduler/extender/v1`.
+//! The JSON shapes of `k8s.io/kube-scheduler/extender/v1`, over the Kubernetes
+//! objects of `k8s-openapi`.
 //!
 //! The Go structs carry no JSON tags, so the keys are the Go field names
 //! (`Pod`, `NodeNames`, `FailedNodes`, ...). Go's decoder matches keys without
-//! regard to case, so the lower-case spellings are accepted too. Only the parts
-//! of `v1.Pod` and `v1.Node` the placer reads are modelled; everything else is
-//! ignored on input, and nodes are echoed back exactly as received.
+//! regard to case, so the lower-case spellings are accepted too. Pods and nodes
+//! are `k8s-openapi`'s `Pod` and `Node`, so every field kube-scheduler sends has
+//! its real type (quantities, annotations, the node name).
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::List;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// What kube-scheduler posts to `filter` and `prioritize`.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -18,7 +20,7 @@ pub struct ExtenderArgs {
     pub pod: Option<Pod>,
     /// Candidate nodes, when the extender is not node-cache capable.
     #[serde(rename = "Nodes", alias = "nodes", default)]
-    pub nodes: Option<NodeList>,
+    pub nodes: Option<List<Node>>,
     /// Candidate node names, when it is.
     #[serde(
         rename = "NodeNames",
@@ -29,78 +31,23 @@ pub struct ExtenderArgs {
     pub node_names: Option<Vec<String>>,
 }
 
-/// `v1.NodeList`, keeping each node as received so it can be echoed back.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct NodeList {
-    #[serde(default)]
-    pub items: Vec<Value>,
-    #[serde(flatten)]
-    pub rest: BTreeMap<String, Value>,
-}
-
 /// The name of a node object (`metadata.name`).
-pub fn node_name(node: &Value) -> Option<&str> {
-    node.get("metadata")?.get("name")?.as_str()
-}
-
-/// `v1.Pod`, the parts the placer reads.
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct Pod {
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: PodSpec,
-}
-
-/// `metav1.ObjectMeta`, the parts the placer reads.
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct ObjectMeta {
-    #[serde(default)]
-    pub name: String,
-    #[serde(default)]
-    pub namespace: String,
-    #[serde(default)]
-    pub uid: String,
-    #[serde(default)]
-    pub annotations: BTreeMap<String, String>,
-}
-
-/// `v1.PodSpec`, the parts the placer reads.
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct PodSpec {
-    #[serde(default)]
-    pub containers: Vec<Container>,
-}
-
-/// `v1.Container`, the parts the placer reads.
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct Container {
-    #[serde(default)]
-    pub name: String,
-    #[serde(default)]
-    pub resources: Resources,
-}
-
-/// `v1.ResourceRequirements`: quantities are strings (`"4Gi"`) or, from some clients, numbers.
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct Resources {
-    #[serde(default)]
-    pub limits: BTreeMap<String, Value>,
-    #[serde(default)]
-    pub requests: BTreeMap<String, Value>,
+pub fn node_name(node: &Node) -> Option<&str> {
+    node.metadata.name.as_deref()
 }
 
 /// What `filter` answers.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ExtenderFilterResult {
     #[serde(rename = "Nodes", skip_serializing_if = "Option::is_none", default)]
-    pub nodes: Option<NodeList>,
+    pub nodes: Option<List<Node>>,
     #[serde(rename = "NodeNames", skip_serializing_if = "Option::is_none", default)]
     pub node_names: Option<Vec<String>>,
     /// Nodes that cannot take the pod now, with why (preemption might help).
     #[serde(rename = "FailedNodes", default)]
     pub failed_nodes: BTreeMap<String, String>,
-    /// Nodes that can never take the pod as it is (no GPU the placer knows).
+    /// Nodes that can never take the pod as it is: no GPU the placer knows, or
+    /// every GPU of the node too small for the request even when empty.
     #[serde(rename = "FailedAndUnresolvableNodes", default)]
     pub failed_and_unresolvable_nodes: BTreeMap<String, String>,
     #[serde(rename = "Error", default)]

@@ -1,11 +1,13 @@
-//! A real etcd server for tests.
+//! Real etcd servers for tests: one member ([`EtcdServer`]) or a three-member
+//! cluster ([`EtcdCluster`]), on free loopback ports with temporary data
+//! directories, killed on drop.
 //!
-//! Tests must talk to the real thing: if `etcd` is missing, [`EtcdServer::start`]
-//! fails loudly with how to install it, and never lets a test silently skip.
+//! Tests must talk to the real thing: if `etcd` is missing, starting fails loudly
+//! with how to install it, and never lets a test silently skip.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,39 +16,235 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How many times a start is tried on fresh ports.
 const START_ATTEMPTS: u32 = 3;
 
-/// A running etcd on `127.0.0.1`, killed when dropped.
+fn free_port() -> Result<u16, String> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))
+}
+
+/// The etcd binary (see [`crate::etcd_program::find`]).
+fn etcd_binary() -> Result<PathBuf, String> {
+    crate::etcd_program::find().ok_or_else(|| {
+        format!(
+            "etcd not found: {} (the README's test command, scripts/test.sh, installs it)",
+            crate::etcd_program::INSTALL_HINT
+        )
+    })
+}
+
+/// TLS for a test server's client port (PEM files, e.g. made with `rcgen`).
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    /// The server's certificate (with `127.0.0.1` among its names) and key.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// When given, clients must present a certificate signed by this CA
+    /// (`--client-cert-auth`).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// A plain HTTP GET on `port` of loopback; the body, if anything answered.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+}
+
+/// One etcd process: its ports, data directory and (while running) child.
 #[derive(Debug)]
-pub struct EtcdServer {
-    child: Option<Child>,
+struct Member {
+    name: String,
     data_dir: tempfile::TempDir,
     client_port: u16,
     peer_port: u16,
-    binary: PathBuf,
+    /// Plain-HTTP `/health` and `/metrics`, so health is checked the same way with TLS.
+    metrics_port: u16,
+    tls: Option<ServerTls>,
+    child: Option<Child>,
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// The etcd binary: `$ETCD_BIN`, else `etcd` on the `PATH`, else Debian's `/usr/bin/etcd`.
-fn etcd_binary() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os("ETCD_BIN") {
-        return Ok(PathBuf::from(path));
+impl Member {
+    fn new(name: String, tls: Option<ServerTls>) -> Result<Member, String> {
+        Ok(Member {
+            name,
+            data_dir: tempfile::Builder::new()
+                .prefix("iadeep-etcd-")
+                .tempdir()
+                .map_err(|e| format!("cannot create etcd data dir: {e}"))?,
+            client_port: free_port()?,
+            peer_port: free_port()?,
+            metrics_port: free_port()?,
+            tls,
+            child: None,
+        })
     }
-    let on_path = std::env::var_os("PATH")
-        .map(|paths| {
-            std::env::split_paths(&paths)
-                .map(|dir| dir.join("etcd"))
-                .find(|candidate| candidate.is_file())
+
+    fn client_url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.data_dir.path().join("etcd.log")
+    }
+
+    fn spawn(&mut self, binary: &Path, initial_cluster: &str) -> Result<(), String> {
+        let log_path = self.log_path();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        let log_err = log
+            .try_clone()
+            .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        let client = self.client_url();
+        let peer = self.peer_url();
+        let mut command = Command::new(binary);
+        command
+            .arg(format!("--name={}", self.name))
+            .arg(format!(
+                "--data-dir={}",
+                self.data_dir.path().join("data").display()
+            ))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster={initial_cluster}"))
+            .arg("--initial-cluster-state=new")
+            .arg(format!(
+                "--listen-metrics-urls=http://127.0.0.1:{}",
+                self.metrics_port
+            ))
+            // Short raft timings make the minimum lease TTL about one second and
+            // an election after a leader loss take about half a second.
+            .arg("--heartbeat-interval=50")
+            .arg("--election-timeout=500")
+            .arg("--logger=zap")
+            .arg("--log-level=warn");
+        if let Some(tls) = &self.tls {
+            command
+                .arg(format!("--cert-file={}", tls.cert.display()))
+                .arg(format!("--key-file={}", tls.key.display()));
+            if let Some(ca) = &tls.client_ca {
+                command
+                    .arg("--client-cert-auth")
+                    .arg(format!("--trusted-ca-file={}", ca.display()));
+            }
+        }
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn healthy(&self) -> bool {
+        http_get(self.metrics_port, "/health").is_some_and(|b| b.contains("\"health\":\"true\""))
+    }
+
+    fn is_leader(&self) -> bool {
+        http_get(self.metrics_port, "/metrics").is_some_and(|body| {
+            body.lines()
+                .any(|line| line.trim() == "etcd_server_is_leader 1")
         })
-        .unwrap_or(None);
-    on_path
-        .or_else(|| Some(PathBuf::from("/usr/bin/etcd")).filter(|p| p.is_file()))
-        .ok_or_else(|| {
-            "etcd not found: install Debian's etcd-server (the README's test command, \
-             scripts/test.sh, does) or set ETCD_BIN"
-                .to_owned()
+    }
+
+    /// An error with etcd's log if the process already exited.
+    fn exited(&mut self) -> Option<String> {
+        let status = self.child.as_mut()?.try_wait().ok()??;
+        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        Some(format!("etcd {} exited with {status}:\n{log}", self.name))
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Waits until every member of `members` reports healthy.
+fn wait_healthy(members: &mut [Member]) -> Result<(), String> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    while Instant::now() < deadline {
+        for member in members.iter_mut() {
+            if let Some(err) = member.exited() {
+                return Err(err);
+            }
+        }
+        if members.iter().all(Member::healthy) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let logs: Vec<String> = members
+        .iter()
+        .map(|m| {
+            format!(
+                "--- {}:\n{}",
+                m.name,
+                std::fs::read_to_string(m.log_path()).unwrap_or_default()
+            )
         })
+        .collect();
+    Err(format!(
+        "etcd did not become healthy within {START_TIMEOUT:?}:\n{}",
+        logs.join("\n")
+    ))
+}
+
+/// Starts `count` members forming one cluster, retrying on fresh ports.
+fn start_members(count: usize, tls: Option<ServerTls>) -> Result<(Vec<Member>, PathBuf), String> {
+    let binary = etcd_binary()?;
+    let mut last_error = String::new();
+    for attempt in 1..=START_ATTEMPTS {
+        let mut members = (0..count)
+            .map(|i| Member::new(format!("iadeep-test-{i}"), tls.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut started = members
+            .iter_mut()
+            .try_for_each(|m| m.spawn(&binary, &initial_cluster));
+        if started.is_ok() {
+            started = wait_healthy(&mut members);
+        }
+        match started {
+            Ok(()) => return Ok((members, binary)),
+            Err(err) => {
+                members.iter_mut().for_each(Member::stop);
+                eprintln!("etcd start attempt {attempt}/{START_ATTEMPTS} failed: {err}");
+                last_error = err;
+            }
+        }
+    }
+    Err(last_error)
+}
+
+/// A running single-member etcd on `127.0.0.1`, killed when dropped.
+#[derive(Debug)]
+pub struct EtcdServer {
+    member: Member,
+    binary: PathBuf,
 }
 
 impl EtcdServer {
@@ -56,136 +254,151 @@ impl EtcdServer {
     /// another test doing the same; a start that fails is therefore retried on fresh
     /// ports a few times before giving up with the last error and etcd's log.
     pub fn start() -> Result<EtcdServer, String> {
-        let binary = etcd_binary()?;
-        let mut last_error = String::new();
-        for attempt in 1..=START_ATTEMPTS {
-            let data_dir = tempfile::Builder::new()
-                .prefix("iadeep-etcd-")
-                .tempdir()
-                .map_err(|e| format!("cannot create etcd data dir: {e}"))?;
-            let client_port = free_port().map_err(|e| format!("no free port: {e}"))?;
-            let peer_port = free_port().map_err(|e| format!("no free port: {e}"))?;
-            let mut server = EtcdServer {
-                child: None,
-                data_dir,
-                client_port,
-                peer_port,
-                binary: binary.clone(),
-            };
-            match server.spawn() {
-                Ok(()) => return Ok(server),
-                Err(err) => {
-                    eprintln!("etcd start attempt {attempt}/{START_ATTEMPTS} failed: {err}");
-                    last_error = err;
-                }
-            }
-        }
-        Err(last_error)
+        Self::start_with_tls(None)
     }
 
-    fn spawn(&mut self) -> Result<(), String> {
-        let client = format!("http://127.0.0.1:{}", self.client_port);
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let log_path = self.data_dir.path().join("etcd.log");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
-        let log_err = log
-            .try_clone()
-            .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
-        let child = Command::new(&self.binary)
-            .arg("--name=iadeep-test")
-            .arg(format!(
-                "--data-dir={}",
-                self.data_dir.path().join("data").display()
-            ))
-            .arg(format!("--listen-client-urls={client}"))
-            .arg(format!("--advertise-client-urls={client}"))
-            .arg(format!("--listen-peer-urls={peer}"))
-            .arg(format!("--initial-advertise-peer-urls={peer}"))
-            .arg(format!("--initial-cluster=iadeep-test={peer}"))
-            // Short raft timings make the minimum lease TTL about one second.
-            .arg("--heartbeat-interval=50")
-            .arg("--election-timeout=500")
-            .arg("--logger=zap")
-            .arg("--log-level=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err))
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", self.binary.display()))?;
-        self.child = Some(child);
-        let healthy = self.wait_healthy(&log_path);
-        if healthy.is_err() {
-            self.stop();
-        }
-        healthy
-    }
-
-    fn wait_healthy(&mut self, log_path: &std::path::Path) -> Result<(), String> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        while Instant::now() < deadline {
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                let log = std::fs::read_to_string(log_path).unwrap_or_default();
-                return Err(format!("etcd exited with {status} while starting:\n{log}"));
-            }
-            if self
-                .http_get("/health")
-                .is_some_and(|body| body.contains("\"health\":\"true\""))
-            {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let log = std::fs::read_to_string(log_path).unwrap_or_default();
-        Err(format!(
-            "etcd did not become healthy within {START_TIMEOUT:?}:\n{log}"
-        ))
-    }
-
-    /// A plain HTTP GET on the client port (etcd serves /health and /version there).
-    fn http_get(&self, path: &str) -> Option<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.client_port)).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).ok()?;
-        response
-            .split_once("\r\n\r\n")
-            .map(|(_, body)| body.to_owned())
+    /// Starts etcd serving clients over TLS (see [`ServerTls`]).
+    pub fn start_with_tls(tls: Option<ServerTls>) -> Result<EtcdServer, String> {
+        let (mut members, binary) = start_members(1, tls)?;
+        let member = members.pop().ok_or("no member started")?;
+        Ok(EtcdServer { member, binary })
     }
 
     /// `127.0.0.1:PORT`, as [`crate::EtcdStore::connect`] takes it.
     pub fn endpoint(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
+        format!("127.0.0.1:{}", self.member.client_port)
     }
 
-    /// `etcd://127.0.0.1:PORT`, as `--store` takes it.
+    /// `etcd://127.0.0.1:PORT`, as `--store` takes it (plain-text servers).
     pub fn url(&self) -> String {
         format!("etcd://{}", self.endpoint())
     }
 
     /// Kills the server (as a crash would), keeping its data directory.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.member.stop();
     }
 
     /// Starts the server again on the same ports and data.
     pub fn restart(&mut self) -> Result<(), String> {
         self.stop();
-        self.spawn()
+        let initial = format!("{}={}", self.member.name, self.member.peer_url());
+        self.member.spawn(&self.binary, &initial)?;
+        let healthy = wait_healthy(std::slice::from_mut(&mut self.member));
+        if healthy.is_err() {
+            self.stop();
+        }
+        healthy
+    }
+
+    /// Creates user `root` with `password`, grants it the root role and turns
+    /// etcd's authentication on: from then on every request needs credentials.
+    pub async fn enable_auth(&self, password: &str) -> Result<(), String> {
+        let mut client = etcd_client::Client::connect([self.endpoint()], None)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        client
+            .user_add("root", password, None)
+            .await
+            .map_err(|e| format!("user add: {e}"))?;
+        client
+            .user_grant_role("root", "root")
+            .await
+            .map_err(|e| format!("grant root role: {e}"))?;
+        client
+            .auth_enable()
+            .await
+            .map_err(|e| format!("auth enable: {e}"))?;
+        Ok(())
     }
 }
 
 impl Drop for EtcdServer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A running three-member etcd cluster on loopback, every member killed on drop.
+///
+/// Members are addressed by index (0, 1, 2). Killing one keeps quorum; killing
+/// two loses it until one is restarted.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    binary: PathBuf,
+    initial_cluster: String,
+}
+
+impl EtcdCluster {
+    /// Starts three members and waits until all report healthy.
+    pub fn start() -> Result<EtcdCluster, String> {
+        let (members, binary) = start_members(3, None)?;
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok(EtcdCluster {
+            members,
+            binary,
+            initial_cluster,
+        })
+    }
+
+    /// Every member's client endpoint (`127.0.0.1:PORT`), in index order.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect()
+    }
+
+    /// `etcd://A,B,C`, as `--store` takes it.
+    pub fn url(&self) -> String {
+        format!("etcd://{}", self.endpoints().join(","))
+    }
+
+    /// The index of the member that is leader now, waiting up to `within` for
+    /// the cluster to have one (during an election it has none).
+    pub fn leader(&self, within: Duration) -> Result<usize, String> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(index) = self
+                .members
+                .iter()
+                .position(|m| m.child.is_some() && m.is_leader())
+            {
+                return Ok(index);
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("no etcd leader within {within:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills member `index` (SIGKILL, as a crash or a lost machine), keeping its data.
+    pub fn kill(&mut self, index: usize) {
+        if let Some(member) = self.members.get_mut(index) {
+            member.stop();
+        }
+    }
+
+    /// Starts member `index` again on its ports and data, and waits until it is healthy.
+    pub fn restart(&mut self, index: usize) -> Result<(), String> {
+        let member = self
+            .members
+            .get_mut(index)
+            .ok_or_else(|| format!("no member {index}"))?;
+        member.stop();
+        member.spawn(&self.binary, &self.initial_cluster)?;
+        wait_healthy(std::slice::from_mut(member))
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        self.members.iter_mut().for_each(Member::stop);
     }
 }

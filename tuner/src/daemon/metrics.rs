@@ -1,12 +1,18 @@
-//! Prometheus text metrics of the tuner daemon, served at `GET /metrics`.
+//! Metrics of the tuner daemon, served at `GET /metrics` with `/healthz` and
+//! `/readyz` (see [`iadeep_ops`]).
 //!
-//! Plain atomics rather than a metrics library: a handful of counters and gauges, read by
-//! one scrape endpoint, written by one control loop.
+//! The control loop writes plain atomics (one relaxed add or store per event); the
+//! Prometheus library reads them at scrape time through [`TunerCollector`], which
+//! exports every device of the process (one tuner process may run one daemon per
+//! GPU) under its `device` label, next to the process and build-info metrics.
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{CounterVec, GaugeVec, Opts, Registry};
 
 use crate::error::{Result, TunerError};
 
@@ -56,101 +62,186 @@ impl Metrics {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The Prometheus text exposition (format 0.0.4) of every metric, labelled with the device.
-    pub fn render(&self, device: &str) -> String {
-        let mut out = String::new();
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let rows: [(&str, &str, &str, String); 10] = [
-            (
-                "iadeep_tuner_rounds_total",
-                "counter",
-                "Closed-loop rounds observed.",
-                get(&self.rounds).to_string(),
-            ),
-            (
-                "iadeep_tuner_rounds_dropped_total",
-                "counter",
-                "Rounds dropped (a task did not report in time, or the residents changed).",
-                get(&self.rounds_dropped).to_string(),
-            ),
-            (
-                "iadeep_tuner_out_of_memory_total",
-                "counter",
-                "Configurations that ran out of GPU memory.",
-                get(&self.out_of_memory).to_string(),
-            ),
-            (
-                "iadeep_tuner_assignments_total",
-                "counter",
-                "Batch-size assignments written.",
-                get(&self.assignments).to_string(),
-            ),
-            (
-                "iadeep_tuner_samples_total",
-                "counter",
-                "Co-location samples written.",
-                get(&self.samples).to_string(),
-            ),
-            (
-                "iadeep_tuner_errors_total",
-                "counter",
-                "Errors of the control loop.",
-                get(&self.errors).to_string(),
-            ),
-            (
-                "iadeep_tuner_resident_tasks",
-                "gauge",
-                "Tasks resident on the device.",
-                get(&self.residents).to_string(),
-            ),
-            (
-                "iadeep_tuner_round",
-                "gauge",
-                "Last assignment round.",
-                get(&self.round).to_string(),
-            ),
-            (
-                "iadeep_tuner_sum_pd",
-                "gauge",
-                "Last measured summed performance degradation.",
-                format_f64(self.sum_pd()),
-            ),
-            (
-                "iadeep_tuner_settled",
-                "gauge",
-                "1 when the search has settled on a configuration.",
-                get(&self.settled).to_string(),
-            ),
-        ];
-        for (name, kind, help, value) in rows {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            let _ = writeln!(out, "{name}{{device=\"{}\"}} {value}", escape(device));
+    /// The Prometheus text exposition (format 0.0.4) of this device's metrics alone.
+    pub fn render(self: &Arc<Self>, device: &str) -> String {
+        let registry = Registry::new();
+        iadeep_ops::register(
+            &registry,
+            Box::new(TunerCollector::new(vec![(device.to_owned(), self.clone())])),
+        );
+        iadeep_ops::encode(&registry)
+    }
+}
+
+/// Whether a row is a counter or a gauge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+type Read = fn(&Metrics) -> f64;
+
+/// Every exported metric: name, kind, help, how to read it.
+const ROWS: [(&str, Kind, &str, Read); 10] = [
+    (
+        "iadeep_tuner_rounds_total",
+        Kind::Counter,
+        "Closed-loop rounds observed.",
+        |m| load(&m.rounds),
+    ),
+    (
+        "iadeep_tuner_rounds_dropped_total",
+        Kind::Counter,
+        "Rounds dropped (a task did not report in time, or the residents changed).",
+        |m| load(&m.rounds_dropped),
+    ),
+    (
+        "iadeep_tuner_out_of_memory_total",
+        Kind::Counter,
+        "Configurations that ran out of GPU memory.",
+        |m| load(&m.out_of_memory),
+    ),
+    (
+        "iadeep_tuner_assignments_total",
+        Kind::Counter,
+        "Batch-size assignments written.",
+        |m| load(&m.assignments),
+    ),
+    (
+        "iadeep_tuner_samples_total",
+        Kind::Counter,
+        "Co-location samples written.",
+        |m| load(&m.samples),
+    ),
+    (
+        "iadeep_tuner_errors_total",
+        Kind::Counter,
+        "Errors of the control loop.",
+        |m| load(&m.errors),
+    ),
+    (
+        "iadeep_tuner_resident_tasks",
+        Kind::Gauge,
+        "Tasks resident on the device.",
+        |m| load(&m.residents),
+    ),
+    (
+        "iadeep_tuner_round",
+        Kind::Gauge,
+        "Last assignment round.",
+        |m| load(&m.round),
+    ),
+    (
+        "iadeep_tuner_sum_pd",
+        Kind::Gauge,
+        "Last measured summed performance degradation (NaN before the first).",
+        Metrics::sum_pd,
+    ),
+    (
+        "iadeep_tuner_settled",
+        Kind::Gauge,
+        "1 when the search has settled on a configuration.",
+        |m| load(&m.settled),
+    ),
+];
+
+fn load(a: &AtomicU64) -> f64 {
+    a.load(Ordering::Relaxed) as f64
+}
+
+/// One metric family of [`ROWS`], labelled by device.
+#[derive(Clone, Debug)]
+enum Family {
+    Counter(CounterVec),
+    Gauge(GaugeVec),
+}
+
+impl Family {
+    fn new(name: &str, kind: Kind, help: &str) -> prometheus::Result<Family> {
+        let opts = Opts::new(name, help);
+        Ok(match kind {
+            Kind::Counter => Family::Counter(CounterVec::new(opts, &["device"])?),
+            Kind::Gauge => Family::Gauge(GaugeVec::new(opts, &["device"])?),
+        })
+    }
+
+    fn collector(&self) -> &dyn Collector {
+        match self {
+            Family::Counter(c) => c,
+            Family::Gauge(g) => g,
+        }
+    }
+}
+
+/// Reads the atomics of every tuner daemon of the process at scrape time.
+#[derive(Debug)]
+pub struct TunerCollector {
+    devices: Vec<(String, Arc<Metrics>)>,
+    /// Templates: their descriptions are what this collector declares.
+    templates: Vec<Family>,
+}
+
+impl TunerCollector {
+    /// A collector of `devices` (device id, its daemon's metrics).
+    pub fn new(devices: Vec<(String, Arc<Metrics>)>) -> TunerCollector {
+        let templates = ROWS
+            .iter()
+            .filter_map(|&(name, kind, help, _)| Family::new(name, kind, help).ok())
+            .collect();
+        TunerCollector { devices, templates }
+    }
+}
+
+impl Collector for TunerCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.templates
+            .iter()
+            .flat_map(|f| f.collector().desc())
+            .collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let mut out = Vec::with_capacity(ROWS.len());
+        for &(name, kind, help, read) in &ROWS {
+            let Ok(family) = Family::new(name, kind, help) else {
+                continue;
+            };
+            for (device, metrics) in &self.devices {
+                let value = read(metrics);
+                match &family {
+                    Family::Counter(c) => c.with_label_values(&[device]).inc_by(value),
+                    Family::Gauge(g) => g.with_label_values(&[device]).set(value),
+                }
+            }
+            out.extend(family.collector().collect());
         }
         out
     }
 }
 
-fn format_f64(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".to_owned()
-    } else {
-        format!("{v}")
-    }
-}
-
-/// Label values escape backslash, quote and newline (Prometheus text format).
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-/// Binds `addr` and serves `/metrics` until the returned task is aborted.
+/// Binds `addr` and serves `/metrics` (this device), `/healthz` and `/readyz` (always
+/// ready) until the returned task is aborted.
 pub async fn serve(
     addr: SocketAddr,
     device: String,
     metrics: Arc<Metrics>,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    serve_all(
+        addr,
+        vec![(device, metrics)],
+        Arc::new(|| Box::pin(async { Ok(()) })),
+    )
+    .await
+}
+
+/// Binds `addr` and serves `/metrics` for every device of the process (with the
+/// process and build-info metrics), `/healthz`, and `/readyz` from `ready`, until
+/// the returned task is aborted.
+pub async fn serve_all(
+    addr: SocketAddr,
+    devices: Vec<(String, Arc<Metrics>)>,
+    ready: iadeep_ops::ReadyCheck,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -158,22 +249,10 @@ pub async fn serve(
     let bound = listener
         .local_addr()
         .map_err(|e| TunerError::Daemon(format!("metrics listener address: {e}")))?;
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let body = metrics.render(&device);
-            async move {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    body,
-                )
-            }
-        }),
-    );
-    tracing::info!(%bound, "serving Prometheus metrics at /metrics");
+    let registry = iadeep_ops::registry("tuner");
+    iadeep_ops::register(&registry, Box::new(TunerCollector::new(devices)));
+    let app = iadeep_ops::router(iadeep_ops::scrape(registry), ready);
+    tracing::info!(%bound, "serving /metrics, /healthz and /readyz");
     let task = tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
             tracing::error!(%err, "metrics server stopped");
@@ -188,7 +267,7 @@ mod tests {
 
     #[test]
     fn renders_every_metric_with_the_device_label() {
-        let m = Metrics::default();
+        let m = Arc::new(Metrics::default());
         Metrics::inc(&m.rounds);
         m.set_sum_pd(2.5);
         let text = m.render("gpu\"0");
@@ -202,7 +281,7 @@ mod tests {
         );
         assert_eq!(text.matches("# TYPE").count(), 10);
         assert!(
-            Metrics::default()
+            Arc::new(Metrics::default())
                 .render("d")
                 .contains("iadeep_tuner_sum_pd{device=\"d\"} NaN")
         );

@@ -1,11 +1,31 @@
 //! The etcd backend, for clusters of many machines.
+//!
+//! Requests move between the cluster's members on their own when one is lost
+//! (see [`members`] for how and within what bound); [`config`] says how the
+//! cluster is reached (endpoints, TLS, credentials).
+//!
+//! Transactions after a member loss: a transaction whose member was lost while it
+//! was in flight is re-sent to another member. If the lost attempt had in fact
+//! committed, the re-sent one fails its comparisons and the outcome is
+//! [`TxnOutcome::Failed`] whose `current` values show the transaction's own writes.
+//! Callers therefore decide from `current` (as the placer does: a placement that
+//! exists is answered as the placement), never from "failed" alone; etcd's own
+//! clients leave the same ambiguity to their callers, as an error.
+
+pub mod config;
+mod members;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
+    Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+
+pub use config::{EtcdConfig, EtcdCredentials, EtcdTls};
+pub use members::{
+    FAILOVER_BOUND, FAILOVER_BUDGET, LEASE_ATTEMPT_TIMEOUT, READ_ATTEMPT_TIMEOUT,
+    WRITE_ATTEMPT_TIMEOUT,
 };
 
 use crate::error::{Result, StateError};
@@ -13,11 +33,10 @@ use crate::store::{
     Expect, KeyValue, LeaseId, RangeSnapshot, Revision, StateStore, TxnOutcome, WatchEvent,
     WatchStream, lease_ttl_secs,
 };
+use members::{AttemptError, Failure, Members};
 
-/// How long connecting to an endpoint may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// How long one unary request may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long connecting may take: every member is tried, through one election.
+const CONNECT_BUDGET: Duration = Duration::from_secs(3);
 /// First and largest pause between attempts to re-establish a broken watch.
 const WATCH_RETRY_MIN: Duration = Duration::from_millis(100);
 const WATCH_RETRY_MAX: Duration = Duration::from_secs(2);
@@ -25,91 +44,125 @@ const WATCH_RETRY_MAX: Duration = Duration::from_secs(2);
 /// A [`StateStore`] on an etcd cluster (API v3).
 #[derive(Clone)]
 pub struct EtcdStore {
-    client: Client,
-    endpoints: Vec<String>,
+    members: std::sync::Arc<Members>,
+    config: std::sync::Arc<EtcdConfig>,
 }
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdStore")
-            .field("endpoints", &self.endpoints)
-            .finish_non_exhaustive()
+            .field("config", &self.config)
+            .field("members", &self.members)
+            .finish()
     }
 }
 
+/// Whether an etcd error says the lease does not exist.
+fn lease_not_found(err: &etcd_client::Error) -> bool {
+    err.to_string().contains("lease not found")
+}
+
 impl EtcdStore {
-    /// Connects to the cluster at `endpoints` (`host:port`) and checks that it answers,
-    /// so a wrong address fails here with a clear message rather than at first use.
+    /// Connects to the cluster at `endpoints` (`host:port`) in plain text without
+    /// credentials; see [`EtcdStore::connect_with`].
     pub async fn connect(endpoints: &[String]) -> Result<EtcdStore> {
-        let joined = endpoints.join(",");
-        let unavailable = |reason: String| StateError::Unavailable {
-            endpoints: joined.clone(),
-            reason,
-        };
-        if endpoints.is_empty() {
-            return Err(unavailable("no endpoints given".into()));
-        }
-        let options = ConnectOptions::new()
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_timeout(REQUEST_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
-        let urls: Vec<String> = endpoints.iter().map(|e| format!("http://{e}")).collect();
-        let client = tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(&urls, Some(options)))
-            .await
-            .map_err(|_| unavailable(format!("no answer within {CONNECT_TIMEOUT:?}")))?
-            .map_err(|e| unavailable(e.to_string()))?;
+        Self::connect_with(&EtcdConfig::plain(endpoints.to_vec())).await
+    }
+
+    /// Connects to the cluster `config` describes and checks that a member answers
+    /// (authenticating when credentials are given), so a wrong address, certificate
+    /// or password fails here with a clear message rather than at first use.
+    pub async fn connect_with(config: &EtcdConfig) -> Result<EtcdStore> {
         let store = EtcdStore {
-            client,
-            endpoints: endpoints.to_vec(),
+            members: std::sync::Arc::new(Members::new(config)?),
+            config: std::sync::Arc::new(config.clone()),
         };
-        store.server_version().await?;
+        store.status(CONNECT_BUDGET).await?;
         Ok(store)
     }
 
     /// The version of the etcd server answering (e.g. `3.4.23`).
     pub async fn server_version(&self) -> Result<String> {
-        let mut maintenance = self.client.maintenance_client();
-        let status = tokio::time::timeout(CONNECT_TIMEOUT, maintenance.status())
-            .await
-            .map_err(|_| StateError::Unavailable {
-                endpoints: self.endpoints.join(","),
-                reason: format!("status request not answered within {CONNECT_TIMEOUT:?}"),
-            })?
-            .map_err(|e| self.error("status", "the cluster", e))?;
-        Ok(status.version().to_owned())
+        self.status(FAILOVER_BUDGET).await
     }
 
-    fn error(&self, op: &'static str, target: &str, err: etcd_client::Error) -> StateError {
-        let reason = err.to_string();
-        let unreachable = match &err {
-            etcd_client::Error::TransportError(_) => true,
-            etcd_client::Error::GRpcStatus(status) => matches!(
-                status.code(),
-                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
-            ),
-            _ => false,
-        };
-        if unreachable {
-            StateError::Unavailable {
-                endpoints: self.endpoints.join(","),
-                reason: format!("{op} on {target}: {reason}"),
-            }
-        } else {
-            StateError::Backend {
+    /// The member requests go to first now (`host:port`): the last one that answered.
+    pub fn current_endpoint(&self) -> String {
+        self.members.preferred_endpoint().to_owned()
+    }
+
+    async fn status(&self, budget: Duration) -> Result<String> {
+        self.members
+            .call(
+                "status",
+                LEASE_ATTEMPT_TIMEOUT,
+                budget,
+                |client| async move {
+                    let status = client.maintenance_client().status().await?;
+                    Ok(status.version().to_owned())
+                },
+            )
+            .await
+            .map_err(|f| match f {
+                Failure::Rejected(err) if is_auth_error(&err) => StateError::Backend {
+                    op: "authenticate",
+                    target: self.members.joined().to_owned(),
+                    reason: format!(
+                        "{err} (check the user and password of the store URL{})",
+                        self.config
+                            .credentials
+                            .as_ref()
+                            .map(|c| format!(", user {:?}", c.user))
+                            .unwrap_or_default()
+                    ),
+                },
+                other => self.failed("status", "the cluster", other),
+            })
+    }
+
+    /// One request through the members' failover (see [`members`]), each attempt
+    /// bounded by `attempt_timeout`.
+    async fn request<T, F, Fut>(
+        &self,
+        what: &str,
+        attempt_timeout: Duration,
+        attempt: F,
+    ) -> Result<T, Failure>
+    where
+        F: FnMut(etcd_client::Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, AttemptError>>,
+    {
+        self.members
+            .call(what, attempt_timeout, FAILOVER_BUDGET, attempt)
+            .await
+    }
+
+    fn failed(&self, op: &'static str, target: &str, failure: Failure) -> StateError {
+        match failure {
+            Failure::Unreachable(err) => err,
+            Failure::Rejected(err) => StateError::Backend {
                 op,
                 target: target.to_owned(),
-                reason,
-            }
+                reason: err.to_string(),
+            },
         }
     }
 
-    fn lease_error(&self, op: &'static str, lease: LeaseId, err: etcd_client::Error) -> StateError {
-        if err.to_string().contains("lease not found") {
-            StateError::LeaseNotFound(lease)
-        } else {
-            self.error(op, &format!("lease {lease}"), err)
+    fn lease_failed(&self, op: &'static str, lease: LeaseId, failure: Failure) -> StateError {
+        match failure {
+            Failure::Rejected(err) if lease_not_found(&err) => StateError::LeaseNotFound(lease),
+            other => self.failed(op, &format!("lease {lease}"), other),
         }
     }
+}
+
+/// Whether etcd refused the credentials (or demands some).
+fn is_auth_error(err: &etcd_client::Error) -> bool {
+    let text = err.to_string();
+    text.contains("authentication failed")
+        || text.contains("user name is empty")
+        || text.contains("invalid auth token")
+        || text.contains("permission denied")
 }
 
 fn convert_kv(kv: &etcd_client::KeyValue) -> Result<KeyValue> {
@@ -148,34 +201,48 @@ fn convert_event(event: &etcd_client::Event) -> Result<Option<WatchEvent>> {
 #[async_trait]
 impl StateStore for EtcdStore {
     fn describe(&self) -> String {
-        format!("etcd://{}", self.endpoints.join(","))
+        let scheme = if self.config.tls.is_some() {
+            "etcds"
+        } else {
+            "etcd"
+        };
+        format!("{scheme}://{}", self.members.joined())
     }
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
-        let mut kv = self.client.kv_client();
-        let resp = kv
-            .get(key, None)
+        let resp = self
+            .request("get", READ_ATTEMPT_TIMEOUT, |client| async move {
+                Ok(client.kv_client().get(key, None).await?)
+            })
             .await
-            .map_err(|e| self.error("get", key, e))?;
+            .map_err(|f| self.failed("get", key, f))?;
         resp.kvs().first().map(convert_kv).transpose()
     }
 
     async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision> {
-        let mut kv = self.client.kv_client();
         let options = lease.map(|l| PutOptions::new().with_lease(l.0));
-        let resp = kv.put(key, value, options).await.map_err(|e| match lease {
-            Some(l) if e.to_string().contains("lease not found") => StateError::LeaseNotFound(l),
-            _ => self.error("put", key, e),
-        })?;
+        let resp = self
+            .request("put", WRITE_ATTEMPT_TIMEOUT, |client| {
+                let (value, options) = (value.clone(), options.clone());
+                async move { Ok(client.kv_client().put(key, value, options).await?) }
+            })
+            .await
+            .map_err(|f| match (f, lease) {
+                (Failure::Rejected(e), Some(l)) if lease_not_found(&e) => {
+                    StateError::LeaseNotFound(l)
+                }
+                (f, _) => self.failed("put", key, f),
+            })?;
         Ok(header_revision(resp.header()))
     }
 
     async fn delete(&self, key: &str) -> Result<bool> {
-        let mut kv = self.client.kv_client();
-        let resp = kv
-            .delete(key, None)
+        let resp = self
+            .request("delete", WRITE_ATTEMPT_TIMEOUT, |client| async move {
+                Ok(client.kv_client().delete(key, None).await?)
+            })
             .await
-            .map_err(|e| self.error("delete", key, e))?;
+            .map_err(|f| self.failed("delete", key, f))?;
         Ok(resp.deleted() > 0)
     }
 
@@ -220,11 +287,18 @@ impl StateStore for EtcdStore {
             })
             .collect();
         let request = Txn::new().when(compares).and_then(ops).or_else(reads);
-        let mut kv = self.client.kv_client();
-        let resp = kv.txn(request).await.map_err(|e| match lease {
-            Some(l) if e.to_string().contains("lease not found") => StateError::LeaseNotFound(l),
-            _ => self.error("transaction", &target, e),
-        })?;
+        let resp = self
+            .request("transaction", WRITE_ATTEMPT_TIMEOUT, |client| {
+                let request = request.clone();
+                async move { Ok(client.kv_client().txn(request).await?) }
+            })
+            .await
+            .map_err(|f| match (f, lease) {
+                (Failure::Rejected(e), Some(l)) if lease_not_found(&e) => {
+                    StateError::LeaseNotFound(l)
+                }
+                (f, _) => self.failed("transaction", &target, f),
+            })?;
         if resp.succeeded() {
             return Ok(TxnOutcome::Committed {
                 revision: header_revision(resp.header()),
@@ -240,11 +314,15 @@ impl StateStore for EtcdStore {
     }
 
     async fn range(&self, prefix: &str) -> Result<RangeSnapshot> {
-        let mut kv = self.client.kv_client();
-        let resp = kv
-            .get(prefix, Some(GetOptions::new().with_prefix()))
+        let resp = self
+            .request("range", READ_ATTEMPT_TIMEOUT, |client| async move {
+                Ok(client
+                    .kv_client()
+                    .get(prefix, Some(GetOptions::new().with_prefix()))
+                    .await?)
+            })
             .await
-            .map_err(|e| self.error("range", prefix, e))?;
+            .map_err(|f| self.failed("range", prefix, f))?;
         Ok(RangeSnapshot {
             kvs: resp.kvs().iter().map(convert_kv).collect::<Result<_>>()?,
             revision: header_revision(resp.header()),
@@ -268,36 +346,52 @@ impl StateStore for EtcdStore {
 
     async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId> {
         let secs = lease_ttl_secs(ttl)?;
-        let mut lease = self.client.lease_client();
-        let resp = lease
-            .grant(secs, None)
+        let resp = self
+            .request("lease grant", LEASE_ATTEMPT_TIMEOUT, |client| async move {
+                Ok(client.lease_client().grant(secs, None).await?)
+            })
             .await
-            .map_err(|e| self.error("lease grant", "the cluster", e))?;
+            .map_err(|f| self.failed("lease grant", "the cluster", f))?;
         Ok(LeaseId(resp.id()))
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Duration> {
-        let mut client = self.client.lease_client();
-        let (mut keeper, mut responses) = client
-            .keep_alive(lease.0)
+        // One short keep-alive stream per refresh, opened on whichever member can
+        // serve it: a stream kept open would die with its member.
+        let ttl = self
+            .request(
+                "lease keep-alive",
+                LEASE_ATTEMPT_TIMEOUT,
+                |client| async move {
+                    let (mut keeper, mut responses) =
+                        client.lease_client().keep_alive(lease.0).await?;
+                    keeper.keep_alive().await?;
+                    match responses.message().await? {
+                        Some(resp) => Ok(resp.ttl()),
+                        None => Err(AttemptError::Member(
+                            "keep-alive stream closed before answering".into(),
+                        )),
+                    }
+                },
+            )
             .await
-            .map_err(|e| self.lease_error("lease keep-alive", lease, e))?;
-        keeper
-            .keep_alive()
-            .await
-            .map_err(|e| self.lease_error("lease keep-alive", lease, e))?;
-        match responses.message().await {
-            Ok(Some(resp)) if resp.ttl() > 0 => Ok(Duration::from_secs(resp.ttl().unsigned_abs())),
-            Ok(_) => Err(StateError::LeaseNotFound(lease)),
-            Err(e) => Err(self.lease_error("lease keep-alive", lease, e)),
+            .map_err(|f| self.lease_failed("lease keep-alive", lease, f))?;
+        if ttl > 0 {
+            Ok(Duration::from_secs(ttl.unsigned_abs()))
+        } else {
+            Err(StateError::LeaseNotFound(lease))
         }
     }
 
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
-        let mut client = self.client.lease_client();
-        match client.revoke(lease.0).await {
+        let revoked = self
+            .request("lease revoke", LEASE_ATTEMPT_TIMEOUT, |client| async move {
+                Ok(client.lease_client().revoke(lease.0).await?)
+            })
+            .await;
+        match revoked {
             Ok(_) => Ok(()),
-            Err(e) => match self.lease_error("lease revoke", lease, e) {
+            Err(f) => match self.lease_failed("lease revoke", lease, f) {
                 StateError::LeaseNotFound(_) => Ok(()),
                 other => Err(other),
             },
@@ -317,37 +411,38 @@ struct WatchSession {
 }
 
 impl WatchSession {
+    /// Creates the etcd watch on a member that can serve it (see [`members`]) and
+    /// delivers what its creation response carries.
     async fn open(&mut self) -> Result<etcd_client::WatchStream> {
         let mut options = WatchOptions::new().with_prefix();
         if let Some(rev) = self.next_revision {
             options = options.with_start_revision(rev);
         }
-        let mut client = self.store.client.watch_client();
-        let mut stream = client
-            .watch(self.prefix.as_str(), Some(options))
+        let prefix = self.prefix.as_str();
+        let (stream, created) = self
+            .store
+            .request("watch", READ_ATTEMPT_TIMEOUT, |client| {
+                let options = options.clone();
+                async move {
+                    let mut stream = client.watch_client().watch(prefix, Some(options)).await?;
+                    // The creation response carries the revision the watch starts
+                    // after; without a start revision that is where a later
+                    // reconnection must resume.
+                    match stream.message().await? {
+                        Some(created) => Ok((stream, created)),
+                        None => Err(AttemptError::Member("stream closed at creation".into())),
+                    }
+                }
+            })
             .await
-            .map_err(|e| self.store.error("watch", &self.prefix, e))?;
-        // The creation response carries the revision the watch starts after; without
-        // a start revision that is where a later reconnection must resume.
-        match stream.message().await {
-            Ok(Some(resp)) => {
-                if resp.canceled() {
-                    return Err(self.cancelled(&resp));
-                }
-                if self.next_revision.is_none() {
-                    self.next_revision = Some(header_revision(resp.header()) + 1);
-                }
-                self.deliver(&resp)?;
-            }
-            Ok(None) => {
-                return Err(self.store.error(
-                    "watch",
-                    &self.prefix,
-                    etcd_client::Error::WatchError("stream closed at creation".into()),
-                ));
-            }
-            Err(e) => return Err(self.store.error("watch", &self.prefix, e)),
+            .map_err(|f| self.store.failed("watch", &self.prefix, f))?;
+        if created.canceled() {
+            return Err(self.cancelled(&created));
         }
+        if self.next_revision.is_none() {
+            self.next_revision = Some(header_revision(created.header()) + 1);
+        }
+        self.deliver(&created)?;
         Ok(stream)
     }
 

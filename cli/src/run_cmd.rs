@@ -1,0 +1,557 @@
+//! `iadeep run`: place a training job, run it on its GPU, release the GPU after.
+//!
+//! Signals while the job runs: SIGTERM and SIGHUP sent to `iadeep run` are forwarded
+//! to the job, which may still clean up (its agent's `finish`). SIGINT is not: a
+//! Ctrl-C at the terminal reaches the job directly (it is in the same foreground
+//! process group), and a second copy would interrupt its clean-up; `iadeep run` just
+//! keeps waiting for the job to exit. Whatever ends the job, the placement is
+//! released before `iadeep run` exits with the job's exit code (128 + N for a job
+//! killed by signal N). If `iadeep run` itself is killed, the placer releases the GPU
+//! once the job's agent is gone for the grace period.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitCode, ExitStatus};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use clap::builder::PossibleValuesParser;
+use iadeep_agent::launch::{self, Launch};
+use iadeep_proto::placer_client::PlacerClient;
+use iadeep_proto::{
+    DeviceInfo, ListDevicesRequest, PlaceRequest, Placement, ReleaseRequest, TaskSpec,
+    place_response,
+};
+use iadeep_state::StoreUrl;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::signal::unix::{SignalKind, signal};
+use tonic::transport::Channel;
+
+/// Run a training command on a GPU of this machine chosen by iadeep's placer.
+///
+/// Asks the placer (IADEEP_PLACER) where the job should go and waits, saying why,
+/// while it is queued; then runs CMD with IADEEP_TASK_ID, IADEEP_STORE and
+/// CUDA_VISIBLE_DEVICES set (the job's `iadeep.Agent.from_env()` reads them, together
+/// with the batch sizes given here), releases the placement when CMD exits (also
+/// after Ctrl-C, SIGTERM or a crash), and exits with CMD's exit code.
+///
+/// Example: `source ~/.local/share/iadeep/cluster/cluster.env;
+/// iadeep run --batch-size 64 --max-batch-size 256 -- python train.py`
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The placer's gRPC address (`iadeep up` prints it and writes it to cluster.env).
+    #[arg(long, env = "IADEEP_PLACER", value_name = "URL")]
+    placer: Option<String>,
+    /// The state store the job's agent reports to (etcd; from cluster.env).
+    #[arg(long, env = "IADEEP_STORE", value_name = "URL")]
+    store: Option<StoreUrl>,
+    /// The task's id (letters, digits, '.', '_', '-', ':'). Default: the script's name,
+    /// the time and this process's id.
+    #[arg(long, value_name = "ID")]
+    task_id: Option<String>,
+    /// Model name, for the record. Default: the script's name.
+    #[arg(long, value_name = "NAME")]
+    model: Option<String>,
+    /// The batch size the job starts with (m0). Required: the placer reserves memory for
+    /// it and the tuner measures the job's slowdown against it.
+    #[arg(long = "batch-size", value_name = "M0")]
+    batch_size: u32,
+    /// Smallest batch size the tuner may assign (default: M0).
+    #[arg(long, value_name = "N")]
+    min_batch_size: Option<u32>,
+    /// Largest batch size the tuner may assign (default: M0).
+    #[arg(long, value_name = "N")]
+    max_batch_size: Option<u32>,
+    /// GPU memory the job needs at M0, MiB, if known (helps the placer before the job
+    /// has reported any).
+    #[arg(long, value_name = "MIB")]
+    gpu_mem_mib: Option<u64>,
+    /// How the job rescales its learning rate when the batch size changes.
+    #[arg(long, value_name = "RULE", value_parser = PossibleValuesParser::new(launch::LR_RULE_NAMES))]
+    lr_rule: Option<String>,
+    /// Total work in samples, if known (lets the placer weigh waiting against sharing).
+    #[arg(long, value_name = "N")]
+    total_samples: Option<u64>,
+    /// Give up (exit 75) after waiting this long in the queue. Default: wait as long as
+    /// it takes.
+    #[arg(long, value_name = "SECONDS")]
+    max_wait_s: Option<u64>,
+    /// Let the placer choose a GPU of any machine, not only this one's (the command
+    /// still runs here: only for a cluster whose machines share this one's GPUs).
+    #[arg(long)]
+    any_node: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+/// Exit status when the queue wait ran out (EX_TEMPFAIL: try again later).
+const QUEUE_TIMEOUT_EXIT: u8 = 75;
+/// Bounds on the pause between two Place calls while queued.
+const MIN_RETRY: Duration = Duration::from_millis(500);
+const MAX_RETRY: Duration = Duration::from_secs(60);
+/// How often a queued job looks whether a GPU freed up.
+const FREED_POLL: Duration = Duration::from_secs(2);
+/// Deadline of each call to the placer.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The signals `iadeep run` handles, registered before anything can be interrupted.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals> {
+        let on = |kind| signal(kind).context("cannot install a signal handler");
+        Ok(Signals {
+            interrupt: on(SignalKind::interrupt())?,
+            terminate: on(SignalKind::terminate())?,
+            hangup: on(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next signal that arrives.
+    async fn next(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.interrupt.recv() => Signal::SIGINT,
+            _ = self.terminate.recv() => Signal::SIGTERM,
+            _ = self.hangup.recv() => Signal::SIGHUP,
+        }
+    }
+}
+
+/// The placer's address as a URI tonic connects to.
+fn endpoint(placer: &str) -> String {
+    if placer.contains("://") {
+        placer.to_owned()
+    } else {
+        format!("http://{placer}")
+    }
+}
+
+/// The job's name: the script's file name (the first argument after the program that
+/// names a file), else the program's.
+fn job_name(command: &[String]) -> String {
+    let stem = |arg: &String| {
+        std::path::Path::new(arg)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+    };
+    command
+        .iter()
+        .skip(1)
+        .find(|arg| !arg.starts_with('-') && std::path::Path::new(arg).is_file())
+        .or(command.first())
+        .and_then(stem)
+        .unwrap_or_else(|| "job".to_owned())
+}
+
+/// A task id from the job's name: id characters only, unique per launch.
+fn default_task_id(name: &str) -> String {
+    let name: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(64)
+        .collect();
+    let now_s = iadeep_proto::now_unix_ms() / 1000;
+    format!("{name}-{now_s}-{}", std::process::id())
+}
+
+/// A call to the placer with a deadline, so a hung placer cannot hang the job's launch.
+async fn call<T>(
+    what: &str,
+    fut: impl Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+) -> std::result::Result<T, tonic::Status> {
+    match tokio::time::timeout(CALL_TIMEOUT, fut).await {
+        Ok(result) => result.map(tonic::Response::into_inner),
+        Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+            "{what}: no answer within {CALL_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// Whether a failed call is worth repeating later (the placer restarting, contention).
+fn transient(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Aborted
+    )
+}
+
+/// How the queue wait ended.
+enum Waited {
+    Placed(Box<(Placement, DeviceInfo)>),
+    Interrupted(Signal),
+    TimedOut,
+}
+
+pub async fn run(args: RunArgs) -> Result<ExitCode> {
+    let mut signals = Signals::install()?;
+    let placer = args.placer.as_deref().context(
+        "no placer: set IADEEP_PLACER or --placer (`source DIR/cluster.env` written by `iadeep up`)",
+    )?;
+    let store = args.store.clone().context(
+        "no store: set IADEEP_STORE or --store (`source DIR/cluster.env` written by `iadeep up`)",
+    )?;
+    if !matches!(store, StoreUrl::Etcd(_)) {
+        bail!(
+            "--store {store}: the job's agent and the placer run in different processes, so they \
+             must share an etcd store (the embedded store serves one process); start one with `iadeep up`"
+        );
+    }
+    let name = job_name(&args.command);
+    let task_id = args
+        .task_id
+        .clone()
+        .unwrap_or_else(|| default_task_id(&name));
+    let lr_rule = args.lr_rule.as_deref().and_then(launch::lr_rule_from_name);
+    let spec = TaskSpec {
+        task_id: task_id.clone(),
+        model: args.model.clone().unwrap_or_else(|| name.clone()),
+        initial_batch_size: args.batch_size,
+        min_batch_size: args.min_batch_size.unwrap_or(0),
+        max_batch_size: args.max_batch_size.unwrap_or(0),
+        gpu_mem_request_mib: args.gpu_mem_mib.unwrap_or(0),
+        lr_rule: lr_rule.unwrap_or(iadeep_proto::LrScalingRule::Unspecified) as i32,
+        total_samples: args.total_samples,
+        submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
+        ..Default::default()
+    };
+    let endpoint = endpoint(placer);
+    let mut client = tokio::time::timeout(CALL_TIMEOUT, PlacerClient::connect(endpoint.clone()))
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within {CALL_TIMEOUT:?}"))
+        .and_then(|r| r.map_err(anyhow::Error::from))
+        .with_context(|| {
+            format!("cannot reach the placer at {endpoint}: is `iadeep up` running?")
+        })?;
+
+    let (placement, device) =
+        match wait_for_placement(&mut client, &spec, &args, &mut signals).await {
+            Ok(Waited::Placed(placed)) => *placed,
+            Ok(Waited::Interrupted(sig)) => {
+                tracing::info!(signal = %sig, "interrupted while queued");
+                release(&mut client, &task_id).await;
+                return Ok(ExitCode::from(128 + sig as i32 as u8));
+            }
+            Ok(Waited::TimedOut) => {
+                release(&mut client, &task_id).await;
+                eprintln!(
+                    "iadeep run: still queued after --max-wait-s {}; giving up",
+                    args.max_wait_s.unwrap_or(0)
+                );
+                return Ok(ExitCode::from(QUEUE_TIMEOUT_EXIT));
+            }
+            Err(err) => {
+                // A Place may have committed before the failure: give it back.
+                release(&mut client, &task_id).await;
+                return Err(err);
+            }
+        };
+
+    let launch = Launch {
+        task_id: task_id.clone(),
+        store: store.to_string(),
+        device_id: Some(placement.device_id.clone()),
+        // Only a name the user gave: the script's own name for itself is as good as ours.
+        model: args.model.clone(),
+        initial_batch_size: Some(args.batch_size),
+        min_batch_size: args.min_batch_size,
+        max_batch_size: args.max_batch_size,
+        lr_rule,
+    };
+    tracing::info!(task = %task_id, device = %placement.device_id, gpu_index = device.index,
+        reserved_mib = placement.reserved_mem_mib, command = ?args.command, "placed; starting the job");
+    let status = run_job(&args.command, &launch, &device, &mut signals).await;
+    release(&mut client, &task_id).await;
+    let status = status?;
+    let code = match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => 1,
+    };
+    tracing::info!(task = %task_id, %status, "job exited");
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+/// Asks the placer until it places the task, saying why it waits meanwhile.
+async fn wait_for_placement(
+    client: &mut PlacerClient<Channel>,
+    spec: &TaskSpec,
+    args: &RunArgs,
+    signals: &mut Signals,
+) -> Result<Waited> {
+    let started = Instant::now();
+    let node = crate::local::node_name();
+    let mut unavailable_since: Option<Instant> = None;
+    let mut seen = Occupancy::new();
+    loop {
+        let attempt = async {
+            let statuses = call("ListDevices", client.list_devices(ListDevicesRequest {}))
+                .await?
+                .devices;
+            seen = occupancy(&statuses);
+            let devices: Vec<DeviceInfo> = statuses.into_iter().filter_map(|d| d.device).collect();
+            let local: Vec<DeviceInfo> = devices
+                .iter()
+                .filter(|d| args.any_node || crate::local::is_local(&d.node, &node))
+                .cloned()
+                .collect();
+            let response = if local.is_empty() && !devices.is_empty() {
+                None
+            } else {
+                let request = PlaceRequest {
+                    task: Some(spec.clone()),
+                    candidate_device_ids: if args.any_node {
+                        Vec::new()
+                    } else {
+                        local.iter().map(|d| d.device_id.clone()).collect()
+                    },
+                };
+                Some(call("Place", client.place(request)).await?)
+            };
+            Ok::<_, tonic::Status>((devices, local, response))
+        };
+        let retry = match attempt.await {
+            Ok((devices, _, None)) => {
+                bail!(
+                    "none of the placer's {} GPU(s) is on this machine ({node:?}): {}; \
+                     --any-node lets it choose another machine's",
+                    devices.len(),
+                    devices
+                        .iter()
+                        .map(|d| format!("{} on {:?}", d.device_id, d.node))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            Ok((_, local, Some(response))) => {
+                unavailable_since = None;
+                let summary = response
+                    .explanation
+                    .map(|e| e.summary)
+                    .filter(|s| !s.is_empty());
+
+                match response.decision {
+                    Some(place_response::Decision::Placed(placement)) => {
+                        let device = match local
+                            .into_iter()
+                            .find(|d| d.device_id == placement.device_id)
+                        {
+                            Some(device) => device,
+                            None => bail!(
+                                "the placer chose {}, which it does not list among this machine's GPUs",
+                                placement.device_id
+                            ),
+                        };
+                        return Ok(Waited::Placed(Box::new((placement, device))));
+                    }
+                    Some(place_response::Decision::Queued(queued)) => {
+                        let retry = Duration::from_millis(queued.retry_after_ms)
+                            .clamp(MIN_RETRY, MAX_RETRY);
+                        // The summary repeats the reason with the candidates' counts.
+                        tracing::info!(
+                            waited_s = started.elapsed().as_secs(),
+                            "the placer says wait ({}); asking again in {:.0} s, or as soon as a GPU frees up",
+                            summary.unwrap_or(queued.reason),
+                            retry.as_secs_f64()
+                        );
+                        retry
+                    }
+                    None => bail!("the placer answered neither placed nor queued"),
+                }
+            }
+            Err(status) if transient(&status) => {
+                let since = *unavailable_since.get_or_insert_with(Instant::now);
+                tracing::warn!(code = ?status.code(), message = status.message(),
+                    unreachable_s = since.elapsed().as_secs(), "the placer cannot answer now; asking again");
+                Duration::from_secs(2)
+            }
+            Err(status) => bail!(
+                "the placer refused the task: {} ({:?})",
+                status.message(),
+                status.code()
+            ),
+        };
+        if let Some(max) = args.max_wait_s
+            && started.elapsed() + retry > Duration::from_secs(max)
+        {
+            return Ok(Waited::TimedOut);
+        }
+        if let Some(sig) = wait_or_freed(client, &seen, retry, signals).await {
+            return Ok(Waited::Interrupted(sig));
+        }
+    }
+}
+
+/// The tasks on each device, as ListDevices shows them.
+type Occupancy = std::collections::BTreeMap<String, std::collections::BTreeSet<String>>;
+
+fn occupancy(statuses: &[iadeep_proto::DeviceStatus]) -> Occupancy {
+    statuses
+        .iter()
+        .filter_map(|s| {
+            let device = s.device.as_ref()?;
+            Some((
+                device.device_id.clone(),
+                s.resident_task_ids.iter().cloned().collect(),
+            ))
+        })
+        .collect()
+}
+
+/// Whether a task left a device (or a device appeared) since `before`: worth asking again.
+fn freed(before: &Occupancy, now: &Occupancy) -> bool {
+    now.iter().any(|(device, tasks)| match before.get(device) {
+        None => true,
+        Some(was) => !was.is_subset(tasks),
+    })
+}
+
+/// Sleeps `retry`, but returns early when a GPU frees up (ListDevices, every few
+/// seconds): the placer's hint is a bound, and a job should not idle behind it. Returns
+/// the signal that interrupted the wait, if one did.
+async fn wait_or_freed(
+    client: &mut PlacerClient<Channel>,
+    before: &Occupancy,
+    retry: Duration,
+    signals: &mut Signals,
+) -> Option<Signal> {
+    let deadline = Instant::now() + retry;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep((deadline - now).min(FREED_POLL)) => {}
+            sig = signals.next() => return Some(sig),
+        }
+        if let Ok(list) = call("ListDevices", client.list_devices(ListDevicesRequest {})).await
+            && freed(before, &occupancy(&list.devices))
+        {
+            tracing::info!("a GPU freed up; asking the placer again");
+            return None;
+        }
+    }
+}
+
+/// Runs the job on `device` and waits for it, forwarding SIGTERM and SIGHUP.
+async fn run_job(
+    command: &[String],
+    launch: &Launch,
+    device: &DeviceInfo,
+    signals: &mut Signals,
+) -> Result<ExitStatus> {
+    let (program, args) = command.split_first().context("no command to run")?;
+    let mut job = tokio::process::Command::new(program);
+    job.args(args)
+        .envs(launch.vars())
+        // NVML numbers GPUs in PCI bus order; CUDA's default order differs.
+        .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        .env("CUDA_VISIBLE_DEVICES", device.index.to_string());
+    let mut child = job
+        .spawn()
+        .with_context(|| format!("cannot start {program:?}"))?;
+    let pid = child.id();
+    loop {
+        tokio::select! {
+            status = child.wait() => return status.with_context(|| format!("cannot wait for {program:?}")),
+            sig = signals.next() => match (sig, pid) {
+                (Signal::SIGINT, _) => {
+                    tracing::info!("Ctrl-C: the job got it too; waiting for it to exit");
+                }
+                (sig, Some(pid)) => {
+                    tracing::info!(signal = %sig, pid, "forwarding to the job");
+                    if let Err(err) = kill(Pid::from_raw(pid as i32), sig) {
+                        tracing::warn!(%err, "cannot forward the signal");
+                    }
+                }
+                (_, None) => {}
+            },
+        }
+    }
+}
+
+/// Gives the task's reservation back (a few tries); failures are logged, because the
+/// placer's reaper releases it anyway once the job's agent is gone for the grace.
+async fn release(client: &mut PlacerClient<Channel>, task_id: &str) {
+    for attempt in 1..=3 {
+        let request = ReleaseRequest {
+            task_id: task_id.to_owned(),
+        };
+        match call("Release", client.release(request)).await {
+            Ok(answer) if answer.released => {
+                tracing::info!(task = task_id, device = %answer.device_id, "placement released");
+                return;
+            }
+            Ok(_) => {
+                tracing::debug!(task = task_id, "no placement to release");
+                return;
+            }
+            Err(status) => {
+                tracing::warn!(task = task_id, attempt, code = ?status.code(), message = status.message(),
+                    "cannot release the placement");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+    tracing::warn!(
+        task = task_id,
+        "placement not released; the placer gives the GPU back after its grace period"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_job_is_named_after_its_script() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = dir.path().join("train_mnist.py");
+        std::fs::write(&script, "").expect("script");
+        let command = vec![
+            "python3".to_owned(),
+            "-u".to_owned(),
+            script.display().to_string(),
+        ];
+        assert_eq!(job_name(&command), "train_mnist");
+        assert_eq!(job_name(&["./train.sh".to_owned()]), "train");
+        let id = default_task_id("my job/1");
+        assert!(id.starts_with("my-job-1-"), "{id}");
+        assert!(iadeep_state::keys::validate_id("task", &id).is_ok(), "{id}");
+    }
+
+    #[test]
+    fn a_task_leaving_or_a_device_appearing_counts_as_freed() {
+        let occupancy = |pairs: &[(&str, &[&str])]| -> Occupancy {
+            pairs
+                .iter()
+                .map(|(d, tasks)| (d.to_string(), tasks.iter().map(|t| t.to_string()).collect()))
+                .collect()
+        };
+        let before = occupancy(&[("gpu0", &["a", "b"])]);
+        assert!(!freed(&before, &occupancy(&[("gpu0", &["a", "b", "c"])])));
+        assert!(freed(&before, &occupancy(&[("gpu0", &["a"])])));
+        assert!(freed(
+            &before,
+            &occupancy(&[("gpu0", &["a", "b"]), ("gpu1", &[])])
+        ));
+    }
+
+    #[test]
+    fn a_bare_address_gets_a_scheme() {
+        assert_eq!(endpoint("127.0.0.1:50061"), "http://127.0.0.1:50061");
+        assert_eq!(endpoint("http://h:1"), "http://h:1");
+    }
+}

@@ -1,0 +1,342 @@
+//! `iadeep up`: a whole cluster on one machine, in the foreground: etcd (a child
+//! process), the placer and one tuner per GPU (tasks of this process).
+//!
+//! The placer and the tuners run as tasks of this process rather than as child
+//! `iadeep` processes: they share one etcd client, their logs come out as one
+//! stream, a failure of any of them is an error value here (not an exit status to
+//! interpret), and Ctrl-C stops them in order (tuners delete their device records,
+//! the placer drains, then etcd flushes) with nothing left behind. etcd is another
+//! program, so it is a child process; its data folder makes a later `iadeep up` on
+//! the same `--dir` resume the stored state.
+
+mod etcd;
+
+use std::fs::File;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use iadeep_placer::{Daemon as PlacerDaemon, DaemonConfig, ModelledMemory};
+use iadeep_proto::DeviceInfo;
+use iadeep_state::{StateStore, StoreUrl};
+use iadeep_tuner::daemon::{self as tuner, DaemonParams, DeviceFlags};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::placer_cmd::{GraceArgs, PolicyArgs};
+use etcd::{EtcdLaunch, LocalEtcd};
+
+/// Start a local iadeep cluster in the foreground: etcd, the placer and one batch-size
+/// tuner per GPU.
+///
+/// Prints the store URL and placer address and writes them to
+/// DIR/cluster.env (`source DIR/cluster.env`, then `iadeep run --batch-size N -- python
+/// train.py`). Ctrl-C or SIGTERM stops everything; `iadeep up` again on the same --dir
+/// resumes the stored state (placements, tuner observations, predictor samples).
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// The cluster's folder: etcd's data, its log, cluster.env. Default: iadeep's folder
+    /// in your data directory, e.g. ~/.local/share/iadeep/cluster.
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// etcd's client port on 127.0.0.1 (0 picks a free one). Not etcd's usual 2379, which
+    /// Debian's etcd-server service takes.
+    #[arg(long, value_name = "PORT", default_value_t = 23790)]
+    etcd_port: u16,
+    /// etcd's peer port on 127.0.0.1 (0 picks a free one).
+    #[arg(long, value_name = "PORT", default_value_t = 23800)]
+    etcd_peer_port: u16,
+    /// The etcd program. Default: $ETCD_BIN, else `etcd` on the PATH, else /usr/bin/etcd.
+    #[arg(long, value_name = "PATH")]
+    etcd_bin: Option<PathBuf>,
+    /// The placer's gRPC address (port 0 picks a free one).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50061")]
+    placer: SocketAddr,
+    /// Do not use NVML: describe the GPUs with --devices and --memory-mib (machines
+    /// without an NVIDIA GPU, tests).
+    #[arg(long, requires_all = ["devices", "memory_mib"])]
+    no_nvml: bool,
+    /// Number of GPUs. With NVML: the first N (default: all it finds).
+    #[arg(long, value_name = "N")]
+    devices: Option<u32>,
+    /// Memory of each GPU, MiB. With NVML: overrides what it reports.
+    #[arg(long, value_name = "MIB")]
+    memory_mib: Option<u64>,
+    /// Short GPU kind for the predictor (e.g. a100). Default: from NVML's name, or
+    /// "unknown".
+    #[arg(long, value_name = "K")]
+    kind: Option<String>,
+    #[command(flatten)]
+    graces: GraceArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
+}
+
+/// What the cluster writes for its users to `source`.
+const CLUSTER_ENV: &str = "cluster.env";
+
+/// The cluster's folder, held by one `iadeep up` at a time.
+#[derive(Debug)]
+struct ClusterDir {
+    path: PathBuf,
+    /// Holds the lock; released when the process ends, however it ends.
+    _lock: File,
+}
+
+impl ClusterDir {
+    fn open(path: PathBuf) -> Result<ClusterDir> {
+        std::fs::create_dir_all(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        let lock_path = path.join("up.lock");
+        let mut lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&lock_path)
+            .with_context(|| format!("cannot open {}", lock_path.display()))?;
+        if lock.try_lock().is_err() {
+            let holder = std::fs::read_to_string(&lock_path).unwrap_or_default();
+            bail!(
+                "another `iadeep up` runs on {} ({}); stop it first, or use another --dir",
+                path.display(),
+                holder.trim()
+            );
+        }
+        lock.set_len(0)?;
+        write!(lock, "pid {}", std::process::id())?;
+        Ok(ClusterDir { path, _lock: lock })
+    }
+
+    fn env_path(&self) -> PathBuf {
+        self.path.join(CLUSTER_ENV)
+    }
+
+    /// Writes cluster.env whole (a reader never sees half of it).
+    fn write_env(&self, store: &StoreUrl, placer: &str) -> Result<()> {
+        let text = format!(
+            "# Written by `iadeep up` (pid {}); removed when it stops.\n\
+             export IADEEP_STORE={store}\n\
+             export IADEEP_PLACER={placer}\n",
+            std::process::id()
+        );
+        let tmp = self.path.join(format!("{CLUSTER_ENV}.tmp"));
+        std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, self.env_path())
+            .with_context(|| format!("cannot write {}", self.env_path().display()))
+    }
+}
+
+/// The GPUs to tune: from NVML, or from the flags with --no-nvml.
+fn describe_devices(args: &UpArgs, node: &str) -> Result<Vec<DeviceInfo>> {
+    let flags = |index: u32| DeviceFlags {
+        device_id: crate::local::device_id(node, index),
+        index,
+        memory_mib: args.memory_mib,
+        kind: args.kind.clone(),
+        node: Some(node.to_owned()),
+        no_nvml: args.no_nvml,
+    };
+    let count = if args.no_nvml {
+        args.devices.unwrap_or(0)
+    } else {
+        let nvml = nvml_wrapper::Nvml::init().context(
+            "NVML is not available (no NVIDIA driver?): describe the GPUs with \
+             --no-nvml --devices N --memory-mib M",
+        )?;
+        let found = nvml.device_count().context("NVML cannot count the GPUs")?;
+        match args.devices {
+            Some(n) if n > found => bail!("--devices {n}, but NVML finds only {found} GPUs"),
+            Some(n) => n,
+            None => found,
+        }
+    };
+    if count == 0 {
+        bail!("no GPU to run a tuner for (--devices must be at least 1)");
+    }
+    (0..count)
+        .map(|index| {
+            let flags = flags(index);
+            let nvml = if args.no_nvml {
+                None
+            } else {
+                tuner::device::query_nvml(index)?
+            };
+            Ok(tuner::device::describe(&flags, nvml)?)
+        })
+        .collect()
+}
+
+pub async fn run(args: UpArgs) -> Result<ExitCode> {
+    let etcd_bin = match &args.etcd_bin {
+        Some(path) => path.clone(),
+        None => iadeep_state::etcd_program::find().with_context(|| {
+            format!(
+                "etcd not found: {}",
+                iadeep_state::etcd_program::INSTALL_HINT
+            )
+        })?,
+    };
+    let node = crate::local::node_name();
+    let devices = describe_devices(&args, &node)?;
+    let placer = args.policy.placer()?;
+    let dir = ClusterDir::open(
+        args.dir
+            .clone()
+            .unwrap_or_else(|| iadeep_state::embedded::data_dir().join("cluster")),
+    )?;
+
+    let (etcd, store) = LocalEtcd::start(EtcdLaunch {
+        binary: &etcd_bin,
+        dir: &dir.path,
+        client_port: args.etcd_port,
+        peer_port: args.etcd_peer_port,
+    })
+    .await?;
+    let store_url = etcd.url();
+    tracing::info!(store = %store_url, dir = %dir.path.display(), "etcd ready");
+    let running = Running::start(etcd, store, placer, &args, devices).await;
+    let mut running = match running {
+        Ok(running) => running,
+        Err((etcd, err)) => {
+            etcd.stop().await;
+            return Err(err);
+        }
+    };
+    let placer_url = format!("http://{}", running.placer.grpc_addr());
+    if let Err(err) = dir.write_env(&store_url, &placer_url) {
+        running.stop().await;
+        return Err(err);
+    }
+    println!(
+        "iadeep cluster up: {} GPU(s) ({}), store {store_url}, placer {placer_url}",
+        running.device_ids.len(),
+        running.device_ids.join(", ")
+    );
+    println!("export IADEEP_STORE={store_url}");
+    println!("export IADEEP_PLACER={placer_url}");
+    println!(
+        "(also in {}: `source` it, then `iadeep run --batch-size N -- python train.py`; Ctrl-C stops the cluster)",
+        dir.env_path().display()
+    );
+
+    let outcome = tokio::select! {
+        _ = crate::signals::shutdown() => {
+            tracing::info!("stopping the cluster");
+            Ok(ExitCode::SUCCESS)
+        }
+        failure = running.failed() => Err(failure),
+    };
+    let _ = std::fs::remove_file(dir.env_path());
+    running.stop().await;
+    outcome
+}
+
+/// The placer and the tuners, on the cluster's etcd.
+struct Running {
+    etcd: LocalEtcd,
+    placer: PlacerDaemon,
+    tuners: JoinSet<(String, iadeep_tuner::error::Result<()>)>,
+    device_ids: Vec<String>,
+    stop_tuners: watch::Sender<bool>,
+}
+
+impl Running {
+    /// Starts the placer and a tuner per device; on failure hands etcd back to stop.
+    async fn start(
+        etcd: LocalEtcd,
+        store: Arc<dyn StateStore>,
+        placer: iadeep_placer::Placer,
+        args: &UpArgs,
+        devices: Vec<DeviceInfo>,
+    ) -> std::result::Result<Running, (LocalEtcd, anyhow::Error)> {
+        let (dead_task_grace, unstarted_task_grace) = args.graces.durations();
+        let config = DaemonConfig {
+            grpc: args.placer,
+            extender: None,
+            metrics: None,
+            dead_task_grace,
+            unstarted_task_grace,
+        };
+        let placer =
+            match PlacerDaemon::start(store.clone(), placer, Arc::new(ModelledMemory), config)
+                .await
+                .context("cannot start the placer")
+            {
+                Ok(placer) => placer,
+                Err(err) => return Err((etcd, err)),
+            };
+        let (stop_tuners, stop_rx) = watch::channel(false);
+        let mut tuners = JoinSet::new();
+        let mut device_ids = Vec::new();
+        for info in devices {
+            let daemon =
+                match tuner::Daemon::new(store.clone(), info.clone(), DaemonParams::default()) {
+                    Ok(daemon) => daemon,
+                    Err(err) => {
+                        placer.shutdown().await;
+                        return Err((
+                            etcd,
+                            anyhow::Error::new(err).context("cannot start a tuner"),
+                        ));
+                    }
+                };
+            tracing::info!(device = %info.device_id, memory_mib = info.memory_mib, kind = %info.kind,
+                from_nvml = info.from_nvml, "tuner starting");
+            let mut stop = stop_rx.clone();
+            let device = info.device_id.clone();
+            device_ids.push(device.clone());
+            tuners.spawn(async move {
+                let shutdown = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                (device, daemon.run(shutdown).await)
+            });
+        }
+        Ok(Running {
+            etcd,
+            placer,
+            tuners,
+            device_ids,
+            stop_tuners,
+        })
+    }
+
+    /// Resolves when a part stops on its own: etcd, the placer or a tuner.
+    async fn failed(&mut self) -> anyhow::Error {
+        tokio::select! {
+            status = self.etcd.exited() => match status {
+                Ok(status) => anyhow::anyhow!("etcd exited with {status}"),
+                Err(err) => anyhow::anyhow!("cannot watch etcd: {err}"),
+            },
+            err = self.placer.failed() => anyhow::Error::new(err).context("the placer stopped"),
+            Some(joined) = self.tuners.join_next() => match joined {
+                Ok((device, Ok(()))) => anyhow::anyhow!("the tuner of {device} stopped"),
+                Ok((device, Err(err))) => {
+                    anyhow::Error::new(err).context(format!("the tuner of {device} failed"))
+                }
+                Err(err) => anyhow::anyhow!("a tuner panicked: {err}"),
+            },
+        }
+    }
+
+    /// Tuners first (they delete their device records), then the placer, then etcd.
+    async fn stop(mut self) {
+        let _ = self.stop_tuners.send(true);
+        while let Some(joined) = self.tuners.join_next().await {
+            match joined {
+                Ok((device, Ok(()))) => tracing::info!(%device, "tuner stopped"),
+                Ok((device, Err(err))) => {
+                    tracing::warn!(%device, %err, "tuner ended with an error")
+                }
+                Err(err) => tracing::warn!(%err, "tuner task failed"),
+            }
+        }
+        self.placer.shutdown().await;
+        self.etcd.stop().await;
+    }
+}

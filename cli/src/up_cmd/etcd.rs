@@ -1,0 +1,221 @@
+//! The cluster's etcd: a child process on loopback ports, its data in the cluster's
+//! folder so a later `iadeep up` resumes it, stopped with SIGTERM.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use iadeep_state::{StateStore, StoreUrl};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+/// How long etcd may take to answer after it starts (generous: small, busy machines).
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a stopping etcd may take to exit before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A running etcd started by this process.
+#[derive(Debug)]
+pub struct LocalEtcd {
+    child: Child,
+    client_port: u16,
+    log_path: PathBuf,
+    pid_path: PathBuf,
+}
+
+/// Where and how to start etcd.
+#[derive(Debug)]
+pub struct EtcdLaunch<'a> {
+    pub binary: &'a Path,
+    /// The cluster's folder: etcd's data in `etcd/`, its log in `etcd.log`.
+    pub dir: &'a Path,
+    /// 0 picks a free port.
+    pub client_port: u16,
+    /// 0 picks a free port.
+    pub peer_port: u16,
+}
+
+/// A port nobody listens on right now (etcd binds it a moment later).
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("cannot find a free loopback port")?
+        .port())
+}
+
+fn chosen(port: u16) -> Result<u16> {
+    if port == 0 { free_port() } else { Ok(port) }
+}
+
+/// The last lines of etcd's log, to show why it failed.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+impl LocalEtcd {
+    /// Starts etcd and waits until it answers; returns it with a store client on it.
+    pub async fn start(launch: EtcdLaunch<'_>) -> Result<(LocalEtcd, Arc<dyn StateStore>)> {
+        let pid_path = launch.dir.join("etcd.pid");
+        stop_orphan(&pid_path, launch.binary).await;
+        let client_port = chosen(launch.client_port)?;
+        let peer_port = chosen(launch.peer_port)?;
+        let client = format!("http://127.0.0.1:{client_port}");
+        let peer = format!("http://127.0.0.1:{peer_port}");
+        let log_path = launch.dir.join("etcd.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("cannot open {}", log_path.display()))?;
+        let log_err = log.try_clone()?;
+        let child = Command::new(launch.binary)
+            .arg("--name=iadeep")
+            .arg(format!("--data-dir={}", launch.dir.join("etcd").display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=iadeep={peer}"))
+            // Keep an hour of history (watches resume from a recent revision) and
+            // stop the reports' revisions from growing the database without bound.
+            .arg("--auto-compaction-mode=periodic")
+            .arg("--auto-compaction-retention=1h")
+            .arg("--logger=zap")
+            .arg("--log-level=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            // If this process dies without stopping it, the next `iadeep up` does.
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {}", launch.binary.display()))?;
+        if let Some(pid) = child.id() {
+            std::fs::write(&pid_path, pid.to_string())
+                .with_context(|| format!("cannot write {}", pid_path.display()))?;
+        }
+        let mut etcd = LocalEtcd {
+            child,
+            client_port,
+            log_path,
+            pid_path,
+        };
+        match etcd.wait_ready().await {
+            Ok(store) => Ok((etcd, store)),
+            Err(err) => {
+                etcd.stop().await;
+                Err(err)
+            }
+        }
+    }
+
+    /// The store URL clients use.
+    pub fn url(&self) -> StoreUrl {
+        StoreUrl::Etcd(iadeep_state::EtcdConfig::plain(vec![format!(
+            "127.0.0.1:{}",
+            self.client_port
+        )]))
+    }
+
+    async fn wait_ready(&mut self) -> Result<Arc<dyn StateStore>> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let url = self.url();
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "etcd exited with {status} while starting (is port {} taken? see --etcd-port); \
+                     the end of {}:\n{}",
+                    self.client_port,
+                    self.log_path.display(),
+                    log_tail(&self.log_path)
+                );
+            }
+            let attempt = async {
+                let store = url.open().await?;
+                store.range("/iadeep/v1/devices/").await?;
+                Ok::<_, iadeep_state::StateError>(store)
+            };
+            match tokio::time::timeout(Duration::from_secs(3), attempt).await {
+                Ok(Ok(store)) => return Ok(store),
+                Ok(Err(err)) => tracing::debug!(%err, "etcd not answering yet"),
+                Err(_) => tracing::debug!("etcd not answering yet"),
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "etcd did not answer on port {} within {READY_TIMEOUT:?}; the end of {}:\n{}",
+                    self.client_port,
+                    self.log_path.display(),
+                    log_tail(&self.log_path)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Resolves if etcd exits on its own.
+    pub async fn exited(&mut self) -> std::io::Result<ExitStatus> {
+        self.child.wait().await
+    }
+
+    /// SIGTERM (etcd flushes and exits), then SIGKILL if it takes too long.
+    pub async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            if let Err(err) = kill(Pid::from_raw(pid as i32), Signal::SIGTERM) {
+                tracing::warn!(%err, pid, "cannot send SIGTERM to etcd");
+            }
+            match tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await {
+                Ok(Ok(status)) => tracing::info!(%status, "etcd stopped"),
+                Ok(Err(err)) => tracing::warn!(%err, "cannot wait for etcd"),
+                Err(_) => {
+                    tracing::warn!(timeout = ?STOP_TIMEOUT, "etcd did not stop; killing it");
+                    let _ = self.child.kill().await;
+                }
+            }
+        }
+        let _ = std::fs::remove_file(&self.pid_path);
+    }
+}
+
+/// An etcd left running by an `iadeep up` that was killed (SIGKILL leaves no time to
+/// stop it) still holds the data folder and the ports. The caller holds the
+/// cluster's lock, so no live `iadeep up` owns it: stop it.
+async fn stop_orphan(pid_path: &Path, binary: &Path) {
+    let Some(pid) = std::fs::read_to_string(pid_path)
+        .ok()
+        .and_then(|text| text.trim().parse::<i32>().ok())
+    else {
+        return;
+    };
+    let program = binary
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // Only a process that is still that etcd: a pid may have been reused since.
+    let is_etcd = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .and_then(|cmdline| {
+            let argv0 = cmdline.split(|&b| b == 0).next()?.to_vec();
+            Some(String::from_utf8_lossy(&argv0).ends_with(program.as_str()))
+        })
+        .unwrap_or(false);
+    if is_etcd {
+        tracing::warn!(
+            pid,
+            "an etcd of an earlier `iadeep up` on this folder is still running; stopping it"
+        );
+        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+    let _ = std::fs::remove_file(pid_path);
+}

@@ -1,0 +1,126 @@
+"""A small CNN on an MNIST-like synthetic dataset, with iadeep choosing the batch size.
+
+Run it on a cluster started by `iadeep up`:
+
+    source ~/.local/share/iadeep/cluster/cluster.env
+    iadeep run --batch-size 64 --min-batch-size 16 --max-batch-size 512 --lr-rule sqrt \\
+        -- python examples/python/train_mnist_like.py --epochs 5
+
+The dataset: 28x28 single-channel images of 10 classes, each a fixed random stroke
+pattern shifted by a few pixels and blurred with noise (generated from --seed, so no
+download). iadeep.torch's AdaptiveDataLoader switches the batch size between steps when
+the GPU's tuner says so, at the same position in the epoch, and rescales the
+optimizer's learning rate; catch_oom() retries a step that ran out of GPU memory at the
+agent's fall-back size.
+
+GPU memory: on CUDA, the peak PyTorch reserved since the last batch-size change; on a
+machine without a GPU the process's peak resident memory stands in for it (the tuner
+needs some memory figure before it grows a batch).
+"""
+
+import argparse
+import resource
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+import iadeep
+import iadeep.torch
+
+
+def mnist_like(samples: int, seed: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    prototypes = (torch.rand(10, 1, 20, 20, generator=generator) > 0.7).float()
+    labels = torch.randint(0, 10, (samples,), generator=generator)
+    images = torch.zeros(samples, 1, 28, 28)
+    shifts = torch.randint(0, 9, (samples, 2), generator=generator)
+    for i in range(samples):
+        dy, dx = shifts[i].tolist()
+        images[i, :, dy : dy + 20, dx : dx + 20] = prototypes[labels[i]]
+    images = F.avg_pool2d(images, 3, stride=1, padding=1)
+    images += 0.3 * torch.randn(images.shape, generator=generator)
+    return TensorDataset(images, labels)
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.fc = torch.nn.Linear(32 * 7 * 7, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(x.flatten(1))
+
+
+def peak_memory_mib(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_reserved(device) // 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=12_000)
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate at the submitted batch size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=0, help="data loader worker processes")
+    parser.add_argument("--report-interval-s", type=float, default=2.0)
+    args = parser.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(args.seed)
+    dataset = mnist_like(args.samples, args.seed)
+    model = Net().to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+
+    agent = iadeep.Agent.from_env(
+        model="mnist-like-cnn", initial_batch_size=64, min_batch_size=16, max_batch_size=512,
+        report_interval_s=args.report_interval_s,
+    )
+
+    def changed(change: iadeep.BatchSizeChange) -> None:
+        print(
+            f"epoch {loader.epoch} sample {loader.position}: {change.reason} (round {change.round}): "
+            f"batch size -> {change.batch_size}, lr {optimizer.param_groups[0]['lr']:.4f}",
+            flush=True,
+        )
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)  # the peak of the new batch size
+
+    loader = iadeep.torch.AdaptiveDataLoader(
+        dataset, agent, shuffle=True, seed=args.seed, optimizer=optimizer, on_change=changed,
+        num_workers=args.workers, pin_memory=device.type == "cuda",
+    )
+    print(f"task {agent.task_id} on {device}: batch size {agent.batch_size}", flush=True)
+    with agent:
+        for epoch in range(args.epochs):
+            model.train()
+            loss_sum, correct, seen = 0.0, 0, 0
+            for images, labels in loader:
+                images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+                with loader.catch_oom():
+                    optimizer.zero_grad(set_to_none=True)
+                    logits = model(images)
+                    loss = F.cross_entropy(logits, labels)
+                    loss.backward()
+                    optimizer.step()
+                    loss_sum += loss.item() * len(labels)
+                    correct += int((logits.argmax(1) == labels).sum())
+                    seen += len(labels)
+                agent.record_peak_memory(peak_memory_mib(device))
+            print(
+                f"epoch {epoch}: loss {loss_sum / max(seen, 1):.4f}, accuracy {correct / max(seen, 1):.3f}, "
+                f"batch size {loader.batch_size}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

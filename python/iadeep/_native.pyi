@@ -1,0 +1,100 @@
+# Type stubs of the Rust extension module (python/src/*.rs).
+from types import TracebackType
+from typing import Final, List, Literal, Optional, Type
+
+__version__: Final[str]
+LR_RULES: Final[List[str]]
+
+class AgentError(Exception):
+    """The agent could not start or finish (bad configuration, a malformed store URL,
+    a finish the store did not confirm). An unreachable store while training is never
+    an error."""
+
+class BatchSizeChange:
+    """A batch-size change to apply before the next step."""
+
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def lr_factor(self) -> float:
+        """Multiply the learning rate at the submitted batch size by this."""
+    @property
+    def round(self) -> int: ...
+    @property
+    def reason(self) -> Literal["assignment", "out_of_memory"]: ...
+
+class Agent:
+    """The agent of one training task (see the package documentation)."""
+
+    def __init__(
+        self,
+        task_id: str,
+        store: str,
+        model: str,
+        initial_batch_size: int,
+        min_batch_size: Optional[int] = None,
+        max_batch_size: Optional[int] = None,
+        lr_rule: Literal["none", "linear", "sqrt", "adascale"] = "sqrt",
+        *,
+        gpu_mem_request_mib: Optional[int] = None,
+        total_samples: Optional[int] = None,
+        report_interval_s: float = 2.0,
+        lease_ttl_s: float = 10.0,
+        connect_timeout_s: float = 5.0,
+        use_nvml: bool = True,
+    ) -> None: ...
+    @classmethod
+    def from_env(
+        cls,
+        model: Optional[str] = None,
+        initial_batch_size: Optional[int] = None,
+        min_batch_size: Optional[int] = None,
+        max_batch_size: Optional[int] = None,
+        lr_rule: Optional[Literal["none", "linear", "sqrt", "adascale"]] = None,
+        *,
+        gpu_mem_request_mib: Optional[int] = None,
+        total_samples: Optional[int] = None,
+        report_interval_s: float = 2.0,
+        lease_ttl_s: float = 10.0,
+        connect_timeout_s: float = 5.0,
+        use_nvml: bool = True,
+    ) -> "Agent":
+        """The agent of the task `iadeep run` launched (IADEEP_TASK_ID, IADEEP_STORE;
+        the launcher's batch sizes and rule take precedence over the arguments)."""
+    @property
+    def batch_size(self) -> int:
+        """The batch size to train the next step at."""
+    def record_step(self, batch_size: int, seconds: float) -> None:
+        """Records one finished step: its batch size and wall time in seconds."""
+    def poll_change(self) -> Optional[BatchSizeChange]:
+        """A batch-size change to apply before the next step, or None."""
+    def record_gradient_norms(
+        self, small_batch: int, small_sq_norm: float, big_batch: int, big_sq_norm: float
+    ) -> None:
+        """Squared gradient norms over two batch sizes of one step (small < big)."""
+    def record_peak_memory(self, mib: int) -> None:
+        """Peak GPU memory (MiB) the job measured itself."""
+    def report_oom(self, batch_size: Optional[int] = None) -> BatchSizeChange:
+        """Out of GPU memory at batch_size (default: the current one): the fall-back."""
+    def report_now(self) -> None: ...
+    @property
+    def lr_factor(self) -> float: ...
+    @property
+    def round(self) -> int: ...
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def registered(self) -> bool: ...
+    @property
+    def reports_published(self) -> int: ...
+    @property
+    def finished(self) -> bool: ...
+    def finish(self) -> None:
+        """Marks the task finished and frees its GPU at once."""
+    def __enter__(self) -> "Agent": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc_value: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> bool: ...

@@ -1,0 +1,352 @@
+"""PyTorch on top of the iadeep agent: what a training loop needs in a few lines.
+
+- :class:`AdaptiveDataLoader` iterates a dataset at the agent's batch size and,
+  between two steps, applies the tuner's changes: it rebuilds its batch sampler at the
+  new size on the same dataset and at the same position in the epoch, rescales the
+  optimizer's learning rates, and records each step's time with the agent.
+- :meth:`AdaptiveDataLoader.catch_oom` turns ``torch.cuda.OutOfMemoryError`` into a
+  report to the agent and a retry of the same samples at its fall-back batch size.
+- :class:`LRScaler` keeps an optimizer's learning rates at their base times the
+  agent's factor (and composes with learning-rate schedulers).
+- :class:`GradientNoiseScale` feeds the agent the gradient noise scale's inputs from
+  gradient accumulation (a micro-batch's and the accumulated gradient's norms).
+- :class:`IadeepCallback` does the same for PyTorch Lightning (``lightning`` or
+  ``pytorch_lightning`` must be installed).
+
+A loop::
+
+    agent = iadeep.Agent.from_env(model="resnet18", initial_batch_size=128)
+    loader = iadeep.torch.AdaptiveDataLoader(dataset, agent, shuffle=True,
+                                             optimizer=optimizer, num_workers=2)
+    for epoch in range(epochs):
+        for inputs, targets in loader:
+            with loader.catch_oom():
+                optimizer.zero_grad()
+                loss_fn(model(inputs), targets).backward()
+                optimizer.step()
+    agent.finish()
+
+torch is needed only here: ``import iadeep`` never imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import time
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from . import Agent, BatchSizeChange
+
+__all__ = [
+    "AdaptiveDataLoader",
+    "GradientNoiseScale",
+    "IadeepCallback",
+    "LRScaler",
+    "is_out_of_memory",
+]
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is PyTorch running out of GPU memory."""
+    return isinstance(error, torch.cuda.OutOfMemoryError)
+
+
+class LRScaler:
+    """Keeps the learning rates of ``optimizer``'s param groups at base × factor.
+
+    The optimizer's learning rates are taken to be right for the submitted batch size
+    (factor 1). :meth:`apply` rescales them by the ratio of the new factor to the one
+    applied last, so a learning-rate scheduler that multiplies the rates meanwhile keeps
+    its effect.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.factor = 1.0
+
+    def apply(self, factor: float) -> None:
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"learning-rate factor {factor} is not a positive number")
+        ratio = factor / self.factor
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["lr"] * ratio
+        self.factor = factor
+
+
+class _BatchesFrom(Sampler[List[int]]):
+    """Batches of ``order[start:]``, ``batch_size`` indices each."""
+
+    def __init__(self, order: Sequence[int], start: int, batch_size: int, drop_last: bool) -> None:
+        self.order = order
+        self.start = start
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def __iter__(self) -> Iterator[List[int]]:
+        for first in range(self.start, len(self.order), self.batch_size):
+            batch = list(self.order[first : first + self.batch_size])
+            if len(batch) < self.batch_size and self.drop_last:
+                return
+            yield batch
+
+    def __len__(self) -> int:
+        left = max(0, len(self.order) - self.start)
+        return left // self.batch_size if self.drop_last else -(-left // self.batch_size)
+
+
+class AdaptiveDataLoader:
+    """A data loader whose batch size follows the iadeep agent.
+
+    Each ``iter()`` is one epoch over ``dataset`` (shuffled with ``seed + epoch`` when
+    ``shuffle``). After every batch the loop has trained on, it records the step's
+    time (fetching the batch included) and polls the agent; on a change it rebuilds
+    its :class:`torch.utils.data.DataLoader` at the new batch size from the first
+    sample not yet trained on, so every sample is still seen once per epoch, and
+    rescales ``optimizer``'s learning rates. Batches a worker had prefetched at the old
+    size are dropped and their samples served again at the new one.
+
+    Other keyword arguments (``num_workers``, ``collate_fn``, ``pin_memory``, ...) go
+    to each DataLoader; ``batch_size``, ``shuffle``, ``sampler`` and ``batch_sampler``
+    are this loader's business.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        agent: Agent,
+        *,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        seed: int = 0,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        record_steps: bool = True,
+        on_change: Optional[Callable[[BatchSizeChange], None]] = None,
+        **loader_kwargs: Any,
+    ) -> None:
+        taken = {"batch_size", "shuffle", "sampler", "batch_sampler"} & loader_kwargs.keys()
+        if taken:
+            raise TypeError(f"AdaptiveDataLoader sets {sorted(taken)} itself")
+        self.dataset = dataset
+        self.agent = agent
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.seed = seed
+        self.record_steps = record_steps
+        self.on_change = on_change
+        self.loader_kwargs = loader_kwargs
+        self.epoch = 0
+        #: Samples of the current epoch the loop has trained on.
+        self.position = 0
+        #: The batch size batches are built at now.
+        self.batch_size = agent.batch_size
+        #: Samples in the batch handed out last.
+        self.last_batch_size = 0
+        self._scalers: List[LRScaler] = []
+        self._retry = False
+        if optimizer is not None:
+            self.scale_optimizer(optimizer)
+
+    def scale_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Rescales ``optimizer``'s learning rates on every change from now on (and to the
+        agent's current factor at once)."""
+        scaler = LRScaler(optimizer)
+        scaler.apply(self.agent.lr_factor)
+        self._scalers.append(scaler)
+
+    def __len__(self) -> int:
+        """Batches left in an epoch at the current batch size."""
+        return len(_BatchesFrom(range(len(self.dataset)), 0, self.batch_size, self.drop_last))
+
+    def _order(self) -> Sequence[int]:
+        n = len(self.dataset)
+        if not self.shuffle:
+            return range(n)
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        return torch.randperm(n, generator=generator).tolist()
+
+    def _apply(self, change: BatchSizeChange) -> None:
+        self.batch_size = change.batch_size
+        for scaler in self._scalers:
+            scaler.apply(change.lr_factor)
+        if self.on_change is not None:
+            self.on_change(change)
+
+    def __iter__(self) -> Iterator[Any]:
+        order = self._order()
+        self.position = 0
+        try:
+            while self.position < len(order):
+                sampler = _BatchesFrom(order, self.position, self.batch_size, self.drop_last)
+                if len(sampler) == 0:
+                    break
+                batches = iter(DataLoader(self.dataset, batch_sampler=sampler, **self.loader_kwargs))
+                rebuild = False
+                while not rebuild:
+                    started = time.perf_counter()
+                    try:
+                        batch = next(batches)
+                    except StopIteration:
+                        break
+                    size = min(self.batch_size, len(order) - self.position)
+                    self.last_batch_size = size
+                    yield batch
+                    # The loop trained on the batch (or caught its out-of-memory error).
+                    if self._retry:
+                        self._retry = False
+                        rebuild = True
+                        continue
+                    if self.record_steps:
+                        self.agent.record_step(size, time.perf_counter() - started)
+                    self.position += size
+                    change = self.agent.poll_change()
+                    if change is not None:
+                        self._apply(change)
+                        rebuild = True
+                del batches
+                if not rebuild:
+                    break
+        finally:
+            self.epoch += 1
+
+    @contextlib.contextmanager
+    def catch_oom(self) -> Iterator[None]:
+        """Wraps one training step: on ``torch.cuda.OutOfMemoryError`` it clears the
+        gradients, frees PyTorch's cached memory, reports the error to the agent, and
+        makes the next batch the same samples at the agent's fall-back size (with the
+        learning rate to match). Re-raises when the batch cannot get smaller."""
+        try:
+            yield
+        except torch.cuda.OutOfMemoryError:
+            failed = self.batch_size
+            for scaler in self._scalers:
+                scaler.optimizer.zero_grad(set_to_none=True)
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            change = self.agent.report_oom(failed)
+            if change.batch_size >= failed:
+                raise
+            self._apply(change)
+            self._retry = True
+
+
+class GradientNoiseScale:
+    """Feeds the agent the two gradient norms of the gradient-noise-scale estimator,
+    from gradient accumulation: the gradient of the first micro-batch (b samples) and
+    the accumulated gradient (B samples) of the same step.
+
+    Call :meth:`after_first_micro_batch` right after the first micro-batch's
+    ``backward()`` (gradients zeroed before it) and :meth:`after_accumulation` after the
+    last one, before ``optimizer.step()``. Each micro-batch's loss is taken to be
+    divided by the number of micro-batches, the usual way to accumulate a mean::
+
+        optimizer.zero_grad()
+        for i, (x, y) in enumerate(micro_batches):
+            (loss_fn(model(x), y) / len(micro_batches)).backward()
+            if i == 0:
+                gns.after_first_micro_batch(len(x), len(micro_batches))
+        gns.after_accumulation(total_samples)
+        optimizer.step()
+    """
+
+    def __init__(self, agent: Agent, parameters: Iterable[torch.nn.Parameter]) -> None:
+        self.agent = agent
+        self.parameters = [p for p in parameters if p.requires_grad]
+        self._small: Optional[tuple] = None
+
+    def _squared_norm(self) -> float:
+        grads = [p.grad.detach() for p in self.parameters if p.grad is not None]
+        if not grads:
+            return float("nan")
+        return float(torch.stack([g.float().pow(2).sum() for g in grads]).sum().item())
+
+    def after_first_micro_batch(self, micro_batch_size: int, micro_batches: int) -> None:
+        # The loss was divided by micro_batches: undo it for the micro-batch's own mean.
+        self._small = (micro_batch_size, self._squared_norm() * micro_batches**2)
+
+    def after_accumulation(self, batch_size: int) -> None:
+        small, self._small = self._small, None
+        if small is None or small[0] >= batch_size:
+            return
+        self.agent.record_gradient_norms(small[0], small[1], batch_size, self._squared_norm())
+
+
+def _lightning_callback_base() -> type:
+    try:
+        from lightning.pytorch import Callback  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            from pytorch_lightning import Callback  # type: ignore[import-not-found,no-redef]
+        except ImportError:
+            return object
+    return Callback
+
+
+def _find_adaptive(loaders: Any) -> Optional[AdaptiveDataLoader]:
+    if isinstance(loaders, AdaptiveDataLoader):
+        return loaders
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    if isinstance(loaders, (list, tuple)):
+        for loader in loaders:
+            found = _find_adaptive(loader)
+            if found is not None:
+                return found
+    return None
+
+
+class IadeepCallback(_lightning_callback_base()):  # type: ignore[misc]
+    """PyTorch Lightning callback: return an :class:`AdaptiveDataLoader` from
+    ``train_dataloader()`` and add ``IadeepCallback(agent)`` to the Trainer.
+
+    It times each training step (``on_train_batch_start`` to ``on_train_batch_end``)
+    for the agent, has the loader rescale the Trainer's optimizers on each batch-size
+    change, and finishes the agent when ``fit`` ends (``finish_on_end``). Lightning
+    fetches one batch ahead, so a change takes effect one batch later than in a plain
+    loop. Out-of-memory recovery needs a plain loop (Lightning ends ``fit`` on the
+    error).
+    """
+
+    def __init__(self, agent: Agent, *, finish_on_end: bool = True) -> None:
+        if _lightning_callback_base() is object:
+            raise ImportError("IadeepCallback needs PyTorch Lightning: pip install lightning")
+        super().__init__()
+        self.agent = agent
+        self.finish_on_end = finish_on_end
+        self._loader: Optional[AdaptiveDataLoader] = None
+        self._started = 0.0
+        self._warned = False
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self._loader is None:
+            self._loader = _find_adaptive(trainer.train_dataloader)
+            if self._loader is not None:
+                self._loader.record_steps = False
+                for optimizer in trainer.optimizers:
+                    self._loader.scale_optimizer(optimizer)
+            elif not self._warned:
+                self._warned = True
+                import warnings
+
+                warnings.warn(
+                    "IadeepCallback: the train dataloader is not an iadeep.torch.AdaptiveDataLoader, "
+                    "so batch-size changes are not applied",
+                    stacklevel=2,
+                )
+        self._started = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._loader is not None:
+            self.agent.record_step(self._loader.last_batch_size, time.perf_counter() - self._started)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.finish_on_end:
+            self.agent.finish()

@@ -1,0 +1,46 @@
+//! `BatchSizeChange`: a batch size to train at from the next step on, with its
+//! learning-rate factor.
+
+use iadeep_agent::ChangeReason;
+use pyo3::prelude::*;
+
+/// A batch-size change to apply before the next step.
+///
+/// `lr_factor` multiplies the learning rate *at the submitted batch size*; `reason`
+/// is `"assignment"` (the tuner) or `"out_of_memory"` (the agent fell back).
+#[pyclass(frozen, eq, module = "iadeep", get_all)]
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchSizeChange {
+    /// The batch size to train at from the next step on.
+    pub batch_size: u32,
+    /// Multiply the learning rate at the submitted batch size by this.
+    pub lr_factor: f64,
+    /// The tuner's round (unchanged by an out-of-memory fall-back).
+    pub round: u64,
+    /// `"assignment"` or `"out_of_memory"`.
+    pub reason: &'static str,
+}
+
+#[pymethods]
+impl BatchSizeChange {
+    fn __repr__(&self) -> String {
+        format!(
+            "BatchSizeChange(batch_size={}, lr_factor={}, round={}, reason={:?})",
+            self.batch_size, self.lr_factor, self.round, self.reason
+        )
+    }
+}
+
+impl From<iadeep_agent::BatchSizeChange> for BatchSizeChange {
+    fn from(change: iadeep_agent::BatchSizeChange) -> Self {
+        BatchSizeChange {
+            batch_size: change.batch_size,
+            lr_factor: change.lr_factor,
+            round: change.round,
+            reason: match change.reason {
+                ChangeReason::Assignment => "assignment",
+                ChangeReason::OutOfMemory => "out_of_memory",
+            },
+        }
+    }
+}

@@ -1,0 +1,39 @@
+"""The examples in examples/python, run as a user would: `iadeep run` on a cluster.
+
+Each skips, saying so, where its framework is not importable.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from conftest import DEADLINE_S, EXAMPLES, Cluster, python_job
+
+
+def run_example(cluster: Cluster, task: str, script: str, *args: str) -> str:
+    job = cluster.run_job(
+        ["--batch-size", "64", "--min-batch-size", "16", "--max-batch-size", "512", "--lr-rule", "sqrt",
+         "--task-id", task],
+        python_job(EXAMPLES / script, *args, "--report-interval-s", "0.5"),
+        stdout=subprocess.PIPE, text=True,
+    )
+    out, _ = job.communicate(timeout=DEADLINE_S)
+    assert job.returncode == 0, out
+    report = cluster.get(f"/iadeep/v1/tasks/{task}/report")
+    assert report is not None and report["finished"], report
+    assert cluster.placement(task) is None
+    return out
+
+
+def test_the_numpy_example_trains_under_iadeep_run(cluster: Cluster):
+    pytest.importorskip("numpy", reason="numpy is not importable: the numpy example did not run")
+    out = run_example(cluster, "numpy-example", "train_numpy.py", "--epochs", "3", "--samples", "20000")
+    assert "epoch 2: mean loss" in out
+
+
+def test_the_pytorch_example_trains_under_iadeep_run(cluster: Cluster):
+    pytest.importorskip("torch", reason="torch is not importable: the PyTorch example did not run")
+    out = run_example(cluster, "torch-example", "train_mnist_like.py", "--epochs", "1", "--samples", "3000")
+    assert "epoch 0: loss" in out

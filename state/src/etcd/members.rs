@@ -1,0 +1,342 @@
+//! The members of an etcd cluster as one client sees them, and moving between them
+//! when one is lost.
+//!
+//! Why not etcd-client's own multi-endpoint client: it puts every endpoint behind
+//! one tonic balance channel, which keeps routing requests to a member that is gone
+//! (they fail with "tcp connect error") and never re-sends them; it also shares one
+//! authentication token between members, while etcd's simple tokens are valid only
+//! on the member that issued them. Here each member has its own lazily connected
+//! channel and its own client, and every request goes through [`Members::call`]:
+//!
+//! - it is sent to the *preferred* member: the first endpoint listed at start,
+//!   afterwards the last member that answered (so an operator can spread clients
+//!   over the cluster by listing the endpoints in different orders);
+//! - when that member cannot be reached (connection refused or reset, no answer
+//!   within the attempt timeout, or "no leader" / "leader changed" while the
+//!   cluster elects one), the same request is sent at once to the next member, and
+//!   the one that answers becomes the preferred member for every later request;
+//! - when no member answers, the members are tried again with a short backoff until
+//!   [`FAILOVER_BUDGET`] has passed since the request started; only then does the
+//!   caller see [`StateError::Unavailable`].
+//!
+//! So a killed member costs a request one refused connection (milliseconds), the
+//! loss of the leader costs it the election (about one etcd election timeout) or,
+//! for a write caught in flight, one write attempt timeout, and a hung member one
+//! attempt timeout; every request succeeds or fails within [`FAILOVER_BOUND`].
+//!
+//! Re-sending is safe for every request the store makes: reads, lease keep-alives
+//! and revokes are idempotent; a put or a delete re-applied has the same effect;
+//! a transaction is always guarded by comparisons, so if the lost attempt did
+//! commit, the re-sent one fails its comparisons and answers what is there now
+//! (see [`crate::EtcdStore`]'s notes on transactions). A lease grant re-sent after
+//! a lost answer may leave an unused lease behind, which expires after its TTL.
+//!
+//! Every request carries etcd's "require leader" flag, so a member cut off from
+//! the others answers "no leader" at once instead of serving stale reads or
+//! holding writes until its own timeout, and closes watch streams it can no longer
+//! feed, which makes [`crate::EtcdStore`]'s watches move too.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions};
+use tokio::sync::OnceCell;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use super::config::EtcdConfig;
+use crate::error::{Result, StateError};
+
+/// How long one request keeps trying the members before it fails with
+/// [`StateError::Unavailable`]: long enough for etcd to elect a new leader after
+/// the old one is lost (one to two election timeouts, 1 s each by default),
+/// short enough that a cluster that is really down is reported while the operator
+/// still watches.
+pub const FAILOVER_BUDGET: Duration = Duration::from_secs(5);
+/// How long one attempt of a read (get, range, watch creation) on one member may
+/// take before the member counts as lost for that request. etcd itself gives up
+/// after 5 s plus two election timeouts; etcdctl's default command timeout is 5 s.
+/// Reads are where large answers are, hence the longer of the two.
+pub const READ_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The same for writes (put, delete, transaction). A write sent to a follower just
+/// as the leader dies is forwarded to the dead leader and never answered until a
+/// timeout (etcd does not fail it on a leader change, as it does reads): this is
+/// what bounds the cost of losing the leader for a write, so it is short. Writes
+/// are small; one that takes longer is re-sent, which is safe (module docs).
+pub const WRITE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The same for lease and status requests, which are tiny: a lease keep-alive
+/// stuck on a hung member must move long before the lease's TTL runs out.
+pub const LEASE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest any request can take before it succeeds or fails with
+/// [`StateError::Unavailable`]: the budget, plus the last attempt started within it.
+pub const FAILOVER_BOUND: Duration =
+    Duration::from_secs(FAILOVER_BUDGET.as_secs() + READ_ATTEMPT_TIMEOUT.as_secs());
+/// How long establishing a TCP (and TLS) connection to a member may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// HTTP/2 pings on idle connections find a member that vanished without closing
+/// them (a host that lost power). etcd refuses pings more often than every 5 s.
+const PING_INTERVAL: Duration = Duration::from_secs(10);
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
+/// First and largest pause between two rounds over every member.
+const ROUND_PAUSE_MIN: Duration = Duration::from_millis(50);
+const ROUND_PAUSE_MAX: Duration = Duration::from_millis(800);
+
+/// One member: its endpoint, a channel connected on first use (and reconnected
+/// after a loss), and the etcd client over it (authenticated when credentials are
+/// configured, which needs the member to answer, hence created on first use too).
+struct Member {
+    endpoint: String,
+    channel: Channel,
+    client: OnceCell<Client>,
+}
+
+/// How one attempt on one member ended, when it did not succeed.
+pub(crate) enum AttemptError {
+    /// The member could not serve it (unreachable, too slow, no leader): try another.
+    Member(String),
+    /// The member answered with an error that another member would repeat.
+    Rejected(etcd_client::Error),
+}
+
+impl From<etcd_client::Error> for AttemptError {
+    fn from(err: etcd_client::Error) -> AttemptError {
+        if member_failed(&err) {
+            AttemptError::Member(err.to_string())
+        } else {
+            AttemptError::Rejected(err)
+        }
+    }
+}
+
+/// What a request that did not succeed ran into.
+pub(crate) enum Failure {
+    /// No member could serve it within the budget.
+    Unreachable(StateError),
+    /// A member refused it.
+    Rejected(etcd_client::Error),
+}
+
+/// The members of one cluster, with the one requests go to first.
+pub(crate) struct Members {
+    members: Vec<Member>,
+    preferred: AtomicUsize,
+    options: ConnectOptions,
+    joined: String,
+}
+
+impl std::fmt::Debug for Members {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Members")
+            .field("endpoints", &self.joined)
+            .field("preferred", &self.preferred.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Members {
+    /// Channels to every member of `config`; nothing is connected yet.
+    pub(crate) fn new(config: &EtcdConfig) -> Result<Members> {
+        let joined = config.joined();
+        let invalid = |reason: String| StateError::InvalidUrl {
+            url: joined.clone(),
+            reason,
+        };
+        if config.endpoints.is_empty() {
+            return Err(invalid("no etcd endpoints given".into()));
+        }
+        let tls = config.tls.as_ref().map(tls_config).transpose()?;
+        let mut members = Vec::with_capacity(config.endpoints.len());
+        for endpoint in &config.endpoints {
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let mut builder = Endpoint::from_shared(format!("{scheme}://{endpoint}"))
+                .map_err(|e| invalid(format!("endpoint {endpoint}: {e}")))?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(PING_INTERVAL)
+                .keep_alive_timeout(PING_TIMEOUT)
+                .keep_alive_while_idle(true);
+            if let Some(tls) = &tls {
+                builder = builder
+                    .tls_config(tls.clone())
+                    .map_err(|e| invalid(format!("TLS for {endpoint}: {e}")))?;
+            }
+            members.push(Member {
+                endpoint: endpoint.clone(),
+                channel: builder.connect_lazy(),
+                client: OnceCell::new(),
+            });
+        }
+        let mut options = ConnectOptions::new().with_require_leader(true);
+        if let Some(credentials) = &config.credentials {
+            options = options
+                .with_user(credentials.user.clone(), credentials.password.clone())
+                // Simple tokens die with a member restart and expire when idle.
+                .with_auto_token_refresh(true);
+        }
+        Ok(Members {
+            members,
+            preferred: AtomicUsize::new(0),
+            options,
+            joined,
+        })
+    }
+
+    /// The endpoints joined by commas, for messages.
+    pub(crate) fn joined(&self) -> &str {
+        &self.joined
+    }
+
+    /// The endpoint requests go to first.
+    pub(crate) fn preferred_endpoint(&self) -> &str {
+        &self.members[self.preferred.load(Ordering::Relaxed) % self.members.len()].endpoint
+    }
+
+    async fn client(&self, member: &Member) -> Result<Client, etcd_client::Error> {
+        member
+            .client
+            .get_or_try_init(|| {
+                Client::from_channel(
+                    etcd_client::Channel::Tonic(member.channel.clone()),
+                    Some(self.options.clone()),
+                )
+            })
+            .await
+            .cloned()
+    }
+
+    /// Runs `attempt` on the preferred member and, while members cannot serve it,
+    /// on the others, as the module documentation describes. `what` names the
+    /// request in messages; `attempt_timeout` bounds each attempt.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        what: &str,
+        attempt_timeout: Duration,
+        budget: Duration,
+        mut attempt: F,
+    ) -> Result<T, Failure>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, AttemptError>>,
+    {
+        let started = Instant::now();
+        let count = self.members.len();
+        let mut pause = ROUND_PAUSE_MIN;
+        let mut failures: Vec<String> = Vec::new();
+        loop {
+            let first = self.preferred.load(Ordering::Relaxed) % count;
+            for step in 0..count {
+                let index = (first + step) % count;
+                let member = &self.members[index];
+                let outcome = tokio::time::timeout(attempt_timeout, async {
+                    let client = self.client(member).await?;
+                    attempt(client).await
+                })
+                .await
+                .unwrap_or_else(|_| {
+                    Err(AttemptError::Member(format!(
+                        "no answer within {attempt_timeout:?}"
+                    )))
+                });
+                match outcome {
+                    Ok(value) => {
+                        if index != first || !failures.is_empty() {
+                            self.moved(first, index, what, started, &failures);
+                        }
+                        return Ok(value);
+                    }
+                    Err(AttemptError::Rejected(err)) => return Err(Failure::Rejected(err)),
+                    Err(AttemptError::Member(reason)) => {
+                        tracing::debug!(member = %member.endpoint, request = what, %reason,
+                            "etcd member could not serve the request; trying the next one");
+                        failures.push(format!("{}: {reason}", member.endpoint));
+                    }
+                }
+            }
+            if started.elapsed() + pause > budget {
+                let last = failures.iter().rev().take(count).rev().cloned();
+                return Err(Failure::Unreachable(StateError::Unavailable {
+                    endpoints: self.joined.clone(),
+                    reason: format!(
+                        "{what}: no member could serve it within {:.1} s ({})",
+                        started.elapsed().as_secs_f64(),
+                        last.collect::<Vec<_>>().join("; ")
+                    ),
+                }));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(ROUND_PAUSE_MAX);
+        }
+    }
+
+    /// Makes `to` the preferred member after a request succeeded there.
+    fn moved(&self, from: usize, to: usize, what: &str, started: Instant, failures: &[String]) {
+        let previous =
+            self.preferred
+                .compare_exchange(from, to, Ordering::Relaxed, Ordering::Relaxed);
+        let elapsed_ms = started.elapsed().as_millis();
+        let failed = failures.join("; ");
+        if previous.is_ok() && from != to {
+            tracing::warn!(from = %self.members[from].endpoint, to = %self.members[to].endpoint,
+                request = what, elapsed_ms, %failed,
+                "etcd member lost; requests now go to another member");
+        } else {
+            tracing::info!(member = %self.members[to].endpoint, request = what, elapsed_ms,
+                %failed, "etcd request served after retrying");
+        }
+    }
+}
+
+/// Whether `err` says the member could not serve the request (rather than that
+/// the cluster refused it), so another member, or the same one later, may.
+fn member_failed(err: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    if super::lease_not_found(err) {
+        // The cluster's answer, whichever member (or stream) carried it.
+        return false;
+    }
+    match err {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        // A stream that ended or broke before answering: the member went away.
+        etcd_client::Error::WatchError(_) | etcd_client::Error::LeaseKeepAliveError(_) => true,
+        etcd_client::Error::GRpcStatus(status) => match status.code() {
+            // Connection refused or lost, "no leader", "leader changed", "request
+            // timed out", "server stopped": all mean "not this member, not now".
+            Code::Unavailable | Code::DeadlineExceeded => true,
+            // A stream reset by the member's death, or a connection error that
+            // tonic could not classify; the cluster itself never answers these.
+            Code::Cancelled | Code::Unknown => true,
+            Code::Internal => status.message().contains("h2 protocol error"),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+fn tls_config(tls: &super::config::EtcdTls) -> Result<ClientTlsConfig> {
+    let read = |what: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| StateError::InvalidUrl {
+            url: format!("etcds://… {what}={}", path.display()),
+            reason: format!("cannot read the {what} file: {e}"),
+        })
+    };
+    let mut config = ClientTlsConfig::new();
+    config = match &tls.ca {
+        Some(ca) => config.ca_certificate(Certificate::from_pem(read("ca", ca)?)),
+        None => config.with_native_roots(),
+    };
+    match (&tls.client_cert, &tls.client_key) {
+        (Some(cert), Some(key)) => {
+            config = config.identity(Identity::from_pem(read("cert", cert)?, read("key", key)?));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(StateError::InvalidUrl {
+                url: "etcds://…".into(),
+                reason: "a client certificate needs its key and a key its certificate \
+                         (give both cert= and key=)"
+                    .into(),
+            });
+        }
+    }
+    Ok(config)
+}

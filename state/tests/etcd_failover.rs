@@ -1,0 +1,154 @@
+//! The etcd backend on a real three-member cluster: requests, a kept lease and a
+//! watch ride out the loss of a follower and then of the leader.
+//!
+//! What is asserted is what must hold whatever the machine's speed: no request
+//! fails, the lease and its key survive, the watch misses nothing, and no request
+//! takes longer than the stated failover bound (`FAILOVER_BOUND`). The measured figures are printed for the record.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use iadeep_state::etcd::FAILOVER_BOUND;
+use iadeep_state::testing::EtcdCluster;
+use iadeep_state::{EtcdStore, LeaseHealth, LeaseKeeper, StateStore, WatchEvent};
+
+/// What a stream of requests saw while a member was lost.
+#[derive(Debug, Default)]
+struct Load {
+    done: AtomicU64,
+    failed: AtomicU64,
+    slowest_ms: AtomicU64,
+}
+
+/// Puts then reads `/load/{n}` in a loop until `stop`, counting outcomes.
+async fn drive(store: Arc<EtcdStore>, load: Arc<Load>, stop: Arc<AtomicBool>) {
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let key = format!("/load/{n}");
+        let ok = match store.put(&key, n.to_le_bytes().to_vec(), None).await {
+            Ok(_) => matches!(store.get(&key).await, Ok(Some(_))),
+            Err(err) => {
+                eprintln!("request failed: {err}");
+                false
+            }
+        };
+        let took = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        load.slowest_ms.fetch_max(took, Ordering::Relaxed);
+        if ok {
+            load.done.fetch_add(1, Ordering::Relaxed);
+        } else {
+            load.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Runs load for a while around losing member `victim`, then restarts it.
+async fn lose_member(
+    cluster: &mut EtcdCluster,
+    store: &Arc<EtcdStore>,
+    victim: usize,
+    what: &str,
+) -> (u64, u64, u64) {
+    let load = Arc::new(Load::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = tokio::spawn(drive(store.clone(), load.clone(), stop.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = store.current_endpoint();
+    cluster.kill(victim);
+    let killed_at = Instant::now();
+    // Wait until requests are answered again, then a little more.
+    let done_at_kill = load.done.load(Ordering::Relaxed);
+    while load.done.load(Ordering::Relaxed) < done_at_kill + 20 {
+        assert!(
+            killed_at.elapsed() < FAILOVER_BOUND,
+            "requests did not resume within the failover bound after {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let resumed_ms = killed_at.elapsed().as_millis();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    driver.await.expect("driver");
+    let (done, failed, slowest) = (
+        load.done.load(Ordering::Relaxed),
+        load.failed.load(Ordering::Relaxed),
+        load.slowest_ms.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "{what}: member {victim} killed (requests were on {before}, now on {}); \
+         20 requests answered {resumed_ms} ms after the kill; {done} requests ok, \
+         {failed} failed, slowest {slowest} ms",
+        store.current_endpoint()
+    );
+    (failed, slowest, done)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_leases_and_watches_survive_a_follower_then_the_leader() {
+    let mut cluster = EtcdCluster::start().expect("etcd cluster");
+    let leader = cluster.leader(Duration::from_secs(10)).expect("leader");
+    let follower = (leader + 1) % 3;
+    // Requests go to the first endpoint listed: the follower about to be lost.
+    let mut endpoints = cluster.endpoints();
+    endpoints.swap(0, follower);
+    let store = Arc::new(EtcdStore::connect(&endpoints).await.expect("connect"));
+    assert_eq!(store.current_endpoint(), cluster.endpoints()[follower]);
+
+    let ttl = Duration::from_secs(3);
+    let lease = store.grant_lease(ttl).await.expect("lease");
+    store
+        .put("/held", b"mine".to_vec(), Some(lease))
+        .await
+        .expect("leased put");
+    let keeper = LeaseKeeper::spawn(store.clone(), lease, ttl);
+    let mut watch = store.watch("/load/", None).await.expect("watch");
+
+    let (failed_follower, slowest_follower, done_follower) =
+        lose_member(&mut cluster, &store, follower, "follower loss").await;
+    cluster.restart(follower).expect("restart follower");
+
+    let leader = cluster.leader(Duration::from_secs(10)).expect("leader");
+    let (failed_leader, slowest_leader, done_leader) =
+        lose_member(&mut cluster, &store, leader, "leader loss").await;
+
+    // Outlive the lease's TTL twice more on the two remaining members.
+    tokio::time::sleep(ttl * 2).await;
+    assert_ne!(keeper.health(), LeaseHealth::Lost, "the lease was lost");
+    let held = store.get("/held").await.expect("get").expect("leased key");
+    assert_eq!(held.lease, Some(lease));
+
+    // The watch saw every put of both phases, in order, once.
+    let expected = done_follower + done_leader;
+    let mut seen = 0u64;
+    let mut last_revision = 0;
+    while seen < expected {
+        let event = tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .expect("watch event in time")
+            .expect("watch open")
+            .expect("watch event");
+        let WatchEvent::Put(kv) = event else {
+            panic!("unexpected {event:?}");
+        };
+        assert!(kv.mod_revision > last_revision, "revisions go forward");
+        last_revision = kv.mod_revision;
+        seen += 1;
+    }
+
+    let bound = (FAILOVER_BOUND).as_millis();
+    assert_eq!(
+        (failed_follower, failed_leader),
+        (0, 0),
+        "requests failed during a member loss"
+    );
+    for slowest in [slowest_follower, slowest_leader] {
+        assert!(
+            u128::from(slowest) < bound,
+            "{slowest} ms is over the bound {bound} ms"
+        );
+    }
+}
