@@ -115,6 +115,8 @@ enum Status {
 #[derive(Debug)]
 struct TaskState {
     spec: TaskSpec,
+    /// The world's step time alone at m0 (the spec holds what the profiling run measured).
+    true_solo_step_s: f64,
     family: usize,
     status: Status,
     batch_size: u32,
@@ -266,12 +268,16 @@ impl<'w> Engine<'w> {
     ) -> Result<Engine<'w>> {
         params.check()?;
         let catalogue = &world.catalogue;
+        // Each job is submitted with a solo profile at m0: one profiling run, measured with
+        // the same noise as every report (policies never see the world's exact step time).
+        let mut profiling = ChaCha8Rng::seed_from_u64(params.seed ^ 0x0070_f11e_5eed);
         let tasks = workload
             .iter()
             .enumerate()
             .map(|(index, t)| {
                 let family = &catalogue.families[t.family];
                 let info = &catalogue.types[t.job];
+                let profiled = (params.measurement_noise * normal(&mut profiling)).exp();
                 TaskState {
                     spec: TaskSpec {
                         id: index,
@@ -279,11 +285,12 @@ impl<'w> Engine<'w> {
                         m0: t.m0,
                         batch_sizes: family.batch_sizes.clone(),
                         mem_request_mib: t.mem_request_mib,
-                        solo_step_time_s: 1.0 / info.solo_steps_per_s,
+                        solo_step_time_s: profiled / info.solo_steps_per_s,
                         solo_peak_mem_mib: world.memory.mib(t.job),
                         submit_s: t.submit_s,
                         total_samples: t.work_samples,
                     },
+                    true_solo_step_s: 1.0 / info.solo_steps_per_s,
                     family: t.family,
                     status: Status::NotArrived,
                     batch_size: t.m0,
@@ -774,7 +781,7 @@ impl<'w> Engine<'w> {
         self.tasks
             .iter()
             .filter(|t| matches!(t.status, Status::Running(_)))
-            .map(|t| t.rate * t.spec.solo_step_time_s / f64::from(t.spec.m0))
+            .map(|t| t.rate * t.true_solo_step_s / f64::from(t.spec.m0))
             .sum()
     }
 

@@ -220,9 +220,12 @@ impl SimPlacement {
     /// Runs a store call of the service to completion on the calling thread. The
     /// simulation is synchronous, and the service's store calls on the in-memory store
     /// need no runtime (a writer thread answers them over channels), so any caller may
-    /// run the simulation, in an async context or not.
+    /// run the simulation, in an async context or not. Inside a Tokio task (the CLI runs
+    /// in one) Tokio's cooperative budget would run out after a hundred-odd store calls
+    /// and, with no runtime here to refill it, every poll would answer "pending" for
+    /// ever: `unconstrained` takes these polls out of the budget.
     fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
-        futures::executor::block_on(future)
+        futures::executor::block_on(tokio::task::unconstrained(future))
     }
 
     fn view_mut(&self) -> std::sync::RwLockWriteGuard<'_, iadeep_placer::ClusterView> {
@@ -498,5 +501,43 @@ fn audit_record(
         started_s: None,
         residents_done_s: None,
         drained_s: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CLI runs the simulator inside a Tokio task; thousands of store calls there
+    /// must not exhaust Tokio's cooperative budget (they spun for ever before). The
+    /// calls run on their own thread so that a regression fails here (after a bound far
+    /// above the second they take) instead of hanging the test run.
+    #[test]
+    fn store_calls_complete_inside_a_tokio_task() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let predictor =
+                SimPredictor::new(crate::policy::iadeep::REFIT_EVERY).expect("predictor");
+            let mut placement =
+                SimPlacement::new(Arc::new(SharedPredictor::new(predictor))).expect("service");
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                for round in 0..1_000u64 {
+                    let assignment = BatchSizeAssignment {
+                        task_id: "t0".into(),
+                        batch_size: 32,
+                        round,
+                        ..Default::default()
+                    };
+                    placement.assigned(&assignment).expect("assignment stored");
+                }
+            });
+            let _ = done.send(());
+        });
+        finished
+            .recv_timeout(std::time::Duration::from_secs(300))
+            .expect("1,000 store calls inside a Tokio task never finished");
     }
 }
