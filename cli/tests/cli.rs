@@ -154,6 +154,9 @@ fn logs_in_a_pipe_are_plain_and_json_on_request() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = dir.path().join("s.redb");
     let store = store.to_str().expect("utf-8 path");
+    // `state ls` is read-only and never creates a store: make one first.
+    let put = iadeep(store, &["state", "put", "/example", "value"]);
+    assert!(put.status.success(), "{}", stderr(&put));
     let run = |extra: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_iadeep"))
             .args(["state", "ls", "/", "--store", store])
