@@ -14,7 +14,7 @@ use crate::error::{AgentError, Result};
 use crate::memory::{NvmlProbe, PeakMemory};
 use crate::reporter::{Control, Outcome, Reporter};
 use crate::shared::{BatchSizeChange, ChangeReason, Shared};
-use iadeep_objective::lr_factor;
+use iadeep_objective::{MemoryMargin, lr_factor};
 
 /// The agent of one training task.
 ///
@@ -228,12 +228,14 @@ impl Agent {
         Some(change)
     }
 
-    /// The trainer ran out of GPU memory at `batch_size`: falls back to the
-    /// largest batch size known to fit below it (else half of it, within the
-    /// bounds), tells the tuner at once, and returns the change to apply.
+    /// The trainer ran out of GPU memory at `batch_size`: falls back to the largest
+    /// batch size below it that ran and whose measured peak leaves the card's memory
+    /// margin free (the margin the placer and the tuner keep; the card's size comes from
+    /// the device's record), else the largest below it that ran, else half of it (within
+    /// the bounds); tells the tuner at once, and returns the change to apply.
     pub fn report_oom(&self, batch_size: u32) -> BatchSizeChange {
         let c = &self.config;
-        let fallback = match self.shared.largest_fit().filter(|&fit| fit < batch_size) {
+        let fallback = match self.shared.fallback(batch_size, &MemoryMargin::DEFAULT) {
             Some(fit) => fit,
             None => c.clamp(batch_size / 2),
         };

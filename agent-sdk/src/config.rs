@@ -49,7 +49,6 @@ pub struct AgentConfig {
     pub op_timeout: Duration,
     pub use_nvml: bool,
     pub gns_smoothing: f64,
-    pub step_time_smoothing: f64,
 }
 
 /// Report every 2 s: a tuner round needs a few reports, and etcd barely notices.
@@ -89,13 +88,11 @@ impl AgentConfig {
         if self.op_timeout.is_zero() || self.connect_timeout.is_zero() {
             return bad("timeouts must be positive".into());
         }
-        for (name, alpha) in [
-            ("gradient-noise smoothing", self.gns_smoothing),
-            ("step-time smoothing", self.step_time_smoothing),
-        ] {
-            if !(alpha > 0.0 && alpha <= 1.0) {
-                return bad(format!("{name} {alpha} must be in (0, 1]"));
-            }
+        if !(self.gns_smoothing > 0.0 && self.gns_smoothing <= 1.0) {
+            return bad(format!(
+                "gradient-noise smoothing {} must be in (0, 1]",
+                self.gns_smoothing
+            ));
         }
         Ok(())
     }
@@ -123,7 +120,6 @@ pub struct AgentBuilder {
     pub(crate) op_timeout: Duration,
     pub(crate) use_nvml: bool,
     pub(crate) gns_smoothing: f64,
-    pub(crate) step_time_smoothing: f64,
     pub(crate) memory_probe: Option<Box<dyn MemoryProbe>>,
     pub(crate) store_error: Option<iadeep_state::StateError>,
 }
@@ -157,7 +153,6 @@ impl Default for AgentBuilder {
             op_timeout: Duration::from_secs(3),
             use_nvml: true,
             gns_smoothing: 0.05,
-            step_time_smoothing: 0.3,
             memory_probe: None,
             store_error: None,
         }
@@ -265,11 +260,6 @@ impl AgentBuilder {
         self.gns_smoothing = alpha;
         self
     }
-    /// Weight of a new measurement window in the smoothed step time (default 0.3).
-    pub fn step_time_smoothing(mut self, alpha: f64) -> Self {
-        self.step_time_smoothing = alpha;
-        self
-    }
 
     /// The validated configuration, and the caller's probe.
     pub(crate) fn into_config(self) -> Result<(AgentConfig, Option<Box<dyn MemoryProbe>>)> {
@@ -298,7 +288,6 @@ impl AgentBuilder {
             op_timeout: self.op_timeout,
             use_nvml: self.use_nvml,
             gns_smoothing: self.gns_smoothing,
-            step_time_smoothing: self.step_time_smoothing,
         };
         config.check()?;
         Ok((config, self.memory_probe))

@@ -85,11 +85,22 @@ impl MemoryProbe for NvmlProbe {
     }
 }
 
-/// The probes in order of preference, and the peak they have shown.
+/// The probes in order of preference, and the peak they have shown under the current
+/// batch-size generation.
+///
+/// Why per generation: a peak since the start belongs to the largest batch size the task
+/// ever ran, so a task that only shrinks would never teach the tuner its memory at the
+/// smaller size, and the fixed part (weights, optimiser state, context) would never be
+/// learned. With NVML and a caching allocator the process keeps what it reserved at the
+/// larger size, so the figure after a shrink stays high: an over-estimate, which is the
+/// safe error.
 pub(crate) struct PeakMemory {
     nvml: Option<NvmlProbe>,
     caller: Option<Box<dyn MemoryProbe>>,
     peak: Option<u64>,
+    /// The generation and batch size the peak belongs to.
+    generation: Option<u64>,
+    batch_size: u32,
 }
 
 impl fmt::Debug for PeakMemory {
@@ -98,6 +109,7 @@ impl fmt::Debug for PeakMemory {
             .field("nvml", &self.nvml.is_some())
             .field("caller", &self.caller.is_some())
             .field("peak", &self.peak)
+            .field("batch_size", &self.batch_size)
             .finish()
     }
 }
@@ -108,14 +120,27 @@ impl PeakMemory {
             nvml,
             caller,
             peak: None,
+            generation: None,
+            batch_size: 0,
         }
     }
 
-    /// Samples the probes and returns the peak so far. NVML comes first: it sees the
-    /// whole process, including the framework's caching allocator and the CUDA
-    /// context; then what the trainer `recorded` itself (`Agent::record_peak_memory`),
-    /// then the caller's probe.
-    pub(crate) fn sample(&mut self, recorded: Option<u64>) -> Option<u64> {
+    /// Samples the probes while the loop trains at `batch_size` under `generation`, and
+    /// returns the peak of that generation so far with its batch size (a new generation
+    /// starts a new peak). NVML comes first: it sees the whole process, including the
+    /// framework's caching allocator and the CUDA context; then what the trainer
+    /// `recorded` itself (`Agent::record_peak_memory`), then the caller's probe.
+    pub(crate) fn sample(
+        &mut self,
+        recorded: Option<u64>,
+        generation: u64,
+        batch_size: u32,
+    ) -> Option<(u64, u32)> {
+        if self.generation != Some(generation) {
+            self.generation = Some(generation);
+            self.batch_size = batch_size;
+            self.peak = None;
+        }
         let now = self
             .nvml
             .as_mut()
@@ -125,7 +150,7 @@ impl PeakMemory {
         if let Some(now) = now {
             self.peak = Some(self.peak.map_or(now, |p| p.max(now)));
         }
-        self.peak
+        self.peak.map(|p| (p, self.batch_size))
     }
 }
 
@@ -137,23 +162,33 @@ mod tests {
     fn peak_is_the_largest_value_a_probe_showed() {
         let mut values = vec![Some(300), None, Some(900), Some(500)].into_iter();
         let mut peak = PeakMemory::new(None, Some(Box::new(move || values.next().flatten())));
-        assert_eq!(peak.sample(None), Some(300));
-        assert_eq!(peak.sample(None), Some(300));
-        assert_eq!(peak.sample(None), Some(900));
-        assert_eq!(peak.sample(None), Some(900));
+        assert_eq!(peak.sample(None, 0, 32), Some((300, 32)));
+        assert_eq!(peak.sample(None, 0, 32), Some((300, 32)));
+        assert_eq!(peak.sample(None, 0, 32), Some((900, 32)));
+        assert_eq!(peak.sample(None, 0, 32), Some((900, 32)));
+    }
+
+    /// Issue 12, point 2: after a shrink the peak starts again, at the new size.
+    #[test]
+    fn a_new_generation_starts_a_new_peak_at_its_batch_size() {
+        let mut values = vec![Some(6000), Some(4500), Some(4400)].into_iter();
+        let mut peak = PeakMemory::new(None, Some(Box::new(move || values.next().flatten())));
+        assert_eq!(peak.sample(None, 0, 64), Some((6000, 64)));
+        assert_eq!(peak.sample(None, 1, 32), Some((4500, 32)));
+        assert_eq!(peak.sample(None, 1, 32), Some((4500, 32)));
     }
 
     #[test]
     fn a_recorded_peak_comes_before_the_callers_probe() {
         let mut peak = PeakMemory::new(None, Some(Box::new(|| Some(100))));
-        assert_eq!(peak.sample(Some(700)), Some(700));
-        assert_eq!(peak.sample(None), Some(700), "the peak stays");
+        assert_eq!(peak.sample(Some(700), 0, 8), Some((700, 8)));
+        assert_eq!(peak.sample(None, 0, 8), Some((700, 8)), "the peak stays");
         let mut recorded_only = PeakMemory::new(None, None);
-        assert_eq!(recorded_only.sample(Some(400)), Some(400));
+        assert_eq!(recorded_only.sample(Some(400), 0, 8), Some((400, 8)));
     }
 
     #[test]
     fn no_probe_reports_nothing() {
-        assert_eq!(PeakMemory::new(None, None).sample(None), None);
+        assert_eq!(PeakMemory::new(None, None).sample(None, 0, 8), None);
     }
 }

@@ -11,7 +11,9 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 use std::time::Duration;
 
-use iadeep_proto::{BatchSizeAssignment, LrScalingRule, Placement, TaskReport, TaskSpec};
+use iadeep_proto::{
+    BatchSizeAssignment, DeviceInfo, LrScalingRule, Placement, TaskReport, TaskSpec,
+};
 use iadeep_state::{Expect, LeaseId, LeaseKeeper, StateError, StateStore, WatchEvent, keys, typed};
 use tokio::sync::{Notify, watch};
 
@@ -83,7 +85,7 @@ impl Reporter {
             StoreSource::Url(_) => None,
         };
         Reporter {
-            timer: StepTimer::new(config.step_time_smoothing),
+            timer: StepTimer::new(),
             device_id: config.device_id.clone().unwrap_or_default(),
             config,
             shared,
@@ -221,6 +223,7 @@ impl Reporter {
             lr_rule: c.lr_rule as i32,
             total_samples: c.total_samples,
             submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
+            allowed_batch_sizes: Vec::new(),
         };
         // The placer may have written the spec already; then it is the truth.
         let spec_key = keys::task_spec(&c.task_id);
@@ -253,6 +256,20 @@ impl Reporter {
                 Ok(Some((placement, _))) => self.device_id = placement.device_id,
                 Ok(None) => {}
                 Err(err) => tracing::warn!(%err, "cannot read the task's placement"),
+            }
+        }
+        if !self.device_id.is_empty() {
+            // The card's memory, for the out-of-memory fall-back's margin.
+            match self
+                .timed(
+                    "read device",
+                    typed::get::<DeviceInfo>(s, &keys::device_info(&self.device_id)),
+                )
+                .await
+            {
+                Ok(Some((info, _))) => self.shared.set_capacity(info.memory_mib),
+                Ok(None) => {}
+                Err(err) => tracing::debug!(%err, "cannot read the device's record"),
             }
         }
         if self.seq == 0 {
@@ -371,14 +388,32 @@ impl Reporter {
         }
     }
 
+    /// Samples the step counters and the memory probes.
     fn sample(&mut self) -> bool {
+        self.sample_memory();
         match self.shared.snapshot() {
             Some(snapshot) => self.timer.sample(snapshot),
             None => false,
         }
     }
 
+    /// The peak memory of the configuration the loop trains under now, and its batch size.
+    fn sample_memory(&mut self) -> Option<(u64, u32)> {
+        let generation = self.shared.generation();
+        let batch_size = self.shared.batch_size();
+        let peak = self
+            .memory
+            .sample(self.shared.take_recorded_peak(), generation, batch_size);
+        if let Some((mib, batch_size)) = peak
+            && self.shared.steps() > 0
+        {
+            self.shared.record_fit_peak(batch_size, mib);
+        }
+        peak
+    }
+
     fn report(&mut self, finished: bool) -> TaskReport {
+        let peak = self.sample_memory();
         let measured = self.timer.measured();
         let last = self.timer.last();
         let grad_noise_scale = self.shared.noise_scale();
@@ -391,7 +426,8 @@ impl Reporter {
             samples_per_s: measured
                 .filter(|m| m.step_time_s > 0.0)
                 .map_or(0.0, |m| f64::from(m.batch_size) / m.step_time_s),
-            peak_mem_mib: self.memory.sample(self.shared.take_recorded_peak()),
+            peak_mem_mib: peak.map(|(mib, _)| mib),
+            peak_mem_batch_size: peak.map_or(0, |(_, batch_size)| batch_size),
             grad_noise_scale,
             samples_done: last.map_or(0, |s| s.samples),
             steps_done: last.map_or(0, |s| s.steps),
@@ -479,13 +515,26 @@ impl Reporter {
                 "assignment outside the task's bounds; clamped"
             );
         }
-        tracing::info!(task = %c.task_id, round = a.round, batch_size, lr_factor,
-            "assignment received; applied at the trainer's next poll_change()");
-        self.shared.offer(BatchSizeChange {
+        let change = BatchSizeChange {
             batch_size,
             lr_factor,
             round: a.round,
             reason: ChangeReason::Assignment,
-        });
+        };
+        if self.shared.steps() == 0 {
+            // Before the first step (the placer wrote the task's starting assignment, or
+            // shrank it to make room): the loop must start at this size, not at m0, or its
+            // first step could take more memory than the placement made room for. `connect`
+            // returns after the registration that reads it, so the loop's first
+            // `batch_size()` already sees it; it stays pending too, so a loop that builds
+            // its data loader from `poll_change()` gets it once.
+            self.shared.apply(&change);
+            tracing::info!(task = %c.task_id, round = a.round, batch_size, lr_factor,
+                "starting assignment applied before the first step");
+        } else {
+            tracing::info!(task = %c.task_id, round = a.round, batch_size, lr_factor,
+                "assignment received; applied at the trainer's next poll_change()");
+        }
+        self.shared.offer(change);
     }
 }

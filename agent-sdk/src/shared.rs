@@ -33,6 +33,15 @@ pub struct BatchSizeChange {
     pub reason: ChangeReason,
 }
 
+/// What the agent knows about the memory of the sizes it ran (off the hot path).
+#[derive(Debug, Default)]
+pub(crate) struct FitMemory {
+    /// Peak MiB measured at each batch size that ran.
+    pub peaks: std::collections::BTreeMap<u32, u64>,
+    /// The card's memory, MiB, when known.
+    pub capacity_mib: Option<u64>,
+}
+
 /// Counters as the reporter reads them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Snapshot {
@@ -64,6 +73,9 @@ pub(crate) struct Shared {
     recorded_peak_mib: AtomicU64,
     pending_flag: AtomicBool,
     pending: Mutex<Option<BatchSizeChange>>,
+    /// Peak MiB measured at each batch size the loop ran (the reporter fills it), and the
+    /// card's memory when known (0 = unknown): what the out-of-memory fall-back weighs.
+    fits: Mutex<FitMemory>,
     pub(crate) gns: Mutex<GnsEstimator>,
     // Reporter status, for callers and tests.
     pub(crate) registered: AtomicBool,
@@ -96,6 +108,7 @@ impl Shared {
             recorded_peak_mib: AtomicU64::new(0),
             pending_flag: AtomicBool::new(false),
             pending: Mutex::new(None),
+            fits: Mutex::new(FitMemory::default()),
             gns: Mutex::new(GnsEstimator::new(gns_smoothing)),
             registered: AtomicBool::new(false),
             reports_published: AtomicU64::new(0),
@@ -128,12 +141,66 @@ impl Shared {
         self.round.load(Ordering::Relaxed)
     }
 
+    /// Steps recorded so far.
+    pub(crate) fn steps(&self) -> u64 {
+        self.steps.load(Ordering::Relaxed)
+    }
+
+    /// The generation the loop trains under (bumped by every applied change).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
     pub(crate) fn oom_batch_size(&self) -> Option<u32> {
         Some(self.oom_batch_size.load(Ordering::Relaxed)).filter(|&b| b > 0)
     }
 
     pub(crate) fn largest_fit(&self) -> Option<u32> {
         Some(self.largest_fit.load(Ordering::Relaxed)).filter(|&b| b > 0)
+    }
+
+    fn fits(&self) -> std::sync::MutexGuard<'_, FitMemory> {
+        self.fits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records the peak measured at `batch_size` (the reporter, off the hot path).
+    pub(crate) fn record_fit_peak(&self, batch_size: u32, mib: u64) {
+        let mut fits = self.fits();
+        let peak = fits.peaks.entry(batch_size).or_insert(0);
+        *peak = (*peak).max(mib);
+    }
+
+    /// Records the card's memory.
+    pub(crate) fn set_capacity(&self, capacity_mib: u64) {
+        self.fits().capacity_mib = Some(capacity_mib).filter(|&m| m > 0);
+    }
+
+    /// The size to fall back to after running out of memory at `oom`: the largest size
+    /// below it that ran and whose measured peak leaves the card's margin free (the margin
+    /// the placer and the tuner keep), else the largest size below it that ran; `None`
+    /// when nothing below it ran.
+    pub(crate) fn fallback(
+        &self,
+        oom: u32,
+        margin: &iadeep_objective::MemoryMargin,
+    ) -> Option<u32> {
+        let fits = self.fits();
+        let ran_below = || {
+            self.largest_fit()
+                .filter(|&fit| fit < oom)
+                .into_iter()
+                .chain(fits.peaks.range(..oom).map(|(&b, _)| b))
+        };
+        let within_margin = fits.capacity_mib.and_then(|capacity| {
+            fits.peaks
+                .range(..oom)
+                .rev()
+                .find(|(_, peak)| margin.fits(**peak as f64, capacity as f64))
+                .map(|(&b, _)| b)
+        });
+        within_margin.or_else(|| ran_below().max())
     }
 
     /// The counters, with the generation read before and after: `None` when a
@@ -207,5 +274,31 @@ impl Shared {
         if self.largest_fit.load(Ordering::Relaxed) >= batch_size {
             self.largest_fit.store(0, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iadeep_objective::MemoryMargin;
+
+    /// The fall-back keeps the one memory margin: of the sizes that ran below the failed
+    /// one, the largest whose measured peak leaves the margin free on the card.
+    #[test]
+    fn the_fallback_leaves_the_margin_free() {
+        let shared = Shared::new(64, 0.05);
+        shared.record_step(64, Duration::from_millis(1));
+        shared.record_fit_peak(16, 3_000);
+        shared.record_fit_peak(32, 7_000);
+        shared.record_fit_peak(64, 7_900);
+        let margin = MemoryMargin::DEFAULT;
+        // Without the card's size: the largest size below the failure that ran.
+        assert_eq!(shared.fallback(128, &margin), Some(64));
+        // An 8 GiB card keeps 8192 × 0.95 − 256 = 7526 MiB usable: 64 (7900) does not
+        // leave the margin, 32 (7000) does.
+        shared.set_capacity(8_192);
+        assert_eq!(shared.fallback(128, &margin), Some(32));
+        assert_eq!(shared.fallback(32, &margin), Some(16));
+        assert_eq!(Shared::new(64, 0.05).fallback(64, &margin), None);
     }
 }

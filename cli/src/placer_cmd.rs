@@ -108,15 +108,11 @@ const DEFAULT_DEAD_TASK_GRACE_S: u64 = 60;
 /// Default of `--unstarted-task-grace-s`: ten minutes cover a slow image pull.
 const DEFAULT_UNSTARTED_TASK_GRACE_S: u64 = 600;
 
-/// Policy knobs (see `iadeep_placer::PlacerParams` for what each means).
+/// Policy knobs (see `iadeep_placer::PlacerParams` for what each means). The memory
+/// margin is not one of them: it is defined once (5 % of each GPU plus 256 MiB) so that
+/// the placer, the tuners and the agents never disagree about what fits.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct PolicyArgs {
-    /// Fraction of each GPU's memory never reserved.
-    #[arg(long, default_value_t = PlacerParams::default().memory_margin_frac)]
-    memory_margin_frac: f64,
-    /// MiB of each GPU's memory never reserved, on top of the fraction.
-    #[arg(long, default_value_t = PlacerParams::default().memory_margin_mib)]
-    memory_margin_mib: u64,
     /// Cap on the sum of the solo SM utilisations of a GPU's tasks, percent.
     #[arg(long, default_value_t = PlacerParams::default().sm_util_cap_pct)]
     sm_util_cap_pct: f64,
@@ -147,8 +143,6 @@ impl PolicyArgs {
 
     fn placer_with(&self, predictor: PredictorSlowdown) -> Result<Placer> {
         let params = PlacerParams {
-            memory_margin_frac: self.memory_margin_frac,
-            memory_margin_mib: self.memory_margin_mib,
             sm_util_cap_pct: self.sm_util_cap_pct,
             mem_bw_util_cap_pct: self.mem_bw_util_cap_pct,
             max_pd_increase: self.max_pd_increase,

@@ -189,7 +189,7 @@ fn transient(status: &tonic::Status) -> bool {
 
 /// How the queue wait ended.
 enum Waited {
-    Placed(Placement, DeviceInfo),
+    Placed(Box<(Placement, DeviceInfo)>),
     Interrupted(Signal),
     TimedOut,
 }
@@ -237,7 +237,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
 
     let (placement, device) =
         match wait_for_placement(&mut client, &spec, &args, &mut signals).await {
-            Ok(Waited::Placed(placement, device)) => (placement, device),
+            Ok(Waited::Placed(placed)) => *placed,
             Ok(Waited::Interrupted(sig)) => {
                 tracing::info!(signal = %sig, "interrupted while queued");
                 release(&mut client, &task_id).await;
@@ -353,7 +353,7 @@ async fn wait_for_placement(
                                 placement.device_id
                             ),
                         };
-                        return Ok(Waited::Placed(placement, device));
+                        return Ok(Waited::Placed(Box::new((placement, device))));
                     }
                     Some(place_response::Decision::Queued(queued)) => {
                         let retry = Duration::from_millis(queued.retry_after_ms)

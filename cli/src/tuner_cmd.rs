@@ -17,8 +17,8 @@ use crate::StoreArgs;
 /// this node in one process (--all-gpus). It registers each device (from NVML when a GPU is
 /// present, otherwise from --memory-mib and --kind), follows the tasks placed on it, and
 /// tunes their batch sizes by GP-LCB over Σ PD measured from the agents' reports, never
-/// assigning a configuration whose conservative memory exceeds the card minus the margin.
-/// Its observations are persisted in the store, so a restarted tuner resumes.
+/// assigning a configuration whose conservative memory exceeds the card minus the margin
+/// (5 % + 256 MiB, the placer's). Its observations are persisted in the store, so a restarted tuner resumes.
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct TunerArgs {
@@ -71,15 +71,17 @@ struct DaemonArgs {
     /// dropped and retried.
     #[arg(long, default_value_t = 30_000, value_name = "MS")]
     round_timeout_ms: u64,
-    /// Reports per task under a round before it counts as measured.
-    #[arg(long, default_value_t = 2, value_name = "N")]
-    reports_per_round: u64,
-    /// Fraction of the card's memory kept free.
-    #[arg(long, default_value_t = 0.10, value_name = "F")]
-    memory_margin: f64,
-    /// Once settled, re-measure the running configuration every this many seconds.
+    /// Fresh reports per task before a round counts: the first is dropped (it may mix the
+    /// previous configuration), the median of the others is the measurement.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    reports_per_round: u32,
+    /// Once settled, check the running configuration for drift every this many seconds.
     #[arg(long, default_value_t = 60.0, value_name = "S")]
     settled_interval_s: f64,
+    /// Most observations of one search (the size of its Gaussian process); the search
+    /// settles on its best measured configuration when it gets there.
+    #[arg(long, default_value_t = 24, value_name = "N")]
+    max_observations: usize,
     /// Stop searching after this many rounds without a 1% improvement.
     #[arg(long, default_value_t = 5, value_name = "N")]
     patience: usize,
@@ -94,16 +96,16 @@ struct DaemonArgs {
 impl DaemonArgs {
     fn params(&self) -> Result<DaemonParams> {
         let mut p = DaemonParams::default();
-        p.round.timeout = Duration::from_millis(self.round_timeout_ms);
-        p.round.reports_per_round = self.reports_per_round;
-        p.memory_margin = self.memory_margin;
+        p.tuner.round_timeout = Duration::from_millis(self.round_timeout_ms);
+        p.tuner.reports_per_round = self.reports_per_round;
         if !(self.settled_interval_s.is_finite() && self.settled_interval_s > 0.0) {
             bail!("--settled-interval-s must be a positive number of seconds");
         }
-        p.settled_interval = Duration::from_secs_f64(self.settled_interval_s);
-        p.controller.patience = self.patience;
-        p.controller.hysteresis = self.hysteresis;
-        p.seed = self.seed;
+        p.tuner.settled_interval = Duration::from_secs_f64(self.settled_interval_s);
+        p.tuner.max_observations = self.max_observations;
+        p.tuner.controller.patience = self.patience;
+        p.tuner.controller.hysteresis = self.hysteresis;
+        p.tuner.seed = self.seed;
         p.check()?;
         Ok(p)
     }

@@ -7,7 +7,8 @@
 //! - [`lr`]: the learning-rate factor that comes with a batch-size change, which
 //!   the tuner writes into assignments and the agent applies on its own fall-backs;
 //! - [`margin`]: the one memory margin of a card, kept free by the placer, the tuner
-//!   and the agent's fall-back alike.
+//!   and the agent's fall-back alike;
+//! - [`stats`]: the median and quantiles everything else takes.
 //!
 //! Why a crate of its own: the agent SDK is linked into users' training loops and
 //! must stay light, so it cannot depend on the tuner (GP, linear algebra); both
@@ -17,6 +18,7 @@ pub mod gns;
 pub mod lr;
 pub mod margin;
 pub mod pd;
+pub mod stats;
 
 pub use gns::{GnsEstimator, GnsSampleError};
 pub use lr::lr_factor;

@@ -37,5 +37,5 @@ pub use model::{
 };
 pub use params::PlacerParams;
 pub use policy::{Decision, Placer, Rejection, Verdict};
-pub use service::{PlaceOutcome, PlacementService};
+pub use service::{Clock, PlaceOutcome, PlacementService};
 pub use view::{ClusterView, DeadResident, DeviceState, Resident, UnstartedResident, WaitingTask};

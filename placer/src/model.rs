@@ -115,11 +115,17 @@ pub trait SlowdownModel: Send + Sync + fmt::Debug {
     }
 }
 
-/// Estimates how much GPU memory a task needs at least.
+/// Estimates the GPU memory of a task.
 pub trait MemoryEstimator: Send + Sync + fmt::Debug {
-    /// MiB the task needs at its smallest allowed batch size, given its latest
-    /// report if it runs already; `None` when nothing is known about its memory.
-    fn min_footprint_mib(&self, spec: &TaskSpec, report: Option<&TaskReport>) -> Option<u64>;
+    /// A conservative bound on the task's peak MiB at `batch_size`, from its spec and
+    /// latest report (if it runs already), never below what the user asked for; `None`
+    /// when nothing is known about its memory.
+    fn bound_mib(
+        &self,
+        spec: &TaskSpec,
+        report: Option<&TaskReport>,
+        batch_size: u32,
+    ) -> Option<u64>;
 }
 
 /// The online predictor of `iadeep-predictor` as the policy's slowdown model: its
@@ -253,21 +259,23 @@ impl SlowdownModel for PinnedPredictor {
     }
 }
 
-/// Footprints from the tuner's conservative memory model (`iadeep_tuner::memory`).
-///
-/// The placer knows at most two (batch size, peak MiB) points of a task: its solo
-/// profile and its latest report (plus an out-of-memory batch size, if reported).
-/// With two distinct batch sizes the model is fit and asked for its upper bound at
-/// the task's smallest allowed batch size. With one, the model would assume memory
-/// proportional to the batch size, which under-estimates smaller batches (weights
-/// and optimiser state do not shrink), so the measured peak itself is used: memory
-/// grows with the batch size, so it bounds every smaller one. The result is never
-/// below the user's request (`gpu_mem_request_mib`); `None` when nothing is known.
+/// Bounds from the tuner's conservative memory model (`iadeep_tuner::memory`), fitted on
+/// what the placer knows of the task: its solo profile (peak memory at its size) and its
+/// latest report (the peak at the batch size the agent names with it). Below the smallest
+/// measured size the model keeps its bound there (weights and optimiser state do not
+/// shrink), above the largest it grows proportionally to the batch with a padding and
+/// refuses to guess past 8×. Never below the user's request (`gpu_mem_request_mib`);
+/// `None` when nothing is known.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ModelledMemory;
 
 impl MemoryEstimator for ModelledMemory {
-    fn min_footprint_mib(&self, spec: &TaskSpec, report: Option<&TaskReport>) -> Option<u64> {
+    fn bound_mib(
+        &self,
+        spec: &TaskSpec,
+        report: Option<&TaskReport>,
+        batch_size: u32,
+    ) -> Option<u64> {
         let declared = Some(spec.gpu_mem_request_mib).filter(|&m| m > 0);
         let mut samples: Vec<MemorySample> = Vec::with_capacity(2);
         if let Some(p) = &spec.profile
@@ -286,39 +294,26 @@ impl MemoryEstimator for ModelledMemory {
         if let Some(r) = report
             && let Some(peak) = r.peak_mem_mib
         {
+            let batch = if r.peak_mem_batch_size > 0 {
+                r.peak_mem_batch_size
+            } else {
+                r.batch_size
+            };
             samples.push(MemorySample {
-                batch_size: r.batch_size,
+                batch_size: batch,
                 peak_mib: peak as f64,
             });
         }
         samples.retain(|s| s.batch_size > 0 && s.peak_mib > 0.0);
-        let measured_max = samples.iter().map(|s| s.peak_mib).fold(0.0, f64::max);
-        let min_batch = if spec.min_batch_size > 0 {
-            spec.min_batch_size
-        } else {
-            spec.initial_batch_size
-        };
-        let distinct = samples
-            .first()
-            .is_some_and(|f| samples.iter().any(|s| s.batch_size != f.batch_size));
-        let modelled = if distinct {
-            let ooms: Vec<u32> = report.and_then(|r| r.oom_batch_size).into_iter().collect();
-            MemoryModel::fit_with(&samples, &ooms, MemoryModelParams::default())
-                .ok()
-                .and_then(|m| m.upper_bound_mib(min_batch.max(1)))
-        } else {
+        let modelled = if samples.is_empty() {
             None
+        } else {
+            MemoryModel::fit_with(&samples, &[], MemoryModelParams::default())
+                .ok()
+                .and_then(|m| m.upper_bound_mib(batch_size.max(1)))
+                .map(|mib| mib.ceil() as u64)
         };
-        // Without a usable fit, the largest measured peak bounds the footprint at any
-        // batch size not above it; above it (a minimum batch larger than anything
-        // measured), nothing measured is an upper bound and the declared request rules.
-        let measured = match modelled {
-            Some(mib) => Some(mib),
-            None if samples.iter().any(|s| s.batch_size >= min_batch) => Some(measured_max),
-            None => None,
-        };
-        let measured = measured.map(|m| m.ceil() as u64);
-        [declared, measured].into_iter().flatten().max()
+        [declared, modelled].into_iter().flatten().max()
     }
 }
 
@@ -383,34 +378,41 @@ mod tests {
         TaskReport {
             batch_size,
             peak_mem_mib: Some(peak),
+            peak_mem_batch_size: batch_size,
             ..Default::default()
         }
     }
 
     #[test]
-    fn memory_is_declared_or_measured_and_never_below_the_request() {
+    fn memory_is_declared_or_modelled_and_never_below_the_request() {
         let m = ModelledMemory;
-        assert_eq!(m.min_footprint_mib(&spec(0, None), None), None);
-        assert_eq!(m.min_footprint_mib(&spec(4000, None), None), Some(4000));
-        // One measured size: its peak bounds the smaller minimum batch.
+        assert_eq!(m.bound_mib(&spec(0, None), None, 64), None);
+        assert_eq!(m.bound_mib(&spec(4000, None), None, 64), Some(4000));
+        // One measured size: it bounds every smaller size (weights do not shrink)...
         assert_eq!(
-            m.min_footprint_mib(&spec(0, Some((64, 6000))), None),
+            m.bound_mib(&spec(0, Some((64, 6000))), None, 16),
             Some(6000)
         );
         assert_eq!(
-            m.min_footprint_mib(&spec(7000, Some((64, 6000))), None),
+            m.bound_mib(&spec(7000, Some((64, 6000))), None, 16),
             Some(7000)
         );
-        // Two sizes: the tuner's model, 2000 + 50·b through (64, 5200) and (128, 8400),
-        // conservative at the minimum batch 16: 2000 + 800.
-        let fitted = m
-            .min_footprint_mib(&spec(0, Some((64, 5200))), Some(&report(128, 8400)))
-            .expect("known");
-        assert_eq!(fitted, 2800);
-        assert_eq!(
-            m.min_footprint_mib(&spec(3000, Some((64, 5200))), Some(&report(128, 8400))),
-            Some(3000)
+        // ... and a larger one grows at least proportionally.
+        assert!(
+            m.bound_mib(&spec(0, Some((64, 6000))), None, 128)
+                .is_some_and(|b| b >= 12_000)
         );
+        // Two sizes: the tuner's model, 2000 + 50·b through (64, 5200) and (128, 8400);
+        // at the size the task is assigned, 128: 8400 (rounded up).
+        let fitted = m
+            .bound_mib(&spec(0, Some((64, 5200))), Some(&report(128, 8400)), 128)
+            .expect("known");
+        assert!((8400..=8401).contains(&fitted), "{fitted}");
+        // Below the smallest measured size, its bound there.
+        let below = m
+            .bound_mib(&spec(0, Some((64, 5200))), Some(&report(128, 8400)), 16)
+            .expect("known");
+        assert!((5200..=5201).contains(&below), "{below}");
     }
 
     #[test]

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use iadeep_objective::MemoryMargin;
+
 use crate::error::{PlacerError, Result};
 
 /// What the policy may do, in operator terms. Build one, then call [`PlacerParams::check`]
@@ -9,11 +11,6 @@ use crate::error::{PlacerError, Result};
 /// rather than discovered as strange placements.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlacerParams {
-    /// Fraction of each device's memory never handed out (fragmentation, CUDA context
-    /// growth, estimation error). 0.05 keeps 5% free.
-    pub memory_margin_frac: f64,
-    /// MiB never handed out on top of the fraction (the CUDA context of each process).
-    pub memory_margin_mib: u64,
     /// Cap on the predicted aggregate SM utilisation of a device, in percent: the sum of
     /// the solo utilisations of its tasks. Above 100 the tasks contend for SM cycles.
     pub sm_util_cap_pct: f64,
@@ -54,8 +51,6 @@ pub struct PlacerParams {
 impl Default for PlacerParams {
     fn default() -> Self {
         PlacerParams {
-            memory_margin_frac: 0.05,
-            memory_margin_mib: 256,
             sm_util_cap_pct: 200.0,
             mem_bw_util_cap_pct: 150.0,
             max_pd_increase: 4.0,
@@ -82,12 +77,6 @@ fn bad(name: &'static str, reason: impl Into<String>) -> PlacerError {
 impl PlacerParams {
     /// Refuses values the policy cannot work with, naming the parameter.
     pub fn check(&self) -> Result<()> {
-        if !(0.0..0.9).contains(&self.memory_margin_frac) {
-            return Err(bad(
-                "memory_margin_frac",
-                format!("{} is not in [0, 0.9)", self.memory_margin_frac),
-            ));
-        }
         for (name, value) in [
             ("sm_util_cap_pct", self.sm_util_cap_pct),
             ("mem_bw_util_cap_pct", self.mem_bw_util_cap_pct),
@@ -140,13 +129,12 @@ impl PlacerParams {
         Ok(())
     }
 
-    /// Memory of a device of `total_mib` that may be reserved at all.
+    /// Memory of a device of `total_mib` that tasks sharing it may reserve together: the
+    /// card less the one memory margin ([`MemoryMargin::DEFAULT`], which the tuner and the
+    /// agent keep too).
     pub fn usable_memory_mib(&self, total_mib: u64) -> u64 {
         // Float is fine here: device sizes are far below 2^53 MiB.
-        let kept = (total_mib as f64 * self.memory_margin_frac).ceil() as u64;
-        total_mib
-            .saturating_sub(kept)
-            .saturating_sub(self.memory_margin_mib)
+        MemoryMargin::DEFAULT.usable_mib(total_mib as f64).floor() as u64
     }
 }
 
@@ -158,13 +146,6 @@ mod tests {
     fn defaults_pass_and_each_bad_value_is_named() {
         PlacerParams::default().check().expect("defaults are valid");
         let cases: Vec<(&str, PlacerParams)> = vec![
-            (
-                "memory_margin_frac",
-                PlacerParams {
-                    memory_margin_frac: -0.1,
-                    ..Default::default()
-                },
-            ),
             (
                 "sm_util_cap_pct",
                 PlacerParams {
@@ -208,7 +189,7 @@ mod tests {
     }
 
     #[test]
-    fn usable_memory_keeps_both_margins() {
+    fn usable_memory_keeps_the_one_margin() {
         let p = PlacerParams::default();
         // 5% of 16000 = 800, plus 256.
         assert_eq!(p.usable_memory_mib(16_000), 16_000 - 800 - 256);

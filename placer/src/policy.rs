@@ -2,11 +2,17 @@
 //!
 //! For each device (or each of the devices the caller allows):
 //! 1. **Feasibility.** The device must be registered; its residents' footprints
-//!    (the larger of what was reserved and what the [`MemoryEstimator`] says now)
-//!    plus the new task's smallest footprint must fit the device's memory less the
-//!    margins of [`PlacerParams`]. The predicted aggregate SM and DRAM-bandwidth
-//!    utilisations (sums of the known solo values) must stay under their caps.
-//!    An idle device is always a candidate when the task fits it at all.
+//!    (each at the batch size it is *assigned*, never its smallest allowed one: the
+//!    largest of its reservation, its reported peak, its assigner's bound and the
+//!    [`MemoryEstimator`]'s bound there, see [`crate::view::Resident::footprint_mib`])
+//!    plus the new task's footprint at its submitted batch size, where it starts, must
+//!    fit the device's memory less the one memory margin. When they do not, residents
+//!    that run above sizes they are known to fit at are shrunk, one candidate size at a
+//!    time, the one that frees most first, until the newcomer fits (or it cannot); the
+//!    shrinks are written with the placement, before the newcomer starts. The predicted
+//!    aggregate SM and DRAM-bandwidth utilisations (sums of the known solo values) must
+//!    stay under their caps. An idle device is always a candidate when the task fits the
+//!    card at all (nothing shares it, so the margin is not needed).
 //! 2. **Score.** The predicted increase of the device's Σ PD if the task joins:
 //!    Σ over residents of (predicted IF with the task − predicted IF without it),
 //!    plus the new task's own predicted IF. The placer does not change batch sizes,
@@ -66,7 +72,7 @@ use std::time::Duration;
 use iadeep_proto::{CandidateScore, Explanation, TaskProfile, TaskSpec};
 
 use crate::error::Result;
-use crate::model::SlowdownModel;
+use crate::model::{MemoryEstimator, SlowdownModel};
 use crate::params::PlacerParams;
 use crate::view::{AloneTogether, ClusterView, DeviceState, profile_of};
 
@@ -81,7 +87,7 @@ pub enum Rejection {
     UnknownTaskMemory,
     /// Not enough memory: the task needs `need_mib`, `free_mib` are left of the usable memory.
     Memory { need_mib: u64, free_mib: u64 },
-    /// The task needs more than the card's usable memory even with the card empty:
+    /// The task needs more than the whole card at the batch size it starts at:
     /// waiting cannot help (see [`Placer::never_fits`]).
     TooLarge { need_mib: u64, usable_mib: u64 },
     /// Predicted aggregate SM utilisation over the cap.
@@ -137,8 +143,8 @@ impl fmt::Display for Rejection {
                 usable_mib,
             } => write!(
                 f,
-                "never fits: the task needs {need_mib} MiB, more than the {usable_mib} MiB \
-                 this GPU has after the margin even when empty"
+                "never fits: the task needs {need_mib} MiB at the batch size it starts at, \
+                 more than the {usable_mib} MiB this GPU has even when empty"
             ),
             Rejection::SmCap {
                 predicted_pct,
@@ -187,12 +193,34 @@ pub struct Candidate<'v> {
     pub rank: f64,
     /// MiB to reserve for the task on this device.
     pub reserved_mem_mib: u64,
+    /// Residents to shrink, before the task starts, to make room for it.
+    pub shrinks: Vec<Shrink>,
     /// The device has no resident.
     pub idle: bool,
     /// Seconds a task waiting ahead, promised this device, would wait longer if the
     /// task joined it (see the module docs); 0 when no waiting task counts on it.
     pub delay_s: f64,
     tiebreak: u64,
+}
+
+/// A resident shrunk to make room for a newcomer: written as its assignment in the
+/// placement's transaction, applied by its agent before the newcomer's first step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shrink {
+    pub task_id: String,
+    pub batch_size: u32,
+    /// The memory estimator's bound at that size, MiB (the resident's new reservation).
+    pub bound_mib: u64,
+}
+
+/// What a device would need to take the task.
+#[derive(Clone, Debug, PartialEq)]
+struct Fit {
+    /// MiB to reserve for the task.
+    need: u64,
+    /// Aggregate demand of a shared device, for pre-screening; `None` when idle.
+    demand: Option<f64>,
+    shrinks: Vec<Shrink>,
 }
 
 /// Every device considered for one task, split into candidates and rejections.
@@ -229,6 +257,7 @@ struct Shared<'v> {
     device: &'v DeviceState,
     /// MiB to reserve.
     need: u64,
+    shrinks: Vec<Shrink>,
     /// Aggregate demand, for pre-screening.
     demand: f64,
     tiebreak: u64,
@@ -244,10 +273,12 @@ fn by_idle_time(a: &(f64, &str), b: &(f64, &str)) -> Ordering {
 /// What to tell the caller.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
-    /// Run the task on `device_id`, reserving `reserved_mem_mib`.
+    /// Run the task on `device_id`, reserving `reserved_mem_mib`, after shrinking the
+    /// residents in `shrinks`.
     Place {
         device_id: String,
         reserved_mem_mib: u64,
+        shrinks: Vec<Shrink>,
     },
     /// Ask again after `retry_after`.
     Queue {
@@ -303,9 +334,9 @@ impl Placer {
     }
 
     /// Why `task` can never run on `device_id`, whatever leaves it: the device is
-    /// unknown, or the task's smallest footprint exceeds the card's usable memory even
-    /// when the card is empty. `None` when waiting might help (including a device
-    /// whose tuner is away, which may come back).
+    /// unknown, or the task's footprint at the batch size it starts at exceeds the whole
+    /// card (what an idle device takes, see [`Placer::assess`]). `None` when waiting
+    /// might help (including a device whose tuner is away, which may come back).
     ///
     /// Front ends answer such a request at once (gRPC INVALID_ARGUMENT, the extender's
     /// `FailedAndUnresolvableNodes`) instead of "queue": a task that can never start
@@ -320,8 +351,10 @@ impl Placer {
             return Some(Rejection::UnknownDevice);
         };
         let info = device.info.as_ref()?;
-        let need_mib = view.memory().min_footprint_mib(task, None)?;
-        let usable_mib = self.params.usable_memory_mib(info.memory_mib);
+        let need_mib = view
+            .memory()
+            .bound_mib(task, None, task.initial_batch_size.max(1))?;
+        let usable_mib = info.memory_mib;
         (need_mib > usable_mib).then_some(Rejection::TooLarge {
             need_mib,
             usable_mib,
@@ -369,7 +402,10 @@ impl Placer {
         limit: usize,
     ) -> Assessment<'v> {
         let new_profile = profile_of(task, None);
-        let new_footprint = view.memory().min_footprint_mib(task, None);
+        // The task starts at its submitted batch size (its starting assignment).
+        let new_footprint = view
+            .memory()
+            .bound_mib(task, None, task.initial_batch_size.max(1));
         let task_hash = crate::view::fnv1a(task.task_id.as_bytes());
         let mut out = Assessment {
             waiting_ahead: view.waiting_ahead_of(task, now_unix_ms),
@@ -396,22 +432,32 @@ impl Placer {
                     idle_in_s.push((s, id));
                 }
                 let tiebreak = tiebreak(task_hash, device.id_hash);
-                match self.feasible(device, &new_profile, new_footprint) {
-                    Ok((need, None)) => out.candidates.push(Candidate {
+                match self.feasible(device, &new_profile, new_footprint, view.memory()) {
+                    Ok(Fit {
+                        need,
+                        demand: None,
+                        shrinks,
+                    }) => out.candidates.push(Candidate {
                         device_id: id,
                         pd_increase: 1.0,
                         pd_increase_upper_90: 1.0,
                         uncertainty: 0.0,
                         rank: 1.0,
                         reserved_mem_mib: need,
+                        shrinks,
                         idle: true,
                         delay_s: 0.0,
                         tiebreak,
                     }),
-                    Ok((need, Some(demand))) => shared.push(Shared {
+                    Ok(Fit {
+                        need,
+                        demand: Some(demand),
+                        shrinks,
+                    }) => shared.push(Shared {
                         id,
                         device,
                         need,
+                        shrinks,
                         demand,
                         tiebreak,
                         idle_in,
@@ -464,6 +510,7 @@ impl Placer {
             id,
             device,
             need,
+            shrinks,
             tiebreak,
             idle_in,
             ..
@@ -488,6 +535,7 @@ impl Placer {
                             + self.params.uncertainty_weight * uncertainty
                             + delay_s / duration_s,
                         reserved_mem_mib: need,
+                        shrinks,
                         idle: false,
                         delay_s,
                         tiebreak,
@@ -506,34 +554,49 @@ impl Placer {
         out
     }
 
-    /// Memory and utilisation feasibility of one device: the MiB to reserve, and for a
-    /// shared device its aggregate demand (for pre-screening), `None` when idle.
+    /// Memory and utilisation feasibility of one device: the MiB to reserve, the
+    /// residents to shrink first, and for a shared device its aggregate demand.
     fn feasible(
         &self,
         device: &DeviceState,
         new_profile: &TaskProfile,
         new_footprint: Option<u64>,
-    ) -> Result<(u64, Option<f64>), Rejection> {
+        memory: &dyn MemoryEstimator,
+    ) -> Result<Fit, Rejection> {
         let info = device.info.as_ref().ok_or(Rejection::NotRegistered)?;
         let summary = device.summary();
         let usable = self.params.usable_memory_mib(info.memory_mib);
-        let idle = device.residents.is_empty();
-        let need = match new_footprint {
-            Some(mib) => mib,
-            // The whole card: nothing else can join a task of unknown size.
-            None if idle => usable,
-            None => return Err(Rejection::UnknownTaskMemory),
-        };
+        if device.residents.is_empty() {
+            // Nothing shares the card: the task fits if it fits the card at all.
+            let need = new_footprint.unwrap_or(usable);
+            if need == 0 || need > info.memory_mib {
+                return Err(Rejection::Memory {
+                    need_mib: need,
+                    free_mib: info.memory_mib,
+                });
+            }
+            return Ok(Fit {
+                need,
+                demand: None,
+                shrinks: Vec::new(),
+            });
+        }
+        let need = new_footprint.ok_or(Rejection::UnknownTaskMemory)?;
         let free = usable.saturating_sub(summary.used_mib);
-        if need > free || need == 0 {
+        if need == 0 {
             return Err(Rejection::Memory {
                 need_mib: need,
                 free_mib: free,
             });
         }
-        if idle {
-            return Ok((need, None));
-        }
+        let shrinks = if need <= free {
+            Vec::new()
+        } else {
+            shrink_plan(device, memory, usable, need).ok_or(Rejection::Memory {
+                need_mib: need,
+                free_mib: free,
+            })?
+        };
         let sm = summary.sm_util_pct + new_profile.sm_util_pct.unwrap_or(0.0);
         if sm > self.params.sm_util_cap_pct {
             return Err(Rejection::SmCap {
@@ -548,10 +611,11 @@ impl Placer {
                 cap_pct: self.params.mem_bw_util_cap_pct,
             });
         }
-        Ok((
+        Ok(Fit {
             need,
-            Some(sm.max(bw) + 10.0 * device.residents.len() as f64),
-        ))
+            demand: Some(sm.max(bw) + 10.0 * device.residents.len() as f64),
+            shrinks,
+        })
     }
 
     /// Predicted Σ PD increase of a shared device, pessimistic and not, and its
@@ -712,6 +776,7 @@ impl Placer {
         let place = Verdict::Place {
             device_id: best.device_id.to_owned(),
             reserved_mem_mib: best.reserved_mem_mib,
+            shrinks: best.shrinks.clone(),
         };
         if best.idle {
             return place;
@@ -909,6 +974,76 @@ fn others(profiles: &[TaskProfile], i: usize) -> impl Iterator<Item = &TaskProfi
         .map(|(_, p)| p)
 }
 
+/// Shrinks of `device`'s residents after which a newcomer needing `need` MiB fits in
+/// `usable`, or `None` when no shrink makes room.
+///
+/// Each resident may step down its candidate batch sizes (the tuner's lattice, within the
+/// sizes it allows); at a smaller size it is counted at the estimator's bound there, which
+/// never drops below its bound at the smallest size it was measured at (weights and
+/// optimiser state do not shrink), so only what the tuner grew can be given back. Greedy:
+/// the step that frees the most memory first, so as few residents move as little as
+/// possible.
+fn shrink_plan(
+    device: &DeviceState,
+    memory: &dyn MemoryEstimator,
+    usable: u64,
+    need: u64,
+) -> Option<Vec<Shrink>> {
+    struct Steps {
+        /// (batch size, MiB) from the current size downwards; the first is what it uses now.
+        steps: Vec<(u32, u64)>,
+        at: usize,
+    }
+    let mut options: Vec<Steps> = device
+        .residents
+        .iter()
+        .map(|r| {
+            let current = r.batch_size();
+            let mut steps = vec![(current, r.footprint_mib(memory))];
+            let mut sizes = iadeep_tuner::device_tuner::candidate_sizes(r.spec());
+            sizes.retain(|&b| b < current);
+            for b in sizes.into_iter().rev() {
+                match memory.bound_mib(r.spec(), r.report.as_ref(), b) {
+                    Some(mib) => steps.push((b, mib)),
+                    None => break,
+                }
+            }
+            Steps { steps, at: 0 }
+        })
+        .collect();
+    let mut used: u64 = options.iter().map(|o| o.steps[0].1).sum();
+    while used + need > usable {
+        let (best, saving) = options
+            .iter()
+            .enumerate()
+            .filter_map(|(i, o)| {
+                let now = o.steps[o.at].1;
+                let next = o.steps.get(o.at + 1)?.1;
+                Some((i, now.saturating_sub(next)))
+            })
+            .max_by_key(|&(i, saving)| (saving, std::cmp::Reverse(i)))?;
+        if saving == 0 {
+            return None;
+        }
+        let o = &mut options[best];
+        used -= saving;
+        o.at += 1;
+    }
+    Some(
+        device
+            .residents
+            .iter()
+            .zip(&options)
+            .filter(|(_, o)| o.at > 0)
+            .map(|(r, o)| Shrink {
+                task_id: r.reservation.task_id.clone(),
+                batch_size: o.steps[o.at].0,
+                bound_mib: o.steps[o.at].1,
+            })
+            .collect(),
+    )
+}
+
 /// Solo run time of the whole task: total samples × solo step time ÷ batch size.
 pub fn solo_duration_s(task: &TaskSpec) -> Option<f64> {
     let total = task.total_samples? as f64;
@@ -1060,7 +1195,8 @@ mod tests {
         let mut view = ClusterView::new(Arc::new(ModelledMemory));
         device(&mut view, "small", 16_384, &[spec("r", 10_000, 50.0, None)]);
         let p = placer();
-        let usable = p.params().usable_memory_mib(16_384);
+        // An idle card takes a task alone without the margin: the whole card counts.
+        let usable = 16_384;
         // Too large even for the empty card: waiting cannot help.
         assert_eq!(
             p.never_fits(&view, &spec("huge", usable + 1, 10.0, None), "small"),
@@ -1097,7 +1233,8 @@ mod tests {
             d.verdict,
             Verdict::Place {
                 device_id: "light".into(),
-                reserved_mem_mib: 4000
+                reserved_mem_mib: 4000,
+                shrinks: Vec::new(),
             }
         );
         let scores: Vec<(&str, f64)> = d
@@ -1152,7 +1289,7 @@ mod tests {
         device(&mut view, "roomy", 80_000, &[spec("r4", 1000, 10.0, None)]);
         let d = placer().decide(&view, &unknown, &[], 0);
         assert!(
-            matches!(&d.verdict, Verdict::Place { device_id, reserved_mem_mib } if device_id == "idle" && *reserved_mem_mib == PlacerParams::default().usable_memory_mib(16_000)),
+            matches!(&d.verdict, Verdict::Place { device_id, reserved_mem_mib, .. } if device_id == "idle" && *reserved_mem_mib == PlacerParams::default().usable_memory_mib(16_000)),
             "{:?}",
             d.verdict
         );
@@ -1335,7 +1472,8 @@ mod tests {
             d.verdict,
             Verdict::Place {
                 device_id: "later".into(),
-                reserved_mem_mib: 1000
+                reserved_mem_mib: 1000,
+                shrinks: Vec::new(),
             }
         );
 
@@ -1364,7 +1502,8 @@ mod tests {
             d.verdict,
             Verdict::Place {
                 device_id: "soon".into(),
-                reserved_mem_mib: 1000
+                reserved_mem_mib: 1000,
+                shrinks: Vec::new(),
             }
         );
     }
@@ -1632,7 +1771,8 @@ mod tests {
             d.verdict,
             Verdict::Place {
                 device_id: "idle".into(),
-                reserved_mem_mib: 4000
+                reserved_mem_mib: 4000,
+                shrinks: Vec::new(),
             }
         );
         let a = with_if(2.2).assess(&view, &new, &[], 0);
@@ -1789,8 +1929,10 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the cluster, a placement fits the chosen device's usable memory,
-        /// and a task that fits an idle device is never turned away for lack of room.
+        /// Whatever the cluster, a placement on a shared device fits its usable memory
+        /// (the card less the one margin) with every resident at its footprint, one on an
+        /// idle device fits the card, and a task that fits an idle device is never turned
+        /// away for lack of room.
         #[test]
         fn placements_always_fit(
             sizes in proptest::collection::vec(8_000u64..40_000, 1..6),
@@ -1808,14 +1950,15 @@ mod tests {
             }
             let p = placer();
             let d = p.decide(&view, &new, &[], 0);
-            if let Verdict::Place { device_id, reserved_mem_mib } = &d.verdict {
+            if let Verdict::Place { device_id, reserved_mem_mib, .. } = &d.verdict {
                 let dev = view.device(device_id).expect("chosen device exists");
                 let total = dev.info.as_ref().expect("registered").memory_mib;
-                prop_assert!(dev.reserved_mem_mib() + reserved_mem_mib <= p.params().usable_memory_mib(total));
+                let limit = if dev.residents.is_empty() { total } else { p.params().usable_memory_mib(total) };
+                prop_assert!(dev.summary().used_mib + reserved_mem_mib <= limit);
                 prop_assert!(*reserved_mem_mib >= new.gpu_mem_request_mib);
             }
             let idle_fits = view.devices().any(|(_, dev)| dev.residents.is_empty()
-                && dev.info.as_ref().is_some_and(|i| p.params().usable_memory_mib(i.memory_mib) >= new.gpu_mem_request_mib));
+                && dev.info.as_ref().is_some_and(|i| i.memory_mib >= new.gpu_mem_request_mib));
             if idle_fits {
                 prop_assert!(matches!(d.verdict, Verdict::Place { .. }), "{:?}", d.verdict);
             }

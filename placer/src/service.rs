@@ -3,9 +3,15 @@
 //!
 //! A placement is decided on the in-memory view, then made real by one store
 //! transaction that compares the chosen device's residents record with the
-//! revision the decision was based on and, iff it still matches, writes the new
-//! record, the task's placement and its spec: one durable commit per decision,
-//! and never a reservation without its placement. If another placement got
+//! revision the decision was based on, and each resident's assignment with the one
+//! the decision counted it at (a tuner growing a resident meanwhile must not be
+//! over-packed), and, iff all still match, writes the new record, the task's
+//! placement, its spec and its starting assignment, and the assignments of any
+//! residents shrunk to make room for it (their agents apply them before the
+//! newcomer's first step, which waits for the placement): one durable commit per
+//! decision, and never a reservation without its placement. The assignments of one
+//! placement share a round above every round the device's residents have seen, so
+//! agents take them and the device's tuner continues above them. If another placement got
 //! there first the comparison fails, nothing is written, and the transaction
 //! returns the record as it is now; the view takes it and the task is decided
 //! again, at most `max_reserve_attempts` times. Because every admission goes
@@ -18,8 +24,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
 use iadeep_proto::{
-    DeviceInfo, DeviceResidents, DeviceStatus, Explanation, Placement, QueueDecision, Reservation,
-    TaskSpec, place_response,
+    BatchSizeAssignment, DeviceInfo, DeviceResidents, DeviceStatus, Explanation, LrScalingRule,
+    Placement, QueueDecision, Reservation, TaskSpec, place_response,
 };
 use iadeep_state::{Expect, StateStore, Txn, TxnOutcome, keys, typed};
 use prost::Message;
@@ -35,6 +41,78 @@ use crate::view::ClusterView;
 pub struct PlaceOutcome {
     pub decision: place_response::Decision,
     pub explanation: Explanation,
+    /// The assignments this placement wrote: the task's starting one first, then those of
+    /// residents shrunk to make room (empty when queued or already placed).
+    pub assignments: Vec<BatchSizeAssignment>,
+}
+
+/// A placement to commit: the device's new record and what else the transaction writes.
+struct Plan {
+    device_id: String,
+    record: DeviceResidents,
+    reservation: Reservation,
+    expect: Expect,
+    /// Each resident's assignment key and what the decision saw there.
+    assignment_compares: Vec<(String, Expect)>,
+    assignments: Vec<BatchSizeAssignment>,
+}
+
+/// The starting assignment of a newcomer and the shrinks of residents, in one round above
+/// every round the device's residents have seen.
+fn placement_assignments(
+    device: Option<&crate::view::DeviceState>,
+    task: &TaskSpec,
+    reserved_mem_mib: u64,
+    shrinks: &[crate::policy::Shrink],
+    now_unix_ms: i64,
+) -> Vec<BatchSizeAssignment> {
+    let residents = device.map(|d| d.residents.as_slice()).unwrap_or_default();
+    let round = residents
+        .iter()
+        .filter_map(|r| r.assignment.as_ref().map(|(a, _)| a.round))
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let m0 = task.initial_batch_size.max(1);
+    let mut out = vec![BatchSizeAssignment {
+        task_id: task.task_id.clone(),
+        batch_size: m0,
+        lr_factor: 1.0,
+        lr_rule: task.lr_rule,
+        round,
+        assigned_at_unix_ms: now_unix_ms,
+        memory_bound_mib: Some(reserved_mem_mib as f64),
+    }];
+    for shrink in shrinks {
+        let Some(r) = residents
+            .iter()
+            .find(|r| r.reservation.task_id == shrink.task_id)
+        else {
+            continue;
+        };
+        let spec = r.spec();
+        let rule = LrScalingRule::try_from(spec.lr_rule).unwrap_or(LrScalingRule::Unspecified);
+        let phi = r
+            .report
+            .as_ref()
+            .and_then(|rep| rep.grad_noise_scale)
+            .filter(|p| p.is_finite() && *p >= 0.0);
+        out.push(BatchSizeAssignment {
+            task_id: shrink.task_id.clone(),
+            batch_size: shrink.batch_size,
+            lr_factor: iadeep_objective::lr_factor(
+                rule,
+                spec.initial_batch_size,
+                shrink.batch_size,
+                phi,
+            ),
+            lr_rule: spec.lr_rule,
+            round,
+            assigned_at_unix_ms: now_unix_ms,
+            memory_bound_mib: Some(shrink.bound_mib as f64),
+        });
+    }
+    out
 }
 
 /// The placement service: policy, view and store.
@@ -45,6 +123,35 @@ pub struct PlacementService {
     placer: Arc<Placer>,
     metrics: Arc<PlacerMetrics>,
     gates: Arc<DeviceGates>,
+    clock: Clock,
+}
+
+/// Where the service reads the time (Unix ms): the wall clock in the daemon, the
+/// simulated clock in the simulator, which drives this very service in virtual time.
+#[derive(Clone)]
+pub struct Clock(Arc<dyn Fn() -> i64 + Send + Sync>);
+
+impl Clock {
+    /// The system's wall clock.
+    pub fn wall() -> Clock {
+        Clock(Arc::new(iadeep_proto::now_unix_ms))
+    }
+
+    /// A clock that reads `now`.
+    pub fn from_fn(now: impl Fn() -> i64 + Send + Sync + 'static) -> Clock {
+        Clock(Arc::new(now))
+    }
+
+    /// The time now, Unix ms.
+    pub fn now_unix_ms(&self) -> i64 {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Clock").field(&self.now_unix_ms()).finish()
+    }
 }
 
 /// How many times per allowed store conflict a Place may wait for another request's
@@ -72,6 +179,7 @@ fn already_placed(placement: Placement) -> PlaceOutcome {
             candidates: Vec::new(),
         },
         decision: place_response::Decision::Placed(placement),
+        assignments: Vec::new(),
     }
 }
 
@@ -173,7 +281,14 @@ impl PlacementService {
             placer,
             metrics,
             gates: Arc::new(DeviceGates::default()),
+            clock: Clock::wall(),
         }
+    }
+
+    /// The same service reading the time from `clock` (the simulator's virtual time).
+    pub fn with_clock(mut self, clock: Clock) -> PlacementService {
+        self.clock = clock;
+        self
     }
 
     /// The metrics this service counts into.
@@ -236,24 +351,36 @@ impl PlacementService {
                     explanation,
                 } = self
                     .placer
-                    .decide(&view, &task, &restrict, iadeep_proto::now_unix_ms());
+                    .decide(&view, &task, &restrict, self.clock.now_unix_ms());
                 self.metrics.decision_latency.observe(started.elapsed());
                 let plan = match verdict {
                     Verdict::Place {
                         device_id,
                         reserved_mem_mib,
+                        shrinks,
                     } => {
                         let device = view.device(&device_id);
+                        let now = self.clock.now_unix_ms();
                         let mut record = device
                             .map(|d| d.residents_record(&device_id))
                             .unwrap_or_else(|| DeviceResidents {
                                 device_id: device_id.clone(),
                                 reservations: Vec::new(),
                             });
+                        // A shrunk resident is reserved at its bound at the new size.
+                        for shrink in &shrinks {
+                            if let Some(r) = record
+                                .reservations
+                                .iter_mut()
+                                .find(|r| r.task_id == shrink.task_id)
+                            {
+                                r.reserved_mem_mib = shrink.bound_mib;
+                            }
+                        }
                         let reservation = Reservation {
                             task_id: task.task_id.clone(),
                             reserved_mem_mib,
-                            placed_at_unix_ms: iadeep_proto::now_unix_ms(),
+                            placed_at_unix_ms: now,
                             spec: Some(task.clone()),
                         };
                         record.reservations.push(reservation.clone());
@@ -261,7 +388,30 @@ impl PlacementService {
                             Some(rev) => Expect::ModRevision(rev),
                             None => Expect::Absent,
                         };
-                        Ok((device_id, record, reservation, expect))
+                        let assignment_compares = device
+                            .map(|d| {
+                                d.residents
+                                    .iter()
+                                    .map(|r| {
+                                        let expect = match &r.assignment {
+                                            Some((_, rev)) => Expect::ModRevision(*rev),
+                                            None => Expect::Absent,
+                                        };
+                                        (keys::task_assignment(&r.reservation.task_id), expect)
+                                    })
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        let assignments =
+                            placement_assignments(device, &task, reserved_mem_mib, &shrinks, now);
+                        Ok(Plan {
+                            device_id,
+                            record,
+                            reservation,
+                            expect,
+                            assignment_compares,
+                            assignments,
+                        })
                     }
                     Verdict::Queue {
                         retry_after,
@@ -270,8 +420,15 @@ impl PlacementService {
                 };
                 (explanation, plan)
             };
-            let (device_id, record, reservation, expect) = match plan {
-                Ok(reserve) => reserve,
+            let Plan {
+                device_id,
+                record,
+                reservation,
+                expect,
+                assignment_compares,
+                assignments,
+            } = match plan {
+                Ok(plan) => plan,
                 Err((retry_after, reason)) => {
                     self.note_queued(&task, retry_after);
                     tracing::debug!(task = %task.task_id, retry_after_s = retry_after.as_secs(), %reason, "queued");
@@ -282,6 +439,7 @@ impl PlacementService {
                             reason,
                         }),
                         explanation,
+                        assignments: Vec::new(),
                     });
                 }
             };
@@ -318,31 +476,44 @@ impl PlacementService {
                 device_id: device_id.clone(),
                 reserved_mem_mib: reservation.reserved_mem_mib,
                 placed_at_unix_ms: reservation.placed_at_unix_ms,
+                batch_size: task.initial_batch_size.max(1),
             };
-            // The reservation, the placement and the spec in one durable commit:
-            // all three or none, at the cost of one. The placement must not exist
-            // yet: two requests for the same task decided at once (on two devices, or
-            // by two placer processes sharing the store) must not both reserve.
+            // The reservation, the placement, the spec and the assignments in one durable
+            // commit: all or none, at the cost of one. The placement must not exist yet:
+            // two requests for the same task decided at once (on two devices, or by two
+            // placer processes sharing the store) must not both reserve.
             let placement_key = keys::task_placement(&task.task_id);
-            let txn = Txn::new()
+            let mut txn = Txn::new()
                 .compare(key.as_str(), expect)
-                .compare(placement_key.as_str(), Expect::Absent)
+                .compare(placement_key.as_str(), Expect::Absent);
+            for (assignment_key, expect) in &assignment_compares {
+                txn = txn.compare(assignment_key.as_str(), *expect);
+            }
+            txn = txn
                 .put(key.as_str(), record.encode_to_vec(), None)
                 .put(placement_key.as_str(), placement.encode_to_vec(), None)
                 .put(keys::task_spec(&task.task_id), task.encode_to_vec(), None);
+            for a in &assignments {
+                txn = txn.put(keys::task_assignment(&a.task_id), a.encode_to_vec(), None);
+            }
             match self.store.transact(txn).await? {
                 TxnOutcome::Committed { revision } => {
                     {
                         let mut view = self.view_mut();
                         view.apply_residents(&device_id, Some(record), revision);
+                        for a in &assignments {
+                            view.set_assignment(a.clone(), revision);
+                        }
                         view.forget_waiting(&task.task_id);
                     }
                     tracing::info!(task = %task.task_id, device = %device_id,
                         reserved_mib = placement.reserved_mem_mib, attempt,
+                        shrunk = assignments.len() - 1,
                         summary = %explanation.summary, "placed");
                     return Ok(PlaceOutcome {
                         decision: place_response::Decision::Placed(placement),
                         explanation,
+                        assignments,
                     });
                 }
                 TxnOutcome::Failed { current } => {
@@ -360,6 +531,7 @@ impl PlacementService {
                     tracing::debug!(task = %task.task_id, device = %device_id, attempt,
                         "device changed since the decision; deciding again");
                     self.absorb(&device_id, expect, residents_now);
+                    self.absorb_assignments(assignment_compares.iter().zip(current));
                     if attempt >= attempts {
                         return Err(PlacerError::Contention {
                             task_id: task.task_id,
@@ -381,7 +553,7 @@ impl PlacementService {
     /// waiting tasks (a task that is refused by one and retries on another is counted
     /// by both until it expires, which errs towards placing).
     pub fn note_queued(&self, task: &TaskSpec, retry_after: std::time::Duration) {
-        let now = iadeep_proto::now_unix_ms();
+        let now = self.clock.now_unix_ms();
         let hold_ms = i64::try_from(retry_after.as_millis().saturating_mul(2)).unwrap_or(i64::MAX);
         self.view_mut()
             .note_waiting(task, now, now.saturating_add(hold_ms));
@@ -411,21 +583,45 @@ impl PlacementService {
         }
     }
 
+    /// Puts the residents' assignments a lost transaction found into the view (a tuner
+    /// grew or shrank one meanwhile: the next decision counts it at its new size).
+    fn absorb_assignments<'a>(
+        &self,
+        found: impl Iterator<Item = (&'a (String, Expect), Option<iadeep_state::KeyValue>)>,
+    ) {
+        let mut view = self.view_mut();
+        for ((key, _), current) in found {
+            match current {
+                Some(kv) => match typed::decode::<iadeep_proto::BatchSizeAssignment>(&kv) {
+                    Ok(a) => view.set_assignment(a, kv.mod_revision),
+                    Err(err) => {
+                        self.metrics.decode_errors.inc();
+                        tracing::warn!(%err, "assignment does not decode; ignored");
+                    }
+                },
+                None => {
+                    if let iadeep_state::keys::KeyKind::TaskAssignment { task } =
+                        iadeep_state::keys::KeyKind::parse(key)
+                    {
+                        view.remove_assignment(&task);
+                    }
+                }
+            }
+        }
+    }
+
     fn existing(&self, view: &ClusterView, task_id: &str, device_id: &str) -> PlaceOutcome {
-        let reservation = view
-            .device(device_id)
-            .and_then(|d| {
-                d.residents
-                    .iter()
-                    .find(|r| r.reservation.task_id == task_id)
-            })
-            .map(|r| r.reservation.clone())
-            .unwrap_or_default();
+        let resident = view.device(device_id).and_then(|d| {
+            d.residents
+                .iter()
+                .find(|r| r.reservation.task_id == task_id)
+        });
         already_placed(Placement {
             task_id: task_id.to_owned(),
             device_id: device_id.to_owned(),
-            reserved_mem_mib: reservation.reserved_mem_mib,
-            placed_at_unix_ms: reservation.placed_at_unix_ms,
+            reserved_mem_mib: resident.map_or(0, |r| r.reservation.reserved_mem_mib),
+            placed_at_unix_ms: resident.map_or(0, |r| r.reservation.placed_at_unix_ms),
+            batch_size: resident.map_or(0, |r| r.batch_size()),
         })
     }
 
@@ -558,7 +754,7 @@ impl PlacementService {
         let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
         let dead = self
             .view_mut()
-            .dead_residents(iadeep_proto::now_unix_ms(), grace_ms);
+            .dead_residents(self.clock.now_unix_ms(), grace_ms);
         let mut released = Vec::new();
         for task in dead {
             // Re-checked, so an agent that restarted in the meantime keeps its device.
@@ -569,8 +765,7 @@ impl PlacementService {
             match self.release(&task.task_id).await {
                 Ok(Some(device)) => {
                     self.metrics.dead_released.inc();
-                    let gone_s =
-                        (iadeep_proto::now_unix_ms() - task.gone_since_unix_ms).max(0) / 1000;
+                    let gone_s = (self.clock.now_unix_ms() - task.gone_since_unix_ms).max(0) / 1000;
                     tracing::info!(task = %task.task_id, %device, finished = task.finished, gone_s,
                         "released the reservation of a task whose agent is gone");
                     released.push(task.task_id);
@@ -592,7 +787,7 @@ impl PlacementService {
         let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
         let unstarted = self
             .view()
-            .unstarted_residents(iadeep_proto::now_unix_ms(), grace_ms);
+            .unstarted_residents(self.clock.now_unix_ms(), grace_ms);
         let mut released = Vec::new();
         for task in unstarted {
             if self.view().agent_alive(&task.task_id) {
@@ -603,7 +798,7 @@ impl PlacementService {
                 Ok(Some(device)) => {
                     self.metrics.unstarted_released.inc();
                     let waited_s =
-                        (iadeep_proto::now_unix_ms() - task.placed_at_unix_ms).max(0) / 1000;
+                        (self.clock.now_unix_ms() - task.placed_at_unix_ms).max(0) / 1000;
                     tracing::info!(task = %task.task_id, %device, waited_s,
                         "released the reservation of a task whose agent never started");
                     released.push(task.task_id);
@@ -708,6 +903,136 @@ mod tests {
                 .is_none(),
             "the second request reserved d1 as well"
         );
+    }
+
+    /// A 12 GB job: 6 GB at its m0 = 64 (measured alone), 12 GB at 128.
+    fn twelve_gb_job(id: &str) -> TaskSpec {
+        TaskSpec {
+            task_id: id.into(),
+            model: "big".into(),
+            initial_batch_size: 64,
+            min_batch_size: 32,
+            max_batch_size: 256,
+            lr_rule: iadeep_proto::LrScalingRule::Linear as i32,
+            profile: Some(SoloProfile {
+                batch_size: 64,
+                step_time_s: Some(0.2),
+                peak_mem_mib: Some(6_000),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn placed(outcome: &PlaceOutcome) -> &Placement {
+        match &outcome.decision {
+            place_response::Decision::Placed(p) => p,
+            other => panic!("expected a placement, got {other:?}"),
+        }
+    }
+
+    /// Issue 12, point 1: the tuner grew a resident to 128 (12 GB); a second job must not
+    /// land next to it as if it still ran at its smallest size. The placement makes room
+    /// first: the resident's shrink back to 64 is in the same transaction as the
+    /// newcomer's reservation and starting assignment, in one round above the tuner's.
+    #[tokio::test]
+    async fn a_grown_resident_is_counted_at_its_size_and_shrunk_to_make_room() {
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        let placer = service(store.clone());
+        let first = placer
+            .place(twelve_gb_job("a"), vec!["d0".into()])
+            .await
+            .expect("first place");
+        assert_eq!(placed(&first).batch_size, 64);
+        assert_eq!(first.assignments.len(), 1, "the starting assignment");
+        assert_eq!(first.assignments[0].batch_size, 64);
+        // The tuner grows `a` to 128 and its agent reports 12 GB there.
+        let grown = BatchSizeAssignment {
+            task_id: "a".into(),
+            batch_size: 128,
+            lr_factor: 2.0,
+            round: 7,
+            memory_bound_mib: Some(12_300.0),
+            ..Default::default()
+        };
+        let rev = store
+            .put(&keys::task_assignment("a"), grown.encode_to_vec(), None)
+            .await
+            .expect("tuner's assignment");
+        placer.view_mut().set_assignment(grown, rev);
+        placer.view_mut().set_report(iadeep_proto::TaskReport {
+            task_id: "a".into(),
+            batch_size: 128,
+            peak_mem_mib: Some(12_000),
+            peak_mem_batch_size: 128,
+            ..Default::default()
+        });
+        let used = placer.view().device("d0").expect("d0").summary().used_mib;
+        assert!(used >= 12_300, "the resident counts at 128: {used} MiB");
+        let second = placer
+            .place(twelve_gb_job("b"), vec!["d0".into()])
+            .await
+            .expect("second place");
+        assert_eq!(placed(&second).device_id, "d0");
+        let shrink = second
+            .assignments
+            .iter()
+            .find(|a| a.task_id == "a")
+            .expect("`a` shrunk to make room");
+        assert!(shrink.batch_size < 128, "{shrink:?}");
+        assert!(shrink.round > 7, "above the tuner's round");
+        // What the store holds now fits the card with the margin.
+        let stored = typed::get::<BatchSizeAssignment>(store.as_ref(), &keys::task_assignment("a"))
+            .await
+            .expect("read")
+            .expect("assignment");
+        assert_eq!(stored.0.batch_size, shrink.batch_size);
+        let usable = PlacerParams::default().usable_memory_mib(16_384);
+        let total: f64 = second
+            .assignments
+            .iter()
+            .map(|a| a.memory_bound_mib.expect("bound"))
+            .sum();
+        assert!(total <= usable as f64, "{total} MiB > {usable}");
+    }
+
+    /// A tuner's assignment committed between a decision and its transaction: the
+    /// transaction compares the residents' assignments, fails, and the task is decided
+    /// again with the resident at its new size.
+    #[tokio::test]
+    async fn a_resident_grown_after_the_decision_makes_the_placement_decide_again() {
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        let placer = service(store.clone());
+        placer
+            .place(twelve_gb_job("a"), vec!["d0".into()])
+            .await
+            .expect("first place");
+        // The store moves on without the view: the tuner grows `a` (its watch is late).
+        let grown = BatchSizeAssignment {
+            task_id: "a".into(),
+            batch_size: 256,
+            round: 9,
+            memory_bound_mib: Some(15_000.0),
+            ..Default::default()
+        };
+        store
+            .put(&keys::task_assignment("a"), grown.encode_to_vec(), None)
+            .await
+            .expect("tuner's assignment");
+        let second = placer
+            .place(twelve_gb_job("b"), vec!["d0".into()])
+            .await
+            .expect("second place");
+        // Decided again on the grown resident: `a` must give memory back for `b`.
+        let shrink = second.assignments.iter().find(|a| a.task_id == "a");
+        assert!(
+            shrink.is_some_and(|a| a.batch_size < 256 && a.round > 9),
+            "{:?}",
+            second.assignments
+        );
+        assert!(placer.metrics().cas_conflicts.get() >= 1);
     }
 
     #[tokio::test]

@@ -2,7 +2,8 @@
 //! snapshot's revision + 1, so no change between the two is missed.
 //!
 //! Three prefixes are followed, each by its own task: devices (registrations and
-//! residents records), tasks (reports and the agents' `alive` keys) and co-location samples (fed to the
+//! residents records), tasks (reports, assignments and the agents' `alive` keys) and
+//! co-location samples (fed to the
 //! slowdown model so the predictor learns from what the tuners measure). A watch
 //! that ends (history compacted, store gone) is replaced by a fresh range and
 //! watch after a short pause; a value that does not decode is logged and skipped,
@@ -12,7 +13,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use iadeep_proto::{CoLocationSample, DeviceInfo, DeviceResidents, TaskReport};
+use iadeep_proto::{
+    BatchSizeAssignment, CoLocationSample, DeviceInfo, DeviceResidents, TaskReport,
+};
 use iadeep_state::keys::{self, KeyKind};
 use iadeep_state::{KeyValue, Revision, StateStore, WatchEvent, typed};
 use tokio::task::JoinHandle;
@@ -211,8 +214,10 @@ impl Ctx {
                     }
                 }
             }
-            KeyKind::DeviceInfo { .. } | KeyKind::TaskReport { .. } | KeyKind::TaskAlive { .. } => {
-            }
+            KeyKind::DeviceInfo { .. }
+            | KeyKind::TaskReport { .. }
+            | KeyKind::TaskAlive { .. }
+            | KeyKind::TaskAssignment { .. } => {}
             KeyKind::Sample { .. } => {
                 if let WatchEvent::Put(kv) = event {
                     self.learn(&kv);
@@ -230,6 +235,7 @@ impl Ctx {
                     view.apply_residents(&device, None, revision);
                 }
                 KeyKind::TaskReport { task } => view.remove_report(&task),
+                KeyKind::TaskAssignment { task } => view.remove_assignment(&task),
                 KeyKind::TaskAlive { task } => {
                     tracing::debug!(%task, "task's agent is gone (alive key deleted)");
                     view.set_not_alive(&task, iadeep_proto::now_unix_ms());
@@ -255,6 +261,12 @@ impl Ctx {
                 report.task_id = task;
                 view.set_report(report);
             }),
+            KeyKind::TaskAssignment { task } => {
+                typed::decode::<BatchSizeAssignment>(&kv).map(|mut assignment| {
+                    assignment.task_id = task;
+                    view.set_assignment(assignment, kv.mod_revision);
+                })
+            }
             // The value is the agent's own note; only the key's existence matters.
             KeyKind::TaskAlive { task } => {
                 view.set_alive(&task);

@@ -10,7 +10,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use iadeep_proto::{DeviceInfo, DeviceResidents, Reservation, TaskProfile, TaskReport, TaskSpec};
+use iadeep_proto::{
+    BatchSizeAssignment, DeviceInfo, DeviceResidents, Reservation, TaskProfile, TaskReport,
+    TaskSpec,
+};
 use iadeep_state::Revision;
 
 use crate::model::MemoryEstimator;
@@ -21,6 +24,9 @@ pub struct Resident {
     pub reservation: Reservation,
     /// The task's latest report, if its agent has reported yet.
     pub report: Option<TaskReport>,
+    /// The task's current batch-size assignment (the tuner's, or the placer's starting or
+    /// shrinking one) and its key's mod-revision, which a placement on the device compares.
+    pub assignment: Option<(BatchSizeAssignment, Revision)>,
     /// The task as the slowdown model sees it, derived from spec and report.
     pub profile: TaskProfile,
     /// When the task is predicted to finish (Unix ms), from its last report; computed
@@ -29,17 +35,63 @@ pub struct Resident {
 }
 
 impl Resident {
-    /// A resident from its reservation and latest report.
-    pub fn new(reservation: Reservation, report: Option<TaskReport>) -> Resident {
+    /// A resident from its reservation, latest report and current assignment.
+    pub fn new(
+        reservation: Reservation,
+        report: Option<TaskReport>,
+        assignment: Option<(BatchSizeAssignment, Revision)>,
+    ) -> Resident {
         let spec = reservation.spec.clone().unwrap_or_default();
         let profile = profile_of(&spec, report.as_ref());
         let finish_at_unix_ms = report.as_ref().and_then(|r| finish_at(&spec, r));
         Resident {
             reservation,
             report,
+            assignment,
             profile,
             finish_at_unix_ms,
         }
+    }
+
+    /// The batch size the task runs at, or is about to: its assignment's, else the one it
+    /// last reported, else its submitted m0.
+    pub fn batch_size(&self) -> u32 {
+        self.assignment
+            .as_ref()
+            .map(|(a, _)| a.batch_size)
+            .filter(|&b| b > 0)
+            .or_else(|| {
+                self.report
+                    .as_ref()
+                    .map(|r| r.batch_size)
+                    .filter(|&b| b > 0)
+            })
+            .unwrap_or_else(|| self.spec().initial_batch_size.max(1))
+    }
+
+    /// The memory the task is counted at (DESIGN.md, "Memory safety"): the largest of what
+    /// was reserved for it, the peak it reported, its assigner's bound at the batch size
+    /// it is assigned, and the estimator's bound there. Never its smallest allowed size:
+    /// the tuner may have grown it.
+    pub fn footprint_mib(&self, memory: &dyn MemoryEstimator) -> u64 {
+        let reported = self.report.as_ref().and_then(|r| r.peak_mem_mib);
+        let assigned = self
+            .assignment
+            .as_ref()
+            .and_then(|(a, _)| a.memory_bound_mib)
+            .filter(|m| m.is_finite() && *m > 0.0)
+            .map(|m| m.ceil() as u64);
+        let modelled = memory.bound_mib(self.spec(), self.report.as_ref(), self.batch_size());
+        [
+            Some(self.reservation.reserved_mem_mib),
+            reported,
+            assigned,
+            modelled,
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(0)
     }
 
     /// The submitted spec (empty if the stored reservation carried none).
@@ -120,7 +172,7 @@ pub fn profile_of(spec: &TaskSpec, report: Option<&TaskReport>) -> TaskProfile {
 /// devices, walking every resident's spec and report dominated the decision time.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DeviceSummary {
-    /// Σ over residents of max(reserved, the memory estimator's footprint now), MiB.
+    /// Σ over residents of their footprints ([`Resident::footprint_mib`]), MiB.
     pub used_mib: u64,
     /// Σ of the residents' known solo SM utilisations, percent.
     pub sm_util_pct: f64,
@@ -234,10 +286,7 @@ impl DeviceState {
                 (Some(a), Some(b)) => Some(a.max(b)),
                 _ => None,
             };
-            let estimate = memory
-                .min_footprint_mib(r.spec(), r.report.as_ref())
-                .unwrap_or(0);
-            summary.used_mib += estimate.max(r.reservation.reserved_mem_mib);
+            summary.used_mib += r.footprint_mib(memory);
             summary.sm_util_pct += r.profile.sm_util_pct.unwrap_or(0.0);
             summary.mem_bw_util_pct += r.profile.mem_bw_util_pct.unwrap_or(0.0);
             summary.profiles.push(r.profile.clone());
@@ -278,6 +327,8 @@ pub struct ClusterView {
     memory: Arc<dyn MemoryEstimator>,
     devices: BTreeMap<String, DeviceState>,
     reports: HashMap<String, TaskReport>,
+    /// Every task's current assignment and its key's mod-revision.
+    assignments: HashMap<String, (BatchSizeAssignment, Revision)>,
     /// Where each resident task is, for release and duplicate checks.
     task_device: HashMap<String, String>,
     /// Tasks told to queue that are expected back (see [`ClusterView::note_waiting`]).
@@ -331,6 +382,7 @@ impl ClusterView {
             memory,
             devices: BTreeMap::new(),
             reports: HashMap::new(),
+            assignments: HashMap::new(),
             task_device: HashMap::new(),
             waiting: HashMap::new(),
             alive: HashSet::new(),
@@ -586,9 +638,12 @@ impl ClusterView {
                 device.residents_revision = Some(revision);
                 for reservation in record.reservations {
                     let report = self.reports.get(&reservation.task_id).cloned();
+                    let assignment = self.assignments.get(&reservation.task_id).cloned();
                     self.task_device
                         .insert(reservation.task_id.clone(), device_id.to_owned());
-                    device.residents.push(Resident::new(reservation, report));
+                    device
+                        .residents
+                        .push(Resident::new(reservation, report, assignment));
                 }
             }
             None => device.residents_revision = None,
@@ -600,24 +655,8 @@ impl ClusterView {
         true
     }
 
-    /// Records a task's latest report (and refreshes its resident entry).
-    pub fn set_report(&mut self, report: TaskReport) {
-        if let Some(device_id) = self.task_device.get(&report.task_id)
-            && let Some(device) = self.devices.get_mut(device_id)
-            && let Some(resident) = device
-                .residents
-                .iter_mut()
-                .find(|r| r.reservation.task_id == report.task_id)
-        {
-            *resident = Resident::new(resident.reservation.clone(), Some(report.clone()));
-            device.refresh(self.memory.as_ref());
-        }
-        self.reports.insert(report.task_id.clone(), report);
-    }
-
-    /// Forgets a task's report (its keys were deleted).
-    pub fn remove_report(&mut self, task_id: &str) {
-        self.reports.remove(task_id);
+    /// Rebuilds a resident's entry from what the view holds about it now.
+    fn refresh_resident(&mut self, task_id: &str) {
         if let Some(device_id) = self.task_device.get(task_id)
             && let Some(device) = self.devices.get_mut(device_id)
             && let Some(resident) = device
@@ -625,8 +664,48 @@ impl ClusterView {
                 .iter_mut()
                 .find(|r| r.reservation.task_id == task_id)
         {
-            *resident = Resident::new(resident.reservation.clone(), None);
+            *resident = Resident::new(
+                resident.reservation.clone(),
+                self.reports.get(task_id).cloned(),
+                self.assignments.get(task_id).cloned(),
+            );
             device.refresh(self.memory.as_ref());
+        }
+    }
+
+    /// Records a task's latest report (and refreshes its resident entry).
+    pub fn set_report(&mut self, report: TaskReport) {
+        let task_id = report.task_id.clone();
+        self.reports.insert(task_id.clone(), report);
+        self.refresh_resident(&task_id);
+    }
+
+    /// Forgets a task's report (its keys were deleted).
+    pub fn remove_report(&mut self, task_id: &str) {
+        self.reports.remove(task_id);
+        self.refresh_resident(task_id);
+    }
+
+    /// Records a task's assignment as stored at `revision` (its key's mod-revision);
+    /// an older one than the view holds is ignored.
+    pub fn set_assignment(&mut self, assignment: BatchSizeAssignment, revision: Revision) {
+        let task_id = assignment.task_id.clone();
+        if self
+            .assignments
+            .get(&task_id)
+            .is_some_and(|(_, seen)| *seen > revision)
+        {
+            return;
+        }
+        self.assignments
+            .insert(task_id.clone(), (assignment, revision));
+        self.refresh_resident(&task_id);
+    }
+
+    /// Forgets a task's assignment (its key was deleted).
+    pub fn remove_assignment(&mut self, task_id: &str) {
+        if self.assignments.remove(task_id).is_some() {
+            self.refresh_resident(task_id);
         }
     }
 }

@@ -115,6 +115,8 @@ enum Status {
 #[derive(Debug)]
 struct TaskState {
     spec: TaskSpec,
+    /// The world's step time alone at m0 (the spec holds what the profiling run measured).
+    true_solo_step_s: f64,
     family: usize,
     status: Status,
     batch_size: u32,
@@ -266,12 +268,16 @@ impl<'w> Engine<'w> {
     ) -> Result<Engine<'w>> {
         params.check()?;
         let catalogue = &world.catalogue;
+        // Each job is submitted with a solo profile at m0: one profiling run, measured with
+        // the same noise as every report (policies never see the world's exact step time).
+        let mut profiling = ChaCha8Rng::seed_from_u64(params.seed ^ 0x0070_f11e_5eed);
         let tasks = workload
             .iter()
             .enumerate()
             .map(|(index, t)| {
                 let family = &catalogue.families[t.family];
                 let info = &catalogue.types[t.job];
+                let profiled = (params.measurement_noise * normal(&mut profiling)).exp();
                 TaskState {
                     spec: TaskSpec {
                         id: index,
@@ -279,11 +285,12 @@ impl<'w> Engine<'w> {
                         m0: t.m0,
                         batch_sizes: family.batch_sizes.clone(),
                         mem_request_mib: t.mem_request_mib,
-                        solo_step_time_s: 1.0 / info.solo_steps_per_s,
+                        solo_step_time_s: profiled / info.solo_steps_per_s,
                         solo_peak_mem_mib: world.memory.mib(t.job),
                         submit_s: t.submit_s,
                         total_samples: t.work_samples,
                     },
+                    true_solo_step_s: 1.0 / info.solo_steps_per_s,
                     family: t.family,
                     status: Status::NotArrived,
                     batch_size: t.m0,
@@ -464,10 +471,14 @@ impl<'w> Engine<'w> {
             }
             match self.decide(task, policy) {
                 Decision::Queue => index += 1,
-                Decision::Place { device, batch_size } => {
+                Decision::Place {
+                    device,
+                    batch_size,
+                    shrinks,
+                } => {
                     self.recovery.remove(index);
                     self.waiting_version += 1;
-                    self.start(task, device, batch_size, policy)?;
+                    self.start(task, device, batch_size, &shrinks, policy)?;
                 }
             }
         }
@@ -476,10 +487,14 @@ impl<'w> Engine<'w> {
                 while let Some(&task) = self.queue.front() {
                     match self.decide(task, policy) {
                         Decision::Queue => return Ok(()),
-                        Decision::Place { device, batch_size } => {
+                        Decision::Place {
+                            device,
+                            batch_size,
+                            shrinks,
+                        } => {
                             self.queue.pop_front();
                             self.waiting_version += 1;
-                            self.start(task, device, batch_size, policy)?;
+                            self.start(task, device, batch_size, &shrinks, policy)?;
                         }
                     }
                 }
@@ -494,11 +509,15 @@ impl<'w> Engine<'w> {
                             index += 1;
                             waits += 1;
                         }
-                        Decision::Place { device, batch_size } => {
+                        Decision::Place {
+                            device,
+                            batch_size,
+                            shrinks,
+                        } => {
                             self.queue.remove(index);
                             self.waiting_version += 1;
                             waits = 0;
-                            self.start(task, device, batch_size, policy)?;
+                            self.start(task, device, batch_size, &shrinks, policy)?;
                         }
                     }
                 }
@@ -555,11 +574,15 @@ impl<'w> Engine<'w> {
             })
     }
 
+    /// Starts `task` on `device` at `batch_size`, after the residents in `shrinks` moved
+    /// to their new batch sizes (the placement made room before the newcomer's first
+    /// step, as the real agents apply their assignments first).
     fn start(
         &mut self,
         task: usize,
         device: usize,
         batch_size: u32,
+        shrinks: &[(usize, u32)],
         policy: &mut dyn Policy,
     ) -> Result<()> {
         if device >= self.devices.len() {
@@ -570,6 +593,11 @@ impl<'w> Engine<'w> {
         }
         let job = self.job_type(policy, task, batch_size)?;
         self.advance(device);
+        let shrunk = self.set_batch_sizes(device, shrinks, policy)?;
+        if !shrunk.is_empty() {
+            self.metrics.batch_changes += shrunk.len() as u64;
+            self.after_memory_change(device, &shrunk, policy);
+        }
         let now = self.now;
         let state = &mut self.tasks[task];
         state.status = Status::Running(device);
@@ -584,6 +612,32 @@ impl<'w> Engine<'w> {
         self.after_memory_change(device, &[task], policy);
         self.residents_changed(device, policy);
         Ok(())
+    }
+
+    /// Moves residents of `device` to new batch sizes; returns the tasks that changed.
+    fn set_batch_sizes(
+        &mut self,
+        device: usize,
+        assignments: &[(usize, u32)],
+        policy: &mut dyn Policy,
+    ) -> Result<Vec<usize>> {
+        let mut changed = Vec::new();
+        for &(task, batch_size) in assignments {
+            if self.tasks.get(task).map(|t| t.status) != Some(Status::Running(device)) {
+                return Err(Self::policy_error(
+                    policy,
+                    format!("assigned a batch size to task {task}, not on device {device}"),
+                ));
+            }
+            let job = self.job_type(policy, task, batch_size)?;
+            let state = &mut self.tasks[task];
+            if state.batch_size != batch_size && state.active {
+                state.batch_size = batch_size;
+                state.job = job;
+                changed.push(task);
+            }
+        }
+        Ok(changed)
     }
 
     /// Brings every resident of `device` to the current time at its current rate.
@@ -727,7 +781,7 @@ impl<'w> Engine<'w> {
         self.tasks
             .iter()
             .filter(|t| matches!(t.status, Status::Running(_)))
-            .map(|t| t.rate * t.spec.solo_step_time_s / f64::from(t.spec.m0))
+            .map(|t| t.rate * t.true_solo_step_s / f64::from(t.spec.m0))
             .sum()
     }
 
@@ -737,54 +791,46 @@ impl<'w> Engine<'w> {
         state.epoch += 1;
         if policy.tunes() && !state.residents.is_empty() {
             let epoch = state.epoch;
-            self.schedule(
-                self.now + self.params.tune_interval_s,
-                EventKind::Tune { device, epoch },
-            );
+            let delay = policy
+                .first_tune_in_s()
+                .unwrap_or(self.params.tune_interval_s);
+            self.schedule(self.now + delay, EventKind::Tune { device, epoch });
         }
     }
 
     fn tune(&mut self, device: usize, policy: &mut dyn Policy) -> Result<()> {
         self.advance(device);
-        // Fresh reports for the round that just ran (φ follows progress too).
+        // Fresh reports (new measurement noise) for the interval that just ran: what the
+        // agents would have published since the last call (φ follows progress too).
         self.recompute(device);
         let started = Instant::now();
         let step = policy.tune(&View { engine: self }, device);
         self.metrics
             .tune_latency_us
             .push(started.elapsed().as_secs_f64() * 1e6);
-        let again = match step {
-            TuneStep::Done => false,
-            TuneStep::Wait => true,
-            TuneStep::Apply(assignments) => {
-                let mut changed = Vec::new();
-                for (task, batch_size) in assignments {
-                    if self.tasks.get(task).map(|t| t.status) != Some(Status::Running(device)) {
-                        return Err(Self::policy_error(
-                            policy,
-                            format!("tuned task {task}, not on device {device}"),
-                        ));
-                    }
-                    let job = self.job_type(policy, task, batch_size)?;
-                    let state = &mut self.tasks[task];
-                    if state.batch_size != batch_size && state.active {
-                        state.batch_size = batch_size;
-                        state.job = job;
-                        changed.push(task);
-                    }
-                }
+        let again_in_s = match step {
+            TuneStep::Done => None,
+            TuneStep::Wait { again_in_s } => {
+                Some(again_in_s.unwrap_or(self.params.tune_interval_s))
+            }
+            TuneStep::Apply {
+                assignments,
+                again_in_s,
+            } => {
+                let changed = self.set_batch_sizes(device, &assignments, policy)?;
                 self.metrics.tuning_rounds += 1;
-                if !changed.is_empty() {
-                    self.metrics.batch_changes += changed.len() as u64;
-                }
+                self.metrics.batch_changes += changed.len() as u64;
                 self.after_memory_change(device, &changed, policy);
-                true
+                Some(again_in_s.unwrap_or(self.params.tune_interval_s))
             }
         };
         let epoch = self.devices[device].epoch;
-        if again && !self.devices[device].residents.is_empty() {
+        if let Some(delay) = again_in_s
+            && !self.devices[device].residents.is_empty()
+        {
+            // Never at the same instant: a policy's clock moves forward with the world's.
             self.schedule(
-                self.now + self.params.tune_interval_s,
+                self.now + delay.max(1e-3),
                 EventKind::Tune { device, epoch },
             );
         }

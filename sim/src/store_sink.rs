@@ -70,6 +70,7 @@ pub async fn record_run(
             lr_rule: 0,
             total_samples: Some(template.work_samples.round() as u64),
             submitted_at_unix_ms: ms(outcome.submit_s),
+            allowed_batch_sizes: family.batch_sizes.clone(),
         };
         typed::put(store, &keys::task_spec(&id), &spec, None).await?;
         let device = device_id(outcome.device);
@@ -77,6 +78,7 @@ pub async fn record_run(
             task_id: id.clone(),
             device_id: device.clone(),
             reserved_mem_mib: template.mem_request_mib,
+            batch_size: template.m0,
             placed_at_unix_ms: ms(outcome.start_s),
         };
         typed::put(store, &keys::task_placement(&id), &placement, None).await?;

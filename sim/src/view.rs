@@ -14,7 +14,8 @@ pub struct TaskSpec {
     pub batch_sizes: Vec<u32>,
     /// Memory the user asked for, MiB.
     pub mem_request_mib: u64,
-    /// Seconds per step alone at m0 (profiled).
+    /// Seconds per step alone at m0, as one profiling run measured it (with the
+    /// agents' measurement noise; the world's exact value is never shown to a policy).
     pub solo_step_time_s: f64,
     /// Peak GPU memory alone at m0, MiB (profiled).
     pub solo_peak_mem_mib: u64,

@@ -19,18 +19,12 @@ pub enum TunerError {
     #[error(transparent)]
     Objective(#[from] iadeep_objective::ObjectiveError),
     /// The state store failed (the message names the key or operation).
+    #[cfg(feature = "daemon")]
     #[error(transparent)]
     State(#[from] iadeep_state::StateError),
     /// The tuner daemon cannot run as configured (e.g. no device memory known).
     #[error("tuner daemon: {0}")]
     Daemon(String),
-    /// A closed-loop round got no fresh report from some task within its timeout.
-    #[error("round {round}: no fresh report within {timeout_ms} ms from {missing:?}")]
-    RoundTimeout {
-        round: u64,
-        timeout_ms: u64,
-        missing: Vec<String>,
-    },
     /// A dataset could not be read.
     #[error(transparent)]
     Dataset(#[from] iadeep_datasets::DatasetError),

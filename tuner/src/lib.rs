@@ -11,11 +11,17 @@
 //! - [`search`]: GP-LCB over the memory-feasible lattice of co-located batch sizes, with a
 //!   stopping rule, hysteresis and re-opening, behind the [`search::Evaluator`] trait so the
 //!   algorithm never knows where its observations come from;
-//! - [`daemon`]: the per-GPU tuner daemon closing the loop over the state store;
+//! - [`device_tuner`]: the tuner of one GPU as a clock-free, I/O-free state machine (task
+//!   knowledge, the search over the residents' batch sizes, hysteresis, drift checks,
+//!   co-location samples): events in, actions out, driven by the daemon and the simulator;
+//! - [`daemon`] (feature `daemon`): the per-GPU tuner daemon driving a [`device_tuner`] over
+//!   the state store;
 //! - [`gavel_bench`]: the benchmark of the search on Gavel's measured co-location throughputs.
 
+#[cfg(feature = "daemon")]
 pub mod daemon;
 pub mod degradation;
+pub mod device_tuner;
 pub mod error;
 pub mod feasibility;
 pub mod gavel_bench;
@@ -23,6 +29,6 @@ pub mod gp;
 pub mod memory;
 pub mod memory_eval;
 pub mod search;
-pub mod stats;
 
 pub use error::TunerError;
+pub use iadeep_objective::stats;

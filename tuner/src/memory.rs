@@ -8,6 +8,12 @@
 //! observed batch size. Extrapolating further than `max_extrapolation` × the largest observed
 //! size is refused. An out-of-memory report is a hard sample: that size and every larger one
 //! are infeasible. A cubic fit is deliberately not used: it extrapolates wildly.
+//!
+//! Below the smallest observed batch size the bound stays at its value there: weights,
+//! gradients, optimiser state and the CUDA context do not shrink with the batch, so a line
+//! through one sample (or a steep fitted slope) would promise memory that a smaller batch
+//! does not give back. Shrinking a task below what was measured therefore never makes room
+//! on paper that it may not make on the card.
 
 use nalgebra::{DMatrix, DVector};
 
@@ -71,6 +77,7 @@ pub struct MemoryModel {
     intercept: f64,
     slope: f64,
     band: f64,
+    smallest_observed: u32,
     largest_observed: u32,
     smallest_oom: Option<u32>,
 }
@@ -149,6 +156,7 @@ impl MemoryModel {
             0.0
         };
         let largest_observed = samples.iter().map(|s| s.batch_size).max().unwrap_or(1);
+        let smallest_observed = samples.iter().map(|s| s.batch_size).min().unwrap_or(1);
         let smallest_oom = oom_batch_sizes.iter().copied().filter(|&b| b > 0).min();
         if let Some(oom) = smallest_oom
             && oom <= largest_observed
@@ -164,6 +172,7 @@ impl MemoryModel {
             intercept: intercept + lift,
             slope,
             band: params.residual_sigmas * sigma,
+            smallest_observed,
             largest_observed,
             smallest_oom,
         })
@@ -181,8 +190,14 @@ impl MemoryModel {
         self.largest_observed
     }
 
+    /// The smallest batch size the model was fit on: below it the bound stays constant.
+    pub fn smallest_observed(&self) -> u32 {
+        self.smallest_observed
+    }
+
     /// Conservative peak MiB at `batch_size`; `None` when known or assumed infeasible (at or
-    /// above an out-of-memory size, or too far past the observed sizes to say).
+    /// above an out-of-memory size, or too far past the observed sizes to say). Never less
+    /// below the smallest observed size than at it (see the module documentation).
     pub fn upper_bound_mib(&self, batch_size: u32) -> Option<f64> {
         if batch_size == 0 {
             return None;
@@ -195,7 +210,8 @@ impl MemoryModel {
         if ratio > self.params.max_extrapolation {
             return None;
         }
-        let base = self.intercept + self.slope * b + self.band;
+        let base =
+            self.intercept + self.slope * b.max(f64::from(self.smallest_observed)) + self.band;
         let margin = if ratio > 1.0 {
             1.0 + self.params.margin_per_doubling * ratio.log2()
         } else {
@@ -327,6 +343,25 @@ mod tests {
         assert!(MemoryModel::fit(&[s(1, f64::NAN)]).is_err());
     }
 
+    /// Issue 12, point 2: with one sample the line goes through the origin, and half the
+    /// batch used to get half the memory, though weights and optimiser state do not shrink.
+    #[test]
+    fn below_the_smallest_observed_size_the_bound_does_not_shrink() {
+        let one = MemoryModel::fit(&[s(64, 6000.0)]).expect("fits");
+        assert_eq!(one.smallest_observed(), 64);
+        for b in [1, 8, 32, 63, 64] {
+            assert!(
+                one.upper_bound_mib(b).expect("feasible") >= 6000.0,
+                "bound at {b} must cover the peak measured at 64"
+            );
+        }
+        // A steep fit through two samples: below 32 the bound stays at its value at 32.
+        let two = MemoryModel::fit(&[s(32, 4000.0), s(64, 7000.0)]).expect("fits");
+        let at_32 = two.upper_bound_mib(32).expect("feasible");
+        assert_eq!(two.upper_bound_mib(8), Some(at_32));
+        assert!(at_32 >= 4000.0);
+    }
+
     #[test]
     fn cubic_baseline_interpolates_a_cubic() {
         let samples: Vec<_> = (1..=6).map(|b| s(b, f64::from(b * b * b) + 2.0)).collect();
@@ -342,6 +377,14 @@ mod tests {
             for sample in &samples {
                 let bound = model.upper_bound_mib(sample.batch_size).expect("observed sizes are feasible");
                 prop_assert!(bound >= sample.peak_mib - 1e-6);
+            }
+            // Below the smallest observed size the bound is the bound there.
+            let smallest = model.smallest_observed();
+            let floor = model.upper_bound_mib(smallest).expect("observed sizes are feasible");
+            for smaller in [1, smallest / 2, smallest.saturating_sub(1)] {
+                if smaller > 0 {
+                    prop_assert_eq!(model.upper_bound_mib(smaller), Some(floor));
+                }
             }
             let mut last = 0.0;
             let top = model.largest_observed() * 8;

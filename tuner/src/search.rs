@@ -18,6 +18,7 @@
 
 use std::collections::HashSet;
 
+use iadeep_objective::MemoryMargin;
 use nalgebra::DMatrix;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -40,8 +41,10 @@ pub struct MemoryConstraint {
     pub upper_mib: Vec<Vec<Option<f64>>>,
     /// Memory of the card, MiB.
     pub capacity_mib: f64,
-    /// Fraction of the card kept free (e.g. 0.05).
-    pub margin: f64,
+    /// MiB held on the card by tasks outside the search (placed, not running yet).
+    pub held_mib: f64,
+    /// What is kept free of the card: the one margin the placer and the agent keep too.
+    pub margin: MemoryMargin,
 }
 
 /// The lattice the search runs over.
@@ -89,12 +92,19 @@ impl SearchSpace {
             {
                 return bad("memory bounds must have one entry per task and size".to_owned());
             }
-            if !(mem.capacity_mib > 0.0 && (0.0..1.0).contains(&mem.margin)) {
+            if !(mem.capacity_mib.is_finite() && mem.capacity_mib > 0.0) {
                 return bad(format!(
-                    "capacity must be positive and margin in [0, 1), got {} and {}",
-                    mem.capacity_mib, mem.margin
+                    "card capacity must be positive, got {} MiB",
+                    mem.capacity_mib
                 ));
             }
+            if !(mem.held_mib.is_finite() && mem.held_mib >= 0.0) {
+                return bad(format!(
+                    "memory held by others must be finite and ≥ 0, got {} MiB",
+                    mem.held_mib
+                ));
+            }
+            mem.margin.check()?;
         }
         Ok(())
     }
@@ -120,14 +130,14 @@ impl SearchSpace {
     /// Whether the summed memory upper bounds fit the card with its margin.
     pub fn fits_memory(&self, idx: &[usize]) -> bool {
         let Some(mem) = &self.memory else { return true };
-        let mut total = 0.0;
+        let mut total = mem.held_mib;
         for (t, &i) in idx.iter().enumerate() {
             match mem.upper_mib[t][i] {
                 Some(m) => total += m,
                 None => return false,
             }
         }
-        total <= mem.capacity_mib * (1.0 - mem.margin)
+        mem.margin.fits(total, mem.capacity_mib)
     }
 }
 
@@ -879,14 +889,15 @@ impl Controller {
             _ => self.stale_rounds += 1,
         }
         if self.stale_rounds >= self.params.patience {
-            self.settle()?;
+            self.stop()?;
         }
         Ok(())
     }
 
-    /// Stops searching and picks the configuration to keep, with hysteresis against the
-    /// one currently settled (if any).
-    fn settle(&mut self) -> Result<()> {
+    /// Stops searching now and settles on the incumbent (the observed configuration with
+    /// the lowest posterior mean): the stopping rule calls it, and so does an owner that
+    /// bounds the rounds of one search. Does nothing before the first observation.
+    pub fn stop(&mut self) -> Result<()> {
         let Some((idx, mean)) = self.search.incumbent()? else {
             return Ok(());
         };
@@ -976,7 +987,11 @@ mod tests {
         let sp = space(Some(MemoryConstraint {
             upper_mib: upper,
             capacity_mib: 1000.0,
-            margin: 0.05,
+            held_mib: 0.0,
+            margin: MemoryMargin {
+                fraction: 0.05,
+                fixed_mib: 0.0,
+            },
         }));
         let mut search = GpLcb::new(sp, LcbParams::default(), 5).expect("valid");
         search.observe(&[0, 1], None).expect("valid");
@@ -1247,7 +1262,11 @@ mod tests {
         let sp = space(Some(MemoryConstraint {
             upper_mib: upper,
             capacity_mib: 100.0,
-            margin: 0.05,
+            held_mib: 0.0,
+            margin: MemoryMargin {
+                fraction: 0.05,
+                fixed_mib: 0.0,
+            },
         }));
         let plain = LcbParams {
             feasibility: None,

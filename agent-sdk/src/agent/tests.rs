@@ -313,3 +313,76 @@ fn a_peak_the_trainer_records_reaches_the_report() {
     assert!(r.is_some(), "the largest recorded value reaches the store");
     agent.finish().expect("finish");
 }
+
+/// Issue 12, Deliver 3: the placer writes a starting assignment with the placement; the
+/// loop's very first step runs at it, not at m0.
+#[test]
+fn a_starting_assignment_is_applied_before_the_first_step() {
+    let rt = runtime();
+    let store = memory_store();
+    let start = BatchSizeAssignment {
+        task_id: "job-s".into(),
+        batch_size: 32,
+        lr_factor: 0.5,
+        lr_rule: LrScalingRule::Linear as i32,
+        round: 3,
+        ..Default::default()
+    };
+    rt.block_on(typed::put(
+        store.as_ref(),
+        &keys::task_assignment("job-s"),
+        &start,
+        None,
+    ))
+    .expect("placer's assignment");
+    let agent = builder(&store, "job-s").connect().expect("connect");
+    assert_eq!(agent.batch_size(), 32, "before any step");
+    assert_eq!(agent.lr_factor(), 0.5);
+    assert_eq!(agent.round(), 3);
+    // A loop that builds its data loader from poll_change() sees it once.
+    let change = agent.poll_change().expect("the starting change");
+    assert_eq!((change.batch_size, change.round), (32, 3));
+    assert_eq!(agent.poll_change(), None);
+    agent.finish().expect("finish");
+}
+
+/// Issue 12, point 2: the peak reported after a shrink is the new size's, labelled with it.
+#[test]
+fn reported_peak_memory_belongs_to_the_current_batch_size() {
+    let rt = runtime();
+    let store = memory_store();
+    let agent = builder(&store, "job-p").connect().expect("connect");
+    agent.record_peak_memory(6000);
+    agent.record_step(64, Duration::from_millis(10));
+    let first = wait_for(Duration::from_secs(5), || {
+        report(&rt, &store, "job-p").filter(|r| r.peak_mem_mib == Some(6000))
+    })
+    .expect("peak at 64 reported");
+    assert_eq!(first.peak_mem_batch_size, 64);
+    rt.block_on(typed::put(
+        store.as_ref(),
+        &keys::task_assignment("job-p"),
+        &BatchSizeAssignment {
+            task_id: "job-p".into(),
+            batch_size: 32,
+            round: 1,
+            ..Default::default()
+        },
+        None,
+    ))
+    .expect("shrink");
+    let change = wait_for(Duration::from_secs(5), || agent.poll_change()).expect("the shrink");
+    assert_eq!(change.batch_size, 32);
+    agent.record_peak_memory(4500);
+    agent.record_step(32, Duration::from_millis(5));
+    let after = wait_for(Duration::from_secs(5), || {
+        report(&rt, &store, "job-p").filter(|r| r.peak_mem_batch_size == 32)
+    })
+    .expect("a report at the new size");
+    assert_eq!(
+        after.peak_mem_mib,
+        Some(4500),
+        "not the 6000 of the larger size"
+    );
+    agent.finish().expect("finish");
+}

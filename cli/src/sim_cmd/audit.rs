@@ -5,8 +5,8 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::Context;
+use iadeep_placer::PlacerParams;
 use iadeep_sim::audit::{AuditRecord, AuditSummary, ErrorStats};
-use iadeep_sim::policy::iadeep::placement::sim_params;
 
 /// Writes `audit-<policy>.jsonl` under `out` and prints the summary on stderr.
 pub fn write(out: &Path, policy: &str, records: &[AuditRecord]) -> anyhow::Result<()> {
@@ -23,7 +23,7 @@ pub fn write(out: &Path, policy: &str, records: &[AuditRecord]) -> anyhow::Resul
     }
     file.flush()
         .with_context(|| format!("writing {}", path.display()))?;
-    let s = AuditSummary::of(records, sim_params().min_throughput_gain);
+    let s = AuditSummary::of(records, PlacerParams::default().min_throughput_gain);
     eprintln!("{}", summary_text(policy, &s));
     eprintln!("  decisions: {}", path.display());
     Ok(())

@@ -168,6 +168,7 @@ pub fn task_spec(pod: &Pod) -> Result<TaskSpec> {
         lr_rule: lr_rule as i32,
         total_samples: annotation(pod, "total-samples")?,
         submitted_at_unix_ms,
+        allowed_batch_sizes: Vec::new(),
     })
 }
 

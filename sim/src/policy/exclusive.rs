@@ -16,9 +16,8 @@ impl Policy for Exclusive {
     fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
         (0..view.devices())
             .find(|d| view.resident_count(*d) == 0)
-            .map_or(Decision::Queue, |device| Decision::Place {
-                device,
-                batch_size: task.batch_size,
+            .map_or(Decision::Queue, |device| {
+                Decision::place(device, task.batch_size)
             })
     }
 }

@@ -67,10 +67,7 @@ impl Policy for MostMemory {
         match best {
             Some((_, device)) => {
                 self.recovering.remove(&task.spec.id);
-                Decision::Place {
-                    device,
-                    batch_size: task.batch_size,
-                }
+                Decision::place(device, task.batch_size)
             }
             None => Decision::Queue,
         }

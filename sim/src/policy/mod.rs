@@ -14,23 +14,43 @@ pub mod util;
 use crate::view::{ClusterView, Waiting};
 
 /// Where a waiting task goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Start it on `device` at `batch_size`.
-    Place { device: usize, batch_size: u32 },
+    /// Start it on `device` at `batch_size`, after shrinking the residents in `shrinks`
+    /// (task id, batch size) to make room for it.
+    Place {
+        device: usize,
+        batch_size: u32,
+        shrinks: Vec<(usize, u32)>,
+    },
     /// Keep it waiting (the queue is FIFO: later tasks wait too).
     Queue,
 }
 
+impl Decision {
+    /// Start on `device` at `batch_size`, shrinking nobody.
+    pub fn place(device: usize, batch_size: u32) -> Decision {
+        Decision::Place {
+            device,
+            batch_size,
+            shrinks: Vec::new(),
+        }
+    }
+}
+
 /// The outcome of one tuning call on a device.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum TuneStep {
-    /// Apply these batch sizes (task id, batch size) and call again after the next
-    /// reporting interval, so the result can be measured.
-    Apply(Vec<(usize, u32)>),
-    /// Nothing to change now; call again after the next interval.
-    Wait,
-    /// The search is over until the residents change.
+    /// Apply these batch sizes (task id, batch size) and call again after `again_in_s`
+    /// (`None`: the engine's tuning interval), so the result can be measured.
+    Apply {
+        assignments: Vec<(usize, u32)>,
+        again_in_s: Option<f64>,
+    },
+    /// Nothing to change now; call again after `again_in_s` (`None`: the engine's
+    /// tuning interval).
+    Wait { again_in_s: Option<f64> },
+    /// Nothing to do until the residents change.
     Done,
 }
 
@@ -73,6 +93,13 @@ pub trait Policy {
     /// Whether the engine should call [`Policy::tune`] after residents change.
     fn tunes(&self) -> bool {
         false
+    }
+
+    /// Seconds after a change of a device's residents until the first [`Policy::tune`]
+    /// (`None`: the engine's tuning interval). A policy that keeps its own clock (the
+    /// iadeep tuner, driven by the agents' reports) asks to be called one report later.
+    fn first_tune_in_s(&self) -> Option<f64> {
+        None
     }
 
     /// One tuning round on `device`; the agents' reports reflect the previous round.

@@ -25,9 +25,8 @@ impl Policy for Packing {
                     .sum();
                 requested + task.spec.mem_request_mib <= capacity
             })
-            .map_or(Decision::Queue, |device| Decision::Place {
-                device,
-                batch_size: task.batch_size,
+            .map_or(Decision::Queue, |device| {
+                Decision::place(device, task.batch_size)
             })
     }
 }

@@ -160,10 +160,7 @@ impl Policy for Reference {
     fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
         self.collect(view);
         if let Some(device) = (0..view.devices()).find(|d| view.resident_count(*d) == 0) {
-            return Decision::Place {
-                device,
-                batch_size: task.batch_size,
-            };
+            return Decision::place(device, task.batch_size);
         }
         let mut best: Option<(f64, usize)> = None;
         for device in 0..view.devices() {
@@ -193,10 +190,7 @@ impl Policy for Reference {
                         },
                     );
                 }
-                Decision::Place {
-                    device,
-                    batch_size: task.batch_size,
-                }
+                Decision::place(device, task.batch_size)
             }
             _ => Decision::Queue,
         }
@@ -238,7 +232,10 @@ impl Policy for Reference {
         }
         if let Some(&size) = search.candidates.get(search.next) {
             search.next += 1;
-            return TuneStep::Apply(vec![(search.task, size)]);
+            return TuneStep::Apply {
+                assignments: vec![(search.task, size)],
+                again_in_s: None,
+            };
         }
         let best = search
             .tried
@@ -248,7 +245,10 @@ impl Policy for Reference {
         let task = search.task;
         self.searches.remove(&device);
         match best {
-            Some(size) if size != me.report.batch_size => TuneStep::Apply(vec![(task, size)]),
+            Some(size) if size != me.report.batch_size => TuneStep::Apply {
+                assignments: vec![(task, size)],
+                again_in_s: None,
+            },
             _ => TuneStep::Done,
         }
     }

@@ -63,9 +63,8 @@ impl Policy for LeastUtilised {
                 best = Some((used, device));
             }
         }
-        best.map_or(Decision::Queue, |(_, device)| Decision::Place {
-            device,
-            batch_size: task.batch_size,
+        best.map_or(Decision::Queue, |(_, device)| {
+            Decision::place(device, task.batch_size)
         })
     }
 

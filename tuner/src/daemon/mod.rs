@@ -1,75 +1,47 @@
-//! The tuner daemon: one per GPU, closing the loop between GP-LCB and the training jobs.
+//! The tuner daemon: one per GPU, driving the device's [`DeviceTuner`] over the state store.
 //!
 //! - [`device`]: what the card is (NVML or flags) and its leased `DeviceInfo` record;
-//! - [`tasks`]: range-then-watch over the tasks, picking the residents of this device;
-//! - [`knowledge`]: memory samples, out-of-memory sizes and solo step times per task, and the
-//!   candidate sizes and memory bounds that follow;
-//! - [`round`]: one round over the store as a [`crate::search::Evaluator`] (assign, wait for
-//!   fresh reports, Σ PD, co-location samples);
-//! - [`persist`]: the state a restarted tuner resumes from;
-//! - [`metrics`]: Prometheus text metrics;
-//! - [`control`]: the loop tying them to the [`crate::search::Controller`].
+//! - [`tasks`]: range-then-watch folds of the tasks and of the device's reservations;
+//! - [`driver`]: the store's changes in as the tuner's inputs, its actions out (assignment
+//!   rounds in one transaction, samples, persisted state);
+//! - [`metrics`]: Prometheus text metrics.
+//!
+//! Every decision is the [`DeviceTuner`]'s (`crate::device_tuner`), the same state machine
+//! the simulator drives in virtual time.
 
-pub mod control;
 pub mod device;
-pub mod knowledge;
+mod driver;
 pub mod metrics;
-pub mod persist;
-pub mod round;
 pub mod tasks;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use iadeep_proto::DeviceInfo;
 use iadeep_state::{StateStore, keys};
+use tokio::sync::{mpsc, watch};
 
+use crate::device_tuner::{DeviceTuner, DeviceTunerParams};
 use crate::error::{Result, TunerError};
-use crate::memory::MemoryModelParams;
-use crate::search::{ControllerParams, LcbParams};
 pub use device::DeviceFlags;
+pub use driver::JournalEntry;
 pub use metrics::Metrics;
-pub use round::RoundParams;
 
 /// Everything that tunes the daemon's behaviour (not the device's identity).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DaemonParams {
-    pub round: RoundParams,
-    /// Fraction of the card kept free when summing memory upper bounds.
-    pub memory_margin: f64,
-    /// Once settled, re-measure the running configuration this often (drift detection).
-    pub settled_interval: Duration,
-    /// How long to wait between looks when there is nothing to tune.
-    pub idle_poll: Duration,
+    /// The device tuner's parameters (the simulator uses the same defaults).
+    pub tuner: DeviceTunerParams,
     /// TTL of the device record's lease.
     pub lease_ttl: Duration,
-    pub lcb: LcbParams,
-    pub controller: ControllerParams,
-    pub memory: MemoryModelParams,
-    /// Seed of the search's sampling (reproducible runs).
-    pub seed: u64,
 }
 
 impl Default for DaemonParams {
-    /// Rounds wait up to 30 s for two reports per task (agents report every 2 s by default);
-    /// 10% of the card stays free (allocator fragmentation and workspaces the memory model
-    /// does not see); a settled configuration is re-measured every minute.
     fn default() -> Self {
         DaemonParams {
-            round: RoundParams {
-                timeout: Duration::from_secs(30),
-                reports_per_round: 2,
-            },
-            memory_margin: 0.10,
-            settled_interval: Duration::from_secs(60),
-            idle_poll: Duration::from_secs(1),
+            tuner: DeviceTunerParams::default(),
             lease_ttl: Duration::from_secs(10),
-            lcb: LcbParams::default(),
-            controller: ControllerParams::default(),
-            memory: MemoryModelParams::default(),
-            seed: 0,
         }
     }
 }
@@ -77,18 +49,10 @@ impl Default for DaemonParams {
 impl DaemonParams {
     /// Validates every part.
     pub fn check(&self) -> Result<()> {
-        self.round.check()?;
-        self.lcb.check()?;
-        self.memory.check()?;
-        if !(0.0..1.0).contains(&self.memory_margin) {
-            return Err(TunerError::InvalidParams(format!(
-                "memory margin must be in [0, 1), got {}",
-                self.memory_margin
-            )));
-        }
-        if self.idle_poll.is_zero() || self.lease_ttl < iadeep_state::store::MIN_LEASE_TTL {
+        self.tuner.check()?;
+        if self.lease_ttl < iadeep_state::store::MIN_LEASE_TTL {
             return Err(TunerError::InvalidParams(
-                "idle poll must be positive and the lease TTL at least 1 s".to_owned(),
+                "the lease TTL must be at least 1 s".to_owned(),
             ));
         }
         Ok(())
@@ -102,19 +66,16 @@ pub struct Daemon {
     info: DeviceInfo,
     params: DaemonParams,
     metrics: Arc<Metrics>,
+    journal: Option<mpsc::UnboundedSender<JournalEntry>>,
 }
 
-/// Stops the control loop and the background tasks when the daemon's future ends or is
-/// dropped (aborted), so a killed daemon never leaves a loop assigning batch sizes behind.
-struct StopGuard {
-    stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
+/// Aborts the background tasks when the daemon's future ends or is dropped (aborted), so a
+/// killed daemon never leaves a watch or a registration behind.
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
 
-impl Drop for StopGuard {
+impl Drop for AbortOnDrop {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in &self.tasks {
+        for t in &self.0 {
             t.abort();
         }
     }
@@ -140,7 +101,15 @@ impl Daemon {
             info,
             params,
             metrics: Arc::new(Metrics::default()),
+            journal: None,
         })
+    }
+
+    /// Sends every step of the device tuner (its inputs, the time, its actions) to
+    /// `journal`: to see why the tuner did what it did, or to replay a run offline.
+    pub fn with_journal(mut self, journal: mpsc::UnboundedSender<JournalEntry>) -> Daemon {
+        self.journal = Some(journal);
+        self
     }
 
     /// The metrics the daemon updates (serve them with [`metrics::serve`]).
@@ -149,46 +118,56 @@ impl Daemon {
     }
 
     /// Registers the device, follows its tasks and tunes them until `shutdown` resolves
-    /// (then the device record is deleted) or the future is dropped (then the record's lease
-    /// expires by itself). Returns early only on an error the loop cannot ride out.
+    /// (then the tuner's state is saved and the device record deleted) or the future is
+    /// dropped (then the record's lease expires by itself). Returns early only on an error
+    /// it cannot ride out (the persisted state cannot be read: resuming wrongly is worse
+    /// than not starting, so the operator must look at it).
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
         let Daemon {
             store,
             info,
             params,
             metrics,
+            journal,
         } = self;
         let registration =
             device::spawn_registration(store.clone(), info.clone(), params.lease_ttl);
-        let (tasks_rx, watcher) = tasks::spawn_watcher(store.clone());
-        let stop = Arc::new(AtomicBool::new(false));
-        let guard = StopGuard {
-            stop: stop.clone(),
-            tasks: vec![registration, watcher],
-        };
-        let control = control::ControlLoop::new(
-            tokio::runtime::Handle::current(),
+        let (tasks_rx, tasks_watch) =
+            tasks::spawn_watcher::<tasks::TaskTable>(store.clone(), keys::TASKS.to_owned());
+        let (residents_rx, residents_watch) = tasks::spawn_watcher::<tasks::ResidentsRecord>(
             store.clone(),
-            tasks_rx,
-            &info,
-            params,
-            stop.clone(),
-            metrics,
+            keys::device_residents(&info.device_id),
         );
-        let mut blocking = tokio::task::spawn_blocking(move || control.run());
+        let _background = AbortOnDrop(vec![registration, tasks_watch, residents_watch]);
+        let driver = driver::Driver::new(
+            store.clone(),
+            info.clone(),
+            tasks_rx,
+            residents_rx,
+            metrics.clone(),
+            journal,
+        );
+        let tuner: DeviceTuner = driver.tuner(params.tuner).await?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let running = driver.run(tuner, stop_rx);
+        tokio::pin!(running);
         tokio::pin!(shutdown);
         let result = tokio::select! {
-            joined = &mut blocking => joined,
+            result = &mut running => result,
             () = &mut shutdown => {
                 tracing::info!(device = %info.device_id, "shutting down");
-                stop.store(true, Ordering::Relaxed);
-                blocking.await
+                let _ = stop_tx.send(true);
+                running.await
             }
         };
-        drop(guard);
-        let result = result
-            .map_err(|e| TunerError::Daemon(format!("control loop panicked or was cancelled: {e}")))
-            .and_then(|r| r);
+        let result = match result {
+            Ok(tuner) => {
+                let state = tuner.persisted(iadeep_proto::now_unix_ms());
+                driver::save(store.as_ref(), &info.device_id, &state, &metrics).await;
+                Ok(())
+            }
+            Err(err) => Err(err),
+        };
         if let Err(err) = store.delete(&keys::device_info(&info.device_id)).await {
             tracing::warn!(%err, "cannot delete the device record; its lease will expire");
         }

@@ -1,20 +1,24 @@
-//! Task discovery: which tasks run on this device, and what they last reported.
+//! What the store says about the device's tasks, kept current by watches.
 //!
-//! One range over `keys::TASKS` followed by a watch from the snapshot's revision + 1 (no
-//! gap, no duplicate), folded into a [`TaskTable`] published through a
-//! `tokio::sync::watch` channel, so the closed loop both reads the residents and waits for
-//! fresh reports on the same, ordered view of the store. A task is resident when its
-//! `Placement.device_id` is this device, its spec is known, its `alive` key exists and its
-//! latest report does not say `finished`; it leaves when the alive key is deleted (the
-//! agent's lease ended) or it reports finished.
+//! Two folds, each a range followed by a watch from the snapshot's revision + 1 (no gap, no
+//! duplicate), published through `tokio::sync::watch` channels:
+//! - [`TaskTable`] over `keys::TASKS`: every task's spec, placement, `alive` key, latest
+//!   report and assignment;
+//! - [`ResidentsRecord`]: the device's `residents` key, the placer's reservations. It says
+//!   which tasks hold memory on the device, and its mod-revision is what the tuner's
+//!   assignment transaction compares: a placement decided meanwhile changes it, so a round
+//!   decided without the newcomer is never written.
+//!
+//! A reserved task *runs* when its `alive` key exists and its latest report does not say
+//! `finished`; a reserved task that does not run still holds its memory.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iadeep_proto::{Placement, TaskReport, TaskSpec};
-use iadeep_state::keys::{self, KeyKind};
-use iadeep_state::{KeyValue, StateStore, WatchEvent, typed};
+use iadeep_proto::{BatchSizeAssignment, DeviceResidents, Placement, TaskReport, TaskSpec};
+use iadeep_state::keys::KeyKind;
+use iadeep_state::{KeyValue, Revision, StateStore, WatchEvent, typed};
 use tokio::sync::watch;
 
 /// What the store says about one task.
@@ -24,6 +28,14 @@ pub struct TaskEntry {
     pub placement: Option<Placement>,
     pub alive: bool,
     pub report: Option<TaskReport>,
+    pub assignment: Option<BatchSizeAssignment>,
+}
+
+impl TaskEntry {
+    /// The task's agent holds its lease and has not reported finishing.
+    pub fn running(&self) -> bool {
+        self.alive && !self.report.as_ref().is_some_and(|r| r.finished)
+    }
 }
 
 /// Every task under `keys::TASKS`, as of `revision`.
@@ -34,20 +46,8 @@ pub struct TaskTable {
     pub revision: i64,
 }
 
-impl TaskTable {
-    /// Ids of the tasks resident on `device`, sorted (the order of the search space).
-    pub fn residents(&self, device: &str) -> Vec<String> {
-        self.tasks
-            .iter()
-            .filter(|(_, e)| {
-                e.alive
-                    && e.spec.is_some()
-                    && e.placement.as_ref().is_some_and(|p| p.device_id == device)
-                    && !e.report.as_ref().is_some_and(|r| r.finished)
-            })
-            .map(|(id, _)| id.clone())
-            .collect()
-    }
+impl Fold for TaskTable {
+    const WHAT: &'static str = "tasks";
 
     /// Folds one stored key in. Values that do not decode are logged and ignored: one bad
     /// writer must not stop the tuner of every other task on the device.
@@ -69,25 +69,33 @@ impl TaskTable {
                     self.tasks.entry(task).or_default().report = Some(r);
                 }
             }
+            KeyKind::TaskAssignment { task } => {
+                if let Some(a) = decode::<BatchSizeAssignment>(kv) {
+                    self.tasks.entry(task).or_default().assignment = Some(a);
+                }
+            }
             _ => {}
         }
         self.revision = self.revision.max(kv.mod_revision);
     }
 
     fn apply_delete(&mut self, key: &str, revision: i64) {
-        let (task, kind) = match KeyKind::parse(key) {
-            KeyKind::TaskSpec { task } => (task, 0),
-            KeyKind::TaskPlacement { task } => (task, 1),
-            KeyKind::TaskAlive { task } => (task, 2),
-            KeyKind::TaskReport { task } => (task, 3),
+        let kind = KeyKind::parse(key);
+        let task = match &kind {
+            KeyKind::TaskSpec { task }
+            | KeyKind::TaskPlacement { task }
+            | KeyKind::TaskAlive { task }
+            | KeyKind::TaskReport { task }
+            | KeyKind::TaskAssignment { task } => task.clone(),
             _ => return,
         };
         if let Some(entry) = self.tasks.get_mut(&task) {
             match kind {
-                0 => entry.spec = None,
-                1 => entry.placement = None,
-                2 => entry.alive = false,
-                _ => entry.report = None,
+                KeyKind::TaskSpec { .. } => entry.spec = None,
+                KeyKind::TaskPlacement { .. } => entry.placement = None,
+                KeyKind::TaskAlive { .. } => entry.alive = false,
+                KeyKind::TaskReport { .. } => entry.report = None,
+                _ => entry.assignment = None,
             }
             if entry == &TaskEntry::default() {
                 self.tasks.remove(&task);
@@ -95,6 +103,52 @@ impl TaskTable {
         }
         self.revision = self.revision.max(revision);
     }
+
+    fn set_revision(&mut self, revision: Revision) {
+        self.revision = revision;
+    }
+}
+
+/// The device's reservations as the placer wrote them, and the key's mod-revision
+/// (`None` when there is no record).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ResidentsRecord {
+    pub record: Option<DeviceResidents>,
+    pub mod_revision: Option<Revision>,
+    /// The record's key exists but does not decode: nothing may be assumed about the
+    /// device's memory until the placer rewrites it.
+    pub undecodable: bool,
+}
+
+impl Fold for ResidentsRecord {
+    const WHAT: &'static str = "residents record";
+
+    fn apply_put(&mut self, kv: &KeyValue) {
+        if !matches!(KeyKind::parse(&kv.key), KeyKind::DeviceResidents { .. }) {
+            return;
+        }
+        self.mod_revision = Some(kv.mod_revision);
+        self.record = decode::<DeviceResidents>(kv);
+        self.undecodable = self.record.is_none();
+    }
+
+    fn apply_delete(&mut self, key: &str, _revision: i64) {
+        if matches!(KeyKind::parse(key), KeyKind::DeviceResidents { .. }) {
+            *self = ResidentsRecord::default();
+        }
+    }
+
+    fn set_revision(&mut self, _revision: Revision) {}
+}
+
+/// A value kept current from the puts and deletes under one prefix.
+pub trait Fold: Default + Clone + Send + Sync + 'static {
+    /// What it follows, for logs.
+    const WHAT: &'static str;
+    fn apply_put(&mut self, kv: &KeyValue);
+    fn apply_delete(&mut self, key: &str, revision: Revision);
+    /// The revision of the snapshot it was built from.
+    fn set_revision(&mut self, revision: Revision);
 }
 
 fn decode<M: prost::Message + Default>(kv: &KeyValue) -> Option<M> {
@@ -107,22 +161,24 @@ fn decode<M: prost::Message + Default>(kv: &KeyValue) -> Option<M> {
     }
 }
 
-/// Keeps a [`TaskTable`] current in the background until the receiver side is dropped.
+/// Keeps a [`Fold`] of everything under `prefix` current in the background until every
+/// receiver is dropped.
 ///
 /// Store errors (a broken watch, a compacted revision, an unreachable store) are logged and
-/// followed by a fresh range-then-watch after a back-off: the table is then rebuilt from the
-/// snapshot, so nothing is lost, and readers keep the last table meanwhile.
-pub fn spawn_watcher(
+/// followed by a fresh range-then-watch after a back-off: the value is then rebuilt from the
+/// snapshot, so nothing is lost, and readers keep the last value meanwhile.
+pub fn spawn_watcher<F: Fold>(
     store: Arc<dyn StateStore>,
-) -> (watch::Receiver<TaskTable>, tokio::task::JoinHandle<()>) {
-    let (tx, rx) = watch::channel(TaskTable::default());
+    prefix: String,
+) -> (watch::Receiver<F>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = watch::channel(F::default());
     let handle = tokio::spawn(async move {
         let mut backoff = Duration::from_millis(100);
         loop {
-            match follow(store.as_ref(), &tx).await {
+            match follow(store.as_ref(), &prefix, &tx).await {
                 Ok(()) => return, // every receiver is gone
                 Err(err) => {
-                    tracing::warn!(%err, retry_in = ?backoff, "task watch failed; re-reading the tasks");
+                    tracing::warn!(%err, what = F::WHAT, retry_in = ?backoff, "watch failed; reading again");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
@@ -132,25 +188,25 @@ pub fn spawn_watcher(
     (rx, handle)
 }
 
-async fn follow(
+async fn follow<F: Fold>(
     store: &dyn StateStore,
-    tx: &watch::Sender<TaskTable>,
+    prefix: &str,
+    tx: &watch::Sender<F>,
 ) -> Result<(), iadeep_state::StateError> {
-    let snapshot = store.range(keys::TASKS).await?;
-    let mut table = TaskTable::default();
+    let snapshot = store.range(prefix).await?;
+    let mut value = F::default();
     for kv in &snapshot.kvs {
-        table.apply_put(kv);
+        value.apply_put(kv);
     }
-    table.revision = snapshot.revision;
+    value.set_revision(snapshot.revision);
     tracing::debug!(
-        tasks = table.tasks.len(),
-        revision = table.revision,
-        "task snapshot read"
+        what = F::WHAT,
+        keys = snapshot.kvs.len(),
+        revision = snapshot.revision,
+        "snapshot read"
     );
-    tx.send_replace(table);
-    let mut events = store
-        .watch(keys::TASKS, Some(snapshot.revision + 1))
-        .await?;
+    tx.send_replace(value);
+    let mut events = store.watch(prefix, Some(snapshot.revision + 1)).await?;
     loop {
         tokio::select! {
             event = events.next() => match event {
@@ -163,8 +219,8 @@ async fn follow(
                 Some(Err(err)) => return Err(err),
                 None => {
                     return Err(iadeep_state::StateError::Backend {
-                        op: "watch tasks",
-                        target: keys::TASKS.to_owned(),
+                        op: "watch",
+                        target: prefix.to_owned(),
                         reason: "the store closed the watch".to_owned(),
                     });
                 }
@@ -177,6 +233,7 @@ async fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use iadeep_state::keys;
 
     fn kv(key: String, value: Vec<u8>, rev: i64) -> KeyValue {
         KeyValue {
@@ -190,39 +247,65 @@ mod tests {
     }
 
     #[test]
-    fn residents_need_placement_here_spec_and_alive_and_leave_when_finished_or_dead() {
+    fn a_task_runs_while_alive_and_not_finished_and_its_keys_fold_in() {
         use prost::Message;
         let mut t = TaskTable::default();
         let spec = TaskSpec {
             task_id: "a".into(),
             ..Default::default()
         };
-        let here = Placement {
+        t.apply_put(&kv(keys::task_spec("a"), spec.encode_to_vec(), 1));
+        assert!(!t.tasks["a"].running(), "not alive yet");
+        t.apply_put(&kv(keys::task_alive("a"), b"pid 1".to_vec(), 3));
+        assert!(t.tasks["a"].running());
+        let assignment = BatchSizeAssignment {
             task_id: "a".into(),
-            device_id: "gpu0".into(),
+            batch_size: 64,
+            round: 7,
             ..Default::default()
         };
-        t.apply_put(&kv(keys::task_spec("a"), spec.encode_to_vec(), 1));
-        t.apply_put(&kv(keys::task_placement("a"), here.encode_to_vec(), 2));
-        assert!(t.residents("gpu0").is_empty(), "not alive yet");
-        t.apply_put(&kv(keys::task_alive("a"), b"pid 1".to_vec(), 3));
-        assert_eq!(t.residents("gpu0"), vec!["a".to_owned()]);
-        assert!(t.residents("gpu1").is_empty());
+        t.apply_put(&kv(
+            keys::task_assignment("a"),
+            assignment.encode_to_vec(),
+            4,
+        ));
+        assert_eq!(t.tasks["a"].assignment.as_ref().map(|a| a.round), Some(7));
         let finished = TaskReport {
             finished: true,
             ..Default::default()
         };
-        t.apply_put(&kv(keys::task_report("a"), finished.encode_to_vec(), 4));
-        assert!(t.residents("gpu0").is_empty(), "finished");
+        t.apply_put(&kv(keys::task_report("a"), finished.encode_to_vec(), 5));
+        assert!(!t.tasks["a"].running(), "finished");
         t.apply_put(&kv(
             keys::task_report("a"),
             TaskReport::default().encode_to_vec(),
-            5,
+            6,
         ));
-        assert_eq!(t.residents("gpu0").len(), 1);
-        t.apply_delete(&keys::task_alive("a"), 6);
-        assert!(t.residents("gpu0").is_empty(), "lease gone");
-        assert_eq!(t.revision, 6);
+        assert!(t.tasks["a"].running());
+        t.apply_delete(&keys::task_alive("a"), 7);
+        assert!(!t.tasks["a"].running(), "lease gone");
+        assert_eq!(t.revision, 7);
+    }
+
+    #[test]
+    fn the_residents_record_keeps_its_revision_and_says_when_it_does_not_decode() {
+        use prost::Message;
+        let mut r = ResidentsRecord::default();
+        let record = DeviceResidents {
+            device_id: "gpu0".into(),
+            reservations: Vec::new(),
+        };
+        r.apply_put(&kv(
+            keys::device_residents("gpu0"),
+            record.encode_to_vec(),
+            9,
+        ));
+        assert_eq!(r.mod_revision, Some(9));
+        assert!(r.record.is_some() && !r.undecodable);
+        r.apply_put(&kv(keys::device_residents("gpu0"), vec![0xff, 0xff], 10));
+        assert!(r.record.is_none() && r.undecodable);
+        r.apply_delete(&keys::device_residents("gpu0"), 11);
+        assert_eq!(r, ResidentsRecord::default());
     }
 
     #[test]

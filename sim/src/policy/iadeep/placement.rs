@@ -1,31 +1,24 @@
-//! iadeep's placement in the simulator: the placer crate's own decision
-//! ([`iadeep_placer::Placer::decide`]), the function the placement daemon runs, over
-//! an [`iadeep_placer::ClusterView`] that this module keeps in sync with what the
-//! emulated agents report (specs, reports, placements and releases), never with the
-//! simulator's ground truth.
-//!
-//! Two choices are specific to the simulator, both because its tuner keeps running
-//! tasks at the batch size it last applied until the next round:
-//!
-//! - a waiting task's smallest batch size, for the placer's footprint, is the batch
-//!   size it will start at (m0, or less after out-of-memory crashes): the placer's
-//!   rule assumes the tuner shrinks batch sizes at once when a task joins, which the
-//!   simulated tuner does only after its first round;
-//! - a resident's reservation is the larger of what the placer reserved and the
-//!   peak memory its agent last reported while running, so memory a tuner round
-//!   added is counted (the placer counts `max(reserved, footprint)`).
+//! iadeep's placement in the simulator: the placement service the daemon runs
+//! ([`iadeep_placer::PlacementService`]), with the production defaults, over an
+//! in-memory embedded store and a view this module keeps up to date with what the
+//! emulated agents report (their reports, their `alive` keys) and what the device tuners
+//! assign, as the daemon's store watch does; never with the simulator's ground truth.
+//! Every Place is the service's: the same decision, the same reservation transaction
+//! (with the newcomer's starting assignment and the shrinks of residents that make room
+//! for it), the same waiting set with its expiry. Its clock is the simulated one.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use iadeep_placer::model::{ModelledMemory, SlowdownEstimate, SlowdownModel};
 use iadeep_placer::policy::Assessment;
 use iadeep_placer::view::profile_of;
-use iadeep_placer::{Placer, PlacerParams, Verdict};
+use iadeep_placer::{Clock, PlacementService, Placer, PlacerParams, Verdict};
 use iadeep_proto::{
-    CoLocationSample, DeviceInfo, DeviceResidents, Reservation, SoloProfile, TaskProfile,
-    TaskReport, TaskSpec as ProtoSpec,
+    BatchSizeAssignment, CoLocationSample, DeviceInfo, SoloProfile, TaskProfile, TaskReport,
+    TaskSpec as ProtoSpec, place_response,
 };
+use iadeep_state::{EmbeddedStore, StateStore, keys, typed};
 
 use crate::audit::{AuditCandidate, AuditRecord, Slowdowns};
 use crate::policy::Decision;
@@ -90,21 +83,14 @@ impl SlowdownModel for SharedPredictor {
     }
 }
 
-/// The placer's parameters in the simulator: the daemon's defaults except the fixed
-/// per-process margin (`memory_margin_mib` 0 instead of 256): the simulated agents'
-/// peak memory is the whole process's, CUDA context included, and with the extra
-/// 256 MiB the largest trace jobs no longer fit an idle card they run on alone.
-/// The simulator has no SM or DRAM-bandwidth utilisation in its profiles, so those
-/// caps never bind.
-pub fn sim_params() -> PlacerParams {
-    PlacerParams {
-        memory_margin_mib: 0,
-        ..PlacerParams::default()
-    }
+/// The key of simulated task `id` (one store key segment).
+pub fn task_key(id: usize) -> String {
+    format!("task-{id}")
 }
 
-fn task_key(id: usize) -> String {
-    format!("task-{id}")
+/// The simulated task a key names.
+pub fn task_of(key: &str) -> Option<usize> {
+    key.strip_prefix("task-")?.parse().ok()
 }
 
 fn device_key(device: usize) -> String {
@@ -115,22 +101,21 @@ fn device_key(device: usize) -> String {
 /// of 0 as "not stated", and the first trace job is submitted at time 0.
 const EPOCH_UNIX_MS: i64 = 1_600_000_000_000;
 
-fn unix_ms(now_s: f64) -> i64 {
+/// Simulated seconds as the Unix ms the placement service and the tuners see.
+pub fn unix_ms(now_s: f64) -> i64 {
     EPOCH_UNIX_MS + (now_s * 1000.0).round() as i64
 }
 
-/// A submitted spec as the placer's protobuf spec; `start_batch` is the smallest
-/// batch size the placer sizes memory for (see the module doc).
-fn proto_spec(spec: &TaskSpec, start_batch: u32, kind: &str) -> ProtoSpec {
+/// A task as its submitter sends it to the placer: the spec with its solo profile at m0
+/// (a profiling run on this kind of GPU), the batch sizes it can run at, and no memory
+/// request (the trace's requests are capped at the whole card; the profile sizes the task).
+pub fn proto_spec(spec: &TaskSpec, kind: &str) -> ProtoSpec {
     ProtoSpec {
         task_id: task_key(spec.id),
         model: spec.model.clone(),
         initial_batch_size: spec.m0,
-        min_batch_size: start_batch,
+        min_batch_size: spec.batch_sizes.first().copied().unwrap_or(spec.m0),
         max_batch_size: spec.batch_sizes.last().copied().unwrap_or(spec.m0),
-        // Not the trace's request: the workload caps it at the whole card, and the
-        // placer takes it as a floor, so such a job would fit no card at all even
-        // alone. The measured solo profile sizes the task instead.
         gpu_mem_request_mib: 0,
         profile: Some(SoloProfile {
             batch_size: spec.m0,
@@ -142,11 +127,15 @@ fn proto_spec(spec: &TaskSpec, start_batch: u32, kind: &str) -> ProtoSpec {
         }),
         total_samples: Some(spec.total_samples.max(0.0).round() as u64),
         submitted_at_unix_ms: unix_ms(spec.submit_s),
+        // The sizes the world has measurements for, as a job states the sizes it can run.
+        allowed_batch_sizes: spec.batch_sizes.clone(),
         ..ProtoSpec::default()
     }
 }
 
-fn proto_report(r: &Resident<'_>, device: usize, now_ms: i64) -> TaskReport {
+/// What the task's agent reports now, under assignment `round`: the peak memory of the
+/// batch size it runs at (the agent restarts its peak with each batch size).
+pub fn proto_report(r: &Resident<'_>, device: usize, round: u64, now_ms: i64) -> TaskReport {
     TaskReport {
         task_id: task_key(r.spec.id),
         device_id: device_key(device),
@@ -158,67 +147,100 @@ fn proto_report(r: &Resident<'_>, device: usize, now_ms: i64) -> TaskReport {
             0.0
         },
         peak_mem_mib: r.report.running.then_some(r.report.peak_mem_mib),
+        peak_mem_batch_size: r.report.batch_size,
         grad_noise_scale: r.report.grad_noise_scale,
         samples_done: r.report.samples_done.max(0.0).round() as u64,
         oom_batch_size: r.report.oom_batch_size,
         seq: r.report.seq,
         reported_at_unix_ms: now_ms,
+        assignment_round: round,
         ..TaskReport::default()
     }
 }
 
-/// The placer and the view it decides on.
+/// The placement service and what keeps its view current.
 #[derive(Debug)]
 pub struct SimPlacement {
-    placer: Placer,
-    view: iadeep_placer::ClusterView,
-    /// Per device, the (task, report seq, running) triples last applied to the view.
+    service: PlacementService,
+    /// The service's view, which this module keeps current as the daemon's sync does.
+    view: Arc<RwLock<iadeep_placer::ClusterView>>,
+    store: Arc<dyn StateStore>,
+    /// The simulated time the service's clock reads, Unix ms.
+    now_ms: Arc<AtomicI64>,
+    devices: usize,
+    /// Per device, the (task, report seq, running) triples last put into the view.
     applied: Vec<Vec<(usize, u64, bool)>>,
-    /// What the placer reserved for each placed task, MiB.
-    reserved: HashMap<usize, u64>,
-    /// Start batch size of each placed task (the spec's smallest batch, see module doc).
-    start_batch: HashMap<usize, u32>,
-    revision: i64,
-    /// The tasks noted as waiting in the placer's view, and the engine's
-    /// [`ClusterView::waiting_version`] they were taken from.
-    waiting: HashSet<usize>,
-    waiting_version: Option<u64>,
     /// The retry hint of the last decision, when the placer said "queue".
     pub retry_after: Option<std::time::Duration>,
     /// Decisions recorded for the placement audit, when it is on (see [`crate::audit`]).
     pub audit: Option<Vec<AuditRecord>>,
 }
 
+fn policy_error(reason: impl std::fmt::Display) -> crate::SimError {
+    crate::SimError::Policy {
+        policy: "iadeep".into(),
+        reason: reason.to_string(),
+    }
+}
+
 impl SimPlacement {
-    /// A placer deciding with `slowdown`.
+    /// A placement service deciding with `slowdown` and the production parameters.
     pub fn new(slowdown: Arc<dyn SlowdownModel>) -> crate::Result<SimPlacement> {
-        let placer = Placer::new(sim_params(), slowdown).map_err(|e| crate::SimError::Policy {
-            policy: "iadeep".into(),
-            reason: format!("placer parameters: {e}"),
-        })?;
+        let placer = Placer::new(PlacerParams::default(), slowdown)
+            .map_err(|e| policy_error(format!("placer parameters: {e}")))?;
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().map_err(|e| policy_error(format!("store: {e}")))?);
+        let view = Arc::new(RwLock::new(iadeep_placer::ClusterView::new(Arc::new(
+            ModelledMemory,
+        ))));
+        let now_ms = Arc::new(AtomicI64::new(EPOCH_UNIX_MS));
+        let clock = {
+            let now_ms = now_ms.clone();
+            Clock::from_fn(move || now_ms.load(Ordering::Relaxed))
+        };
+        let service = PlacementService::new(
+            store.clone(),
+            view.clone(),
+            Arc::new(placer),
+            Arc::new(iadeep_placer::metrics::PlacerMetrics::default()),
+        )
+        .with_clock(clock);
         Ok(SimPlacement {
-            placer,
-            view: iadeep_placer::ClusterView::new(Arc::new(ModelledMemory)),
+            service,
+            view,
+            store,
+            now_ms,
+            devices: 0,
             applied: Vec::new(),
-            reserved: HashMap::new(),
-            start_batch: HashMap::new(),
-            revision: 0,
-            waiting: HashSet::new(),
-            waiting_version: None,
             retry_after: None,
             audit: None,
         })
     }
 
-    /// Brings the placer's view up to date with the agents' reports: registers new
-    /// devices, and rewrites a device's residents record when its residents or their
-    /// reports changed since the last decision.
-    fn sync(&mut self, view: &dyn ClusterView) {
+    /// Runs a store call of the service to completion on the calling thread. The
+    /// simulation is synchronous, and the service's store calls on the in-memory store
+    /// need no runtime (a writer thread answers them over channels), so any caller may
+    /// run the simulation, in an async context or not. Inside a Tokio task (the CLI runs
+    /// in one) Tokio's cooperative budget would run out after a hundred-odd store calls
+    /// and, with no runtime here to refill it, every poll would answer "pending" for
+    /// ever: `unconstrained` takes these polls out of the budget.
+    fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        futures::executor::block_on(tokio::task::unconstrained(future))
+    }
+
+    fn view_mut(&self) -> std::sync::RwLockWriteGuard<'_, iadeep_placer::ClusterView> {
+        self.view.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers new devices and puts the agents' latest reports into the view (as the
+    /// daemon's watch delivers them). `round_of` is the assignment round each task runs
+    /// under.
+    fn sync(&mut self, view: &dyn ClusterView, round_of: &dyn Fn(usize) -> u64) {
+        self.now_ms.store(unix_ms(view.now_s()), Ordering::Relaxed);
         let kind = view.device_kind().to_owned();
-        let now_ms = unix_ms(view.now_s());
-        while self.applied.len() < view.devices() {
-            let device = self.applied.len();
-            self.view.upsert_device(DeviceInfo {
+        while self.devices < view.devices() {
+            let device = self.devices;
+            self.view_mut().upsert_device(DeviceInfo {
                 device_id: device_key(device),
                 index: device as u32,
                 memory_mib: view.capacity_mib(),
@@ -226,173 +248,129 @@ impl SimPlacement {
                 ..DeviceInfo::default()
             });
             self.applied.push(Vec::new());
+            self.devices += 1;
         }
+        let now_ms = unix_ms(view.now_s());
         for device in 0..view.devices() {
             if view.resident_count(device) == 0 && self.applied[device].is_empty() {
                 continue;
             }
             let residents = view.residents(device);
-            let same = residents.len() == self.applied[device].len()
-                && residents
-                    .iter()
-                    .zip(&self.applied[device])
-                    .all(|(r, a)| (r.spec.id, r.report.seq, r.report.running) == (a.0, a.1, a.2));
-            if same {
-                continue;
-            }
-            let mut reservations = Vec::with_capacity(residents.len());
-            for r in &residents {
-                self.view.set_report(proto_report(r, device, now_ms));
-                let start = self
-                    .start_batch
-                    .get(&r.spec.id)
-                    .copied()
-                    .unwrap_or(r.report.batch_size);
-                let placed = self.reserved.get(&r.spec.id).copied().unwrap_or(0);
-                let reported = if r.report.running {
-                    r.report.peak_mem_mib
-                } else {
-                    0
-                };
-                reservations.push(Reservation {
-                    task_id: task_key(r.spec.id),
-                    reserved_mem_mib: placed.max(reported),
-                    placed_at_unix_ms: now_ms,
-                    spec: Some(proto_spec(r.spec, start, &kind)),
-                });
-            }
-            self.revision += 1;
-            let record = (!reservations.is_empty()).then(|| DeviceResidents {
-                device_id: device_key(device),
-                reservations,
-            });
-            self.view
-                .apply_residents(&device_key(device), record, self.revision);
-            self.applied[device] = residents
+            let now: Vec<(usize, u64, bool)> = residents
                 .iter()
                 .map(|r| (r.spec.id, r.report.seq, r.report.running))
                 .collect();
-        }
-    }
-
-    /// Tells the placer's view which tasks wait for a device: every task submitted and
-    /// not running, as the engine knows it (the daemon learns the same set from the
-    /// tasks it answered "queue"). They never expire here: the simulator knows exactly
-    /// when one is placed, and it is then forgotten.
-    fn sync_waiting(&mut self, view: &dyn ClusterView) {
-        let version = view.waiting_version();
-        if self.waiting_version == Some(version) {
-            return;
-        }
-        self.waiting_version = Some(version);
-        let kind = view.device_kind().to_owned();
-        let now_ms = unix_ms(view.now_s());
-        let waiting = view.waiting();
-        let now: HashSet<usize> = waiting.iter().map(|spec| spec.id).collect();
-        for gone in self.waiting.difference(&now) {
-            self.view.forget_waiting(&task_key(*gone));
-        }
-        for spec in waiting {
-            if !self.waiting.contains(&spec.id) {
-                self.view
-                    .note_waiting(&proto_spec(spec, spec.m0, &kind), now_ms, i64::MAX);
+            if now == self.applied[device] {
+                continue;
             }
+            let mut placer_view = self.view_mut();
+            for r in &residents {
+                let task = task_key(r.spec.id);
+                if r.report.running {
+                    placer_view.set_alive(&task);
+                }
+                placer_view.set_report(proto_report(r, device, round_of(r.spec.id), now_ms));
+            }
+            drop(placer_view);
+            self.applied[device] = now;
         }
-        self.waiting = now;
     }
 
-    /// The placer's decision for a waiting task. A "queue" verdict keeps it waiting;
-    /// the engine asks again at the next event.
-    ///
-    /// The verdict is the one [`Placer::decide`] gives (the same assessment and
-    /// verdict functions), without the explanation the daemon sends to its clients:
-    /// formatting it for every waiting task at every event cost the simulator more
-    /// than the decision itself, and nobody reads it here.
-    pub fn decide(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
+    /// The placement service's decision for a waiting task, committed as the daemon
+    /// commits it. A "queue" verdict keeps the task waiting; the engine asks again.
+    pub fn decide(
+        &mut self,
+        view: &dyn ClusterView,
+        task: Waiting<'_>,
+        spec_of: &dyn Fn(&TaskSpec) -> ProtoSpec,
+        round_of: &dyn Fn(usize) -> u64,
+    ) -> crate::Result<(Decision, Vec<BatchSizeAssignment>)> {
         self.retry_after = None;
-        self.sync(view);
-        self.sync_waiting(view);
-        let now_ms = unix_ms(view.now_s());
-        let spec = proto_spec(task.spec, task.batch_size, view.device_kind());
-        let assessment = self.placer.assess_limited(
-            &self.view,
-            &spec,
-            &[],
-            now_ms,
-            self.placer.params().max_scored_devices,
-        );
-        let verdict = self.placer.verdict(&spec, &assessment);
-        if let Some(records) = self.audit.as_mut() {
-            records.push(audit_record(
-                &self.placer,
-                &self.view,
-                view,
-                task,
-                &spec,
-                &assessment,
-                &verdict,
-            ));
+        self.sync(view, round_of);
+        let spec = spec_of(task.spec);
+        if self.audit.is_some() {
+            self.record_audit(view, task, &spec);
         }
-        match verdict {
-            Verdict::Place {
-                device_id,
-                reserved_mem_mib,
-            } => {
-                let Some(device) = device_id
+        let outcome = self
+            .block_on(self.service.place(spec, Vec::new()))
+            .map_err(|e| policy_error(format!("place: {e}")))?;
+        match outcome.decision {
+            place_response::Decision::Placed(placement) => {
+                let device = placement
+                    .device_id
                     .strip_prefix("gpu-")
                     .and_then(|d| d.parse::<usize>().ok())
                     .filter(|d| *d < view.devices())
-                else {
-                    tracing::warn!(%device_id, "placer chose a device the simulator does not have; task waits");
-                    return Decision::Queue;
-                };
-                self.reserved.insert(task.spec.id, reserved_mem_mib);
-                self.start_batch.insert(task.spec.id, task.batch_size);
-                Decision::Place {
+                    .ok_or_else(|| {
+                        policy_error(format!("placed on unknown device {}", placement.device_id))
+                    })?;
+                let shrinks = outcome
+                    .assignments
+                    .iter()
+                    .filter(|a| a.task_id != placement.task_id)
+                    .filter_map(|a| Some((task_of(&a.task_id)?, a.batch_size)))
+                    .collect();
+                let decision = Decision::Place {
                     device,
-                    batch_size: task.batch_size,
-                }
+                    batch_size: placement.batch_size,
+                    shrinks,
+                };
+                Ok((decision, outcome.assignments))
             }
-            Verdict::Queue {
-                retry_after,
-                reason,
-            } => {
-                // Trace jobs whose profiled peak is the whole card fit no card after
-                // the placer's margin; they ran alone in the trace, so they run alone
-                // on an idle card here rather than wait forever.
-                let usable =
-                    view.capacity_mib() as f64 * (1.0 - self.placer.params().memory_margin_frac);
-                if task.spec.solo_peak_mem_mib as f64 > usable
-                    && let Some(device) = (0..view.devices()).find(|d| view.resident_count(*d) == 0)
-                {
-                    tracing::debug!(
-                        task = task.spec.id,
-                        device,
-                        "too large for the placer's margin; runs alone"
-                    );
-                    self.start_batch.insert(task.spec.id, task.batch_size);
-                    if let Some(record) = self.audit.as_mut().and_then(|a| a.last_mut()) {
-                        record.verdict = "place";
-                        record.device = Some(device);
-                        record.placed_idle = true;
-                    }
-                    return Decision::Place {
-                        device,
-                        batch_size: task.batch_size,
-                    };
-                }
-                tracing::trace!(task = task.spec.id, ?retry_after, %reason, "placer queues");
-                self.retry_after = Some(retry_after);
-                Decision::Queue
+            place_response::Decision::Queued(q) => {
+                self.retry_after = Some(std::time::Duration::from_millis(q.retry_after_ms));
+                Ok((Decision::Queue, Vec::new()))
             }
         }
     }
 
-    /// Forgets a finished task (its device's record is rewritten at the next sync).
-    pub fn forget(&mut self, task: usize) {
-        self.reserved.remove(&task);
-        self.start_batch.remove(&task);
-        self.view.remove_report(&task_key(task));
+    /// Records a device tuner's assignment in the store and the view (the placer counts
+    /// the task at it, and its next placement on the device compares it).
+    pub fn assigned(&mut self, assignment: &BatchSizeAssignment) -> crate::Result<()> {
+        let key = keys::task_assignment(&assignment.task_id);
+        let revision = self
+            .block_on(typed::put(self.store.as_ref(), &key, assignment, None))
+            .map_err(|e| policy_error(format!("assignment: {e}")))?;
+        self.view_mut().set_assignment(assignment.clone(), revision);
+        Ok(())
+    }
+
+    /// Releases a finished task, as its orchestrator does.
+    pub fn release(&mut self, task: usize) -> crate::Result<()> {
+        self.block_on(self.service.release(&task_key(task)))
+            .map_err(|e| policy_error(format!("release: {e}")))?;
+        let mut view = self.view_mut();
+        view.remove_report(&task_key(task));
+        view.set_not_alive(&task_key(task), self.now_ms.load(Ordering::Relaxed));
+        Ok(())
+    }
+
+    /// The audit record of the decision about to be made: the same pure assessment the
+    /// service makes, on the same view at the same time.
+    fn record_audit(&mut self, view: &dyn ClusterView, task: Waiting<'_>, spec: &ProtoSpec) {
+        let placer_view = self.view.read().unwrap_or_else(|e| e.into_inner());
+        let placer = self.service.placer();
+        let assessment = placer.assess_limited(
+            &placer_view,
+            spec,
+            &[],
+            self.now_ms.load(Ordering::Relaxed),
+            placer.params().max_scored_devices,
+        );
+        let verdict = placer.verdict(spec, &assessment);
+        let record = audit_record(
+            placer,
+            &placer_view,
+            view,
+            task,
+            spec,
+            &assessment,
+            &verdict,
+        );
+        drop(placer_view);
+        if let Some(records) = self.audit.as_mut() {
+            records.push(record);
+        }
     }
 }
 
@@ -523,5 +501,43 @@ fn audit_record(
         started_s: None,
         residents_done_s: None,
         drained_s: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CLI runs the simulator inside a Tokio task; thousands of store calls there
+    /// must not exhaust Tokio's cooperative budget (they spun for ever before). The
+    /// calls run on their own thread so that a regression fails here (after a bound far
+    /// above the second they take) instead of hanging the test run.
+    #[test]
+    fn store_calls_complete_inside_a_tokio_task() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let predictor =
+                SimPredictor::new(crate::policy::iadeep::REFIT_EVERY).expect("predictor");
+            let mut placement =
+                SimPlacement::new(Arc::new(SharedPredictor::new(predictor))).expect("service");
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                for round in 0..1_000u64 {
+                    let assignment = BatchSizeAssignment {
+                        task_id: "t0".into(),
+                        batch_size: 32,
+                        round,
+                        ..Default::default()
+                    };
+                    placement.assigned(&assignment).expect("assignment stored");
+                }
+            });
+            let _ = done.send(());
+        });
+        finished
+            .recv_timeout(std::time::Duration::from_secs(300))
+            .expect("1,000 store calls inside a Tokio task never finished");
     }
 }

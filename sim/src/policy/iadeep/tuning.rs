@@ -1,288 +1,151 @@
-//! The per-device tuner loop, driven by the engine's tuning rounds: the tuner crate's
-//! GP-LCB [`Controller`] (stopping rule, hysteresis) over the joint batch sizes of
-//! the device's residents, its memory constraint from the tuner's conservative
-//! memory model of each task, and Σ PD measured from the agents' reports with the
-//! tuner's own [`PdInput`]. One configuration per reporting interval: the engine
-//! applies it, the emulated agents report, the next round measures it.
+//! The device tuners in the simulator: each GPU's [`DeviceTuner`], the tuner crate's state
+//! machine that the daemon drives over the store, driven here in virtual time by what the
+//! emulated agents report.
+//!
+//! The driver only translates, as the daemon's does: the device's residents become
+//! `Joined` / `Reserved` / `Left` inputs, the placer's starting and shrinking assignments
+//! `Assigned` inputs, each emulated agent's latest report a `Report`, all stamped with the
+//! simulated clock; the tuner's assignments go back to the engine, its samples to the
+//! predictor. The engine calls again when the tuner wants the next reports (one agent
+//! report interval later) or at its next wake-up (a round's timeout, a settled check).
 
-use iadeep_tuner::degradation::PdInput;
-use iadeep_tuner::search::{
-    Controller, ControllerParams, Decision as TunerDecision, GpLcb, LcbParams, MemoryConstraint,
-    SearchSpace,
-};
+use std::collections::BTreeMap;
 
-use crate::policy::iadeep::knowledge::Knowledge;
-use crate::view::Resident;
+use iadeep_proto::{BatchSizeAssignment, CoLocationSample, DeviceInfo, TaskSpec as ProtoSpec};
+use iadeep_tuner::device_tuner::{Action, DeviceTuner, DeviceTunerParams, Input};
 
-/// Hard cap on rounds per search (the stopping rule usually ends it sooner).
-pub const MAX_ROUNDS: usize = 12;
+use crate::policy::iadeep::placement::{proto_report, task_key, unix_ms};
+use crate::view::ClusterView;
 
-/// Once settled, the running configuration is re-measured every this many reporting
-/// intervals, to notice drift (the daemon's `settled_interval`). Spaced wider than the
-/// daemon's one minute because every re-measurement is an observation the search's
-/// Gaussian process keeps, and a task can run for a day.
-pub const SETTLED_EVERY: usize = 5;
+/// How often an emulated agent reports, seconds: the real agent's default
+/// (`iadeep_agent::DEFAULT_REPORT_INTERVAL`; an integration test checks they agree).
+pub const AGENT_REPORT_INTERVAL_S: f64 = 2.0;
 
-/// The search of one device for one set of residents.
+/// What the driver last told the tuner about a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Told {
+    Running,
+    Held,
+}
+
+/// One device's tuner and its driver state.
 #[derive(Debug)]
-pub struct DeviceTuner {
-    /// Task ids the search is over, in lattice order.
-    pub tasks: Vec<usize>,
-    sizes: Vec<Vec<u32>>,
-    controller: Controller,
-    /// Configuration applied and waiting to be measured.
-    pending: Option<Vec<usize>>,
-    pub rounds: usize,
-    /// An out-of-memory crash happened under the pending configuration.
-    pub oom: bool,
-    /// Settled: the configuration kept and the Σ PD expected of it, re-measured every
-    /// [`SETTLED_EVERY`] intervals.
-    settled: Option<(Vec<usize>, f64)>,
-    /// Intervals since the last re-measurement while settled.
-    idle: usize,
-    /// Times the search re-opened because the measured Σ PD drifted.
-    pub reopened: u64,
-    /// The measured Σ PD drifted: the owner starts a fresh search from what runs now.
-    /// Fresh rather than [`Controller::reopen`], which keeps every observation: they
-    /// describe the objective before the drift, and a search that kept them all
-    /// through a day-long run would refit its Gaussian process on thousands of points.
-    pub drifted: bool,
-    /// The search cannot go on (no feasible configuration, a refused measurement).
-    pub finished: bool,
+pub struct SimTuner {
+    tuner: DeviceTuner,
+    told: BTreeMap<usize, Told>,
+    /// Assignments the placer wrote for this device's tasks, not yet told.
+    placed: Vec<BatchSizeAssignment>,
 }
 
-/// What the device should do next.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Next {
-    Apply(Vec<(usize, u32)>),
-    Wait,
-    Done,
+/// What one step of a device tuner asks of the simulation.
+#[derive(Debug, Default)]
+pub struct Step {
+    pub assignments: Vec<BatchSizeAssignment>,
+    pub samples: Vec<CoLocationSample>,
+    /// When to call again; `None` when the tuner waits for the residents to change.
+    pub again_in_s: Option<f64>,
 }
 
-/// Σ PD of the residents from their reports; `None` if one cannot be computed.
-pub fn measured_pd(residents: &[Resident<'_>]) -> Option<f64> {
-    let mut total = 0.0;
-    for r in residents {
-        let input = PdInput {
-            m0: f64::from(r.spec.m0),
-            solo_step_s_m0: r.spec.solo_step_time_s,
-            m: f64::from(r.report.batch_size),
-            co_step_s: r.report.step_time_s,
-            noise_scale: r.report.grad_noise_scale,
+impl SimTuner {
+    /// A tuner for simulated GPU `device` with the production parameters and `seed`.
+    pub fn new(device: usize, kind: &str, capacity_mib: u64, seed: u64) -> crate::Result<SimTuner> {
+        let info = DeviceInfo {
+            device_id: format!("gpu-{device}"),
+            memory_mib: capacity_mib,
+            kind: kind.to_owned(),
+            ..DeviceInfo::default()
         };
-        total += input.pd().ok()?;
-    }
-    Some(total)
-}
-
-impl DeviceTuner {
-    /// A new search over the residents (all running), starting at their current sizes.
-    pub fn new(
-        residents: &[Resident<'_>],
-        knowledge: &Knowledge,
-        capacity_mib: u64,
-        seed: u64,
-    ) -> Option<DeviceTuner> {
-        let tasks: Vec<usize> = residents.iter().map(|r| r.spec.id).collect();
-        let sizes: Vec<Vec<u32>> = residents
-            .iter()
-            .map(|r| r.spec.batch_sizes.clone())
-            .collect();
-        let start: Vec<usize> = residents
-            .iter()
-            .zip(&sizes)
-            .map(|(r, s)| s.iter().position(|b| *b == r.report.batch_size))
-            .collect::<Option<_>>()?;
-        let upper_mib = residents
-            .iter()
-            .zip(&sizes)
-            .map(|(r, s)| {
-                s.iter()
-                    .map(|b| knowledge.memory_upper_mib(r.spec.id, *b))
-                    .collect()
-            })
-            .collect();
-        let space = SearchSpace {
-            sizes: sizes.clone(),
-            start,
-            memory: Some(MemoryConstraint {
-                upper_mib,
-                capacity_mib: capacity_mib as f64,
-                // The placer's margin, so tuning never spends what placement kept free.
-                margin: crate::policy::iadeep::placement::sim_params().memory_margin_frac,
-            }),
+        let params = DeviceTunerParams {
+            seed,
+            ..DeviceTunerParams::default()
         };
-        let search = match GpLcb::new(space, LcbParams::default(), seed) {
-            Ok(search) => search,
-            Err(err) => {
-                tracing::warn!(%err, "cannot set up the batch-size search");
-                return None;
-            }
-        };
-        Some(DeviceTuner {
-            tasks,
-            sizes,
-            controller: Controller::new(search, ControllerParams::default()),
-            pending: None,
-            rounds: 0,
-            oom: false,
-            settled: None,
-            idle: 0,
-            reopened: 0,
-            drifted: false,
-            finished: false,
+        let tuner = DeviceTuner::new(&info, params, None).map_err(|e| crate::SimError::Policy {
+            policy: "iadeep".into(),
+            reason: format!("device tuner: {e}"),
+        })?;
+        Ok(SimTuner {
+            tuner,
+            told: BTreeMap::new(),
+            placed: Vec::new(),
         })
     }
 
-    fn assignments(&self, idx: &[usize]) -> Vec<(usize, u32)> {
-        self.tasks
-            .iter()
-            .zip(idx.iter().zip(&self.sizes))
-            .map(|(t, (i, s))| (*t, s[*i]))
-            .collect()
+    /// The placer wrote these assignments (a newcomer's start, residents' shrinks).
+    pub fn placed(&mut self, assignments: &[BatchSizeAssignment]) {
+        self.placed.extend_from_slice(assignments);
     }
 
-    fn current(&self, residents: &[Resident<'_>]) -> Option<Vec<usize>> {
-        residents
-            .iter()
-            .zip(&self.sizes)
-            .map(|(r, s)| s.iter().position(|b| *b == r.report.batch_size))
-            .collect()
+    /// The tuner's counters.
+    pub fn status(&self) -> iadeep_tuner::device_tuner::Status {
+        self.tuner.status()
     }
 
-    /// One round: measure what ran, decide what runs next.
-    ///
-    /// Once settled the search is not over: like the daemon, the tuner keeps
-    /// re-measuring what runs and gives the measurement to the [`Controller`], whose
-    /// drift test says when the measured Σ PD left what it expected (the statistical
-    /// efficiency changes as training progresses, so the best batch sizes do too);
-    /// the owner then starts a fresh search ([`DeviceTuner::drifted`]). A search
-    /// settled by the [`MAX_ROUNDS`] cap, or kept on another configuration by
-    /// hysteresis, gets the same test against the predicted Σ PD of what runs, with
-    /// the controller's threshold.
-    pub fn round(&mut self, residents: &[Resident<'_>]) -> Next {
-        if self.finished {
-            return Next::Done;
-        }
-        if self.drifted {
-            return Next::Wait;
-        }
-        let Some(current) = self.current(residents) else {
-            return Next::Wait;
-        };
-        if self.settled.is_some() {
-            return self.remeasure(residents, current);
-        }
-        let measured = if std::mem::take(&mut self.oom) {
-            None
-        } else {
-            match measured_pd(residents) {
-                Some(v) => Some(v),
-                None => return Next::Wait,
+    /// One step: the residents' changes and fresh reports in, the tuner's actions out.
+    /// `spec_of` is each task's spec as submitted to the placer, `round_of` the
+    /// assignment round each task runs under.
+    pub fn step(
+        &mut self,
+        view: &dyn ClusterView,
+        device: usize,
+        spec_of: &dyn Fn(&crate::view::TaskSpec) -> ProtoSpec,
+        round_of: &dyn Fn(usize) -> u64,
+    ) -> Step {
+        let now_ms = unix_ms(view.now_s());
+        let residents = view.residents(device);
+        let mut left = Vec::new();
+        let mut joined = Vec::new();
+        let mut reports = Vec::new();
+        let here: Vec<usize> = residents.iter().map(|r| r.spec.id).collect();
+        self.told.retain(|task, _| {
+            let stays = here.contains(task);
+            if !stays {
+                left.push(Input::Left {
+                    task_id: task_key(*task),
+                });
             }
-        };
-        let idx = self.pending.take().unwrap_or_else(|| current.clone());
-        if let Err(err) = self.controller.record(&idx, measured) {
-            tracing::warn!(%err, "tuner refused a measurement; stopping this search");
-            self.finished = true;
-            return Next::Done;
-        }
-        self.rounds += 1;
-        let decision = if self.rounds >= MAX_ROUNDS {
-            match self.controller.search().incumbent() {
-                Ok(Some((best, _))) => TunerDecision::Settle(best),
-                _ => TunerDecision::Settle(current.clone()),
-            }
-        } else {
-            match self.controller.decide() {
-                Ok(decision) => decision,
-                Err(err) => {
-                    tracing::debug!(%err, "no feasible configuration to explore; keeping the current one");
-                    self.finished = true;
-                    return Next::Done;
+            stays
+        });
+        for r in &residents {
+            let id = r.spec.id;
+            if r.report.running {
+                if self.told.insert(id, Told::Running) != Some(Told::Running) {
+                    joined.push(Input::Joined {
+                        spec: spec_of(r.spec),
+                        reserved_mib: 0,
+                    });
                 }
-            }
-        };
-        match decision {
-            TunerDecision::Explore(next) => {
-                self.pending = Some(next.clone());
-                Next::Apply(self.assignments(&next))
-            }
-            TunerDecision::Settle(best) => {
-                let switch = self
-                    .controller
-                    .worth_switching(&current, &best)
-                    .unwrap_or(false);
-                let keep = if switch { best } else { current };
-                let expected = self
-                    .controller
-                    .search()
-                    .predict(&keep)
-                    .ok()
-                    .flatten()
-                    .map(|p| p.mean)
-                    .or(measured);
-                match expected {
-                    Some(expected) => {
-                        self.settled = Some((keep.clone(), expected));
-                        self.idle = 0;
-                    }
-                    // Nothing to compare a re-measurement with: keep it, stop here.
-                    None => self.finished = true,
-                }
-                if switch {
-                    Next::Apply(self.assignments(&keep))
-                } else if self.finished {
-                    Next::Done
-                } else {
-                    Next::Wait
-                }
+                reports.push(Input::Report(proto_report(r, device, round_of(id), now_ms)));
+            } else if self.told.insert(id, Told::Held) != Some(Told::Held) {
+                // Restarting after a crash: its memory stays held, it is not tuned.
+                joined.push(Input::Reserved {
+                    task_id: task_key(id),
+                    mib: r.report.peak_mem_mib,
+                });
             }
         }
-    }
-
-    /// A settled round: every [`SETTLED_EVERY`] intervals, measure what runs and
-    /// re-open the search if it drifted.
-    fn remeasure(&mut self, residents: &[Resident<'_>], current: Vec<usize>) -> Next {
-        let Some((kept, expected)) = self.settled.clone() else {
-            return Next::Wait;
-        };
-        self.idle += 1;
-        let oom = std::mem::take(&mut self.oom);
-        if !oom && self.idle < SETTLED_EVERY {
-            return Next::Wait;
+        let assigned = std::mem::take(&mut self.placed)
+            .into_iter()
+            .map(Input::Assigned);
+        let inputs = left
+            .into_iter()
+            .chain(joined)
+            .chain(assigned)
+            .chain(reports);
+        let mut step = Step::default();
+        for action in self.tuner.step(now_ms, inputs) {
+            match action {
+                Action::Assign(round) => step.assignments.extend(round),
+                Action::Sample { sample, .. } => step.samples.push(sample),
+                Action::Persist(_) => {}
+            }
         }
-        self.idle = 0;
-        let measured = if oom { None } else { measured_pd(residents) };
-        if !oom && measured.is_none() {
-            return Next::Wait;
-        }
-        // The controller tests drift only on the configuration it settled on; when
-        // hysteresis kept another one running, the same test is applied here.
-        let by_controller = matches!(
-            self.controller.decide(),
-            Ok(TunerDecision::Settle(ref idx)) if *idx == current
-        );
-        if let Err(err) = self.controller.record(&current, measured) {
-            tracing::warn!(%err, "tuner refused a measurement; stopping this search");
-            self.finished = true;
-            return Next::Done;
-        }
-        let drift = self.controller.params().drift;
-        let drifted = if by_controller {
-            // The controller applied its own test and re-opened itself.
-            !self.controller.is_settled()
+        step.again_in_s = if self.tuner.wants_reports() {
+            Some(AGENT_REPORT_INTERVAL_S)
         } else {
-            current != kept
-                || measured.is_none_or(|v| (v - expected).abs() > drift * expected.abs())
+            self.tuner
+                .next_wakeup_ms()
+                .map(|at| (at - now_ms).max(1) as f64 / 1000.0)
         };
-        if !drifted {
-            return Next::Wait;
-        }
-        tracing::debug!(?measured, expected, tasks = ?self.tasks, "measured Σ PD drifted; re-opening the search");
-        self.settled = None;
-        self.drifted = true;
-        self.reopened += 1;
-        Next::Wait
+        step
     }
 }

@@ -1,4 +1,5 @@
-//! Small order statistics shared by the evaluation commands.
+//! Small order statistics, defined once: the agent's robust step time, the tuner's round
+//! measurement and the evaluation commands all take their medians and quantiles here.
 
 /// The `q`-quantile (0 ≤ q ≤ 1) of `values` by the nearest-rank method; `None` when empty.
 /// NaNs are ignored.

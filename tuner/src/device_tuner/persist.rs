@@ -1,14 +1,13 @@
-//! The tuner's persisted state at `keys::device_tuner(device)`, so a restarted tuner resumes:
-//! the round counter (agents ignore rounds they have seen), the sample sequence, what it learnt
-//! about each task, and the observations of the current co-location.
+//! The device tuner's persisted form ([`TunerState`], stored by the daemon at the device's
+//! `tuner` key), so a restarted tuner resumes: the round counter (agents ignore rounds they
+//! have seen), the sample sequence, what it learnt about each task, and the observations of
+//! the current search.
 
 use std::collections::BTreeMap;
 
 use iadeep_proto::{TunerObservation, TunerState};
-use iadeep_state::{StateStore, keys, typed};
 
 use super::knowledge::TaskKnowledge;
-use crate::error::Result;
 
 /// The observations of one co-location: which tasks, at which candidate sizes.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -65,8 +64,8 @@ impl Persisted {
         }
     }
 
-    /// The stored message.
-    pub fn to_proto(&self, device_id: &str) -> TunerState {
+    /// The stored message, stamped `now_unix_ms`.
+    pub fn to_proto(&self, device_id: &str, now_unix_ms: i64) -> TunerState {
         TunerState {
             device_id: device_id.to_owned(),
             round: self.round,
@@ -85,39 +84,9 @@ impl Persisted {
                 .iter()
                 .map(|(id, k)| k.to_proto(id))
                 .collect(),
-            updated_at_unix_ms: iadeep_proto::now_unix_ms(),
+            updated_at_unix_ms: now_unix_ms,
         }
     }
-}
-
-/// Reads the persisted state, if any.
-pub async fn load(store: &dyn StateStore, device_id: &str) -> Result<Option<Persisted>> {
-    let key = keys::device_tuner(device_id);
-    Ok(typed::get::<TunerState>(store, &key)
-        .await?
-        .map(|(s, _)| Persisted::from_proto(&s)))
-}
-
-/// Writes the state.
-pub async fn save(store: &dyn StateStore, device_id: &str, state: &Persisted) -> Result<()> {
-    let key = keys::device_tuner(device_id);
-    typed::put(store, &key, &state.to_proto(device_id), None).await?;
-    Ok(())
-}
-
-/// The next free sample sequence of the device: one past the last sample key, so a tuner
-/// whose state write was lost never overwrites a sample.
-pub async fn next_sample_seq(store: &dyn StateStore, device_id: &str) -> Result<u64> {
-    let snapshot = store.range(&keys::device_samples_prefix(device_id)).await?;
-    Ok(snapshot
-        .kvs
-        .iter()
-        .filter_map(|kv| match keys::KeyKind::parse(&kv.key) {
-            keys::KeyKind::Sample { seq, .. } => Some(seq + 1),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0))
 }
 
 #[cfg(test)]
@@ -141,9 +110,9 @@ mod tests {
             knowledge: BTreeMap::new(),
         };
         p.knowledge.insert("a".into(), TaskKnowledge::default());
-        let back = Persisted::from_proto(&p.to_proto("d"));
+        let back = Persisted::from_proto(&p.to_proto("d", 0));
         assert_eq!(back, p);
-        let mut broken = p.to_proto("d");
+        let mut broken = p.to_proto("d", 0);
         broken.candidate_sizes.pop();
         assert_eq!(Persisted::from_proto(&broken).session, Session::default());
     }

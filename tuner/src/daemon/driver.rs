@@ -1,0 +1,387 @@
+//! The daemon's driver of the [`DeviceTuner`]: the store's watches in, the tuner's actions
+//! out, in real time.
+//!
+//! The driver only translates. It diffs what the watches say (the device's reservations,
+//! every task's `alive` key, report and assignment) against what it last told the tuner,
+//! turns the difference into [`Input`]s stamped with the wall clock, steps the tuner on a
+//! blocking thread (a step may fit a Gaussian process), and carries out the [`Action`]s:
+//! - a round's assignments in one transaction that compares the device's residents record
+//!   with the revision the inputs came from, so a round decided before a placement changed
+//!   the device is never written (the placer compares the residents' assignments in turn);
+//! - each co-location sample under the device's sample sequence;
+//! - the tuner's state, once per step.
+//!
+//! Every decision is the tuner's: replaying the [`JournalEntry`]s of a run into a fresh
+//! [`DeviceTuner`] gives the same actions (the integration tests check this over a real
+//! etcd).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iadeep_proto::{BatchSizeAssignment, DeviceInfo, TaskReport, TaskSpec, TunerState};
+use iadeep_state::{Expect, Revision, StateStore, Txn, TxnOutcome, keys, typed};
+use prost::Message;
+use tokio::sync::{mpsc, watch};
+
+use super::metrics::Metrics;
+use super::tasks::{ResidentsRecord, TaskTable};
+use crate::device_tuner::{Action, Counters, DeviceTuner, DeviceTunerParams, Input};
+use crate::error::{Result, TunerError};
+
+/// One step of the tuner as the driver ran it: for diagnosis and replay.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JournalEntry {
+    pub now_ms: i64,
+    pub inputs: Vec<Input>,
+    pub actions: Vec<Action>,
+}
+
+/// What the driver last told the tuner about one reserved task.
+#[derive(Clone, Debug, PartialEq)]
+enum Told {
+    Running(Box<Running>),
+    Held { mib: u64 },
+}
+
+/// A running task as the tuner was last told of it.
+#[derive(Clone, Debug, PartialEq)]
+struct Running {
+    spec: TaskSpec,
+    reserved_mib: u64,
+    report: Option<TaskReport>,
+    assignment: Option<BatchSizeAssignment>,
+}
+
+/// See the module documentation.
+pub(crate) struct Driver {
+    pub store: Arc<dyn StateStore>,
+    pub info: DeviceInfo,
+    pub tasks_rx: watch::Receiver<TaskTable>,
+    pub residents_rx: watch::Receiver<ResidentsRecord>,
+    pub metrics: Arc<Metrics>,
+    pub journal: Option<mpsc::UnboundedSender<JournalEntry>>,
+    told: BTreeMap<String, Told>,
+    /// Mod-revision of the residents record the tuner's view came from.
+    told_revision: Option<Revision>,
+    /// The residents record did not decode when last looked at (logged once).
+    warned_undecodable: bool,
+    counters: Counters,
+}
+
+/// Wakes at least this often while waiting, to notice a stop.
+const STOP_POLL: Duration = Duration::from_millis(200);
+
+impl Driver {
+    pub fn new(
+        store: Arc<dyn StateStore>,
+        info: DeviceInfo,
+        tasks_rx: watch::Receiver<TaskTable>,
+        residents_rx: watch::Receiver<ResidentsRecord>,
+        metrics: Arc<Metrics>,
+        journal: Option<mpsc::UnboundedSender<JournalEntry>>,
+    ) -> Driver {
+        Driver {
+            store,
+            info,
+            tasks_rx,
+            residents_rx,
+            metrics,
+            journal,
+            told: BTreeMap::new(),
+            told_revision: None,
+            warned_undecodable: false,
+            counters: Counters::default(),
+        }
+    }
+
+    /// The tuner, resumed from the device's persisted state if there is one.
+    pub async fn tuner(&self, params: DeviceTunerParams) -> Result<DeviceTuner> {
+        let device = &self.info.device_id;
+        let persisted: Option<TunerState> =
+            typed::get::<TunerState>(self.store.as_ref(), &keys::device_tuner(device))
+                .await?
+                .map(|(s, _)| s);
+        if let Some(s) = &persisted {
+            tracing::info!(device, round = s.round, observations = s.observations.len(),
+                tasks = ?s.task_ids, "resuming from persisted tuner state");
+        }
+        let mut tuner = DeviceTuner::new(&self.info, params, persisted.as_ref())?;
+        tuner.ensure_next_sample_seq(self.next_sample_seq().await?);
+        Ok(tuner)
+    }
+
+    /// One past the last sample key of the device, so a tuner whose state write was lost
+    /// never overwrites a sample.
+    async fn next_sample_seq(&self) -> Result<u64> {
+        let snapshot = self
+            .store
+            .range(&keys::device_samples_prefix(&self.info.device_id))
+            .await?;
+        Ok(snapshot
+            .kvs
+            .iter()
+            .filter_map(|kv| match keys::KeyKind::parse(&kv.key) {
+                keys::KeyKind::Sample { seq, .. } => Some(seq + 1),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0))
+    }
+
+    /// Runs the tuner until `stop` says so; returns it (to persist its last state).
+    pub async fn run(
+        mut self,
+        mut tuner: DeviceTuner,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<DeviceTuner> {
+        loop {
+            if *stop.borrow() {
+                return Ok(tuner);
+            }
+            let mut inputs = self.diff();
+            let now_ms = iadeep_proto::now_unix_ms();
+            let due = tuner.next_wakeup_ms().is_some_and(|w| w <= now_ms);
+            if inputs.is_empty() && !due {
+                let wait = tuner
+                    .next_wakeup_ms()
+                    .map(|w| Duration::from_millis(u64::try_from(w - now_ms).unwrap_or(0)))
+                    .unwrap_or(STOP_POLL)
+                    .min(STOP_POLL);
+                tokio::select! {
+                    _ = self.tasks_rx.changed() => {}
+                    _ = self.residents_rx.changed() => {}
+                    _ = stop.changed() => {}
+                    () = tokio::time::sleep(wait) => {}
+                }
+                continue;
+            }
+            if inputs.is_empty() {
+                inputs.push(Input::Tick);
+            }
+            let revision = self.told_revision;
+            let journal_inputs = self.journal.is_some().then(|| inputs.clone());
+            let (back, actions) = tokio::task::spawn_blocking(move || {
+                let actions = tuner.step(now_ms, inputs);
+                (tuner, actions)
+            })
+            .await
+            .map_err(|e| TunerError::Daemon(format!("tuner step panicked: {e}")))?;
+            tuner = back;
+            if let (Some(journal), Some(inputs)) = (&self.journal, journal_inputs) {
+                let _ = journal.send(JournalEntry {
+                    now_ms,
+                    inputs,
+                    actions: actions.clone(),
+                });
+            }
+            self.execute(actions, revision).await;
+            self.update_metrics(&tuner);
+        }
+    }
+
+    /// What changed since the tuner was last told, as inputs: departures first, then
+    /// arrivals and holds, then assignments, then reports.
+    fn diff(&mut self) -> Vec<Input> {
+        let record = self.residents_rx.borrow_and_update().clone();
+        let table = self.tasks_rx.borrow_and_update().clone();
+        if record.undecodable {
+            if !self.warned_undecodable {
+                Metrics::inc(&self.metrics.errors);
+                tracing::error!(device = %self.info.device_id,
+                    "the device's residents record does not decode; keeping the residents as they were until the placer rewrites it");
+                self.warned_undecodable = true;
+            }
+            return Vec::new();
+        }
+        self.warned_undecodable = false;
+        let mut wanted: BTreeMap<String, Told> = BTreeMap::new();
+        for r in record.record.iter().flat_map(|r| &r.reservations) {
+            let entry = table.tasks.get(&r.task_id);
+            let spec = r
+                .spec
+                .clone()
+                .or_else(|| entry.and_then(|e| e.spec.clone()));
+            let told = match (entry, spec) {
+                (Some(e), Some(spec)) if e.running() => Told::Running(Box::new(Running {
+                    spec,
+                    reserved_mib: r.reserved_mem_mib,
+                    report: e.report.clone(),
+                    assignment: e.assignment.clone(),
+                })),
+                _ => Told::Held {
+                    mib: r.reserved_mem_mib,
+                },
+            };
+            wanted.insert(r.task_id.clone(), told);
+        }
+        let mut left = Vec::new();
+        let mut joined = Vec::new();
+        let mut assigned = Vec::new();
+        let mut reported = Vec::new();
+        for task in self.told.keys() {
+            if !wanted.contains_key(task) {
+                left.push(Input::Left {
+                    task_id: task.clone(),
+                });
+            }
+        }
+        for (task, now) in &wanted {
+            let before = self.told.get(task);
+            match now {
+                Told::Held { mib } => {
+                    if before != Some(now) {
+                        joined.push(Input::Reserved {
+                            task_id: task.clone(),
+                            mib: *mib,
+                        });
+                    }
+                }
+                Told::Running(now) => {
+                    let Running {
+                        spec,
+                        reserved_mib,
+                        report,
+                        assignment,
+                    } = now.as_ref();
+                    let (was_spec, was_report, was_assignment) = match before {
+                        Some(Told::Running(was)) => (
+                            Some((&was.spec, was.reserved_mib)),
+                            was.report.as_ref(),
+                            was.assignment.as_ref(),
+                        ),
+                        _ => (None, None, None),
+                    };
+                    if was_spec != Some((spec, *reserved_mib)) {
+                        joined.push(Input::Joined {
+                            spec: spec.clone(),
+                            reserved_mib: *reserved_mib,
+                        });
+                    }
+                    if let Some(a) = assignment
+                        && was_assignment != Some(a)
+                    {
+                        assigned.push(Input::Assigned(a.clone()));
+                    }
+                    if let Some(r) = report
+                        && was_report != Some(r)
+                    {
+                        reported.push(Input::Report(r.clone()));
+                    }
+                }
+            }
+        }
+        self.told = wanted;
+        self.told_revision = record.mod_revision;
+        let mut inputs = left;
+        inputs.extend(joined);
+        inputs.extend(assigned);
+        inputs.extend(reported);
+        inputs
+    }
+
+    async fn execute(&mut self, actions: Vec<Action>, revision: Option<Revision>) {
+        let mut persist = None;
+        for action in actions {
+            match action {
+                Action::Assign(assignments) => self.assign(assignments, revision).await,
+                Action::Sample { seq, sample } => {
+                    let key = keys::sample(&self.info.device_id, seq);
+                    if let Err(err) = typed::put(self.store.as_ref(), &key, &sample, None).await {
+                        Metrics::inc(&self.metrics.errors);
+                        tracing::warn!(%err, %key, "cannot write a co-location sample");
+                    }
+                }
+                Action::Persist(state) => persist = Some(state),
+            }
+        }
+        if let Some(state) = persist {
+            save(
+                self.store.as_ref(),
+                &self.info.device_id,
+                &state,
+                &self.metrics,
+            )
+            .await;
+        }
+    }
+
+    /// Writes one round in one transaction, compared with the residents record the round
+    /// was decided on.
+    async fn assign(&mut self, assignments: Vec<BatchSizeAssignment>, revision: Option<Revision>) {
+        let key = keys::device_residents(&self.info.device_id);
+        let expect = match revision {
+            Some(rev) => Expect::ModRevision(rev),
+            None => Expect::Absent,
+        };
+        let mut txn = Txn::new().compare(key.as_str(), expect);
+        for a in &assignments {
+            txn = txn.put(keys::task_assignment(&a.task_id), a.encode_to_vec(), None);
+        }
+        match self.store.transact(txn).await {
+            Ok(TxnOutcome::Committed { .. }) => {
+                for a in &assignments {
+                    Metrics::inc(&self.metrics.assignments);
+                    tracing::debug!(task = %a.task_id, round = a.round, batch_size = a.batch_size,
+                        lr_factor = a.lr_factor, "assignment written");
+                }
+            }
+            Ok(TxnOutcome::Failed { .. }) => {
+                Metrics::inc(&self.metrics.rounds_dropped);
+                tracing::info!(device = %self.info.device_id,
+                    "the device's reservations changed since the round was decided; round not written");
+            }
+            Err(err) => {
+                Metrics::inc(&self.metrics.errors);
+                tracing::warn!(%err, "cannot write the round's assignments; the round will time out and be tried again");
+            }
+        }
+    }
+
+    /// Brings the metrics up to the tuner's status.
+    fn update_metrics(&mut self, tuner: &DeviceTuner) {
+        use std::sync::atomic::Ordering;
+        let status = tuner.status();
+        let m = &self.metrics;
+        let before = std::mem::replace(&mut self.counters, status.counters);
+        let add = |counter: &std::sync::atomic::AtomicU64, now: u64, was: u64| {
+            for _ in was..now {
+                Metrics::inc(counter);
+            }
+        };
+        add(
+            &m.rounds,
+            status.counters.measured + status.counters.out_of_memory,
+            before.measured + before.out_of_memory,
+        );
+        add(&m.rounds_dropped, status.counters.dropped, before.dropped);
+        add(
+            &m.out_of_memory,
+            status.counters.out_of_memory,
+            before.out_of_memory,
+        );
+        add(&m.samples, status.counters.samples, before.samples);
+        m.residents
+            .store(status.residents as u64, Ordering::Relaxed);
+        m.round.store(status.round, Ordering::Relaxed);
+        m.settled
+            .store(u64::from(status.settled), Ordering::Relaxed);
+        if let Some(v) = status.last_sum_pd {
+            m.set_sum_pd(v);
+        }
+    }
+}
+
+/// Persists the tuner's state; a failure is logged and counted (the next step tries again).
+pub(crate) async fn save(
+    store: &dyn StateStore,
+    device_id: &str,
+    state: &TunerState,
+    metrics: &Metrics,
+) {
+    let key = keys::device_tuner(device_id);
+    if let Err(err) = typed::put(store, &key, state, None).await {
+        Metrics::inc(&metrics.errors);
+        tracing::warn!(%err, "cannot persist the tuner state");
+    }
+}

@@ -1,0 +1,1311 @@
+//! The tuner of one GPU as a clock-free, I/O-free state machine (like raft-rs's `RawNode`).
+//!
+//! [`DeviceTuner::step`] takes one [`Input`] (a task joined or left the device, a report, an
+//! assignment seen in the store, or just the passing of time) with the driver's clock, and
+//! returns [`Action`]s (a round of batch-size assignments, co-location samples for the
+//! predictor, the state to persist). It owns everything per device: what is known about each
+//! task ([`TaskKnowledge`]), the search over the residents' joint batch sizes (GP-LCB under
+//! the memory model, with the [`Controller`]'s stopping rule), hysteresis, drift checks, and
+//! sample generation. It never reads a clock, sleeps, or touches a store: the tuner daemon
+//! drives it over the state store in real time, the simulator in virtual time, and tests with
+//! scripted event sequences, so all three run the same decisions.
+//!
+//! A search's life:
+//! 1. **Start** when the set of residents changes (or at the first step): at the batch sizes
+//!    the tasks run now (a lone task whose solo step time at m0 is unknown starts at m0, so
+//!    its first round measures it). A persisted search over exactly these tasks and sizes is
+//!    resumed.
+//! 2. **Rounds.** Each configuration the search proposes is assigned to *every* resident with
+//!    a new round number; the round is measured from fresh reports made under it (the first
+//!    of each task dropped, the median of the next ones: one slow step cannot decide a
+//!    round), Σ PD is observed, and a measured co-location of a configuration not sampled
+//!    before becomes predictor samples. A round without enough fresh reports before
+//!    [`DeviceTunerParams::round_timeout`] is dropped, never observed half-measured.
+//! 3. **Out of memory.** A configuration that runs out of memory is a joint constraint of
+//!    the co-location (it and every larger one are infeasible for this search); only a task
+//!    that ran out of memory *alone* gets a per-task limit.
+//! 4. **Settle** when the stopping rule says so or after
+//!    [`DeviceTunerParams::max_observations`] observations: keep what runs unless the best
+//!    measured configuration is predicted better by the hysteresis threshold.
+//! 5. **Check** the configuration that actually runs every
+//!    [`DeviceTunerParams::settled_interval`], as a round of fresh reports that is compared
+//!    with what was expected of it and *not* added to the Gaussian process. A drift beyond
+//!    the controller's threshold (the noise scale grows as training goes on, so the best
+//!    batch sizes move) starts a fresh search whose only observation is the one that showed
+//!    the drift: the observations from before describe another objective.
+//!
+//! The Gaussian process therefore never holds more than `max_observations` points.
+
+mod knowledge;
+mod measure;
+mod persist;
+mod samples;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use iadeep_objective::{MemoryMargin, PdInput, lr_factor};
+use iadeep_proto::{
+    BatchSizeAssignment, CoLocationSample, DeviceInfo, LrScalingRule, TaskReport, TaskSpec,
+    TunerObservation, TunerState,
+};
+
+use crate::error::{Result, TunerError};
+use crate::memory::MemoryModelParams;
+use crate::search::{
+    Controller, ControllerParams, Decision, GpLcb, LcbParams, MemoryConstraint, SearchSpace,
+};
+pub use knowledge::{
+    MAX_CANDIDATES, SoloEstimate, SoloSource, TaskKnowledge, candidate_sizes, estimate_solo_step,
+    profile_is_local,
+};
+use measure::{Measurement, Outcome, Purpose};
+pub use persist::{Persisted, Session};
+pub use samples::LEARNED_SOLO_SOURCES;
+
+/// Everything that tunes a device tuner's behaviour. The daemon and the simulator use the
+/// same defaults; a simulation that changes one says so (see the README).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeviceTunerParams {
+    pub lcb: LcbParams,
+    pub controller: ControllerParams,
+    pub memory: MemoryModelParams,
+    /// Fresh reports per task before a round counts; the first is dropped (it may have been
+    /// timed while a co-runner still ran its previous size), the median of the rest is
+    /// taken. At least 2.
+    pub reports_per_round: u32,
+    /// A round without enough fresh reports by then is dropped and tried again.
+    pub round_timeout: Duration,
+    /// How often the settled configuration is checked for drift.
+    pub settled_interval: Duration,
+    /// Most observations of one search (the Gaussian process's size); the search settles
+    /// on its incumbent when it reaches it.
+    pub max_observations: usize,
+    /// Seed of the searches' sampling (reproducible runs).
+    pub seed: u64,
+}
+
+impl Default for DeviceTunerParams {
+    /// Agents report every 2 s by default, so 4 reports make a round of about 8 s, and a
+    /// round waits up to 30 s; a settled configuration is checked every minute; a search
+    /// stops after 24 observations (the stopping rule usually ends it within 5–15).
+    fn default() -> Self {
+        DeviceTunerParams {
+            lcb: LcbParams::default(),
+            controller: ControllerParams::default(),
+            memory: MemoryModelParams::default(),
+            reports_per_round: 4,
+            round_timeout: Duration::from_secs(30),
+            settled_interval: Duration::from_secs(60),
+            max_observations: 24,
+            seed: 0,
+        }
+    }
+}
+
+impl DeviceTunerParams {
+    /// Validates every part, naming the first bad one.
+    pub fn check(&self) -> Result<()> {
+        self.lcb.check()?;
+        self.memory.check()?;
+        let bad = |m: String| Err(TunerError::InvalidParams(m));
+        if self.reports_per_round < 2 {
+            return bad(format!(
+                "reports_per_round must be at least 2 (the first is dropped), got {}",
+                self.reports_per_round
+            ));
+        }
+        if self.round_timeout.is_zero() || self.settled_interval.is_zero() {
+            return bad("round_timeout and settled_interval must be positive".to_owned());
+        }
+        if self.max_observations < 2 {
+            return bad(format!(
+                "max_observations must be at least 2, got {}",
+                self.max_observations
+            ));
+        }
+        if !(self.controller.drift > 0.0 && self.controller.hysteresis >= 0.0) {
+            return bad(format!(
+                "controller drift must be positive and hysteresis non-negative, got {:?}",
+                self.controller
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What happened, as the driver tells it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Input {
+    /// A task runs on this device: its spec as submitted, and the MiB the placer reserved
+    /// for it (0 when unknown). Repeating it for a resident changes nothing.
+    Joined { spec: TaskSpec, reserved_mib: u64 },
+    /// A task holds `mib` of the card without running (placed, its agent not started or
+    /// restarting): the memory is kept free, the task is not tuned.
+    Reserved { task_id: String, mib: u64 },
+    /// A task no longer runs here or holds memory (finished, released, or its agent gone).
+    Left { task_id: String },
+    /// A task's agent reported.
+    Report(TaskReport),
+    /// The store holds this assignment for a task: one of ours coming back, or one another
+    /// writer made (the placer shrinking a resident to make room).
+    Assigned(BatchSizeAssignment),
+    /// Only time passed (a round's timeout, a settled check).
+    Tick,
+}
+
+/// What the driver must do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Apply these batch sizes to every resident at once: one round.
+    Assign(Vec<BatchSizeAssignment>),
+    /// Store this measured co-location for the predictor under the device's sample `seq`.
+    Sample { seq: u64, sample: CoLocationSample },
+    /// Store this state, so a restarted tuner resumes from it.
+    Persist(TunerState),
+}
+
+/// Running totals, for metrics and logs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Rounds assigned.
+    pub rounds: u64,
+    /// Explore rounds measured and observed.
+    pub measured: u64,
+    /// Rounds dropped: too few fresh reports before the timeout, or Σ PD not computable.
+    pub dropped: u64,
+    /// Rounds that ran out of memory.
+    pub out_of_memory: u64,
+    /// Assignments written (one per task per round).
+    pub assignments: u64,
+    /// Co-location samples emitted.
+    pub samples: u64,
+    /// Searches started (a new set of residents, or a drift).
+    pub searches: u64,
+    /// Settled checks measured.
+    pub checks: u64,
+    /// Searches re-opened because a settled check drifted.
+    pub drifts: u64,
+}
+
+/// The tuner's state in a few numbers.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Status {
+    /// The last round assigned (or seen in the store).
+    pub round: u64,
+    pub residents: usize,
+    /// The search has settled and only checks for drift (a check may be under way).
+    pub settled: bool,
+    /// Holding the batch sizes: Σ PD cannot be measured, or nothing fits.
+    pub holding: bool,
+    /// Observations of the current search (the Gaussian process's size).
+    pub observations: usize,
+    /// Σ PD of the last measured round.
+    pub last_sum_pd: Option<f64>,
+    pub counters: Counters,
+}
+
+/// A task running on the device.
+#[derive(Clone, Debug, PartialEq)]
+struct Resident {
+    spec: TaskSpec,
+    reserved_mib: u64,
+    report: Option<TaskReport>,
+    /// The batch size and round of its current assignment, when one is known.
+    assigned: Option<(u32, u64)>,
+}
+
+/// Why the search holds the batch sizes.
+#[derive(Clone, Debug, PartialEq)]
+enum Hold {
+    /// Σ PD needs these tasks' solo step time at m0 (no local profile, never ran alone here).
+    Unmeasurable(Vec<String>),
+    /// No configuration fits the card.
+    Infeasible(String),
+    /// The search settled without a value to expect of the configuration it keeps.
+    NoExpectation,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Phase {
+    /// Decide what to run next at once.
+    Idle,
+    Measuring(Measurement),
+    /// The search is over; `config` runs and is checked at `check_at_ms` against `expected`.
+    Settled {
+        config: Vec<usize>,
+        expected: f64,
+        check_at_ms: i64,
+    },
+    Holding {
+        why: Hold,
+        until_ms: i64,
+    },
+}
+
+/// The search over one set of residents.
+#[derive(Debug)]
+struct Search {
+    task_ids: Vec<String>,
+    sizes: Vec<Vec<u32>>,
+    controller: Controller,
+    /// The observations, in persisted form.
+    observations: Vec<TunerObservation>,
+    /// Configurations (batch sizes) whose co-location samples were emitted.
+    sampled: HashSet<Vec<u32>>,
+    phase: Phase,
+    /// The configuration running now and the round each task runs it under, when known.
+    applied: Option<(Vec<usize>, Vec<u64>)>,
+    /// The hold reason last logged, so a hold is logged once, not every step.
+    logged_hold: Option<Hold>,
+}
+
+/// The tuner of one device; see the module documentation.
+#[derive(Debug)]
+pub struct DeviceTuner {
+    device_id: String,
+    device_kind: String,
+    capacity_mib: f64,
+    params: DeviceTunerParams,
+    residents: BTreeMap<String, Resident>,
+    /// MiB held by placed tasks that do not run (see [`Input::Reserved`]).
+    held: BTreeMap<String, u64>,
+    knowledge: BTreeMap<String, TaskKnowledge>,
+    search: Option<Search>,
+    /// A persisted search waiting for its residents to come back.
+    resumed: Option<Session>,
+    residents_changed: bool,
+    /// Memory knowledge changed since the settled configuration was last checked to fit.
+    memory_changed: bool,
+    round: u64,
+    next_sample_seq: u64,
+    last_sum_pd: Option<f64>,
+    counters: Counters,
+}
+
+/// Iterations of one step's state transitions at most; each one either waits for input or
+/// moves the phase forward, so this only guards against a bug looping forever.
+const MAX_TRANSITIONS_PER_STEP: usize = 8;
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl DeviceTuner {
+    /// A tuner for `device`, resuming `persisted` state if given (a state of another device
+    /// is refused).
+    pub fn new(
+        device: &DeviceInfo,
+        params: DeviceTunerParams,
+        persisted: Option<&TunerState>,
+    ) -> Result<DeviceTuner> {
+        params.check()?;
+        if device.memory_mib == 0 {
+            return Err(TunerError::InvalidInput(format!(
+                "device {} has no memory size",
+                device.device_id
+            )));
+        }
+        let mut tuner = DeviceTuner {
+            device_id: device.device_id.clone(),
+            device_kind: device.kind.clone(),
+            capacity_mib: device.memory_mib as f64,
+            params,
+            residents: BTreeMap::new(),
+            held: BTreeMap::new(),
+            knowledge: BTreeMap::new(),
+            search: None,
+            resumed: None,
+            residents_changed: false,
+            memory_changed: false,
+            round: 0,
+            next_sample_seq: 0,
+            last_sum_pd: None,
+            counters: Counters::default(),
+        };
+        if let Some(state) = persisted {
+            if !state.device_id.is_empty() && state.device_id != device.device_id {
+                return Err(TunerError::InvalidInput(format!(
+                    "persisted tuner state belongs to device {}, not {}",
+                    state.device_id, device.device_id
+                )));
+            }
+            let p = Persisted::from_proto(state);
+            tuner.round = p.round;
+            tuner.next_sample_seq = p.next_sample_seq;
+            tuner.knowledge = p.knowledge;
+            tuner.resumed = (!p.session.task_ids.is_empty()).then_some(p.session);
+        }
+        Ok(tuner)
+    }
+
+    /// Takes in the inputs that arrived together at the driver's time `now_ms` (any monotone
+    /// millisecond clock: Unix time in the daemon, simulated time in the simulator) and
+    /// returns what to do. Inputs of one store revision belong together (a placement that
+    /// shrinks a resident also adds a task): the tuner decides once, after all of them.
+    pub fn step(&mut self, now_ms: i64, inputs: impl IntoIterator<Item = Input>) -> Vec<Action> {
+        let mut out = Vec::new();
+        for input in inputs {
+            self.apply(input);
+        }
+        self.advance(now_ms, &mut out);
+        out
+    }
+
+    /// When the tuner needs a [`Input::Tick`] even if nothing else happens (a round's
+    /// timeout, a settled check, the end of a hold); `None` when it only waits for input.
+    pub fn next_wakeup_ms(&self) -> Option<i64> {
+        match &self.search.as_ref()?.phase {
+            Phase::Idle => None,
+            Phase::Measuring(m) => Some(
+                m.started_ms
+                    .saturating_add(millis(self.params.round_timeout)),
+            ),
+            Phase::Settled { check_at_ms, .. } => Some(*check_at_ms),
+            Phase::Holding { until_ms, .. } => Some(*until_ms),
+        }
+    }
+
+    /// Whether a round is being measured, i.e. fresh reports matter now (a driver that
+    /// emulates agents can skip delivering reports otherwise).
+    pub fn wants_reports(&self) -> bool {
+        self.search
+            .as_ref()
+            .is_some_and(|s| matches!(s.phase, Phase::Measuring(_)))
+    }
+
+    /// The device's id.
+    pub fn device_id(&self) -> &str {
+        &self.device_id
+    }
+
+    /// The tasks it tunes, sorted.
+    pub fn residents(&self) -> impl Iterator<Item = &str> {
+        self.residents.keys().map(String::as_str)
+    }
+
+    /// The tuner's state in a few numbers.
+    pub fn status(&self) -> Status {
+        let search = self.search.as_ref();
+        Status {
+            round: self.round,
+            residents: self.residents.len(),
+            settled: search.is_some_and(|s| match &s.phase {
+                Phase::Settled { .. } => true,
+                Phase::Measuring(m) => m.purpose == Purpose::Check,
+                _ => false,
+            }),
+            holding: search.is_some_and(|s| matches!(s.phase, Phase::Holding { .. })),
+            observations: search.map_or(0, |s| s.observations.len()),
+            last_sum_pd: self.last_sum_pd,
+            counters: self.counters,
+        }
+    }
+
+    /// Makes sure the next sample's sequence is at least `floor` (the driver found samples
+    /// of this device in the store that a lost state write did not record).
+    pub fn ensure_next_sample_seq(&mut self, floor: u64) {
+        self.next_sample_seq = self.next_sample_seq.max(floor);
+    }
+
+    /// What is known about a task, if it is resident.
+    pub fn knowledge(&self, task_id: &str) -> Option<&TaskKnowledge> {
+        self.knowledge.get(task_id)
+    }
+
+    /// The state to persist now.
+    pub fn persisted(&self, now_ms: i64) -> TunerState {
+        let session = match &self.search {
+            Some(s) => Session {
+                task_ids: s.task_ids.clone(),
+                sizes: s.sizes.clone(),
+                observations: s.observations.clone(),
+            },
+            None => self.resumed.clone().unwrap_or_default(),
+        };
+        Persisted {
+            round: self.round,
+            next_sample_seq: self.next_sample_seq,
+            session,
+            knowledge: self.knowledge.clone(),
+        }
+        .to_proto(&self.device_id, now_ms)
+    }
+
+    fn apply(&mut self, input: Input) {
+        match input {
+            Input::Joined { spec, reserved_mib } => {
+                self.held.remove(&spec.task_id);
+                if self
+                    .residents
+                    .get(&spec.task_id)
+                    .is_some_and(|r| r.spec == spec && r.reserved_mib == reserved_mib)
+                {
+                    return;
+                }
+                let knowledge = self.knowledge.entry(spec.task_id.clone()).or_default();
+                if !knowledge.learn_spec(&spec, &self.device_kind)
+                    && let Some(p) = &spec.profile
+                {
+                    tracing::info!(task = %spec.task_id, profile_kind = %p.device_kind,
+                        device_kind = %self.device_kind,
+                        "solo profile measured on another device kind; not used here");
+                }
+                // The same task again with another spec keeps what it reported and was assigned.
+                let (report, assigned) = self
+                    .residents
+                    .remove(&spec.task_id)
+                    .map(|r| (r.report, r.assigned))
+                    .unwrap_or_default();
+                self.residents.insert(
+                    spec.task_id.clone(),
+                    Resident {
+                        spec,
+                        reserved_mib,
+                        report,
+                        assigned,
+                    },
+                );
+                self.residents_changed = true;
+            }
+            Input::Reserved { task_id, mib } => {
+                if self.residents.remove(&task_id).is_some() {
+                    self.residents_changed = true;
+                }
+                if self.held.insert(task_id, mib) != Some(mib) {
+                    self.memory_changed = true;
+                }
+            }
+            Input::Left { task_id } => {
+                self.memory_changed |= self.held.remove(&task_id).is_some();
+                if self.residents.remove(&task_id).is_some() {
+                    self.residents_changed = true;
+                }
+                self.knowledge.remove(&task_id);
+            }
+            Input::Report(report) => {
+                let Some(resident) = self.residents.get_mut(&report.task_id) else {
+                    return;
+                };
+                if let Some(k) = self.knowledge.get_mut(&report.task_id) {
+                    let before = k.memory.clone();
+                    k.learn_report(&report);
+                    self.memory_changed |= k.memory != before;
+                }
+                self.round = self.round.max(report.assignment_round);
+                if let Some(search) = &mut self.search
+                    && let Phase::Measuring(m) = &mut search.phase
+                    && let Some(i) = search.task_ids.iter().position(|t| *t == report.task_id)
+                {
+                    m.add(i, &report);
+                }
+                resident.report = Some(report);
+            }
+            Input::Assigned(a) => {
+                let Some(resident) = self.residents.get_mut(&a.task_id) else {
+                    return;
+                };
+                resident.assigned = Some((a.batch_size, a.round));
+                if a.round > self.round {
+                    // Someone else (the placer making room) moved the task: what runs is no
+                    // longer what the search applied.
+                    self.round = a.round;
+                    if let Some(search) = &mut self.search {
+                        tracing::info!(task = %a.task_id, batch_size = a.batch_size, round = a.round,
+                            "assignment written by another writer; re-deciding");
+                        search.applied = None;
+                        if matches!(search.phase, Phase::Measuring(_) | Phase::Settled { .. }) {
+                            search.phase = Phase::Idle;
+                        }
+                    }
+                }
+            }
+            Input::Tick => {}
+        }
+    }
+
+    fn advance(&mut self, now_ms: i64, out: &mut Vec<Action>) {
+        for _ in 0..MAX_TRANSITIONS_PER_STEP {
+            if std::mem::take(&mut self.residents_changed) {
+                self.start_search(now_ms, out);
+            }
+            let Some(search) = &mut self.search else {
+                return;
+            };
+            match &search.phase {
+                Phase::Idle => self.decide(now_ms, out),
+                Phase::Measuring(m) => {
+                    if let Some(outcome) = m.outcome(self.params.reports_per_round) {
+                        self.conclude(now_ms, outcome, out);
+                    } else if now_ms
+                        >= m.started_ms
+                            .saturating_add(millis(self.params.round_timeout))
+                    {
+                        self.drop_round(now_ms);
+                    } else {
+                        return;
+                    }
+                }
+                Phase::Settled { check_at_ms, .. } => {
+                    let check_at_ms = *check_at_ms;
+                    if std::mem::take(&mut self.memory_changed) && !self.settled_config_fits() {
+                        tracing::warn!(device = %self.device_id,
+                            "the settled configuration no longer fits the memory model; searching again");
+                        self.restart_search(now_ms, None, out);
+                        continue;
+                    }
+                    if now_ms < check_at_ms {
+                        return;
+                    }
+                    if !self.begin_check(now_ms)
+                        && let Some(search) = &mut self.search
+                    {
+                        search.phase = Phase::Idle;
+                        continue;
+                    }
+                    return;
+                }
+                Phase::Holding { until_ms, .. } => {
+                    if now_ms < *until_ms {
+                        return;
+                    }
+                    search.phase = Phase::Idle;
+                }
+            }
+        }
+        tracing::error!(device = %self.device_id, "device tuner did not come to rest within one step");
+    }
+
+    /// A new search over the current residents (see the module documentation, step 1).
+    fn start_search(&mut self, now_ms: i64, out: &mut Vec<Action>) {
+        if self.residents.is_empty() {
+            if self.search.take().is_some() {
+                tracing::info!(device = %self.device_id, "no tasks left on the device");
+            }
+            return;
+        }
+        let task_ids: Vec<String> = self.residents.keys().cloned().collect();
+        let sizes: Vec<Vec<u32>> = self
+            .residents
+            .values()
+            .map(|r| candidate_sizes(&r.spec))
+            .collect();
+        let lone = task_ids.len() == 1;
+        let mut running = true;
+        let start: Vec<usize> = self
+            .residents
+            .iter()
+            .zip(&sizes)
+            .map(|((id, r), s)| {
+                let m0 = r.spec.initial_batch_size.max(1);
+                let m0_at = s.iter().position(|&b| b == m0).unwrap_or(0);
+                let solo_unknown = self
+                    .knowledge
+                    .get(id)
+                    .is_none_or(|k| k.solo_at(m0).is_none());
+                if lone && solo_unknown {
+                    running = false;
+                    return m0_at;
+                }
+                let now = r
+                    .assigned
+                    .map(|(b, _)| b)
+                    .or_else(|| r.report.as_ref().map(|r| r.batch_size).filter(|&b| b > 0));
+                match now.and_then(|b| s.iter().position(|&x| x == b)) {
+                    Some(i) => i,
+                    None => {
+                        running = false;
+                        m0_at
+                    }
+                }
+            })
+            .collect();
+        let rounds: Option<Vec<u64>> = self
+            .residents
+            .values()
+            .map(|r| r.assigned.map(|(_, round)| round))
+            .collect();
+        let applied = match rounds {
+            Some(rounds) if running => Some((start.clone(), rounds)),
+            _ => None,
+        };
+        let search = match self.new_search(task_ids.clone(), sizes.clone(), start) {
+            Ok(search) => search,
+            Err(err) => {
+                tracing::error!(device = %self.device_id, %err, "cannot set up the batch-size search; holding");
+                self.search = None;
+                return;
+            }
+        };
+        self.search = Some(Search { applied, ..search });
+        if let Some(session) = self.resumed.take() {
+            if session.task_ids == task_ids && session.sizes == sizes {
+                self.replay(session.observations);
+            } else {
+                tracing::info!(device = %self.device_id, "persisted search is about other tasks; starting afresh");
+            }
+        }
+        if let Some(search) = &self.search {
+            tracing::info!(device = %self.device_id, tasks = ?task_ids, sizes = ?sizes,
+                observations = search.observations.len(), "search starts");
+        }
+        out.push(Action::Persist(self.persisted(now_ms)));
+    }
+
+    /// A fresh search over `task_ids` at `sizes`, starting at `start`.
+    fn new_search(
+        &mut self,
+        task_ids: Vec<String>,
+        sizes: Vec<Vec<u32>>,
+        start: Vec<usize>,
+    ) -> Result<Search> {
+        let memory = self.memory_constraint(&task_ids, &sizes);
+        let space = SearchSpace {
+            sizes: sizes.clone(),
+            start,
+            memory: Some(memory),
+        };
+        // A different, reproducible seed per search: two searches on one device must not
+        // sample the same candidates.
+        let seed = self.params.seed ^ self.counters.searches.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.counters.searches += 1;
+        let search = GpLcb::new(space, self.params.lcb, seed)?;
+        Ok(Search {
+            task_ids,
+            sizes,
+            controller: Controller::new(search, self.params.controller),
+            observations: Vec::new(),
+            sampled: HashSet::new(),
+            phase: Phase::Idle,
+            applied: None,
+            logged_hold: None,
+        })
+    }
+
+    /// Replays persisted observations into the current search.
+    fn replay(&mut self, observations: Vec<TunerObservation>) {
+        let Some(search) = &mut self.search else {
+            return;
+        };
+        for o in observations {
+            let idx: Option<Vec<usize>> = o
+                .batch_sizes
+                .iter()
+                .zip(&search.sizes)
+                .map(|(b, s)| s.iter().position(|x| x == b))
+                .collect();
+            match idx {
+                Some(idx) if idx.len() == search.sizes.len() => {
+                    if let Err(err) = search.controller.record(&idx, o.sum_pd) {
+                        tracing::warn!(%err, "persisted observation refused; skipped");
+                        continue;
+                    }
+                    search.observations.push(o);
+                }
+                _ => tracing::warn!(batch_sizes = ?o.batch_sizes,
+                    "persisted observation outside the search space; skipped"),
+            }
+        }
+        tracing::info!(device = %self.device_id, observations = search.observations.len(),
+            settled = search.controller.is_settled(), "search resumed from persisted observations");
+    }
+
+    /// Drops the current search's observations and starts a fresh one over the same tasks
+    /// at `config` (or their current sizes), with `first` as its first observation.
+    fn restart_search(
+        &mut self,
+        now_ms: i64,
+        first: Option<(Vec<usize>, f64)>,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(mut old) = self.search.take() else {
+            return;
+        };
+        let start = first
+            .as_ref()
+            .map(|(c, _)| c.clone())
+            .or_else(|| old.applied.as_ref().map(|(c, _)| c.clone()))
+            .unwrap_or_else(|| old.controller.search().space().start.clone());
+        match self.new_search(old.task_ids.clone(), old.sizes.clone(), start) {
+            Ok(fresh) => {
+                let mut fresh = Search {
+                    applied: old.applied,
+                    sampled: old.sampled,
+                    ..fresh
+                };
+                if let Some((config, value)) = first {
+                    if let Err(err) = fresh.controller.record(&config, Some(value)) {
+                        tracing::warn!(%err, "drift observation refused");
+                    } else {
+                        fresh.observations.push(TunerObservation {
+                            batch_sizes: fresh.controller.search().space().batch_sizes(&config),
+                            sum_pd: Some(value),
+                            round: self.round,
+                        });
+                    }
+                }
+                self.search = Some(fresh);
+                out.push(Action::Persist(self.persisted(now_ms)));
+            }
+            Err(err) => {
+                tracing::error!(device = %self.device_id, %err, "cannot restart the search; holding");
+            }
+        }
+    }
+
+    /// The card and every task's conservative memory at each candidate size.
+    fn memory_constraint(&self, task_ids: &[String], sizes: &[Vec<u32>]) -> MemoryConstraint {
+        let upper_mib = task_ids
+            .iter()
+            .zip(sizes)
+            .map(|(id, s)| {
+                let Some(r) = self.residents.get(id) else {
+                    return vec![None; s.len()];
+                };
+                let reserved = if r.reserved_mib > 0 {
+                    r.reserved_mib
+                } else {
+                    r.spec.gpu_mem_request_mib
+                } as f64;
+                self.knowledge
+                    .get(id)
+                    .cloned()
+                    .unwrap_or_default()
+                    .upper_bounds(
+                        s,
+                        r.spec.initial_batch_size.max(1),
+                        reserved,
+                        self.params.memory,
+                    )
+            })
+            .collect();
+        MemoryConstraint {
+            upper_mib,
+            capacity_mib: self.capacity_mib,
+            held_mib: self.held.values().map(|&m| m as f64).sum(),
+            // The one margin, which the placer and the agent's fall-back keep too.
+            margin: MemoryMargin::DEFAULT,
+        }
+    }
+
+    /// Puts the current memory knowledge into the search.
+    fn refresh_memory(&mut self) -> Result<()> {
+        let Some(search) = &self.search else {
+            return Ok(());
+        };
+        let constraint = self.memory_constraint(&search.task_ids, &search.sizes);
+        if let Some(search) = &mut self.search {
+            search.controller.search().set_memory(Some(constraint))?;
+        }
+        Ok(())
+    }
+
+    /// Whether the settled configuration still fits with what is known about memory now.
+    fn settled_config_fits(&mut self) -> bool {
+        if self.refresh_memory().is_err() {
+            return false;
+        }
+        let Some(search) = &mut self.search else {
+            return true;
+        };
+        match &search.phase {
+            Phase::Settled { config, .. } => {
+                let config = config.clone();
+                search.controller.search().feasible(&config)
+            }
+            _ => true,
+        }
+    }
+
+    /// Tasks of the search without a solo step time at m0.
+    fn unmeasurable(&self, search: &Search) -> Vec<String> {
+        search
+            .task_ids
+            .iter()
+            .filter(|id| {
+                let m0 = self
+                    .residents
+                    .get(*id)
+                    .map_or(1, |r| r.spec.initial_batch_size.max(1));
+                self.knowledge
+                    .get(*id)
+                    .is_none_or(|k| k.solo_at(m0).is_none())
+            })
+            .cloned()
+            .collect()
+    }
+
+    fn hold(&mut self, now_ms: i64, why: Hold) {
+        let until_ms = now_ms.saturating_add(millis(self.params.settled_interval));
+        let Some(search) = &mut self.search else {
+            return;
+        };
+        if search.logged_hold.as_ref() != Some(&why) {
+            match &why {
+                Hold::Unmeasurable(tasks) => tracing::warn!(device = %self.device_id, ?tasks,
+                    "no solo step time at the submitted batch size (no local profile, never ran alone here): holding the batch sizes, not tuning"),
+                Hold::Infeasible(why) => tracing::error!(device = %self.device_id, %why,
+                    "no configuration of the resident tasks fits the card; holding"),
+                Hold::NoExpectation => tracing::warn!(device = %self.device_id,
+                    "settled without a prediction of the kept configuration; deciding again later"),
+            }
+            search.logged_hold = Some(why.clone());
+        }
+        search.phase = Phase::Holding { why, until_ms };
+    }
+
+    /// Decides what runs next (phase `Idle`).
+    fn decide(&mut self, now_ms: i64, out: &mut Vec<Action>) {
+        if let Err(err) = self.refresh_memory() {
+            self.hold(now_ms, Hold::Infeasible(err.to_string()));
+            return;
+        }
+        let Some(search) = &self.search else {
+            return;
+        };
+        let first_lone_round = search.task_ids.len() == 1 && search.observations.is_empty();
+        let unknown = self.unmeasurable(search);
+        if !unknown.is_empty() && !first_lone_round {
+            self.hold(now_ms, Hold::Unmeasurable(unknown));
+            return;
+        }
+        let max_observations = self.params.max_observations;
+        let Some(search) = &mut self.search else {
+            return;
+        };
+        let single = search.sizes.iter().all(|s| s.len() == 1);
+        if !search.controller.is_settled()
+            && (search.observations.len() >= max_observations
+                || single && search.observations.iter().any(|o| o.sum_pd.is_some()))
+        {
+            tracing::info!(device = %self.device_id, observations = search.observations.len(),
+                "nothing more to search; settling on the best measured configuration");
+            if let Err(err) = search.controller.stop() {
+                tracing::warn!(%err, "cannot settle");
+            }
+        }
+        match search.controller.decide() {
+            Ok(Decision::Explore(idx)) => self.begin_round(now_ms, idx, out),
+            Ok(Decision::Settle(best)) => self.settle(now_ms, best, out),
+            Err(TunerError::NoFeasibleConfiguration(why)) => {
+                self.hold(now_ms, Hold::Infeasible(why));
+            }
+            Err(err) => self.hold(now_ms, Hold::Infeasible(err.to_string())),
+        }
+    }
+
+    /// Settles on `best`, or keeps what runs when switching is not worth it (hysteresis).
+    fn settle(&mut self, now_ms: i64, best: Vec<usize>, out: &mut Vec<Action>) {
+        let Some(search) = &mut self.search else {
+            return;
+        };
+        let running = search.applied.as_ref().map(|(c, _)| c.clone());
+        let keep = match &running {
+            Some(current)
+                if *current != best
+                    && search.controller.search().feasible(current)
+                    && !search
+                        .controller
+                        .worth_switching(current, &best)
+                        .unwrap_or(true) =>
+            {
+                current.clone()
+            }
+            _ => best,
+        };
+        let expected = search
+            .controller
+            .search()
+            .predict(&keep)
+            .ok()
+            .flatten()
+            .map(|p| p.mean)
+            .filter(|m| m.is_finite() && *m > 0.0);
+        let Some(expected) = expected else {
+            self.hold(now_ms, Hold::NoExpectation);
+            return;
+        };
+        tracing::info!(device = %self.device_id,
+            batch_sizes = ?search.controller.search().space().batch_sizes(&keep),
+            expected_sum_pd = expected, kept_running = running.as_ref() == Some(&keep), "settled");
+        if running.as_ref() != Some(&keep) {
+            self.assign(now_ms, &keep, out);
+        }
+        if let Some(search) = &mut self.search {
+            search.phase = Phase::Settled {
+                config: keep,
+                expected,
+                check_at_ms: now_ms.saturating_add(millis(self.params.settled_interval)),
+            };
+        }
+    }
+
+    /// Writes one round of assignments for `config`; returns the round.
+    fn assign(&mut self, now_ms: i64, config: &[usize], out: &mut Vec<Action>) -> u64 {
+        self.round += 1;
+        let round = self.round;
+        let Some(search) = &mut self.search else {
+            return round;
+        };
+        let space = search.controller.search().space().clone();
+        let batch_sizes = space.batch_sizes(config);
+        let mut assignments = Vec::with_capacity(batch_sizes.len());
+        for (i, (id, &b)) in search.task_ids.iter().zip(&batch_sizes).enumerate() {
+            let Some(r) = self.residents.get_mut(id) else {
+                continue;
+            };
+            let rule =
+                LrScalingRule::try_from(r.spec.lr_rule).unwrap_or(LrScalingRule::Unspecified);
+            let phi = r
+                .report
+                .as_ref()
+                .and_then(|r| r.grad_noise_scale)
+                .filter(|p| p.is_finite() && *p >= 0.0);
+            let memory_bound_mib = space
+                .memory
+                .as_ref()
+                .and_then(|m| m.upper_mib[i][config[i]]);
+            assignments.push(BatchSizeAssignment {
+                task_id: id.clone(),
+                batch_size: b,
+                lr_factor: lr_factor(rule, r.spec.initial_batch_size, b, phi),
+                lr_rule: r.spec.lr_rule,
+                round,
+                assigned_at_unix_ms: now_ms,
+                memory_bound_mib,
+            });
+            r.assigned = Some((b, round));
+        }
+        self.counters.rounds += 1;
+        self.counters.assignments += assignments.len() as u64;
+        search.applied = Some((config.to_vec(), vec![round; config.len()]));
+        tracing::debug!(device = %self.device_id, round, ?batch_sizes, "round assigned");
+        out.push(Action::Assign(assignments));
+        round
+    }
+
+    /// The sequence of each search task's latest report (what a round's reports must beat).
+    fn seen_seq(&self, task_ids: &[String]) -> Vec<Option<u64>> {
+        task_ids
+            .iter()
+            .map(|id| {
+                self.residents
+                    .get(id)
+                    .and_then(|r| r.report.as_ref())
+                    .map(|r| r.seq)
+            })
+            .collect()
+    }
+
+    /// Assigns `config` (unless it runs already) and starts measuring it.
+    fn begin_round(&mut self, now_ms: i64, config: Vec<usize>, out: &mut Vec<Action>) {
+        let running = self
+            .search
+            .as_ref()
+            .and_then(|s| s.applied.as_ref())
+            .filter(|(c, _)| *c == config)
+            .map(|(_, rounds)| rounds.clone());
+        // Re-assigning what runs would only make every training loop apply a "change" to
+        // the same batch size; its reports under the current rounds measure it as well.
+        let rounds = match running {
+            Some(rounds) => rounds,
+            None => {
+                let round = self.assign(now_ms, &config, out);
+                vec![round; config.len()]
+            }
+        };
+        let Some(search) = &self.search else {
+            return;
+        };
+        let seen = self.seen_seq(&search.task_ids);
+        let batch_sizes = search.batch_sizes(&config);
+        let m = Measurement::new(rounds, config, batch_sizes, Purpose::Explore, now_ms, &seen);
+        if let Some(search) = &mut self.search {
+            search.phase = Phase::Measuring(m);
+        }
+    }
+
+    /// Starts measuring the settled configuration that runs, without assigning anything;
+    /// false when what runs is not known to be the settled configuration.
+    fn begin_check(&mut self, now_ms: i64) -> bool {
+        let Some(search) = &self.search else {
+            return false;
+        };
+        let (Phase::Settled { config, .. }, Some((applied, rounds))) =
+            (&search.phase, &search.applied)
+        else {
+            return false;
+        };
+        if config != applied {
+            return false;
+        }
+        let seen = self.seen_seq(&search.task_ids);
+        let m = Measurement::new(
+            rounds.clone(),
+            config.clone(),
+            search.batch_sizes(config),
+            Purpose::Check,
+            now_ms,
+            &seen,
+        );
+        if let Some(search) = &mut self.search {
+            search.phase = Phase::Measuring(m);
+        }
+        true
+    }
+
+    /// A round without enough fresh reports in time: dropped, never observed. A dropped
+    /// check leaves the search settled until the next check.
+    fn drop_round(&mut self, now_ms: i64) {
+        let reports_per_round = self.params.reports_per_round;
+        let settled_interval = millis(self.params.settled_interval);
+        let Some(search) = &mut self.search else {
+            return;
+        };
+        let Phase::Measuring(m) = std::mem::replace(&mut search.phase, Phase::Idle) else {
+            return;
+        };
+        self.counters.dropped += 1;
+        let missing: Vec<&String> = m
+            .missing(reports_per_round)
+            .into_iter()
+            .filter_map(|i| search.task_ids.get(i))
+            .collect();
+        tracing::warn!(device = %self.device_id, rounds = ?m.rounds, ?missing,
+            "not enough fresh reports in time; round dropped");
+        if m.purpose == Purpose::Check
+            && let Some(expected) = self.expected_of(&m.config)
+            && let Some(search) = &mut self.search
+        {
+            search.phase = Phase::Settled {
+                config: m.config,
+                expected,
+                check_at_ms: now_ms.saturating_add(settled_interval),
+            };
+        }
+    }
+
+    /// What a check of `config` is compared with: the settled expectation.
+    fn expected_of(&mut self, config: &[usize]) -> Option<f64> {
+        let search = self.search.as_mut()?;
+        search
+            .controller
+            .search()
+            .predict(config)
+            .ok()
+            .flatten()
+            .map(|p| p.mean)
+            .filter(|m| m.is_finite() && *m > 0.0)
+    }
+
+    /// Σ PD of a measured round, or the tasks it cannot be computed for.
+    fn sum_pd(
+        &self,
+        task_ids: &[String],
+        batch_sizes: &[u32],
+        step_times: &[f64],
+        noise_scales: &[Option<f64>],
+    ) -> std::result::Result<f64, Vec<String>> {
+        let mut sum = 0.0;
+        let mut unknown = Vec::new();
+        for (i, id) in task_ids.iter().enumerate() {
+            let m0 = self
+                .residents
+                .get(id)
+                .map_or(1, |r| r.spec.initial_batch_size.max(1));
+            let pd = self
+                .knowledge
+                .get(id)
+                .and_then(|k| k.solo_at(m0))
+                .ok_or(())
+                .and_then(|solo_step_s_m0| {
+                    PdInput {
+                        m0: f64::from(m0),
+                        solo_step_s_m0,
+                        m: f64::from(batch_sizes[i]),
+                        co_step_s: step_times[i],
+                        noise_scale: noise_scales[i],
+                    }
+                    .pd()
+                    .map_err(|err| tracing::warn!(task = %id, %err, "cannot compute PD"))
+                });
+            match pd {
+                Ok(pd) => sum += pd,
+                Err(()) => unknown.push(id.clone()),
+            }
+        }
+        if unknown.is_empty() {
+            Ok(sum)
+        } else {
+            Err(unknown)
+        }
+    }
+
+    /// A complete round (see the module documentation, steps 2, 3 and 5).
+    fn conclude(&mut self, now_ms: i64, outcome: Outcome, out: &mut Vec<Action>) {
+        let Some(search) = &mut self.search else {
+            return;
+        };
+        let Phase::Measuring(m) = std::mem::replace(&mut search.phase, Phase::Idle) else {
+            return;
+        };
+        let task_ids = search.task_ids.clone();
+        let lone = task_ids.len() == 1;
+        match outcome {
+            Outcome::OutOfMemory(tasks) => {
+                self.counters.out_of_memory += 1;
+                for &i in &tasks {
+                    if lone && let Some(k) = self.knowledge.get_mut(&task_ids[i]) {
+                        k.learn_oom_alone(m.batch_sizes[i]);
+                    }
+                }
+                tracing::warn!(device = %self.device_id, rounds = ?m.rounds, batch_sizes = ?m.batch_sizes,
+                    tasks = ?tasks.iter().map(|&i| &task_ids[i]).collect::<Vec<_>>(),
+                    joint = !lone, "configuration ran out of memory");
+                self.observe(&m, None);
+                out.push(Action::Persist(self.persisted(now_ms)));
+            }
+            Outcome::Measured {
+                step_times,
+                noise_scales,
+            } => {
+                if lone && let Some(k) = self.knowledge.get_mut(&task_ids[0]) {
+                    k.learn_solo(m.batch_sizes[0], step_times[0]);
+                }
+                let value = match self.sum_pd(&task_ids, &m.batch_sizes, &step_times, &noise_scales)
+                {
+                    Ok(v) => v,
+                    Err(unknown) => {
+                        self.counters.dropped += 1;
+                        self.hold(now_ms, Hold::Unmeasurable(unknown));
+                        return;
+                    }
+                };
+                self.last_sum_pd = Some(value);
+                self.emit_samples(now_ms, &m, &step_times, out);
+                match m.purpose {
+                    Purpose::Explore => {
+                        self.counters.measured += 1;
+                        tracing::info!(device = %self.device_id, rounds = ?m.rounds,
+                            batch_sizes = ?m.batch_sizes, sum_pd = value, "round measured");
+                        self.observe(&m, Some(value));
+                    }
+                    Purpose::Check => self.check(now_ms, m, value, out),
+                }
+                out.push(Action::Persist(self.persisted(now_ms)));
+            }
+        }
+    }
+
+    /// Adds an explore round's value (or out of memory) to the search.
+    fn observe(&mut self, m: &Measurement, value: Option<f64>) {
+        let round = self.round;
+        let Some(search) = &mut self.search else {
+            return;
+        };
+        if let Err(err) = search.controller.record(&m.config, value) {
+            tracing::warn!(%err, "measurement refused by the search");
+            return;
+        }
+        search.observations.push(TunerObservation {
+            batch_sizes: m.batch_sizes.clone(),
+            sum_pd: value,
+            round,
+        });
+    }
+
+    /// A settled check: stay, or start a fresh search on drift.
+    fn check(&mut self, now_ms: i64, m: Measurement, value: f64, out: &mut Vec<Action>) {
+        self.counters.checks += 1;
+        let drift = self.params.controller.drift;
+        let settled_interval = millis(self.params.settled_interval);
+        let Some(expected) = self.expected_of(&m.config) else {
+            return;
+        };
+        if (value - expected).abs() <= drift * expected {
+            if let Some(search) = &mut self.search {
+                search.phase = Phase::Settled {
+                    config: m.config,
+                    expected,
+                    check_at_ms: now_ms.saturating_add(settled_interval),
+                };
+            }
+            return;
+        }
+        self.counters.drifts += 1;
+        tracing::info!(device = %self.device_id, measured = value, expected,
+            batch_sizes = ?m.batch_sizes, "measured Σ PD drifted; fresh search from what runs");
+        self.restart_search(now_ms, Some((m.config, value)), out);
+    }
+
+    /// Samples of a measured co-location whose configuration was not sampled before.
+    fn emit_samples(
+        &mut self,
+        now_ms: i64,
+        m: &Measurement,
+        step_times: &[f64],
+        out: &mut Vec<Action>,
+    ) {
+        let Some(search) = &self.search else {
+            return;
+        };
+        if search.task_ids.len() < 2 || search.sampled.contains(&m.batch_sizes) {
+            return;
+        }
+        let empty = TaskKnowledge::default();
+        let measured: Vec<samples::Measured<'_>> = search
+            .task_ids
+            .iter()
+            .enumerate()
+            .filter_map(|(i, id)| {
+                let r = self.residents.get(id)?;
+                Some(samples::Measured {
+                    task_id: id,
+                    spec: &r.spec,
+                    knowledge: self.knowledge.get(id).unwrap_or(&empty),
+                    batch_size: m.batch_sizes[i],
+                    step_time_s: step_times[i],
+                    peak_mem_mib: r
+                        .report
+                        .as_ref()
+                        .filter(|rep| {
+                            rep.peak_mem_batch_size == m.batch_sizes[i]
+                                || rep.peak_mem_batch_size == 0
+                        })
+                        .and_then(|rep| rep.peak_mem_mib),
+                })
+            })
+            .collect();
+        let made = samples::from_round(
+            &self.device_id,
+            &self.device_kind,
+            m.rounds.iter().copied().max().unwrap_or(0),
+            now_ms,
+            &measured,
+        );
+        if made.is_empty() {
+            return;
+        }
+        for sample in made {
+            out.push(Action::Sample {
+                seq: self.next_sample_seq,
+                sample,
+            });
+            self.next_sample_seq += 1;
+            self.counters.samples += 1;
+        }
+        if let Some(search) = &mut self.search {
+            search.sampled.insert(m.batch_sizes.clone());
+        }
+    }
+}
+
+impl Search {
+    /// The batch sizes of a configuration (indices into `sizes`).
+    fn batch_sizes(&self, config: &[usize]) -> Vec<u32> {
+        config.iter().zip(&self.sizes).map(|(&i, s)| s[i]).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;
