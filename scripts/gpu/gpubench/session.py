@@ -64,13 +64,16 @@ class Session:
         return self.budget_s is not None and self.elapsed_s() > self.budget_s
 
     def open_raw_log(self, base: str, resume: bool) -> List[Dict[str, Any]]:
-        """The raw log's records when resuming; refuses to start over an existing one."""
+        """The raw log's records when resuming; refuses to start over an existing one,
+        and creates it when starting, so a second run without --resume is refused even
+        if the first one measured nothing."""
         raw = self.path(base)
         if raw.exists() and not resume:
             raise SystemExit(
                 f"error: {raw} exists; pass --resume to continue it, or choose another --out "
                 "(measurements are never overwritten)"
             )
+        raw.touch()
         return outputs.read_jsonl(raw)
 
 
