@@ -417,6 +417,30 @@ fn freed(before: &Occupancy, now: &Occupancy) -> bool {
     })
 }
 
+/// Tells a queued job when a GPU frees up: a task left a device, or a device appeared,
+/// since the occupancy seen last. Comparing with the last poll, not only with the
+/// snapshot taken before the Place call, matters: a task placed by someone else between
+/// that snapshot and the decision (the one the job was queued behind) is absent from
+/// the snapshot, so its departure would never look like a freed GPU.
+struct FreedWatch {
+    last: Occupancy,
+}
+
+impl FreedWatch {
+    fn new(before: &Occupancy) -> FreedWatch {
+        FreedWatch {
+            last: before.clone(),
+        }
+    }
+
+    /// Whether `now` frees something compared with the last occupancy seen.
+    fn observe(&mut self, now: Occupancy) -> bool {
+        let freed = freed(&self.last, &now);
+        self.last = now;
+        freed
+    }
+}
+
 /// Sleeps `retry`, but returns early when a GPU frees up (ListDevices, every few
 /// seconds): the placer's hint is a bound, and a job should not idle behind it. Returns
 /// the signal that interrupted the wait, if one did.
@@ -426,6 +450,7 @@ async fn wait_or_freed(
     retry: Duration,
     signals: &mut Signals,
 ) -> Option<Signal> {
+    let mut watch = FreedWatch::new(before);
     let deadline = Instant::now() + retry;
     loop {
         let now = Instant::now();
@@ -437,7 +462,7 @@ async fn wait_or_freed(
             sig = signals.next() => return Some(sig),
         }
         if let Ok(list) = call("ListDevices", client.list_devices(ListDevicesRequest {})).await
-            && freed(before, &occupancy(&list.devices))
+            && watch.observe(occupancy(&list.devices))
         {
             tracing::info!("a GPU freed up; asking the placer again");
             return None;
@@ -547,6 +572,26 @@ mod tests {
             &before,
             &occupancy(&[("gpu0", &["a", "b"]), ("gpu1", &[])])
         ));
+    }
+
+    #[test]
+    fn a_task_placed_after_the_snapshot_frees_its_gpu_when_it_leaves() {
+        let occupancy = |tasks: &[&str]| -> Occupancy {
+            [(
+                "gpu0".to_owned(),
+                tasks.iter().map(|t| t.to_string()).collect(),
+            )]
+            .into()
+        };
+        // The snapshot before Place saw an empty GPU; another job was placed before
+        // the decision, so this one was queued behind it.
+        let mut watch = FreedWatch::new(&occupancy(&[]));
+        assert!(!watch.observe(occupancy(&["other"])));
+        assert!(!watch.observe(occupancy(&["other"])));
+        assert!(
+            watch.observe(occupancy(&[])),
+            "the other job left: ask again"
+        );
     }
 
     #[test]
