@@ -45,6 +45,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,18 +149,19 @@ class Cluster:
         self.process: Optional[subprocess.Popen] = None
         self.watch: Optional[subprocess.Popen] = None
         self.env: Dict[str, str] = {}
+        self.cluster_dir = folder
 
     def start(self) -> "Cluster":
         a = self.args
-        cmd = [a.iadeep, "up", "--dir", str(self.folder / "cluster"), "--etcd-port", "0", "--etcd-peer-port", "0",
+        # etcd's data (tens of MiB of preallocated log) stays out of the output folder.
+        self.cluster_dir = Path(tempfile.mkdtemp(prefix="iadeep-e2e-cluster-"))
+        cmd = [a.iadeep, "up", "--dir", str(self.cluster_dir), "--etcd-port", "0", "--etcd-peer-port", "0",
                "--placer", "127.0.0.1:0", "--devices", "1"]
         if a.etcd:
             cmd += ["--etcd-bin", a.etcd]
         if a.dry_run:
             cmd += ["--no-nvml", "--memory-mib", str(synthetic.CAPACITY_MIB), "--kind", synthetic.DEVICE_KIND]
-        env_file = self.folder / "cluster" / "cluster.env"
-        if env_file.exists():
-            env_file.unlink()
+        env_file = self.cluster_dir / "cluster.env"
         log = open(self.folder / "iadeep-up.log", "ab")
         self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
@@ -205,6 +207,12 @@ class Cluster:
                 self.process.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait()
+        if self.process is not None:
+            etcd_log = self.cluster_dir / "etcd.log"
+            if etcd_log.exists():
+                shutil.copy(etcd_log, self.folder / "etcd.log")
+            shutil.rmtree(self.cluster_dir, ignore_errors=True)
 
 
 @dataclass
