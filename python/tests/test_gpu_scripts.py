@@ -17,8 +17,6 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-import pytest
-
 from conftest import DEADLINE_S, IADEEP, REPO
 
 SCRIPTS = REPO / "scripts" / "gpu"

@@ -188,7 +188,7 @@ def summarise(session: Session, records: List[Dict[str, Any]]) -> Dict[str, Any]
 
     samples = []
     runs = []
-    for k, r in sorted(latest.items()):
+    for _, r in sorted(latest.items()):
         jobs = [tuple(j) for j in r["jobs"]]
         sd = slowdowns(r)
         for i, job in enumerate(jobs):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import os
 import statistics
+import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -166,7 +167,10 @@ class TorchTrainer(Trainer):
         super().__init__(spec)
         # NVML's figure before this process touches CUDA: the device-delta fallback.
         self.probe = GpuProbe.open(nvml_index)
-        self._baseline_used_mib = self.probe.used_mib() if self.probe is not None else None
+        try:
+            self._baseline_used_mib = self.probe.used_mib() if self.probe is not None else None
+        except Exception:  # noqa: BLE001 - then the device-delta fallback is off
+            self._baseline_used_mib = None
         import torch
 
         if not torch.cuda.is_available():
@@ -193,7 +197,11 @@ class TorchTrainer(Trainer):
         if spec.library == "torchvision":
             import torchvision
 
-            return getattr(torchvision.models, spec.constructor)(weights=None)
+            constructor = getattr(torchvision.models, spec.constructor)
+            try:
+                return constructor(weights=None)
+            except TypeError:  # torchvision before 0.13 names it `pretrained`
+                return constructor(pretrained=False)
         if spec.library == "timm":
             import timm
 
@@ -282,13 +290,16 @@ class TorchTrainer(Trainer):
     def process_memory(self) -> Tuple[Optional[float], str]:
         if self.probe is None:
             return None, "none"
-        mine = self.probe.process_used_mib(os.getpid())
-        if mine is not None:
-            return mine, "nvml-process"
-        if self._baseline_used_mib is not None:
-            # Valid only while this process is the only one to change the GPU's
-            # memory (the memory script runs one worker at a time).
-            return self.probe.used_mib() - self._baseline_used_mib, "nvml-device-delta"
+        try:
+            mine = self.probe.process_used_mib(os.getpid())
+            if mine is not None:
+                return mine, "nvml-process"
+            if self._baseline_used_mib is not None:
+                # Valid only while this process is the only one to change the GPU's
+                # memory (the memory script runs one worker at a time).
+                return self.probe.used_mib() - self._baseline_used_mib, "nvml-device-delta"
+        except Exception as error:  # noqa: BLE001 - NVML's figure is optional; PyTorch's stay
+            print(f"NVML memory reading failed: {error}", file=sys.stderr)
         return None, "none"
 
     def scale_lr(self, factor: float) -> None:
