@@ -10,12 +10,15 @@ tests check the pipeline and the file formats, never a measured figure.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List
+
+import pytest
 
 from conftest import DEADLINE_S, IADEEP, REPO
 
@@ -52,7 +55,8 @@ def test_every_script_has_help_that_names_the_synthetic_dry_run():
 
 def test_memory_dry_run_is_read_by_memory_eval(tmp_path: Path):
     out = tmp_path / "memory"
-    script("measure_memory.py", "--dry-run", "--out", str(out))
+    script("measure_memory.py", "--dry-run", "--out", str(out), "--models",
+           "resnet18,resnet50,vgg16,vit_small_patch16_224,lm-small,gpt2-small-s512")
     meta = json.loads((out / "SYNTHETIC-memory-metadata.json").read_text())
     assert meta["backend"] == "synthetic" and "NOT measurements" in meta["note"]
     full = rows(out / "SYNTHETIC-memory-full.csv")
@@ -97,8 +101,8 @@ def test_dry_runs_refuse_to_write_under_data_measured(tmp_path: Path):
 
 def test_interference_dry_run_feeds_the_simulator_and_the_predictor_evaluation(tmp_path: Path):
     out = tmp_path / "interference"
-    script("measure_interference.py", "--dry-run", "--out", str(out), "--triples", "6", "--jobs",
-           "resnet18:32/128,lm-small:8/32,mobilenet_v3_large:32/128,vit_small_patch16_224:32/128")
+    script("measure_interference.py", "--dry-run", "--out", str(out), "--triples", "4", "--jobs",
+           "resnet18:32/128,lm-small:8/32,mobilenet_v3_large:32/128")
     gavel = json.loads((out / "SYNTHETIC-gavel-synthetic.json").read_text())
     jobs = gavel["synthetic"]
     key = "('synthetic-resnet18 (batch size 32)', 1)"
@@ -169,3 +173,42 @@ def test_e2e_dry_run_drives_three_policies_and_a_real_iadeep_cluster(tmp_path: P
     assignments = rows(out / "iadeep" / "assignments.csv")
     assert all(a["job"] and int(a["batch_size"]) > 0 for a in assignments)
     assert (out / "SYNTHETIC-assignments.svg").read_text().startswith("<svg")
+
+
+def test_the_gpu_probe_reads_nvidia_smi_and_names_the_kind_as_iadeep_does(tmp_path: Path, monkeypatch):
+    # A stand-in for the driver's tool (no GPU here): fixed answers per query.
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        '  *--query-gpu=name,driver_version,memory.total,uuid*) echo "NVIDIA H100 80GB HBM3, 550.54.15, 81559, GPU-1";;\n'
+        '  *--query-gpu=memory.used*) echo "1024";;\n'
+        '  *--query-compute-apps=pid,used_memory*) echo "4242, 2048"; echo "77, 512";;\n'
+        '  *--query-gpu=utilization.gpu,utilization.memory*) echo "87, 41";;\n'
+        "  *) exit 2;;\n"
+        "esac\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    from gpubench.device import GpuProbe, kind_from_name
+
+    probe = GpuProbe(0)  # the nvidia-smi path, whether or not pynvml is installed
+    info = probe.info()
+    assert (info["name"], info["driver_version"], info["memory_total_mib"], info["kind"]) == (
+        "NVIDIA H100 80GB HBM3", "550.54.15", 81559, "h100")
+    assert probe.used_mib() == 1024.0
+    assert probe.process_used_mib(4242) == 2048.0
+    assert probe.process_used_mib(1) is None, "a process NVML does not list"
+    assert probe.utilization() == (87.0, 41.0)
+    # The same names as tuner/src/daemon/device.rs's kind_from_name.
+    assert [kind_from_name(n) for n in ("Tesla K80", "NVIDIA GeForce RTX 4090")] == ["k80", "4090"]
+
+
+def test_measuring_without_torch_says_so_instead_of_failing_per_model(tmp_path: Path):
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here: the message for its absence cannot be shown")
+    for name in ("measure_memory.py", "measure_interference.py", "e2e.py"):
+        result = script(name, "--out", str(tmp_path / name), check=False)
+        assert result.returncode != 0 and "torch is not importable" in result.stderr, (name, result.stderr)

@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpubench import catalogue, outputs, synthetic, svg  # noqa: E402
 from gpubench.device import GpuProbe  # noqa: E402
+from gpubench.session import require_torch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 POLICIES = ("exclusive", "packing", "iadeep")
@@ -450,6 +451,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                "kind": synthetic.DEVICE_KIND, "source": "synthetic"}
         kind = synthetic.DEVICE_KIND
     else:
+        require_torch()
         probe = GpuProbe.open(0)
         gpu = probe.info() if probe is not None else {}
         kind = args.kind or gpu.get("kind") or ""

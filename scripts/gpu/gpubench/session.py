@@ -4,6 +4,7 @@ the synthetic one), its output folder, its time budget and its raw log."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from dataclasses import dataclass, field
@@ -77,6 +78,15 @@ class Session:
         return outputs.read_jsonl(raw)
 
 
+def require_torch() -> None:
+    """Stops with a clear message where PyTorch is missing (without importing it)."""
+    if importlib.util.find_spec("torch") is None:
+        raise SystemExit(
+            "error: torch is not importable here: measure on a machine with PyTorch and a GPU, "
+            "or pass --dry-run for the synthetic backend"
+        )
+
+
 def open_session(args: argparse.Namespace, what: str) -> Session:
     """The GPU, its kind and the output folder for a script measuring `what`."""
     if args.dry_run:
@@ -91,6 +101,7 @@ def open_session(args: argparse.Namespace, what: str) -> Session:
             raise SystemExit(f"error: --dry-run outputs are always of kind {synthetic.DEVICE_KIND!r}")
         kind = synthetic.DEVICE_KIND
     else:
+        require_torch()
         probe = GpuProbe.open(args.device_index)
         if probe is None:
             print("warning: neither pynvml nor nvidia-smi works here: no driver version, no NVML memory",
