@@ -141,6 +141,17 @@ def read_memory_csv(path: Optional[Path]) -> Dict[tuple, float]:
     return table
 
 
+def stop_process(process: subprocess.Popen, sig: int, timeout_s: float) -> None:
+    """Sends `sig` and waits; kills the process if it outlives `timeout_s`."""
+    if process.poll() is None:
+        process.send_signal(sig)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class Cluster:
     """`iadeep up` on a folder, and a watch of its store's task keys."""
 
@@ -196,20 +207,10 @@ class Cluster:
         return out.stdout.split() if out.returncode == 0 else []
 
     def stop(self) -> None:
-        if self.watch is not None and self.watch.poll() is None:
-            self.watch.send_signal(signal.SIGINT)
-            try:
-                self.watch.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.watch.kill()
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.watch is not None:
+            stop_process(self.watch, signal.SIGINT, 30)  # the watch stops on Ctrl-C
         if self.process is not None:
+            stop_process(self.process, signal.SIGTERM, 120)  # tuners, placer, then etcd
             etcd_log = self.cluster_dir / "etcd.log"
             if etcd_log.exists():
                 shutil.copy(etcd_log, self.folder / "etcd.log")
@@ -326,12 +327,7 @@ def run_policy(args: argparse.Namespace, policy: str, stream: List[StreamJob], o
             time.sleep(0.05)
     finally:
         for attempt in running:
-            attempt.process.terminate()
-        for attempt in running:
-            try:
-                attempt.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                attempt.process.kill()
+            stop_process(attempt.process, signal.SIGTERM, 60)
             records[attempt.job.index].status = "killed at timeout"
         if cluster is not None:
             cluster.stop()
