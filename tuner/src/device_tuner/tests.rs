@@ -631,10 +631,9 @@ fn a_restarted_tuner_resumes_its_search() {
     assert!(DeviceTuner::new(&other, params(), Some(&state)).is_err());
 }
 
-/// The placer shrinks a resident and adds a task in one commit: the tuner starts a new
-/// search from the sizes that run, with rounds above the placer's.
-#[test]
-fn a_placement_that_shrinks_a_resident_restarts_from_what_runs() {
+/// `a` tuned alone for 300 s while `b` (not yet running) waits to join; the round `a`
+/// runs under then.
+fn a_tuned_alone_and_b_about_to_join() -> (World, u64) {
     let mut w = World::new(
         16_384.0,
         vec![Task::new("a", 32, 8, 256), Task::new("b", 64, 16, 256)],
@@ -648,6 +647,14 @@ fn a_placement_that_shrinks_a_resident_restarts_from_what_runs() {
     }]);
     w.run(300);
     let round = w.tuner.status().round;
+    (w, round)
+}
+
+/// The placer shrinks a resident and adds a task in one commit: the tuner starts a new
+/// search from the sizes that run, with rounds above the placer's.
+#[test]
+fn a_placement_that_shrinks_a_resident_restarts_from_what_runs() {
+    let (mut w, round) = a_tuned_alone_and_b_about_to_join();
     // The placer: `a` back to 16 in round + 1, and `b` joins at m0.
     w.tasks[0].batch = 16;
     w.tasks[0].round = round + 1;
@@ -714,19 +721,7 @@ fn parameters_are_checked() {
 /// tuner's older one: what runs is measured under each task's own round, not dropped.
 #[test]
 fn what_runs_is_measured_under_each_tasks_own_round() {
-    let mut w = World::new(
-        16_384.0,
-        vec![Task::new("a", 32, 8, 256), Task::new("b", 64, 16, 256)],
-        params(),
-    );
-    w.tasks[1].running = false;
-    let a = w.tasks[0].spec(KIND);
-    w.step(vec![Input::Joined {
-        spec: a,
-        reserved_mib: 0,
-    }]);
-    w.run(300);
-    let round = w.tuner.status().round;
+    let (mut w, round) = a_tuned_alone_and_b_about_to_join();
     let before = w.tuner.status().counters;
     w.tasks[1].running = true;
     w.tasks[1].round = round + 1;
