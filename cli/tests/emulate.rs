@@ -97,13 +97,20 @@ async fn an_emulated_job_follows_an_assignment_and_finishes() {
             .await
             .expect("connect"),
     );
-    // 120 steps of cifar10 at batch size 32 (~43 ms each, scaled by 0.5) ≈ 2.6 s.
-    let child = spawn_job(&etcd, "follow", &["--steps", "120", "--time-scale", "0.5"]);
-    let registered = wait_until(Duration::from_secs(20), || async {
-        alive(&store, "follow").await.then_some(())
+    // 400 steps of cifar10 at batch size 32 (~43 ms each, scaled by 0.5) ≈ 8.6 s.
+    let child = spawn_job(&etcd, "follow", &["--steps", "400", "--time-scale", "0.5"]);
+    // Assign only once the job has reported steps: an assignment that arrives before
+    // the first step is a starting assignment, applied before that step (the run would
+    // begin at 64 and never show the change this test is about).
+    let stepping = wait_until(Duration::from_secs(20), || async {
+        typed::get::<TaskReport>(store.as_ref(), &keys::task_report("follow"))
+            .await
+            .expect("read report")
+            .filter(|(report, _)| report.steps_done > 0)
+            .map(|_| ())
     })
     .await;
-    assert!(registered.is_some(), "the job registered");
+    assert!(stepping.is_some(), "the job registered and reported steps");
     let assignment = BatchSizeAssignment {
         task_id: "follow".into(),
         batch_size: 64,
@@ -134,7 +141,7 @@ async fn an_emulated_job_follows_an_assignment_and_finishes() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("120 steps done; last batch size 64"),
+        stdout.contains("400 steps done; last batch size 64"),
         "{stdout}"
     );
     let (report, _) = typed::get::<TaskReport>(store.as_ref(), &keys::task_report("follow"))
@@ -148,7 +155,7 @@ async fn an_emulated_job_follows_an_assignment_and_finishes() {
             report.batch_size,
             report.assignment_round
         ),
-        (120, 64, 1)
+        (400, 64, 1)
     );
     let phi = report
         .grad_noise_scale
