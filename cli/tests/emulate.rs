@@ -174,10 +174,15 @@ async fn a_stop_signal_finishes_the_task_and_revokes_its_lease() {
             .await
             .expect("connect"),
     );
-    for (task, signal) in [
-        ("term-me", Signal::SIGTERM),
-        ("interrupt-me", Signal::SIGINT),
-    ] {
+    let mut cases = vec![("term-me", Signal::SIGTERM)];
+    if sigint_ignored_here() {
+        // A child inherits an ignored SIGINT (a background job of a non-interactive
+        // shell), and the agent leaves an ignored signal ignored.
+        eprintln!("SIGINT is ignored in this test process; only SIGTERM is tried");
+    } else {
+        cases.push(("interrupt-me", Signal::SIGINT));
+    }
+    for (task, signal) in cases {
         let child = spawn_job(&etcd, task, &["--lease-ttl", "60"]);
         let reporting = wait_until(Duration::from_secs(20), || async {
             let reported = typed::get::<TaskReport>(store.as_ref(), &keys::task_report(task))
