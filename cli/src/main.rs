@@ -17,6 +17,7 @@ mod run_cmd;
 mod signals;
 mod sim_cmd;
 mod state_cmd;
+mod tls_args;
 mod tuner_cmd;
 mod up_cmd;
 

@@ -1,6 +1,7 @@
 //! `iadeep placer`: the placement daemon, and a load generator for it.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +20,7 @@ use iadeep_proto::{ListDevicesRequest, PlaceRequest, ReleaseRequest, place_respo
 use iadeep_state::StoreUrl;
 
 use crate::StoreArgs;
+use crate::tls_args::ServerTlsArgs;
 
 /// Run the placement service: it decides where each new training task goes
 /// (the GPU where it adds the least predicted degradation, or "queue" when
@@ -48,7 +50,7 @@ enum PlacerCommand {
 
 #[derive(Debug, Args)]
 struct DaemonArgs {
-    /// gRPC listen address.
+    /// gRPC listen address (with grpc.health.v1 and server reflection).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50061")]
     grpc: SocketAddr,
     /// Kubernetes scheduler-extender listen address (filter, prioritize, bind); off when absent.
@@ -68,6 +70,14 @@ struct DaemonArgs {
     /// extender's `httpTimeout` in the scheduler configuration (5 s in deploy/).
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_BIND_TIMEOUT.as_millis() as u64)]
     bind_timeout_ms: u64,
+    #[command(flatten)]
+    tls: ServerTlsArgs,
+    /// Verify clients of the gRPC API and the extender: each must present a
+    /// certificate signed by a CA in this PEM file (kube-scheduler does with the
+    /// extender's `tlsConfig.certFile`/`keyFile`). /metrics, /healthz and /readyz stay
+    /// TLS without client certificates, so kubelet's HTTPS probes reach them.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
     #[command(flatten)]
     graces: GraceArgs,
     #[command(flatten)]
@@ -202,6 +212,7 @@ pub async fn run(args: PlacerArgs) -> Result<ExitCode> {
 async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
     let placer = args.policy.placer()?;
     let (dead_task_grace, unstarted_task_grace) = args.graces.durations();
+    let tls = args.tls.load(args.tls_client_ca.as_deref())?;
     let store = crate::open_store(&url).await?;
     if args.kube_api.is_some() && args.extender.is_none() {
         bail!("--kube-api is for the extender's bind verb: give --extender ADDR too");
@@ -219,6 +230,7 @@ async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
         metrics: args.metrics,
         dead_task_grace,
         unstarted_task_grace,
+        tls,
     };
     let mut daemon = Daemon::start(store, placer, Arc::new(ModelledMemory), config)
         .await
@@ -308,6 +320,7 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
                 // As the daemon runs by default.
                 dead_task_grace: Some(Duration::from_secs(DEFAULT_DEAD_TASK_GRACE_S)),
                 unstarted_task_grace: Some(Duration::from_secs(DEFAULT_UNSTARTED_TASK_GRACE_S)),
+                tls: None,
             };
             let placer = args.policy.placer_with(predictor)?;
             let daemon = Daemon::start(store.clone(), placer, Arc::new(ModelledMemory), config)

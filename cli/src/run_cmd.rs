@@ -23,6 +23,8 @@ use iadeep_proto::{
     place_response,
 };
 use iadeep_state::StoreUrl;
+
+use crate::tls_args::PlacerTlsArgs;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
@@ -40,9 +42,13 @@ use tonic::transport::Channel;
 /// iadeep run --batch-size 64 --max-batch-size 256 -- python train.py`
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The placer's gRPC address (`iadeep up` prints it and writes it to cluster.env).
+    /// The placer's gRPC address (`iadeep up` prints it and writes it to cluster.env):
+    /// HOST:PORT or http://HOST:PORT, or https://HOST:PORT for a placer serving TLS
+    /// (with --placer-ca).
     #[arg(long, env = "IADEEP_PLACER", value_name = "URL")]
     placer: Option<String>,
+    #[command(flatten)]
+    placer_tls: PlacerTlsArgs,
     /// The state store the job's agent reports to (etcd; from cluster.env).
     #[arg(long, env = "IADEEP_STORE", value_name = "URL")]
     store: Option<StoreUrl>,
@@ -227,13 +233,13 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         ..Default::default()
     };
     let endpoint = endpoint(placer);
-    let mut client = tokio::time::timeout(CALL_TIMEOUT, PlacerClient::connect(endpoint.clone()))
+    let channel = tokio::time::timeout(CALL_TIMEOUT, args.placer_tls.connect(&endpoint))
         .await
         .map_err(|_| anyhow::anyhow!("no answer within {CALL_TIMEOUT:?}"))
-        .and_then(|r| r.map_err(anyhow::Error::from))
-        .with_context(|| {
-            format!("cannot reach the placer at {endpoint}: is `iadeep up` running?")
-        })?;
+        .and_then(|r| r);
+    let mut client = channel.map(PlacerClient::new).with_context(|| {
+        format!("cannot reach the placer at {endpoint}: is `iadeep up` running?")
+    })?;
 
     let (placement, device) =
         match wait_for_placement(&mut client, &spec, &args, &mut signals).await {

@@ -12,6 +12,7 @@ use iadeep_tuner::daemon::{self, DaemonParams, DeviceFlags};
 use iadeep_tuner::gavel_bench::{self, BenchParams};
 
 use crate::StoreArgs;
+use crate::tls_args::ServerTlsArgs;
 
 /// Without a subcommand: run the tuner daemon of one GPU (--device ID), or of every GPU of
 /// this node in one process (--all-gpus). It registers each device (from NVML when a GPU is
@@ -64,9 +65,11 @@ struct DaemonArgs {
     no_nvml: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics (every GPU of the process), with
     /// liveness at /healthz and readiness (the store answers) at /readyz, e.g.
-    /// 127.0.0.1:9464.
+    /// 127.0.0.1:9464; https:// with --tls-cert.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    #[command(flatten)]
+    tls: ServerTlsArgs,
     /// Longest wait for every task's fresh reports in a round; a round without them is
     /// dropped and retried.
     #[arg(long, default_value_t = 30_000, value_name = "MS")]
@@ -184,6 +187,11 @@ fn devices(args: &DaemonArgs, node: &str) -> Result<Vec<DeviceParts>> {
 
 async fn run_daemon(args: DaemonArgs) -> Result<ExitCode> {
     let params = args.params()?;
+    // The tuner's only listener is the operators' endpoint: TLS, no client certificates.
+    let tls = args.tls.load(None)?;
+    if tls.is_some() && args.metrics.is_none() {
+        bail!("--tls-cert is for the metrics endpoint: give --metrics ADDR too");
+    }
     if args.no_nvml {
         tracing::info!("--no-nvml: the devices are described by flags");
     }
@@ -207,7 +215,11 @@ async fn run_daemon(args: DaemonArgs) -> Result<ExitCode> {
                 .map(|(info, tuner)| (info.device_id.clone(), tuner.metrics()))
                 .collect();
             let ready = iadeep_ops::store_ready(store.clone());
-            Some(daemon::metrics::serve_all(addr, devices, ready).await?.1)
+            Some(
+                daemon::metrics::serve_all(addr, devices, ready, tls)
+                    .await?
+                    .1,
+            )
         }
         None => None,
     };

@@ -261,6 +261,7 @@ impl Running {
             metrics: None,
             dead_task_grace,
             unstarted_task_grace,
+            tls: None,
         };
         let placer =
             match PlacerDaemon::start(store.clone(), placer, Arc::new(ModelledMemory), config)

@@ -9,6 +9,10 @@
 //!
 //! Kubernetes probes, Prometheus and load balancers all speak these, so the
 //! manifests in `deploy/` need no daemon-specific knowledge.
+//!
+//! [`tls`] serves these (and the placer's other servers) over TLS when asked.
+
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,12 +3,16 @@
 //! (`/metrics`, `/healthz`, `/readyz`), each on its own listener, stopped together.
 //!
 //! Every listener is created by [`bind`] and every HTTP server started by
-//! [`serve_http`]: the one place to wrap them (e.g. with TLS).
+//! [`serve_http`]. With [`DaemonConfig::tls`] every listener speaks TLS with the
+//! same certificate; when it verifies clients, gRPC and the extender (the listeners
+//! that change state) refuse a client without a certificate signed by its client CA,
+//! while `/metrics`, `/healthz` and `/readyz` stay readable by kubelet's probes.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
 use axum::Router;
+use iadeep_ops::tls::ServerTls;
 use iadeep_proto::placer_server::PlacerServer;
 use iadeep_state::StateStore;
 use tokio::net::TcpListener;
@@ -41,6 +45,8 @@ pub struct DaemonConfig {
     /// Release the reservation of a task whose agent never appeared (no `alive` key, no
     /// report) this long after it was placed; `None` never does (see [`crate::reaper`]).
     pub unstarted_task_grace: Option<std::time::Duration>,
+    /// TLS on every listener (see the module's documentation); `None` serves plain text.
+    pub tls: Option<ServerTls>,
 }
 
 /// A running placer.
@@ -82,6 +88,7 @@ fn serve_http(
     what: &'static str,
     listener: TcpListener,
     router: Router,
+    tls: Option<ServerTls>,
     stop: watch::Receiver<bool>,
 ) -> JoinHandle<Result<()>> {
     tokio::spawn(async move {
@@ -89,15 +96,7 @@ fn serve_http(
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        use axum::serve::ListenerExt;
-        // Small JSON answers must not wait for a delayed ACK (Nagle).
-        let listener = listener.tap_io(|tcp| {
-            if let Err(err) = tcp.set_nodelay(true) {
-                tracing::debug!(%err, "cannot set TCP_NODELAY");
-            }
-        });
-        axum::serve(listener, router)
-            .with_graceful_shutdown(stopped(stop))
+        iadeep_ops::tls::serve_http(listener, router, tls.as_ref(), stopped(stop))
             .await
             .map_err(|e| PlacerError::Serve {
                 what,
@@ -105,6 +104,19 @@ fn serve_http(
                 reason: e.to_string(),
             })
     })
+}
+
+/// tonic's TLS settings for the gRPC server: the certificate and key of `tls`, and
+/// its client CA (a client without a certificate signed by it is refused).
+fn grpc_tls(tls: &ServerTls) -> tonic::transport::ServerTlsConfig {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let config = ServerTlsConfig::new()
+        .identity(Identity::from_pem(tls.cert_pem(), tls.key_pem()))
+        .timeout(iadeep_ops::tls::HANDSHAKE_TIMEOUT);
+    match tls.client_ca_pem() {
+        Some(ca) => config.client_ca_root(Certificate::from_pem(ca)),
+        None => config,
+    }
 }
 
 impl Daemon {
@@ -157,12 +169,23 @@ impl Daemon {
             .build_v1alpha()
             .map_err(reflection_error)?;
         let grpc_stop = stop_rx.clone();
+        let mut grpc_server = tonic::transport::Server::builder();
+        if let Some(tls) = &config.tls {
+            grpc_server =
+                grpc_server
+                    .tls_config(grpc_tls(tls))
+                    .map_err(|e| PlacerError::Serve {
+                        what: "gRPC TLS",
+                        addr: grpc_addr.to_string(),
+                        reason: e.to_string(),
+                    })?;
+        }
         servers.push((
             "gRPC",
             tokio::spawn(async move {
                 // Kept alive with the server: dropping it would end the health watches.
                 let _health_reporter = health_reporter;
-                tonic::transport::Server::builder()
+                grpc_server
                     .add_service(health)
                     .add_service(reflection)
                     .add_service(reflection_alpha)
@@ -204,7 +227,13 @@ impl Daemon {
                 Arc::new(Extender::new(service.clone(), kube, extender.bind_timeout)).router();
             servers.push((
                 "extender",
-                serve_http("extender server", listener, router, stop_rx.clone()),
+                serve_http(
+                    "extender server",
+                    listener,
+                    router,
+                    config.tls.clone(),
+                    stop_rx.clone(),
+                ),
             ));
         }
 
@@ -223,7 +252,16 @@ impl Daemon {
             let router = iadeep_ops::router(scrape, iadeep_ops::store_ready(store.clone()));
             servers.push((
                 "metrics",
-                serve_http("metrics server", listener, router, stop_rx.clone()),
+                serve_http(
+                    "metrics server",
+                    listener,
+                    router,
+                    config
+                        .tls
+                        .as_ref()
+                        .map(ServerTls::without_client_verification),
+                    stop_rx.clone(),
+                ),
             ));
         }
         let graces = crate::reaper::Graces {
@@ -237,7 +275,7 @@ impl Daemon {
             ));
         }
         tracing::info!(grpc = %grpc_addr, extender = ?extender_addr, metrics = ?metrics_addr,
-            "placer serving");
+            tls = ?config.tls, "placer serving");
         Ok(Daemon {
             grpc_addr,
             extender_addr,

@@ -218,6 +218,7 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader() {
         metrics: None,
         dead_task_grace: Some(DEAD_TASK_GRACE),
         unstarted_task_grace: None,
+        tls: None,
     };
     let daemon = rt
         .block_on(Daemon::start(

@@ -31,6 +31,8 @@ struct Inner {
     pods: HashMap<String, Value>,
     bindings: Vec<(String, Value)>,
     patches: Vec<(String, Value)>,
+    /// "METHOD PATH" of every request that reached the fake.
+    requests: Vec<String>,
     answer: BindAnswer,
 }
 
@@ -138,6 +140,17 @@ async fn post_binding(
     }
 }
 
+/// Notes every request, whether a route matches it or not.
+async fn record(
+    State(inner): State<Shared>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let line = format!("{} {}", request.method(), request.uri().path());
+    inner.lock().expect("lock").requests.push(line);
+    next.run(request).await
+}
+
 impl FakeKube {
     /// Starts the fake on a free loopback port.
     pub async fn start() -> FakeKube {
@@ -145,6 +158,7 @@ impl FakeKube {
             pods: HashMap::new(),
             bindings: Vec::new(),
             patches: Vec::new(),
+            requests: Vec::new(),
             answer: BindAnswer::Create,
         }));
         let app = axum::Router::new()
@@ -156,6 +170,7 @@ impl FakeKube {
                 "/api/v1/namespaces/{ns}/pods/{name}/binding",
                 axum::routing::post(post_binding),
             )
+            .layer(axum::middleware::from_fn_with_state(inner.clone(), record))
             .with_state(inner.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -187,6 +202,11 @@ impl FakeKube {
     /// Every Binding posted: (namespace/name, body).
     pub fn bindings(&self) -> Vec<(String, Value)> {
         self.inner.lock().expect("lock").bindings.clone()
+    }
+
+    /// "METHOD PATH" of every request received, in order.
+    pub fn requests(&self) -> Vec<String> {
+        self.inner.lock().expect("lock").requests.clone()
     }
 
     /// The pod as the fake has it now.

@@ -11,6 +11,7 @@ mod sim;
 mod state_embedded;
 mod state_etcd;
 mod state_etcd_security;
+mod tls;
 mod tuner_daemon;
 
 /// The runtime of tests that mix async calls with blocking threads: two workers,

@@ -42,7 +42,7 @@ async fn etcd_store(server: &EtcdServer) -> Arc<dyn StateStore> {
     )
 }
 
-fn placer() -> Placer {
+pub(crate) fn placer() -> Placer {
     Placer::new(
         PlacerParams::default(),
         Arc::new(PredictorSlowdown::cold().expect("predictor")),
@@ -53,7 +53,7 @@ fn placer() -> Placer {
 /// Short, so the dead-task test does not wait long; no other test has a dead agent.
 const DEAD_TASK_GRACE: Duration = Duration::from_millis(1500);
 
-fn loopback() -> SocketAddr {
+pub(crate) fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
@@ -81,6 +81,7 @@ async fn daemon_with(
         metrics: Some(loopback()),
         dead_task_grace: Some(DEAD_TASK_GRACE),
         unstarted_task_grace: unstarted,
+        tls: None,
     };
     Daemon::start(store, placer(), Arc::new(ModelledMemory), config)
         .await
@@ -93,7 +94,7 @@ async fn client(daemon: &Daemon) -> PlacerClient<Channel> {
         .expect("connect to the placer")
 }
 
-async fn register(store: &dyn StateStore, id: &str, node: &str, memory_mib: u64) {
+pub(crate) async fn register(store: &dyn StateStore, id: &str, node: &str, memory_mib: u64) {
     let info = DeviceInfo {
         device_id: id.into(),
         node: node.into(),
@@ -106,7 +107,7 @@ async fn register(store: &dyn StateStore, id: &str, node: &str, memory_mib: u64)
         .expect("register device");
 }
 
-fn task(id: &str, mib: u64, sm: f64) -> TaskSpec {
+pub(crate) fn task(id: &str, mib: u64, sm: f64) -> TaskSpec {
     TaskSpec {
         task_id: id.into(),
         model: "resnet50".into(),
@@ -991,7 +992,7 @@ async fn grpc_health_and_reflection_answer_generated_clients() {
 
 // ----- Kubernetes scheduler extender -----
 
-fn pod(name: &str, gpumem: &str, annotations: Value) -> Value {
+pub(crate) fn pod(name: &str, gpumem: &str, annotations: Value) -> Value {
     json!({
         "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
                       "annotations": annotations},
@@ -1242,6 +1243,65 @@ async fn a_refused_binding_gives_the_reservation_back() {
             .is_none()
     );
     assert!(placement_of(store.as_ref(), "ml.bert").await.is_none());
+    daemon.shutdown().await;
+}
+
+/// Names go into the API server's URL paths: a pod or namespace name Kubernetes
+/// would never have given is refused before any call, and a valid one reaches the
+/// pod's own `binding` subresource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bind_refuses_names_kubernetes_would_not_give_before_calling_the_api() {
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    let kube = FakeKube::start().await;
+    let (daemon, ext) = extender_with_pod(&store, &kube, "bert").await;
+    let traversal = "x/../../../../namespaces/kube-system/pods/other";
+    let hostile = [
+        (
+            json!({"PodName": traversal, "PodNamespace": "ml", "Node": "big"}),
+            "PodName",
+        ),
+        (
+            json!({"PodName": "bert", "PodNamespace": "ml/../kube-system", "Node": "big"}),
+            "PodNamespace",
+        ),
+        (
+            json!({"PodName": "bert", "PodNamespace": "ml", "Node": "big/../x"}),
+            "Node",
+        ),
+        (
+            json!({"PodName": "Bert", "PodNamespace": "ml", "Node": "big"}),
+            "PodName",
+        ),
+        (
+            json!({"PodName": "..", "PodNamespace": "ml", "Node": "big"}),
+            "PodName",
+        ),
+    ];
+    for (args, field) in hostile {
+        let (status, result) = post(&ext, "/bind", &args).await;
+        assert_eq!(
+            status, 200,
+            "kube-scheduler reads the Error field: {result}"
+        );
+        let error = result["Error"].as_str().expect("an error");
+        assert!(error.contains(&format!("invalid {field}")), "{error}");
+    }
+    assert_eq!(
+        kube.requests(),
+        Vec::<String>::new(),
+        "nothing may reach the API server"
+    );
+    assert!(placement_of(store.as_ref(), "ml.bert").await.is_none());
+
+    let (_, result) = post(&ext, "/bind", &bind_args("bert", "big")).await;
+    assert_eq!(result["Error"], "", "{result}");
+    assert!(
+        kube.requests()
+            .contains(&"POST /api/v1/namespaces/ml/pods/bert/binding".to_owned()),
+        "{:?}",
+        kube.requests()
+    );
     daemon.shutdown().await;
 }
 

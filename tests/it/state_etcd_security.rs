@@ -4,65 +4,10 @@
 //! each missing or wrong one is a clear error rather than a hang or a silent
 //! unauthenticated connection.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use iadeep_state::testing::{EtcdServer, ServerTls};
+use iadeep_state::testing::{EtcdServer, Pki, ServerTls};
 use iadeep_state::{StateStore, StoreUrl, WatchEvent};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-};
-
-/// PEM files of a CA, a server certificate for 127.0.0.1 and a client certificate.
-struct Pki {
-    _dir: tempfile::TempDir,
-    ca: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-    client_cert: PathBuf,
-    client_key: PathBuf,
-}
-
-fn write(dir: &Path, name: &str, pem: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, pem).expect("write PEM");
-    path
-}
-
-fn leaf(
-    names: &[&str],
-    usage: ExtendedKeyUsagePurpose,
-    ca: &CertifiedIssuer<'_, KeyPair>,
-) -> (String, String) {
-    let key = KeyPair::generate().expect("key");
-    let mut params =
-        CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
-            .expect("params");
-    params.extended_key_usages = vec![usage];
-    let cert = params.signed_by(&key, ca).expect("sign");
-    (cert.pem(), key.serialize_pem())
-}
-
-fn pki() -> Pki {
-    let dir = tempfile::tempdir().expect("dir");
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("ca");
-    let (server_cert, server_key) = leaf(
-        &["127.0.0.1", "localhost"],
-        ExtendedKeyUsagePurpose::ServerAuth,
-        &ca,
-    );
-    let (client_cert, client_key) = leaf(&["iadeep"], ExtendedKeyUsagePurpose::ClientAuth, &ca);
-    Pki {
-        ca: write(dir.path(), "ca.pem", &ca.pem()),
-        server_cert: write(dir.path(), "server.pem", &server_cert),
-        server_key: write(dir.path(), "server.key", &server_key),
-        client_cert: write(dir.path(), "client.pem", &client_cert),
-        client_key: write(dir.path(), "client.key", &client_key),
-        _dir: dir,
-    }
-}
 
 async fn open(url: &str) -> Result<std::sync::Arc<dyn StateStore>, String> {
     let parsed: StoreUrl = url.parse().map_err(|e| format!("{e}"))?;
@@ -94,7 +39,7 @@ async fn round_trip(store: &dyn StateStore) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcds_uses_the_ca_and_client_certificate_of_the_url() {
-    let pki = pki();
+    let pki = Pki::generate();
     let server = EtcdServer::start_with_tls(Some(ServerTls {
         cert: pki.server_cert.clone(),
         key: pki.server_key.clone(),
@@ -117,7 +62,7 @@ async fn etcds_uses_the_ca_and_client_certificate_of_the_url() {
     round_trip(store.as_ref()).await;
 
     // Each missing or wrong piece fails to connect, with an error naming the cluster.
-    let other = pki_ca_only();
+    let other = Pki::generate();
     for (what, bad) in [
         (
             "no client certificate",
@@ -127,7 +72,7 @@ async fn etcds_uses_the_ca_and_client_certificate_of_the_url() {
             "a CA that did not sign the server",
             format!(
                 "etcds://{endpoint}?ca={}&cert={}&key={}",
-                other.1.display(),
+                other.ca.display(),
                 pki.client_cert.display(),
                 pki.client_key.display()
             ),
@@ -147,16 +92,6 @@ async fn etcds_uses_the_ca_and_client_certificate_of_the_url() {
     .await
     .expect_err("unreadable CA");
     assert!(err.contains("cannot read the ca file"), "{err}");
-}
-
-/// A second, unrelated CA (its directory kept alive with it).
-fn pki_ca_only() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().expect("dir");
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("ca");
-    let path = write(dir.path(), "other-ca.pem", &ca.pem());
-    (dir, path)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -65,6 +65,58 @@ impl fmt::Display for KubeApiConfig {
     }
 }
 
+/// Checks `value` is a DNS-1123 label, Kubernetes' rule for namespace names: at most
+/// 63 lowercase letters, digits and '-', starting and ending with a letter or digit.
+pub fn check_dns1123_label(what: &str, value: &str) -> std::result::Result<(), String> {
+    const MAX: usize = 63;
+    if value.len() > MAX {
+        return Err(format!(
+            "invalid {what} {value:?}: longer than {MAX} characters (a Kubernetes DNS-1123 label)"
+        ));
+    }
+    check_label(value).map_err(|why| {
+        format!(
+            "invalid {what} {value:?}: {why} (a Kubernetes DNS-1123 label: lowercase letters, \
+             digits and '-', starting and ending with a letter or digit)"
+        )
+    })
+}
+
+/// Checks `value` is a DNS-1123 subdomain, Kubernetes' rule for pod and node names:
+/// at most 253 characters, dot-separated labels of lowercase letters, digits and
+/// '-', each starting and ending with a letter or digit. Such a name is a safe URL
+/// path segment: it can hold no '/', '%', '?' or '#', and is never "." or "..".
+pub fn check_dns1123_subdomain(what: &str, value: &str) -> std::result::Result<(), String> {
+    const MAX: usize = 253;
+    if value.len() > MAX {
+        return Err(format!(
+            "invalid {what} {value:?}: longer than {MAX} characters (a Kubernetes DNS-1123 subdomain)"
+        ));
+    }
+    value.split('.').try_for_each(check_label).map_err(|why| {
+        format!(
+            "invalid {what} {value:?}: {why} (a Kubernetes DNS-1123 subdomain: lowercase \
+             letters, digits, '-' and '.', starting and ending with a letter or digit)"
+        )
+    })
+}
+
+/// One label of a DNS-1123 name, without the length limit of the whole.
+fn check_label(label: &str) -> std::result::Result<(), &'static str> {
+    let alphanumeric = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let bytes = label.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (None, _) | (_, None) => Err("empty (or an empty part between dots)"),
+        _ if !bytes.iter().all(|&c| alphanumeric(c) || c == b'-') => {
+            Err("a character other than a lowercase letter, a digit, '-' or '.'")
+        }
+        (Some(&first), Some(&last)) if !(alphanumeric(first) && alphanumeric(last)) => {
+            Err("a part starts or ends with something other than a letter or digit")
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Why a call to the API did not succeed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ApiCallError {
@@ -75,6 +127,11 @@ pub enum ApiCallError {
         reason: String,
         message: String,
     },
+    /// The call was not sent: its arguments are not valid names (see [`check_pod`]).
+    ///
+    /// [`check_pod`]: KubeApi::check_pod
+    #[error("not sent to the Kubernetes API: {0}")]
+    NotSent(String),
     /// The outcome is unknown: no answer in time, a broken connection, a server
     /// error, or a conflict (409: the object changed, or the pod is already bound).
     #[error("outcome unknown: {0}")]
@@ -130,6 +187,14 @@ impl KubeApi {
         Api::namespaced(self.client.clone(), namespace)
     }
 
+    /// The pod's namespace and name go into the request's URL path unescaped (kube
+    /// builds it), so every call checks them first: nothing else is ever sent.
+    fn check_pod(namespace: &str, name: &str) -> Result<(), ApiCallError> {
+        check_dns1123_label("namespace", namespace)
+            .and_then(|()| check_dns1123_subdomain("pod name", name))
+            .map_err(ApiCallError::NotSent)
+    }
+
     /// The pod as the API server has it now.
     pub async fn pod(
         &self,
@@ -137,6 +202,7 @@ impl KubeApi {
         name: &str,
         deadline: Instant,
     ) -> Result<Pod, ApiCallError> {
+        Self::check_pod(namespace, name)?;
         within(deadline, self.pods(namespace).get(name)).await
     }
 
@@ -148,6 +214,7 @@ impl KubeApi {
         annotations: &BTreeMap<String, String>,
         deadline: Instant,
     ) -> Result<(), ApiCallError> {
+        Self::check_pod(namespace, name)?;
         let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
         within(
             deadline,
@@ -167,6 +234,7 @@ impl KubeApi {
         node: &str,
         deadline: Instant,
     ) -> Result<(), ApiCallError> {
+        Self::check_pod(namespace, name)?;
         let binding = Binding {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
@@ -269,5 +337,36 @@ mod tests {
         );
         assert!(parse("ftp://x").is_err());
         assert!(parse("http://").is_err());
+    }
+
+    #[test]
+    fn names_are_checked_as_kubernetes_does() {
+        for good in ["a", "bert-7", "x.y-z.0", &"a".repeat(253)] {
+            assert_eq!(check_dns1123_subdomain("pod name", good), Ok(()), "{good}");
+        }
+        for bad in [
+            "",
+            "x/../../../../namespaces/kube-system/pods/other",
+            "..",
+            ".",
+            "a..b",
+            ".a",
+            "a.",
+            "-a",
+            "a-",
+            "A",
+            "a_b",
+            "a%2fb",
+            "a?b",
+            &"a".repeat(254),
+        ] {
+            let err = check_dns1123_subdomain("pod name", bad).expect_err(bad);
+            assert!(err.contains("invalid pod name"), "{err}");
+        }
+        assert_eq!(check_dns1123_label("namespace", "ml-team1"), Ok(()));
+        assert_eq!(check_dns1123_label("namespace", &"n".repeat(63)), Ok(()));
+        for bad in ["kube.system", "", "-ml", &"n".repeat(64), "ml/x"] {
+            assert!(check_dns1123_label("namespace", bad).is_err(), "{bad}");
+        }
     }
 }

@@ -402,17 +402,23 @@ async fn bind_pod(
             return Err((StatusCode::BAD_REQUEST, format!("invalid {field}: missing")));
         }
     }
+    let namespace = if args.pod_namespace.is_empty() {
+        "default"
+    } else {
+        args.pod_namespace.as_str()
+    };
+    // The names go into the API's URL paths and the Binding: refuse what Kubernetes
+    // itself would never have named so (e.g. a pod name with "/.." in it), before any call.
+    kube_api::check_dns1123_label("PodNamespace", namespace)
+        .and_then(|()| kube_api::check_dns1123_subdomain("PodName", &args.pod_name))
+        .and_then(|()| kube_api::check_dns1123_subdomain("Node", &args.node))
+        .map_err(refuse)?;
     let Some(kube) = &ext.kube else {
         return Err(refuse(
             "this placer was started without --kube-api, so it cannot create the pod's \
              Binding; configure the extender without bindVerb or give the placer --kube-api"
                 .to_owned(),
         ));
-    };
-    let namespace = if args.pod_namespace.is_empty() {
-        "default"
-    } else {
-        args.pod_namespace.as_str()
     };
     let (name, node) = (args.pod_name.as_str(), args.node.as_str());
     let calls_until = deadline - read_back_reserve(ext.bind_timeout);
@@ -469,7 +475,8 @@ async fn bind_pod(
     let outcome = kube.bind(namespace, name, &uid, node, calls_until).await;
     match outcome {
         Ok(()) => {}
-        Err(refused @ ApiCallError::Refused { .. }) => {
+        // Not sent (names are checked above, so not expected) or refused: no Binding.
+        Err(refused @ (ApiCallError::Refused { .. } | ApiCallError::NotSent(_))) => {
             give_back("the Binding was refused").await;
             return Err(refuse(format!(
                 "Binding of pod {namespace}/{name} to {node}: {refused}"

@@ -221,7 +221,7 @@ impl Collector for TunerCollector {
 }
 
 /// Binds `addr` and serves `/metrics` (this device), `/healthz` and `/readyz` (always
-/// ready) until the returned task is aborted.
+/// ready) over plain HTTP until the returned task is aborted.
 pub async fn serve(
     addr: SocketAddr,
     device: String,
@@ -231,17 +231,19 @@ pub async fn serve(
         addr,
         vec![(device, metrics)],
         Arc::new(|| Box::pin(async { Ok(()) })),
+        None,
     )
     .await
 }
 
 /// Binds `addr` and serves `/metrics` for every device of the process (with the
-/// process and build-info metrics), `/healthz`, and `/readyz` from `ready`, until
-/// the returned task is aborted.
+/// process and build-info metrics), `/healthz`, and `/readyz` from `ready`, over
+/// HTTPS with `tls` (else plain HTTP), until the returned task is aborted.
 pub async fn serve_all(
     addr: SocketAddr,
     devices: Vec<(String, Arc<Metrics>)>,
     ready: iadeep_ops::ReadyCheck,
+    tls: Option<iadeep_ops::tls::ServerTls>,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -252,9 +254,10 @@ pub async fn serve_all(
     let registry = iadeep_ops::registry("tuner");
     iadeep_ops::register(&registry, Box::new(TunerCollector::new(devices)));
     let app = iadeep_ops::router(iadeep_ops::scrape(registry), ready);
-    tracing::info!(%bound, "serving /metrics, /healthz and /readyz");
+    tracing::info!(%bound, tls = ?tls, "serving /metrics, /healthz and /readyz");
     let task = tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, app).await {
+        let forever = std::future::pending();
+        if let Err(err) = iadeep_ops::tls::serve_http(listener, app, tls.as_ref(), forever).await {
             tracing::error!(%err, "metrics server stopped");
         }
     });
