@@ -233,10 +233,12 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         ..Default::default()
     };
     let endpoint = endpoint(placer);
-    let channel = tokio::time::timeout(CALL_TIMEOUT, args.placer_tls.connect(&endpoint))
+    // Settings first: a missing CA is not an unreachable placer.
+    let placer_endpoint = args.placer_tls.endpoint(&endpoint)?;
+    let channel = tokio::time::timeout(CALL_TIMEOUT, placer_endpoint.connect())
         .await
         .map_err(|_| anyhow::anyhow!("no answer within {CALL_TIMEOUT:?}"))
-        .and_then(|r| r);
+        .and_then(|r| r.map_err(anyhow::Error::from));
     let mut client = channel.map(PlacerClient::new).with_context(|| {
         format!("cannot reach the placer at {endpoint}: is `iadeep up` running?")
     })?;
@@ -384,11 +386,17 @@ async fn wait_for_placement(
                     unreachable_s = since.elapsed().as_secs(), "the placer cannot answer now; asking again");
                 Duration::from_secs(2)
             }
-            Err(status) => bail!(
-                "the placer refused the task: {} ({:?})",
-                status.message(),
-                status.code()
-            ),
+            Err(status) => {
+                // A transport failure's cause, e.g. the TLS alert of a placer that
+                // wants a client certificate (--placer-cert).
+                let chain = iadeep_placer::extender::kube_api::error_chain(&status);
+                let cause = chain.strip_prefix(&status.to_string()).unwrap_or_default();
+                bail!(
+                    "the placer refused the task: {} ({:?}){cause}",
+                    status.message(),
+                    status.code(),
+                )
+            }
         };
         if let Some(max) = args.max_wait_s
             && started.elapsed() + retry > Duration::from_secs(max)

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use iadeep_ops::tls::ServerTls;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 /// The certificate a daemon serves TLS with.
 #[derive(Debug, Clone, Args)]
@@ -98,10 +98,5 @@ impl PlacerTlsArgs {
         endpoint
             .tls_config(tls)
             .with_context(|| format!("cannot configure TLS for the placer {url}"))
-    }
-
-    /// Connects to the placer at `url`.
-    pub(crate) async fn connect(&self, url: &str) -> Result<Channel> {
-        Ok(self.endpoint(url)?.connect().await?)
     }
 }

@@ -1,5 +1,6 @@
 //! `iadeep placer` as an operator runs it: the bench client end to end (in-process
-//! daemon over loopback gRPC), and clear errors for bad flags.
+//! daemon over loopback gRPC), the daemon serving TLS to `iadeep run`, and clear
+//! errors for bad flags.
 
 mod common;
 
@@ -52,4 +53,165 @@ fn bad_policy_flags_are_refused_naming_the_parameter() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("max_pd_increase"), "{err}");
+}
+
+/// Kills the daemon when the test ends, however it ends.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `iadeep run` against the placer at `placer` with `tls` flags: its exit code and
+/// stderr. No GPU is registered, so a Place that gets through is told to wait, and
+/// `--max-wait-s 0` ends the run there (exit 75) without starting the job.
+fn run_against(placer: &str, tls: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args(["run", "--placer", placer, "--store", "etcd://127.0.0.1:1"])
+        .args(["--batch-size", "32", "--max-wait-s", "0"])
+        .args(tls)
+        .args(["--", "true"])
+        .env("RUST_LOG", "info")
+        .env_remove("IADEEP_PLACER")
+        .env_remove("IADEEP_PLACER_CA")
+        .env_remove("IADEEP_PLACER_CERT")
+        .env_remove("IADEEP_PLACER_KEY")
+        .output()
+        .expect("run iadeep run");
+    eprintln!(
+        "iadeep run --placer {placer} {tls:?}: {:?}\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The placer binary with its TLS flags, and `iadeep run` as its client: served with
+/// the CA and a client certificate, refused without the certificate or when trusting
+/// another CA, and told what is missing for an https:// placer without a CA.
+#[test]
+fn the_placer_binary_serves_tls_and_verifies_iadeep_runs_certificate() {
+    let pki = iadeep_state::testing::Pki::generate();
+    let stranger = iadeep_state::testing::Pki::generate();
+    let path = |p: &std::path::Path| p.to_str().expect("UTF-8 path").to_owned();
+    let grpc = common::free_loopback_addr();
+    let _placer = Running(
+        std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"))
+            .args(["placer", "--store", "memory:", "--grpc", &grpc])
+            .args(["--tls-cert", &path(&pki.server_cert)])
+            .args(["--tls-key", &path(&pki.server_key)])
+            .args(["--tls-client-ca", &path(&pki.ca)])
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn the placer"),
+    );
+    let started = std::time::Instant::now();
+    while std::net::TcpStream::connect(&grpc).is_err() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the placer did not listen on {grpc}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let https = format!("https://{grpc}");
+    let ca = path(&pki.ca);
+    let (cert, key) = (path(&pki.client_cert), path(&pki.client_key));
+    let placed_or_told_to_wait = "the placer says wait";
+
+    let (code, err) = run_against(
+        &https,
+        &[
+            "--placer-ca",
+            &ca,
+            "--placer-cert",
+            &cert,
+            "--placer-key",
+            &key,
+        ],
+    );
+    assert!(
+        code == Some(75) && err.contains(placed_or_told_to_wait),
+        "with the CA and a client certificate the Place gets an answer: {code:?} {err}"
+    );
+
+    let (code, err) = run_against(&https, &["--placer-ca", &ca]);
+    assert!(
+        code != Some(0) && !err.contains(placed_or_told_to_wait),
+        "without a client certificate no Place is answered: {code:?} {err}"
+    );
+
+    let other_ca = path(&stranger.ca);
+    let (code, err) = run_against(
+        &https,
+        &[
+            "--placer-ca",
+            &other_ca,
+            "--placer-cert",
+            &cert,
+            "--placer-key",
+            &key,
+        ],
+    );
+    assert!(
+        code == Some(1) && err.contains("cannot reach the placer"),
+        "trusting another CA, the placer's certificate is refused: {code:?} {err}"
+    );
+
+    let (code, err) = run_against(&https, &[]);
+    assert!(
+        code == Some(1) && err.contains("--placer-ca"),
+        "an https:// placer without a CA says what is missing: {code:?} {err}"
+    );
+
+    let (code, err) = run_against(&format!("http://{grpc}"), &[]);
+    assert!(
+        code != Some(0) && !err.contains(placed_or_told_to_wait),
+        "plain text is not served: {code:?} {err}"
+    );
+}
+
+#[test]
+fn unusable_tls_files_stop_the_placer_naming_the_file() {
+    let pki = iadeep_state::testing::Pki::generate();
+    let cert = pki.server_cert.to_str().expect("UTF-8 path");
+    let missing = pki.ca.with_file_name("absent.key");
+    let out = iadeep(&[
+        "placer",
+        "--store",
+        "memory:",
+        "--grpc",
+        "127.0.0.1:0",
+        "--tls-cert",
+        cert,
+        "--tls-key",
+        missing.to_str().expect("UTF-8 path"),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("absent.key"), "{err}");
+    // A certificate given as the key: no private key in it.
+    let out = iadeep(&[
+        "placer",
+        "--store",
+        "memory:",
+        "--grpc",
+        "127.0.0.1:0",
+        "--tls-cert",
+        cert,
+        "--tls-key",
+        cert,
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("server.pem") && err.contains("key"), "{err}");
+    let out = iadeep(&["placer", "--tls-client-ca", cert]);
+    assert!(!out.status.success(), "a client CA without a certificate");
 }
