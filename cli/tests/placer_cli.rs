@@ -182,35 +182,26 @@ fn the_placer_binary_serves_tls_and_verifies_iadeep_runs_certificate() {
 fn unusable_tls_files_stop_the_placer_naming_the_file() {
     let pki = iadeep_state::testing::Pki::generate();
     let cert = pki.server_cert.to_str().expect("UTF-8 path");
+    let placer_with_key = |key: &str| {
+        let out = iadeep(&[
+            "placer",
+            "--store",
+            "memory:",
+            "--grpc",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            key,
+        ]);
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
     let missing = pki.ca.with_file_name("absent.key");
-    let out = iadeep(&[
-        "placer",
-        "--store",
-        "memory:",
-        "--grpc",
-        "127.0.0.1:0",
-        "--tls-cert",
-        cert,
-        "--tls-key",
-        missing.to_str().expect("UTF-8 path"),
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = placer_with_key(missing.to_str().expect("UTF-8 path"));
     assert!(err.contains("absent.key"), "{err}");
     // A certificate given as the key: no private key in it.
-    let out = iadeep(&[
-        "placer",
-        "--store",
-        "memory:",
-        "--grpc",
-        "127.0.0.1:0",
-        "--tls-cert",
-        cert,
-        "--tls-key",
-        cert,
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = placer_with_key(cert);
     assert!(err.contains("server.pem") && err.contains("key"), "{err}");
     let out = iadeep(&["placer", "--tls-client-ca", cert]);
     assert!(!out.status.success(), "a client CA without a certificate");
