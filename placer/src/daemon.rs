@@ -230,7 +230,8 @@ impl Daemon {
             dead: config.dead_task_grace,
             unstarted: config.unstarted_task_grace,
         };
-        if graces.dead.is_some() || graces.unstarted.is_some() {
+        let retains = service.placer().params().task_retention.is_some();
+        if graces.dead.is_some() || graces.unstarted.is_some() || retains {
             servers.push((
                 "dead-task reaper",
                 crate::reaper::spawn(service.clone(), graces, stop_rx.clone()),

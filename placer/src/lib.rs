@@ -24,6 +24,7 @@ pub mod model;
 pub mod params;
 pub mod policy;
 pub mod reaper;
+pub mod retention;
 pub mod service;
 pub mod sync;
 pub mod synthetic;

@@ -17,8 +17,9 @@
 //! again, at most `max_reserve_attempts` times. Because every admission goes
 //! through that comparison, no interleaving of requests (in this process or in
 //! another placer) can admit more than the record said fits. A Release is
-//! likewise one transaction: the record without the task (or its deletion)
-//! and the placement's deletion.
+//! likewise one transaction: the record without the task (or its deletion),
+//! the placement's deletion and the release marker from which the task's other keys
+//! are deleted after their retention (see [`crate::retention`]).
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
@@ -291,6 +292,16 @@ impl PlacementService {
         self
     }
 
+    /// The store the service reserves in.
+    pub(crate) fn store(&self) -> &Arc<dyn StateStore> {
+        &self.store
+    }
+
+    /// The time now, Unix ms, from the service's clock.
+    pub(crate) fn now_unix_ms(&self) -> i64 {
+        self.clock.now_unix_ms()
+    }
+
     /// The metrics this service counts into.
     pub fn metrics(&self) -> &Arc<PlacerMetrics> {
         &self.metrics
@@ -492,7 +503,9 @@ impl PlacementService {
             txn = txn
                 .put(key.as_str(), record.encode_to_vec(), None)
                 .put(placement_key.as_str(), placement.encode_to_vec(), None)
-                .put(keys::task_spec(&task.task_id), task.encode_to_vec(), None);
+                .put(keys::task_spec(&task.task_id), task.encode_to_vec(), None)
+                // A re-used id: the keys are the new task's now, not a released one's.
+                .delete(keys::task_released(&task.task_id));
             for a in &assignments {
                 txn = txn.put(keys::task_assignment(&a.task_id), a.encode_to_vec(), None);
             }
@@ -660,7 +673,12 @@ impl PlacementService {
             }
             if released.is_none() && had_placement {
                 // A placement without a reservation: nothing else to take it away with.
-                self.store.delete(&placement_key).await?;
+                let txn = Txn::new().delete(placement_key.as_str()).put(
+                    keys::task_released(task_id),
+                    typed::encode_released_at(self.clock.now_unix_ms()),
+                    None,
+                );
+                self.store.transact(txn).await?;
             }
         }
         // A task withdrawn while it waited no longer holds the others back.
@@ -721,7 +739,13 @@ impl PlacementService {
             } else {
                 txn.put(key.as_str(), record.encode_to_vec(), None)
             }
-            .delete(placement_key);
+            .delete(placement_key)
+            // When it was released, for the retention (see `crate::retention`).
+            .put(
+                keys::task_released(task_id),
+                typed::encode_released_at(self.clock.now_unix_ms()),
+                None,
+            );
             match self.store.transact(txn).await? {
                 TxnOutcome::Committed { revision } => {
                     let record = (!record.reservations.is_empty()).then_some(record);
