@@ -230,13 +230,12 @@ impl Daemon {
             dead: config.dead_task_grace,
             unstarted: config.unstarted_task_grace,
         };
-        let retains = service.placer().params().task_retention.is_some();
-        if graces.dead.is_some() || graces.unstarted.is_some() || retains {
-            servers.push((
-                "dead-task reaper",
-                crate::reaper::spawn(service.clone(), graces, stop_rx.clone()),
-            ));
-        }
+        // Always: besides the graces' releases, it re-admits running tasks released
+        // while their agent ran and applies the retention of released tasks.
+        servers.push((
+            "dead-task reaper",
+            crate::reaper::spawn(service.clone(), graces, stop_rx.clone()),
+        ));
         tracing::info!(grpc = %grpc_addr, extender = ?extender_addr, metrics = ?metrics_addr,
             "placer serving");
         Ok(Daemon {

@@ -18,6 +18,10 @@
 //! slowest legitimate start (image pulls, data staging), so it is separate from the
 //! dead-task grace and much longer by default.
 //!
+//! Each tick also gives a reservation back to tasks whose agent runs without one (they
+//! were released while it ran; see
+//! [`crate::service::PlacementService::readmit_running`]), or reports them.
+//!
 //! The reaper also deletes the keys of released tasks once their retention is over
 //! (see [`crate::retention`]), so that there is one loop that cleans up after tasks.
 
@@ -81,6 +85,7 @@ pub fn spawn(
                     if let Some(grace) = graces.unstarted {
                         service.release_unstarted(grace).await;
                     }
+                    service.readmit_running().await;
                 }
                 _ = sweep_tick.tick(), if retention.is_some() => {
                     let retention = retention.unwrap_or_default();
