@@ -129,8 +129,8 @@ mod tests {
 
     const HOUR: Duration = Duration::from_secs(3600);
 
-    /// A placer over `store` with one idle device and a clock the test moves.
-    fn service(store: Arc<dyn StateStore>, now: Arc<AtomicI64>) -> PlacementService {
+    /// A placer over `store` with one idle device, reading the time from `clock`.
+    fn service(store: Arc<dyn StateStore>, clock: Clock) -> PlacementService {
         let mut view = ClusterView::new(Arc::new(ModelledMemory));
         view.upsert_device(DeviceInfo {
             device_id: "d0".into(),
@@ -147,7 +147,7 @@ mod tests {
             Arc::new(placer),
             Arc::new(PlacerMetrics::default()),
         )
-        .with_clock(Clock::from_fn(move || now.load(Ordering::SeqCst)))
+        .with_clock(clock)
     }
 
     fn spec(id: &str) -> TaskSpec {
@@ -177,7 +177,11 @@ mod tests {
     fn world() -> (Arc<dyn StateStore>, Arc<AtomicI64>, PlacementService) {
         let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
         let now = Arc::new(AtomicI64::new(1_700_000_000_000));
-        let service = service(store.clone(), now.clone());
+        let clock = {
+            let now = now.clone();
+            Clock::from_fn(move || now.load(Ordering::SeqCst))
+        };
+        let service = service(store.clone(), clock);
         (store, now, service)
     }
 
@@ -239,6 +243,11 @@ mod tests {
             .place(spec("reused"), vec![])
             .await
             .expect("place again");
+        let marker = keys::task_released("reused");
+        assert!(
+            store.get(&marker).await.expect("get").is_none(),
+            "Place deletes it"
+        );
         // The other's agent still runs after the Release.
         store
             .put(&keys::task_alive("running"), b"pid 1".to_vec(), None)
@@ -307,6 +316,32 @@ mod tests {
                 .kvs
                 .is_empty()
         );
+    }
+
+    /// The reaper's loop sweeps by the service's clock (virtual here): with the clock
+    /// past the default retention of a day, its first sweep (at once when it starts)
+    /// deletes the released task's keys.
+    #[tokio::test]
+    async fn the_reaper_deletes_released_tasks_a_retention_after_their_release() {
+        let (store, now, service) = world();
+        let retention = service.placer().params().task_retention.expect("a default");
+        assert_eq!(retention, crate::params::DEFAULT_TASK_RETENTION);
+        service.place(spec("a"), vec![]).await.expect("place");
+        service.release("a").await.expect("release");
+        advance(&now, retention);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let reaper = crate::reaper::spawn(service.clone(), Default::default(), stopped);
+        let mut polls = 0;
+        while task_keys(store.as_ref(), "a").await > 0 {
+            polls += 1;
+            assert!(polls < 1_000, "the reaper did not sweep");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.send(true).expect("reaper listening");
+        reaper
+            .await
+            .expect("reaper task")
+            .expect("reaper ends cleanly");
     }
 
     #[test]
