@@ -113,42 +113,16 @@ pub async fn sweep(service: &PlacementService, retention: Duration, batch: usize
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicI64, Ordering};
-    use std::sync::{Arc, RwLock};
 
-    use iadeep_proto::{DeviceInfo, SoloProfile, TaskSpec};
+    use iadeep_proto::{SoloProfile, TaskSpec};
     use iadeep_state::{EmbeddedStore, StateStore};
 
     use super::*;
-    use crate::metrics::PlacerMetrics;
-    use crate::model::{ModelledMemory, PredictorSlowdown};
-    use crate::params::PlacerParams;
-    use crate::policy::Placer;
     use crate::service::Clock;
-    use crate::view::ClusterView;
 
     const HOUR: Duration = Duration::from_secs(3600);
-
-    /// A placer over `store` with one idle device, reading the time from `clock`.
-    fn service(store: Arc<dyn StateStore>, clock: Clock) -> PlacementService {
-        let mut view = ClusterView::new(Arc::new(ModelledMemory));
-        view.upsert_device(DeviceInfo {
-            device_id: "d0".into(),
-            node: "n".into(),
-            memory_mib: 16_384,
-            kind: "v100".into(),
-            ..Default::default()
-        });
-        let slowdown = Arc::new(PredictorSlowdown::cold().expect("cold predictor"));
-        let placer = Placer::new(PlacerParams::default(), slowdown).expect("default params");
-        PlacementService::new(
-            store,
-            Arc::new(RwLock::new(view)),
-            Arc::new(placer),
-            Arc::new(PlacerMetrics::default()),
-        )
-        .with_clock(clock)
-    }
 
     fn spec(id: &str) -> TaskSpec {
         TaskSpec {
@@ -181,7 +155,7 @@ mod tests {
             let now = now.clone();
             Clock::from_fn(move || now.load(Ordering::SeqCst))
         };
-        let service = service(store.clone(), clock);
+        let service = crate::service::tests::service(store.clone()).with_clock(clock);
         (store, now, service)
     }
 

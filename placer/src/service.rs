@@ -926,7 +926,7 @@ impl PlacementService {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::{ModelledMemory, PredictorSlowdown};
     use crate::params::PlacerParams;
@@ -935,7 +935,7 @@ mod tests {
 
     /// A placer process of its own over `store`: its own view (two idle devices, no
     /// sync), policy, metrics and gates.
-    fn service(store: Arc<dyn StateStore>) -> PlacementService {
+    pub(crate) fn service(store: Arc<dyn StateStore>) -> PlacementService {
         let mut view = ClusterView::new(Arc::new(ModelledMemory));
         for id in ["d0", "d1"] {
             view.upsert_device(DeviceInfo {
@@ -1129,33 +1129,36 @@ mod tests {
         assert!(placer.metrics().cas_conflicts.get() >= 1);
     }
 
-    /// What the view learns from the store when a task's agent runs and has reported
-    /// from `device` (the sync does this in the daemon).
-    fn agent_runs(service: &PlacementService, task: &str, device: &str) {
-        let mut view = service.view_mut();
-        view.set_alive(task);
-        view.set_report(iadeep_proto::TaskReport {
-            task_id: task.into(),
-            device_id: device.into(),
-            batch_size: 64,
-            ..Default::default()
-        });
+    /// Task `a` placed on `device`, its agent running and reporting from there (what the
+    /// sync tells the view in the daemon), then released.
+    async fn released_while_it_runs(device: &str) -> (Arc<dyn StateStore>, PlacementService) {
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        let placer = service(store.clone());
+        placer
+            .place(twelve_gb_job("a"), vec![device.into()])
+            .await
+            .expect("place");
+        {
+            let mut view = placer.view_mut();
+            view.set_alive("a");
+            view.set_report(iadeep_proto::TaskReport {
+                task_id: "a".into(),
+                device_id: device.into(),
+                batch_size: 64,
+                ..Default::default()
+            });
+        }
+        placer.release("a").await.expect("release");
+        assert_eq!(placer.view().device_of("a"), None);
+        (store, placer)
     }
 
     /// Issue 15, point 2: a task released while its agent runs is admitted again on its
     /// device by the same reservation transaction as a Place, when it fits there.
     #[tokio::test]
     async fn a_task_released_while_it_runs_is_admitted_again_on_its_device() {
-        let store: Arc<dyn StateStore> =
-            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
-        let placer = service(store.clone());
-        placer
-            .place(twelve_gb_job("a"), vec!["d1".into()])
-            .await
-            .expect("place");
-        agent_runs(&placer, "a", "d1");
-        placer.release("a").await.expect("release");
-        assert_eq!(placer.view().device_of("a"), None);
+        let (store, placer) = released_while_it_runs("d1").await;
 
         assert_eq!(placer.readmit_running().await, vec!["a".to_owned()]);
         let (placement, _) = typed::get::<Placement>(store.as_ref(), &keys::task_placement("a"))
@@ -1178,15 +1181,7 @@ mod tests {
     /// ... and reported (the gauge) when its device has no room for it any more.
     #[tokio::test]
     async fn a_task_running_without_room_on_its_device_is_reported() {
-        let store: Arc<dyn StateStore> =
-            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
-        let placer = service(store.clone());
-        placer
-            .place(twelve_gb_job("a"), vec!["d0".into()])
-            .await
-            .expect("place");
-        agent_runs(&placer, "a", "d0");
-        placer.release("a").await.expect("release");
+        let (store, placer) = released_while_it_runs("d0").await;
         // Its memory, no longer reserved, goes to a job that takes the whole card.
         let mut whole_card = twelve_gb_job("b");
         whole_card.min_batch_size = 256;
