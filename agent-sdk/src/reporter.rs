@@ -66,6 +66,8 @@ pub(crate) struct Reporter {
     device_id: String,
     seq: u64,
     last_round: Option<u64>,
+    /// Whether the task's placement existed when last seen (`None`: not looked yet).
+    reserved: Option<bool>,
     /// Whether the last report failed, so an outage is logged once, not every tick.
     failing: bool,
     first: Option<SyncSender<Result<(), StateError>>>,
@@ -95,6 +97,7 @@ impl Reporter {
             store,
             seq: 0,
             last_round: None,
+            reserved: None,
             failing: false,
             first: Some(first),
         }
@@ -284,17 +287,20 @@ impl Reporter {
                 self.seq = old.seq;
             }
         }
+        // The task's keys: its assignment, and its placement (whether it still holds a
+        // reservation), then every change to them from that snapshot on.
         let assignment_key = keys::task_assignment(&c.task_id);
-        let snapshot = self
-            .timed("read assignment", s.range(&assignment_key))
-            .await?;
+        let placement_key = keys::task_placement(&c.task_id);
+        let task_prefix = keys::task_prefix(&c.task_id);
+        let snapshot = self.timed("read task", s.range(&task_prefix)).await?;
         for kv in snapshot.kvs.iter().filter(|kv| kv.key == assignment_key) {
             self.on_assignment_bytes(&kv.key, &kv.value);
         }
+        self.on_placement(snapshot.kvs.iter().any(|kv| kv.key == placement_key));
         let watch = self
             .timed(
-                "watch assignment",
-                s.watch(&assignment_key, Some(snapshot.revision + 1)),
+                "watch task",
+                s.watch(&task_prefix, Some(snapshot.revision + 1)),
             )
             .await?;
         tracing::info!(task = %c.task_id, %lease, store = %s.describe(), "agent registered");
@@ -311,6 +317,7 @@ impl Reporter {
         self.shared.registered.store(true, Ordering::Relaxed);
         self.tell_first(Ok(()));
         let assignment_key = keys::task_assignment(&self.config.task_id);
+        let placement_key = keys::task_placement(&self.config.task_id);
         let sample_every = (self.config.report_interval / 4)
             .clamp(Duration::from_millis(20), Duration::from_millis(500));
         let mut sample_tick = tokio::time::interval(sample_every);
@@ -339,6 +346,9 @@ impl Reporter {
                 event = watch.next() => match event {
                     Some(Ok(WatchEvent::Put(kv))) if kv.key == assignment_key => {
                         self.on_assignment_bytes(&kv.key, &kv.value);
+                    }
+                    Some(Ok(event)) if event.key() == placement_key => {
+                        self.on_placement(matches!(event, WatchEvent::Put(_)));
                     }
                     Some(Ok(_)) => {}
                     Some(Err(err)) => return Err(err),
@@ -476,6 +486,34 @@ impl Reporter {
             Ok(assignment) => self.on_assignment(assignment),
             Err(err) => tracing::warn!(%err, "ignoring an assignment that does not decode"),
         }
+    }
+
+    /// The task's placement exists (`placed`) or not, as just seen. Losing it while the
+    /// task runs, or getting it back, is a change the training loop hears of through
+    /// `poll_change()` (the batch size stays as it is). An agent that never had one
+    /// (started without a placer) says nothing.
+    fn on_placement(&mut self, placed: bool) {
+        let was = self.reserved.replace(placed);
+        let reason = match (was, placed) {
+            (Some(true), false) => {
+                tracing::warn!(task = %self.config.task_id, device = %self.device_id,
+                    "the task's placement was deleted while it runs: its GPU memory is not reserved \
+                     until the placer admits it again");
+                ChangeReason::ReservationLost
+            }
+            (Some(false), true) => {
+                tracing::info!(task = %self.config.task_id, device = %self.device_id,
+                    "the task holds a reservation again");
+                ChangeReason::ReservationRestored
+            }
+            _ => return,
+        };
+        self.shared.offer(BatchSizeChange {
+            batch_size: self.shared.batch_size(),
+            lr_factor: self.shared.lr_factor(),
+            round: self.shared.round(),
+            reason,
+        });
     }
 
     fn on_assignment(&mut self, a: BatchSizeAssignment) {

@@ -19,6 +19,15 @@ pub enum ChangeReason {
     Assignment,
     /// The trainer reported an out-of-memory error; the agent fell back.
     OutOfMemory,
+    /// The task's placement was deleted while it runs (released by hand, or by the
+    /// placer after the agent's lease expired): its GPU memory is no longer reserved,
+    /// so other jobs may be placed onto its memory. The batch size is unchanged. The
+    /// placer admits it again on its device if it fits (a
+    /// [`ChangeReason::ReservationRestored`] follows), else reports it; a loop may
+    /// checkpoint, or stop and be placed again.
+    ReservationLost,
+    /// The task holds a reservation again after [`ChangeReason::ReservationLost`].
+    ReservationRestored,
 }
 
 /// A batch-size change for the trainer to apply between steps.

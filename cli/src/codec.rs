@@ -82,9 +82,13 @@ pub fn from_input(key: &str, input: &str, raw: bool) -> Result<Vec<u8>> {
     if kind == KeyKind::Other && key.starts_with(keys::ROOT) {
         bail!(
             "{key} is not one of iadeep's keys (devices/ID/{{info,owner,tuner,tuner.corrupt,residents}}, \
-             tasks/ID/{{spec,placement,alive,report,assignment}}, samples/ID/SEQ); \
+             tasks/ID/{{spec,placement,alive,report,assignment}}, samples/ID/SEQ, released/ID); \
              use --raw to store it anyway"
         );
+    }
+    if let KeyKind::TaskReleased { .. } = kind {
+        let unix_ms = typed::decode_released_at(key, input.as_bytes())?;
+        return Ok(typed::encode_released_at(unix_ms));
     }
     with_message_type!(&kind, M => {
         let message: M = serde_json::from_str(input).with_context(|| {
@@ -137,6 +141,7 @@ fn check_ids(key: &str, kind: &KeyKind, message: &impl CarriesIds) -> Result<()>
         | KeyKind::TaskPlacement { task }
         | KeyKind::TaskReport { task }
         | KeyKind::TaskAssignment { task }
+        | KeyKind::TaskReleased { task }
         | KeyKind::TaskAlive { task } => task,
         KeyKind::Other => return Ok(()),
     };
@@ -230,6 +235,14 @@ mod tests {
             from_input(&keys::task_alive("t"), "pid 7", false).ok(),
             Some(b"pid 7".to_vec())
         );
+        // A release marker holds a release time, which the placer's retention reads.
+        let released = keys::task_released("t");
+        assert_eq!(
+            from_input(&released, "1700000000000", false).ok(),
+            Some(b"1700000000000".to_vec())
+        );
+        let err = from_input(&released, "yesterday", false).expect_err("not a time");
+        assert!(err.to_string().contains("release time"), "{err}");
     }
 
     #[test]

@@ -100,6 +100,28 @@ pub(crate) struct GraceArgs {
     /// legitimate start (image pull, data staging). 0 never releases.
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_UNSTARTED_TASK_GRACE_S)]
     unstarted_task_grace_s: u64,
+    /// How long a released task's keys (its spec, last report and batch-size
+    /// assignment) stay in the state store after its Release, so `iadeep state get`
+    /// still shows a finished job; then the placer deletes them, at most 1000 tasks per
+    /// sweep. A duration such as `1d`, `12h`, `30m` or `0s`, or `never` to keep them
+    /// forever (the store then grows with every job run). A task whose agent still
+    /// runs is never deleted.
+    #[arg(long, value_name = "DURATION|never", default_value = "1d", value_parser = parse_retention)]
+    task_retention: Retention,
+}
+
+/// A retention as typed: a duration, or none at all.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Retention(Option<Duration>);
+
+/// Parses `--task-retention`: `never`, or a duration as `humantime` reads it.
+fn parse_retention(text: &str) -> std::result::Result<Retention, String> {
+    if text.trim().eq_ignore_ascii_case("never") {
+        return Ok(Retention(None));
+    }
+    humantime::parse_duration(text.trim())
+        .map(|d| Retention(Some(d)))
+        .map_err(|err| format!("{err}: give a duration such as 1d, 12h or 30m, or `never`"))
 }
 
 impl GraceArgs {
@@ -110,6 +132,11 @@ impl GraceArgs {
             seconds(self.dead_task_grace_s),
             seconds(self.unstarted_task_grace_s),
         )
+    }
+
+    /// How long released tasks' keys are kept (`None`: forever).
+    pub(crate) fn task_retention(&self) -> Option<Duration> {
+        self.task_retention.0
     }
 }
 
@@ -146,13 +173,19 @@ pub(crate) struct PolicyArgs {
 }
 
 impl PolicyArgs {
-    pub(crate) fn placer(&self) -> Result<Placer> {
+    /// The policy, keeping released tasks' keys for `task_retention` (see [`GraceArgs`]).
+    pub(crate) fn placer(&self, task_retention: Option<Duration>) -> Result<Placer> {
         let predictor = PredictorSlowdown::cold().context("cannot start the slowdown predictor")?;
-        self.placer_with(predictor)
+        self.placer_with(predictor, task_retention)
     }
 
-    fn placer_with(&self, predictor: PredictorSlowdown) -> Result<Placer> {
+    fn placer_with(
+        &self,
+        predictor: PredictorSlowdown,
+        task_retention: Option<Duration>,
+    ) -> Result<Placer> {
         let params = PlacerParams {
+            task_retention,
             sm_util_cap_pct: self.sm_util_cap_pct,
             mem_bw_util_cap_pct: self.mem_bw_util_cap_pct,
             max_pd_increase: self.max_pd_increase,
@@ -210,7 +243,7 @@ pub async fn run(args: PlacerArgs) -> Result<ExitCode> {
 }
 
 async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
-    let placer = args.policy.placer()?;
+    let placer = args.policy.placer(args.graces.task_retention())?;
     let (dead_task_grace, unstarted_task_grace) = args.graces.durations();
     let tls = args.tls.load(args.tls_client_ca.as_deref())?;
     let store = crate::open_store(&url).await?;
@@ -322,7 +355,9 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
                 unstarted_task_grace: Some(Duration::from_secs(DEFAULT_UNSTARTED_TASK_GRACE_S)),
                 tls: None,
             };
-            let placer = args.policy.placer_with(predictor)?;
+            let placer = args
+                .policy
+                .placer_with(predictor, PlacerParams::default().task_retention)?;
             let daemon = Daemon::start(store.clone(), placer, Arc::new(ModelledMemory), config)
                 .await
                 .context("cannot start the in-process placer")?;
@@ -493,4 +528,20 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
         daemon.shutdown().await;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_retention_reads_humane_durations_and_never() {
+        let parse = |text: &str| parse_retention(text).map(|r| r.0);
+        assert_eq!(parse("1d"), Ok(Some(Duration::from_secs(86_400))));
+        assert_eq!(parse("90m"), Ok(Some(Duration::from_secs(5_400))));
+        assert_eq!(parse("0s"), Ok(Some(Duration::ZERO)));
+        assert_eq!(parse("never"), Ok(None));
+        let err = parse("a while").expect_err("not a duration");
+        assert!(err.contains("such as 1d"), "{err}");
+    }
 }

@@ -268,12 +268,12 @@ impl Daemon {
             dead: config.dead_task_grace,
             unstarted: config.unstarted_task_grace,
         };
-        if graces.dead.is_some() || graces.unstarted.is_some() {
-            servers.push((
-                "dead-task reaper",
-                crate::reaper::spawn(service.clone(), graces, stop_rx.clone()),
-            ));
-        }
+        // Always: besides the graces' releases, it re-admits running tasks released
+        // while their agent ran and applies the retention of released tasks.
+        servers.push((
+            "dead-task reaper",
+            crate::reaper::spawn(service.clone(), graces, stop_rx.clone()),
+        ));
         tracing::info!(grpc = %grpc_addr, extender = ?extender_addr, metrics = ?metrics_addr,
             tls = ?config.tls, "placer serving");
         Ok(Daemon {

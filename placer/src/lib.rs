@@ -24,6 +24,7 @@ pub mod model;
 pub mod params;
 pub mod policy;
 pub mod reaper;
+pub mod retention;
 pub mod service;
 pub mod sync;
 pub mod synthetic;
@@ -38,4 +39,7 @@ pub use model::{
 pub use params::PlacerParams;
 pub use policy::{Decision, Placer, Rejection, Verdict};
 pub use service::{Clock, PlaceOutcome, PlacementService};
-pub use view::{ClusterView, DeadResident, DeviceState, Resident, UnstartedResident, WaitingTask};
+pub use view::{
+    ClusterView, DeadResident, DeviceState, Resident, UnreservedRunning, UnstartedResident,
+    WaitingTask,
+};

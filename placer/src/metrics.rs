@@ -31,6 +31,22 @@ const LATENCY_BUCKETS_S: [f64; 14] = [
     2.5,
 ];
 
+/// A value that goes up and down.
+#[derive(Clone, Debug)]
+pub struct Gauge(IntGauge);
+
+impl Gauge {
+    /// Sets the value.
+    pub fn set(&self, value: usize) {
+        self.0.set(i64::try_from(value).unwrap_or(i64::MAX));
+    }
+
+    /// The current value.
+    pub fn get(&self) -> i64 {
+        self.0.get()
+    }
+}
+
 /// A latency histogram (seconds).
 #[derive(Clone, Debug)]
 pub struct Histogram(prometheus::Histogram);
@@ -69,6 +85,13 @@ pub struct PlacerMetrics {
     pub dead_released: Counter,
     /// Reservations given back because the task's agent never started (see [`crate::reaper`]).
     pub unstarted_released: Counter,
+    /// Released tasks whose keys were deleted after their retention (see [`crate::retention`]).
+    pub retention_deleted: Counter,
+    /// Tasks released while their agent kept running, admitted again on their device.
+    pub readmitted: Counter,
+    /// Tasks whose agent runs without a reservation that could not be admitted again
+    /// (their device has no room), as the last reaper pass found them.
+    pub unreserved_running: Gauge,
     /// Co-location samples handed to the slowdown model.
     pub samples_observed: Counter,
     /// Stored values that could not be decoded (skipped).
@@ -169,6 +192,20 @@ impl PlacerMetrics {
                 "iadeep_placer_unstarted_task_releases_total",
                 "Reservations given back because the task's agent never started within its grace period.",
             ),
+            retention_deleted: counter(
+                &registry,
+                "iadeep_placer_retention_deleted_tasks_total",
+                "Released tasks whose keys were deleted after their retention.",
+            ),
+            readmitted: counter(
+                &registry,
+                "iadeep_placer_readmitted_tasks_total",
+                "Tasks released while their agent kept running, admitted again on their device.",
+            ),
+            unreserved_running: Gauge(gauge(
+                "iadeep_placer_unreserved_running_tasks",
+                "Tasks whose agent runs without a reservation and could not be admitted again.",
+            )),
             samples_observed: counter(
                 &registry,
                 "iadeep_placer_samples_observed_total",

@@ -46,7 +46,18 @@ pub struct PlacerParams {
     /// Most shared devices a decision asks the slowdown model about, the least loaded
     /// first (see [`crate::policy::Placer::assess_limited`]); 0 scores every device.
     pub max_scored_devices: usize,
+    /// How long the keys of a released task (spec, report, assignment) stay in the store
+    /// after its Release, so `iadeep state get` still shows a finished job; then the
+    /// reaper deletes them (see [`crate::retention`]). `None` keeps them forever.
+    pub task_retention: Option<Duration>,
+    /// Most released tasks one retention pass deletes, so a backlog (a placer started
+    /// on a store full of old tasks) is worked off over several passes instead of
+    /// holding the store's write path for one long burst.
+    pub retention_batch: usize,
 }
+
+/// Default of [`PlacerParams::task_retention`]: a day to look at a finished job.
+pub const DEFAULT_TASK_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 impl Default for PlacerParams {
     fn default() -> Self {
@@ -63,6 +74,8 @@ impl Default for PlacerParams {
             explain_top_k: 5,
             max_reserve_attempts: 16,
             max_scored_devices: 64,
+            task_retention: Some(DEFAULT_TASK_RETENTION),
+            retention_batch: 1000,
         }
     }
 }
@@ -126,6 +139,9 @@ impl PlacerParams {
         if self.max_reserve_attempts == 0 {
             return Err(bad("max_reserve_attempts", "must be at least 1"));
         }
+        if self.retention_batch == 0 {
+            return Err(bad("retention_batch", "must be at least 1"));
+        }
         Ok(())
     }
 
@@ -178,6 +194,13 @@ mod tests {
                 "max_reserve_attempts",
                 PlacerParams {
                     max_reserve_attempts: 0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "retention_batch",
+                PlacerParams {
+                    retention_batch: 0,
                     ..Default::default()
                 },
             ),

@@ -17,12 +17,20 @@
 //! [`crate::view::ClusterView::unstarted_residents`]). That grace must cover the
 //! slowest legitimate start (image pulls, data staging), so it is separate from the
 //! dead-task grace and much longer by default.
+//!
+//! Each tick also gives a reservation back to tasks whose agent runs without one (they
+//! were released while it ran; see
+//! [`crate::service::PlacementService::readmit_running`]), or reports them.
+//!
+//! The reaper also deletes the keys of released tasks once their retention is over
+//! (see [`crate::retention`]), so that there is one loop that cleans up after tasks.
 
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::retention;
 use crate::service::PlacementService;
 
 /// The grace periods the reaper applies; `None` turns that check off.
@@ -39,7 +47,9 @@ pub fn tick_for(grace: Duration) -> Duration {
     (grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(10))
 }
 
-/// Runs the reaper until `stop` turns true (or its sender is dropped).
+/// Runs the reaper until `stop` turns true (or its sender is dropped): the graces'
+/// releases, and the retention of released tasks when the service's parameters set
+/// one (see [`crate::retention`]).
 pub fn spawn(
     service: PlacementService,
     graces: Graces,
@@ -54,10 +64,17 @@ pub fn spawn(
             .unwrap_or(Duration::from_secs(10));
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let params = service.placer().params();
+        let (retention, retention_batch) = (params.task_retention, params.retention_batch);
+        // Without a retention the sweep never comes due (its branch is disabled).
+        let mut sweep_tick =
+            tokio::time::interval(retention.map_or(Duration::from_secs(3600), retention::tick_for));
+        sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tracing::info!(
             dead_grace_s = graces.dead.map(|g| g.as_secs_f64()),
             unstarted_grace_s = graces.unstarted.map(|g| g.as_secs_f64()),
-            "releasing the reservations of dead and never-started tasks"
+            task_retention_s = retention.map(|r| r.as_secs_f64()),
+            "releasing the reservations of dead and never-started tasks, deleting released ones after their retention"
         );
         loop {
             tokio::select! {
@@ -67,6 +84,13 @@ pub fn spawn(
                     }
                     if let Some(grace) = graces.unstarted {
                         service.release_unstarted(grace).await;
+                    }
+                    service.readmit_running().await;
+                }
+                _ = sweep_tick.tick(), if retention.is_some() => {
+                    let retention = retention.unwrap_or_default();
+                    if let Err(err) = retention::sweep(&service, retention, retention_batch).await {
+                        tracing::warn!(%err, "cannot delete released tasks past their retention; retrying later");
                     }
                 }
                 changed = stop.changed() => {

@@ -17,8 +17,9 @@
 //! again, at most `max_reserve_attempts` times. Because every admission goes
 //! through that comparison, no interleaving of requests (in this process or in
 //! another placer) can admit more than the record said fits. A Release is
-//! likewise one transaction: the record without the task (or its deletion)
-//! and the placement's deletion.
+//! likewise one transaction: the record without the task (or its deletion),
+//! the placement's deletion and the release marker from which the task's other keys
+//! are deleted after their retention (see [`crate::retention`]).
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
@@ -124,6 +125,9 @@ pub struct PlacementService {
     metrics: Arc<PlacerMetrics>,
     gates: Arc<DeviceGates>,
     clock: Clock,
+    /// Tasks running without a reservation already warned about (see
+    /// [`PlacementService::readmit_running`]), so each is logged once, not every pass.
+    unreserved: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 /// Where the service reads the time (Unix ms): the wall clock in the daemon, the
@@ -282,6 +286,7 @@ impl PlacementService {
             metrics,
             gates: Arc::new(DeviceGates::default()),
             clock: Clock::wall(),
+            unreserved: Arc::default(),
         }
     }
 
@@ -289,6 +294,16 @@ impl PlacementService {
     pub fn with_clock(mut self, clock: Clock) -> PlacementService {
         self.clock = clock;
         self
+    }
+
+    /// The store the service reserves in.
+    pub(crate) fn store(&self) -> &Arc<dyn StateStore> {
+        &self.store
+    }
+
+    /// The time now, Unix ms, from the service's clock.
+    pub(crate) fn now_unix_ms(&self) -> i64 {
+        self.clock.now_unix_ms()
     }
 
     /// The metrics this service counts into.
@@ -492,7 +507,9 @@ impl PlacementService {
             txn = txn
                 .put(key.as_str(), record.encode_to_vec(), None)
                 .put(placement_key.as_str(), placement.encode_to_vec(), None)
-                .put(keys::task_spec(&task.task_id), task.encode_to_vec(), None);
+                .put(keys::task_spec(&task.task_id), task.encode_to_vec(), None)
+                // A re-used id: the keys are the new task's now, not a released one's.
+                .delete(keys::task_released(&task.task_id));
             for a in &assignments {
                 txn = txn.put(keys::task_assignment(&a.task_id), a.encode_to_vec(), None);
             }
@@ -660,7 +677,12 @@ impl PlacementService {
             }
             if released.is_none() && had_placement {
                 // A placement without a reservation: nothing else to take it away with.
-                self.store.delete(&placement_key).await?;
+                let txn = Txn::new().delete(placement_key.as_str()).put(
+                    keys::task_released(task_id),
+                    typed::encode_released_at(self.clock.now_unix_ms()),
+                    None,
+                );
+                self.store.transact(txn).await?;
             }
         }
         // A task withdrawn while it waited no longer holds the others back.
@@ -721,7 +743,13 @@ impl PlacementService {
             } else {
                 txn.put(key.as_str(), record.encode_to_vec(), None)
             }
-            .delete(placement_key);
+            .delete(placement_key)
+            // When it was released, for the retention (see `crate::retention`).
+            .put(
+                keys::task_released(task_id),
+                typed::encode_released_at(self.clock.now_unix_ms()),
+                None,
+            );
             match self.store.transact(txn).await? {
                 TxnOutcome::Committed { revision } => {
                     let record = (!record.reservations.is_empty()).then_some(record);
@@ -811,6 +839,72 @@ impl PlacementService {
         released
     }
 
+    /// Gives a reservation back to every task whose agent runs without one (see
+    /// [`ClusterView::unreserved_running`]), on the device it runs on, through
+    /// [`PlacementService::place`] restricted to that device: the same decision and the
+    /// same reservation transaction as any Place, so it is admitted only if it fits
+    /// there. One that cannot be (no room, no report naming its device, no spec) is
+    /// reported: a warning naming the task and device when first found, and the
+    /// `iadeep_placer_unreserved_running_tasks` gauge; its agent tells its training loop
+    /// itself (it sees its placement deleted). Returns the tasks admitted again.
+    pub async fn readmit_running(&self) -> Vec<String> {
+        let found = self.view().unreserved_running();
+        let mut readmitted = Vec::new();
+        let mut unreserved = std::collections::HashSet::new();
+        for task in found {
+            match self.readmit(&task).await {
+                Ok(()) => {
+                    self.metrics.readmitted.inc();
+                    tracing::info!(task = %task.task_id, device = ?task.device_id,
+                        "a task released while its agent ran holds a reservation again");
+                    readmitted.push(task.task_id);
+                }
+                Err(reason) => {
+                    let first = !self.unreserved_lock().contains(&task.task_id);
+                    if first {
+                        tracing::warn!(task = %task.task_id,
+                            device = task.device_id.as_deref().unwrap_or("unknown"), %reason,
+                            "a task runs without a reservation and cannot be admitted again: \
+                             its memory is not counted on its device");
+                    }
+                    unreserved.insert(task.task_id);
+                }
+            }
+        }
+        self.metrics.unreserved_running.set(unreserved.len());
+        *self.unreserved_lock() = unreserved;
+        readmitted
+    }
+
+    /// Places `task` again on the device it runs on; why not, when it is not.
+    async fn readmit(&self, task: &crate::view::UnreservedRunning) -> Result<(), String> {
+        let device = task
+            .device_id
+            .clone()
+            .ok_or("its agent has not reported which device it runs on")?;
+        let spec = typed::get::<TaskSpec>(self.store.as_ref(), &keys::task_spec(&task.task_id))
+            .await
+            .map_err(|err| err.to_string())?
+            .map(|(spec, _)| spec)
+            .ok_or("its spec is not in the store")?;
+        match self.place(spec, vec![device]).await {
+            Ok(PlaceOutcome {
+                decision: place_response::Decision::Placed(_),
+                ..
+            }) => Ok(()),
+            Ok(PlaceOutcome { explanation, .. }) => {
+                // It runs already: it must not count as waiting ahead of new tasks.
+                self.view_mut().forget_waiting(&task.task_id);
+                Err(explanation.summary)
+            }
+            Err(err) => Err(err.to_string()),
+        }
+    }
+
+    fn unreserved_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.unreserved.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Every device in the view with its residents.
     pub fn list_devices(&self) -> Vec<DeviceStatus> {
         let view = self.view();
@@ -832,7 +926,7 @@ impl PlacementService {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::{ModelledMemory, PredictorSlowdown};
     use crate::params::PlacerParams;
@@ -841,7 +935,7 @@ mod tests {
 
     /// A placer process of its own over `store`: its own view (two idle devices, no
     /// sync), policy, metrics and gates.
-    fn service(store: Arc<dyn StateStore>) -> PlacementService {
+    pub(crate) fn service(store: Arc<dyn StateStore>) -> PlacementService {
         let mut view = ClusterView::new(Arc::new(ModelledMemory));
         for id in ["d0", "d1"] {
             view.upsert_device(DeviceInfo {
@@ -1033,6 +1127,97 @@ mod tests {
             second.assignments
         );
         assert!(placer.metrics().cas_conflicts.get() >= 1);
+    }
+
+    /// Task `a` placed on `device`, its agent running and reporting from there (what the
+    /// sync tells the view in the daemon), then released.
+    async fn released_while_it_runs(device: &str) -> (Arc<dyn StateStore>, PlacementService) {
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        let placer = service(store.clone());
+        placer
+            .place(twelve_gb_job("a"), vec![device.into()])
+            .await
+            .expect("place");
+        {
+            let mut view = placer.view_mut();
+            view.set_alive("a");
+            view.set_report(iadeep_proto::TaskReport {
+                task_id: "a".into(),
+                device_id: device.into(),
+                batch_size: 64,
+                ..Default::default()
+            });
+        }
+        placer.release("a").await.expect("release");
+        assert_eq!(placer.view().device_of("a"), None);
+        (store, placer)
+    }
+
+    /// Issue 15, point 2: a task released while its agent runs is admitted again on its
+    /// device by the same reservation transaction as a Place, when it fits there.
+    #[tokio::test]
+    async fn a_task_released_while_it_runs_is_admitted_again_on_its_device() {
+        let (store, placer) = released_while_it_runs("d1").await;
+
+        assert_eq!(placer.readmit_running().await, vec!["a".to_owned()]);
+        let (placement, _) = typed::get::<Placement>(store.as_ref(), &keys::task_placement("a"))
+            .await
+            .expect("read")
+            .expect("placed again");
+        assert_eq!(placement.device_id, "d1", "on the device it runs on");
+        let (record, _) =
+            typed::get::<DeviceResidents>(store.as_ref(), &keys::device_residents("d1"))
+                .await
+                .expect("read")
+                .expect("reserved");
+        assert!(record.reservations.iter().any(|r| r.task_id == "a"));
+        assert_eq!(placer.metrics().readmitted.get(), 1);
+        assert_eq!(placer.metrics().unreserved_running.get(), 0);
+        // Holding its reservation, it is not found again.
+        assert!(placer.readmit_running().await.is_empty());
+    }
+
+    /// ... and reported (the gauge) when its device has no room for it any more.
+    #[tokio::test]
+    async fn a_task_running_without_room_on_its_device_is_reported() {
+        let (store, placer) = released_while_it_runs("d0").await;
+        // Its memory, no longer reserved, goes to a job that takes the whole card.
+        let mut whole_card = twelve_gb_job("b");
+        whole_card.min_batch_size = 256;
+        whole_card.initial_batch_size = 256;
+        whole_card.max_batch_size = 256;
+        whole_card.profile = Some(SoloProfile {
+            batch_size: 256,
+            step_time_s: Some(0.2),
+            peak_mem_mib: Some(14_500),
+            ..Default::default()
+        });
+        let b = placer
+            .place(whole_card, vec!["d0".into()])
+            .await
+            .expect("place b");
+        assert_eq!(placed(&b).device_id, "d0");
+
+        assert!(placer.readmit_running().await.is_empty());
+        assert_eq!(placer.metrics().unreserved_running.get(), 1);
+        assert_eq!(placer.metrics().readmitted.get(), 0);
+        assert!(
+            store
+                .get(&keys::task_placement("a"))
+                .await
+                .expect("read")
+                .is_none()
+        );
+        assert_eq!(
+            placer.view().waiting().count(),
+            0,
+            "a running task does not wait ahead of new ones"
+        );
+        // Once its agent is gone, it is no longer counted.
+        placer.view_mut().set_not_alive("a", 0);
+        placer.readmit_running().await;
+        assert_eq!(placer.metrics().unreserved_running.get(), 0);
     }
 
     #[tokio::test]

@@ -361,6 +361,15 @@ pub struct UnstartedResident {
     pub placed_at_unix_ms: i64,
 }
 
+/// A task whose agent runs without a reservation, as
+/// [`ClusterView::unreserved_running`] reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnreservedRunning {
+    pub task_id: String,
+    /// The device the task's last report names (where it runs), if it reported.
+    pub device_id: Option<String>,
+}
+
 /// A task waiting for a device: one that was answered "queue" and is expected to ask
 /// again. Decisions count the ones submitted before the task they decide on, because
 /// each of those will take a device that frees up before this one gets its turn.
@@ -411,6 +420,30 @@ impl ClusterView {
     /// Tasks whose `alive` key the view holds, for re-reading the store.
     pub fn alive_tasks(&self) -> impl Iterator<Item = &str> {
         self.alive.iter().map(String::as_str)
+    }
+
+    /// Tasks whose agent runs (their `alive` key exists) but that hold no reservation:
+    /// released while their agent still ran (a Release by hand, or the reaper's after
+    /// the agent's lease expired and before it re-created its key). Their memory is
+    /// not counted on any device, so a placement could over-pack theirs. Tasks whose
+    /// last report said they finished are left out (their agent is about to stop).
+    pub fn unreserved_running(&self) -> Vec<UnreservedRunning> {
+        let mut found: Vec<UnreservedRunning> = self
+            .alive
+            .iter()
+            .filter(|task| !self.task_device.contains_key(*task))
+            .filter(|task| !self.reports.get(*task).is_some_and(|r| r.finished))
+            .map(|task| UnreservedRunning {
+                task_id: task.clone(),
+                device_id: self
+                    .reports
+                    .get(task)
+                    .map(|r| r.device_id.clone())
+                    .filter(|d| !d.is_empty()),
+            })
+            .collect();
+        found.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+        found
     }
 
     /// Resident tasks whose agent has gone: no `alive` key now, although one was seen

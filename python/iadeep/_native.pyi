@@ -21,7 +21,9 @@ class BatchSizeChange:
     @property
     def round(self) -> int: ...
     @property
-    def reason(self) -> Literal["assignment", "out_of_memory"]: ...
+    def reason(
+        self,
+    ) -> Literal["assignment", "out_of_memory", "reservation_lost", "reservation_restored"]: ...
 
 class Agent:
     """The agent of one training task (see the package documentation)."""

@@ -7,7 +7,9 @@ use pyo3::prelude::*;
 /// A batch-size change to apply before the next step.
 ///
 /// `lr_factor` multiplies the learning rate *at the submitted batch size*; `reason`
-/// is `"assignment"` (the tuner) or `"out_of_memory"` (the agent fell back).
+/// is `"assignment"` (the tuner), `"out_of_memory"` (the agent fell back),
+/// `"reservation_lost"` (the job's GPU memory is no longer reserved while it runs:
+/// the batch size is unchanged) or `"reservation_restored"` (reserved again).
 #[pyclass(frozen, eq, module = "iadeep", get_all)]
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchSizeChange {
@@ -17,7 +19,7 @@ pub struct BatchSizeChange {
     pub lr_factor: f64,
     /// The tuner's round (unchanged by an out-of-memory fall-back).
     pub round: u64,
-    /// `"assignment"` or `"out_of_memory"`.
+    /// `"assignment"`, `"out_of_memory"`, `"reservation_lost"` or `"reservation_restored"`.
     pub reason: &'static str,
 }
 
@@ -40,6 +42,8 @@ impl From<iadeep_agent::BatchSizeChange> for BatchSizeChange {
             reason: match change.reason {
                 ChangeReason::Assignment => "assignment",
                 ChangeReason::OutOfMemory => "out_of_memory",
+                ChangeReason::ReservationLost => "reservation_lost",
+                ChangeReason::ReservationRestored => "reservation_restored",
             },
         }
     }

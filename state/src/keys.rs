@@ -12,7 +12,12 @@
 //! /iadeep/v1/tasks/{task}/report          latest TaskReport
 //! /iadeep/v1/tasks/{task}/assignment      BatchSizeAssignment
 //! /iadeep/v1/samples/{device}/{seq:020}   CoLocationSample; seq is per device (one tuner each)
+//! /iadeep/v1/released/{task}              when the task was released (decimal Unix ms)
 //! ```
+//!
+//! The release marker lives under its own prefix, not beside the task's keys, so the
+//! placer's retention pass (see `iadeep_placer::retention`) reads only the released
+//! tasks rather than every key of every task.
 //!
 //! Why the device's own record is `.../info` rather than the bare
 //! `/devices/{device}` of DESIGN.md: a prefix range over `/devices/` would then
@@ -30,6 +35,8 @@ pub const DEVICES: &str = "/iadeep/v1/devices/";
 pub const TASKS: &str = "/iadeep/v1/tasks/";
 /// Prefix of all co-location samples.
 pub const SAMPLES: &str = "/iadeep/v1/samples/";
+/// Prefix of the release markers of released tasks.
+pub const RELEASED: &str = "/iadeep/v1/released/";
 
 /// Longest id accepted, so keys stay readable and bounded.
 pub const MAX_ID_LEN: usize = 128;
@@ -107,6 +114,10 @@ pub fn task_report(task: &str) -> String {
 pub fn task_assignment(task: &str) -> String {
     format!("{TASKS}{task}/assignment")
 }
+/// `/iadeep/v1/released/{task}`: when the task was released (decimal Unix ms).
+pub fn task_released(task: &str) -> String {
+    format!("{RELEASED}{task}")
+}
 /// `/iadeep/v1/tasks/{task}/`: everything about one task.
 pub fn task_prefix(task: &str) -> String {
     format!("{TASKS}{task}/")
@@ -155,6 +166,10 @@ pub enum KeyKind {
     TaskAssignment {
         task: String,
     },
+    /// Text: when the task was released, decimal Unix ms.
+    TaskReleased {
+        task: String,
+    },
     Sample {
         device: String,
         seq: u64,
@@ -197,6 +212,14 @@ impl KeyKind {
                     _ => KeyKind::Other,
                 },
                 None => KeyKind::Other,
+            };
+        }
+        if let Some(task) = key.strip_prefix(RELEASED) {
+            return match validate_id("key", task) {
+                Ok(()) => KeyKind::TaskReleased {
+                    task: task.to_owned(),
+                },
+                Err(_) => KeyKind::Other,
             };
         }
         if let Some(rest) = key.strip_prefix(SAMPLES) {
@@ -261,6 +284,10 @@ mod tests {
             KeyKind::TaskAssignment { task: t.clone() }
         );
         assert_eq!(
+            KeyKind::parse(&task_released(&t)),
+            KeyKind::TaskReleased { task: t.clone() }
+        );
+        assert_eq!(
             KeyKind::parse(&sample(&d, 7)),
             KeyKind::Sample { device: d, seq: 7 }
         );
@@ -274,6 +301,7 @@ mod tests {
             "/iadeep/v1/tasks/t/unknown",
             "/iadeep/v1/samples/d/notanumber",
             "/iadeep/v1/tasks//spec",
+            "/iadeep/v1/released/a/b",
         ] {
             assert_eq!(KeyKind::parse(key), KeyKind::Other, "{key}");
         }

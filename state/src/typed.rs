@@ -68,3 +68,37 @@ pub async fn list<M: Message + Default>(
     }
     Ok((out, snapshot.revision))
 }
+
+/// The value of a release marker ([`crate::keys::task_released`]): the release time as
+/// decimal Unix ms, text an operator can read with `state get` and write by hand.
+pub fn encode_released_at(unix_ms: i64) -> Vec<u8> {
+    unix_ms.to_string().into_bytes()
+}
+
+/// The release time a marker read at `key` holds (see [`encode_released_at`]).
+pub fn decode_released_at(key: &str, bytes: &[u8]) -> Result<i64> {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|text| text.trim().parse::<i64>().ok())
+        .ok_or_else(|| StateError::Decode {
+            key: key.to_owned(),
+            expected: "release time (decimal Unix ms)",
+            reason: format!("{:?} is not a whole number", String::from_utf8_lossy(bytes)),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn release_times_round_trip_and_garbage_names_the_key() {
+        let bytes = encode_released_at(1_700_000_000_123);
+        assert_eq!(
+            decode_released_at("k", &bytes).ok(),
+            Some(1_700_000_000_123)
+        );
+        let err = decode_released_at("/iadeep/v1/released/t", b"yesterday").expect_err("text");
+        assert!(err.to_string().contains("/iadeep/v1/released/t"), "{err}");
+    }
+}

@@ -7,6 +7,7 @@ mod kube_fake;
 mod manifests;
 mod placer;
 mod predictor;
+mod retention;
 mod sim;
 mod state_embedded;
 mod state_etcd;

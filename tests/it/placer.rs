@@ -140,7 +140,7 @@ async fn place(
 }
 
 /// Polls until `check` holds, failing the test after 10 s.
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     for _ in 0..200 {
         if check().await {
             return;

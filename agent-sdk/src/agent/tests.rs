@@ -386,3 +386,35 @@ fn reported_peak_memory_belongs_to_the_current_batch_size() {
     );
     agent.finish().expect("finish");
 }
+
+/// Issue 15, point 2: the loop hears that its job's placement was deleted while it runs
+/// (its memory is no longer reserved), and that it holds one again.
+#[test]
+fn a_lost_and_restored_reservation_is_a_change_for_the_loop() {
+    let rt = runtime();
+    let store = memory_store();
+    let placement = iadeep_proto::Placement {
+        task_id: "job-9".into(),
+        device_id: "d0".into(),
+        reserved_mem_mib: 4_000,
+        batch_size: 64,
+        ..Default::default()
+    };
+    let placement_key = keys::task_placement("job-9");
+    rt.block_on(typed::put(store.as_ref(), &placement_key, &placement, None))
+        .expect("placement");
+    let agent = builder(&store, "job-9").connect().expect("connect");
+    agent.record_step(64, Duration::from_millis(10));
+    assert_eq!(agent.poll_change(), None, "placed: nothing to tell");
+
+    rt.block_on(store.delete(&placement_key)).expect("release");
+    let lost = wait_for(Duration::from_secs(5), || agent.poll_change()).expect("told");
+    assert_eq!(lost.reason, ChangeReason::ReservationLost);
+    assert_eq!(lost.batch_size, 64, "the batch size stays");
+
+    rt.block_on(typed::put(store.as_ref(), &placement_key, &placement, None))
+        .expect("admitted again");
+    let restored = wait_for(Duration::from_secs(5), || agent.poll_change()).expect("told");
+    assert_eq!(restored.reason, ChangeReason::ReservationRestored);
+    agent.finish().expect("finish");
+}

@@ -61,6 +61,8 @@ pub(crate) struct Driver {
     pub residents_rx: watch::Receiver<ResidentsRecord>,
     pub metrics: Arc<Metrics>,
     pub journal: Option<mpsc::UnboundedSender<JournalEntry>>,
+    /// See [`super::DaemonParams::samples_kept`].
+    samples_kept: u64,
     told: BTreeMap<String, Told>,
     /// Mod-revision of the residents record the tuner's view came from.
     told_revision: Option<Revision>,
@@ -80,6 +82,7 @@ impl Driver {
         residents_rx: watch::Receiver<ResidentsRecord>,
         metrics: Arc<Metrics>,
         journal: Option<mpsc::UnboundedSender<JournalEntry>>,
+        samples_kept: u64,
     ) -> Driver {
         Driver {
             store,
@@ -88,6 +91,7 @@ impl Driver {
             residents_rx,
             metrics,
             journal,
+            samples_kept,
             told: BTreeMap::new(),
             told_revision: None,
             warned_undecodable: false,
@@ -297,7 +301,12 @@ impl Driver {
                 Action::Assign(assignments) => self.assign(assignments, revision).await,
                 Action::Sample { seq, sample } => {
                     let key = keys::sample(&self.info.device_id, seq);
-                    if let Err(err) = typed::put(self.store.as_ref(), &key, &sample, None).await {
+                    let mut txn = Txn::new().put(key.as_str(), sample.encode_to_vec(), None);
+                    // Keeps the newest `samples_kept`: sequences are contiguous per device.
+                    if let Some(oldest) = seq.checked_sub(self.samples_kept) {
+                        txn = txn.delete(keys::sample(&self.info.device_id, oldest));
+                    }
+                    if let Err(err) = self.store.transact(txn).await {
                         Metrics::inc(&self.metrics.errors);
                         tracing::warn!(%err, %key, "cannot write a co-location sample");
                     }
@@ -421,5 +430,55 @@ pub(crate) async fn save(
     if let Err(err) = typed::put(store, &key, state, None).await {
         Metrics::inc(&metrics.errors);
         tracing::warn!(%err, "cannot persist the tuner state");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use iadeep_proto::CoLocationSample;
+    use iadeep_state::EmbeddedStore;
+
+    use super::*;
+
+    /// Writing sample `seq` deletes sample `seq - samples_kept`: the device's samples
+    /// stay at the newest `samples_kept`, however long the tuner runs.
+    #[tokio::test]
+    async fn only_the_newest_samples_are_kept() {
+        let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
+        let info = DeviceInfo {
+            device_id: "d0".into(),
+            ..Default::default()
+        };
+        let (_tasks_tx, tasks_rx) = watch::channel(TaskTable::default());
+        let (_residents_tx, residents_rx) = watch::channel(ResidentsRecord::default());
+        let mut driver = Driver::new(
+            store.clone(),
+            info,
+            tasks_rx,
+            residents_rx,
+            Arc::new(Metrics::default()),
+            None,
+            3,
+        );
+        let actions = (0..10)
+            .map(|seq| Action::Sample {
+                seq,
+                sample: CoLocationSample {
+                    device_id: "d0".into(),
+                    ..Default::default()
+                },
+            })
+            .collect();
+        driver.execute(actions, None).await;
+        let kept: Vec<String> = store
+            .range(&keys::device_samples_prefix("d0"))
+            .await
+            .expect("range")
+            .kvs
+            .into_iter()
+            .map(|kv| kv.key)
+            .collect();
+        let newest: Vec<String> = (7..10).map(|seq| keys::sample("d0", seq)).collect();
+        assert_eq!(kept, newest);
     }
 }

@@ -38,13 +38,23 @@ pub struct DaemonParams {
     pub tuner: DeviceTunerParams,
     /// TTL of the device record's lease.
     pub lease_ttl: Duration,
+    /// Newest co-location samples of the device kept in the store: writing sample `seq`
+    /// deletes sample `seq - samples_kept` in the same transaction, so the samples stay
+    /// bounded. The placer's predictor learns from each sample as it is written (a
+    /// window of the newest 512 and a reservoir of 512 older ones, see
+    /// `iadeep_predictor::learner`); the ones kept are what a restarted placer retrains on.
+    pub samples_kept: u64,
 }
+
+/// Default of [`DaemonParams::samples_kept`]: several times the predictor's window.
+pub const DEFAULT_SAMPLES_KEPT: u64 = 4096;
 
 impl Default for DaemonParams {
     fn default() -> Self {
         DaemonParams {
             tuner: DeviceTunerParams::default(),
             lease_ttl: Duration::from_secs(10),
+            samples_kept: DEFAULT_SAMPLES_KEPT,
         }
     }
 }
@@ -56,6 +66,11 @@ impl DaemonParams {
         if self.lease_ttl < iadeep_state::store::MIN_LEASE_TTL {
             return Err(TunerError::InvalidParams(
                 "the lease TTL must be at least 1 s".to_owned(),
+            ));
+        }
+        if self.samples_kept == 0 {
+            return Err(TunerError::InvalidParams(
+                "samples_kept must be at least 1 (the newest sample)".to_owned(),
             ));
         }
         Ok(())
@@ -177,6 +192,7 @@ impl Daemon {
             residents_rx,
             metrics.clone(),
             journal,
+            params.samples_kept,
         );
         let tuner: DeviceTuner = driver.tuner(params.tuner).await?;
         let (stop_tx, stop_rx) = watch::channel(false);
