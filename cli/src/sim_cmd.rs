@@ -41,6 +41,11 @@ pub struct SimArgs {
     /// iadeep's predictor composes with, so it favours iadeep).
     #[arg(long, default_value = "contention", value_name = "MODEL")]
     interference: iadeep_sim::world::Interference,
+    /// How waiting jobs are offered to every policy alike: `each-task` (every waiting
+    /// job asks in submission order and one told to wait blocks nobody: per-task
+    /// backfill) or `fifo` (only the head of the queue; the jobs behind it wait too).
+    #[arg(long, default_value = "each-task", value_name = "RULE")]
+    admission: iadeep_sim::policy::Admission,
     /// Number of jobs (consecutive single-GPU Philly jobs).
     #[arg(long, default_value_t = 300, value_name = "N")]
     tasks: usize,
@@ -57,7 +62,8 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 24.0, value_name = "H")]
     max_duration_h: f64,
     /// Comma-separated policies to run (exclusive, packing, util, memory, reference,
-    /// iadeep, iadeep-no-tuner, iadeep-no-predictor). Default: all of them.
+    /// reference-fixed, pollux, iadeep, iadeep-no-tuner, iadeep-no-predictor).
+    /// Default: all of them.
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     policies: Vec<String>,
     /// Directory for the CSV files and plots.
@@ -107,6 +113,7 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     params.workload.max_duration_s = args.max_duration_h * 3600.0;
     params.engine.gpus = args.gpus;
     params.engine.seed = args.seed;
+    params.engine.admission = args.admission;
     if !args.policies.is_empty() {
         params.policies = args.policies.clone();
     }

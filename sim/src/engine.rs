@@ -8,15 +8,13 @@
 //! old version and are dropped). The statistical efficiency term follows the task's
 //! progress and is refreshed at each event on its device.
 //!
-//! Admission is FIFO for the baselines: the head of the queue is offered to the
-//! policy whenever something changes, and while the policy keeps it waiting the
-//! tasks behind it wait too. A policy that decides itself whether a task should wait
-//! (iadeep's placer: queue or place) asks for [`Admission::EachTask`]: every waiting
-//! task is offered in submission order, as every client of the placement daemon asks
-//! for itself, and one told to wait does not block the others. A policy that never
-//! keeps a task waiting while a device could take it (exclusive FIFO) behaves the
-//! same either way. A task that crashes and has to leave its device waits in a
-//! recovery list that is offered first and blocks nobody.
+//! Admission is one rule for every policy ([`EngineParams::admission`]). By default
+//! ([`Admission::EachTask`], per-task backfill) every waiting task is offered in
+//! submission order, as every client of the placement daemon asks for itself, and one
+//! told to wait does not block the others. [`Admission::Fifo`] offers only the head of
+//! the queue: while the policy keeps it waiting, the tasks behind it wait too. A task
+//! that crashes and has to leave its device waits in a recovery list that is offered
+//! first and blocks nobody.
 //!
 //! With [`Admission::EachTask`] one pass stops after [`MAX_CONSECUTIVE_WAITS`]
 //! tasks in a row were told to wait: when every card is full, the tasks further back
@@ -55,6 +53,8 @@ pub struct EngineParams {
     pub measurement_noise: f64,
     /// Seed of the measurement noise.
     pub seed: u64,
+    /// How waiting tasks are offered, the same for every policy.
+    pub admission: Admission,
     /// Safety stop: a run needing more events than this is reported as stuck.
     pub max_events: u64,
 }
@@ -67,6 +67,7 @@ impl Default for EngineParams {
             restart_s: 60.0,
             measurement_noise: 0.02,
             seed: 1,
+            admission: Admission::EachTask,
             max_events: 50_000_000,
         }
     }
@@ -282,7 +283,6 @@ impl<'w> Engine<'w> {
                         model: family.name.clone(),
                         m0: t.m0,
                         batch_sizes: family.batch_sizes.clone(),
-                        mem_request_mib: t.mem_request_mib,
                         solo_step_time_s: profiled / info.solo_steps_per_s,
                         solo_peak_mem_mib: world.memory.peak_mib(t.job, profiled_fragmentation),
                         submit_s: t.submit_s,
@@ -486,7 +486,7 @@ impl<'w> Engine<'w> {
                 }
             }
         }
-        match policy.admission() {
+        match self.params.admission {
             Admission::Fifo => {
                 while let Some(&task) = self.queue.front() {
                     match self.decide(task, policy) {

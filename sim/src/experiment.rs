@@ -18,6 +18,8 @@ pub const POLICY_NAMES: &[&str] = &[
     "util",
     "memory",
     "reference",
+    "reference-fixed",
+    "pollux",
     "iadeep",
     "iadeep-no-tuner",
     "iadeep-no-predictor",

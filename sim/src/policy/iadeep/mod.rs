@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use iadeep_proto::TaskSpec as ProtoSpec;
 
-use crate::policy::{Admission, Decision, OomAction, Policy, TuneStep};
+use crate::policy::{Decision, OomAction, Policy, TuneStep};
 use crate::view::{ClusterView, TaskSpec, Waiting};
 use placement::{SharedPredictor, SimPlacement, task_of};
 use predictor::SimPredictor;
@@ -161,12 +161,6 @@ impl Policy for Iadeep {
             }
         }
         decision
-    }
-
-    /// The placer decides itself whether a task waits, knowing how many wait ahead of
-    /// it, so every waiting task asks, as every client of the daemon does.
-    fn admission(&self) -> Admission {
-        Admission::EachTask
     }
 
     fn tunes(&self) -> bool {
