@@ -4,8 +4,35 @@
 
 use iadeep_objective::PdInput;
 
+use std::collections::BTreeMap;
+
 use crate::policy::TuneStep;
-use crate::view::Resident;
+use crate::view::{ClusterView, Resident};
+
+/// One tuning call on `device` for policies that keep one search per device: scores
+/// the searched job's last interval with `score` (when it ran) and says what runs next.
+/// The search is dropped once it is over or its job left the device.
+pub fn tune_device(
+    searches: &mut BTreeMap<usize, BatchSearch>,
+    view: &dyn ClusterView,
+    device: usize,
+    score: impl Fn(&Resident<'_>) -> f64,
+) -> TuneStep {
+    let Some(search) = searches.get_mut(&device) else {
+        return TuneStep::Done;
+    };
+    let residents = view.residents(device);
+    let Some(me) = residents.iter().find(|r| r.spec.id == search.task) else {
+        searches.remove(&device);
+        return TuneStep::Done;
+    };
+    let ran = me.report.running.then(|| (me.report.batch_size, score(me)));
+    let (step, over) = search.tune_step(ran, me.report.batch_size);
+    if over {
+        searches.remove(&device);
+    }
+    step
+}
 
 /// PD (the tuner's objective, DESIGN.md) of a resident's last reported interval: its
 /// measured step time at its batch size against its solo profile at m0, with the φ its

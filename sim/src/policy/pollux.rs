@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::policy::batch_search::{BatchSearch, pd_alone_or_shared};
+use crate::policy::batch_search::{BatchSearch, pd_alone_or_shared, tune_device};
 use crate::policy::{Decision, Policy, TuneStep};
 use crate::view::{ClusterView, Waiting};
 
@@ -43,24 +43,7 @@ impl Policy for Pollux {
     }
 
     fn tune(&mut self, view: &dyn ClusterView, device: usize) -> TuneStep {
-        let Some(search) = self.searches.get_mut(&device) else {
-            return TuneStep::Done;
-        };
-        let residents = view.residents(device);
-        let Some(me) = residents.iter().find(|r| r.spec.id == search.task) else {
-            self.searches.remove(&device);
-            return TuneStep::Done;
-        };
-        let ran = me
-            .report
-            .running
-            .then(|| (me.report.batch_size, pd_alone_or_shared(me)));
-        let current = me.report.batch_size;
-        let (step, over) = search.tune_step(ran, current);
-        if over {
-            self.searches.remove(&device);
-        }
-        step
+        tune_device(&mut self.searches, view, device, pd_alone_or_shared)
     }
 
     fn on_finish(&mut self, device: usize, task: usize) {

@@ -20,7 +20,7 @@ use smartcore::ensemble::random_forest_regressor::{
 };
 use smartcore::linalg::basic::matrix::DenseMatrix;
 
-use crate::policy::batch_search::{BatchSearch, pd_alone_or_shared};
+use crate::policy::batch_search::{BatchSearch, pd_alone_or_shared, tune_device};
 use crate::policy::{Decision, OomAction, Policy, TuneStep};
 use crate::view::{ClusterView, Resident, Waiting};
 
@@ -196,39 +196,23 @@ impl Policy for Reference {
 
     fn tune(&mut self, view: &dyn ClusterView, device: usize) -> TuneStep {
         self.collect(view);
-        let Some(search) = self.searches.get_mut(&device) else {
-            return TuneStep::Done;
-        };
-        let residents = view.residents(device);
-        let Some(me) = residents.iter().find(|r| r.spec.id == search.task) else {
-            self.searches.remove(&device);
-            return TuneStep::Done;
-        };
         // Score the configuration that just ran (the first call sees m0 or the size
         // the job started at).
         let divides_by_e = self.divides_by_e;
-        let ran = me.report.running.then(|| {
-            let score = if divides_by_e {
-                pd_alone_or_shared(me)
-            } else {
-                // As published: IF · DT · E.
-                let m0 = f64::from(me.spec.m0);
-                let m = f64::from(me.report.batch_size);
-                let if_dt = me.report.step_time_s * m0 / (me.spec.solo_step_time_s * m);
-                let e = me
-                    .report
-                    .grad_noise_scale
-                    .map_or(1.0, |phi| (phi + m0) / (phi + m));
-                if_dt * e
-            };
-            (me.report.batch_size, score)
-        });
-        let current = me.report.batch_size;
-        let (step, over) = search.tune_step(ran, current);
-        if over {
-            self.searches.remove(&device);
-        }
-        step
+        tune_device(&mut self.searches, view, device, |me| {
+            if divides_by_e {
+                return pd_alone_or_shared(me);
+            }
+            // As published: IF · DT · E.
+            let m0 = f64::from(me.spec.m0);
+            let m = f64::from(me.report.batch_size);
+            let if_dt = me.report.step_time_s * m0 / (me.spec.solo_step_time_s * m);
+            let e = me
+                .report
+                .grad_noise_scale
+                .map_or(1.0, |phi| (phi + m0) / (phi + m));
+            if_dt * e
+        })
     }
 
     fn on_oom(&mut self, device: usize, task: usize, batch_size: u32) -> OomAction {
