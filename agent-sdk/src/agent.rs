@@ -14,6 +14,7 @@ use crate::error::{AgentError, Result};
 use crate::memory::{NvmlProbe, PeakMemory};
 use crate::reporter::{Control, Outcome, Reporter};
 use crate::shared::{BatchSizeChange, ChangeReason, Shared};
+use crate::signals::{end_process, run_until_stop_signal};
 use iadeep_objective::{MemoryMargin, lr_factor};
 
 /// The agent of one training task.
@@ -52,7 +53,8 @@ pub struct Agent {
     config: Arc<AgentConfig>,
     shared: Arc<Shared>,
     kick: Arc<Notify>,
-    control: watch::Sender<Control>,
+    /// Shared with the reporter's thread, which finishes the task on a stop signal.
+    control: Arc<watch::Sender<Control>>,
     done: Mutex<Option<Receiver<Outcome>>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -74,10 +76,16 @@ impl Agent {
         let shared = Arc::new(Shared::new(config.initial_batch_size, config.gns_smoothing));
         let kick = Arc::new(Notify::new());
         let (control, control_rx) = watch::channel(Control::Run);
+        let control = Arc::new(control);
         let (first_tx, first_rx) = mpsc::sync_channel(1);
         let (done_tx, done_rx) = mpsc::sync_channel(1);
         let thread = {
-            let (config, shared, kick) = (config.clone(), shared.clone(), kick.clone());
+            let (config, shared, kick, control) = (
+                config.clone(),
+                shared.clone(),
+                kick.clone(),
+                control.clone(),
+            );
             std::thread::Builder::new()
                 .name(format!("iadeep-agent-{}", config.task_id))
                 .spawn(move || {
@@ -98,9 +106,27 @@ impl Agent {
                         None
                     };
                     let memory = PeakMemory::new(nvml, probe);
+                    let stop_signals = config.stop_signals;
+                    let task_id = config.task_id.clone();
+                    let deadline = config.op_timeout * 2 + FINISH_SLACK;
                     let reporter =
                         Reporter::new(config, shared, kick, control_rx, memory, first_tx);
-                    let outcome = runtime.block_on(reporter.run());
+                    let (outcome, signal) = runtime.block_on(run_until_stop_signal(
+                        reporter.run(),
+                        stop_signals,
+                        &control,
+                        deadline,
+                        &task_id,
+                    ));
+                    if let Some(signal) = signal {
+                        match &outcome {
+                            Ok(()) => tracing::info!(task = %task_id, signal,
+                                "task finished; ending the process as the signal does"),
+                            Err(reason) => tracing::warn!(task = %task_id, signal, %reason,
+                                "could not finish the task; ending the process as the signal does"),
+                        }
+                        end_process(signal);
+                    }
                     let _ = done_tx.send(outcome);
                 })
                 .map_err(AgentError::Spawn)?

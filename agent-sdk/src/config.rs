@@ -10,6 +10,7 @@ use iadeep_state::{StateStore, StoreUrl, keys};
 
 use crate::error::{AgentError, Result};
 use crate::memory::MemoryProbe;
+use crate::signals::StopSignals;
 
 /// Where the agent's state store comes from.
 #[derive(Clone)]
@@ -49,6 +50,7 @@ pub struct AgentConfig {
     pub op_timeout: Duration,
     pub use_nvml: bool,
     pub gns_smoothing: f64,
+    pub stop_signals: StopSignals,
 }
 
 /// Report every 2 s: a tuner round needs a few reports, and etcd barely notices.
@@ -120,6 +122,7 @@ pub struct AgentBuilder {
     pub(crate) op_timeout: Duration,
     pub(crate) use_nvml: bool,
     pub(crate) gns_smoothing: f64,
+    pub(crate) stop_signals: StopSignals,
     pub(crate) memory_probe: Option<Box<dyn MemoryProbe>>,
     pub(crate) store_error: Option<iadeep_state::StateError>,
 }
@@ -153,6 +156,7 @@ impl Default for AgentBuilder {
             op_timeout: Duration::from_secs(3),
             use_nvml: true,
             gns_smoothing: 0.05,
+            stop_signals: StopSignals::default(),
             memory_probe: None,
             store_error: None,
         }
@@ -261,6 +265,14 @@ impl AgentBuilder {
         self
     }
 
+    /// Which signals make the agent finish the task (final report, lease revoked) and then
+    /// end the process as the signal would have (default SIGTERM and SIGINT; see
+    /// [`StopSignals`]). Leave out a signal the program handles itself.
+    pub fn stop_signals(mut self, signals: StopSignals) -> Self {
+        self.stop_signals = signals;
+        self
+    }
+
     /// The validated configuration, and the caller's probe.
     pub(crate) fn into_config(self) -> Result<(AgentConfig, Option<Box<dyn MemoryProbe>>)> {
         if let Some(err) = self.store_error {
@@ -288,6 +300,7 @@ impl AgentBuilder {
             op_timeout: self.op_timeout,
             use_nvml: self.use_nvml,
             gns_smoothing: self.gns_smoothing,
+            stop_signals: self.stop_signals,
         };
         config.check()?;
         Ok((config, self.memory_probe))

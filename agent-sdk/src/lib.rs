@@ -10,6 +10,8 @@
 //!   learning-rate rules; [`memory`]: NVML or caller-supplied peak memory;
 //!   [`emulate`]: a job that follows measured step times (Pollux traces) for
 //!   simulations and end-to-end tests.
+//! - SIGTERM and Ctrl-C finish the task (final report, lease revoked) before the process
+//!   ends as the signal would have ended it; [`StopSignals`] says which signals.
 //! - [`launch`]: the environment variables a launcher (`iadeep run`) sets for the
 //!   job, written and read through one definition.
 
@@ -25,6 +27,7 @@ mod measure;
 pub mod memory;
 mod reporter;
 mod shared;
+mod signals;
 
 pub use agent::Agent;
 pub use config::{
@@ -32,3 +35,4 @@ pub use config::{
 };
 pub use error::{AgentError, Result};
 pub use shared::{BatchSizeChange, ChangeReason};
+pub use signals::StopSignals;

@@ -81,7 +81,7 @@ pub fn from_input(key: &str, input: &str, raw: bool) -> Result<Vec<u8>> {
     let kind = KeyKind::parse(key);
     if kind == KeyKind::Other && key.starts_with(keys::ROOT) {
         bail!(
-            "{key} is not one of iadeep's keys (devices/ID/{{info,tuner,residents}}, \
+            "{key} is not one of iadeep's keys (devices/ID/{{info,owner,tuner,tuner.corrupt,residents}}, \
              tasks/ID/{{spec,placement,alive,report,assignment}}, samples/ID/SEQ); \
              use --raw to store it anyway"
         );
@@ -129,6 +129,8 @@ fn check_ids(key: &str, kind: &KeyKind, message: &impl CarriesIds) -> Result<()>
     let expected = match kind {
         KeyKind::DeviceInfo { device }
         | KeyKind::DeviceTuner { device }
+        | KeyKind::DeviceOwner { device }
+        | KeyKind::DeviceTunerCorrupt { device }
         | KeyKind::DeviceResidents { device }
         | KeyKind::Sample { device, .. } => device,
         KeyKind::TaskSpec { task }

@@ -20,8 +20,9 @@ use crate::StoreArgs;
 ///
 /// Each step sleeps the solo step time measured for the current batch size in the
 /// bundled Pollux traces (interpolated between measured sizes), so a tuner can be
-/// smoke-tested without a GPU. Stops after --steps steps (default: until Ctrl-C)
-/// and marks the task finished.
+/// smoke-tested without a GPU. Stops after --steps steps (default: until Ctrl-C or
+/// SIGTERM) and marks the task finished; on a signal the agent finishes the task and the
+/// process ends as the signal ends it.
 #[derive(Debug, Args)]
 pub struct EmulateArgs {
     /// Task id (letters, digits, '.', '_', '-', ':').
@@ -102,19 +103,12 @@ pub async fn run(args: EmulateArgs) -> anyhow::Result<ExitCode> {
     let total = args.steps;
     let mut step = 0u64;
     let mut last_log = Instant::now();
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    let interrupted = loop {
-        if total.is_some_and(|t| step >= t) {
-            break false;
-        }
+    // Ctrl-C and SIGTERM are the agent's: it finishes the task and ends the process.
+    while total.is_none_or(|t| step < t) {
         let bs = agent.batch_size();
         let step_time = job.step_time(bs).mul_f64(args.time_scale);
         let started = Instant::now();
-        tokio::select! {
-            _ = tokio::time::sleep(step_time) => {}
-            _ = &mut ctrl_c => break true,
-        }
+        tokio::time::sleep(step_time).await;
         agent.record_step(bs, started.elapsed());
         let fraction = total.map_or(0.5, |t| step as f64 / t.max(1) as f64);
         if let Some((b, gb, big, gbig)) = job.gradient_norms(fraction, bs) {
@@ -135,12 +129,8 @@ pub async fn run(args: EmulateArgs) -> anyhow::Result<ExitCode> {
             );
             last_log = Instant::now();
         }
-    };
+    }
     println!("{step} steps done; last batch size {}", agent.batch_size());
     agent.finish_async().await.context("finishing the task")?;
-    Ok(if interrupted {
-        ExitCode::from(130)
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(ExitCode::SUCCESS)
 }

@@ -294,6 +294,7 @@ async fn wait_for_placement(
     let node = crate::local::node_name();
     let mut unavailable_since: Option<Instant> = None;
     let mut seen = Occupancy::new();
+    let mut candidates = std::collections::BTreeSet::new();
     loop {
         let attempt = async {
             let statuses = call("ListDevices", client.list_devices(ListDevicesRequest {}))
@@ -306,6 +307,7 @@ async fn wait_for_placement(
                 .filter(|d| args.any_node || crate::local::is_local(&d.node, &node))
                 .cloned()
                 .collect();
+            candidates = local.iter().map(|d| d.device_id.clone()).collect();
             let response = if local.is_empty() && !devices.is_empty() {
                 None
             } else {
@@ -387,7 +389,8 @@ async fn wait_for_placement(
         {
             return Ok(Waited::TimedOut);
         }
-        if let Some(sig) = wait_or_freed(client, &seen, retry, signals).await {
+        let watch = FreedWatch::new(&seen, &candidates);
+        if let Some(sig) = wait_or_freed(client, watch, retry, signals).await {
             return Ok(Waited::Interrupted(sig));
         }
     }
@@ -417,12 +420,46 @@ fn freed(before: &Occupancy, now: &Occupancy) -> bool {
     })
 }
 
+/// Tells a queued job when a GPU frees up: a task left a device or a device appeared
+/// since the occupancy seen last, or one of the job's candidate devices is idle.
+///
+/// The snapshot taken before the Place call can miss the task the job was queued
+/// behind: one placed by someone else between that snapshot and the decision. If it
+/// leaves before the next poll, no poll ever shows it, so nothing looks freed; but a
+/// queued answer means no candidate was idle when the placer decided (an idle GPU is
+/// always a candidate), so an idle candidate at a poll is worth asking again. Comparing
+/// each poll with the previous one (not only with the snapshot) catches such a task
+/// that a poll did see.
+struct FreedWatch {
+    last: Occupancy,
+    candidates: std::collections::BTreeSet<String>,
+}
+
+impl FreedWatch {
+    fn new(before: &Occupancy, candidates: &std::collections::BTreeSet<String>) -> FreedWatch {
+        FreedWatch {
+            last: before.clone(),
+            candidates: candidates.clone(),
+        }
+    }
+
+    /// Whether `now` is worth asking the placer again.
+    fn observe(&mut self, now: Occupancy) -> bool {
+        let idle = now
+            .iter()
+            .any(|(device, tasks)| tasks.is_empty() && self.candidates.contains(device));
+        let freed = idle || freed(&self.last, &now);
+        self.last = now;
+        freed
+    }
+}
+
 /// Sleeps `retry`, but returns early when a GPU frees up (ListDevices, every few
 /// seconds): the placer's hint is a bound, and a job should not idle behind it. Returns
 /// the signal that interrupted the wait, if one did.
 async fn wait_or_freed(
     client: &mut PlacerClient<Channel>,
-    before: &Occupancy,
+    mut watch: FreedWatch,
     retry: Duration,
     signals: &mut Signals,
 ) -> Option<Signal> {
@@ -437,7 +474,7 @@ async fn wait_or_freed(
             sig = signals.next() => return Some(sig),
         }
         if let Ok(list) = call("ListDevices", client.list_devices(ListDevicesRequest {})).await
-            && freed(before, &occupancy(&list.devices))
+            && watch.observe(occupancy(&list.devices))
         {
             tracing::info!("a GPU freed up; asking the placer again");
             return None;
@@ -547,6 +584,31 @@ mod tests {
             &before,
             &occupancy(&[("gpu0", &["a", "b"]), ("gpu1", &[])])
         ));
+    }
+
+    #[test]
+    fn a_queued_job_asks_again_when_the_job_ahead_leaves_or_a_candidate_is_idle() {
+        let occupancy = |tasks: &[&str]| -> Occupancy {
+            [(
+                "gpu0".to_owned(),
+                tasks.iter().map(|t| t.to_string()).collect(),
+            )]
+            .into()
+        };
+        let candidates = ["gpu0".to_owned()].into();
+        // The snapshot before Place saw an empty GPU; another job was placed before
+        // the decision, so this one was queued behind it.
+        let mut watch = FreedWatch::new(&occupancy(&[]), &candidates);
+        assert!(!watch.observe(occupancy(&["other"])));
+        assert!(!watch.observe(occupancy(&["other"])));
+        assert!(!watch.observe(occupancy(&["other", "third"])));
+        assert!(watch.observe(occupancy(&["third"])), "the other job left");
+        // The other job came and went between two polls: the GPU is idle.
+        let mut watch = FreedWatch::new(&occupancy(&[]), &candidates);
+        assert!(watch.observe(occupancy(&[])), "an idle candidate");
+        // An idle GPU the job may not use is no reason to ask.
+        let mut watch = FreedWatch::new(&occupancy(&[]), &["gpu1".to_owned()].into());
+        assert!(!watch.observe(occupancy(&[])));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `iadeep emulate-job` as a real process against a real etcd: it follows an
-//! assignment, finishes cleanly, and a killed job disappears when its lease expires.
+//! assignment, finishes cleanly, finishes its task on SIGTERM or SIGINT, and a killed job
+//! disappears when its lease expires.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -97,13 +98,20 @@ async fn an_emulated_job_follows_an_assignment_and_finishes() {
             .await
             .expect("connect"),
     );
-    // 120 steps of cifar10 at batch size 32 (~43 ms each, scaled by 0.5) ≈ 2.6 s.
-    let child = spawn_job(&etcd, "follow", &["--steps", "120", "--time-scale", "0.5"]);
-    let registered = wait_until(Duration::from_secs(20), || async {
-        alive(&store, "follow").await.then_some(())
+    // 400 steps of cifar10 at batch size 32 (~43 ms each, scaled by 0.5) ≈ 8.6 s.
+    let child = spawn_job(&etcd, "follow", &["--steps", "400", "--time-scale", "0.5"]);
+    // Assign only once the job has reported steps: an assignment that arrives before
+    // the first step is a starting assignment, applied before that step (the run would
+    // begin at 64 and never show the change this test is about).
+    let stepping = wait_until(Duration::from_secs(20), || async {
+        typed::get::<TaskReport>(store.as_ref(), &keys::task_report("follow"))
+            .await
+            .expect("read report")
+            .filter(|(report, _)| report.steps_done > 0)
+            .map(|_| ())
     })
     .await;
-    assert!(registered.is_some(), "the job registered");
+    assert!(stepping.is_some(), "the job registered and reported steps");
     let assignment = BatchSizeAssignment {
         task_id: "follow".into(),
         batch_size: 64,
@@ -134,7 +142,7 @@ async fn an_emulated_job_follows_an_assignment_and_finishes() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("120 steps done; last batch size 64"),
+        stdout.contains("400 steps done; last batch size 64"),
         "{stdout}"
     );
     let (report, _) = typed::get::<TaskReport>(store.as_ref(), &keys::task_report("follow"))
@@ -148,11 +156,79 @@ async fn an_emulated_job_follows_an_assignment_and_finishes() {
             report.batch_size,
             report.assignment_round
         ),
-        (120, 64, 1)
+        (400, 64, 1)
     );
     let phi = report
         .grad_noise_scale
         .expect("the emulator feeds gradient norms");
     assert!(phi > 0.0);
     assert!(!alive(&store, "follow").await, "finish revoked the lease");
+}
+
+/// SIGTERM (Kubernetes, systemd) and SIGINT (Ctrl-C) to a training process: the agent
+/// marks the task finished and revokes its lease before the process ends as the signal
+/// ends it. The lease's TTL is a minute, so an alive key gone right after the exit was
+/// revoked, not expired; and a finished report is what the placer releases at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_signal_finishes_the_task_and_revokes_its_lease() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    use std::os::unix::process::ExitStatusExt;
+
+    let etcd = start_etcd();
+    let store: Arc<dyn StateStore> = Arc::new(
+        EtcdStore::connect(&[etcd.endpoint()])
+            .await
+            .expect("connect"),
+    );
+    let mut cases = vec![("term-me", Signal::SIGTERM)];
+    if sigint_ignored_here() {
+        // A child inherits an ignored SIGINT (a background job of a non-interactive
+        // shell), and the agent leaves an ignored signal ignored.
+        eprintln!("SIGINT is ignored in this test process; only SIGTERM is tried");
+    } else {
+        cases.push(("interrupt-me", Signal::SIGINT));
+    }
+    for (task, signal) in cases {
+        let child = spawn_job(&etcd, task, &["--lease-ttl", "60"]);
+        let reporting = wait_until(Duration::from_secs(20), || async {
+            let reported = typed::get::<TaskReport>(store.as_ref(), &keys::task_report(task))
+                .await
+                .expect("read report")
+                .is_some();
+            (reported && alive(&store, task).await).then_some(())
+        })
+        .await;
+        assert!(reporting.is_some(), "{task} registered and reported");
+        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        kill(pid, signal).expect("signal the job");
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .expect("join")
+            .expect("job output");
+        assert_eq!(
+            out.status.signal(),
+            Some(signal as i32),
+            "{task} ends as {signal} ends it: {:?}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!alive(&store, task).await, "{task}: the lease was revoked");
+        let (report, _) = typed::get::<TaskReport>(store.as_ref(), &keys::task_report(task))
+            .await
+            .expect("read")
+            .expect("report");
+        assert!(report.finished, "{task}: the last report says finished");
+    }
+}
+
+/// Whether this process ignores SIGINT (bit 2 of `SigIgn` in /proc/self/status).
+fn sigint_ignored_here() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let hex = status.lines().find_map(|l| l.strip_prefix("SigIgn:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|mask| mask & (1 << 1) != 0)
 }

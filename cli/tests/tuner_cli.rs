@@ -4,7 +4,7 @@ use std::process::Command;
 
 mod common;
 
-use common::{iadeep, succeeded_json};
+use common::{free_loopback_addr, http_get, iadeep, succeeded_json};
 
 #[test]
 fn memory_eval_prints_both_models_as_json() {
@@ -80,27 +80,12 @@ fn tuner_daemon_needs_a_device_and_without_nvml_its_memory() {
     );
 }
 
-/// GET http://addr/path with a bare HTTP/1.0 request.
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(addr).ok()?;
-    conn.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut body = String::new();
-    conn.read_to_string(&mut body).ok()?;
-    Some(body)
-}
-
 /// `--all-gpus`: one process registers and tunes every GPU of the node, under the node
 /// name from $NODE_NAME (the DaemonSet's downward API), and stops on SIGTERM.
 #[test]
 fn tuner_all_gpus_registers_every_device_of_the_node_and_serves_metrics() {
     let etcd = iadeep_state::testing::EtcdServer::start().unwrap_or_else(|e| panic!("{e}"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port");
-    let addr = format!("127.0.0.1:{port}");
+    let addr = free_loopback_addr();
     let mut child = Command::new(env!("CARGO_BIN_EXE_iadeep"))
         .args([
             "tuner",
@@ -151,6 +136,11 @@ fn tuner_all_gpus_registers_every_device_of_the_node_and_serves_metrics() {
     let status = child.wait().expect("wait");
     assert!(status.success(), "a clean stop on SIGTERM: {status}");
     assert_eq!(infos.len(), 2, "both GPUs registered: {infos:?}");
+    // Deregistered on the way out, not left to the lease's expiry.
+    for device in ["n1-gpu0", "n1-gpu1"] {
+        let info = get(&format!("/iadeep/v1/devices/{device}/info"));
+        assert!(info.is_none(), "{device} still registered after SIGTERM");
+    }
     for info in &infos {
         let compact: String = info.split_whitespace().collect();
         assert!(

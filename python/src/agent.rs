@@ -109,7 +109,11 @@ impl Agent {
             .report_interval(seconds("report_interval_s", options.report_interval_s)?)
             .lease_ttl(seconds("lease_ttl_s", options.lease_ttl_s)?)
             .connect_timeout(seconds("connect_timeout_s", options.connect_timeout_s)?)
-            .use_nvml(options.use_nvml);
+            .use_nvml(options.use_nvml)
+            // Ctrl-C raises KeyboardInterrupt in Python and the `with agent:` block
+            // finishes the task; SIGTERM (Kubernetes, systemd) would kill the interpreter
+            // at once, so the agent finishes the task first.
+            .stop_signals(iadeep_agent::StopSignals::Terminate);
         if let Some(device) = task.device_id {
             builder = builder.device_id(device);
         }

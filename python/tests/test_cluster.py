@@ -149,7 +149,7 @@ def test_a_second_up_resumes_the_stored_state_and_a_concurrent_one_is_refused(tm
         job = first.run_job(["--batch-size", "8", "--task-id", "before-restart"], [sys.executable, "-c", "pass"])
         assert job.wait(timeout=DEADLINE_S) == 0
         spec = first.get("/iadeep/v1/tasks/before-restart/spec")
-        assert spec is not None and spec["initial_batch_size"] == 8
+        assert spec is not None and spec["initialBatchSize"] == 8  # protobuf JSON: camelCase
         concurrent = run_iadeep(
             "up", "--no-nvml", "--devices", "1", "--memory-mib", "1000", "--dir", str(directory),
             "--etcd-port", "0", "--etcd-peer-port", "0", "--placer", "127.0.0.1:0", check=False,

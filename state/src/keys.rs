@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! /iadeep/v1/devices/{device}/info        DeviceInfo; leased by the device's tuner
+//! /iadeep/v1/devices/{device}/owner       leased by the device's one tuner (text: who it is)
 //! /iadeep/v1/devices/{device}/tuner       tuner state (observations), so a restarted tuner resumes
+//! /iadeep/v1/devices/{device}/tuner.corrupt  the bytes of a tuner state that did not decode
 //! /iadeep/v1/devices/{device}/residents   the placer's reservations on the device (compare-and-swap)
 //! /iadeep/v1/tasks/{task}/spec            TaskSpec
 //! /iadeep/v1/tasks/{task}/placement       Placement (device id and reserved memory)
@@ -69,6 +71,14 @@ pub fn device_info(device: &str) -> String {
 pub fn device_tuner(device: &str) -> String {
     format!("{DEVICES}{device}/tuner")
 }
+/// `/iadeep/v1/devices/{device}/owner`
+pub fn device_owner(device: &str) -> String {
+    format!("{DEVICES}{device}/owner")
+}
+/// `/iadeep/v1/devices/{device}/tuner.corrupt`
+pub fn device_tuner_corrupt(device: &str) -> String {
+    format!("{DEVICES}{device}/tuner.corrupt")
+}
 /// `/iadeep/v1/devices/{device}/residents`
 pub fn device_residents(device: &str) -> String {
     format!("{DEVICES}{device}/residents")
@@ -119,6 +129,14 @@ pub enum KeyKind {
     DeviceTuner {
         device: String,
     },
+    /// Text naming the tuner that owns the device.
+    DeviceOwner {
+        device: String,
+    },
+    /// Raw bytes kept aside from an undecodable tuner state.
+    DeviceTunerCorrupt {
+        device: String,
+    },
     DeviceResidents {
         device: String,
     },
@@ -160,6 +178,8 @@ impl KeyKind {
                 Some((device, leaf)) => match leaf.as_str() {
                     "info" => KeyKind::DeviceInfo { device },
                     "tuner" => KeyKind::DeviceTuner { device },
+                    "owner" => KeyKind::DeviceOwner { device },
+                    "tuner.corrupt" => KeyKind::DeviceTunerCorrupt { device },
                     "residents" => KeyKind::DeviceResidents { device },
                     _ => KeyKind::Other,
                 },
@@ -207,6 +227,14 @@ mod tests {
         assert_eq!(
             KeyKind::parse(&device_tuner(&d)),
             KeyKind::DeviceTuner { device: d.clone() }
+        );
+        assert_eq!(
+            KeyKind::parse(&device_owner(&d)),
+            KeyKind::DeviceOwner { device: d.clone() }
+        );
+        assert_eq!(
+            KeyKind::parse(&device_tuner_corrupt(&d)),
+            KeyKind::DeviceTunerCorrupt { device: d.clone() }
         );
         assert_eq!(
             KeyKind::parse(&device_residents(&d)),

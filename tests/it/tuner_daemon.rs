@@ -381,3 +381,125 @@ fn a_restarted_daemon_resumes_and_a_leaving_task_restarts_the_search() {
     );
     assert!(after.round > before.round);
 }
+
+/// Waits until `f` holds for the value at `key`, at most `limit`.
+fn wait_key(
+    rt: &tokio::runtime::Runtime,
+    store: &Arc<dyn StateStore>,
+    key: &str,
+    limit: Duration,
+    f: impl Fn(Option<&[u8]>) -> bool,
+) {
+    let start = Instant::now();
+    loop {
+        let value = rt
+            .block_on(store.get(key))
+            .expect("read")
+            .map(|kv| kv.value);
+        if f(value.as_deref()) {
+            return;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{key} not as expected within {limit:?}: {value:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn registered_memory(rt: &tokio::runtime::Runtime, store: &Arc<dyn StateStore>) -> Option<u64> {
+    rt.block_on(typed::get::<DeviceInfo>(
+        store.as_ref(),
+        &keys::device_info(DEVICE),
+    ))
+    .expect("read the device record")
+    .map(|(info, _)| info.memory_mib)
+}
+
+/// One tuner per device: a second daemon for a device that a live one owns refuses to start,
+/// naming the owner, and leaves the owner's record alone; the owner publishes its record
+/// again when it is deleted; a clean stop takes the owner key and the record with the lease.
+#[test]
+fn a_device_has_one_live_tuner_which_keeps_its_record_published() {
+    let etcd = EtcdServer::start().unwrap_or_else(|err| panic!("{err}"));
+    let rt = runtime();
+    let store = connect(&rt, &etcd);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let owner = rt.spawn(
+        Daemon::new(store.clone(), device(), params())
+            .expect("valid")
+            .run(async {
+                let _ = stopped.await;
+            }),
+    );
+    let info_key = keys::device_info(DEVICE);
+    wait_key(&rt, &store, &info_key, Duration::from_secs(20), |v| {
+        v.is_some()
+    });
+
+    let mut smaller = device();
+    smaller.memory_mib = CARD_MIB / 2;
+    // It waits two lease TTLs (6 s) in case the owner died; a limit well above that.
+    let second = Daemon::new(store.clone(), smaller, params()).expect("valid");
+    let refused = rt
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(60), second.run(std::future::pending())).await
+        })
+        .expect("a second tuner does not start");
+    let message = refused.expect_err("a second tuner refuses").to_string();
+    assert!(
+        message.contains("owned by another live tuner") && message.contains("tuner pid"),
+        "{message}"
+    );
+    assert_eq!(
+        registered_memory(&rt, &store),
+        Some(CARD_MIB),
+        "the owner's record stays"
+    );
+
+    rt.block_on(store.delete(&info_key))
+        .expect("delete the record");
+    wait_key(&rt, &store, &info_key, Duration::from_secs(20), |v| {
+        v.is_some()
+    });
+    assert_eq!(
+        registered_memory(&rt, &store),
+        Some(CARD_MIB),
+        "published again"
+    );
+
+    stop.send(()).expect("the owner runs");
+    rt.block_on(owner).expect("join").expect("a clean stop");
+    for key in [info_key, keys::device_owner(DEVICE)] {
+        let left = rt.block_on(store.get(&key)).expect("read");
+        assert!(left.is_none(), "{key} outlived the stop: {left:?}");
+    }
+}
+
+/// A tuner state that does not decode is kept aside under `tuner.corrupt`, byte for byte,
+/// and the tuner starts fresh instead of refusing to start.
+#[test]
+fn an_undecodable_tuner_state_is_kept_aside_and_the_tuner_starts_fresh() {
+    let etcd = EtcdServer::start().unwrap_or_else(|err| panic!("{err}"));
+    let rt = runtime();
+    let store = connect(&rt, &etcd);
+    let garbage = b"\xff\xff\xffnot a TunerState".to_vec();
+    rt.block_on(store.put(&keys::device_tuner(DEVICE), garbage.clone(), None))
+        .expect("write garbage");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let tuner = rt.spawn(
+        Daemon::new(store.clone(), device(), params())
+            .expect("valid")
+            .run(async {
+                let _ = stopped.await;
+            }),
+    );
+    let aside = keys::device_tuner_corrupt(DEVICE);
+    wait_key(&rt, &store, &aside, Duration::from_secs(20), |v| {
+        v == Some(garbage.as_slice())
+    });
+    stop.send(()).expect("the tuner runs");
+    rt.block_on(tuner).expect("join").expect("a clean stop");
+    let fresh = tuner_state(&rt, &store).expect("the fresh state is saved on the way out");
+    assert!(fresh.observations.is_empty(), "{fresh:?}");
+}

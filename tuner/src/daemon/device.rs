@@ -1,11 +1,8 @@
-//! Device registration: what the card is (NVML when present, operator flags otherwise) and
-//! its `DeviceInfo` record under a lease, re-published whenever the lease is lost.
-
-use std::sync::Arc;
-use std::time::Duration;
+//! What the card is: NVML when present, operator flags otherwise (its `DeviceInfo`
+//! record is published by [`super::ownership`]).
 
 use iadeep_proto::DeviceInfo;
-use iadeep_state::{LeaseKeeper, StateStore, keys, typed};
+use iadeep_state::keys;
 
 use crate::error::{Result, TunerError};
 
@@ -119,42 +116,6 @@ pub fn describe(flags: &DeviceFlags, nvml: Option<NvmlDevice>) -> Result<DeviceI
         }
     };
     Ok(info)
-}
-
-/// Publishes `info` under a lease and keeps it there until the task is aborted: when the
-/// lease is lost (the store was unreachable longer than its TTL) a new one is granted and the
-/// record written again, so the placer never loses sight of a running tuner for long.
-pub fn spawn_registration(
-    store: Arc<dyn StateStore>,
-    info: DeviceInfo,
-    ttl: Duration,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let key = keys::device_info(&info.device_id);
-        let mut backoff = Duration::from_millis(200);
-        loop {
-            let registered = async {
-                let lease = store.grant_lease(ttl).await?;
-                typed::put(store.as_ref(), &key, &info, Some(lease)).await?;
-                Ok::<_, iadeep_state::StateError>(lease)
-            }
-            .await;
-            match registered {
-                Ok(lease) => {
-                    tracing::info!(%key, %lease, memory_mib = info.memory_mib, "device registered");
-                    backoff = Duration::from_millis(200);
-                    let mut keeper = LeaseKeeper::spawn(store.clone(), lease, ttl);
-                    keeper.lost().await;
-                    tracing::warn!(%key, "device lease lost; registering again");
-                }
-                Err(err) => {
-                    tracing::warn!(%key, %err, retry_in = ?backoff, "cannot register the device");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
-                }
-            }
-        }
-    })
 }
 
 #[cfg(test)]

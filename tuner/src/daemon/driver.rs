@@ -95,13 +95,23 @@ impl Driver {
         }
     }
 
-    /// The tuner, resumed from the device's persisted state if there is one.
+    /// The tuner, resumed from the device's persisted state if there is one. A state that
+    /// does not decode is moved aside (see [`set_aside_corrupt_state`]) and the tuner
+    /// starts fresh: its observations are lost, the device is not.
     pub async fn tuner(&self, params: DeviceTunerParams) -> Result<DeviceTuner> {
         let device = &self.info.device_id;
-        let persisted: Option<TunerState> =
-            typed::get::<TunerState>(self.store.as_ref(), &keys::device_tuner(device))
-                .await?
-                .map(|(s, _)| s);
+        let key = keys::device_tuner(device);
+        let persisted: Option<TunerState> = match self.store.get(&key).await? {
+            None => None,
+            Some(kv) => match typed::decode::<TunerState>(&kv) {
+                Ok(state) => Some(state),
+                Err(err) => {
+                    Metrics::inc(&self.metrics.errors);
+                    set_aside_corrupt_state(self.store.as_ref(), device, &kv, &err).await?;
+                    None
+                }
+            },
+        };
         if let Some(s) = &persisted {
             tracing::info!(device, round = s.round, observations = s.observations.len(),
                 tasks = ?s.task_ids, "resuming from persisted tuner state");
@@ -369,6 +379,34 @@ impl Driver {
         if let Some(v) = status.last_sum_pd {
             m.set_sum_pd(v);
         }
+    }
+}
+
+/// Moves an undecodable tuner state `kv` to `devices/{d}/tuner.corrupt` (the bytes kept for
+/// diagnosis) in one transaction compared with the state's revision, so a state a newer
+/// tuner wrote meanwhile is never lost; warns naming both keys.
+async fn set_aside_corrupt_state(
+    store: &dyn StateStore,
+    device: &str,
+    kv: &iadeep_state::KeyValue,
+    err: &iadeep_state::StateError,
+) -> Result<()> {
+    let aside = keys::device_tuner_corrupt(device);
+    let txn = Txn::new()
+        .compare(kv.key.as_str(), Expect::ModRevision(kv.mod_revision))
+        .put(aside.as_str(), kv.value.clone(), None)
+        .delete(kv.key.as_str());
+    match store.transact(txn).await? {
+        TxnOutcome::Committed { .. } => {
+            tracing::warn!(device, key = %kv.key, %aside, %err,
+                "the persisted tuner state does not decode; its bytes are kept aside and the tuner starts fresh");
+            Ok(())
+        }
+        TxnOutcome::Failed { .. } => Err(TunerError::Daemon(format!(
+            "{} changed while the tuner was moving its undecodable value aside; is another \
+             tuner running for device {device}?",
+            kv.key
+        ))),
     }
 }
 

@@ -1,6 +1,8 @@
 //! The tuner daemon: one per GPU, driving the device's [`DeviceTuner`] over the state store.
 //!
-//! - [`device`]: what the card is (NVML or flags) and its leased `DeviceInfo` record;
+//! - [`device`]: what the card is (NVML or flags);
+//! - [`ownership`]: one tuner per device (a lease-bound owner key taken in a transaction)
+//!   and its `DeviceInfo` record kept published under that lease;
 //! - [`tasks`]: range-then-watch folds of the tasks and of the device's reservations;
 //! - [`driver`]: the store's changes in as the tuner's inputs, its actions out (assignment
 //!   rounds in one transaction, samples, persisted state);
@@ -12,6 +14,7 @@
 pub mod device;
 mod driver;
 pub mod metrics;
+pub mod ownership;
 pub mod tasks;
 
 use std::future::Future;
@@ -71,12 +74,12 @@ pub struct Daemon {
 
 /// Aborts the background tasks when the daemon's future ends or is dropped (aborted), so a
 /// killed daemon never leaves a watch or a registration behind.
-struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
-        for t in &self.0 {
-            t.abort();
+        for task in &self.0 {
+            task.abort();
         }
     }
 }
@@ -117,11 +120,12 @@ impl Daemon {
         self.metrics.clone()
     }
 
-    /// Registers the device, follows its tasks and tunes them until `shutdown` resolves
-    /// (then the tuner's state is saved and the device record deleted) or the future is
-    /// dropped (then the record's lease expires by itself). Returns early only on an error
-    /// it cannot ride out (the persisted state cannot be read: resuming wrongly is worse
-    /// than not starting, so the operator must look at it).
+    /// Takes the device (refusing, after one lease TTL, while another live tuner owns it;
+    /// see [`ownership`]), follows its tasks and tunes them until `shutdown` resolves (then
+    /// the tuner's state is saved and the device given up: its lease revoked, its record
+    /// gone) or the future is dropped (then the lease expires by itself). Returns early
+    /// only on an error it cannot ride out: the device is owned or taken by another tuner,
+    /// or the persisted state cannot be read (resuming wrongly is worse than not starting).
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
         let Daemon {
             store,
@@ -130,15 +134,42 @@ impl Daemon {
             metrics,
             journal,
         } = self;
-        let registration =
-            device::spawn_registration(store.clone(), info.clone(), params.lease_ttl);
+        let owned = ownership::take(store.as_ref(), &info, params.lease_ttl).await?;
+        let (current, owned_now) = watch::channel(owned);
+        let keeper = ownership::spawn_keeper(
+            store.clone(),
+            info.clone(),
+            params.lease_ttl,
+            owned,
+            current,
+        );
+        let result = Self::tune(&store, &info, params, &metrics, journal, keeper, shutdown).await;
+        let owned = *owned_now.borrow();
+        ownership::release(store.as_ref(), &info.device_id, owned).await;
+        result
+    }
+
+    /// Runs the driver while this tuner owns the device.
+    async fn tune(
+        store: &Arc<dyn StateStore>,
+        info: &DeviceInfo,
+        params: DaemonParams,
+        metrics: &Arc<Metrics>,
+        journal: Option<mpsc::UnboundedSender<JournalEntry>>,
+        mut keeper: tokio::task::JoinHandle<TunerError>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<()> {
         let (tasks_rx, tasks_watch) =
             tasks::spawn_watcher::<tasks::TaskTable>(store.clone(), keys::TASKS.to_owned());
         let (residents_rx, residents_watch) = tasks::spawn_watcher::<tasks::ResidentsRecord>(
             store.clone(),
             keys::device_residents(&info.device_id),
         );
-        let _background = AbortOnDrop(vec![registration, tasks_watch, residents_watch]);
+        let _background = AbortOnDrop(vec![
+            keeper.abort_handle(),
+            tasks_watch.abort_handle(),
+            residents_watch.abort_handle(),
+        ]);
         let driver = driver::Driver::new(
             store.clone(),
             info.clone(),
@@ -152,25 +183,28 @@ impl Daemon {
         let running = driver.run(tuner, stop_rx);
         tokio::pin!(running);
         tokio::pin!(shutdown);
-        let result = tokio::select! {
-            result = &mut running => result,
+        let (result, taken) = tokio::select! {
+            result = &mut running => (result, None),
             () = &mut shutdown => {
                 tracing::info!(device = %info.device_id, "shutting down");
                 let _ = stop_tx.send(true);
-                running.await
+                (running.await, None)
+            }
+            ended = &mut keeper => {
+                let err = ended.unwrap_or_else(|join| {
+                    TunerError::Daemon(format!("the device's ownership task failed: {join}"))
+                });
+                let _ = stop_tx.send(true);
+                (running.await, Some(err))
             }
         };
-        let result = match result {
-            Ok(tuner) => {
-                let state = tuner.persisted(iadeep_proto::now_unix_ms());
-                driver::save(store.as_ref(), &info.device_id, &state, &metrics).await;
-                Ok(())
-            }
-            Err(err) => Err(err),
-        };
-        if let Err(err) = store.delete(&keys::device_info(&info.device_id)).await {
-            tracing::warn!(%err, "cannot delete the device record; its lease will expire");
+        if let Some(err) = taken {
+            // Another tuner tunes the device now: its state is not ours to overwrite.
+            return Err(err);
         }
-        result
+        let tuner = result?;
+        let state = tuner.persisted(iadeep_proto::now_unix_ms());
+        driver::save(store.as_ref(), &info.device_id, &state, metrics).await;
+        Ok(())
     }
 }

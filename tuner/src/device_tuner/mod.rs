@@ -844,8 +844,10 @@ impl DeviceTuner {
             match &why {
                 Hold::Unmeasurable(tasks) => tracing::warn!(device = %self.device_id, ?tasks,
                     "no solo step time at the submitted batch size (no local profile, never ran alone here): holding the batch sizes, not tuning"),
-                Hold::Infeasible(why) => tracing::error!(device = %self.device_id, %why,
-                    "no configuration of the resident tasks fits the card; holding"),
+                // Nothing failed: what runs keeps running, only the memory model (which
+                // errs on the large side) cannot vouch for any other configuration.
+                Hold::Infeasible(why) => tracing::warn!(device = %self.device_id, %why,
+                    "the memory model allows no configuration of the resident tasks; holding the batch sizes that run"),
                 Hold::NoExpectation => tracing::warn!(device = %self.device_id,
                     "settled without a prediction of the kept configuration; deciding again later"),
             }

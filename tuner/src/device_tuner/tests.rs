@@ -293,17 +293,23 @@ fn params() -> DeviceTunerParams {
     DeviceTunerParams::default()
 }
 
+/// The pair most tests tune: `a` (m0 32, 8..=256) and `b` (m0 64, 16..=256).
+fn two_tasks() -> Vec<Task> {
+    vec![Task::new("a", 32, 8, 256), Task::new("b", 64, 16, 256)]
+}
+
+/// [`two_tasks`] on a 16 GiB card with the test parameters.
+fn two_task_world() -> World {
+    World::new(16_384.0, two_tasks(), params())
+}
+
 fn usable(capacity: f64) -> f64 {
     MemoryMargin::DEFAULT.usable_mib(capacity)
 }
 
 #[test]
 fn two_tasks_are_tuned_to_a_better_configuration_and_settle() {
-    let mut w = World::new(
-        16_384.0,
-        vec![Task::new("a", 32, 8, 256), Task::new("b", 64, 16, 256)],
-        params(),
-    );
+    let mut w = two_task_world();
     w.join_all();
     let start = w.true_sum_pd();
     w.run(900);
@@ -498,11 +504,7 @@ fn drift_reopens_a_fresh_search_and_the_gp_stays_bounded() {
 /// predictor samples either.
 #[test]
 fn settled_checks_add_neither_observations_nor_samples() {
-    let mut w = World::new(
-        16_384.0,
-        vec![Task::new("a", 32, 8, 256), Task::new("b", 64, 16, 256)],
-        params(),
-    );
+    let mut w = two_task_world();
     w.join_all();
     w.run(900);
     let status = w.tuner.status();
@@ -522,11 +524,7 @@ fn settled_checks_add_neither_observations_nor_samples() {
 /// measured Σ PD still matches the world's truth, because a round takes the median.
 #[test]
 fn one_slow_step_does_not_decide_a_round() {
-    let mut w = World::new(
-        16_384.0,
-        vec![Task::new("a", 32, 8, 256), Task::new("b", 64, 16, 256)],
-        params(),
-    );
+    let mut w = two_task_world();
     w.straggle = Some((4, 10.0));
     w.noise = 0.0;
     w.join_all();
@@ -564,7 +562,7 @@ fn tasks_without_solo_times_are_held_not_tuned() {
 /// A profile measured on another kind of GPU is not a solo step time here.
 #[test]
 fn a_profile_from_another_gpu_kind_is_not_used() {
-    let tasks = vec![Task::new("a", 32, 8, 256), Task::new("b", 64, 16, 256)];
+    let tasks = two_tasks();
     let mut w = World::new(16_384.0, tasks.clone(), params());
     let inputs = tasks
         .iter()
@@ -596,11 +594,7 @@ fn a_lone_task_measures_its_solo_time_at_m0_first() {
 /// A restarted tuner resumes the search over the same tasks from its persisted state.
 #[test]
 fn a_restarted_tuner_resumes_its_search() {
-    let mut w = World::new(
-        16_384.0,
-        vec![Task::new("a", 32, 8, 256), Task::new("b", 64, 16, 256)],
-        params(),
-    );
+    let mut w = two_task_world();
     w.join_all();
     w.run(60);
     let observations = w.tuner.status().observations;
@@ -631,15 +625,10 @@ fn a_restarted_tuner_resumes_its_search() {
     assert!(DeviceTuner::new(&other, params(), Some(&state)).is_err());
 }
 
-/// The placer shrinks a resident and adds a task in one commit: the tuner starts a new
-/// search from the sizes that run, with rounds above the placer's.
-#[test]
-fn a_placement_that_shrinks_a_resident_restarts_from_what_runs() {
-    let mut w = World::new(
-        16_384.0,
-        vec![Task::new("a", 32, 8, 256), Task::new("b", 64, 16, 256)],
-        params(),
-    );
+/// `a` tuned alone for 300 s while `b` (not yet running) waits to join; the round `a`
+/// runs under then.
+fn a_tuned_alone_and_b_about_to_join() -> (World, u64) {
+    let mut w = two_task_world();
     w.tasks[1].running = false;
     let a = w.tasks[0].spec(KIND);
     w.step(vec![Input::Joined {
@@ -648,6 +637,14 @@ fn a_placement_that_shrinks_a_resident_restarts_from_what_runs() {
     }]);
     w.run(300);
     let round = w.tuner.status().round;
+    (w, round)
+}
+
+/// The placer shrinks a resident and adds a task in one commit: the tuner starts a new
+/// search from the sizes that run, with rounds above the placer's.
+#[test]
+fn a_placement_that_shrinks_a_resident_restarts_from_what_runs() {
+    let (mut w, round) = a_tuned_alone_and_b_about_to_join();
     // The placer: `a` back to 16 in round + 1, and `b` joins at m0.
     w.tasks[0].batch = 16;
     w.tasks[0].round = round + 1;
@@ -714,19 +711,7 @@ fn parameters_are_checked() {
 /// tuner's older one: what runs is measured under each task's own round, not dropped.
 #[test]
 fn what_runs_is_measured_under_each_tasks_own_round() {
-    let mut w = World::new(
-        16_384.0,
-        vec![Task::new("a", 32, 8, 256), Task::new("b", 64, 16, 256)],
-        params(),
-    );
-    w.tasks[1].running = false;
-    let a = w.tasks[0].spec(KIND);
-    w.step(vec![Input::Joined {
-        spec: a,
-        reserved_mib: 0,
-    }]);
-    w.run(300);
-    let round = w.tuner.status().round;
+    let (mut w, round) = a_tuned_alone_and_b_about_to_join();
     let before = w.tuner.status().counters;
     w.tasks[1].running = true;
     w.tasks[1].round = round + 1;
