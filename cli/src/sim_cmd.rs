@@ -62,7 +62,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 24.0, value_name = "H")]
     max_duration_h: f64,
     /// Comma-separated policies to run (exclusive, packing, util, memory, reference,
-    /// reference-fixed, pollux, iadeep, iadeep-no-tuner, iadeep-no-predictor).
+    /// reference-fixed, pollux, iadeep, iadeep-no-tuner, iadeep-no-predictor, oracle).
     /// Default: all of them.
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     policies: Vec<String>,
@@ -172,7 +172,7 @@ fn simulate(
     let experiment = Experiment::new(params, gavel, &trace)?;
     let mut runs: Vec<RunMetrics> = Vec::new();
     for name in &names {
-        let mut policy = policy::build(name, seed)?;
+        let mut policy = experiment.policy(name)?;
         let mut shown = Progress::start(name);
         let mut progress = |done: usize, total: usize| shown.update(done, total);
         let run = if audit {

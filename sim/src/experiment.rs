@@ -23,6 +23,7 @@ pub const POLICY_NAMES: &[&str] = &[
     "iadeep",
     "iadeep-no-tuner",
     "iadeep-no-predictor",
+    "oracle",
 ];
 
 /// What to simulate.
@@ -103,6 +104,19 @@ impl Experiment {
             world,
             workload,
         })
+    }
+
+    /// Builds a policy by name: every policy from [`crate::policy::build`], and the
+    /// `oracle`, which reads this experiment's world.
+    pub fn policy(&self, name: &str) -> Result<Box<dyn Policy>> {
+        let seed = self.params.workload.seed;
+        if name == "oracle" {
+            let truth = crate::policy::iadeep::oracle::Truth::new(&self.world);
+            return Ok(Box::new(crate::policy::iadeep::Iadeep::oracle(
+                truth, seed,
+            )?));
+        }
+        crate::policy::build(name, seed)
     }
 
     /// Runs one policy over the stream.

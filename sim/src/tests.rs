@@ -26,7 +26,7 @@ fn experiment(worker: &str, tasks: usize, gpus: usize, load: f64, seed: u64) -> 
 }
 
 fn run(experiment: &Experiment, name: &str) -> RunMetrics {
-    let mut policy = policy::build(name, experiment.params.workload.seed).expect("policy");
+    let mut policy = experiment.policy(name).expect("policy");
     experiment
         .run_policy(policy.as_mut(), &mut |_, _| {})
         .unwrap_or_else(|e| panic!("{name}: {e}"))
@@ -137,10 +137,10 @@ proptest! {
     }
 }
 
-/// The iadeep policies keep the books in a world whose memory is not affine in the batch
-/// size. Without the tuner every task runs at its m0, so the placer's accounting (the
-/// profiled and reported peaks) is all that stands between a card and a crash: it must
-/// hold. The tuner's memory model extrapolates a line through the sizes it measured and
+/// The iadeep policies and the oracle keep the books in a world whose memory is not affine
+/// in the batch size. Without the tuner every task runs at its m0, so the placer's
+/// accounting (the profiled and reported peaks) is all that stands between a card and a
+/// crash: it must hold, and so must the oracle's, which knows the world's memory. The tuner's memory model extrapolates a line through the sizes it measured and
 /// the world's curve is convex, so tuned runs may crash (they restart at half the batch
 /// size and must still finish); how often is a result the simulator reports.
 #[test]
@@ -148,10 +148,11 @@ fn iadeep_keeps_the_books_and_the_placer_alone_never_runs_out_of_memory() {
     for worker in ["k80", "p100"] {
         // Loaded enough that GPUs are shared and tuned.
         let experiment = experiment(worker, 30, 3, 3.0, 5);
-        for name in ["iadeep", "iadeep-no-tuner", "iadeep-no-predictor"] {
+        for name in ["iadeep", "iadeep-no-tuner", "iadeep-no-predictor", "oracle"] {
             let metrics = run(&experiment, name);
             assert_bookkeeping(&experiment, &metrics);
-            if name == "iadeep-no-tuner" {
+            // The oracle knows the world's memory: it never crashes either.
+            if name == "iadeep-no-tuner" || name == "oracle" {
                 assert_eq!(
                     metrics.ooms, 0,
                     "{worker} {name}: memory went over the card"
@@ -240,7 +241,7 @@ impl policy::Policy for Recording {
 
 fn recorded(experiment: &Experiment, name: &str) -> Recording {
     let mut recording = Recording {
-        inner: policy::build(name, experiment.params.workload.seed).expect("policy"),
+        inner: experiment.policy(name).expect("policy"),
         offers: Vec::new(),
         specs: Default::default(),
     };

@@ -144,7 +144,8 @@ pub trait Policy {
     }
 }
 
-/// Builds a policy by name (see [`crate::experiment::POLICY_NAMES`]).
+/// Builds a policy by name (see [`crate::experiment::POLICY_NAMES`]); the `oracle`
+/// needs the world and is built by [`crate::experiment::Experiment::policy`].
 pub fn build(name: &str, seed: u64) -> crate::Result<Box<dyn Policy>> {
     Ok(match name {
         "exclusive" => Box::new(exclusive::Exclusive),
@@ -157,6 +158,7 @@ pub fn build(name: &str, seed: u64) -> crate::Result<Box<dyn Policy>> {
         "iadeep" => Box::new(iadeep::Iadeep::new(iadeep::Variant::Full, seed)?),
         "iadeep-no-tuner" => Box::new(iadeep::Iadeep::new(iadeep::Variant::NoTuner, seed)?),
         "iadeep-no-predictor" => Box::new(iadeep::Iadeep::new(iadeep::Variant::NoPredictor, seed)?),
+        "oracle" => Box::new(iadeep::Iadeep::new(iadeep::Variant::Oracle, seed)?),
         _ => {
             return Err(crate::SimError::UnknownPolicy {
                 requested: name.to_owned(),
