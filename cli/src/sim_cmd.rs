@@ -8,7 +8,7 @@ use iadeep_datasets::gavel::GavelThroughputs;
 use iadeep_datasets::philly;
 use iadeep_sim::experiment::{Experiment, ExperimentParams};
 use iadeep_sim::metrics::RunMetrics;
-use iadeep_sim::{policy, report, store_sink};
+use iadeep_sim::{report, store_sink};
 use iadeep_state::EmbeddedStore;
 
 use crate::progress::Progress;

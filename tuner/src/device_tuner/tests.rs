@@ -488,6 +488,27 @@ fn a_shared_oom_leaves_a_floor_that_fresh_searches_keep() {
     }
 }
 
+/// A task placed alone on a card its m0 fills beyond the margin (the placer lets a task
+/// have a whole idle card) is still tuned: alone, the whole card counts. Before, the tuner
+/// found no configuration within the margin, not even the smallest sizes (its memory below
+/// the smallest measured size is that size's), and held the task at m0 for its whole run.
+#[test]
+fn a_task_alone_may_use_the_whole_card_and_is_still_tuned() {
+    let mut t = Task::new("big", 128, 16, 128);
+    t.fixed_mib = 9_000.0; // 9000 + 20 · 128 = 11560 MiB: over 12000 less the margin
+    t.noise_scale = Some(1.0); // small batches are statistically far better
+    let capacity = 12_000.0;
+    assert!(t.mem_mib(128) > usable(capacity) && t.mem_mib(128) < capacity);
+    let mut w = World::new(capacity, vec![t], params());
+    w.join_all();
+    w.run(900);
+    let status = w.tuner.status();
+    assert!(!status.holding, "{status:?}");
+    let last = w.assignments().last().map(|(_, round)| round[0].batch_size);
+    assert!(last.is_some_and(|b| b < 128), "still at m0: {last:?}");
+    assert!(w.ooms.is_empty(), "{:?}", w.ooms);
+}
+
 /// On a flat objective (step time proportional to the batch size, so PD = 1 everywhere up to
 /// noise) a search settles on what runs even when another measured configuration looks a
 /// little better (hysteresis), and keeps it for a long run: no flapping.
