@@ -273,6 +273,9 @@ pub struct DeviceTuner {
     residents: BTreeMap<String, Resident>,
     /// MiB held by placed tasks that do not run (see [`Input::Reserved`]).
     held: BTreeMap<String, u64>,
+    /// What a resident held aside (restarting after a crash) had reported and been assigned,
+    /// restored when it runs again: its first report then tells of the crash.
+    parked: BTreeMap<String, Resident>,
     knowledge: BTreeMap<String, TaskKnowledge>,
     search: Option<Search>,
     /// A persisted search waiting for its residents to come back.
@@ -316,6 +319,7 @@ impl DeviceTuner {
             params,
             residents: BTreeMap::new(),
             held: BTreeMap::new(),
+            parked: BTreeMap::new(),
             knowledge: BTreeMap::new(),
             search: None,
             resumed: None,
@@ -458,6 +462,7 @@ impl DeviceTuner {
                 let (report, assigned, oom_learned_round) = self
                     .residents
                     .remove(&spec.task_id)
+                    .or_else(|| self.parked.remove(&spec.task_id))
                     .map(|r| (r.report, r.assigned, r.oom_learned_round))
                     .unwrap_or_default();
                 self.residents.insert(
@@ -473,7 +478,8 @@ impl DeviceTuner {
                 self.residents_changed = true;
             }
             Input::Reserved { task_id, mib } => {
-                if self.residents.remove(&task_id).is_some() {
+                if let Some(resident) = self.residents.remove(&task_id) {
+                    self.parked.insert(task_id.clone(), resident);
                     self.residents_changed = true;
                 }
                 if self.held.insert(task_id, mib) != Some(mib) {
@@ -481,6 +487,7 @@ impl DeviceTuner {
                 }
             }
             Input::Left { task_id } => {
+                self.parked.remove(&task_id);
                 self.memory_changed |= self.held.remove(&task_id).is_some();
                 if self.residents.remove(&task_id).is_some() {
                     self.residents_changed = true;

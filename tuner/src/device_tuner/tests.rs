@@ -488,6 +488,47 @@ fn a_shared_oom_leaves_a_floor_that_fresh_searches_keep() {
     }
 }
 
+/// A task that restarts after its crash is held aside (`Reserved`) and joins again: its
+/// first report after the restart tells of the crash under the assignment it had before,
+/// and leaves the floor as if it had never left. Before, the restart forgot the
+/// assignment, no floor was learned, and the simulator's tasks crashed at the same size
+/// again after every restart.
+#[test]
+fn a_crash_told_after_a_restart_still_leaves_a_floor() {
+    let mut w = two_task_world();
+    w.join_all();
+    w.run(60);
+    let (size, round) = (w.tasks[0].batch, w.tasks[0].round);
+    let spec = w.tasks[0].spec(KIND);
+    w.step(vec![Input::Reserved {
+        task_id: "a".into(),
+        mib: 1_000,
+    }]);
+    w.step(vec![
+        Input::Joined {
+            spec,
+            reserved_mib: 0,
+        },
+        Input::Report(TaskReport {
+            task_id: "a".into(),
+            batch_size: size / 2,
+            oom_batch_size: Some(size),
+            assignment_round: round,
+            seq: 1_000,
+            ..Default::default()
+        }),
+    ]);
+    let floor = w
+        .tuner
+        .knowledge("a")
+        .and_then(|k| k.oom_floors.get(&size).copied());
+    // What b's measured peak at the size it last reported left a of the card.
+    assert!(
+        floor.is_some_and(|f| f > 0.0 && f < 16_384.0 - 2_000.0),
+        "{floor:?}"
+    );
+}
+
 /// A task placed alone on a card its m0 fills beyond the margin (the placer lets a task
 /// have a whole idle card) is still tuned: alone, the whole card counts. Before, the tuner
 /// found no configuration within the margin, not even the smallest sizes (its memory below
