@@ -8,7 +8,7 @@ use iadeep_datasets::gavel::GavelThroughputs;
 use iadeep_datasets::philly;
 use iadeep_sim::experiment::{Experiment, ExperimentParams};
 use iadeep_sim::metrics::RunMetrics;
-use iadeep_sim::{policy, report, store_sink};
+use iadeep_sim::{report, store_sink};
 use iadeep_state::EmbeddedStore;
 
 use crate::progress::Progress;
@@ -35,6 +35,17 @@ pub struct SimArgs {
     /// GPU memory in MiB. Default: the known size of the worker type (k80 11441, p100 16280).
     #[arg(long, value_name = "MIB")]
     gpu_mem_mib: Option<u64>,
+    /// How three or more jobs on one GPU slow each other (Gavel measured pairs only):
+    /// `contention` adds the co-runners' measured stalls plus a context-switch overhead
+    /// per extra co-runner; `product` multiplies the pairwise slowdowns (the rule
+    /// iadeep's predictor composes with, so it favours iadeep).
+    #[arg(long, default_value = "contention", value_name = "MODEL")]
+    interference: iadeep_sim::world::Interference,
+    /// How waiting jobs are offered to every policy alike: `each-task` (every waiting
+    /// job asks in submission order and one told to wait blocks nobody: per-task
+    /// backfill) or `fifo` (only the head of the queue; the jobs behind it wait too).
+    #[arg(long, default_value = "each-task", value_name = "RULE")]
+    admission: iadeep_sim::policy::Admission,
     /// Number of jobs (consecutive single-GPU Philly jobs).
     #[arg(long, default_value_t = 300, value_name = "N")]
     tasks: usize,
@@ -51,7 +62,8 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 24.0, value_name = "H")]
     max_duration_h: f64,
     /// Comma-separated policies to run (exclusive, packing, util, memory, reference,
-    /// iadeep, iadeep-no-tuner, iadeep-no-predictor). Default: all of them.
+    /// reference-fixed, pollux, iadeep, iadeep-no-tuner, iadeep-no-predictor, oracle).
+    /// Default: all of them.
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     policies: Vec<String>,
     /// Directory for the CSV files and plots.
@@ -92,6 +104,7 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     let mut params = ExperimentParams {
         worker_type: args.worker_type.clone(),
         capacity_mib: args.gpu_mem_mib,
+        interference: args.interference,
         ..ExperimentParams::default()
     };
     params.workload.tasks = args.tasks;
@@ -100,6 +113,7 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     params.workload.max_duration_s = args.max_duration_h * 3600.0;
     params.engine.gpus = args.gpus;
     params.engine.seed = args.seed;
+    params.engine.admission = args.admission;
     if !args.policies.is_empty() {
         params.policies = args.policies.clone();
     }
@@ -158,7 +172,7 @@ fn simulate(
     let experiment = Experiment::new(params, gavel, &trace)?;
     let mut runs: Vec<RunMetrics> = Vec::new();
     for name in &names {
-        let mut policy = policy::build(name, seed)?;
+        let mut policy = experiment.policy(name)?;
         let mut shown = Progress::start(name);
         let mut progress = |done: usize, total: usize| shown.update(done, total);
         let run = if audit {

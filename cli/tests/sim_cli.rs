@@ -141,3 +141,48 @@ fn sim_audit_writes_each_iadeep_decision_with_the_truth_and_a_summary() {
     }
     assert!(shared > 0, "4x load on 3 GPUs scores shared devices");
 }
+
+/// `--interference` switches the world's rule for three or more jobs on a GPU: the same
+/// stream under packing (which stacks jobs by memory) ends differently under the product
+/// of pairs than under the default contention model; an unknown model is refused.
+#[test]
+fn sim_interference_flag_switches_the_world_model() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_arg = dir.path().to_str().expect("utf-8 path");
+    let avg_ct = |model: &str| {
+        let out = iadeep(&[
+            "sim",
+            "--worker-type",
+            "p100",
+            "--tasks",
+            "20",
+            "--gpus",
+            "2",
+            "--load",
+            "4",
+            "--seed",
+            "2",
+            "--max-duration-h",
+            "2",
+            "--policies",
+            "packing",
+            "--interference",
+            model,
+            "--out",
+            out_arg,
+            "--json",
+        ]);
+        succeeded_json(&out)["policies"]["packing"]["avg_ct_s"]
+            .as_f64()
+            .expect("avg_ct_s")
+    };
+    let (contention, product) = (avg_ct("contention"), avg_ct("product"));
+    assert!(
+        (contention - product).abs() > 1e-6 * contention,
+        "contention {contention} vs product {product}"
+    );
+    let out = iadeep(&["sim", "--interference", "sum", "--tasks", "2"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("contention or product"), "{stderr}");
+}

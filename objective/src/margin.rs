@@ -52,6 +52,19 @@ impl MemoryMargin {
     pub fn fits(&self, total_mib: f64, capacity_mib: f64) -> bool {
         total_mib <= self.usable_mib(capacity_mib)
     }
+
+    /// [`MemoryMargin::fits`], except that one task with the card to itself may use the
+    /// whole card: the margin protects co-runners from each other's estimation errors,
+    /// and the placer places a task alone on an idle card up to its whole memory. Without
+    /// this a task placed alone near the card's size could never be re-sized at all, not
+    /// even shrunk.
+    pub fn fits_on(&self, total_mib: f64, capacity_mib: f64, alone: bool) -> bool {
+        if alone {
+            total_mib <= capacity_mib
+        } else {
+            self.fits(total_mib, capacity_mib)
+        }
+    }
 }
 
 impl Default for MemoryMargin {
@@ -71,6 +84,9 @@ mod tests {
         assert!(m.fits(15_000.0, 16384.0));
         assert!(!m.fits(15_400.0, 16384.0));
         assert_eq!(m.usable_mib(100.0), 0.0, "never negative");
+        assert!(m.fits_on(16_000.0, 16384.0, true));
+        assert!(!m.fits_on(16_000.0, 16384.0, false));
+        assert!(!m.fits_on(16_385.0, 16384.0, true));
     }
 
     #[test]

@@ -197,9 +197,8 @@ pub fn fill_truth(
             .get(task)
             .and_then(|t| catalogue.type_of(t.family, batch))
     };
-    let slowdown = |job, others: &[usize]| {
-        let factor: f64 = others.iter().map(|o| catalogue.ratio(job, *o)).product();
-        1.0 / factor
+    let slowdown = |job: usize, others: &[usize]| {
+        world.catalogue.types[job].solo_steps_per_s / world.steps_per_s(job, others.iter().copied())
     };
     fill_waits(records, outcomes);
     for record in records.iter_mut() {
@@ -297,6 +296,10 @@ pub struct AuditSummary {
     pub shared_bad_gain: usize,
     /// Shared placements: mean true throughput gain.
     pub shared_true_gain: f64,
+    /// Shared placements: mean Σ PD increase of the chosen device (at the batch sizes of
+    /// the decision) as the placer predicted it, and as the world says it was.
+    pub shared_pd_increase_pred: f64,
+    pub shared_pd_increase_true: f64,
     /// Decisions with ≥ 2 scored candidates whose chosen candidate had the lowest true
     /// Σ PD increase among them.
     pub ranked: usize,
@@ -330,6 +333,7 @@ impl AuditSummary {
         let mut cold = Vec::new();
         let mut heuristic = Vec::new();
         let mut shared_gain = Vec::new();
+        let (mut pd_pred, mut pd_true) = (Vec::new(), Vec::new());
         let (mut w_pred, mut w_real, mut c_true, mut c_pred) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut w_done, mut w_drained) = (Vec::new(), Vec::new());
@@ -351,6 +355,12 @@ impl AuditSummary {
                 ("place", true) => s.placed_idle += 1,
                 ("place", false) => {
                     s.placed_shared += 1;
+                    if let Some(c) = best
+                        && let Some(t) = &c.truth
+                    {
+                        pd_pred.push(c.predicted.pd_increase());
+                        pd_true.push(t.pd_increase());
+                    }
                     if let Some(t) = best.and_then(|c| c.truth.as_ref()) {
                         let gain = t.throughput_gain();
                         shared_gain.push(gain);
@@ -409,6 +419,8 @@ impl AuditSummary {
         s.model_cold = errors(&cold);
         s.heuristic_on_fitted = errors(&heuristic);
         s.shared_true_gain = mean(&shared_gain);
+        s.shared_pd_increase_pred = mean(&pd_pred);
+        s.shared_pd_increase_true = mean(&pd_true);
         s.queue_wait_pred_s = mean(&w_pred);
         s.queue_wait_real_s = mean(&w_real);
         s.queue_place_cost_true_s = mean(&c_true);

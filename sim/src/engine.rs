@@ -8,15 +8,13 @@
 //! old version and are dropped). The statistical efficiency term follows the task's
 //! progress and is refreshed at each event on its device.
 //!
-//! Admission is FIFO for the baselines: the head of the queue is offered to the
-//! policy whenever something changes, and while the policy keeps it waiting the
-//! tasks behind it wait too. A policy that decides itself whether a task should wait
-//! (iadeep's placer: queue or place) asks for [`Admission::EachTask`]: every waiting
-//! task is offered in submission order, as every client of the placement daemon asks
-//! for itself, and one told to wait does not block the others. A policy that never
-//! keeps a task waiting while a device could take it (exclusive FIFO) behaves the
-//! same either way. A task that crashes and has to leave its device waits in a
-//! recovery list that is offered first and blocks nobody.
+//! Admission is one rule for every policy ([`EngineParams::admission`]). By default
+//! ([`Admission::EachTask`], per-task backfill) every waiting task is offered in
+//! submission order, as every client of the placement daemon asks for itself, and one
+//! told to wait does not block the others. [`Admission::Fifo`] offers only the head of
+//! the queue: while the policy keeps it waiting, the tasks behind it wait too. A task
+//! that crashes and has to leave its device waits in a recovery list that is offered
+//! first and blocks nobody.
 //!
 //! With [`Admission::EachTask`] one pass stops after [`MAX_CONSECUTIVE_WAITS`]
 //! tasks in a row were told to wait: when every card is full, the tasks further back
@@ -27,16 +25,16 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Instant;
 
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rand_distr_free::normal;
 
+use crate::agent::{EmulatedAgent, measured_step_time, normal};
 use crate::error::{Result, SimError};
 use crate::metrics::{RunMetrics, TaskOutcome};
 use crate::policy::{Admission, Decision, OomAction, Policy, TuneStep};
 use crate::view::{AgentReport, ClusterView, Resident, TaskSpec, Waiting};
 use crate::workload::TaskTemplate;
-use crate::world::{TypeId, World};
+use crate::world::{TypeId, World, memory};
 
 /// With [`Admission::EachTask`], a pass over the queue stops after this many tasks
 /// in a row were told to wait (see the module docs).
@@ -55,6 +53,8 @@ pub struct EngineParams {
     pub measurement_noise: f64,
     /// Seed of the measurement noise.
     pub seed: u64,
+    /// How waiting tasks are offered, the same for every policy.
+    pub admission: Admission,
     /// Safety stop: a run needing more events than this is reported as stuck.
     pub max_events: u64,
 }
@@ -67,6 +67,7 @@ impl Default for EngineParams {
             restart_s: 60.0,
             measurement_noise: 0.02,
             seed: 1,
+            admission: Admission::EachTask,
             max_events: 50_000_000,
         }
     }
@@ -89,18 +90,6 @@ impl EngineParams {
             return bad("measurement noise", format!("{}", self.measurement_noise));
         }
         Ok(())
-    }
-}
-
-/// Tiny Box–Muller normal sampler, so the crate needs no extra distribution crate.
-mod rand_distr_free {
-    use rand::Rng;
-
-    /// One standard-normal draw.
-    pub fn normal(rng: &mut impl Rng) -> f64 {
-        let u1: f64 = rng.random_range(f64::EPSILON..1.0);
-        let u2: f64 = rng.random_range(0.0..1.0);
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
     }
 }
 
@@ -137,6 +126,14 @@ struct TaskState {
     finish_s: Option<f64>,
     /// The device it last ran on.
     last_device: usize,
+    /// Fragmentation overhead of its current allocation (see [`crate::world::memory`]).
+    fragmentation: f64,
+    /// How many times it allocated its memory (seeds the next fragmentation draw).
+    allocations: u64,
+    /// Its agent's measuring side (the gradient noise scale estimator).
+    agent: EmulatedAgent,
+    /// When its agent last reported, simulated s.
+    reported_s: f64,
 }
 
 #[derive(Debug, Default)]
@@ -278,15 +275,16 @@ impl<'w> Engine<'w> {
                 let family = &catalogue.families[t.family];
                 let info = &catalogue.types[t.job];
                 let profiled = (params.measurement_noise * normal(&mut profiling)).exp();
+                let profiled_fragmentation =
+                    profiling.random_range(0.0..=memory::FRAGMENTATION_MAX);
                 TaskState {
                     spec: TaskSpec {
                         id: index,
                         model: family.name.clone(),
                         m0: t.m0,
                         batch_sizes: family.batch_sizes.clone(),
-                        mem_request_mib: t.mem_request_mib,
                         solo_step_time_s: profiled / info.solo_steps_per_s,
-                        solo_peak_mem_mib: world.memory.mib(t.job),
+                        solo_peak_mem_mib: world.memory.peak_mib(t.job, profiled_fragmentation),
                         submit_s: t.submit_s,
                         total_samples: t.work_samples,
                     },
@@ -305,7 +303,8 @@ impl<'w> Engine<'w> {
                         step_time_s: 1.0 / info.solo_steps_per_s,
                         samples_per_s: info.solo_steps_per_s * f64::from(t.m0),
                         peak_mem_mib: world.memory.mib(t.job),
-                        grad_noise_scale: world.phi(t.family, 0.0),
+                        // No estimate before the first steps.
+                        grad_noise_scale: None,
                         samples_done: 0.0,
                         oom_batch_size: None,
                         seq: 0,
@@ -316,6 +315,10 @@ impl<'w> Engine<'w> {
                     first_start_s: None,
                     finish_s: None,
                     last_device: 0,
+                    fragmentation: 0.0,
+                    allocations: 0,
+                    agent: EmulatedAgent::default(),
+                    reported_s: t.submit_s,
                 }
             })
             .collect();
@@ -413,6 +416,7 @@ impl<'w> Engine<'w> {
                     };
                     self.advance(device);
                     self.tasks[task].active = true;
+                    self.allocate(task);
                     self.after_memory_change(device, &[task], policy);
                 }
                 EventKind::Retry => self.retry_pending = false,
@@ -482,7 +486,7 @@ impl<'w> Engine<'w> {
                 }
             }
         }
-        match policy.admission() {
+        match self.params.admission {
             Admission::Fifo => {
                 while let Some(&task) = self.queue.front() {
                     match self.decide(task, policy) {
@@ -607,6 +611,7 @@ impl<'w> Engine<'w> {
         state.last_s = now;
         state.first_start_s.get_or_insert(now);
         state.last_device = device;
+        self.allocate(task);
         self.devices[device].residents.push(task);
         tracing::trace!(task, device, batch_size, now, "placed");
         self.after_memory_change(device, &[task], policy);
@@ -634,10 +639,31 @@ impl<'w> Engine<'w> {
             if state.batch_size != batch_size && state.active {
                 state.batch_size = batch_size;
                 state.job = job;
+                self.allocate(task);
                 changed.push(task);
             }
         }
         Ok(changed)
+    }
+
+    /// The task allocates its memory anew (start, restart, batch-size change): a fresh
+    /// fragmentation overhead, drawn from the seed, the task and its allocation count,
+    /// so that every policy's run of a task sees the same sequence of draws.
+    fn allocate(&mut self, task: usize) {
+        let state = &mut self.tasks[task];
+        let mut draw = ChaCha8Rng::seed_from_u64(
+            self.params.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                ^ ((task as u64) << 24)
+                ^ state.allocations,
+        );
+        state.allocations += 1;
+        state.fragmentation = draw.random_range(0.0..=memory::FRAGMENTATION_MAX);
+    }
+
+    /// Peak MiB of a task's current run.
+    fn peak_mib(&self, task: usize) -> u64 {
+        let state = &self.tasks[task];
+        self.world.memory.peak_mib(state.job, state.fragmentation)
     }
 
     /// Brings every resident of `device` to the current time at its current rate.
@@ -656,13 +682,13 @@ impl<'w> Engine<'w> {
     /// allocation is the one that fails), then rates are recomputed.
     fn after_memory_change(&mut self, device: usize, changed: &[usize], policy: &mut dyn Policy) {
         loop {
-            let active: Vec<TypeId> = self.devices[device]
+            let peaks: Vec<u64> = self.devices[device]
                 .residents
                 .iter()
                 .filter(|t| self.tasks[**t].active)
-                .map(|t| self.tasks[*t].job)
+                .map(|t| self.peak_mib(*t))
                 .collect();
-            if self.world.memory.fits(active.into_iter()) {
+            if self.world.memory.fits(peaks.into_iter()) {
                 break;
             }
             let Some(&victim) = changed
@@ -670,7 +696,7 @@ impl<'w> Engine<'w> {
                 .filter(|t| {
                     self.tasks[**t].active && self.tasks[**t].status == Status::Running(device)
                 })
-                .max_by_key(|t| self.world.memory.mib(self.tasks[**t].job))
+                .max_by_key(|t| self.peak_mib(**t))
             else {
                 break;
             };
@@ -735,11 +761,11 @@ impl<'w> Engine<'w> {
             .map(|t| (*t, self.tasks[*t].job))
             .collect();
         for &(task, job) in &active {
-            let steps = world.catalogue.co_located_steps_per_s(
+            let steps = world.steps_per_s(
                 job,
                 active.iter().filter(|(t, _)| *t != task).map(|(_, j)| *j),
             );
-            let noise = (self.params.measurement_noise * normal(&mut self.rng)).exp();
+            let peak_mib = self.peak_mib(task);
             let state = &mut self.tasks[task];
             let fraction = state.done / state.spec.total_samples.max(f64::MIN_POSITIVE);
             let phi = world.phi(state.family, fraction);
@@ -749,12 +775,21 @@ impl<'w> Engine<'w> {
             let samples_per_s = steps * f64::from(state.batch_size);
             state.rate = samples_per_s * efficiency;
             state.version += 1;
+            // What the agent measured since its last report (see `crate::agent`).
+            let steps_run = ((self.now - state.reported_s) * steps).max(0.0) as u64;
+            state.reported_s = self.now;
+            let step_time_s =
+                measured_step_time(&mut self.rng, 1.0 / steps, self.params.measurement_noise);
+            let grad_noise_scale =
+                state
+                    .agent
+                    .observe_gradients(&mut self.rng, phi, state.batch_size, steps_run);
             state.report = AgentReport {
                 batch_size: state.batch_size,
-                step_time_s: noise / steps,
-                samples_per_s: samples_per_s / noise,
-                peak_mem_mib: world.memory.mib(job),
-                grad_noise_scale: phi,
+                step_time_s,
+                samples_per_s: f64::from(state.batch_size) / step_time_s,
+                peak_mem_mib: peak_mib,
+                grad_noise_scale,
                 samples_done: state.done,
                 oom_batch_size: state.report.oom_batch_size,
                 seq: state.report.seq + 1,

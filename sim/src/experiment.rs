@@ -9,7 +9,7 @@ use crate::error::{Result, SimError};
 use crate::metrics::RunMetrics;
 use crate::policy::Policy;
 use crate::workload::{self, TaskTemplate, WorkloadParams};
-use crate::world::World;
+use crate::world::{Interference, World};
 
 /// The policy names, in table order.
 pub const POLICY_NAMES: &[&str] = &[
@@ -18,9 +18,12 @@ pub const POLICY_NAMES: &[&str] = &[
     "util",
     "memory",
     "reference",
+    "reference-fixed",
+    "pollux",
     "iadeep",
     "iadeep-no-tuner",
     "iadeep-no-predictor",
+    "oracle",
 ];
 
 /// What to simulate.
@@ -29,6 +32,8 @@ pub struct ExperimentParams {
     pub worker_type: String,
     /// GPU memory, MiB (default: the worker type's known size).
     pub capacity_mib: Option<u64>,
+    /// The world's model for three or more co-located jobs.
+    pub interference: Interference,
     pub workload: WorkloadParams,
     pub engine: EngineParams,
     /// Policies to run (names from [`POLICY_NAMES`]).
@@ -40,6 +45,7 @@ impl Default for ExperimentParams {
         ExperimentParams {
             worker_type: "k80".into(),
             capacity_mib: None,
+            interference: Interference::default(),
             workload: WorkloadParams::default(),
             engine: EngineParams::default(),
             policies: POLICY_NAMES.iter().map(|s| (*s).to_owned()).collect(),
@@ -86,13 +92,31 @@ impl Experiment {
         philly: &[PhillyJob],
     ) -> Result<Experiment> {
         params.check()?;
-        let world = World::new(gavel, &params.worker_type, params.capacity_mib)?;
+        let world = World::new(
+            gavel,
+            &params.worker_type,
+            params.capacity_mib,
+            params.interference,
+        )?;
         let workload = workload::build(&world, philly, &params.workload)?;
         Ok(Experiment {
             params,
             world,
             workload,
         })
+    }
+
+    /// Builds a policy by name: every policy from [`crate::policy::build`], and the
+    /// `oracle`, which reads this experiment's world.
+    pub fn policy(&self, name: &str) -> Result<Box<dyn Policy>> {
+        let seed = self.params.workload.seed;
+        if name == "oracle" {
+            let truth = crate::policy::iadeep::oracle::Truth::new(&self.world);
+            return Ok(Box::new(crate::policy::iadeep::Iadeep::oracle(
+                truth, seed,
+            )?));
+        }
+        crate::policy::build(name, seed)
     }
 
     /// Runs one policy over the stream.

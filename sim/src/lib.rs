@@ -3,10 +3,12 @@
 //! policies' only window on it.
 //!
 //! Module map, one idea each:
-//! - [`world`]: the ground truth (Gavel throughputs and the rule for 3+ jobs, the
+//! - [`world`]: the ground truth (Gavel throughputs and the contention model for 3+ jobs, the
 //!   memory model fitted to Gavel's failed pairs, Pollux noise-scale curves);
 //! - [`workload`]: the arrival stream from the Philly trace (single-GPU jobs, load
 //!   factor, seeded job types and memory requests);
+//! - [`agent`]: what the emulated agents measure (noisy step times with stragglers, the
+//!   gradient noise scale through the production estimator);
 //! - [`view`]: what policies may see (specs, agent reports);
 //! - [`engine`]: the discrete-event engine (arrivals, completions, tuning rounds,
 //!   out-of-memory crashes and restarts at half the batch size);
@@ -22,6 +24,7 @@
 //! - [`audit`]: iadeep's placement decisions next to the world's truth (diagnosis);
 //! - [`store_sink`]: a finished run written to a state store in iadeep's key layout.
 
+pub mod agent;
 pub mod audit;
 pub mod engine;
 pub mod error;

@@ -12,12 +12,13 @@ pub struct TaskSpec {
     pub m0: u32,
     /// The batch sizes the job can run at, ascending (`[m0]` when it cannot change).
     pub batch_sizes: Vec<u32>,
-    /// Memory the user asked for, MiB.
-    pub mem_request_mib: u64,
     /// Seconds per step alone at m0, as one profiling run measured it (with the
     /// agents' measurement noise; the world's exact value is never shown to a policy).
     pub solo_step_time_s: f64,
-    /// Peak GPU memory alone at m0, MiB (profiled).
+    /// Peak GPU memory alone at m0, MiB (profiled: one run, with its own fragmentation).
+    /// The only memory figure of a waiting task any policy sees, so every policy sizes
+    /// memory from the same information (the user's request stays in the workload, for
+    /// the store records).
     pub solo_peak_mem_mib: u64,
     /// Submit time, seconds from the start.
     pub submit_s: f64,

@@ -28,7 +28,7 @@ fn small_experiment() -> Experiment {
 }
 
 fn run(experiment: &Experiment, name: &str) -> RunMetrics {
-    let mut policy = policy::build(name, 21).expect("policy");
+    let mut policy = experiment.policy(name).expect("policy");
     experiment
         .run_policy(policy.as_mut(), &mut |_, _| {})
         .expect("run")

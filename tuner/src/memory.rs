@@ -9,6 +9,19 @@
 //! size is refused. An out-of-memory report is a hard sample: that size and every larger one
 //! are infeasible. A cubic fit is deliberately not used: it extrapolates wildly.
 //!
+//! Past the largest observed size the bound also grows at least `extrapolation_slope_factor`
+//! times as fast as the steepest the data shows (the secant through the two largest observed
+//! sizes; with one observed size the line through the origin is already the steepest affine
+//! growth): on real GPUs memory is often convex in the batch size (cuDNN picks
+//! workspace-hungry algorithms at large batches, the allocator rounds up to larger
+//! segments), so a line fitted below a bend underestimates above it, and an underestimate
+//! crashes every task on a shared card. Inside the observed range a convex curve lies below
+//! its chords, so the envelope of a line is safe there.
+//!
+//! An out-of-memory crash next to co-runners does not make a size infeasible for the task,
+//! but it says the task needed more than the memory the others left it: a *floor* on its peak
+//! at that size and, memory being monotone, at every larger size ([`MemoryModel::with_floor`]).
+//!
 //! Below the smallest observed batch size the bound stays at its value there: weights,
 //! gradients, optimiser state and the CUDA context do not shrink with the batch, so a line
 //! through one sample (or a steep fitted slope) would promise memory that a smaller batch
@@ -35,18 +48,24 @@ pub struct MemoryModelParams {
     pub margin_per_doubling: f64,
     /// Refuse predictions beyond this factor × the largest observed batch size.
     pub max_extrapolation: f64,
+    /// Past the largest observed size, the bound grows at least this many times as fast as
+    /// the secant through the two largest observed sizes (see the module documentation).
+    pub extrapolation_slope_factor: f64,
 }
 
 impl Default for MemoryModelParams {
-    /// 2σ of the residuals, +10% per doubling past the data, and no prediction past 8× the
-    /// largest observed size: allocator rounding and algorithm choices (cuDNN workspaces)
-    /// make memory grow slightly faster than affine at large batches, and an OOM kills every
-    /// task on the card, so over-estimating is the cheap error.
+    /// 2σ of the residuals, +10% per doubling past the data, slopes past the data up to twice
+    /// the steepest seen, and no prediction past 8× the largest observed size: allocator
+    /// rounding and algorithm choices (cuDNN workspaces) make memory grow faster than affine
+    /// at large batches, and an OOM kills every task on the card, so over-estimating is the
+    /// cheap error (the next report at the larger size replaces the extrapolation with a
+    /// measurement).
     fn default() -> Self {
         MemoryModelParams {
             residual_sigmas: 2.0,
             margin_per_doubling: 0.10,
             max_extrapolation: 8.0,
+            extrapolation_slope_factor: 2.0,
         }
     }
 }
@@ -59,12 +78,15 @@ impl MemoryModelParams {
             && self.margin_per_doubling.is_finite()
             && self.margin_per_doubling >= 0.0
             && self.max_extrapolation.is_finite()
-            && self.max_extrapolation >= 1.0;
+            && self.max_extrapolation >= 1.0
+            && self.extrapolation_slope_factor.is_finite()
+            && self.extrapolation_slope_factor >= 1.0;
         if ok {
             Ok(())
         } else {
             Err(TunerError::InvalidParams(format!(
-                "memory model parameters out of range: {self:?} (sigmas ≥ 0, margin ≥ 0, max_extrapolation ≥ 1)"
+                "memory model parameters out of range: {self:?} (sigmas ≥ 0, margin ≥ 0, \
+                 max_extrapolation ≥ 1, extrapolation_slope_factor ≥ 1)"
             )))
         }
     }
@@ -79,7 +101,12 @@ pub struct MemoryModel {
     band: f64,
     smallest_observed: u32,
     largest_observed: u32,
+    /// Slope of the secant through the two largest observed sizes, if two were observed.
+    top_slope: Option<f64>,
     smallest_oom: Option<u32>,
+    /// `(batch size, MiB)`: the task needed more than MiB at that size (see
+    /// [`MemoryModel::with_floor`]).
+    floors: Vec<(u32, f64)>,
 }
 
 /// Least-squares affine fit through nalgebra's SVD; returns (intercept, slope).
@@ -157,6 +184,23 @@ impl MemoryModel {
         };
         let largest_observed = samples.iter().map(|s| s.batch_size).max().unwrap_or(1);
         let smallest_observed = samples.iter().map(|s| s.batch_size).min().unwrap_or(1);
+        let peak_at = |b: u32| {
+            samples
+                .iter()
+                .filter(|s| s.batch_size == b)
+                .map(|s| s.peak_mib)
+                .fold(0.0, f64::max)
+        };
+        let below_top = samples
+            .iter()
+            .map(|s| s.batch_size)
+            .filter(|&b| b < largest_observed)
+            .max();
+        // One observed size gives no secant: the line through the origin is already the
+        // steepest affine growth (every MiB scales with the batch).
+        let top_slope = below_top.map(|b| {
+            ((peak_at(largest_observed) - peak_at(b)) / f64::from(largest_observed - b)).max(slope)
+        });
         let smallest_oom = oom_batch_sizes.iter().copied().filter(|&b| b > 0).min();
         if let Some(oom) = smallest_oom
             && oom <= largest_observed
@@ -174,8 +218,21 @@ impl MemoryModel {
             band: params.residual_sigmas * sigma,
             smallest_observed,
             largest_observed,
+            top_slope,
             smallest_oom,
+            floors: Vec::new(),
         })
+    }
+
+    /// A copy that also knows the task needed more than `mib` at `batch_size` (an
+    /// out-of-memory crash next to co-runners that left it `mib`): the bound at that size and
+    /// above is at least `mib`.
+    pub fn with_floor(&self, batch_size: u32, mib: f64) -> MemoryModel {
+        let mut model = self.clone();
+        if batch_size > 0 && mib.is_finite() && mib > 0.0 {
+            model.floors.push((batch_size, mib));
+        }
+        model
     }
 
     /// A copy that also treats `batch_size` and everything above as out of memory.
@@ -210,14 +267,28 @@ impl MemoryModel {
         if ratio > self.params.max_extrapolation {
             return None;
         }
-        let base =
-            self.intercept + self.slope * b.max(f64::from(self.smallest_observed)) + self.band;
+        let line = |b: f64| self.intercept + self.slope * b + self.band;
+        let mut base = line(b.max(f64::from(self.smallest_observed)));
+        let top = f64::from(self.largest_observed);
+        if let Some(top_slope) = self.top_slope
+            && b > top
+        {
+            let steeper =
+                line(top) + self.params.extrapolation_slope_factor * top_slope * (b - top);
+            base = base.max(steeper);
+        }
         let margin = if ratio > 1.0 {
             1.0 + self.params.margin_per_doubling * ratio.log2()
         } else {
             1.0
         };
-        Some(base.max(0.0) * margin)
+        let floor = self
+            .floors
+            .iter()
+            .filter(|(at, _)| *at <= batch_size)
+            .map(|(_, mib)| *mib)
+            .fold(0.0, f64::max);
+        Some((base.max(0.0) * margin).max(floor))
     }
 
     /// The largest batch size in `[lo, hi]` whose upper bound fits `budget_mib`, if any.
@@ -307,8 +378,9 @@ mod tests {
             .collect();
         let model = MemoryModel::fit(&samples).expect("fits");
         assert!((model.upper_bound_mib(32).expect("feasible") - 1320.0).abs() < 1e-6);
-        // Two doublings past 64: base 1000 + 2560 = 3560, padded by +20%.
-        assert!((model.upper_bound_mib(256).expect("feasible") - 3560.0 * 1.2).abs() < 1e-6);
+        // Two doublings past 64: from 1640 at 64 the slope may double (2 × 10 MiB per
+        // sample over 192 samples), padded by +20%.
+        assert!((model.upper_bound_mib(256).expect("feasible") - 5480.0 * 1.2).abs() < 1e-6);
         assert_eq!(model.upper_bound_mib(64 * 8 + 1), None);
     }
 
@@ -324,6 +396,46 @@ mod tests {
         assert_eq!(model.upper_bound_mib(64), None);
         assert_eq!(model.upper_bound_mib(100), None);
         assert_eq!(model.with_oom(32).upper_bound_mib(40), None);
+    }
+
+    /// Memory that bends upwards past the data (slope 10 MiB per sample up to 128, then 18):
+    /// a line through the samples below the bend underestimates the next doubling; the
+    /// steeper extrapolation covers it. Without `extrapolation_slope_factor` the bound at 256
+    /// is 1000 + 2560, padded 10 %: 3916 < 4584.
+    #[test]
+    fn a_bend_past_the_data_is_covered_by_the_steeper_extrapolation() {
+        let truth = |b: u32| {
+            let b = f64::from(b);
+            1000.0 + 10.0 * b.min(128.0) + 18.0 * (b - 128.0).max(0.0)
+        };
+        let samples: Vec<_> = [32, 64, 128].iter().map(|&b| s(b, truth(b))).collect();
+        let model = MemoryModel::fit(&samples).expect("fits");
+        let bound = model.upper_bound_mib(256).expect("feasible");
+        assert!(
+            bound >= truth(256),
+            "bound {bound} under the truth {}",
+            truth(256)
+        );
+        let plain = MemoryModel::fit_with(
+            &samples,
+            &[],
+            MemoryModelParams {
+                extrapolation_slope_factor: 1.0,
+                ..MemoryModelParams::default()
+            },
+        )
+        .expect("fits");
+        assert!(plain.upper_bound_mib(256).expect("feasible") < truth(256));
+    }
+
+    #[test]
+    fn a_floor_from_a_shared_out_of_memory_crash_lifts_that_size_and_above() {
+        let model = MemoryModel::fit(&[s(16, 1160.0), s(32, 1320.0)]).expect("fits");
+        let lifted = model.with_floor(64, 5000.0);
+        assert_eq!(lifted.upper_bound_mib(32), model.upper_bound_mib(32));
+        assert_eq!(lifted.upper_bound_mib(64), Some(5000.0));
+        assert!(lifted.upper_bound_mib(128).expect("feasible") >= 5000.0);
+        assert_eq!(model.with_floor(64, f64::NAN), model);
     }
 
     #[test]

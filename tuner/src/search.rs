@@ -127,7 +127,8 @@ impl SearchSpace {
             .collect()
     }
 
-    /// Whether the summed memory upper bounds fit the card with its margin.
+    /// Whether the summed memory upper bounds fit the card with its margin (a task alone on
+    /// the card, nothing held for others: the whole card, see [`MemoryMargin::fits_on`]).
     pub fn fits_memory(&self, idx: &[usize]) -> bool {
         let Some(mem) = &self.memory else { return true };
         let mut total = mem.held_mib;
@@ -137,7 +138,8 @@ impl SearchSpace {
                 None => return false,
             }
         }
-        mem.margin.fits(total, mem.capacity_mib)
+        let alone = idx.len() == 1 && mem.held_mib <= 0.0;
+        mem.margin.fits_on(total, mem.capacity_mib, alone)
     }
 }
 

@@ -48,8 +48,12 @@ fn summary_text(policy: &str, s: &AuditSummary) -> String {
         errors_text("heuristic on the same candidates", &s.heuristic_on_fitted),
         errors_text("model while cold (heuristic)", &s.model_cold),
         format!(
-            "  shared placements: mean true throughput gain {:.3}; {} below the guard's minimum",
-            s.shared_true_gain, s.shared_bad_gain
+            "  shared placements: mean true throughput gain {:.3}; {} below the guard's minimum; \
+             Σ PD increase of the chosen GPU {:.3} predicted, {:.3} true",
+            s.shared_true_gain,
+            s.shared_bad_gain,
+            s.shared_pd_increase_pred,
+            s.shared_pd_increase_true
         ),
         format!(
             "  ranking: best by truth chosen in {} of {} decisions with 2+ scored shared GPUs",

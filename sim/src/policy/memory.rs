@@ -2,8 +2,9 @@
 //! queue.
 //!
 //! Free memory of a GPU is its size minus what its residents' agents report as peak
-//! memory (their request while they have not reported). The new job goes to the GPU
-//! with the most free memory that holds its request and whose utilisation (as in
+//! memory (their profiled peak at m0 while they have not reported: the same figure every
+//! policy gets). The new job goes to the GPU with the most free memory that holds its
+//! profiled peak and whose utilisation (as in
 //! [`super::util`]) is under the cap. A job that crashes out of memory leaves its GPU
 //! and waits at the front of the queue for a GPU of its own: the recovery queue. At
 //! most [`MAX_RESIDENTS`] jobs share a GPU.
@@ -51,13 +52,13 @@ impl Policy for MostMemory {
                     if r.report.running {
                         r.report.peak_mem_mib
                     } else {
-                        r.spec.mem_request_mib
+                        r.spec.solo_peak_mem_mib
                     }
                 })
                 .sum();
             let free = capacity.saturating_sub(used);
             let utilisation: f64 = residents.iter().map(share).sum();
-            if free >= task.spec.mem_request_mib
+            if free >= task.spec.solo_peak_mem_mib
                 && utilisation < self.util_cap
                 && best.is_none_or(|(b, _)| free > b)
             {

@@ -4,10 +4,12 @@
 //! for policies that tune, which batch sizes the residents of a device should use
 //! next. It sees only [`crate::view`]: specs and agents' reports.
 
+pub mod batch_search;
 pub mod exclusive;
 pub mod iadeep;
 pub mod memory;
 pub mod packing;
+pub mod pollux;
 pub mod reference;
 pub mod util;
 
@@ -23,7 +25,7 @@ pub enum Decision {
         batch_size: u32,
         shrinks: Vec<(usize, u32)>,
     },
-    /// Keep it waiting (the queue is FIFO: later tasks wait too).
+    /// Keep it waiting (under [`Admission::Fifo`], later tasks wait too).
     Queue,
 }
 
@@ -54,17 +56,33 @@ pub enum TuneStep {
     Done,
 }
 
-/// How the engine offers waiting tasks to a policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How the engine offers waiting tasks to a policy: one rule for every policy in a
+/// run (`EngineParams::admission`), so no policy gains by its queue discipline alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Admission {
     /// Only the head of the queue is offered; while the policy keeps it waiting, the
-    /// tasks behind it wait too (the baselines: a FIFO scheduler in front of them).
+    /// tasks behind it wait too (first in, first out with head-of-line blocking).
     Fifo,
     /// Every waiting task is offered, in submission order, and one told to wait does
     /// not hold back the tasks behind it: how clients of the placement daemon behave,
     /// each task asking for itself and retrying when told to queue. The placer then
-    /// decides each task knowing how many wait ahead of it.
+    /// decides each task knowing how many wait ahead of it. The default.
+    #[default]
     EachTask,
+}
+
+impl std::str::FromStr for Admission {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "each-task" => Ok(Admission::EachTask),
+            "fifo" => Ok(Admission::Fifo),
+            other => Err(format!(
+                "unknown admission rule {other:?} (each-task or fifo)"
+            )),
+        }
+    }
 }
 
 /// What happens to a task that ran out of memory.
@@ -84,11 +102,6 @@ pub trait Policy {
 
     /// Decides where the task at the head of the queue goes.
     fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision;
-
-    /// How waiting tasks are offered (FIFO unless the policy queues tasks itself).
-    fn admission(&self) -> Admission {
-        Admission::Fifo
-    }
 
     /// Whether the engine should call [`Policy::tune`] after residents change.
     fn tunes(&self) -> bool {
@@ -131,17 +144,21 @@ pub trait Policy {
     }
 }
 
-/// Builds a policy by name (see [`crate::experiment::POLICY_NAMES`]).
+/// Builds a policy by name (see [`crate::experiment::POLICY_NAMES`]); the `oracle`
+/// needs the world and is built by [`crate::experiment::Experiment::policy`].
 pub fn build(name: &str, seed: u64) -> crate::Result<Box<dyn Policy>> {
     Ok(match name {
         "exclusive" => Box::new(exclusive::Exclusive),
         "packing" => Box::new(packing::Packing),
         "util" => Box::new(util::LeastUtilised::default()),
         "memory" => Box::new(memory::MostMemory::default()),
-        "reference" => Box::new(reference::Reference::new(seed)),
+        "reference" => Box::new(reference::Reference::new(seed, false)),
+        "reference-fixed" => Box::new(reference::Reference::new(seed, true)),
+        "pollux" => Box::new(pollux::Pollux::default()),
         "iadeep" => Box::new(iadeep::Iadeep::new(iadeep::Variant::Full, seed)?),
         "iadeep-no-tuner" => Box::new(iadeep::Iadeep::new(iadeep::Variant::NoTuner, seed)?),
         "iadeep-no-predictor" => Box::new(iadeep::Iadeep::new(iadeep::Variant::NoPredictor, seed)?),
+        "oracle" => Box::new(iadeep::Iadeep::new(iadeep::Variant::Oracle, seed)?),
         _ => {
             return Err(crate::SimError::UnknownPolicy {
                 requested: name.to_owned(),

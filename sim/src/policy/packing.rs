@@ -1,11 +1,11 @@
-//! Naive packing: the first GPU whose residents' memory *requests* leave room for
-//! the new job's request. Trusts what users wrote in their job files; knows nothing
-//! about interference.
+//! Naive packing: the first GPU whose residents' profiled peak memory at m0 (the same
+//! figure every policy gets) leaves room for the new job's. Trusts the profiles, ignores
+//! batch-size changes after a crash and knows nothing about interference.
 
 use crate::policy::{Decision, Policy};
 use crate::view::{ClusterView, Waiting};
 
-/// First fit by memory request.
+/// First fit by profiled peak memory.
 #[derive(Debug, Default)]
 pub struct Packing;
 
@@ -21,9 +21,9 @@ impl Policy for Packing {
                 let requested: u64 = view
                     .residents(*d)
                     .iter()
-                    .map(|r| r.spec.mem_request_mib)
+                    .map(|r| r.spec.solo_peak_mem_mib)
                     .sum();
-                requested + task.spec.mem_request_mib <= capacity
+                requested + task.spec.solo_peak_mem_mib <= capacity
             })
             .map_or(Decision::Queue, |device| {
                 Decision::place(device, task.batch_size)

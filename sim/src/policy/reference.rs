@@ -9,6 +9,7 @@
 //! - only the **newly arrived job** is tuned: each batch size from m0/2 to 4·m0 is run
 //!   for one reporting interval and the best by the reference objective
 //!   `IF · DT · E` is kept (it multiplies by E where DESIGN.md divides);
+//!   `reference-fixed` is the same approach with PD dividing by E, as DESIGN.md's;
 //! - **no memory constraint**: placements and batch sizes ignore memory; a crash stops
 //!   the search at the sizes that ran.
 
@@ -19,6 +20,7 @@ use smartcore::ensemble::random_forest_regressor::{
 };
 use smartcore::linalg::basic::matrix::DenseMatrix;
 
+use crate::policy::batch_search::{BatchSearch, pd_alone_or_shared, tune_device};
 use crate::policy::{Decision, OomAction, Policy, TuneStep};
 use crate::view::{ClusterView, Resident, Waiting};
 
@@ -31,15 +33,6 @@ const WINDOW: usize = 500;
 
 type Forest = RandomForestRegressor<f64, f64, DenseMatrix<f64>, Vec<f64>>;
 
-/// Search state of one newly placed job.
-#[derive(Debug)]
-struct Search {
-    task: usize,
-    candidates: Vec<u32>,
-    next: usize,
-    tried: Vec<(u32, f64)>,
-}
-
 /// The reference approach.
 pub struct Reference {
     names: HashMap<String, usize>,
@@ -48,8 +41,10 @@ pub struct Reference {
     forest: Option<Forest>,
     /// Last report seq used as a sample, per task.
     seen: HashMap<usize, u64>,
-    searches: BTreeMap<usize, Search>,
+    searches: BTreeMap<usize, BatchSearch>,
     seed: u64,
+    /// PD divides by E (`reference-fixed`) instead of multiplying (as published).
+    divides_by_e: bool,
 }
 
 impl std::fmt::Debug for Reference {
@@ -62,8 +57,9 @@ impl std::fmt::Debug for Reference {
 }
 
 impl Reference {
-    /// A reference scheduler with an untrained forest.
-    pub fn new(seed: u64) -> Reference {
+    /// A reference scheduler with an untrained forest; `divides_by_e` fixes its
+    /// objective (`reference-fixed`).
+    pub fn new(seed: u64, divides_by_e: bool) -> Reference {
         Reference {
             names: HashMap::new(),
             samples: Vec::new(),
@@ -72,6 +68,7 @@ impl Reference {
             seen: HashMap::new(),
             searches: BTreeMap::new(),
             seed,
+            divides_by_e,
         }
     }
 
@@ -154,7 +151,11 @@ impl Reference {
 
 impl Policy for Reference {
     fn name(&self) -> &str {
-        "reference"
+        if self.divides_by_e {
+            "reference-fixed"
+        } else {
+            "reference"
+        }
     }
 
     fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
@@ -180,15 +181,8 @@ impl Policy for Reference {
                     .filter(|b| *b * 2 >= task.spec.m0 && *b <= task.spec.m0 * 4)
                     .collect();
                 if candidates.len() > 1 {
-                    self.searches.insert(
-                        device,
-                        Search {
-                            task: task.spec.id,
-                            candidates,
-                            next: 0,
-                            tried: Vec::new(),
-                        },
-                    );
+                    self.searches
+                        .insert(device, BatchSearch::new(task.spec.id, candidates));
                 }
                 Decision::place(device, task.batch_size)
             }
@@ -202,17 +196,14 @@ impl Policy for Reference {
 
     fn tune(&mut self, view: &dyn ClusterView, device: usize) -> TuneStep {
         self.collect(view);
-        let Some(search) = self.searches.get_mut(&device) else {
-            return TuneStep::Done;
-        };
-        let residents = view.residents(device);
-        let Some(me) = residents.iter().find(|r| r.spec.id == search.task) else {
-            self.searches.remove(&device);
-            return TuneStep::Done;
-        };
         // Score the configuration that just ran (the first call sees m0 or the size
         // the job started at).
-        if me.report.running {
+        let divides_by_e = self.divides_by_e;
+        tune_device(&mut self.searches, view, device, |me| {
+            if divides_by_e {
+                return pd_alone_or_shared(me);
+            }
+            // As published: IF · DT · E.
             let m0 = f64::from(me.spec.m0);
             let m = f64::from(me.report.batch_size);
             let if_dt = me.report.step_time_s * m0 / (me.spec.solo_step_time_s * m);
@@ -220,44 +211,15 @@ impl Policy for Reference {
                 .report
                 .grad_noise_scale
                 .map_or(1.0, |phi| (phi + m0) / (phi + m));
-            search.tried.push((me.report.batch_size, if_dt * e));
-        }
-        while search.next < search.candidates.len()
-            && search
-                .tried
-                .iter()
-                .any(|(b, _)| *b == search.candidates[search.next])
-        {
-            search.next += 1;
-        }
-        if let Some(&size) = search.candidates.get(search.next) {
-            search.next += 1;
-            return TuneStep::Apply {
-                assignments: vec![(search.task, size)],
-                again_in_s: None,
-            };
-        }
-        let best = search
-            .tried
-            .iter()
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(b, _)| *b);
-        let task = search.task;
-        self.searches.remove(&device);
-        match best {
-            Some(size) if size != me.report.batch_size => TuneStep::Apply {
-                assignments: vec![(task, size)],
-                again_in_s: None,
-            },
-            _ => TuneStep::Done,
-        }
+            if_dt * e
+        })
     }
 
     fn on_oom(&mut self, device: usize, task: usize, batch_size: u32) -> OomAction {
         if let Some(search) = self.searches.get_mut(&device)
             && search.task == task
         {
-            search.candidates.retain(|b| *b < batch_size);
+            search.out_of_memory_at(batch_size);
         }
         OomAction::RestartHalf
     }

@@ -5,12 +5,9 @@
 //! simulated job can run at, so every step time is a measurement), the solo steps
 //! per second, and the normalised throughput of each job type next to each other.
 //!
-//! **Three or more jobs on one GPU** (Gavel measured pairs only): the normalised
-//! throughput of job k next to co-runners S is the product of its pairwise
-//! normalised throughputs, `Π_{j∈S} a(k|j) / solo(k)`. Each co-runner independently
-//! takes its measured share of the resources k needed; this is the usual
-//! independence assumption and it makes a third job cost at least as much as the
-//! worse of the two pairs, never less.
+//! **Three or more jobs on one GPU** (Gavel measured pairs only): see
+//! [`super::interference`]; the default is a contention model, not the product of
+//! pairs.
 //!
 //! **Pairs Gavel could not measure** (`[0, 0]`, mostly out of memory) but that the
 //! world's memory model lets run (see [`super::memory`]) take the ratio measured for
@@ -23,6 +20,7 @@ use std::collections::BTreeMap;
 use iadeep_datasets::gavel::{JobType, PairOutcome, WorkerThroughputs};
 
 use crate::error::{Result, SimError};
+use crate::world::interference::Interference;
 
 /// Index of a job type (family and batch size) in a [`Catalogue`].
 pub type TypeId = usize;
@@ -245,9 +243,15 @@ impl Catalogue {
         self.filled
     }
 
-    /// Steps per second of `job` next to `others` (the product rule for 3+ jobs).
-    pub fn co_located_steps_per_s(&self, job: TypeId, others: impl Iterator<Item = TypeId>) -> f64 {
-        let factor: f64 = others.map(|other| self.ratio(job, other)).product();
+    /// Steps per second of `job` next to `others`, under the world's `model` for three
+    /// or more jobs (a pair is always its measurement).
+    pub fn co_located_steps_per_s(
+        &self,
+        job: TypeId,
+        others: impl Iterator<Item = TypeId>,
+        model: Interference,
+    ) -> f64 {
+        let factor = model.normalised_throughput(others.map(|other| self.ratio(job, other)));
         self.types[job].solo_steps_per_s * factor
     }
 }
@@ -280,7 +284,7 @@ mod tests {
     }
 
     #[test]
-    fn measured_pairs_are_used_as_is_and_three_jobs_multiply() {
+    fn measured_pairs_are_used_as_is_under_either_model_for_three_jobs() {
         let catalogue = k80();
         let r18 = catalogue
             .families
@@ -297,10 +301,19 @@ mod tests {
         let ratio = catalogue.ratio(a, b);
         assert!(ratio > 0.0 && ratio < 1.5, "{ratio}");
         let solo = catalogue.types[a].solo_steps_per_s;
-        let two = catalogue.co_located_steps_per_s(a, [b].into_iter());
-        let three = catalogue.co_located_steps_per_s(a, [b, b].into_iter());
-        assert!((two - solo * ratio).abs() < 1e-12);
-        assert!((three - solo * ratio * ratio).abs() < 1e-12);
+        for model in [Interference::default(), Interference::Product] {
+            let two = catalogue.co_located_steps_per_s(a, [b].into_iter(), model);
+            assert!((two - solo * ratio).abs() < 1e-12, "{model}");
+        }
+        let product =
+            catalogue.co_located_steps_per_s(a, [b, b].into_iter(), Interference::Product);
+        assert!((product - solo * ratio * ratio).abs() < 1e-12);
+        let contention =
+            catalogue.co_located_steps_per_s(a, [b, b].into_iter(), Interference::default());
+        assert!(
+            (contention - product).abs() > 1e-6 * solo,
+            "{contention} vs {product}"
+        );
         assert!(catalogue.filled_pairs() > 0, "K80 has failed pairs to fill");
         for i in 0..catalogue.len() {
             for j in 0..catalogue.len() {

@@ -2,14 +2,31 @@
 //! out-of-memory crashes. Distinct from the tuner's learned memory model, which only
 //! sees what the emulated agents report.
 //!
-//! **Model.** The peak memory of a family is linear in the batch size between its
-//! smallest and largest measured batch sizes, `M(b) = lo + (hi − lo)·(b − b_min)/(b_max −
-//! b_min)` (activations grow linearly with the batch; weights, optimiser state and
-//! workspace are the constant part). A co-location runs out of memory when the sum of
-//! its jobs' `M` exceeds the card.
+//! **Model.** The peak memory of a job of a family at batch size `b` is a fixed part
+//! (weights, optimiser state, CUDA context: `lo`, the peak at the family's smallest
+//! measured batch size) plus an activation part that is **not linear** in `b`, rounded
+//! up to the caching allocator's blocks, plus a fragmentation overhead that changes
+//! from run to run:
 //!
-//! **Fit.** Gavel's `[0, 0]` pairs say which pairs did not fit on the card; the pairs
-//! that ran say which did. `lo` and `hi` of every family are chosen on a logarithmic
+//! `M(b) = block⌈ lo + (hi − lo)·s(x) · (1 + f) ⌉`,  `x = (b − b_min)/(b_max − b_min)`
+//!
+//! - `s` is piecewise linear and convex with a knee at [`KNEE_AT`] where it has reached
+//!   only [`KNEE_SHARE`] of the range: at large batch sizes the convolution libraries
+//!   pick workspace-hungry algorithms and activation memory grows faster than the
+//!   batch. A model that fits a line through small batch sizes therefore
+//!   underestimates large ones, as on real GPUs;
+//! - `block` is [`ALLOCATOR_BLOCK_MIB`] = 20 MiB, the segment size in which PyTorch's
+//!   caching allocator reserves large allocations;
+//! - `f` is drawn uniformly from `[0, FRAGMENTATION_MAX]` ([`FRAGMENTATION_MAX`]) each
+//!   time a job allocates its memory anew (start, restart, batch-size change): the
+//!   same job at the same batch size peaks a little differently from run to run.
+//!   [`MemoryFit::mib`] is the peak without fragmentation.
+//!
+//! A co-location runs out of memory when the sum of its jobs' peaks exceeds the card.
+//!
+//! **Fit.** `lo` and `hi` come from Gavel's `[0, 0]` pairs say which pairs did not fit on the card; the pairs
+//! that ran say which did (with the shape `s` and without fragmentation). `lo` and
+//! `hi` of every family are chosen on a logarithmic
 //! grid (128 MiB up to the card) by coordinate descent to agree with as many of those
 //! outcomes as possible, subject to every job fitting alone (it ran alone in Gavel).
 //! Among equally good settings the middle one (ordered by total memory) is taken, so
@@ -21,6 +38,31 @@
 
 use crate::error::{Result, SimError};
 use crate::world::catalogue::{Catalogue, TypeId};
+
+/// Where the activation curve bends, as a fraction of the family's batch-size range.
+pub const KNEE_AT: f64 = 0.5;
+/// Share of the activation range reached at the knee (below [`KNEE_AT`]: convex).
+pub const KNEE_SHARE: f64 = 0.35;
+/// Allocation granularity of the world's GPU memory, MiB (PyTorch's large segments).
+pub const ALLOCATOR_BLOCK_MIB: u64 = 20;
+/// Largest fragmentation overhead of one run, as a fraction of its activation part.
+pub const FRAGMENTATION_MAX: f64 = 0.08;
+
+/// The activation curve `s(x)`: 0 at the smallest measured batch size, 1 at the
+/// largest, piecewise linear through (`KNEE_AT`, `KNEE_SHARE`).
+pub fn activation_share(x: f64) -> f64 {
+    let x = x.clamp(0.0, 1.0);
+    if x <= KNEE_AT {
+        x / KNEE_AT * KNEE_SHARE
+    } else {
+        KNEE_SHARE + (x - KNEE_AT) / (1.0 - KNEE_AT) * (1.0 - KNEE_SHARE)
+    }
+}
+
+/// `mib` rounded up to whole allocator blocks.
+fn to_blocks(mib: f64) -> u64 {
+    (mib / ALLOCATOR_BLOCK_MIB as f64).ceil() as u64 * ALLOCATOR_BLOCK_MIB
+}
 
 /// Usable memory of the Gavel worker types, MiB, as `nvidia-smi` reports it
 /// (K80: 12 GiB per GPU die; P100: the 16 GiB card).
@@ -37,7 +79,9 @@ pub fn default_capacity_mib(worker_type: &str) -> Option<u64> {
 #[derive(Clone, Debug)]
 pub struct MemoryFit {
     pub capacity_mib: u64,
-    /// Peak MiB of each job type, indexed by [`TypeId`].
+    /// Fixed and activation MiB of each job type (before rounding), by [`TypeId`].
+    per_type_parts: Vec<(f64, f64)>,
+    /// Peak MiB of each job type without fragmentation, by [`TypeId`].
     per_type_mib: Vec<u64>,
     /// `(lo, hi)` of each family, MiB.
     pub family_range_mib: Vec<(u64, u64)>,
@@ -57,7 +101,10 @@ impl MemoryFit {
         let cap = capacity_mib as f64;
         let grid: Vec<f64> = {
             let steps = 48;
-            let (low, high) = (128f64.ln(), cap.ln());
+            // Top: the largest whole number of allocator blocks on the card, so that a
+            // job at the top of the grid still fits alone after rounding.
+            let top = (cap / ALLOCATOR_BLOCK_MIB as f64).floor() * ALLOCATOR_BLOCK_MIB as f64;
+            let (low, high) = (128f64.ln(), top.ln());
             (0..steps)
                 .map(|i| {
                     (low + (high - low) * i as f64 / (steps - 1) as f64)
@@ -69,16 +116,21 @@ impl MemoryFit {
         let families = &catalogue.families;
         let mut params: Vec<(usize, usize)> = vec![(0, 0); families.len()];
         let n = catalogue.len();
-        let memory_of = |params: &[(usize, usize)], t: TypeId| -> f64 {
+        let parts_of = |params: &[(usize, usize)], t: TypeId| -> (f64, f64) {
             let info = &catalogue.types[t];
             let family = &families[info.family];
             let (lo, hi) = (grid[params[info.family].0], grid[params[info.family].1]);
             match (family.batch_sizes.first(), family.batch_sizes.last()) {
                 (Some(&min), Some(&max)) if max > min => {
-                    lo + (hi - lo) * f64::from(info.batch_size - min) / f64::from(max - min)
+                    let x = f64::from(info.batch_size - min) / f64::from(max - min);
+                    (lo, (hi - lo) * activation_share(x))
                 }
-                _ => lo,
+                _ => (lo, 0.0),
             }
+        };
+        let memory_of = |params: &[(usize, usize)], t: TypeId| -> f64 {
+            let (fixed, activation) = parts_of(params, t);
+            to_blocks(fixed + activation) as f64
         };
         // Unordered pairs with an outcome: (i, j, failed).
         let mut pairs = Vec::new();
@@ -137,9 +189,8 @@ impl MemoryFit {
                 break;
             }
         }
-        let per_type_mib: Vec<u64> = (0..n)
-            .map(|t| memory_of(&params, t).ceil() as u64)
-            .collect();
+        let per_type_parts: Vec<(f64, f64)> = (0..n).map(|t| parts_of(&params, t)).collect();
+        let per_type_mib: Vec<u64> = (0..n).map(|t| memory_of(&params, t) as u64).collect();
         if let Some(t) = (0..n).find(|t| per_type_mib[*t] > capacity_mib) {
             return Err(SimError::Data(format!(
                 "memory fit puts {} alone over the card",
@@ -148,6 +199,7 @@ impl MemoryFit {
         }
         Ok(MemoryFit {
             capacity_mib,
+            per_type_parts,
             per_type_mib,
             family_range_mib: params
                 .iter()
@@ -158,14 +210,25 @@ impl MemoryFit {
         })
     }
 
-    /// Peak MiB of a job type alone.
+    /// Peak MiB of a job type alone, without fragmentation.
     pub fn mib(&self, job: TypeId) -> u64 {
         self.per_type_mib[job]
     }
 
-    /// Whether jobs of these types fit on the card together.
-    pub fn fits(&self, jobs: impl Iterator<Item = TypeId>) -> bool {
-        jobs.map(|t| self.per_type_mib[t]).sum::<u64>() <= self.capacity_mib
+    /// Peak MiB of one run of a job type whose fragmentation overhead is
+    /// `fragmentation` (a fraction of its activation part, see the module docs).
+    /// Never more than the card: every job type ran alone in Gavel, so under memory
+    /// pressure the allocator releases its cache rather than fail a job alone.
+    pub fn peak_mib(&self, job: TypeId, fragmentation: f64) -> u64 {
+        let (fixed, activation) = self.per_type_parts[job];
+        to_blocks(fixed + activation * (1.0 + fragmentation.max(0.0)))
+            .max(self.per_type_mib[job])
+            .min(self.capacity_mib.max(self.per_type_mib[job]))
+    }
+
+    /// Whether runs with these peaks (MiB) fit on the card together.
+    pub fn fits(&self, peaks_mib: impl Iterator<Item = u64>) -> bool {
+        peaks_mib.sum::<u64>() <= self.capacity_mib
     }
 
     /// Fraction of Gavel's pair outcomes (ran / failed) the model reproduces.
@@ -194,7 +257,7 @@ mod tests {
             );
             assert!(fit.agreement() > 0.9, "{worker}: {}", fit.agreement());
             for t in 0..catalogue.len() {
-                assert!(fit.fits([t].into_iter()));
+                assert!(fit.fits([fit.mib(t)].into_iter()));
             }
             // Memory grows with the batch size within a family.
             for family in &catalogue.families {
@@ -208,8 +271,54 @@ mod tests {
                 .position(|f| f.name == "ResNet-50")
                 .expect("r50");
             let big = catalogue.type_of(r50, 128).expect("r50/128");
-            assert!(!fit.fits([big, big].into_iter()));
+            assert!(!fit.fits([fit.mib(big), fit.mib(big)].into_iter()));
         }
+    }
+
+    #[test]
+    fn memory_is_not_affine_in_the_batch_size_and_varies_run_to_run() {
+        let gavel = GavelThroughputs::bundled().expect("bundled");
+        let catalogue =
+            Catalogue::from_gavel("k80", gavel.worker("k80").expect("k80")).expect("cat");
+        let fit =
+            MemoryFit::fit(&catalogue, default_capacity_mib("k80").expect("k80")).expect("fit");
+        let mut bent = 0;
+        for family in catalogue
+            .families
+            .iter()
+            .filter(|f| f.batch_sizes.len() >= 3)
+        {
+            let (min, max) = (
+                family.batch_sizes[0],
+                family.batch_sizes[family.batch_sizes.len() - 1],
+            );
+            let (lo, hi) = (
+                fit.mib(family.types[0]) as f64,
+                fit.mib(family.types[family.types.len() - 1]) as f64,
+            );
+            for (size, t) in family.batch_sizes.iter().zip(&family.types) {
+                // Every peak is a whole number of allocator blocks.
+                assert_eq!(fit.mib(*t) % ALLOCATOR_BLOCK_MIB, 0);
+                let line = lo + (hi - lo) * f64::from(size - min) / f64::from(max - min);
+                // More than rounding below the straight line between the ends.
+                if line - fit.mib(*t) as f64 > ALLOCATOR_BLOCK_MIB as f64 {
+                    bent += 1;
+                }
+            }
+            // Fragmentation: never less than the base, at most the documented overhead.
+            let top = family.types[family.types.len() - 1];
+            let worst = fit.peak_mib(top, FRAGMENTATION_MAX);
+            assert!(fit.peak_mib(top, 0.0) == fit.mib(top) && worst >= fit.mib(top));
+            let (fixed, activation) = fit.per_type_parts[top];
+            assert!(
+                worst as f64
+                    <= fixed + activation * (1.0 + FRAGMENTATION_MAX) + ALLOCATOR_BLOCK_MIB as f64
+            );
+        }
+        assert!(bent >= 3, "only {bent} batch sizes off the straight line");
+        assert_eq!(activation_share(0.0), 0.0);
+        assert_eq!(activation_share(1.0), 1.0);
+        assert!(activation_share(KNEE_AT) < KNEE_AT);
     }
 
     #[test]

@@ -1,16 +1,20 @@
-//! The ground truth of the simulated world: what jobs really do, built only from
-//! measured data (Gavel throughputs, a memory model fitted to Gavel's failed pairs,
-//! Pollux gradient statistics). Schedulers never read it; they see the emulated
-//! agents' reports.
+//! The ground truth of the simulated world: what jobs really do, built from measured
+//! data (Gavel throughputs, a memory model fitted to Gavel's failed pairs, Pollux
+//! gradient statistics) and, where the data ends, from documented models of another
+//! form than the ones iadeep learns with (memory that is not affine in the batch
+//! size, [`memory`]; a contention model for three or more jobs, [`interference`]).
+//! Schedulers never read it; they see the emulated agents' reports.
 
 pub mod catalogue;
 pub mod efficiency;
+pub mod interference;
 pub mod memory;
 
 use iadeep_datasets::gavel::GavelThroughputs;
 
 pub use catalogue::{Catalogue, TypeId};
 pub use efficiency::NoiseScaleCurve;
+pub use interference::Interference;
 pub use memory::MemoryFit;
 
 use crate::error::{Result, SimError};
@@ -22,6 +26,8 @@ pub struct World {
     pub memory: MemoryFit,
     /// φ curve of each family (by family index), `None` without gradient statistics.
     pub noise_scale: Vec<Option<NoiseScaleCurve>>,
+    /// How three or more co-located jobs slow each other.
+    pub interference: Interference,
 }
 
 impl World {
@@ -31,6 +37,7 @@ impl World {
         gavel: &GavelThroughputs,
         worker_type: &str,
         capacity_mib: Option<u64>,
+        interference: Interference,
     ) -> Result<World> {
         let catalogue = Catalogue::from_gavel(worker_type, gavel.worker(worker_type)?)?;
         let capacity = capacity_mib
@@ -56,13 +63,21 @@ impl World {
             job_types = catalogue.len(),
             memory_agreement = format!("{:.3}", memory.agreement()),
             filled_pairs = catalogue.filled_pairs(),
+            %interference,
             "built the simulated world from measured data"
         );
         Ok(World {
             catalogue,
             memory,
             noise_scale,
+            interference,
         })
+    }
+
+    /// Steps per second of `job` next to `others` in this world.
+    pub fn steps_per_s(&self, job: TypeId, others: impl Iterator<Item = TypeId>) -> f64 {
+        self.catalogue
+            .co_located_steps_per_s(job, others, self.interference)
     }
 
     /// φ of a job of `family` at a fraction of its work, if it has gradient statistics.

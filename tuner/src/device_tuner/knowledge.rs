@@ -27,8 +27,11 @@ pub struct TaskKnowledge {
     pub memory: BTreeMap<u32, f64>,
     /// Smallest batch size that ran out of memory while the task ran *alone*: a limit of the
     /// task itself. An out-of-memory crash next to co-runners limits only the joint
-    /// configuration, and the search keeps it as such.
+    /// configuration, and the search keeps it as such; it also leaves a floor below.
     pub smallest_oom: Option<u32>,
+    /// MiB the task needed more than at a batch size, by batch size: what its co-runners left
+    /// it when it ran out of memory next to them (see [`MemoryModel::with_floor`]).
+    pub oom_floors: BTreeMap<u32, f64>,
     /// Step time alone by batch size (latest measurement).
     pub solo: BTreeMap<u32, f64>,
     /// Largest batch size seen in a report (the one the peak-since-start belongs to).
@@ -46,6 +49,9 @@ impl TaskKnowledge {
             }
         }
         k.smallest_oom = p.oom_batch_sizes.iter().copied().filter(|&b| b > 0).min();
+        for f in &p.oom_floors {
+            k.learn_oom_floor(f.batch_size, f.peak_mib);
+        }
         for s in &p.solo {
             if s.batch_size > 0 && s.step_time_s.is_finite() && s.step_time_s > 0.0 {
                 k.solo.insert(s.batch_size, s.step_time_s);
@@ -67,6 +73,14 @@ impl TaskKnowledge {
                 })
                 .collect(),
             oom_batch_sizes: self.smallest_oom.into_iter().collect(),
+            oom_floors: self
+                .oom_floors
+                .iter()
+                .map(|(&batch_size, &peak_mib)| TunerMemorySample {
+                    batch_size,
+                    peak_mib,
+                })
+                .collect(),
             solo: self
                 .solo
                 .iter()
@@ -134,6 +148,24 @@ impl TaskKnowledge {
         }
     }
 
+    /// Records that the task ran out of memory at `batch_size` next to co-runners that left
+    /// it `left_mib`. Returns whether that raised what is known.
+    pub fn learn_oom_floor(&mut self, batch_size: u32, left_mib: f64) -> bool {
+        if batch_size == 0 || !left_mib.is_finite() || left_mib <= 0.0 {
+            return false;
+        }
+        let known = self
+            .oom_floors
+            .range(..=batch_size)
+            .map(|(_, &mib)| mib)
+            .fold(0.0, f64::max);
+        if left_mib <= known {
+            return false;
+        }
+        self.oom_floors.insert(batch_size, left_mib);
+        true
+    }
+
     /// The memory model, if any sample exists.
     pub fn memory_model(&self, params: MemoryModelParams) -> Option<MemoryModel> {
         let samples: Vec<MemorySample> = self
@@ -146,7 +178,11 @@ impl TaskKnowledge {
             .collect();
         let oom: Vec<u32> = self.smallest_oom.into_iter().collect();
         match MemoryModel::fit_with(&samples, &oom, params) {
-            Ok(m) => Some(m),
+            Ok(m) => Some(
+                self.oom_floors
+                    .iter()
+                    .fold(m, |m, (&batch_size, &mib)| m.with_floor(batch_size, mib)),
+            ),
             Err(err) => {
                 if !samples.is_empty() {
                     tracing::warn!(%err, "memory model fit failed; treating memory as unknown");

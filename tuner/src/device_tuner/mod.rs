@@ -213,6 +213,9 @@ struct Resident {
     report: Option<TaskReport>,
     /// The batch size and round of its current assignment, when one is known.
     assigned: Option<(u32, u64)>,
+    /// The assignment round of the last out-of-memory crash learned from (the agent keeps
+    /// reporting its out-of-memory size after the crash).
+    oom_learned_round: Option<u64>,
 }
 
 /// Why the search holds the batch sizes.
@@ -270,6 +273,9 @@ pub struct DeviceTuner {
     residents: BTreeMap<String, Resident>,
     /// MiB held by placed tasks that do not run (see [`Input::Reserved`]).
     held: BTreeMap<String, u64>,
+    /// What a resident held aside (restarting after a crash) had reported and been assigned,
+    /// restored when it runs again: its first report then tells of the crash.
+    parked: BTreeMap<String, Resident>,
     knowledge: BTreeMap<String, TaskKnowledge>,
     search: Option<Search>,
     /// A persisted search waiting for its residents to come back.
@@ -313,6 +319,7 @@ impl DeviceTuner {
             params,
             residents: BTreeMap::new(),
             held: BTreeMap::new(),
+            parked: BTreeMap::new(),
             knowledge: BTreeMap::new(),
             search: None,
             resumed: None,
@@ -452,10 +459,11 @@ impl DeviceTuner {
                         "solo profile measured on another device kind; not used here");
                 }
                 // The same task again with another spec keeps what it reported and was assigned.
-                let (report, assigned) = self
+                let (report, assigned, oom_learned_round) = self
                     .residents
                     .remove(&spec.task_id)
-                    .map(|r| (r.report, r.assigned))
+                    .or_else(|| self.parked.remove(&spec.task_id))
+                    .map(|r| (r.report, r.assigned, r.oom_learned_round))
                     .unwrap_or_default();
                 self.residents.insert(
                     spec.task_id.clone(),
@@ -464,12 +472,14 @@ impl DeviceTuner {
                         reserved_mib,
                         report,
                         assigned,
+                        oom_learned_round,
                     },
                 );
                 self.residents_changed = true;
             }
             Input::Reserved { task_id, mib } => {
-                if self.residents.remove(&task_id).is_some() {
+                if let Some(resident) = self.residents.remove(&task_id) {
+                    self.parked.insert(task_id.clone(), resident);
                     self.residents_changed = true;
                 }
                 if self.held.insert(task_id, mib) != Some(mib) {
@@ -477,6 +487,7 @@ impl DeviceTuner {
                 }
             }
             Input::Left { task_id } => {
+                self.parked.remove(&task_id);
                 self.memory_changed |= self.held.remove(&task_id).is_some();
                 if self.residents.remove(&task_id).is_some() {
                     self.residents_changed = true;
@@ -484,6 +495,7 @@ impl DeviceTuner {
                 self.knowledge.remove(&task_id);
             }
             Input::Report(report) => {
+                self.learn_shared_oom(&report);
                 let Some(resident) = self.residents.get_mut(&report.task_id) else {
                     return;
                 };
@@ -521,6 +533,62 @@ impl DeviceTuner {
                 }
             }
             Input::Tick => {}
+        }
+    }
+
+    /// A report of an out-of-memory crash under an assignment at or above the crashed size:
+    /// the task needed more than its co-runners left it (the card, less what is held for
+    /// others, less the co-runners' measured peaks at the sizes they run). That is a floor
+    /// on its memory at that size and above, which every later search keeps, so the same
+    /// crash is not repeated whenever a search starts afresh. Co-runners' measured peaks are
+    /// at most what they use, so the floor never exceeds what the task really needed. No
+    /// floor when a co-runner's memory at its size was never measured.
+    fn learn_shared_oom(&mut self, report: &TaskReport) {
+        let Some(oom) = report.oom_batch_size.filter(|&b| b > 0) else {
+            return;
+        };
+        let Some(resident) = self.residents.get(&report.task_id) else {
+            return;
+        };
+        let crashed_under_it = resident
+            .assigned
+            .is_some_and(|(size, round)| round == report.assignment_round && size >= oom);
+        if !crashed_under_it || resident.oom_learned_round == Some(report.assignment_round) {
+            return;
+        }
+        let mut others_mib = 0.0;
+        for (id, other) in &self.residents {
+            if *id == report.task_id {
+                continue;
+            }
+            let size = other
+                .report
+                .as_ref()
+                .map(|r| r.batch_size)
+                .filter(|&b| b > 0)
+                .or(other.assigned.map(|(b, _)| b));
+            let measured = size.and_then(|b| {
+                self.knowledge
+                    .get(id)
+                    .and_then(|k| k.memory.get(&b).copied())
+            });
+            match measured {
+                Some(mib) => others_mib += mib,
+                None => return,
+            }
+        }
+        let held: f64 = self.held.values().map(|&m| m as f64).sum();
+        let left = self.capacity_mib - held - others_mib;
+        if let Some(resident) = self.residents.get_mut(&report.task_id) {
+            resident.oom_learned_round = Some(report.assignment_round);
+        }
+        if let Some(k) = self.knowledge.get_mut(&report.task_id)
+            && k.learn_oom_floor(oom, left)
+        {
+            tracing::warn!(device = %self.device_id, task = %report.task_id, batch_size = oom,
+                floor_mib = left, "ran out of memory next to co-runners; its memory at this \
+                size and above is at least what they left it");
+            self.memory_changed = true;
         }
     }
 

@@ -130,13 +130,17 @@ impl World {
         let out = self.tuner.step(self.now_ms, inputs);
         for action in out {
             if let Action::Assign(assignments) = &action {
+                let mut changed = Vec::new();
                 for a in assignments {
                     if let Some(t) = self.tasks.iter_mut().find(|t| t.id == a.task_id) {
+                        if t.batch != a.batch_size {
+                            changed.push(t.id.clone());
+                        }
                         t.batch = a.batch_size;
                         t.round = a.round;
                     }
                 }
-                self.check_memory();
+                self.check_memory(&changed);
             }
             self.actions.push((self.now_ms, action));
         }
@@ -155,9 +159,10 @@ impl World {
         self.step(inputs);
     }
 
-    /// The running tasks no longer fit: the largest allocation fails, and its agent falls
-    /// back to half its batch size (as the real agent does).
-    fn check_memory(&mut self) {
+    /// The running tasks no longer fit: the largest of the allocations that just changed
+    /// fails (the others hold their memory already), and its agent falls back to half its
+    /// batch size (as the real agent does).
+    fn check_memory(&mut self, changed: &[String]) {
         loop {
             let used: f64 = self
                 .tasks
@@ -172,7 +177,7 @@ impl World {
             let Some(victim) = self
                 .tasks
                 .iter_mut()
-                .filter(|t| t.running)
+                .filter(|t| t.running && changed.contains(&t.id) && t.batch > t.min)
                 .max_by(|a, b| a.mem_mib(a.batch).total_cmp(&b.mem_mib(b.batch)))
             else {
                 return;
@@ -430,6 +435,119 @@ fn a_joint_oom_is_no_limit_of_the_task() {
         alone.tuner.knowledge("c").and_then(|k| k.smallest_oom),
         Some(32)
     );
+}
+
+/// A task whose memory bends upwards past what it measured crashes next to a co-runner once
+/// (with the plain extrapolation, so that it does): the crash leaves a floor, what the
+/// co-runner left it, and a fresh search with the same co-runner never assigns that size
+/// again. Before floors, every fresh search forgot the crash and repeated it.
+#[test]
+fn a_shared_oom_leaves_a_floor_that_fresh_searches_keep() {
+    let mut a = Task::new("a", 32, 8, 1024);
+    a.fixed_mib = 500.0;
+    a.per_sample_mib = 1e-4;
+    a.mem_exponent = 3.0; // 128 → 710 MiB; 256 → 2178
+    a.overhead_s = 0.2; // large batches are much better: the search wants to grow
+    let mut b = Task::new("b", 64, 64, 64); // pinned: 3720 + 20 · 64 = 5000 MiB
+    b.fixed_mib = 3_720.0;
+    let co_runner = b.clone();
+    let plain_extrapolation = DeviceTunerParams {
+        memory: MemoryModelParams {
+            extrapolation_slope_factor: 1.0,
+            ..MemoryModelParams::default()
+        },
+        ..params()
+    };
+    let mut w = World::new(7_000.0, vec![a, b], plain_extrapolation);
+    w.join_all();
+    w.run(1800);
+    let Some((at, id, size, alone)) = w.ooms.first().cloned() else {
+        panic!("a never reached the memory wall: {:?}", w.tuner.status());
+    };
+    assert_eq!((id.as_str(), alone), ("a", false), "{:?}", w.ooms);
+    let floor = w
+        .tuner
+        .knowledge("a")
+        .and_then(|k| k.oom_floors.get(&size).copied());
+    assert_eq!(floor, Some(7_000.0 - 5_000.0), "what b (5000 MiB) left a");
+    // A fresh search with the same co-runner (its spec arrives again).
+    w.step(vec![Input::Joined {
+        spec: co_runner.spec(KIND),
+        reserved_mib: 5_000,
+    }]);
+    w.run(3600);
+    assert_eq!(w.ooms.len(), 1, "{:?}", w.ooms);
+    for (when, round) in w.assignments().filter(|(when, _)| *when > at) {
+        for assignment in round.iter().filter(|x| x.task_id == "a") {
+            assert!(
+                assignment.batch_size < size,
+                "at {when} ms assigned a {} after it crashed there next to b",
+                assignment.batch_size
+            );
+        }
+    }
+}
+
+/// A task that restarts after its crash is held aside (`Reserved`) and joins again: its
+/// first report after the restart tells of the crash under the assignment it had before,
+/// and leaves the floor as if it had never left. Before, the restart forgot the
+/// assignment, no floor was learned, and the simulator's tasks crashed at the same size
+/// again after every restart.
+#[test]
+fn a_crash_told_after_a_restart_still_leaves_a_floor() {
+    let mut w = two_task_world();
+    w.join_all();
+    w.run(60);
+    let (size, round) = (w.tasks[0].batch, w.tasks[0].round);
+    let spec = w.tasks[0].spec(KIND);
+    w.step(vec![Input::Reserved {
+        task_id: "a".into(),
+        mib: 1_000,
+    }]);
+    w.step(vec![
+        Input::Joined {
+            spec,
+            reserved_mib: 0,
+        },
+        Input::Report(TaskReport {
+            task_id: "a".into(),
+            batch_size: size / 2,
+            oom_batch_size: Some(size),
+            assignment_round: round,
+            seq: 1_000,
+            ..Default::default()
+        }),
+    ]);
+    let floor = w
+        .tuner
+        .knowledge("a")
+        .and_then(|k| k.oom_floors.get(&size).copied());
+    // What b's measured peak at the size it last reported left a of the card.
+    assert!(
+        floor.is_some_and(|f| f > 0.0 && f < 16_384.0 - 2_000.0),
+        "{floor:?}"
+    );
+}
+
+/// A task placed alone on a card its m0 fills beyond the margin (the placer lets a task
+/// have a whole idle card) is still tuned: alone, the whole card counts. Before, the tuner
+/// found no configuration within the margin, not even the smallest sizes (its memory below
+/// the smallest measured size is that size's), and held the task at m0 for its whole run.
+#[test]
+fn a_task_alone_may_use_the_whole_card_and_is_still_tuned() {
+    let mut t = Task::new("big", 128, 16, 128);
+    t.fixed_mib = 9_000.0; // 9000 + 20 · 128 = 11560 MiB: over 12000 less the margin
+    t.noise_scale = Some(1.0); // small batches are statistically far better
+    let capacity = 12_000.0;
+    assert!(t.mem_mib(128) > usable(capacity) && t.mem_mib(128) < capacity);
+    let mut w = World::new(capacity, vec![t], params());
+    w.join_all();
+    w.run(900);
+    let status = w.tuner.status();
+    assert!(!status.holding, "{status:?}");
+    let last = w.assignments().last().map(|(_, round)| round[0].batch_size);
+    assert!(last.is_some_and(|b| b < 128), "still at m0: {last:?}");
+    assert!(w.ooms.is_empty(), "{:?}", w.ooms);
 }
 
 /// On a flat objective (step time proportional to the batch size, so PD = 1 everywhere up to

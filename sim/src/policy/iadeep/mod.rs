@@ -9,8 +9,11 @@
 //! - `iadeep-no-tuner`: the same, with every task's batch-size range pinned at its m0
 //!   (the tuners still measure co-locations for the predictor, but cannot move anything);
 //! - `iadeep-no-predictor`: the placer scoring with a predictor that never learns
-//!   (the predictor's cold-start heuristic only), with tuning.
+//!   (the predictor's cold-start heuristic only), with tuning;
+//! - `oracle`: the same placer with the world's true slowdowns and memory, and the true
+//!   Σ PD searched exhaustively instead of the tuner ([`oracle`]): the limit.
 
+pub mod oracle;
 pub mod placement;
 pub mod predictor;
 pub mod tuning;
@@ -18,11 +21,13 @@ pub mod tuning;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use iadeep_proto::TaskSpec as ProtoSpec;
+use iadeep_placer::model::ModelledMemory;
+use iadeep_proto::{BatchSizeAssignment, TaskSpec as ProtoSpec};
 
-use crate::policy::{Admission, Decision, OomAction, Policy, TuneStep};
+use crate::policy::{Decision, OomAction, Policy, TuneStep};
 use crate::view::{ClusterView, TaskSpec, Waiting};
-use placement::{SharedPredictor, SimPlacement, task_of};
+use oracle::{ORACLE_RETUNE_S, TrueMemory, TrueSlowdown, Truth};
+use placement::{SharedPredictor, SimPlacement, task_key, task_of, unix_ms};
 use predictor::SimPredictor;
 use tuning::{AGENT_REPORT_INTERVAL_S, SimTuner};
 
@@ -32,6 +37,7 @@ pub enum Variant {
     Full,
     NoTuner,
     NoPredictor,
+    Oracle,
 }
 
 /// Refit the predictor after this many new co-location samples. The daemons refit
@@ -59,27 +65,122 @@ pub struct Iadeep {
     finished: u64,
     /// Samples the tuners emitted.
     samples: u64,
+    /// The world's truth, for the oracle only.
+    truth: Option<Arc<Truth>>,
 }
 
 impl Iadeep {
     /// A fresh policy of the given variant.
+    /// The oracle needs the world's truth: use [`Iadeep::oracle`].
     pub fn new(variant: Variant, seed: u64) -> crate::Result<Iadeep> {
+        if variant == Variant::Oracle {
+            return Err(crate::SimError::InvalidParam {
+                field: "policy",
+                reason: "the oracle is built from the world (Experiment::policy)".into(),
+            });
+        }
         let model = Arc::new(SharedPredictor::new(SimPredictor::new(REFIT_EVERY)?));
         // Without the predictor the placer still scores, with a model that is never
         // fed samples: the predictor's cold-start heuristic.
         let predictor = (variant != Variant::NoPredictor).then(|| model.clone());
-        Ok(Iadeep {
+        let placement = SimPlacement::new(model.clone(), Arc::new(ModelledMemory))?;
+        Ok(Self::with(variant, seed, predictor, placement, model, None))
+    }
+
+    /// The oracle (see [`oracle`]): iadeep's placer on the world's truth, with the true
+    /// Σ PD searched exhaustively on each device.
+    pub fn oracle(truth: Arc<Truth>, seed: u64) -> crate::Result<Iadeep> {
+        let placement = SimPlacement::new(
+            Arc::new(TrueSlowdown(truth.clone())),
+            Arc::new(TrueMemory(truth.clone())),
+        )?;
+        // Only for the audit's sample counts (always 0): the oracle learns nothing.
+        let unused = Arc::new(SharedPredictor::new(SimPredictor::new(REFIT_EVERY)?));
+        Ok(Self::with(
+            Variant::Oracle,
+            seed,
+            None,
+            placement,
+            unused,
+            Some(truth),
+        ))
+    }
+
+    fn with(
+        variant: Variant,
+        seed: u64,
+        predictor: Option<Arc<SharedPredictor>>,
+        placement: SimPlacement,
+        scoring: Arc<SharedPredictor>,
+        truth: Option<Arc<Truth>>,
+    ) -> Iadeep {
+        Iadeep {
             variant,
             predictor,
-            placement: SimPlacement::new(model.clone())?,
-            scoring: model,
+            placement,
+            scoring,
             tuners: HashMap::new(),
             rounds: HashMap::new(),
             seed,
             holds: HashMap::new(),
             finished: 0,
             samples: 0,
-        })
+            truth,
+        }
+    }
+
+    /// One oracle tuning call: the best configuration of the device by the truth, written
+    /// as the tuner writes assignments (a round above every resident's, the memory bound),
+    /// so the placer counts the residents at it.
+    fn tune_oracle(&mut self, view: &dyn ClusterView, device: usize, truth: &Truth) -> TuneStep {
+        let again = TuneStep::Wait {
+            again_in_s: Some(ORACLE_RETUNE_S),
+        };
+        let residents = view.residents(device);
+        let Some(best) = truth.best_sizes(&residents) else {
+            return again;
+        };
+        let changes: Vec<(usize, u32)> = best
+            .into_iter()
+            .filter(|(task, size)| {
+                residents
+                    .iter()
+                    .any(|r| r.spec.id == *task && r.report.batch_size != *size)
+            })
+            .collect();
+        if changes.is_empty() {
+            return again;
+        }
+        let round = residents
+            .iter()
+            .map(|r| self.rounds.get(&r.spec.id).copied().unwrap_or(0))
+            .max()
+            .unwrap_or(0)
+            + 1;
+        for &(task, batch_size) in &changes {
+            let memory_bound_mib = residents
+                .iter()
+                .find(|r| r.spec.id == task)
+                .and_then(|r| truth.bound_mib(&r.spec.model, batch_size))
+                .map(|mib| mib as f64);
+            self.rounds.insert(task, round);
+            let assignment = BatchSizeAssignment {
+                task_id: task_key(task),
+                batch_size,
+                lr_factor: 1.0,
+                round,
+                assigned_at_unix_ms: unix_ms(view.now_s()),
+                memory_bound_mib,
+                ..BatchSizeAssignment::default()
+            };
+            if let Err(err) = self.placement.assigned(&assignment) {
+                tracing::warn!(%err, "cannot record an assignment with the placer");
+            }
+        }
+        TuneStep::Apply {
+            assignments: changes,
+            again_in_s: Some(ORACLE_RETUNE_S),
+        }
     }
 
     /// A task as this variant submits it: without the tuner, its batch-size range is
@@ -100,6 +201,7 @@ impl Policy for Iadeep {
             Variant::Full => "iadeep",
             Variant::NoTuner => "iadeep-no-tuner",
             Variant::NoPredictor => "iadeep-no-predictor",
+            Variant::Oracle => "oracle",
         }
     }
 
@@ -163,12 +265,6 @@ impl Policy for Iadeep {
         decision
     }
 
-    /// The placer decides itself whether a task waits, knowing how many wait ahead of
-    /// it, so every waiting task asks, as every client of the daemon does.
-    fn admission(&self) -> Admission {
-        Admission::EachTask
-    }
-
     fn tunes(&self) -> bool {
         true
     }
@@ -179,6 +275,9 @@ impl Policy for Iadeep {
     }
 
     fn tune(&mut self, view: &dyn ClusterView, device: usize) -> TuneStep {
+        if let Some(truth) = self.truth.clone() {
+            return self.tune_oracle(view, device, &truth);
+        }
         let tuner = match self.tuners.entry(device) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {

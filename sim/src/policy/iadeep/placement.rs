@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use iadeep_placer::model::{ModelledMemory, SlowdownEstimate, SlowdownModel};
+use iadeep_placer::model::{MemoryEstimator, SlowdownEstimate, SlowdownModel};
 use iadeep_placer::policy::Assessment;
 use iadeep_placer::view::profile_of;
 use iadeep_placer::{Clock, PlacementService, Placer, PlacerParams, Verdict};
@@ -184,15 +184,17 @@ fn policy_error(reason: impl std::fmt::Display) -> crate::SimError {
 }
 
 impl SimPlacement {
-    /// A placement service deciding with `slowdown` and the production parameters.
-    pub fn new(slowdown: Arc<dyn SlowdownModel>) -> crate::Result<SimPlacement> {
+    /// A placement service deciding with `slowdown`, sizing memory with `memory` (the
+    /// production `ModelledMemory` for iadeep), and the production parameters.
+    pub fn new(
+        slowdown: Arc<dyn SlowdownModel>,
+        memory: Arc<dyn MemoryEstimator>,
+    ) -> crate::Result<SimPlacement> {
         let placer = Placer::new(PlacerParams::default(), slowdown)
             .map_err(|e| policy_error(format!("placer parameters: {e}")))?;
         let store: Arc<dyn StateStore> =
             Arc::new(EmbeddedStore::in_memory().map_err(|e| policy_error(format!("store: {e}")))?);
-        let view = Arc::new(RwLock::new(iadeep_placer::ClusterView::new(Arc::new(
-            ModelledMemory,
-        ))));
+        let view = Arc::new(RwLock::new(iadeep_placer::ClusterView::new(memory)));
         let now_ms = Arc::new(AtomicI64::new(EPOCH_UNIX_MS));
         let clock = {
             let now_ms = now_ms.clone();
@@ -518,8 +520,11 @@ mod tests {
         std::thread::spawn(move || {
             let predictor =
                 SimPredictor::new(crate::policy::iadeep::REFIT_EVERY).expect("predictor");
-            let mut placement =
-                SimPlacement::new(Arc::new(SharedPredictor::new(predictor))).expect("service");
+            let mut placement = SimPlacement::new(
+                Arc::new(SharedPredictor::new(predictor)),
+                Arc::new(iadeep_placer::model::ModelledMemory),
+            )
+            .expect("service");
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .build()
                 .expect("runtime");

@@ -1,0 +1,278 @@
+//! `oracle`: iadeep's placement rule and tuning objective with perfect information, the
+//! limit that better prediction and tuning could reach (issue 13, DESIGN.md's honest
+//! evaluation). It is the `iadeep` policy with three parts swapped for the world's truth:
+//!
+//! - the placer (the production `PlacementService`, same rule and parameters) scores with
+//!   [`TrueSlowdown`], the world's slowdowns under its interference model, instead of the
+//!   learned predictor;
+//! - it sizes memory with [`TrueMemory`], the world's peak of each job type with the largest
+//!   fragmentation a run can have, instead of the profile and the agents' reports;
+//! - instead of GP-LCB on measured rounds, each device's batch sizes are chosen by
+//!   [`Truth::best_sizes`]: the joint configuration with the smallest true Σ PD (the
+//!   tuner's objective with the world's step times and φ), searched exhaustively, among
+//!   those whose true memory fits the card; re-chosen every [`ORACLE_RETUNE_S`] as φ moves.
+//!
+//! Its agents still report (with noise); it ignores them for every decision it can take
+//! from the truth. The gap between iadeep and the oracle is what imperfect prediction,
+//! memory modelling and search cost.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use iadeep_objective::PdInput;
+use iadeep_placer::model::{MemoryEstimator, SlowdownEstimate, SlowdownModel};
+use iadeep_proto::{CoLocationSample, TaskProfile, TaskReport, TaskSpec as ProtoSpec};
+
+use crate::view::Resident;
+use crate::world::{TypeId, World, memory};
+
+/// Seconds between two choices of a device's batch sizes: φ changes over training, so
+/// the best configuration moves slowly; the engine also calls again whenever the
+/// residents change.
+pub const ORACLE_RETUNE_S: f64 = 300.0;
+
+/// Largest joint lattice searched exhaustively; larger ones (five or more tasks with many
+/// sizes each) fall back to coordinate descent from what runs.
+pub const MAX_EXHAUSTIVE_CONFIGURATIONS: usize = 50_000;
+
+/// The world's truth as the oracle reads it.
+#[derive(Debug)]
+pub struct Truth {
+    world: World,
+    family_by_model: HashMap<String, usize>,
+}
+
+/// One running resident for the search: its family, m0, candidate sizes and φ now.
+struct Searched {
+    family: usize,
+    m0: u32,
+    sizes: Vec<u32>,
+    phi: Option<f64>,
+}
+
+impl Truth {
+    /// The truth of `world` (the oracle keeps its own copy).
+    pub fn new(world: &World) -> Arc<Truth> {
+        let family_by_model = world
+            .catalogue
+            .families
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.name.clone(), i))
+            .collect();
+        Arc::new(Truth {
+            world: world.clone(),
+            family_by_model,
+        })
+    }
+
+    /// The job type of a task of `model` (a family name) at `batch_size`.
+    fn job(&self, model: &str, batch_size: u32) -> Option<TypeId> {
+        let family = *self.family_by_model.get(model)?;
+        self.world.catalogue.type_of(family, batch_size)
+    }
+
+    /// True IF of `job` next to `others`.
+    fn slowdown(&self, job: TypeId, others: &[TypeId]) -> f64 {
+        let alone = self.world.steps_per_s(job, std::iter::empty());
+        let shared = self.world.steps_per_s(job, others.iter().copied());
+        alone / shared
+    }
+
+    /// The most a run of a task of `model` at `batch_size` can take, MiB.
+    pub fn bound_mib(&self, model: &str, batch_size: u32) -> Option<u64> {
+        self.job(model, batch_size)
+            .map(|job| self.peak_bound_mib(job))
+    }
+
+    /// The most a run of `job` can take: its peak with the largest fragmentation.
+    fn peak_bound_mib(&self, job: TypeId) -> u64 {
+        self.world.memory.peak_mib(job, memory::FRAGMENTATION_MAX)
+    }
+
+    /// The configuration of `residents` (running ones only, in order) with the smallest
+    /// true Σ PD whose true memory fits the card, or `None` when none of them runs or
+    /// nothing fits.
+    pub fn best_sizes(&self, residents: &[Resident<'_>]) -> Option<Vec<(usize, u32)>> {
+        let running: Vec<&Resident<'_>> = residents.iter().filter(|r| r.report.running).collect();
+        let searched: Vec<Searched> = running
+            .iter()
+            .map(|r| {
+                let family = *self.family_by_model.get(&r.spec.model)?;
+                let fraction = if r.spec.total_samples > 0.0 {
+                    (r.report.samples_done / r.spec.total_samples).clamp(0.0, 1.0)
+                } else {
+                    0.0
+                };
+                Some(Searched {
+                    family,
+                    m0: r.spec.m0,
+                    sizes: r.spec.batch_sizes.clone(),
+                    phi: self.world.phi(family, fraction),
+                })
+            })
+            .collect::<Option<_>>()?;
+        if searched.is_empty() {
+            return None;
+        }
+        let lattice: usize = searched
+            .iter()
+            .map(|s| s.sizes.len().max(1))
+            .try_fold(1usize, |acc, n| acc.checked_mul(n))
+            .unwrap_or(usize::MAX);
+        let current: Vec<usize> = running
+            .iter()
+            .zip(&searched)
+            .map(|(r, s)| {
+                s.sizes
+                    .iter()
+                    .position(|&b| b == r.report.batch_size)
+                    .unwrap_or(0)
+            })
+            .collect();
+        let best = if lattice <= MAX_EXHAUSTIVE_CONFIGURATIONS {
+            self.exhaustive(&searched)
+        } else {
+            self.descent(&searched, current)
+        }?;
+        Some(
+            running
+                .iter()
+                .zip(&searched)
+                .zip(best)
+                .map(|((r, s), i)| (r.spec.id, s.sizes[i]))
+                .collect(),
+        )
+    }
+
+    /// Σ PD of a configuration (indices into each task's sizes), `None` when it does not
+    /// fit the card or a size is not a world job type.
+    fn sum_pd(&self, searched: &[Searched], config: &[usize]) -> Option<f64> {
+        let jobs: Vec<TypeId> = searched
+            .iter()
+            .zip(config)
+            .map(|(s, &i)| self.world.catalogue.type_of(s.family, s.sizes[i]))
+            .collect::<Option<_>>()?;
+        let memory: u64 = jobs.iter().map(|&j| self.peak_bound_mib(j)).sum();
+        if memory > self.world.memory.capacity_mib {
+            return None;
+        }
+        let mut sum = 0.0;
+        for (k, s) in searched.iter().enumerate() {
+            let others: Vec<TypeId> = (0..jobs.len())
+                .filter(|&j| j != k)
+                .map(|j| jobs[j])
+                .collect();
+            let at_m0 = self.world.catalogue.type_of(s.family, s.m0)?;
+            let co_steps = self.world.steps_per_s(jobs[k], others.iter().copied());
+            let solo_steps_m0 = self.world.steps_per_s(at_m0, std::iter::empty());
+            sum += PdInput {
+                m0: f64::from(s.m0),
+                solo_step_s_m0: 1.0 / solo_steps_m0,
+                m: f64::from(s.sizes[config[k]]),
+                co_step_s: 1.0 / co_steps,
+                noise_scale: s.phi,
+            }
+            .pd()
+            .ok()?;
+        }
+        Some(sum)
+    }
+
+    fn exhaustive(&self, searched: &[Searched]) -> Option<Vec<usize>> {
+        let mut config = vec![0usize; searched.len()];
+        let mut best: Option<(f64, Vec<usize>)> = None;
+        loop {
+            if let Some(v) = self.sum_pd(searched, &config)
+                && best.as_ref().is_none_or(|(b, _)| v < *b)
+            {
+                best = Some((v, config.clone()));
+            }
+            // Next configuration (odometer order).
+            let mut k = 0;
+            loop {
+                if k == config.len() {
+                    return best.map(|(_, c)| c);
+                }
+                config[k] += 1;
+                if config[k] < searched[k].sizes.len() {
+                    break;
+                }
+                config[k] = 0;
+                k += 1;
+            }
+        }
+    }
+
+    /// Coordinate descent from `start` (for lattices too large to enumerate): each task in
+    /// turn moves to its best size with the others fixed, until nothing improves.
+    fn descent(&self, searched: &[Searched], start: Vec<usize>) -> Option<Vec<usize>> {
+        let mut config = start;
+        let mut value = self.sum_pd(searched, &config).unwrap_or(f64::INFINITY);
+        loop {
+            let mut improved = false;
+            for k in 0..config.len() {
+                for i in 0..searched[k].sizes.len() {
+                    let mut trial = config.clone();
+                    trial[k] = i;
+                    if let Some(v) = self.sum_pd(searched, &trial)
+                        && v < value
+                    {
+                        (config, value) = (trial, v);
+                        improved = true;
+                    }
+                }
+            }
+            if !improved {
+                return value.is_finite().then_some(config);
+            }
+        }
+    }
+}
+
+/// The world's slowdowns as the placer's model: certain, and never learning.
+#[derive(Debug)]
+pub struct TrueSlowdown(pub Arc<Truth>);
+
+impl SlowdownModel for TrueSlowdown {
+    fn predict(
+        &self,
+        _device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> SlowdownEstimate {
+        let job = self.0.job(&task.model, task.batch_size);
+        let others: Option<Vec<TypeId>> = corunners
+            .iter()
+            .map(|c| self.0.job(&c.model, c.batch_size))
+            .collect();
+        match (job, others) {
+            (Some(job), Some(others)) => SlowdownEstimate::certain(self.0.slowdown(job, &others)),
+            // Not a world job type (cannot happen for the simulator's tasks): the worst.
+            _ => SlowdownEstimate::certain(f64::MAX),
+        }
+    }
+
+    fn observe(&self, _sample: &CoLocationSample) {}
+
+    /// The truth never changes: the placer may reuse every prediction.
+    fn version(&self) -> Option<u64> {
+        Some(0)
+    }
+}
+
+/// The world's memory as the placer's estimator: the most a run of the task's job type at
+/// that size can take.
+#[derive(Debug)]
+pub struct TrueMemory(pub Arc<Truth>);
+
+impl MemoryEstimator for TrueMemory {
+    fn bound_mib(
+        &self,
+        spec: &ProtoSpec,
+        _report: Option<&TaskReport>,
+        batch_size: u32,
+    ) -> Option<u64> {
+        self.0.bound_mib(&spec.model, batch_size)
+    }
+}
