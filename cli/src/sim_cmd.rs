@@ -167,7 +167,6 @@ fn simulate(
 ) -> anyhow::Result<(Experiment, Vec<RunMetrics>)> {
     let trace = philly::bundled().context("bundled Philly trace")?;
     let names = params.policies.clone();
-    let seed = params.workload.seed;
     let started = std::time::Instant::now();
     let experiment = Experiment::new(params, gavel, &trace)?;
     let mut runs: Vec<RunMetrics> = Vec::new();

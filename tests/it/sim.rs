@@ -7,7 +7,7 @@ use iadeep_datasets::philly;
 use iadeep_proto::{Placement, TaskReport, TaskSpec};
 use iadeep_sim::experiment::{Experiment, ExperimentParams};
 use iadeep_sim::metrics::RunMetrics;
-use iadeep_sim::{policy, store_sink};
+use iadeep_sim::store_sink;
 use iadeep_state::testing::EtcdServer;
 use iadeep_state::{EmbeddedStore, EtcdStore, StateStore, keys, typed};
 
