@@ -140,9 +140,10 @@ proptest! {
 /// The iadeep policies and the oracle keep the books in a world whose memory is not affine
 /// in the batch size. Without the tuner every task runs at its m0, so the placer's
 /// accounting (the profiled and reported peaks) is all that stands between a card and a
-/// crash: it must hold, and so must the oracle's, which knows the world's memory. The tuner's memory model extrapolates a line through the sizes it measured and
-/// the world's curve is convex, so tuned runs may crash (they restart at half the batch
-/// size and must still finish); how often is a result the simulator reports.
+/// crash: it must hold, and so must the oracle's, which knows the world's memory. Tuned runs
+/// may still crash the first time a task grows to a size measured only once (they restart
+/// at half the batch size and must still finish); how often is a result the simulator
+/// reports (docs/simulator-world.md).
 #[test]
 fn iadeep_keeps_the_books_and_the_placer_alone_never_runs_out_of_memory() {
     for worker in ["k80", "p100"] {
