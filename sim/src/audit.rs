@@ -360,8 +360,6 @@ impl AuditSummary {
                     {
                         pd_pred.push(c.predicted.pd_increase());
                         pd_true.push(t.pd_increase());
-                    }
-                    if let Some(t) = best.and_then(|c| c.truth.as_ref()) {
                         let gain = t.throughput_gain();
                         shared_gain.push(gain);
                         if gain < min_gain {

@@ -158,7 +158,12 @@ pub fn build(name: &str, seed: u64) -> crate::Result<Box<dyn Policy>> {
         "iadeep" => Box::new(iadeep::Iadeep::new(iadeep::Variant::Full, seed)?),
         "iadeep-no-tuner" => Box::new(iadeep::Iadeep::new(iadeep::Variant::NoTuner, seed)?),
         "iadeep-no-predictor" => Box::new(iadeep::Iadeep::new(iadeep::Variant::NoPredictor, seed)?),
-        "oracle" => Box::new(iadeep::Iadeep::new(iadeep::Variant::Oracle, seed)?),
+        "oracle" => {
+            return Err(crate::SimError::InvalidParam {
+                field: "policy",
+                reason: "the oracle is built from the world (Experiment::policy)".into(),
+            });
+        }
         _ => {
             return Err(crate::SimError::UnknownPolicy {
                 requested: name.to_owned(),

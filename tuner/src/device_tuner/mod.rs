@@ -577,8 +577,7 @@ impl DeviceTuner {
                 None => return,
             }
         }
-        let held: f64 = self.held.values().map(|&m| m as f64).sum();
-        let left = self.capacity_mib - held - others_mib;
+        let left = self.capacity_mib - self.held_mib() - others_mib;
         if let Some(resident) = self.residents.get_mut(&report.task_id) {
             resident.oom_learned_round = Some(report.assignment_round);
         }
@@ -590,6 +589,11 @@ impl DeviceTuner {
                 size and above is at least what they left it");
             self.memory_changed = true;
         }
+    }
+
+    /// MiB held on the card by placed tasks that do not run.
+    fn held_mib(&self) -> f64 {
+        self.held.values().map(|&m| m as f64).sum()
     }
 
     fn advance(&mut self, now_ms: i64, out: &mut Vec<Action>) {
@@ -850,7 +854,7 @@ impl DeviceTuner {
         MemoryConstraint {
             upper_mib,
             capacity_mib: self.capacity_mib,
-            held_mib: self.held.values().map(|&m| m as f64).sum(),
+            held_mib: self.held_mib(),
             // The one margin, which the placer and the agent's fall-back keep too.
             margin: MemoryMargin::DEFAULT,
         }

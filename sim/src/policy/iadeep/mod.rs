@@ -37,7 +37,6 @@ pub enum Variant {
     Full,
     NoTuner,
     NoPredictor,
-    Oracle,
 }
 
 /// Refit the predictor after this many new co-location samples. The daemons refit
@@ -65,20 +64,13 @@ pub struct Iadeep {
     finished: u64,
     /// Samples the tuners emitted.
     samples: u64,
-    /// The world's truth, for the oracle only.
+    /// The world's truth: set for the oracle only, which it makes.
     truth: Option<Arc<Truth>>,
 }
 
 impl Iadeep {
     /// A fresh policy of the given variant.
-    /// The oracle needs the world's truth: use [`Iadeep::oracle`].
     pub fn new(variant: Variant, seed: u64) -> crate::Result<Iadeep> {
-        if variant == Variant::Oracle {
-            return Err(crate::SimError::InvalidParam {
-                field: "policy",
-                reason: "the oracle is built from the world (Experiment::policy)".into(),
-            });
-        }
         let model = Arc::new(SharedPredictor::new(SimPredictor::new(REFIT_EVERY)?));
         // Without the predictor the placer still scores, with a model that is never
         // fed samples: the predictor's cold-start heuristic.
@@ -87,8 +79,8 @@ impl Iadeep {
         Ok(Self::with(variant, seed, predictor, placement, model, None))
     }
 
-    /// The oracle (see [`oracle`]): iadeep's placer on the world's truth, with the true
-    /// Σ PD searched exhaustively on each device.
+    /// The oracle (see [`oracle`]): the full policy's placer on the world's truth, with the
+    /// true Σ PD searched exhaustively on each device instead of the tuners.
     pub fn oracle(truth: Arc<Truth>, seed: u64) -> crate::Result<Iadeep> {
         let placement = SimPlacement::new(
             Arc::new(TrueSlowdown(truth.clone())),
@@ -97,7 +89,7 @@ impl Iadeep {
         // Only for the audit's sample counts (always 0): the oracle learns nothing.
         let unused = Arc::new(SharedPredictor::new(SimPredictor::new(REFIT_EVERY)?));
         Ok(Self::with(
-            Variant::Oracle,
+            Variant::Full,
             seed,
             None,
             placement,
@@ -197,11 +189,13 @@ impl Iadeep {
 
 impl Policy for Iadeep {
     fn name(&self) -> &str {
+        if self.truth.is_some() {
+            return "oracle";
+        }
         match self.variant {
             Variant::Full => "iadeep",
             Variant::NoTuner => "iadeep-no-tuner",
             Variant::NoPredictor => "iadeep-no-predictor",
-            Variant::Oracle => "oracle",
         }
     }
 
