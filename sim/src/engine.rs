@@ -712,14 +712,26 @@ impl<'w> Engine<'w> {
         let family = self.tasks[task].family;
         let sizes = &self.world.catalogue.families[family].batch_sizes;
         let half = sizes.iter().rev().find(|b| **b <= batch / 2).copied();
-        tracing::debug!(
-            task,
-            device,
-            batch,
-            ?action,
-            now = self.now,
-            "out of memory"
-        );
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let residents: Vec<(usize, u32, u64, bool)> = self.devices[device]
+                .residents
+                .iter()
+                .map(|&t| {
+                    let s = &self.tasks[t];
+                    (t, s.batch_size, self.peak_mib(t), s.active)
+                })
+                .collect();
+            tracing::debug!(
+                task,
+                device,
+                batch,
+                ?action,
+                now = self.now,
+                capacity_mib = self.world.memory.capacity_mib,
+                ?residents,
+                "out of memory (residents: task, batch size, peak MiB of this run, active)"
+            );
+        }
         let now = self.now;
         let restart = self.params.restart_s;
         let state = &mut self.tasks[task];

@@ -11,8 +11,7 @@
 //!
 //! Past the largest observed size the bound also grows at least `extrapolation_slope_factor`
 //! times as fast as the steepest the data shows (the secant through the two largest observed
-//! sizes; with one observed size the line through the origin is already the steepest affine
-//! growth): on real GPUs memory is often convex in the batch size (cuDNN picks
+//! sizes; with one observed size the line through the origin): on real GPUs memory is often convex in the batch size (cuDNN picks
 //! workspace-hungry algorithms at large batches, the allocator rounds up to larger
 //! segments), so a line fitted below a bend underestimates above it, and an underestimate
 //! crashes every task on a shared card. Inside the observed range a convex curve lies below
@@ -101,8 +100,9 @@ pub struct MemoryModel {
     band: f64,
     smallest_observed: u32,
     largest_observed: u32,
-    /// Slope of the secant through the two largest observed sizes, if two were observed.
-    top_slope: Option<f64>,
+    /// Slope of the secant through the two largest observed sizes (with one observed size,
+    /// of the line through the origin).
+    top_slope: f64,
     smallest_oom: Option<u32>,
     /// `(batch size, MiB)`: the task needed more than MiB at that size (see
     /// [`MemoryModel::with_floor`]).
@@ -196,9 +196,10 @@ impl MemoryModel {
             .map(|s| s.batch_size)
             .filter(|&b| b < largest_observed)
             .max();
-        // One observed size gives no secant: the line through the origin is already the
-        // steepest affine growth (every MiB scales with the batch).
-        let top_slope = below_top.map(|b| {
+        // One observed size gives no secant; its growth is the line through the origin (every
+        // MiB scales with the batch), the steepest affine growth, and a convex curve can still
+        // grow faster than that past the sample, so the factor applies to it as well.
+        let top_slope = below_top.map_or(slope, |b| {
             ((peak_at(largest_observed) - peak_at(b)) / f64::from(largest_observed - b)).max(slope)
         });
         let smallest_oom = oom_batch_sizes.iter().copied().filter(|&b| b > 0).min();
@@ -270,11 +271,9 @@ impl MemoryModel {
         let line = |b: f64| self.intercept + self.slope * b + self.band;
         let mut base = line(b.max(f64::from(self.smallest_observed)));
         let top = f64::from(self.largest_observed);
-        if let Some(top_slope) = self.top_slope
-            && b > top
-        {
+        if b > top {
             let steeper =
-                line(top) + self.params.extrapolation_slope_factor * top_slope * (b - top);
+                line(top) + self.params.extrapolation_slope_factor * self.top_slope * (b - top);
             base = base.max(steeper);
         }
         let margin = if ratio > 1.0 {
@@ -426,6 +425,30 @@ mod tests {
         )
         .expect("fits");
         assert!(plain.upper_bound_mib(256).expect("feasible") < truth(256));
+    }
+
+    /// The simulated world's ResNet-50 on a K80: measured once at its submitted 64
+    /// (3,840 MiB, mostly activations below the knee), it needs the whole card (11,441 MiB)
+    /// at 128. The line through the origin promises 7,680 MiB there (8,448 with the margin
+    /// per doubling), room for a co-runner that then crashed it twice.
+    #[test]
+    fn one_measured_size_is_extrapolated_with_the_steeper_slope_too() {
+        let samples = [s(64, 3840.0)];
+        let model = MemoryModel::fit(&samples).expect("fits");
+        let bound = model.upper_bound_mib(128).expect("feasible");
+        assert!(bound >= 11_441.0, "bound {bound} under the truth 11441");
+        assert_eq!(model.upper_bound_mib(64), Some(3840.0));
+        assert_eq!(model.upper_bound_mib(32), Some(3840.0));
+        let plain = MemoryModel::fit_with(
+            &samples,
+            &[],
+            MemoryModelParams {
+                extrapolation_slope_factor: 1.0,
+                ..MemoryModelParams::default()
+            },
+        )
+        .expect("fits");
+        assert!(plain.upper_bound_mib(128).expect("feasible") < 11_441.0);
     }
 
     #[test]

@@ -1053,7 +1053,9 @@ impl DeviceTuner {
         self.counters.rounds += 1;
         self.counters.assignments += assignments.len() as u64;
         search.applied = Some((config.to_vec(), vec![round; config.len()]));
-        tracing::debug!(device = %self.device_id, round, ?batch_sizes, "round assigned");
+        tracing::debug!(device = %self.device_id, round, ?batch_sizes,
+            memory_bounds_mib = ?assignments.iter().map(|a| a.memory_bound_mib).collect::<Vec<_>>(),
+            held_mib = self.held_mib(), "round assigned");
         out.push(Action::Assign(assignments));
         round
     }
