@@ -141,9 +141,9 @@ proptest! {
 /// in the batch size. Without the tuner every task runs at its m0, so the placer's
 /// accounting (the profiled and reported peaks) is all that stands between a card and a
 /// crash: it must hold, and so must the oracle's, which knows the world's memory. Tuned runs
-/// may still crash the first time a task grows to a size measured only once (they restart
-/// at half the batch size and must still finish); how often is a result the simulator
-/// reports (docs/simulator-world.md).
+/// may still crash where memory bends more sharply than the tuner's extrapolation allows
+/// (they restart at half the batch size and must still finish); how often is a result the
+/// simulator reports (docs/simulator-world.md).
 #[test]
 fn iadeep_keeps_the_books_and_the_placer_alone_never_runs_out_of_memory() {
     for worker in ["k80", "p100"] {
@@ -173,6 +173,18 @@ fn iadeep_keeps_the_books_and_the_placer_alone_never_runs_out_of_memory() {
             }
         }
     }
+}
+
+/// A stream on which the tuner crashed two tasks when it grew them one doubling past the one
+/// size they were measured at (ResNet-50's memory bends there): memory measured once is now
+/// extrapolated as steeply as memory measured at two sizes, and nothing crashes.
+#[test]
+fn iadeep_does_not_crash_a_task_grown_past_the_one_size_it_was_measured_at() {
+    let experiment = experiment("k80", 60, 6, 1.0, 6);
+    let metrics = run(&experiment, "iadeep");
+    assert_bookkeeping(&experiment, &metrics);
+    assert!(metrics.tuning_rounds > 0, "never tuned");
+    assert_eq!(metrics.ooms, 0, "memory went over the card");
 }
 
 /// Whether two tasks ran on one device at the same time (first start to finish).
