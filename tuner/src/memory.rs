@@ -401,6 +401,15 @@ mod tests {
     /// a line through the samples below the bend underestimates the next doubling; the
     /// steeper extrapolation covers it. Without `extrapolation_slope_factor` the bound at 256
     /// is 1000 + 2560, padded 10 %: 3916 < 4584.
+    /// The model as it was before the steeper extrapolation: past the data, the fitted line.
+    fn without_steeper_extrapolation(samples: &[MemorySample]) -> MemoryModel {
+        let params = MemoryModelParams {
+            extrapolation_slope_factor: 1.0,
+            ..MemoryModelParams::default()
+        };
+        MemoryModel::fit_with(samples, &[], params).expect("fits")
+    }
+
     #[test]
     fn a_bend_past_the_data_is_covered_by_the_steeper_extrapolation() {
         let truth = |b: u32| {
@@ -415,15 +424,7 @@ mod tests {
             "bound {bound} under the truth {}",
             truth(256)
         );
-        let plain = MemoryModel::fit_with(
-            &samples,
-            &[],
-            MemoryModelParams {
-                extrapolation_slope_factor: 1.0,
-                ..MemoryModelParams::default()
-            },
-        )
-        .expect("fits");
+        let plain = without_steeper_extrapolation(&samples);
         assert!(plain.upper_bound_mib(256).expect("feasible") < truth(256));
     }
 
@@ -439,15 +440,7 @@ mod tests {
         assert!(bound >= 11_441.0, "bound {bound} under the truth 11441");
         assert_eq!(model.upper_bound_mib(64), Some(3840.0));
         assert_eq!(model.upper_bound_mib(32), Some(3840.0));
-        let plain = MemoryModel::fit_with(
-            &samples,
-            &[],
-            MemoryModelParams {
-                extrapolation_slope_factor: 1.0,
-                ..MemoryModelParams::default()
-            },
-        )
-        .expect("fits");
+        let plain = without_steeper_extrapolation(&samples);
         assert!(plain.upper_bound_mib(128).expect("feasible") < 11_441.0);
     }
 
