@@ -6,7 +6,11 @@
 //! device's residents to the current time, then recomputes their rates from the
 //! ground truth and re-schedules their completions (stale completion events carry an
 //! old version and are dropped). The statistical efficiency term follows the task's
-//! progress and is refreshed at each event on its device.
+//! progress: it is refreshed at each event on its device and, whatever the policy does,
+//! at least every [`EngineParams::progress_refresh_s`] (a policy that stops tuning once
+//! it has chosen its batch sizes causes no events for hours, and without the refresh a
+//! job kept at a batch size below m0 would keep the efficiency of its first minutes,
+//! when φ is small, for its whole run).
 //!
 //! Admission is one rule for every policy ([`EngineParams::admission`]). By default
 //! ([`Admission::EachTask`], per-task backfill) every waiting task is offered in
@@ -57,6 +61,11 @@ pub struct EngineParams {
     pub admission: Admission,
     /// Safety stop: a run needing more events than this is reported as stuck.
     pub max_events: u64,
+    /// Seconds between two refreshes of every running task's rate, so that the
+    /// statistical efficiency follows φ as the task trains (see the module docs). Between
+    /// refreshes the rate lags φ; at the default 10 s a test's completion times are
+    /// within 1 % of those at 2 s (at 60 s they were 1.2 % off).
+    pub progress_refresh_s: f64,
 }
 
 impl Default for EngineParams {
@@ -69,6 +78,7 @@ impl Default for EngineParams {
             seed: 1,
             admission: Admission::EachTask,
             max_events: 50_000_000,
+            progress_refresh_s: 10.0,
         }
     }
 }
@@ -88,6 +98,9 @@ impl EngineParams {
         }
         if !(self.measurement_noise.is_finite() && (0.0..0.5).contains(&self.measurement_noise)) {
             return bad("measurement noise", format!("{}", self.measurement_noise));
+        }
+        if !(self.progress_refresh_s.is_finite() && self.progress_refresh_s > 0.0) {
+            return bad("progress refresh", format!("{} s", self.progress_refresh_s));
         }
         Ok(())
     }
@@ -146,10 +159,21 @@ struct DeviceState {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum EventKind {
     Arrival(usize),
-    Finish { task: usize, version: u64 },
-    Tune { device: usize, epoch: u64 },
-    Restart { task: usize, version: u64 },
+    Finish {
+        task: usize,
+        version: u64,
+    },
+    Tune {
+        device: usize,
+        epoch: u64,
+    },
+    Restart {
+        task: usize,
+        version: u64,
+    },
     Retry,
+    /// Every running task's rate follows its progress (see [`EngineParams::progress_refresh_s`]).
+    Refresh,
 }
 
 #[derive(Debug)]
@@ -197,6 +221,8 @@ pub struct Engine<'w> {
     rng: ChaCha8Rng,
     metrics: RunMetrics,
     retry_pending: bool,
+    /// A [`EventKind::Refresh`] is scheduled.
+    refresh_pending: bool,
     /// Incremented whenever a task joins or leaves the queue or the recovery list.
     waiting_version: u64,
 }
@@ -335,6 +361,7 @@ impl<'w> Engine<'w> {
             now: 0.0,
             metrics: RunMetrics::default(),
             retry_pending: false,
+            refresh_pending: false,
             waiting_version: 0,
         };
         for (index, t) in workload.iter().enumerate() {
@@ -420,6 +447,7 @@ impl<'w> Engine<'w> {
                     self.after_memory_change(device, &[task], policy);
                 }
                 EventKind::Retry => self.retry_pending = false,
+                EventKind::Refresh => self.refresh(),
             }
             self.admit(policy)?;
             if finished == total {
@@ -613,6 +641,7 @@ impl<'w> Engine<'w> {
         state.last_device = device;
         self.allocate(task);
         self.devices[device].residents.push(task);
+        self.keep_refreshing();
         tracing::trace!(task, device, batch_size, now, "placed");
         self.after_memory_change(device, &[task], policy);
         self.residents_changed(device, policy);
@@ -765,6 +794,13 @@ impl<'w> Engine<'w> {
 
     /// Recomputes rates, reports and completion times of the device's residents.
     fn recompute(&mut self, device: usize) {
+        self.update_rates(device, true);
+    }
+
+    /// Recomputes the rates and completion times of the device's residents; with
+    /// `fresh_reports`, their agents also report what they measured since their last
+    /// report (a world refresh changes rates only: agents report on their own schedule).
+    fn update_rates(&mut self, device: usize, fresh_reports: bool) {
         let world = self.world;
         let active: Vec<(usize, TypeId)> = self.devices[device]
             .residents
@@ -787,26 +823,28 @@ impl<'w> Engine<'w> {
             let samples_per_s = steps * f64::from(state.batch_size);
             state.rate = samples_per_s * efficiency;
             state.version += 1;
-            // What the agent measured since its last report (see `crate::agent`).
-            let steps_run = ((self.now - state.reported_s) * steps).max(0.0) as u64;
-            state.reported_s = self.now;
-            let step_time_s =
-                measured_step_time(&mut self.rng, 1.0 / steps, self.params.measurement_noise);
-            let grad_noise_scale =
-                state
-                    .agent
-                    .observe_gradients(&mut self.rng, phi, state.batch_size, steps_run);
-            state.report = AgentReport {
-                batch_size: state.batch_size,
-                step_time_s,
-                samples_per_s: f64::from(state.batch_size) / step_time_s,
-                peak_mem_mib: peak_mib,
-                grad_noise_scale,
-                samples_done: state.done,
-                oom_batch_size: state.report.oom_batch_size,
-                seq: state.report.seq + 1,
-                running: true,
-            };
+            if fresh_reports {
+                // What the agent measured since its last report (see `crate::agent`).
+                let steps_run = ((self.now - state.reported_s) * steps).max(0.0) as u64;
+                state.reported_s = self.now;
+                let step_time_s =
+                    measured_step_time(&mut self.rng, 1.0 / steps, self.params.measurement_noise);
+                let grad_noise_scale =
+                    state
+                        .agent
+                        .observe_gradients(&mut self.rng, phi, state.batch_size, steps_run);
+                state.report = AgentReport {
+                    batch_size: state.batch_size,
+                    step_time_s,
+                    samples_per_s: f64::from(state.batch_size) / step_time_s,
+                    peak_mem_mib: peak_mib,
+                    grad_noise_scale,
+                    samples_done: state.done,
+                    oom_batch_size: state.report.oom_batch_size,
+                    seq: state.report.seq + 1,
+                    running: true,
+                };
+            }
             let remaining = (state.spec.total_samples - state.done).max(0.0);
             let at = self.now + remaining / state.rate;
             let version = state.version;
@@ -830,6 +868,34 @@ impl<'w> Engine<'w> {
             .filter(|t| matches!(t.status, Status::Running(_)))
             .map(|t| t.rate * t.true_solo_step_s / f64::from(t.spec.m0))
             .sum()
+    }
+
+    /// Schedules the next [`EventKind::Refresh`] unless one is pending.
+    fn keep_refreshing(&mut self) {
+        if !self.refresh_pending {
+            self.refresh_pending = true;
+            self.schedule(
+                self.now + self.params.progress_refresh_s,
+                EventKind::Refresh,
+            );
+        }
+    }
+
+    /// Brings every running task to the current time and recomputes its rate (its
+    /// efficiency at the φ it has reached); refreshes again while anything runs (placing
+    /// a task starts the refreshes again).
+    fn refresh(&mut self) {
+        self.refresh_pending = false;
+        let busy: Vec<usize> = (0..self.devices.len())
+            .filter(|d| !self.devices[*d].residents.is_empty())
+            .collect();
+        for &device in &busy {
+            self.advance(device);
+            self.update_rates(device, false);
+        }
+        if !busy.is_empty() {
+            self.keep_refreshing();
+        }
     }
 
     fn residents_changed(&mut self, device: usize, policy: &mut dyn Policy) {
