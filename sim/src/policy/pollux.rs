@@ -1,23 +1,79 @@
 //! `pollux`: the strongest single-job adaptive alternative to sharing GPUs. Every job
 //! gets a GPU of its own (first idle GPU, as exclusive FIFO) and runs at its
-//! goodput-optimal batch size: each allowed batch size runs for one reporting interval
-//! and the job settles at the one with the lowest PD, the tuner's objective
-//! (`iadeep_objective::PdInput`) with no co-location (IF = 1), computed from the
-//! agent's reports (measured step time, estimated φ) and the job's solo profile.
-//! Like Pollux it adapts the batch size to the job's statistics; unlike iadeep it
-//! never shares a GPU, so it never runs out of memory (a job alone fits the card).
+//! goodput-optimal batch size, re-chosen as its statistics change, as Pollux's agents do:
+//!
+//! 1. each allowed batch size runs for one reporting interval, which measures its step
+//!    time alone (the throughput side of goodput);
+//! 2. then, every tuning interval, the job runs the size with the lowest PD alone
+//!    (the tuner's objective, `iadeep_objective::PdInput`, with IF = 1) under the φ its
+//!    agent reports now, from the step times measured at each size (the fastest seen,
+//!    so a straggler window does not count against a size) and its solo profile at m0.
+//!    No further trial runs are needed: alone, a size's step time does not change, only
+//!    its statistical efficiency does, as φ grows over training.
+//!
+//! A size is changed only for a predicted PD at least [`MIN_GAIN`] lower, so the
+//! estimate's noise does not make the job flap between two equally good sizes.
+//! Unlike iadeep it never shares a GPU, so it never runs out of memory (a job alone fits
+//! the card).
 
 use std::collections::BTreeMap;
 
-use crate::policy::batch_search::{BatchSearch, pd_alone_or_shared, tune_device};
+use iadeep_objective::PdInput;
+
+use crate::policy::batch_search::{BatchSearch, pd_alone_or_shared};
 use crate::policy::{Decision, Policy, TuneStep};
-use crate::view::{ClusterView, Waiting};
+use crate::view::{ClusterView, Resident, Waiting};
+
+/// Relative PD gain a change of batch size must promise (the iadeep tuner's hysteresis,
+/// `ControllerParams::hysteresis`).
+pub const MIN_GAIN: f64 = 0.05;
+
+/// One job on its own GPU.
+#[derive(Debug)]
+struct Job {
+    task: usize,
+    /// The first sweep over the allowed sizes, while it runs.
+    sweep: Option<BatchSearch>,
+    /// Fastest step time measured alone at each size.
+    step_s: BTreeMap<u32, f64>,
+}
+
+impl Job {
+    /// PD alone at `batch_size` with noise scale `phi`, from the measured step time.
+    fn pd_at(&self, me: &Resident<'_>, batch_size: u32, phi: Option<f64>) -> Option<f64> {
+        let step_s = *self.step_s.get(&batch_size)?;
+        PdInput {
+            m0: f64::from(me.spec.m0),
+            solo_step_s_m0: me.spec.solo_step_time_s,
+            m: f64::from(batch_size),
+            co_step_s: step_s,
+            noise_scale: phi,
+        }
+        .pd()
+        .ok()
+        .filter(|pd| pd.is_finite())
+    }
+
+    /// The size to run now: the measured size of lowest PD under the current φ, if it
+    /// beats the current size by [`MIN_GAIN`].
+    fn best_now(&self, me: &Resident<'_>) -> Option<u32> {
+        let phi = me.report.grad_noise_scale;
+        let current = me.report.batch_size;
+        let (best, best_pd) = self
+            .step_s
+            .keys()
+            .filter_map(|&b| self.pd_at(me, b, phi).map(|pd| (b, pd)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))?;
+        let current_pd = self.pd_at(me, current, phi).unwrap_or(f64::INFINITY);
+        (best != current && best_pd < current_pd * (1.0 - MIN_GAIN)).then_some(best)
+    }
+}
 
 /// Exclusive GPUs, goodput-optimal batch sizes.
 #[derive(Debug, Default)]
 pub struct Pollux {
-    /// The search of the job on each device.
-    searches: BTreeMap<usize, BatchSearch>,
+    /// The job on each device.
+    jobs: BTreeMap<usize, Job>,
 }
 
 impl Policy for Pollux {
@@ -30,9 +86,16 @@ impl Policy for Pollux {
             return Decision::Queue;
         };
         if task.spec.batch_sizes.len() > 1 {
-            self.searches.insert(
+            self.jobs.insert(
                 device,
-                BatchSearch::new(task.spec.id, task.spec.batch_sizes.clone()),
+                Job {
+                    task: task.spec.id,
+                    sweep: Some(BatchSearch::new(
+                        task.spec.id,
+                        task.spec.batch_sizes.clone(),
+                    )),
+                    step_s: BTreeMap::new(),
+                },
             );
         }
         Decision::place(device, task.batch_size)
@@ -43,12 +106,121 @@ impl Policy for Pollux {
     }
 
     fn tune(&mut self, view: &dyn ClusterView, device: usize) -> TuneStep {
-        tune_device(&mut self.searches, view, device, pd_alone_or_shared)
+        let Some(job) = self.jobs.get_mut(&device) else {
+            return TuneStep::Done;
+        };
+        let residents = view.residents(device);
+        let Some(me) = residents.iter().find(|r| r.spec.id == job.task) else {
+            self.jobs.remove(&device);
+            return TuneStep::Done;
+        };
+        let ran = me.report.running.then_some(me.report.batch_size);
+        if let Some(size) = ran
+            && me.report.step_time_s.is_finite()
+            && me.report.step_time_s > 0.0
+        {
+            let fastest = job.step_s.entry(size).or_insert(f64::INFINITY);
+            *fastest = fastest.min(me.report.step_time_s);
+        }
+        if let Some(sweep) = &mut job.sweep {
+            let scored = ran.map(|size| (size, pd_alone_or_shared(me)));
+            let (step, over) = sweep.tune_step(scored, me.report.batch_size);
+            if !over {
+                return step;
+            }
+            job.sweep = None;
+            if let TuneStep::Apply { assignments, .. } = step {
+                return TuneStep::Apply {
+                    assignments,
+                    again_in_s: None,
+                };
+            }
+        }
+        match job.best_now(me) {
+            Some(size) if ran.is_some() => TuneStep::Apply {
+                assignments: vec![(job.task, size)],
+                again_in_s: None,
+            },
+            _ => TuneStep::Wait { again_in_s: None },
+        }
     }
 
     fn on_finish(&mut self, device: usize, task: usize) {
-        if self.searches.get(&device).is_some_and(|s| s.task == task) {
-            self.searches.remove(&device);
+        if self.jobs.get(&device).is_some_and(|j| j.task == task) {
+            self.jobs.remove(&device);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::{AgentReport, TaskSpec};
+
+    fn spec() -> TaskSpec {
+        TaskSpec {
+            id: 1,
+            model: "Recommendation".into(),
+            m0: 4096,
+            batch_sizes: vec![512, 1024, 2048, 4096],
+            solo_step_time_s: 0.4,
+            solo_peak_mem_mib: 2000,
+            submit_s: 0.0,
+            total_samples: 1e9,
+        }
+    }
+
+    fn report(batch_size: u32, phi: f64) -> AgentReport {
+        AgentReport {
+            batch_size,
+            step_time_s: 0.1,
+            samples_per_s: f64::from(batch_size) / 0.1,
+            peak_mem_mib: 1000,
+            grad_noise_scale: Some(phi),
+            samples_done: 0.0,
+            oom_batch_size: None,
+            seq: 1,
+            running: true,
+        }
+    }
+
+    /// Step times alone of the sizes tried: larger batches use the GPU better.
+    fn job() -> Job {
+        Job {
+            task: 1,
+            sweep: None,
+            step_s: [(512, 0.1), (1024, 0.15), (2048, 0.25), (4096, 0.4)]
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// Early in training (small φ) a small batch is worth more per sample than its lost
+    /// throughput; later (large φ) it is not, and the job moves to a larger size, with
+    /// no new trial run.
+    #[test]
+    fn the_goodput_optimal_size_follows_the_noise_scale() {
+        let spec = spec();
+        let job = job();
+        let early = report(4096, 10.0);
+        let me = Resident {
+            spec: &spec,
+            report: &early,
+        };
+        assert_eq!(job.best_now(&me), Some(512));
+        let late = report(512, 1e6);
+        let me = Resident {
+            spec: &spec,
+            report: &late,
+        };
+        assert_eq!(job.best_now(&me), Some(4096));
+        // Where it already runs the best size, or a size within the gain it asks for,
+        // nothing changes.
+        let settled = report(4096, 1e6);
+        let me = Resident {
+            spec: &spec,
+            report: &settled,
+        };
+        assert_eq!(job.best_now(&me), None);
     }
 }
