@@ -94,6 +94,13 @@ struct DaemonArgs {
     /// Seed of the search's random sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Lease TTL of the device record and of this tuner's ownership of the device, in
+    /// seconds: after a crash of this process or a lost store connection, the device stays
+    /// registered this long before the placer stops placing on it and another tuner may
+    /// take it over. Shorter fails over sooner; longer rides out longer store outages
+    /// (an etcd leader election takes a few seconds). At least 1.
+    #[arg(long, default_value_t = DaemonParams::default().lease_ttl.as_secs(), value_name = "S")]
+    lease_ttl: u64,
 }
 
 impl DaemonArgs {
@@ -109,6 +116,10 @@ impl DaemonArgs {
         p.tuner.controller.patience = self.patience;
         p.tuner.controller.hysteresis = self.hysteresis;
         p.tuner.seed = self.seed;
+        if self.lease_ttl == 0 {
+            bail!("--lease-ttl must be at least 1 second");
+        }
+        p.lease_ttl = Duration::from_secs(self.lease_ttl);
         p.check()?;
         Ok(p)
     }
@@ -331,5 +342,33 @@ pub async fn run(args: TunerArgs) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    }
+
+    fn params(args: &[&str]) -> Result<DaemonParams> {
+        let cli = Cli::try_parse_from(std::iter::once("tuner").chain(args.iter().copied()))?;
+        cli.daemon.params()
+    }
+
+    #[test]
+    fn lease_ttl_reaches_the_daemon_and_zero_is_refused() {
+        let default = params(&[]).expect("defaults are valid");
+        assert_eq!(default.lease_ttl, DaemonParams::default().lease_ttl);
+        let short = params(&["--lease-ttl", "3"]).expect("3 s is valid");
+        assert_eq!(short.lease_ttl, Duration::from_secs(3));
+        let err = params(&["--lease-ttl", "0"]).expect_err("0 s is refused");
+        assert!(err.to_string().contains("--lease-ttl"), "{err}");
     }
 }
