@@ -795,6 +795,13 @@ impl<'w> Engine<'w> {
     /// Recomputes rates, reports and completion times of the device's residents.
     fn recompute(&mut self, device: usize) {
         self.update_rates(device, true);
+        self.record_util();
+    }
+
+    /// Records the cluster's utilisation now (one sample per instant: the last wins).
+    fn record_util(&mut self) {
+        self.metrics
+            .record_util(self.now, self.busy_devices(), self.work_rate());
     }
 
     /// Recomputes the rates and completion times of the device's residents; with
@@ -850,8 +857,6 @@ impl<'w> Engine<'w> {
             let version = state.version;
             self.schedule(at, EventKind::Finish { task, version });
         }
-        self.metrics
-            .record_util(self.now, self.busy_devices(), self.work_rate());
     }
 
     fn busy_devices(&self) -> usize {
@@ -894,6 +899,9 @@ impl<'w> Engine<'w> {
             self.update_rates(device, false);
         }
         if !busy.is_empty() {
+            // Once for the instant, not once per device: only the last sample of an
+            // instant is kept, and each costs a pass over every task.
+            self.record_util();
             self.keep_refreshing();
         }
     }
