@@ -125,15 +125,12 @@ impl Policy for Pollux {
         if let Some(sweep) = &mut job.sweep {
             let scored = ran.map(|size| (size, pd_alone_or_shared(me)));
             let (step, over) = sweep.tune_step(scored, me.report.batch_size);
-            if !over {
-                return step;
+            if over {
+                job.sweep = None;
             }
-            job.sweep = None;
-            if let TuneStep::Apply { assignments, .. } = step {
-                return TuneStep::Apply {
-                    assignments,
-                    again_in_s: None,
-                };
+            // A sweep that ends by moving to its best size applies it first.
+            if !over || matches!(step, TuneStep::Apply { .. }) {
+                return step;
             }
         }
         match job.best_now(me) {
