@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::placer::place_on;
 use crate::runtime;
 use iadeep_agent::Agent;
 use iadeep_placer::{
@@ -234,18 +235,7 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader() {
             .await
             .expect("connect");
         for job in JOBS {
-            let placed = client
-                .place(PlaceRequest {
-                    task: Some(spec(job)),
-                    candidate_device_ids: vec![DEVICE.into()],
-                })
-                .await
-                .expect("place")
-                .into_inner();
-            assert!(
-                matches!(placed.decision, Some(place_response::Decision::Placed(_))),
-                "{job} not placed: {placed:?}"
-            );
+            place_on(&mut client, spec(job), DEVICE).await;
         }
     });
     let stop = Arc::new(AtomicBool::new(false));

@@ -139,6 +139,23 @@ async fn place(
         .map(tonic::Response::into_inner)
 }
 
+/// Places `spec` on `device` over gRPC, failing the test unless it is placed.
+pub(crate) async fn place_on(client: &mut PlacerClient<Channel>, spec: TaskSpec, device: &str) {
+    let id = spec.task_id.clone();
+    let placed = client
+        .place(PlaceRequest {
+            task: Some(spec),
+            candidate_device_ids: vec![device.into()],
+        })
+        .await
+        .expect("place")
+        .into_inner();
+    assert!(
+        matches!(placed.decision, Some(place_response::Decision::Placed(_))),
+        "{id} not placed: {placed:?}"
+    );
+}
+
 /// Polls until `check` holds, failing the test after 10 s.
 pub(crate) async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     for _ in 0..200 {

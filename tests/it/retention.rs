@@ -11,14 +11,13 @@ use iadeep_placer::{
 };
 use iadeep_proto::placer_client::PlacerClient;
 use iadeep_proto::{
-    DeviceInfo, DeviceResidents, LrScalingRule, PlaceRequest, ReleaseRequest, SoloProfile,
-    TaskSpec, place_response,
+    DeviceInfo, DeviceResidents, LrScalingRule, ReleaseRequest, SoloProfile, TaskSpec,
 };
 use iadeep_state::testing::EtcdServer;
 use iadeep_state::{EtcdStore, StateStore, keys, typed};
 use tonic::transport::Channel;
 
-use crate::placer::eventually;
+use crate::placer::{eventually, place_on};
 
 const DEVICE: &str = "n1.gpu0";
 
@@ -79,18 +78,7 @@ fn spec(id: &str) -> TaskSpec {
 }
 
 async fn place_and_release(client: &mut PlacerClient<Channel>, id: &str, release: bool) {
-    let placed = client
-        .place(PlaceRequest {
-            task: Some(spec(id)),
-            candidate_device_ids: vec![DEVICE.into()],
-        })
-        .await
-        .expect("place")
-        .into_inner();
-    assert!(
-        matches!(placed.decision, Some(place_response::Decision::Placed(_))),
-        "{placed:?}"
-    );
+    place_on(client, spec(id), DEVICE).await;
     if release {
         client
             .release(ReleaseRequest { task_id: id.into() })
