@@ -54,6 +54,12 @@ pub struct PlacerParams {
     /// on a store full of old tasks) is worked off over several passes instead of
     /// holding the store's write path for one long burst.
     pub retention_batch: usize,
+    /// Least share of a shared card that must be free for a task nothing is known of
+    /// (no request, no profile, no registry entry) to join it. Such a task is granted
+    /// all the free memory *provisionally*: its agent fences its allocator there, and
+    /// the placer replaces the grant with the measured peak as soon as the task reports
+    /// one (see [`crate::policy`], "Memory of a task nothing is known of"). In (0, 1].
+    pub min_unknown_memory_share: f64,
 }
 
 /// Default of [`PlacerParams::task_retention`]: a day to look at a finished job.
@@ -76,6 +82,7 @@ impl Default for PlacerParams {
             max_scored_devices: 64,
             task_retention: Some(DEFAULT_TASK_RETENTION),
             retention_batch: 1000,
+            min_unknown_memory_share: 0.25,
         }
     }
 }
@@ -138,6 +145,12 @@ impl PlacerParams {
         }
         if self.max_reserve_attempts == 0 {
             return Err(bad("max_reserve_attempts", "must be at least 1"));
+        }
+        if !(self.min_unknown_memory_share > 0.0 && self.min_unknown_memory_share <= 1.0) {
+            return Err(bad(
+                "min_unknown_memory_share",
+                format!("{} is not in (0, 1]", self.min_unknown_memory_share),
+            ));
         }
         if self.retention_batch == 0 {
             return Err(bad("retention_batch", "must be at least 1"));

@@ -72,7 +72,7 @@ use std::time::Duration;
 use iadeep_proto::{CandidateScore, Explanation, TaskProfile, TaskSpec};
 
 use crate::error::Result;
-use crate::model::{MemoryEstimator, SlowdownModel};
+use crate::model::{MemoryEstimator, SlowdownEstimate, SlowdownModel};
 use crate::params::PlacerParams;
 use crate::view::{AloneTogether, ClusterView, DeviceState, profile_of};
 
@@ -83,7 +83,9 @@ pub enum Rejection {
     UnknownDevice,
     /// The device is not registered (its tuner is gone); it takes no new task.
     NotRegistered,
-    /// Nothing is known about the task's memory, so it can only have a device to itself.
+    /// Nothing is known about the task's memory and a resident's memory is not measured
+    /// yet either: granting the newcomer the free memory could stack two guesses. The
+    /// resident's first report settles it, seconds after it starts.
     UnknownTaskMemory,
     /// Not enough memory: the task needs `need_mib`, `free_mib` are left of the usable memory.
     Memory { need_mib: u64, free_mib: u64 },
@@ -131,8 +133,8 @@ impl fmt::Display for Rejection {
                 f.write_str("device not registered (its tuner is not running)")
             }
             Rejection::UnknownTaskMemory => f.write_str(
-                "the task's memory is unknown (no request, profile or report), \
-                 so it can only run on an idle device",
+                "the task's memory is unknown (no request, profile or registry entry) and a \
+                 resident's is not measured yet; asked again once it reports its peak",
             ),
             Rejection::Memory { need_mib, free_mib } => write!(
                 f,
@@ -197,6 +199,12 @@ pub struct Candidate<'v> {
     pub shrinks: Vec<Shrink>,
     /// The device has no resident.
     pub idle: bool,
+    /// The task's own predicted slowdown there (exactly 1 on an idle device), which the
+    /// tuner uses to estimate its solo step time until it runs alone.
+    pub newcomer: SlowdownEstimate,
+    /// The reservation is provisional: nothing was known of the task's memory, so it is
+    /// granted the device's free memory until it reports its peak.
+    pub provisional: bool,
     /// Seconds a task waiting ahead, promised this device, would wait longer if the
     /// task joined it (see the module docs); 0 when no waiting task counts on it.
     pub delay_s: f64,
@@ -218,6 +226,8 @@ pub struct Shrink {
 struct Fit {
     /// MiB to reserve for the task.
     need: u64,
+    /// `need` is a provisional grant (see [`Candidate::provisional`]).
+    provisional: bool,
     /// Aggregate demand of a shared device, for pre-screening; `None` when idle.
     demand: Option<f64>,
     shrinks: Vec<Shrink>,
@@ -246,6 +256,8 @@ pub struct Assessment<'v> {
 
 /// What [`Placer::score`] says of a shared device.
 struct Score {
+    /// The newcomer's own predicted slowdown.
+    newcomer: SlowdownEstimate,
     pd_increase: f64,
     pd_increase_upper_90: f64,
     uncertainty: f64,
@@ -257,6 +269,7 @@ struct Shared<'v> {
     device: &'v DeviceState,
     /// MiB to reserve.
     need: u64,
+    provisional: bool,
     shrinks: Vec<Shrink>,
     /// Aggregate demand, for pre-screening.
     demand: f64,
@@ -279,6 +292,10 @@ pub enum Verdict {
         device_id: String,
         reserved_mem_mib: u64,
         shrinks: Vec<Shrink>,
+        /// The task's own predicted slowdown there (see [`Candidate::newcomer`]).
+        newcomer: SlowdownEstimate,
+        /// `reserved_mem_mib` is a provisional grant (see [`Candidate::provisional`]).
+        provisional: bool,
     },
     /// Ask again after `retry_after`.
     Queue {
@@ -435,6 +452,7 @@ impl Placer {
                 match self.feasible(device, &new_profile, new_footprint, view.memory()) {
                     Ok(Fit {
                         need,
+                        provisional,
                         demand: None,
                         shrinks,
                     }) => out.candidates.push(Candidate {
@@ -446,17 +464,21 @@ impl Placer {
                         reserved_mem_mib: need,
                         shrinks,
                         idle: true,
+                        newcomer: SlowdownEstimate::certain(1.0),
+                        provisional,
                         delay_s: 0.0,
                         tiebreak,
                     }),
                     Ok(Fit {
                         need,
+                        provisional,
                         demand: Some(demand),
                         shrinks,
                     }) => shared.push(Shared {
                         id,
                         device,
                         need,
+                        provisional,
                         shrinks,
                         demand,
                         tiebreak,
@@ -510,6 +532,7 @@ impl Placer {
             id,
             device,
             need,
+            provisional,
             shrinks,
             tiebreak,
             idle_in,
@@ -518,6 +541,7 @@ impl Placer {
         {
             match self.score(model, device, &new_profile, &mut scratch) {
                 Ok(Score {
+                    newcomer,
                     pd_increase,
                     pd_increase_upper_90,
                     uncertainty,
@@ -537,6 +561,8 @@ impl Placer {
                         reserved_mem_mib: need,
                         shrinks,
                         idle: false,
+                        newcomer,
+                        provisional,
                         delay_s,
                         tiebreak,
                     })
@@ -577,12 +603,19 @@ impl Placer {
             }
             return Ok(Fit {
                 need,
+                provisional: new_footprint.is_none(),
                 demand: None,
                 shrinks: Vec::new(),
             });
         }
-        let need = new_footprint.ok_or(Rejection::UnknownTaskMemory)?;
         let free = usable.saturating_sub(summary.used_mib);
+        let (need, provisional) = match new_footprint {
+            Some(need) => (need, false),
+            None => (
+                self.unknown_memory_grant(device, info.memory_mib, free)?,
+                true,
+            ),
+        };
         if need == 0 {
             return Err(Rejection::Memory {
                 need_mib: need,
@@ -613,9 +646,36 @@ impl Placer {
         }
         Ok(Fit {
             need,
+            provisional,
             demand: Some(sm.max(bw) + 10.0 * device.residents.len() as f64),
             shrinks,
         })
+    }
+
+    /// The provisional grant of a task nothing is known of on a shared device: all of its
+    /// `free_mib`, when every resident's memory is known (a second guess on a card whose
+    /// first one is not measured yet could over-pack it) and at least
+    /// [`PlacerParams::min_unknown_memory_share`] of the card is free. The task's agent
+    /// fences its allocator at the grant, so a task that needs more fails its own
+    /// allocation and falls back, never its co-runners'; its first report replaces the
+    /// grant with its measured peak ([`crate::PlacementService::settle_provisional`]).
+    fn unknown_memory_grant(
+        &self,
+        device: &DeviceState,
+        card_mib: u64,
+        free_mib: u64,
+    ) -> Result<u64, Rejection> {
+        if device.residents.iter().any(|r| r.memory_unmeasured()) {
+            return Err(Rejection::UnknownTaskMemory);
+        }
+        let least = (card_mib as f64 * self.params.min_unknown_memory_share).ceil() as u64;
+        if free_mib < least.max(1) {
+            return Err(Rejection::Memory {
+                need_mib: least,
+                free_mib,
+            });
+        }
+        Ok(free_mib)
     }
 
     /// Predicted Σ PD increase of a shared device, pessimistic and not, and its
@@ -709,6 +769,7 @@ impl Placer {
             });
         }
         Ok(Score {
+            newcomer: own,
             pd_increase: increase,
             pd_increase_upper_90: increase_upper,
             uncertainty: variance.sqrt(),
@@ -777,6 +838,8 @@ impl Placer {
             device_id: best.device_id.to_owned(),
             reserved_mem_mib: best.reserved_mem_mib,
             shrinks: best.shrinks.clone(),
+            newcomer: best.newcomer,
+            provisional: best.provisional,
         };
         if best.idle {
             return place;
@@ -1229,13 +1292,11 @@ mod tests {
         let d = placer().decide(&view, &spec("new", 4000, 80.0, None), &[], 0);
         // With "light": SM 10 + 80 = 90% < 100, no slowdown: increase exactly 1.
         // With "busy": SM 170% → both slow down 1.7×: 1.7 + 0.7.
-        assert_eq!(
-            d.verdict,
-            Verdict::Place {
-                device_id: "light".into(),
-                reserved_mem_mib: 4000,
-                shrinks: Vec::new(),
-            }
+        assert!(
+            matches!(&d.verdict, Verdict::Place { device_id, reserved_mem_mib: 4000, shrinks, provisional: false, .. }
+                if device_id == "light" && shrinks.is_empty()),
+            "{:?}",
+            d.verdict
         );
         let scores: Vec<(&str, f64)> = d
             .explanation
@@ -1254,7 +1315,7 @@ mod tests {
     }
 
     #[test]
-    fn rejections_say_why_and_unknown_memory_needs_an_idle_device() {
+    fn rejections_say_why_and_unknown_memory_is_granted_what_is_free() {
         let mut view = ClusterView::new(Arc::new(ModelledMemory));
         device(&mut view, "full", 16_000, &[spec("r1", 14_000, 10.0, None)]);
         device(
@@ -1293,7 +1354,24 @@ mod tests {
             "{:?}",
             d.verdict
         );
-        // Restricting to devices that cannot take it queues, naming unknown ids.
+        // A shared card whose residents' memory is known grants it all its free memory,
+        // provisionally (its agent fences there until its first report settles it).
+        let free = PlacerParams::default().usable_memory_mib(80_000) - 1000;
+        let d = placer().decide(&view, &unknown, &["roomy".into(), "ghost".into()], 0);
+        assert!(
+            matches!(&d.verdict, Verdict::Place { device_id, reserved_mem_mib, provisional: true, .. }
+                if device_id == "roomy" && *reserved_mem_mib == free),
+            "{:?}",
+            d.verdict
+        );
+        // ... but not while a resident's own grant is not measured yet: two guesses on
+        // one card could over-pack it. Unknown ids are named.
+        let mut guessed = view
+            .device("roomy")
+            .map(|d| d.residents_record("roomy"))
+            .expect("roomy");
+        guessed.reservations[0].provisional = true;
+        view.apply_residents("roomy", Some(guessed), 2);
         let d = placer().decide(&view, &unknown, &["roomy".into(), "ghost".into()], 0);
         assert!(matches!(d.verdict, Verdict::Queue { .. }));
         assert!(
@@ -1468,13 +1546,11 @@ mod tests {
         assert_eq!(a.candidates[0].device_id, "later");
         assert!(a.candidates[0].rank < a.candidates[1].rank);
         let d = queue_rule_placer().decide(&view, &new, &[], 0);
-        assert_eq!(
-            d.verdict,
-            Verdict::Place {
-                device_id: "later".into(),
-                reserved_mem_mib: 1000,
-                shrinks: Vec::new(),
-            }
+        assert!(
+            matches!(&d.verdict, Verdict::Place { device_id, reserved_mem_mib: 1000, shrinks, provisional: false, .. }
+                if device_id == "later" && shrinks.is_empty()),
+            "{:?}",
+            d.verdict
         );
 
         let view = freeing_view(&devices, 0);
@@ -1498,13 +1574,11 @@ mod tests {
             other => panic!("expected queue, got {other:?}"),
         }
         let d = queue_rule_placer().decide(&freeing_view(&devices, 0), &new, &[], 0);
-        assert_eq!(
-            d.verdict,
-            Verdict::Place {
-                device_id: "soon".into(),
-                reserved_mem_mib: 1000,
-                shrinks: Vec::new(),
-            }
+        assert!(
+            matches!(&d.verdict, Verdict::Place { device_id, reserved_mem_mib: 1000, shrinks, provisional: false, .. }
+                if device_id == "soon" && shrinks.is_empty()),
+            "{:?}",
+            d.verdict
         );
     }
 
@@ -1767,13 +1841,11 @@ mod tests {
         // With an idle device besides, the task goes there, whatever sharing costs.
         device(&mut view, "idle", 32_000, &[]);
         let d = with_if(2.2).decide(&view, &new, &[], 0);
-        assert_eq!(
-            d.verdict,
-            Verdict::Place {
-                device_id: "idle".into(),
-                reserved_mem_mib: 4000,
-                shrinks: Vec::new(),
-            }
+        assert!(
+            matches!(&d.verdict, Verdict::Place { device_id, reserved_mem_mib: 4000, shrinks, provisional: false, .. }
+                if device_id == "idle" && shrinks.is_empty()),
+            "{:?}",
+            d.verdict
         );
         let a = with_if(2.2).assess(&view, &new, &[], 0);
         assert!(a.candidates.iter().any(|c| c.idle && c.device_id == "idle"));

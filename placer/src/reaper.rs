@@ -42,6 +42,11 @@ pub struct Graces {
     pub unstarted: Option<Duration>,
 }
 
+/// How often provisional reservations whose task has reported its peak are settled
+/// ([`PlacementService::settle_provisional`]); a pass over the view with nothing to
+/// settle costs no store request.
+pub const SETTLE_PERIOD: Duration = Duration::from_secs(1);
+
 /// How often the reaper looks, for a given grace period.
 pub fn tick_for(grace: Duration) -> Duration {
     (grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(10))
@@ -70,6 +75,10 @@ pub fn spawn(
         let mut sweep_tick =
             tokio::time::interval(retention.map_or(Duration::from_secs(3600), retention::tick_for));
         sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Provisional reservations are settled within a second of the task's first
+        // measured peak: tasks waiting for room ask again within seconds.
+        let mut settle_tick = tokio::time::interval(SETTLE_PERIOD);
+        settle_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tracing::info!(
             dead_grace_s = graces.dead.map(|g| g.as_secs_f64()),
             unstarted_grace_s = graces.unstarted.map(|g| g.as_secs_f64()),
@@ -86,6 +95,9 @@ pub fn spawn(
                         service.release_unstarted(grace).await;
                     }
                     service.readmit_running().await;
+                }
+                _ = settle_tick.tick() => {
+                    service.settle_provisional().await;
                 }
                 _ = sweep_tick.tick(), if retention.is_some() => {
                     let retention = retention.unwrap_or_default();

@@ -33,6 +33,7 @@ use prost::Message;
 
 use crate::error::{PlacerError, Result};
 use crate::metrics::PlacerMetrics;
+use crate::model::SlowdownEstimate;
 use crate::policy::{Decision, Placer, Verdict};
 use crate::validate;
 use crate::view::ClusterView;
@@ -64,6 +65,7 @@ fn placement_assignments(
     device: Option<&crate::view::DeviceState>,
     task: &TaskSpec,
     reserved_mem_mib: u64,
+    newcomer: SlowdownEstimate,
     shrinks: &[crate::policy::Shrink],
     now_unix_ms: i64,
 ) -> Vec<BatchSizeAssignment> {
@@ -83,6 +85,8 @@ fn placement_assignments(
         round,
         assigned_at_unix_ms: now_unix_ms,
         memory_bound_mib: Some(reserved_mem_mib as f64),
+        predicted_slowdown: Some(newcomer.slowdown),
+        predicted_slowdown_upper_90: Some(newcomer.upper_90.max(newcomer.slowdown)),
     }];
     for shrink in shrinks {
         let Some(r) = residents
@@ -111,10 +115,21 @@ fn placement_assignments(
             round,
             assigned_at_unix_ms: now_unix_ms,
             memory_bound_mib: Some(shrink.bound_mib as f64),
+            ..BatchSizeAssignment::default()
         });
     }
     out
 }
+
+/// One device's provisional reservations to settle: its new residents record, the
+/// revision the record was read at, and the settled tasks' new assignments with what
+/// their keys held.
+type Settlement = (
+    String,
+    DeviceResidents,
+    Expect,
+    Vec<(BatchSizeAssignment, Expect)>,
+);
 
 /// The placement service: policy, view and store.
 #[derive(Debug, Clone)]
@@ -373,6 +388,8 @@ impl PlacementService {
                         device_id,
                         reserved_mem_mib,
                         shrinks,
+                        newcomer,
+                        provisional,
                     } => {
                         let device = view.device(&device_id);
                         let now = self.clock.now_unix_ms();
@@ -397,6 +414,7 @@ impl PlacementService {
                             reserved_mem_mib,
                             placed_at_unix_ms: now,
                             spec: Some(task.clone()),
+                            provisional,
                         };
                         record.reservations.push(reservation.clone());
                         let expect = match device.and_then(|d| d.residents_revision) {
@@ -417,8 +435,14 @@ impl PlacementService {
                                     .collect()
                             })
                             .unwrap_or_default();
-                        let assignments =
-                            placement_assignments(device, &task, reserved_mem_mib, &shrinks, now);
+                        let assignments = placement_assignments(
+                            device,
+                            &task,
+                            reserved_mem_mib,
+                            newcomer,
+                            &shrinks,
+                            now,
+                        );
                         Ok(Plan {
                             device_id,
                             record,
@@ -901,6 +925,115 @@ impl PlacementService {
         }
     }
 
+    /// Replaces every provisional reservation whose task has reported its peak at the
+    /// batch size it runs at with that peak plus the margin
+    /// ([`crate::view::Resident::settled_reservation_mib`]), and writes the task an
+    /// assignment at the same batch size with that bound, so its agent moves its memory
+    /// fence there (DESIGN.md, "What a job brings"). One transaction per device,
+    /// comparing its residents record and the settled tasks' assignments; a device whose
+    /// record changed meanwhile is settled on a later call. The daemon calls this every
+    /// second ([`crate::reaper`]), the simulator after each batch of reports, so tasks
+    /// waiting for room are offered it within seconds of the measurement. Returns the
+    /// assignments written.
+    pub async fn settle_provisional(&self) -> Vec<BatchSizeAssignment> {
+        let now = self.clock.now_unix_ms();
+        let plans: Vec<Settlement> = {
+            let view = self.view();
+            view.devices()
+                .filter_map(|(id, device)| {
+                    let settled: Vec<(&crate::view::Resident, u64)> = device
+                        .residents
+                        .iter()
+                        .filter_map(|r| Some((r, r.settled_reservation_mib()?)))
+                        .collect();
+                    let revision = device.residents_revision?;
+                    if settled.is_empty() {
+                        return None;
+                    }
+                    let mut record = device.residents_record(id);
+                    let round = device
+                        .residents
+                        .iter()
+                        .filter_map(|r| r.assignment.as_ref().map(|(a, _)| a.round))
+                        .max()
+                        .unwrap_or(0)
+                        + 1;
+                    let mut assignments = Vec::with_capacity(settled.len());
+                    for (resident, mib) in settled {
+                        let task_id = &resident.reservation.task_id;
+                        if let Some(r) = record
+                            .reservations
+                            .iter_mut()
+                            .find(|r| r.task_id == *task_id)
+                        {
+                            r.reserved_mem_mib = mib;
+                            r.provisional = false;
+                        }
+                        let (mut assignment, expect) = match &resident.assignment {
+                            Some((a, rev)) => (a.clone(), Expect::ModRevision(*rev)),
+                            None => (
+                                BatchSizeAssignment {
+                                    task_id: task_id.clone(),
+                                    batch_size: resident.batch_size(),
+                                    lr_factor: 1.0,
+                                    lr_rule: resident.spec().lr_rule,
+                                    ..BatchSizeAssignment::default()
+                                },
+                                Expect::Absent,
+                            ),
+                        };
+                        assignment.round = round;
+                        assignment.assigned_at_unix_ms = now;
+                        assignment.memory_bound_mib = Some(mib as f64);
+                        assignments.push((assignment, expect));
+                    }
+                    Some((
+                        id.to_owned(),
+                        record,
+                        Expect::ModRevision(revision),
+                        assignments,
+                    ))
+                })
+                .collect()
+        };
+        let mut written = Vec::new();
+        for (device_id, record, expect, assignments) in plans {
+            let Some(_gate) = self.gates.try_enter(&device_id) else {
+                continue;
+            };
+            let key = keys::device_residents(&device_id);
+            let mut txn = Txn::new().compare(key.as_str(), expect);
+            for (a, expect) in &assignments {
+                txn = txn.compare(keys::task_assignment(&a.task_id), *expect);
+            }
+            txn = txn.put(key.as_str(), record.encode_to_vec(), None);
+            for (a, _) in &assignments {
+                txn = txn.put(keys::task_assignment(&a.task_id), a.encode_to_vec(), None);
+            }
+            match self.store.transact(txn).await {
+                Ok(TxnOutcome::Committed { revision }) => {
+                    let mut view = self.view_mut();
+                    view.apply_residents(&device_id, Some(record), revision);
+                    for (a, _) in assignments {
+                        tracing::info!(task = %a.task_id, device = %device_id,
+                            reserved_mib = a.memory_bound_mib, batch_size = a.batch_size,
+                            "provisional reservation settled at the measured peak plus the margin");
+                        view.set_assignment(a.clone(), revision);
+                        written.push(a);
+                    }
+                }
+                Ok(TxnOutcome::Failed { .. }) => {
+                    self.metrics.cas_conflicts.inc();
+                    tracing::debug!(device = %device_id,
+                        "residents or assignments changed while settling a provisional reservation; next pass");
+                }
+                Err(err) => tracing::warn!(device = %device_id, %err,
+                    "cannot settle a provisional reservation; retrying on the next pass"),
+            }
+        }
+        written
+    }
+
     fn unreserved_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
         self.unreserved.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -996,6 +1129,145 @@ pub(crate) mod tests {
                 .expect("read d1")
                 .is_none(),
             "the second request reserved d1 as well"
+        );
+    }
+
+    /// A job as `iadeep run` submits it from the README's quick start: a model name and
+    /// batch sizes, no memory figure, no profile.
+    fn cold_job(id: &str) -> TaskSpec {
+        TaskSpec {
+            task_id: id.into(),
+            model: "mnist-like".into(),
+            initial_batch_size: 64,
+            min_batch_size: 16,
+            max_batch_size: 512,
+            ..Default::default()
+        }
+    }
+
+    fn report_peak(service: &PlacementService, task: &str, device: &str, peak_mib: u64) {
+        service.view_mut().set_report(iadeep_proto::TaskReport {
+            task_id: task.into(),
+            device_id: device.into(),
+            batch_size: 64,
+            step_time_s: 0.1,
+            peak_mem_mib: Some(peak_mib),
+            peak_mem_batch_size: 64,
+            seq: 1,
+            ..Default::default()
+        });
+    }
+
+    fn reserved(service: &PlacementService, device: &str) -> Vec<(String, u64, bool)> {
+        service
+            .view()
+            .device(device)
+            .map(|d| {
+                d.residents
+                    .iter()
+                    .map(|r| {
+                        let r = &r.reservation;
+                        (r.task_id.clone(), r.reserved_mem_mib, r.provisional)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The quick start's two jobs, neither with a memory figure: the first takes the idle
+    /// card provisionally; its measured peak settles its reservation (and moves its fence,
+    /// its assignment's bound, in a new round); the second is then granted the free
+    /// memory on the same card, provisionally, with its predicted slowdown for the tuner.
+    #[tokio::test]
+    async fn jobs_without_a_memory_figure_share_a_card_once_the_first_is_measured() {
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        let service = service(store.clone());
+        let only = vec!["d0".to_owned()];
+        let first = service
+            .place(cold_job("a"), only.clone())
+            .await
+            .expect("place a");
+        let usable = PlacerParams::default().usable_memory_mib(16_384);
+        assert_eq!(placed(&first).reserved_mem_mib, usable);
+        assert_eq!(reserved(&service, "d0"), vec![("a".into(), usable, true)]);
+        let start = &first.assignments[0];
+        assert_eq!(start.predicted_slowdown, Some(1.0));
+        assert_eq!(start.memory_bound_mib, Some(usable as f64));
+
+        // Not measured yet: a second guess would stack on the first.
+        let early = service
+            .place(cold_job("b"), only.clone())
+            .await
+            .expect("place b early");
+        assert!(
+            early.explanation.summary.contains("unknown_task_memory: 1"),
+            "{}",
+            early.explanation.summary
+        );
+        assert!(service.settle_provisional().await.is_empty());
+
+        report_peak(&service, "a", "d0", 800);
+        let settled = service.settle_provisional().await;
+        assert_eq!(settled.len(), 1);
+        assert_eq!(settled[0].batch_size, 64);
+        assert_eq!(settled[0].memory_bound_mib, Some(840.0));
+        assert!(settled[0].round > start.round);
+        assert_eq!(reserved(&service, "d0"), vec![("a".into(), 840, false)]);
+        let stored = typed::get::<DeviceResidents>(store.as_ref(), &keys::device_residents("d0"))
+            .await
+            .expect("read")
+            .expect("record");
+        assert_eq!(stored.0.reservations[0].reserved_mem_mib, 840);
+        let fence = typed::get::<BatchSizeAssignment>(store.as_ref(), &keys::task_assignment("a"))
+            .await
+            .expect("read")
+            .expect("assignment");
+        assert_eq!(fence.0.memory_bound_mib, Some(840.0));
+        // Settled once: nothing left to do.
+        assert!(service.settle_provisional().await.is_empty());
+
+        let second = service.place(cold_job("b"), only).await.expect("place b");
+        let grant = placed(&second).reserved_mem_mib;
+        assert_eq!(placed(&second).device_id, "d0");
+        // Everything the first job and the margin leave (the first counts at its peak
+        // plus the margin's share, or the memory model's bound there if larger).
+        assert!(
+            (usable - 900..=usable - 840).contains(&grant),
+            "granted {grant} of {usable}"
+        );
+        assert_eq!(
+            reserved(&service, "d0"),
+            vec![("a".into(), 840, false), ("b".into(), grant, true)]
+        );
+        let start_b = &second.assignments[0];
+        assert_eq!(start_b.memory_bound_mib, Some(grant as f64));
+        assert!(start_b.predicted_slowdown.is_some_and(|s| s >= 1.0));
+    }
+
+    /// A card with less than the minimum share free takes no job it knows nothing of.
+    #[tokio::test]
+    async fn an_unknown_job_needs_a_share_of_the_card_free() {
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        let service = service(store);
+        let only = vec!["d0".to_owned()];
+        service
+            .place(cold_job("a"), only.clone())
+            .await
+            .expect("place a");
+        report_peak(&service, "a", "d0", 12_000);
+        assert_eq!(service.settle_provisional().await.len(), 1);
+        let b = service.place(cold_job("b"), only).await.expect("place b");
+        assert!(
+            matches!(b.decision, place_response::Decision::Queued(_)),
+            "{:?}",
+            b.decision
+        );
+        assert!(
+            b.explanation.summary.contains("memory: 1"),
+            "{}",
+            b.explanation.summary
         );
     }
 

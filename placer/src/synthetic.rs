@@ -137,6 +137,7 @@ impl SyntheticCluster {
                 reserved_mem_mib: mib,
                 placed_at_unix_ms: now,
                 spec: Some(spec),
+                provisional: false,
             });
             placed += 1;
         }

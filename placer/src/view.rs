@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use iadeep_objective::MemoryMargin;
 use iadeep_proto::{
     BatchSizeAssignment, DeviceInfo, DeviceResidents, Reservation, TaskProfile, TaskReport,
     TaskSpec,
@@ -92,6 +93,34 @@ impl Resident {
         .flatten()
         .max()
         .unwrap_or(0)
+    }
+
+    /// Whether nothing measured is known of the task's memory yet: its reservation is a
+    /// provisional grant (see [`crate::policy`]) and it has not reported a peak.
+    pub fn memory_unmeasured(&self) -> bool {
+        self.reservation.provisional && self.measured_peak_mib().is_none()
+    }
+
+    /// The peak the task reported at the batch size it runs at (or, from an agent that
+    /// does not say, its peak since start), MiB.
+    fn measured_peak_mib(&self) -> Option<u64> {
+        let report = self.report.as_ref()?;
+        let at = report.peak_mem_batch_size;
+        report
+            .peak_mem_mib
+            .filter(|&p| p > 0 && (at == 0 || at == self.batch_size()))
+    }
+
+    /// What a provisional reservation becomes once the task reported its peak at the
+    /// batch size it runs at: that peak plus the margin's share of it (the one margin,
+    /// [`MemoryMargin::DEFAULT`], whose per-card part the device keeps free anyway).
+    /// `None` when the reservation is not provisional or no such peak was reported.
+    pub fn settled_reservation_mib(&self) -> Option<u64> {
+        if !self.reservation.provisional {
+            return None;
+        }
+        let peak = self.measured_peak_mib()? as f64;
+        Some((peak * (1.0 + MemoryMargin::DEFAULT.fraction)).ceil() as u64)
     }
 
     /// The submitted spec (empty if the stored reservation carried none).

@@ -89,6 +89,7 @@ async fn place(store: &dyn StateStore, task: &str) -> Result<(), iadeep_state::S
         reserved_mem_mib: memory_mib(M0),
         placed_at_unix_ms: iadeep_proto::now_unix_ms(),
         spec: Some(spec(task)),
+        provisional: false,
     });
     typed::put(store, &key, &record, None).await?;
     let placement = Placement {

@@ -34,6 +34,14 @@ pub struct TaskKnowledge {
     pub oom_floors: BTreeMap<u32, f64>,
     /// Step time alone by batch size (latest measurement).
     pub solo: BTreeMap<u32, f64>,
+    /// Step time alone by batch size *estimated* from a co-located round: the measured
+    /// step time divided by [`TaskKnowledge::placed_slowdown`]. Used for Σ PD only while
+    /// nothing was measured alone at m0, and never for co-location samples (a sample
+    /// built on the predictor's own prediction would teach it what it already said).
+    pub solo_estimated: BTreeMap<u32, f64>,
+    /// The slowdown the placer predicted for the task in the co-location it placed it
+    /// into (from its starting assignment).
+    pub placed_slowdown: Option<f64>,
     /// Largest batch size seen in a report (the one the peak-since-start belongs to).
     pub largest_run: u32,
 }
@@ -53,10 +61,12 @@ impl TaskKnowledge {
             k.learn_oom_floor(f.batch_size, f.peak_mib);
         }
         for s in &p.solo {
-            if s.batch_size > 0 && s.step_time_s.is_finite() && s.step_time_s > 0.0 {
-                k.solo.insert(s.batch_size, s.step_time_s);
-            }
+            k.learn_solo(s.batch_size, s.step_time_s);
         }
+        for s in &p.solo_estimated {
+            k.learn_solo_estimate(s.batch_size, s.step_time_s);
+        }
+        k.learn_placed_slowdown(p.placed_slowdown);
         k
     }
 
@@ -81,14 +91,9 @@ impl TaskKnowledge {
                     peak_mib,
                 })
                 .collect(),
-            solo: self
-                .solo
-                .iter()
-                .map(|(&batch_size, &step_time_s)| TunerSoloTime {
-                    batch_size,
-                    step_time_s,
-                })
-                .collect(),
+            solo: solo_times(&self.solo),
+            solo_estimated: solo_times(&self.solo_estimated),
+            placed_slowdown: self.placed_slowdown,
         }
     }
 
@@ -133,6 +138,22 @@ impl TaskKnowledge {
     pub fn learn_solo(&mut self, batch_size: u32, step_time_s: f64) {
         if batch_size > 0 && step_time_s.is_finite() && step_time_s > 0.0 {
             self.solo.insert(batch_size, step_time_s);
+        }
+    }
+
+    /// Records a step time alone at `batch_size` estimated from a co-located one (see
+    /// [`TaskKnowledge::solo_estimated`]).
+    pub fn learn_solo_estimate(&mut self, batch_size: u32, step_time_s: f64) {
+        if batch_size > 0 && step_time_s.is_finite() && step_time_s > 0.0 {
+            self.solo_estimated.insert(batch_size, step_time_s);
+        }
+    }
+
+    /// Records the placer's predicted slowdown for the task where it was placed; a
+    /// slowdown below 1 or not finite is not a slowdown and is ignored.
+    pub fn learn_placed_slowdown(&mut self, slowdown: Option<f64>) {
+        if let Some(s) = slowdown.filter(|s| s.is_finite() && *s >= 1.0) {
+            self.placed_slowdown = Some(s);
         }
     }
 
@@ -226,10 +247,29 @@ impl TaskKnowledge {
         self.solo.get(&batch_size).copied()
     }
 
+    /// The solo step time at m0 that Σ PD divides by: measured alone at m0 (profile or a
+    /// round run alone), else estimated from a co-located round (see
+    /// [`TaskKnowledge::solo_estimated`]), scaled to m0 when it was taken at another size.
+    pub fn solo_for_pd(&self, m0: u32) -> Option<f64> {
+        self.solo_at(m0)
+            .or_else(|| estimate_solo_step(&self.solo_estimated, m0).map(|e| e.step_s))
+    }
+
     /// Step time alone at `batch_size`, measured or estimated (see [`estimate_solo_step`]).
     pub fn solo_estimate(&self, batch_size: u32) -> Option<SoloEstimate> {
         estimate_solo_step(&self.solo, batch_size)
     }
+}
+
+/// Solo step times in their persisted form.
+fn solo_times(times: &BTreeMap<u32, f64>) -> Vec<TunerSoloTime> {
+    times
+        .iter()
+        .map(|(&batch_size, &step_time_s)| TunerSoloTime {
+            batch_size,
+            step_time_s,
+        })
+        .collect()
 }
 
 /// Whether a profile measured on `profile_kind` describes a device of `device_kind`: the

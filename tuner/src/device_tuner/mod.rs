@@ -443,11 +443,15 @@ impl DeviceTuner {
         match input {
             Input::Joined { spec, reserved_mib } => {
                 self.held.remove(&spec.task_id);
-                if self
-                    .residents
-                    .get(&spec.task_id)
-                    .is_some_and(|r| r.spec == spec && r.reserved_mib == reserved_mib)
+                if let Some(r) = self.residents.get_mut(&spec.task_id)
+                    && r.spec == spec
                 {
+                    // The placer settled a provisional reservation (or one was rewritten):
+                    // what the memory model may assume changed, not who runs here.
+                    if r.reserved_mib != reserved_mib {
+                        r.reserved_mib = reserved_mib;
+                        self.memory_changed = true;
+                    }
                     return;
                 }
                 let knowledge = self.knowledge.entry(spec.task_id.clone()).or_default();
@@ -514,6 +518,14 @@ impl DeviceTuner {
                 resident.report = Some(report);
             }
             Input::Assigned(a) => {
+                if a.predicted_slowdown.is_some() {
+                    // Kept even while the task is only held (its agent not started yet):
+                    // the starting assignment is not repeated when it starts.
+                    self.knowledge
+                        .entry(a.task_id.clone())
+                        .or_default()
+                        .learn_placed_slowdown(a.predicted_slowdown);
+                }
                 let Some(resident) = self.residents.get_mut(&a.task_id) else {
                     return;
                 };
@@ -901,7 +913,7 @@ impl DeviceTuner {
                     .map_or(1, |r| r.spec.initial_batch_size.max(1));
                 self.knowledge
                     .get(*id)
-                    .is_none_or(|k| k.solo_at(m0).is_none())
+                    .is_none_or(|k| k.solo_for_pd(m0).is_none())
             })
             .cloned()
             .collect()
@@ -940,7 +952,18 @@ impl DeviceTuner {
         let first_lone_round = search.task_ids.len() == 1 && search.observations.is_empty();
         let unknown = self.unmeasurable(search);
         if !unknown.is_empty() && !first_lone_round {
-            self.hold(now_ms, Hold::Unmeasurable(unknown));
+            // Tasks that never ran alone here: measure what runs now, and estimate their
+            // solo step times from it (see `estimate_missing_solos`), rather than leave
+            // them untuned until they happen to run alone.
+            let applied = search.applied.as_ref().map(|(c, _)| c.clone());
+            let config = match (applied, &mut self.search) {
+                (Some(config), _) => config,
+                (None, Some(search)) => search.controller.search().space().start.clone(),
+                (None, None) => return,
+            };
+            tracing::info!(device = %self.device_id, tasks = ?unknown,
+                "no solo step time measured alone: measuring what runs to estimate it from the placer's predicted slowdown");
+            self.begin_round(now_ms, config, out);
             return;
         }
         let max_observations = self.params.max_observations;
@@ -1047,6 +1070,7 @@ impl DeviceTuner {
                 round,
                 assigned_at_unix_ms: now_ms,
                 memory_bound_mib,
+                ..BatchSizeAssignment::default()
             });
             r.assigned = Some((b, round));
         }
@@ -1192,7 +1216,7 @@ impl DeviceTuner {
             let pd = self
                 .knowledge
                 .get(id)
-                .and_then(|k| k.solo_at(m0))
+                .and_then(|k| k.solo_for_pd(m0))
                 .ok_or(())
                 .and_then(|solo_step_s_m0| {
                     PdInput {
@@ -1247,6 +1271,8 @@ impl DeviceTuner {
             } => {
                 if lone && let Some(k) = self.knowledge.get_mut(&task_ids[0]) {
                     k.learn_solo(m.batch_sizes[0], step_times[0]);
+                } else if !lone {
+                    self.estimate_missing_solos(&task_ids, &m.batch_sizes, &step_times);
                 }
                 let value = match self.sum_pd(&task_ids, &m.batch_sizes, &step_times, &noise_scales)
                 {
@@ -1270,6 +1296,40 @@ impl DeviceTuner {
                 }
                 out.push(Action::Persist(self.persisted(now_ms)));
             }
+        }
+    }
+
+    /// Estimates the solo step time of every task of a co-located round that has none at
+    /// m0 (measured alone, or estimated before): its measured step time divided by the
+    /// slowdown the placer predicted for it where it placed it (DESIGN.md, "Solo step time
+    /// of a job that never ran alone"). A task placed without a prediction (an older
+    /// placer, or one written by hand) is taken as not slowed down, so its PD is
+    /// underestimated rather than left out: every resident is tuned. A measurement alone
+    /// replaces the estimate as soon as the task runs alone.
+    fn estimate_missing_solos(
+        &mut self,
+        task_ids: &[String],
+        batch_sizes: &[u32],
+        step_times: &[f64],
+    ) {
+        for ((id, &b), &step_s) in task_ids.iter().zip(batch_sizes).zip(step_times) {
+            let Some(r) = self.residents.get(id) else {
+                continue;
+            };
+            let m0 = r.spec.initial_batch_size.max(1);
+            let Some(k) = self.knowledge.get_mut(id) else {
+                continue;
+            };
+            if k.solo_at(m0).is_some() {
+                continue;
+            }
+            let slowdown = k.placed_slowdown.unwrap_or(1.0);
+            let estimate_s = step_s / slowdown;
+            k.learn_solo_estimate(b, estimate_s);
+            tracing::info!(device = %self.device_id, task = %id, batch_size = b,
+                co_located_step_s = step_s, predicted_slowdown = slowdown,
+                predicted = k.placed_slowdown.is_some(), solo_step_s = estimate_s,
+                "solo step time estimated (never ran alone here); a measurement alone replaces it");
         }
     }
 

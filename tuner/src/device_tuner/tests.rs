@@ -664,17 +664,64 @@ fn one_slow_step_does_not_decide_a_round() {
     assert!(checked >= 5, "only {checked} rounds measured");
 }
 
-/// Co-located tasks whose solo step time at m0 is unknown (no profile here, never alone)
-/// cannot be tuned honestly: their batch sizes are held.
+/// A task that joined a busy GPU and never ran alone (no profile): its solo step time is
+/// estimated from its co-located step time and the slowdown the placer predicted for it
+/// (its starting assignment's), and the device is tuned at once, as with a profile.
 #[test]
-fn tasks_without_solo_times_are_held_not_tuned() {
+fn a_task_that_never_ran_alone_is_tuned_from_the_placers_predicted_slowdown() {
+    let mut a = Task::new("a", 32, 8, 256);
+    a.profiled = false;
+    a.round = 1;
+    let mut w = World::new(16_384.0, vec![a, Task::new("b", 64, 16, 256)], params());
+    let true_slowdown = w.co_step_s(0) / w.tasks[0].solo_s(32);
+    w.join_all();
+    // The placer's starting assignment, predicting the slowdown 10 % high.
+    let predicted = true_slowdown * 1.1;
+    w.step(vec![Input::Assigned(BatchSizeAssignment {
+        task_id: "a".into(),
+        batch_size: 32,
+        round: 1,
+        predicted_slowdown: Some(predicted),
+        ..Default::default()
+    })]);
+    let start = w.true_sum_pd();
+    w.run(900);
+    let status = w.tuner.status();
+    assert!(!status.holding, "{status:?}");
+    assert!(w.assignments().count() > 0);
+    assert!(
+        w.true_sum_pd() < start * 0.9,
+        "Σ PD {start} → {}",
+        w.true_sum_pd()
+    );
+    let k = w.tuner.knowledge("a").expect("a is known");
+    assert!(k.solo.is_empty(), "never measured alone: {:?}", k.solo);
+    let estimate = k.solo_estimated.get(&32).copied().expect("estimated at m0");
+    // Co-located step time (1 % noise) over the predicted slowdown.
+    let expected = w.tasks[0].solo_s(32) * true_slowdown / predicted;
+    assert!(
+        (estimate / expected - 1.0).abs() < 0.03,
+        "estimate {estimate}, expected {expected}"
+    );
+    assert_eq!(k.placed_slowdown, Some(predicted));
+    // Persisted and restored with the rest of the knowledge.
+    let restored = TaskKnowledge::from_proto(&k.to_proto("a"));
+    assert_eq!(&restored, k);
+}
+
+/// Without any prediction (a placement by an older placer), the task is taken as not
+/// slowed down: it is still tuned, never held for lack of a profile.
+#[test]
+fn a_task_without_a_predicted_slowdown_is_tuned_too() {
     let mut a = Task::new("a", 32, 8, 256);
     a.profiled = false;
     let mut w = World::new(16_384.0, vec![a, Task::new("b", 64, 16, 256)], params());
     w.join_all();
     w.run(300);
-    assert!(w.tuner.status().holding, "{:?}", w.tuner.status());
-    assert_eq!(w.assignments().count(), 0);
+    assert!(!w.tuner.status().holding, "{:?}", w.tuner.status());
+    assert!(w.assignments().count() > 0);
+    let k = w.tuner.knowledge("a").expect("a is known");
+    assert!(!k.solo_estimated.is_empty());
 }
 
 /// A profile measured on another kind of GPU is not a solo step time here.
@@ -691,8 +738,14 @@ fn a_profile_from_another_gpu_kind_is_not_used() {
         .collect();
     w.step(inputs);
     w.run(120);
-    assert!(w.tuner.status().holding);
+    // Not measured here: estimated from what runs, never taken from the other kind.
+    assert!(!w.tuner.status().holding, "{:?}", w.tuner.status());
     assert!(w.tuner.knowledge("a").is_some_and(|k| k.solo.is_empty()));
+    assert!(
+        w.tuner
+            .knowledge("a")
+            .is_some_and(|k| !k.solo_estimated.is_empty())
+    );
 }
 
 /// A lone task without a profile measures its own solo step time at m0 first.
