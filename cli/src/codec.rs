@@ -45,6 +45,10 @@ macro_rules! with_message_type {
                 type $ty = pb::CoLocationSample;
                 $body
             }
+            KeyKind::Profile { .. } => {
+                type $ty = pb::ModelProfile;
+                $body
+            }
             _ => $other,
         }
     };
@@ -82,7 +86,7 @@ pub fn from_input(key: &str, input: &str, raw: bool) -> Result<Vec<u8>> {
     if kind == KeyKind::Other && key.starts_with(keys::ROOT) {
         bail!(
             "{key} is not one of iadeep's keys (devices/ID/{{info,owner,tuner,tuner.corrupt,residents}}, \
-             tasks/ID/{{spec,placement,alive,report,assignment}}, samples/ID/SEQ, released/ID); \
+             tasks/ID/{{spec,placement,alive,report,assignment}}, samples/ID/SEQ, released/ID, profiles/MODEL); \
              use --raw to store it anyway"
         );
     }
@@ -127,6 +131,14 @@ carries_ids! {
     pb::CoLocationSample => device_id;
 }
 
+/// A registry entry names its model, which its key holds in sanitised form (checked in
+/// [`check_ids`]), not a device or task id.
+impl CarriesIds for pb::ModelProfile {
+    fn ids(&self) -> Vec<(&'static str, &str)> {
+        Vec::new()
+    }
+}
+
 /// Refuses a message whose own device or task id differs from the key's: readers
 /// trust both, and a record filed under the wrong id corrupts another's state.
 fn check_ids(key: &str, kind: &KeyKind, message: &impl CarriesIds) -> Result<()> {
@@ -143,7 +155,7 @@ fn check_ids(key: &str, kind: &KeyKind, message: &impl CarriesIds) -> Result<()>
         | KeyKind::TaskAssignment { task }
         | KeyKind::TaskReleased { task }
         | KeyKind::TaskAlive { task } => task,
-        KeyKind::Other => return Ok(()),
+        KeyKind::Profile { .. } | KeyKind::Other => return Ok(()),
     };
     for (field, value) in message.ids() {
         if value != expected {

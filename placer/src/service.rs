@@ -364,6 +364,7 @@ impl PlacementService {
     async fn place_inner(&self, task: TaskSpec, restrict: Vec<String>) -> Result<PlaceOutcome> {
         validate::task_spec("task", &task)?;
         validate::device_ids("candidate_device_ids", &restrict)?;
+        let task = self.with_registry_profile(task).await;
         let attempts = self.placer.params().max_reserve_attempts;
         let mut attempt = 0;
         let mut waits = 0;
@@ -582,6 +583,33 @@ impl PlacementService {
                 }
             }
         }
+    }
+
+    /// `task` with the profile registry's entry of its model as its solo profile
+    /// (marked `from_registry`), when its submitter gave neither a profile nor a memory
+    /// figure and an earlier job of that model recorded one; as given otherwise. The
+    /// registry is one store read, made only for such tasks; when it cannot be read,
+    /// the task is decided without it (a provisional grant, see [`crate::policy`]).
+    async fn with_registry_profile(&self, mut task: TaskSpec) -> TaskSpec {
+        if task.profile.is_some() || task.gpu_mem_request_mib > 0 || task.model.is_empty() {
+            return task;
+        }
+        match iadeep_state::registry::load(self.store.as_ref(), &task.model).await {
+            Ok(Some(entry)) => {
+                task.profile =
+                    iadeep_state::registry::solo_profile(&entry, task.initial_batch_size.max(1));
+                if let Some(p) = &task.profile {
+                    tracing::info!(task = %task.task_id, model = %task.model,
+                        batch_size = p.batch_size, peak_mem_mib = p.peak_mem_mib,
+                        step_time_s = p.step_time_s, device_kind = %p.device_kind,
+                        "profile from the registry (an earlier job of the same model)");
+                }
+            }
+            Ok(None) => {}
+            Err(err) => tracing::warn!(task = %task.task_id, %err,
+                "cannot read the profile registry; deciding without it"),
+        }
+        task
     }
 
     /// Counts `task` as waiting for a device, so the tasks submitted after it see it
@@ -1243,6 +1271,49 @@ pub(crate) mod tests {
         let start_b = &second.assignments[0];
         assert_eq!(start_b.memory_bound_mib, Some(grant as f64));
         assert!(start_b.predicted_slowdown.is_some_and(|s| s >= 1.0));
+    }
+
+    /// A job of a model an earlier job measured starts with that profile (filled by the
+    /// placer, marked as from the registry), so it is sized by it, not granted a guess.
+    #[tokio::test]
+    async fn a_job_of_a_known_model_starts_with_the_registry_profile() {
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        let service = service(store.clone());
+        iadeep_state::registry::record(
+            store.as_ref(),
+            "mnist-like",
+            "v100",
+            &[iadeep_proto::ProfilePoint {
+                batch_size: 64,
+                solo_step_time_s: Some(0.05),
+                peak_mem_mib: Some(900),
+                measured_at_unix_ms: 1,
+            }],
+        )
+        .await
+        .expect("record");
+        let outcome = service
+            .place(cold_job("a"), vec!["d0".into()])
+            .await
+            .expect("place");
+        // Sized by the registry's peak (alone on the card: its bound, not the card).
+        assert!(placed(&outcome).reserved_mem_mib < 2_000, "{outcome:?}");
+        let (spec, _) = typed::get::<TaskSpec>(store.as_ref(), &keys::task_spec("a"))
+            .await
+            .expect("read")
+            .expect("spec");
+        let profile = spec.profile.expect("filled from the registry");
+        assert!(profile.from_registry);
+        assert_eq!(
+            (
+                profile.batch_size,
+                profile.peak_mem_mib,
+                profile.step_time_s
+            ),
+            (64, Some(900), Some(0.05))
+        );
+        assert!(!reserved(&service, "d0")[0].2, "not provisional");
     }
 
     /// A card with less than the minimum share free takes no job it knows nothing of.

@@ -65,6 +65,7 @@ fn task(rng: &mut Rng, task_id: String, now_ms: i64) -> TaskSpec {
             mem_bw_util_pct: Some(10.0 + 60.0 * rng.unit()),
             peak_mem_mib: None,
             device_kind: "v100".to_owned(),
+            from_registry: false,
         }),
         total_samples: Some(rng.range(1_000_000, 50_000_000)),
         submitted_at_unix_ms: now_ms,

@@ -13,6 +13,7 @@
 //! /iadeep/v1/tasks/{task}/assignment      BatchSizeAssignment
 //! /iadeep/v1/samples/{device}/{seq:020}   CoLocationSample; seq is per device (one tuner each)
 //! /iadeep/v1/released/{task}              when the task was released (decimal Unix ms)
+//! /iadeep/v1/profiles/{model}             ModelProfile: the profile registry (see [`profile_key_segment`])
 //! ```
 //!
 //! The release marker lives under its own prefix, not beside the task's keys, so the
@@ -37,6 +38,8 @@ pub const TASKS: &str = "/iadeep/v1/tasks/";
 pub const SAMPLES: &str = "/iadeep/v1/samples/";
 /// Prefix of the release markers of released tasks.
 pub const RELEASED: &str = "/iadeep/v1/released/";
+/// Prefix of the profile registry, one key per model.
+pub const PROFILES: &str = "/iadeep/v1/profiles/";
 
 /// Longest id accepted, so keys stay readable and bounded.
 pub const MAX_ID_LEN: usize = 128;
@@ -122,6 +125,34 @@ pub fn task_released(task: &str) -> String {
 pub fn task_prefix(task: &str) -> String {
     format!("{TASKS}{task}/")
 }
+/// A model's name as one key segment: every byte an id may not hold becomes `_`, a
+/// leading `.` too, and the result is cut to [`MAX_ID_LEN`] bytes. Model names are the
+/// user's free text ("ResNet 50", "org/model"); two names that map to the same segment
+/// share a key, so the stored `ModelProfile.model` says whose entry it is.
+pub fn profile_key_segment(model: &str) -> String {
+    let mut segment: String = model
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(MAX_ID_LEN)
+        .collect();
+    if segment.starts_with('.') {
+        segment.replace_range(..1, "_");
+    }
+    if segment.is_empty() {
+        segment.push('_');
+    }
+    segment
+}
+/// `/iadeep/v1/profiles/{model}`: the profile registry's entry of a model.
+pub fn profile(model: &str) -> String {
+    format!("{PROFILES}{}", profile_key_segment(model))
+}
 /// `/iadeep/v1/samples/{device}/{seq:020}`: zero-padded so keys sort by sequence.
 pub fn sample(device: &str, seq: u64) -> String {
     format!("{SAMPLES}{device}/{seq:020}")
@@ -174,6 +205,10 @@ pub enum KeyKind {
         device: String,
         seq: u64,
     },
+    /// The profile registry's entry of a model (its key segment).
+    Profile {
+        model: String,
+    },
     /// Not part of iadeep's layout.
     Other,
 }
@@ -218,6 +253,14 @@ impl KeyKind {
             return match validate_id("key", task) {
                 Ok(()) => KeyKind::TaskReleased {
                     task: task.to_owned(),
+                },
+                Err(_) => KeyKind::Other,
+            };
+        }
+        if let Some(model) = key.strip_prefix(PROFILES) {
+            return match validate_id("key", model) {
+                Ok(()) => KeyKind::Profile {
+                    model: model.to_owned(),
                 },
                 Err(_) => KeyKind::Other,
             };
@@ -291,6 +334,27 @@ mod tests {
             KeyKind::parse(&sample(&d, 7)),
             KeyKind::Sample { device: d, seq: 7 }
         );
+        assert_eq!(
+            KeyKind::parse(&profile("ResNet-50")),
+            KeyKind::Profile {
+                model: "ResNet-50".into()
+            }
+        );
+    }
+
+    #[test]
+    fn any_model_name_makes_one_valid_key_segment() {
+        for (model, segment) in [
+            ("resnet18", "resnet18"),
+            ("ResNet 50", "ResNet_50"),
+            ("org/bert-base", "org_bert-base"),
+            (".hidden", "_hidden"),
+            ("", "_"),
+        ] {
+            assert_eq!(profile_key_segment(model), segment);
+            assert!(validate_id("model", &profile_key_segment(model)).is_ok());
+        }
+        assert_eq!(profile_key_segment(&"é".repeat(300)).len(), MAX_ID_LEN);
     }
 
     #[test]
@@ -302,6 +366,7 @@ mod tests {
             "/iadeep/v1/samples/d/notanumber",
             "/iadeep/v1/tasks//spec",
             "/iadeep/v1/released/a/b",
+            "/iadeep/v1/profiles/a/b",
         ] {
             assert_eq!(KeyKind::parse(key), KeyKind::Other, "{key}");
         }

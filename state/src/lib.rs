@@ -12,6 +12,7 @@ pub mod etcd;
 pub mod etcd_program;
 pub mod keys;
 pub mod lease;
+pub mod registry;
 pub mod store;
 pub mod typed;
 pub mod url;

@@ -149,6 +149,7 @@ pub fn task_spec(pod: &Pod) -> Result<TaskSpec> {
         mem_bw_util_pct: annotation(pod, "mem-bw-util-pct")?,
         peak_mem_mib: annotation(pod, "peak-mem-mib")?,
         device_kind: annotation::<String>(pod, "device-kind")?.unwrap_or_default(),
+        from_registry: false,
     };
     // The pod's creation is its submission: the same on every filter and bind call,
     // whichever placer replica answers.

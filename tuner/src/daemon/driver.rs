@@ -312,6 +312,23 @@ impl Driver {
                     }
                 }
                 Action::Persist(state) => persist = Some(state),
+                Action::Profile {
+                    model,
+                    device_kind,
+                    points,
+                } => {
+                    if let Err(err) = iadeep_state::registry::record(
+                        self.store.as_ref(),
+                        &model,
+                        &device_kind,
+                        &points,
+                    )
+                    .await
+                    {
+                        Metrics::inc(&self.metrics.errors);
+                        tracing::warn!(%err, %model, "cannot record a measurement in the profile registry");
+                    }
+                }
             }
         }
         if let Some(state) = persist {

@@ -46,8 +46,8 @@ use std::time::Duration;
 
 use iadeep_objective::{MemoryMargin, PdInput, lr_factor};
 use iadeep_proto::{
-    BatchSizeAssignment, CoLocationSample, DeviceInfo, LrScalingRule, TaskReport, TaskSpec,
-    TunerObservation, TunerState,
+    BatchSizeAssignment, CoLocationSample, DeviceInfo, LrScalingRule, ProfilePoint, TaskReport,
+    TaskSpec, TunerObservation, TunerState,
 };
 
 use crate::error::{Result, TunerError};
@@ -163,6 +163,14 @@ pub enum Action {
     Sample { seq: u64, sample: CoLocationSample },
     /// Store this state, so a restarted tuner resumes from it.
     Persist(TunerState),
+    /// Record what was measured of a task's model on this device's kind in the profile
+    /// registry (`iadeep_state::registry::record`), so a later job of the same model
+    /// starts with it: step times measured alone and peak memory, per batch size.
+    Profile {
+        model: String,
+        device_kind: String,
+        points: Vec<ProfilePoint>,
+    },
 }
 
 /// Running totals, for metrics and logs.
@@ -281,6 +289,8 @@ pub struct DeviceTuner {
     /// A persisted search waiting for its residents to come back.
     resumed: Option<Session>,
     residents_changed: bool,
+    /// Tasks with measurements not yet offered to the profile registry.
+    profile_changed: std::collections::BTreeSet<String>,
     /// Memory knowledge changed since the settled configuration was last checked to fit.
     memory_changed: bool,
     round: u64,
@@ -324,6 +334,7 @@ impl DeviceTuner {
             search: None,
             resumed: None,
             residents_changed: false,
+            profile_changed: std::collections::BTreeSet::new(),
             memory_changed: false,
             round: 0,
             next_sample_seq: 0,
@@ -356,7 +367,38 @@ impl DeviceTuner {
             self.apply(input);
         }
         self.advance(now_ms, &mut out);
+        self.offer_profiles(now_ms, &mut out);
         out
+    }
+
+    /// Offers the registry what was newly measured of each task: every batch size with a
+    /// step time measured alone or a peak memory (never an estimate or a floor).
+    fn offer_profiles(&mut self, now_ms: i64, out: &mut Vec<Action>) {
+        for task_id in std::mem::take(&mut self.profile_changed) {
+            let (Some(r), Some(k)) = (self.residents.get(&task_id), self.knowledge.get(&task_id))
+            else {
+                continue;
+            };
+            if r.spec.model.is_empty() {
+                continue;
+            }
+            let sizes: std::collections::BTreeSet<u32> =
+                k.memory.keys().chain(k.solo.keys()).copied().collect();
+            let points = sizes
+                .into_iter()
+                .map(|b| ProfilePoint {
+                    batch_size: b,
+                    solo_step_time_s: k.solo.get(&b).copied(),
+                    peak_mem_mib: k.memory.get(&b).map(|m| m.ceil() as u64),
+                    measured_at_unix_ms: now_ms,
+                })
+                .collect();
+            out.push(Action::Profile {
+                model: r.spec.model.clone(),
+                device_kind: self.device_kind.clone(),
+                points,
+            });
+        }
     }
 
     /// When the tuner needs a [`Input::Tick`] even if nothing else happens (a round's
@@ -506,7 +548,10 @@ impl DeviceTuner {
                 if let Some(k) = self.knowledge.get_mut(&report.task_id) {
                     let before = k.memory.clone();
                     k.learn_report(&report);
-                    self.memory_changed |= k.memory != before;
+                    if k.memory != before {
+                        self.memory_changed = true;
+                        self.profile_changed.insert(report.task_id.clone());
+                    }
                 }
                 self.round = self.round.max(report.assignment_round);
                 if let Some(search) = &mut self.search
@@ -1271,6 +1316,7 @@ impl DeviceTuner {
             } => {
                 if lone && let Some(k) = self.knowledge.get_mut(&task_ids[0]) {
                     k.learn_solo(m.batch_sizes[0], step_times[0]);
+                    self.profile_changed.insert(task_ids[0].clone());
                 } else if !lone {
                     self.estimate_missing_solos(&task_ids, &m.batch_sizes, &step_times);
                 }

@@ -1,7 +1,7 @@
 //! The device tuner driven by scripted events in virtual time: an emulated device whose
 //! agents follow the tuner's assignments and report like the real agent does.
 
-use iadeep_proto::{DeviceInfo, SoloProfile, TaskReport, TaskSpec};
+use iadeep_proto::{DeviceInfo, ProfilePoint, SoloProfile, TaskReport, TaskSpec};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -760,6 +760,60 @@ fn a_lone_task_measures_its_solo_time_at_m0_first() {
     assert_eq!(first[0].batch_size, 32);
     w.run(30);
     assert!(w.tuner.knowledge("a").and_then(|k| k.solo_at(32)).is_some());
+}
+
+/// What a task measures goes to the profile registry for later jobs of its model: its
+/// solo step time from a round alone and its peak memory, per batch size, never the
+/// estimate made for a task that never ran alone.
+#[test]
+fn measurements_are_offered_to_the_profile_registry() {
+    let mut t = Task::new("a", 32, 8, 256);
+    t.profiled = false;
+    let mut w = World::new(16_384.0, vec![t], params());
+    w.join_all();
+    w.run(30);
+    let offered: Vec<&Vec<ProfilePoint>> = w
+        .actions
+        .iter()
+        .filter_map(|(_, a)| match a {
+            Action::Profile {
+                model,
+                device_kind,
+                points,
+            } => {
+                assert_eq!((model.as_str(), device_kind.as_str()), ("model-a", KIND));
+                Some(points)
+            }
+            _ => None,
+        })
+        .collect();
+    let last = offered.last().expect("offered to the registry");
+    let at_m0 = last
+        .iter()
+        .find(|p| p.batch_size == 32)
+        .expect("the size it ran at");
+    let solo = at_m0.solo_step_time_s.expect("measured alone");
+    assert!((solo / w.tasks[0].solo_s(32) - 1.0).abs() < 0.03, "{solo}");
+    assert_eq!(
+        at_m0.peak_mem_mib,
+        Some(w.tasks[0].mem_mib(32).ceil() as u64)
+    );
+
+    let mut a = Task::new("a", 32, 8, 256);
+    a.profiled = false;
+    let mut w = World::new(16_384.0, vec![a, Task::new("b", 64, 16, 256)], params());
+    w.join_all();
+    w.run(120);
+    for (_, action) in &w.actions {
+        if let Action::Profile { model, points, .. } = action
+            && model == "model-a"
+        {
+            assert!(
+                points.iter().all(|p| p.solo_step_time_s.is_none()),
+                "{points:?}"
+            );
+        }
+    }
 }
 
 /// A restarted tuner resumes the search over the same tasks from its persisted state.

@@ -11,7 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use iadeep_proto::{BatchSizeAssignment, CoLocationSample, DeviceInfo, TaskSpec as ProtoSpec};
+use iadeep_proto::{
+    BatchSizeAssignment, CoLocationSample, DeviceInfo, ProfilePoint, TaskSpec as ProtoSpec,
+};
 use iadeep_tuner::device_tuner::{Action, DeviceTuner, DeviceTunerParams, Input};
 
 use crate::policy::iadeep::placement::{proto_report, task_key, unix_ms};
@@ -37,11 +39,21 @@ pub struct SimTuner {
     placed: Vec<BatchSizeAssignment>,
 }
 
+/// What a tuner offers the profile registry (its `Action::Profile`).
+#[derive(Debug)]
+pub struct ProfileUpdate {
+    pub model: String,
+    pub device_kind: String,
+    pub points: Vec<ProfilePoint>,
+}
+
 /// What one step of a device tuner asks of the simulation.
 #[derive(Debug, Default)]
 pub struct Step {
     pub assignments: Vec<BatchSizeAssignment>,
     pub samples: Vec<CoLocationSample>,
+    /// Measurements for the profile registry, as the daemon records them.
+    pub profiles: Vec<ProfileUpdate>,
     /// When to call again; `None` when the tuner waits for the residents to change.
     pub again_in_s: Option<f64>,
 }
@@ -137,6 +149,15 @@ impl SimTuner {
                 Action::Assign(round) => step.assignments.extend(round),
                 Action::Sample { sample, .. } => step.samples.push(sample),
                 Action::Persist(_) => {}
+                Action::Profile {
+                    model,
+                    device_kind,
+                    points,
+                } => step.profiles.push(ProfileUpdate {
+                    model,
+                    device_kind,
+                    points,
+                }),
             }
         }
         step.again_in_s = if self.tuner.wants_reports() {
