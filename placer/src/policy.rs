@@ -13,6 +13,14 @@
 //!    aggregate SM and DRAM-bandwidth utilisations (sums of the known solo values) must
 //!    stay under their caps. An idle device is always a candidate when the task fits the
 //!    card at all (nothing shares it, so the margin is not needed).
+//!    **Memory of a task nothing is known of** (no request, no profile, no registry
+//!    entry): on an idle card it reserves the whole card; on a shared card it is granted
+//!    all the free memory, provisionally, when every resident's memory is measured and
+//!    at least [`PlacerParams::min_unknown_memory_share`] of the card is free. Its agent
+//!    fences its allocator at the grant, so an under-estimate costs that task a step, not
+//!    its co-runners their run; its first measured peak settles the reservation
+//!    ([`crate::PlacementService::settle_provisional`]). A grant is never made while a
+//!    resident's own grant is unmeasured: two guesses on one card could over-pack it.
 //! 2. **Score.** The predicted increase of the device's Σ PD if the task joins:
 //!    Σ over residents of (predicted IF with the task − predicted IF without it),
 //!    plus the new task's own predicted IF. The placer does not change batch sizes,
