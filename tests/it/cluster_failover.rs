@@ -51,6 +51,7 @@ fn spec(task: &str) -> TaskSpec {
             mem_bw_util_pct: Some(20.0),
             peak_mem_mib: Some(1024),
             device_kind: "v100".into(),
+            ..Default::default()
         }),
         lr_rule: LrScalingRule::Linear as i32,
         ..Default::default()
