@@ -272,6 +272,7 @@ impl Agent {
             lr_factor: lr_factor(c.lr_rule, c.initial_batch_size, fallback, phi),
             round: self.shared.round(),
             reason: ChangeReason::OutOfMemory,
+            memory_bound_mib: None,
         };
         self.shared.apply(&change);
         if fallback >= batch_size {
@@ -282,6 +283,15 @@ impl Agent {
         }
         self.kick.notify_one();
         change
+    }
+
+    /// The GPU memory this task may use now, MiB: the memory bound of the last applied
+    /// assignment that carried one (it moves at [`Agent::poll_change`], with the batch
+    /// size), else the memory its placement reserved; `None` when neither is known (no
+    /// placer, or not registered yet). A trainer caps its own allocator at it (the
+    /// Python agent's memory fence), so outgrowing it fails in its own process.
+    pub fn memory_limit_mib(&self) -> Option<u64> {
+        self.shared.memory_limit_mib()
     }
 
     /// The learning-rate factor of the current batch size (1 until a change).

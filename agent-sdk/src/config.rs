@@ -51,6 +51,7 @@ pub struct AgentConfig {
     pub use_nvml: bool,
     pub gns_smoothing: f64,
     pub stop_signals: StopSignals,
+    pub model_replaces_placed: bool,
 }
 
 /// Report every 2 s: a tuner round needs a few reports, and etcd barely notices.
@@ -123,6 +124,7 @@ pub struct AgentBuilder {
     pub(crate) use_nvml: bool,
     pub(crate) gns_smoothing: f64,
     pub(crate) stop_signals: StopSignals,
+    pub(crate) model_replaces_placed: bool,
     pub(crate) memory_probe: Option<Box<dyn MemoryProbe>>,
     pub(crate) store_error: Option<iadeep_state::StateError>,
 }
@@ -157,6 +159,7 @@ impl Default for AgentBuilder {
             use_nvml: true,
             gns_smoothing: 0.05,
             stop_signals: StopSignals::default(),
+            model_replaces_placed: false,
             memory_probe: None,
             store_error: None,
         }
@@ -196,6 +199,14 @@ impl AgentBuilder {
     /// Model name, informative only (written into the TaskSpec).
     pub fn model(mut self, model: impl Into<String>) -> Self {
         self.model = model.into();
+        self
+    }
+    /// Whether [`AgentBuilder::model`] replaces the model name of a spec the placer
+    /// already wrote (default false: the placer's spec is the truth). For a launcher
+    /// that named the model after the script only because the user named none
+    /// (`iadeep run` without `--model`), while the script names it.
+    pub fn model_replaces_placed(mut self, on: bool) -> Self {
+        self.model_replaces_placed = on;
         self
     }
     /// The batch size the job was submitted with (m0); PD is measured against it.
@@ -301,6 +312,7 @@ impl AgentBuilder {
             use_nvml: self.use_nvml,
             gns_smoothing: self.gns_smoothing,
             stop_signals: self.stop_signals,
+            model_replaces_placed: self.model_replaces_placed,
         };
         config.check()?;
         Ok((config, self.memory_probe))

@@ -242,6 +242,11 @@ impl Reporter {
             )
             .await?;
         tracing::debug!(key = %spec_key, written = written.swapped(), "task spec");
+        if let iadeep_state::CasOutcome::Conflict { current: Some(kv) } = &written
+            && c.model_replaces_placed
+        {
+            self.replace_placed_model(s, kv).await?;
+        }
         let alive = format!("pid {}", std::process::id()).into_bytes();
         self.timed(
             "put alive",
@@ -296,7 +301,11 @@ impl Reporter {
         for kv in snapshot.kvs.iter().filter(|kv| kv.key == assignment_key) {
             self.on_assignment_bytes(&kv.key, &kv.value);
         }
-        self.on_placement(snapshot.kvs.iter().any(|kv| kv.key == placement_key));
+        let placement = snapshot.kvs.iter().find(|kv| kv.key == placement_key);
+        if let Some(kv) = placement {
+            self.on_placement_bytes(&kv.key, &kv.value);
+        }
+        self.on_placement(placement.is_some());
         let watch = self
             .timed(
                 "watch task",
@@ -348,6 +357,9 @@ impl Reporter {
                         self.on_assignment_bytes(&kv.key, &kv.value);
                     }
                     Some(Ok(event)) if event.key() == placement_key => {
+                        if let WatchEvent::Put(kv) = &event {
+                            self.on_placement_bytes(&kv.key, &kv.value);
+                        }
                         self.on_placement(matches!(event, WatchEvent::Put(_)));
                     }
                     Some(Ok(_)) => {}
@@ -481,10 +493,53 @@ impl Reporter {
         }
     }
 
+    /// Writes the agent's model name into the spec the launcher wrote (which named the
+    /// model after the script), keeping everything else the placer reserved for.
+    async fn replace_placed_model(
+        &self,
+        s: &dyn StateStore,
+        kv: &iadeep_state::KeyValue,
+    ) -> Result<(), StateError> {
+        let c = &self.config;
+        let mut spec = typed::decode::<TaskSpec>(kv)?;
+        if c.model.is_empty() || spec.model == c.model {
+            return Ok(());
+        }
+        let placed = std::mem::replace(&mut spec.model, c.model.clone());
+        let swapped = self
+            .timed(
+                "rename model",
+                s.compare_and_swap(
+                    &kv.key,
+                    Expect::ModRevision(kv.mod_revision),
+                    prost::Message::encode_to_vec(&spec),
+                    None,
+                ),
+            )
+            .await?
+            .swapped();
+        if swapped {
+            tracing::info!(task = %c.task_id, model = %c.model, %placed,
+                "the task spec names the script's model, not the launcher's default");
+        } else {
+            // Written meanwhile (the placer): the next registration tries again.
+            tracing::debug!(task = %c.task_id, "task spec changed while renaming its model");
+        }
+        Ok(())
+    }
+
     fn on_assignment_bytes(&mut self, key: &str, bytes: &[u8]) {
         match typed::decode_bytes::<BatchSizeAssignment>(key, bytes) {
             Ok(assignment) => self.on_assignment(assignment),
             Err(err) => tracing::warn!(%err, "ignoring an assignment that does not decode"),
+        }
+    }
+
+    /// The placement as stored: the memory it reserved for the task.
+    fn on_placement_bytes(&mut self, key: &str, bytes: &[u8]) {
+        match typed::decode_bytes::<Placement>(key, bytes) {
+            Ok(placement) => self.shared.set_reserved(placement.reserved_mem_mib),
+            Err(err) => tracing::warn!(%err, "ignoring a placement that does not decode"),
         }
     }
 
@@ -513,6 +568,7 @@ impl Reporter {
             lr_factor: self.shared.lr_factor(),
             round: self.shared.round(),
             reason,
+            memory_bound_mib: None,
         });
     }
 
@@ -558,6 +614,8 @@ impl Reporter {
             lr_factor,
             round: a.round,
             reason: ChangeReason::Assignment,
+            // The bound holds for the assigned size and below; a size clamped up has none.
+            memory_bound_mib: a.memory_bound_mib.filter(|_| batch_size <= a.batch_size),
         };
         if self.shared.steps() == 0 {
             // Before the first step (the placer wrote the task's starting assignment, or

@@ -40,6 +40,11 @@ pub struct BatchSizeChange {
     /// The tuner's round (unchanged by an out-of-memory fall-back).
     pub round: u64,
     pub reason: ChangeReason,
+    /// The assigner's bound on the task's GPU memory at `batch_size`, MiB (an
+    /// assignment's `memory_bound_mib`): what the task may use from this change on.
+    /// `None` when the change brings none (a fall-back, a reservation event), which
+    /// leaves [`crate::Agent::memory_limit_mib`] as it was.
+    pub memory_bound_mib: Option<f64>,
 }
 
 /// What the agent knows about the memory of the sizes it ran (off the hot path).
@@ -80,6 +85,10 @@ pub(crate) struct Shared {
     /// Largest peak memory the trainer recorded itself since the reporter last
     /// looked, MiB; 0 = none.
     recorded_peak_mib: AtomicU64,
+    /// The memory the placement reserved for the task, MiB; 0 = unknown.
+    reserved_mib: AtomicU64,
+    /// The memory bound of the last applied change that carried one, MiB; 0 = none.
+    bound_mib: AtomicU64,
     pending_flag: AtomicBool,
     pending: Mutex<Option<BatchSizeChange>>,
     /// Peak MiB measured at each batch size the loop ran (the reporter fills it), and the
@@ -115,6 +124,8 @@ impl Shared {
             lr_factor_bits: AtomicU64::new(1.0f64.to_bits()),
             oom_batch_size: AtomicU32::new(0),
             recorded_peak_mib: AtomicU64::new(0),
+            reserved_mib: AtomicU64::new(0),
+            bound_mib: AtomicU64::new(0),
             pending_flag: AtomicBool::new(false),
             pending: Mutex::new(None),
             fits: Mutex::new(FitMemory::default()),
@@ -255,7 +266,27 @@ impl Shared {
         self.round.store(change.round, Ordering::Relaxed);
         self.lr_factor_bits
             .store(change.lr_factor.to_bits(), Ordering::Relaxed);
+        if let Some(bound) = change
+            .memory_bound_mib
+            .filter(|b| b.is_finite() && *b >= 1.0)
+        {
+            self.bound_mib.store(bound as u64, Ordering::Relaxed);
+        }
         self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Records the memory the task's placement reserved (the reporter).
+    pub(crate) fn set_reserved(&self, mib: u64) {
+        self.reserved_mib.store(mib, Ordering::Relaxed);
+    }
+
+    /// The GPU memory the task may use now, MiB: the bound of the last applied change
+    /// that carried one, else its placement's reservation; `None` when neither is known.
+    pub(crate) fn memory_limit_mib(&self) -> Option<u64> {
+        [&self.bound_mib, &self.reserved_mib]
+            .into_iter()
+            .map(|v| v.load(Ordering::Relaxed))
+            .find(|&mib| mib > 0)
     }
 
     /// Keeps the largest peak the trainer measured itself until the reporter takes it.

@@ -24,6 +24,10 @@ class BatchSizeChange:
     def reason(
         self,
     ) -> Literal["assignment", "out_of_memory", "reservation_lost", "reservation_restored"]: ...
+    @property
+    def memory_bound_mib(self) -> Optional[float]:
+        """The assignment's bound on the task's GPU memory at `batch_size`, MiB (None
+        when the change brings none): the agent's memory limit from this change on."""
 
 class Agent:
     """The agent of one training task (see the package documentation)."""
@@ -61,8 +65,13 @@ class Agent:
         connect_timeout_s: float = 5.0,
         use_nvml: bool = True,
     ) -> "Agent":
-        """The agent of the task `iadeep run` launched (IADEEP_TASK_ID, IADEEP_STORE;
-        the launcher's batch sizes and rule take precedence over the arguments)."""
+        """The agent of the task `iadeep run` launched (IADEEP_TASK_ID, IADEEP_STORE).
+
+        What `iadeep run` was given (--model, --batch-size, --min/--max-batch-size,
+        --lr-rule) takes precedence over the arguments, which are the defaults for what
+        it was not given. `model` replaces the script's file name, under which `iadeep
+        run` without --model submitted the task. The learning-rate rule is "sqrt" when
+        neither names one."""
     @property
     def batch_size(self) -> int:
         """The batch size to train the next step at."""
@@ -79,6 +88,11 @@ class Agent:
     def report_oom(self, batch_size: Optional[int] = None) -> BatchSizeChange:
         """Out of GPU memory at batch_size (default: the current one): the fall-back."""
     def report_now(self) -> None: ...
+    @property
+    def memory_limit_mib(self) -> Optional[int]:
+        """The GPU memory this task may use now, MiB: the memory bound of the last applied
+        change that carried one, else its placement's reservation; None when neither is
+        known. iadeep.torch fences PyTorch's caching allocator at it."""
     @property
     def lr_factor(self) -> float: ...
     @property

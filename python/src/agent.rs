@@ -48,6 +48,9 @@ struct Task {
     min_batch_size: Option<u32>,
     max_batch_size: Option<u32>,
     lr_rule: String,
+    /// The script named the model and the launcher did not: its name replaces the one
+    /// the launcher wrote into the placed spec (the script's file name).
+    model_replaces_placed: bool,
 }
 
 fn seconds(name: &str, value: f64) -> PyResult<Duration> {
@@ -110,6 +113,7 @@ impl Agent {
             .lease_ttl(seconds("lease_ttl_s", options.lease_ttl_s)?)
             .connect_timeout(seconds("connect_timeout_s", options.connect_timeout_s)?)
             .use_nvml(options.use_nvml)
+            .model_replaces_placed(task.model_replaces_placed)
             // Ctrl-C raises KeyboardInterrupt in Python and the `with agent:` block
             // finishes the task; SIGTERM (Kubernetes, systemd) would kill the interpreter
             // at once, so the agent finishes the task first.
@@ -193,6 +197,7 @@ impl Agent {
             min_batch_size,
             max_batch_size,
             lr_rule: lr_rule.to_owned(),
+            model_replaces_placed: false,
         };
         let options = Options {
             gpu_mem_request_mib,
@@ -207,9 +212,12 @@ impl Agent {
 
     /// Starts the agent of the task `iadeep run` launched: `IADEEP_TASK_ID` and
     /// `IADEEP_STORE` are required; the model, batch sizes and learning-rate rule
-    /// `iadeep run` was given (`IADEEP_MODEL`, `IADEEP_BATCH_SIZE`, ...) take
-    /// precedence over the arguments, which are the defaults for a job started
-    /// without them. A disagreement is logged.
+    /// `iadeep run` was given (`--model`, `--batch-size`, ... as `IADEEP_MODEL`,
+    /// `IADEEP_BATCH_SIZE`, ...) take precedence over the arguments, which are the
+    /// defaults for a job started without them. A disagreement is logged. A `model`
+    /// given here replaces the script's file name, under which `iadeep run` without
+    /// `--model` submitted the task. The learning-rate rule is `sqrt` when neither
+    /// names one.
     #[classmethod]
     #[pyo3(signature = (
         model=None, initial_batch_size=None, min_batch_size=None, max_batch_size=None,
@@ -246,11 +254,15 @@ impl Agent {
                 launch::BATCH_SIZE
             ))
         })?;
+        // `iadeep run` passes a model only when the user gave `--model`; otherwise it
+        // named the placed task after the script, and the script's own name wins.
+        let model_replaces_placed = env.model.is_none() && model.is_some();
         let task = Task {
             task_id: env.task_id,
             store: env.store,
             device_id: env.device_id,
             model: launched_or_given("model", env.model, model).unwrap_or_default(),
+            model_replaces_placed,
             initial_batch_size,
             min_batch_size: launched_or_given("min_batch_size", env.min_batch_size, min_batch_size),
             max_batch_size: launched_or_given("max_batch_size", env.max_batch_size, max_batch_size),
@@ -324,6 +336,14 @@ impl Agent {
     /// Publishes a report now (e.g. at the end of an epoch) instead of at the next tick.
     fn report_now(&self) -> PyResult<()> {
         self.with(|a| a.report_now())
+    }
+
+    /// The GPU memory this task may use now, MiB: the memory bound of the last applied
+    /// change that carried one, else the memory its placement reserved; `None` when
+    /// neither is known. `iadeep.torch` fences PyTorch's allocator at it.
+    #[getter]
+    fn memory_limit_mib(&self) -> PyResult<Option<u64>> {
+        self.with(|a| a.memory_limit_mib())
     }
 
     /// The learning-rate factor of the current batch size (1.0 until a change).

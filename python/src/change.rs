@@ -10,6 +10,8 @@ use pyo3::prelude::*;
 /// is `"assignment"` (the tuner), `"out_of_memory"` (the agent fell back),
 /// `"reservation_lost"` (the job's GPU memory is no longer reserved while it runs:
 /// the batch size is unchanged) or `"reservation_restored"` (reserved again).
+/// `memory_bound_mib` is the assignment's bound on the task's GPU memory at the new
+/// size (`None` when the change brings none): the agent's memory limit from then on.
 #[pyclass(frozen, eq, module = "iadeep", get_all)]
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchSizeChange {
@@ -21,13 +23,18 @@ pub struct BatchSizeChange {
     pub round: u64,
     /// `"assignment"`, `"out_of_memory"`, `"reservation_lost"` or `"reservation_restored"`.
     pub reason: &'static str,
+    /// The assigner's bound on the task's GPU memory at `batch_size`, MiB, if any.
+    pub memory_bound_mib: Option<f64>,
 }
 
 #[pymethods]
 impl BatchSizeChange {
     fn __repr__(&self) -> String {
+        let bound = self
+            .memory_bound_mib
+            .map_or_else(|| "None".to_owned(), |mib| mib.to_string());
         format!(
-            "BatchSizeChange(batch_size={}, lr_factor={}, round={}, reason={:?})",
+            "BatchSizeChange(batch_size={}, lr_factor={}, round={}, reason={:?}, memory_bound_mib={bound})",
             self.batch_size, self.lr_factor, self.round, self.reason
         )
     }
@@ -45,6 +52,7 @@ impl From<iadeep_agent::BatchSizeChange> for BatchSizeChange {
                 ChangeReason::ReservationLost => "reservation_lost",
                 ChangeReason::ReservationRestored => "reservation_restored",
             },
+            memory_bound_mib: change.memory_bound_mib,
         }
     }
 }

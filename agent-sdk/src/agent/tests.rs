@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iadeep_proto::{BatchSizeAssignment, LrScalingRule, TaskReport, TaskSpec};
+use iadeep_proto::{BatchSizeAssignment, LrScalingRule, Placement, TaskReport, TaskSpec};
 use iadeep_state::{EmbeddedStore, StateStore, keys, typed};
 
 use super::*;
@@ -180,6 +180,88 @@ fn an_existing_spec_written_by_the_placer_is_kept() {
 }
 
 #[test]
+fn a_model_named_by_the_script_replaces_the_launchers_default_when_asked() {
+    let rt = runtime();
+    let store = memory_store();
+    let placed = TaskSpec {
+        task_id: "job-2b".into(),
+        model: "train".into(), // `iadeep run` names it after the script
+        initial_batch_size: 64,
+        gpu_mem_request_mib: 1_000,
+        ..Default::default()
+    };
+    let key = keys::task_spec("job-2b");
+    rt.block_on(typed::put(store.as_ref(), &key, &placed, None))
+        .expect("put");
+    let agent = builder(&store, "job-2b")
+        .model("resnet18")
+        .model_replaces_placed(true)
+        .connect()
+        .expect("connect");
+    let (spec, _) = rt
+        .block_on(typed::get::<TaskSpec>(store.as_ref(), &key))
+        .expect("get")
+        .expect("spec");
+    assert_eq!(
+        spec,
+        TaskSpec {
+            model: "resnet18".into(),
+            ..placed
+        },
+        "only the model changes"
+    );
+    agent.finish().expect("finish");
+}
+
+#[test]
+fn the_memory_limit_is_the_reservation_then_each_applied_bound() {
+    let rt = runtime();
+    let store = memory_store();
+    let placement = Placement {
+        task_id: "job-fence".into(),
+        device_id: "gpu0".into(),
+        reserved_mem_mib: 4_096,
+        ..Default::default()
+    };
+    rt.block_on(typed::put(
+        store.as_ref(),
+        &keys::task_placement("job-fence"),
+        &placement,
+        None,
+    ))
+    .expect("put placement");
+    let agent = builder(&store, "job-fence").connect().expect("connect");
+    assert_eq!(agent.memory_limit_mib(), Some(4_096));
+    agent.record_step(64, Duration::from_millis(1));
+    let assignment = BatchSizeAssignment {
+        task_id: "job-fence".into(),
+        batch_size: 128,
+        lr_factor: 2.0,
+        round: 1,
+        memory_bound_mib: Some(6_144.5),
+        ..Default::default()
+    };
+    rt.block_on(typed::put(
+        store.as_ref(),
+        &keys::task_assignment("job-fence"),
+        &assignment,
+        None,
+    ))
+    .expect("put assignment");
+    let change = wait_for(Duration::from_secs(2), || agent.poll_change()).expect("change");
+    assert_eq!(change.memory_bound_mib, Some(6_144.5));
+    assert_eq!(
+        agent.memory_limit_mib(),
+        Some(6_144),
+        "moves when the change applies"
+    );
+    // A fall-back brings no bound of its own: the limit stays.
+    assert_eq!(agent.report_oom(128).memory_bound_mib, None);
+    assert_eq!(agent.memory_limit_mib(), Some(6_144));
+    agent.finish().expect("finish");
+}
+
+#[test]
 fn assignments_apply_at_poll_change_and_reports_carry_their_round() {
     let rt = runtime();
     let store = memory_store();
@@ -209,7 +291,8 @@ fn assignments_apply_at_poll_change_and_reports_carry_their_round() {
             batch_size: 128,
             lr_factor: 2.0,
             round: 1,
-            reason: ChangeReason::Assignment
+            reason: ChangeReason::Assignment,
+            memory_bound_mib: None,
         }
     );
     assert_eq!(
