@@ -46,6 +46,13 @@ pub struct SimArgs {
     /// backfill) or `fifo` (only the head of the queue; the jobs behind it wait too).
     #[arg(long, default_value = "each-task", value_name = "RULE")]
     admission: iadeep_sim::policy::Admission,
+    /// What every job brings to every policy alike: `none` (what a user gives `iadeep
+    /// run`: model name, submitted batch size and allowed sizes; no solo profile and no
+    /// memory figure, everything else learned from the agents' reports) or `profiled`
+    /// (each job also brings its solo step time and peak memory at the submitted batch
+    /// size, for comparison). The oracle reads the world in both.
+    #[arg(long, default_value = "none", value_name = "INFO")]
+    job_info: iadeep_sim::view::JobInfo,
     /// Number of jobs (consecutive single-GPU Philly jobs).
     #[arg(long, default_value_t = 300, value_name = "N")]
     tasks: usize,
@@ -114,6 +121,7 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     params.engine.gpus = args.gpus;
     params.engine.seed = args.seed;
     params.engine.admission = args.admission;
+    params.engine.job_info = args.job_info;
     if !args.policies.is_empty() {
         params.policies = args.policies.clone();
     }

@@ -22,8 +22,16 @@
 //!   a garbage-collection pause, a neighbour's burst) inflates it by a factor drawn
 //!   uniformly from [`STRAGGLER_SLOWDOWN`]. Stragglers are measurement outliers the
 //!   tuner and predictor must be robust to; the job's real progress is unaffected.
+//! - **Out-of-memory fall-back.** A fenced agent whose run needs more than its fence
+//!   (see [`crate::engine`]) falls back as the real agent's `Agent::report_oom` does
+//!   ([`EmulatedAgent::out_of_memory`]): to the largest batch size below the failed one
+//!   that ran and whose measured peak leaves the one memory margin
+//!   ([`iadeep_objective::MemoryMargin::DEFAULT`]) free on the card, else the largest
+//!   below it that ran, else half of it; and it reports the smallest size that failed.
 
-use iadeep_objective::GnsEstimator;
+use std::collections::BTreeMap;
+
+use iadeep_objective::{GnsEstimator, MemoryMargin};
 use rand::Rng;
 
 /// Independent directions of gradient noise (χ² degrees of freedom of a norm).
@@ -48,17 +56,79 @@ pub fn normal<R: Rng + ?Sized>(rng: &mut R) -> f64 {
 #[derive(Clone, Debug)]
 pub struct EmulatedAgent {
     gns: GnsEstimator,
+    /// Peak MiB measured at each batch size the job ran (the largest report of each).
+    peaks: BTreeMap<u32, u64>,
+    /// The largest batch size that ran since an out-of-memory error at or below it.
+    largest_fit: Option<u32>,
+    /// The smallest batch size that ran out of memory.
+    smallest_oom: Option<u32>,
 }
 
 impl Default for EmulatedAgent {
     fn default() -> Self {
         EmulatedAgent {
             gns: GnsEstimator::new(GNS_SMOOTHING),
+            peaks: BTreeMap::new(),
+            largest_fit: None,
+            smallest_oom: None,
         }
     }
 }
 
 impl EmulatedAgent {
+    /// The job ran at `batch_size` with a measured peak of `peak_mib` (each report).
+    pub fn ran(&mut self, batch_size: u32, peak_mib: u64) {
+        let peak = self.peaks.entry(batch_size).or_insert(0);
+        *peak = (*peak).max(peak_mib);
+        self.largest_fit = self.largest_fit.max(Some(batch_size));
+    }
+
+    /// The smallest batch size that ran out of memory so far (what the agent reports).
+    pub fn smallest_oom(&self) -> Option<u32> {
+        self.smallest_oom
+    }
+
+    /// The job's allocation failed at `oom` on a card of `capacity_mib`: the batch size
+    /// the agent falls back to, by the rule of the real agent's `Agent::report_oom`
+    /// (`iadeep_agent`'s `Shared::fallback`, which that crate keeps private): the largest
+    /// size below `oom` that ran and whose measured peak leaves the memory margin free
+    /// on the card, else the largest size below it that ran, else half of `oom`. The
+    /// real agent clamps the half to the job's bounds; here it is the largest of the
+    /// job's `allowed` sizes (ascending) at or below the half, else the smallest
+    /// allowed. A result not below `oom` means the job cannot run any smaller.
+    pub fn out_of_memory(&mut self, oom: u32, capacity_mib: u64, allowed: &[u32]) -> u32 {
+        let margin = MemoryMargin::DEFAULT;
+        let within_margin = self
+            .peaks
+            .range(..oom)
+            .rev()
+            .find(|(_, peak)| margin.fits(**peak as f64, capacity_mib as f64))
+            .map(|(&b, _)| b);
+        let ran_below = self
+            .largest_fit
+            .filter(|&fit| fit < oom)
+            .into_iter()
+            .chain(self.peaks.range(..oom).map(|(&b, _)| b))
+            .max();
+        let fallback = within_margin.or(ran_below).unwrap_or_else(|| {
+            let half = oom / 2;
+            allowed
+                .iter()
+                .rev()
+                .find(|&&b| b <= half)
+                .or(allowed.first())
+                .copied()
+                .unwrap_or(oom)
+        });
+        // As the real agent's `mark_oom`: the smallest failure is kept, and a size at or
+        // above it is no longer known to fit.
+        self.smallest_oom = Some(self.smallest_oom.map_or(oom, |s| s.min(oom)));
+        if self.largest_fit.is_some_and(|fit| fit >= oom) {
+            self.largest_fit = None;
+        }
+        fallback
+    }
+
     /// Folds in the gradient norms of `steps` steps at `batch_size` (clamped to
     /// `1..=STEPS_PER_REPORT_MAX`) in a world where φ is `true_phi`, and returns the
     /// estimate the agent reports (`None` while the estimator has none, or when the
@@ -132,6 +202,35 @@ mod tests {
         }
         let mut agent = EmulatedAgent::default();
         assert_eq!(agent.observe_gradients(&mut rng, None, 64, 10), None);
+    }
+
+    /// The fall-back is the real agent's (the same case as `iadeep_agent`'s own test of
+    /// it): of the sizes that ran below the failed one, the largest whose measured peak
+    /// leaves the memory margin free on the card; never a size at or above a failure.
+    #[test]
+    fn the_out_of_memory_fallback_is_the_real_agents() {
+        let sizes = [16, 32, 64, 128, 256];
+        let mut agent = EmulatedAgent::default();
+        agent.ran(16, 3_000);
+        agent.ran(32, 7_000);
+        agent.ran(64, 7_900);
+        // An 8 GiB card keeps 8192 × 0.95 − 256 = 7526 MiB usable: 64 (7900) does not
+        // leave the margin, 32 (7000) does.
+        assert_eq!(agent.out_of_memory(128, 8_192, &sizes), 32);
+        assert_eq!(agent.smallest_oom(), Some(128));
+        assert_eq!(agent.out_of_memory(32, 8_192, &sizes), 16);
+        assert_eq!(agent.smallest_oom(), Some(32));
+        // On a larger card 64 leaves the margin, but only sizes below the failure count.
+        assert_eq!(agent.out_of_memory(64, 16_000, &sizes), 32);
+        // A later failure at a larger size keeps the smallest.
+        assert_eq!(agent.out_of_memory(256, 16_000, &sizes), 64);
+        assert_eq!(agent.smallest_oom(), Some(32));
+        // Nothing ran below: half of the failed size, as an allowed size.
+        let mut fresh = EmulatedAgent::default();
+        assert_eq!(fresh.out_of_memory(256, 16_000, &sizes), 128);
+        assert_eq!(fresh.out_of_memory(48, 16_000, &sizes), 16);
+        // At the smallest allowed size there is nowhere to go.
+        assert_eq!(fresh.out_of_memory(16, 16_000, &sizes), 16);
     }
 
     #[test]

@@ -442,6 +442,7 @@ mod tests {
             start_s,
             finish_s,
             ooms: 0,
+            fenced_ooms: 0,
             work_samples: 1.0,
             done_samples: 1.0,
             device,

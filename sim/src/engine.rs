@@ -1,5 +1,5 @@
-//! The discrete-event engine: arrivals, completions, tuning rounds and crash
-//! restarts over simulated time, with emulated agents reporting what they measure.
+//! The discrete-event engine: arrivals, completions, tuning rounds, out-of-memory
+//! errors and crash restarts over simulated time, with emulated agents reporting what they measure.
 //!
 //! Progress between events is exact: a task's rate (samples at m0 per second) is
 //! constant between two events on its device, and every event first advances the
@@ -20,6 +20,22 @@
 //! that crashes and has to leave its device waits in a recovery list that is offered
 //! first and blocks nobody.
 //!
+//! What a job brings is one rule for every policy too ([`EngineParams::job_info`]): by
+//! default its spec only (model, m0, allowed batch sizes, submit time, work), as a job
+//! started with `iadeep run`; with [`JobInfo::Profiled`] also its solo profile at m0.
+//!
+//! **Memory.** A job's peak memory at its batch size comes from the world's memory model
+//! with a fresh fragmentation draw at each allocation. A job placed with a memory fence
+//! (`Decision::Place::fence_mib`: its agent caps its own allocator there, DESIGN.md's
+//! "Memory fence"; the iadeep policies fence every job at the placer's reservation, and
+//! each assignment's memory bound moves the fence) whose run needs more than the fence
+//! fails its own allocation: a *fenced out-of-memory* ([`RunMetrics::fenced_ooms`]). It
+//! loses the step that failed, reports the size, and falls back as the real agent does
+//! (see [`crate::agent`]); its co-runners are not touched. Otherwise, when the jobs on a
+//! card need more than the card, the job that just allocated the most crashes
+//! ([`RunMetrics::ooms`]) and restarts after [`EngineParams::restart_s`] at half its batch
+//! size, or leaves the card when the policy says so: how jobs without a fence fail.
+//!
 //! With [`Admission::EachTask`] one pass stops after [`MAX_CONSECUTIVE_WAITS`]
 //! tasks in a row were told to wait: when every card is full, the tasks further back
 //! would be told the same, and asking all of them at every event would make a pass
@@ -35,8 +51,8 @@ use rand_chacha::ChaCha8Rng;
 use crate::agent::{EmulatedAgent, measured_step_time, normal};
 use crate::error::{Result, SimError};
 use crate::metrics::{RunMetrics, TaskOutcome};
-use crate::policy::{Admission, Decision, OomAction, Policy, TuneStep};
-use crate::view::{AgentReport, ClusterView, Resident, TaskSpec, Waiting};
+use crate::policy::{Admission, Assignment, Decision, OomAction, Policy, TuneStep};
+use crate::view::{AgentReport, ClusterView, JobInfo, Resident, SoloProfile, TaskSpec, Waiting};
 use crate::workload::TaskTemplate;
 use crate::world::{TypeId, World, memory};
 
@@ -66,6 +82,10 @@ pub struct EngineParams {
     /// refreshes the rate lags φ; at the default 10 s a test's completion times are
     /// within 1 % of those at 2 s (at 60 s they were 1.2 % off).
     pub progress_refresh_s: f64,
+    /// What every job brings besides its spec, the same for every policy: by default
+    /// nothing ([`JobInfo::None`]), as a job started with `iadeep run`; with
+    /// [`JobInfo::Profiled`] its solo profile at m0 (`iadeep sim --job-info`).
+    pub job_info: JobInfo,
 }
 
 impl Default for EngineParams {
@@ -79,6 +99,7 @@ impl Default for EngineParams {
             admission: Admission::EachTask,
             max_events: 50_000_000,
             progress_refresh_s: 10.0,
+            job_info: JobInfo::None,
         }
     }
 }
@@ -132,7 +153,12 @@ struct TaskState {
     /// False while restarting after a crash.
     active: bool,
     report: AgentReport,
+    /// Out-of-memory crashes (the card's memory ran out).
     ooms: u32,
+    /// Fenced out-of-memory errors (its run needed more than its fence).
+    fenced_ooms: u32,
+    /// The memory fence of its agent, MiB, when it has one (see the module docs).
+    fence_mib: Option<u64>,
     /// Not before this time may the task be offered to the policy again.
     hold_until_s: f64,
     first_start_s: Option<f64>,
@@ -291,8 +317,10 @@ impl<'w> Engine<'w> {
     ) -> Result<Engine<'w>> {
         params.check()?;
         let catalogue = &world.catalogue;
-        // Each job is submitted with a solo profile at m0: one profiling run, measured with
-        // the same noise as every report (policies never see the world's exact step time).
+        // With `JobInfo::Profiled` each job is submitted with a solo profile at m0: one
+        // profiling run, measured with the same noise as every report (policies never see
+        // the world's exact step time). The draws are made in both modes, so the rest of
+        // a run's randomness does not depend on the mode.
         let mut profiling = ChaCha8Rng::seed_from_u64(params.seed ^ 0x0070_f11e_5eed);
         let tasks = workload
             .iter()
@@ -303,14 +331,17 @@ impl<'w> Engine<'w> {
                 let profiled = (params.measurement_noise * normal(&mut profiling)).exp();
                 let profiled_fragmentation =
                     profiling.random_range(0.0..=memory::FRAGMENTATION_MAX);
+                let profile = (params.job_info == JobInfo::Profiled).then(|| SoloProfile {
+                    step_time_s: profiled / info.solo_steps_per_s,
+                    peak_mem_mib: world.memory.peak_mib(t.job, profiled_fragmentation),
+                });
                 TaskState {
                     spec: TaskSpec {
                         id: index,
                         model: family.name.clone(),
                         m0: t.m0,
                         batch_sizes: family.batch_sizes.clone(),
-                        solo_step_time_s: profiled / info.solo_steps_per_s,
-                        solo_peak_mem_mib: world.memory.peak_mib(t.job, profiled_fragmentation),
+                        profile,
                         submit_s: t.submit_s,
                         total_samples: t.work_samples,
                     },
@@ -324,11 +355,13 @@ impl<'w> Engine<'w> {
                     last_s: t.submit_s,
                     version: 0,
                     active: false,
+                    // Nothing measured before the first steps (`seq` 0): no step time, no
+                    // peak (the world's values must not reach a policy this way either).
                     report: AgentReport {
                         batch_size: t.m0,
-                        step_time_s: 1.0 / info.solo_steps_per_s,
-                        samples_per_s: info.solo_steps_per_s * f64::from(t.m0),
-                        peak_mem_mib: world.memory.mib(t.job),
+                        step_time_s: 0.0,
+                        samples_per_s: 0.0,
+                        peak_mem_mib: 0,
                         // No estimate before the first steps.
                         grad_noise_scale: None,
                         samples_done: 0.0,
@@ -337,6 +370,8 @@ impl<'w> Engine<'w> {
                         running: false,
                     },
                     ooms: 0,
+                    fenced_ooms: 0,
+                    fence_mib: None,
                     hold_until_s: 0.0,
                     first_start_s: None,
                     finish_s: None,
@@ -480,6 +515,7 @@ impl<'w> Engine<'w> {
                 start_s: t.first_start_s.unwrap_or(t.spec.submit_s),
                 finish_s: t.finish_s.unwrap_or(self.now),
                 ooms: t.ooms,
+                fenced_ooms: t.fenced_ooms,
                 work_samples: t.spec.total_samples,
                 done_samples: t.done,
                 device: t.last_device,
@@ -507,10 +543,11 @@ impl<'w> Engine<'w> {
                     device,
                     batch_size,
                     shrinks,
+                    fence_mib,
                 } => {
                     self.recovery.remove(index);
                     self.waiting_version += 1;
-                    self.start(task, device, batch_size, &shrinks, policy)?;
+                    self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
                 }
             }
         }
@@ -523,10 +560,11 @@ impl<'w> Engine<'w> {
                             device,
                             batch_size,
                             shrinks,
+                            fence_mib,
                         } => {
                             self.queue.pop_front();
                             self.waiting_version += 1;
-                            self.start(task, device, batch_size, &shrinks, policy)?;
+                            self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
                         }
                     }
                 }
@@ -545,11 +583,12 @@ impl<'w> Engine<'w> {
                             device,
                             batch_size,
                             shrinks,
+                            fence_mib,
                         } => {
                             self.queue.remove(index);
                             self.waiting_version += 1;
                             waits = 0;
-                            self.start(task, device, batch_size, &shrinks, policy)?;
+                            self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
                         }
                     }
                 }
@@ -608,13 +647,15 @@ impl<'w> Engine<'w> {
 
     /// Starts `task` on `device` at `batch_size`, after the residents in `shrinks` moved
     /// to their new batch sizes (the placement made room before the newcomer's first
-    /// step, as the real agents apply their assignments first).
+    /// step, as the real agents apply their assignments first), with its agent's memory
+    /// fence at `fence_mib` (none: an agent without a fence).
     fn start(
         &mut self,
         task: usize,
         device: usize,
         batch_size: u32,
-        shrinks: &[(usize, u32)],
+        shrinks: &[Assignment],
+        fence_mib: Option<u64>,
         policy: &mut dyn Policy,
     ) -> Result<()> {
         if device >= self.devices.len() {
@@ -625,8 +666,8 @@ impl<'w> Engine<'w> {
         }
         let job = self.job_type(policy, task, batch_size)?;
         self.advance(device);
-        let shrunk = self.set_batch_sizes(device, shrinks, policy)?;
-        if !shrunk.is_empty() {
+        let (shrunk, refenced) = self.set_batch_sizes(device, shrinks, policy)?;
+        if !shrunk.is_empty() || refenced {
             self.metrics.batch_changes += shrunk.len() as u64;
             self.after_memory_change(device, &shrunk, policy);
         }
@@ -639,6 +680,7 @@ impl<'w> Engine<'w> {
         state.last_s = now;
         state.first_start_s.get_or_insert(now);
         state.last_device = device;
+        state.fence_mib = fence_mib;
         self.allocate(task);
         self.devices[device].residents.push(task);
         self.keep_refreshing();
@@ -648,15 +690,23 @@ impl<'w> Engine<'w> {
         Ok(())
     }
 
-    /// Moves residents of `device` to new batch sizes; returns the tasks that changed.
+    /// Moves residents of `device` to new batch sizes and moves the fences of fenced
+    /// ones to the assignments' memory bounds; returns the tasks whose batch size changed
+    /// and whether a fence moved.
     fn set_batch_sizes(
         &mut self,
         device: usize,
-        assignments: &[(usize, u32)],
+        assignments: &[Assignment],
         policy: &mut dyn Policy,
-    ) -> Result<Vec<usize>> {
+    ) -> Result<(Vec<usize>, bool)> {
         let mut changed = Vec::new();
-        for &(task, batch_size) in assignments {
+        let mut refenced = false;
+        for &Assignment {
+            task,
+            batch_size,
+            memory_bound_mib,
+        } in assignments
+        {
             if self.tasks.get(task).map(|t| t.status) != Some(Status::Running(device)) {
                 return Err(Self::policy_error(
                     policy,
@@ -665,6 +715,13 @@ impl<'w> Engine<'w> {
             }
             let job = self.job_type(policy, task, batch_size)?;
             let state = &mut self.tasks[task];
+            // The agent moves its fence with every assignment that carries a bound.
+            if let (Some(fence), Some(bound)) = (state.fence_mib, memory_bound_mib)
+                && fence != bound
+            {
+                state.fence_mib = Some(bound);
+                refenced = true;
+            }
             if state.batch_size != batch_size && state.active {
                 state.batch_size = batch_size;
                 state.job = job;
@@ -672,7 +729,7 @@ impl<'w> Engine<'w> {
                 changed.push(task);
             }
         }
-        Ok(changed)
+        Ok((changed, refenced))
     }
 
     /// The task allocates its memory anew (start, restart, batch-size change): a fresh
@@ -706,10 +763,27 @@ impl<'w> Engine<'w> {
         }
     }
 
-    /// Checks the card after `changed` tasks allocated memory: if the active
-    /// residents no longer fit, the changed task with the most memory crashes (its
-    /// allocation is the one that fails), then rates are recomputed.
+    /// Checks the device after `changed` tasks allocated memory (or fences moved).
+    /// First the fences: an active fenced task whose run needs more than its fence fails
+    /// its own allocation ([`Engine::fenced_oom`]), whatever its co-runners do. Then the
+    /// card: if the active residents no longer fit, the changed task with the most memory
+    /// crashes (its allocation is the one that fails). Then rates are recomputed.
     fn after_memory_change(&mut self, device: usize, changed: &[usize], policy: &mut dyn Policy) {
+        let over_fence: Vec<usize> = self.devices[device]
+            .residents
+            .iter()
+            .copied()
+            .filter(|&t| {
+                let state = &self.tasks[t];
+                state.active
+                    && state
+                        .fence_mib
+                        .is_some_and(|fence| self.peak_mib(t) > fence)
+            })
+            .collect();
+        for task in over_fence {
+            self.fenced_oom(device, task, policy);
+        }
         loop {
             let peaks: Vec<u64> = self.devices[device]
                 .residents
@@ -761,8 +835,7 @@ impl<'w> Engine<'w> {
                 "out of memory (residents: task, batch size, peak MiB of this run, active)"
             );
         }
-        let now = self.now;
-        let restart = self.params.restart_s;
+        let restart_at = self.now + self.params.restart_s;
         let state = &mut self.tasks[task];
         state.ooms += 1;
         state.report.oom_batch_size = Some(batch);
@@ -779,16 +852,74 @@ impl<'w> Engine<'w> {
         match (action, half) {
             (OomAction::RestartHalf, Some(_)) => {
                 let version = state.version;
-                self.schedule(now + restart, EventKind::Restart { task, version });
+                self.schedule(restart_at, EventKind::Restart { task, version });
             }
-            _ => {
-                state.status = Status::Waiting;
-                state.hold_until_s = now + restart;
-                self.devices[device].residents.retain(|t| *t != task);
-                self.recovery.push_back(task);
-                self.waiting_version += 1;
-                self.residents_changed(device, policy);
+            _ => self.leave(device, task, policy),
+        }
+    }
+
+    /// A task that cannot go on on its device leaves it and waits in the recovery list
+    /// for a new placement after the restart time (restarted from its checkpoint); the
+    /// policy hears of it ([`Policy::on_left`]).
+    fn leave(&mut self, device: usize, task: usize, policy: &mut dyn Policy) {
+        let state = &mut self.tasks[task];
+        state.status = Status::Waiting;
+        state.active = false;
+        state.rate = 0.0;
+        state.report.running = false;
+        state.hold_until_s = self.now + self.params.restart_s;
+        self.devices[device].residents.retain(|t| *t != task);
+        self.recovery.push_back(task);
+        self.waiting_version += 1;
+        policy.on_left(device, task);
+        self.residents_changed(device, policy);
+    }
+
+    /// A fenced task's run needs more than its fence: its own allocation fails, as the
+    /// real agent's fenced allocator makes it, and nothing happens to its co-runners. Its
+    /// agent reports the failed size and falls back by the real agent's rule
+    /// ([`EmulatedAgent::out_of_memory`]); the task loses the step that failed (one step
+    /// at that size next to its co-runners) and runs on at the fall-back size, which is
+    /// checked against the fence again. A task that cannot run any smaller leaves the
+    /// device ([`Engine::leave`]).
+    fn fenced_oom(&mut self, device: usize, task: usize, policy: &mut dyn Policy) {
+        self.metrics.fenced_ooms += 1;
+        let capacity_mib = self.world.memory.capacity_mib;
+        let others: Vec<TypeId> = self.devices[device]
+            .residents
+            .iter()
+            .filter(|&&t| t != task && self.tasks[t].active)
+            .map(|&t| self.tasks[t].job)
+            .collect();
+        let state = &self.tasks[task];
+        let lost_step_s = 1.0 / self.world.steps_per_s(state.job, others.into_iter());
+        let family = state.family;
+        let batch = state.batch_size;
+        let sizes = &self.world.catalogue.families[family].batch_sizes;
+        tracing::debug!(
+            task,
+            device,
+            batch,
+            peak_mib = self.peak_mib(task),
+            fence_mib = ?state.fence_mib,
+            now = self.now,
+            "fenced out of memory"
+        );
+        let state = &mut self.tasks[task];
+        let fallback = state.agent.out_of_memory(batch, capacity_mib, sizes);
+        state.fenced_ooms += 1;
+        state.report.oom_batch_size = state.agent.smallest_oom();
+        state.rate = 0.0;
+        state.active = false;
+        state.version += 1;
+        match self.world.catalogue.type_of(family, fallback) {
+            Some(job) if fallback < batch => {
+                state.batch_size = fallback;
+                state.job = job;
+                let version = state.version;
+                self.schedule(self.now + lost_step_s, EventKind::Restart { task, version });
             }
+            _ => self.leave(device, task, policy),
         }
     }
 
@@ -840,6 +971,7 @@ impl<'w> Engine<'w> {
                     state
                         .agent
                         .observe_gradients(&mut self.rng, phi, state.batch_size, steps_run);
+                state.agent.ran(state.batch_size, peak_mib);
                 state.report = AgentReport {
                     batch_size: state.batch_size,
                     step_time_s,
@@ -938,7 +1070,7 @@ impl<'w> Engine<'w> {
                 assignments,
                 again_in_s,
             } => {
-                let changed = self.set_batch_sizes(device, &assignments, policy)?;
+                let (changed, _) = self.set_batch_sizes(device, &assignments, policy)?;
                 self.metrics.tuning_rounds += 1;
                 self.metrics.batch_changes += changed.len() as u64;
                 self.after_memory_change(device, &changed, policy);

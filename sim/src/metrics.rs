@@ -11,7 +11,10 @@ pub struct TaskOutcome {
     pub submit_s: f64,
     pub start_s: f64,
     pub finish_s: f64,
+    /// Out-of-memory crashes: the card's memory ran out (see [`RunMetrics::ooms`]).
     pub ooms: u32,
+    /// Fenced out-of-memory errors: its run needed more than its fence.
+    pub fenced_ooms: u32,
     /// Work the task had to do and did, samples at m0 (equal when it finished).
     pub work_samples: f64,
     pub done_samples: f64,
@@ -34,7 +37,15 @@ pub struct RunMetrics {
     pub policy: String,
     pub gpus: usize,
     pub tasks: Vec<TaskOutcome>,
+    /// Out-of-memory crashes: a card's memory ran out, so the allocation of whichever
+    /// job asked next failed, a co-runner's as likely as the job that grew (jobs whose
+    /// agent has no fence, or fences that together exceed the card). The crashed job
+    /// restarts after `EngineParams::restart_s`.
     pub ooms: u64,
+    /// Fenced out-of-memory errors: a fenced job's run needed more than its fence, so its
+    /// own allocation failed and it fell back, its co-runners untouched (contained; see
+    /// [`crate::engine`]).
+    pub fenced_ooms: u64,
     /// Tuning rounds that applied a configuration.
     pub tuning_rounds: u64,
     /// Batch-size changes applied by tuning.
@@ -80,6 +91,7 @@ impl RunMetrics {
             p99_ct_s: quantile(&completion, 0.99),
             makespan_s: makespan,
             ooms: self.ooms,
+            fenced_ooms: self.fenced_ooms,
             avg_util: self.average_busy_fraction(first_submit, last_finish),
             avg_work_rate: self.average_work_rate(first_submit, last_finish),
             tuning_rounds: self.tuning_rounds,
@@ -199,7 +211,10 @@ pub struct Summary {
     pub p50_ct_s: f64,
     pub p99_ct_s: f64,
     pub makespan_s: f64,
+    /// Out-of-memory crashes that reach the card (see [`RunMetrics::ooms`]).
     pub ooms: u64,
+    /// Fenced out-of-memory errors, contained to their job (see [`RunMetrics::fenced_ooms`]).
+    pub fenced_ooms: u64,
     /// Mean fraction of GPUs busy (at least one task) over the makespan.
     pub avg_util: f64,
     /// Mean useful work per GPU over the makespan (GPU-equivalents of solo progress).

@@ -32,13 +32,14 @@ pub fn table(summaries: &[Summary]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<20} {:>10} {:>10} {:>10} {:>11} {:>6} {:>6} {:>6} {:>7} {:>9} {:>9}",
+        "{:<20} {:>10} {:>10} {:>10} {:>11} {:>6} {:>7} {:>6} {:>6} {:>7} {:>9} {:>9}",
         "policy",
         "avg CT h",
         "p50 CT h",
         "p99 CT h",
         "makespan h",
         "OOMs",
+        "fenced",
         "util",
         "work",
         "tuning",
@@ -48,13 +49,14 @@ pub fn table(summaries: &[Summary]) -> String {
     for s in summaries {
         let _ = writeln!(
             out,
-            "{:<20} {:>10.2} {:>10.2} {:>10.2} {:>11.2} {:>6} {:>6.2} {:>6.2} {:>7} {:>9.1} {:>9.1}",
+            "{:<20} {:>10.2} {:>10.2} {:>10.2} {:>11.2} {:>6} {:>7} {:>6.2} {:>6.2} {:>7} {:>9.1} {:>9.1}",
             s.policy,
             s.avg_ct_s / 3600.0,
             s.p50_ct_s / 3600.0,
             s.p99_ct_s / 3600.0,
             s.makespan_s / 3600.0,
             s.ooms,
+            s.fenced_ooms,
             s.avg_util,
             s.avg_work_rate,
             s.tuning_rounds,
@@ -65,7 +67,10 @@ pub fn table(summaries: &[Summary]) -> String {
     out
 }
 
-/// The `--json` object: `{"policies": {"<name>": {avg_ct_s, p99_ct_s, makespan_s, ooms, avg_util, ...}}}`.
+/// The `--json` object: `{"policies": {"<name>": {avg_ct_s, p99_ct_s, makespan_s, ooms,
+/// fenced_ooms, avg_util, ...}}}`: `ooms` are the crashes of a card's memory running out
+/// (they can hit any job on it), `fenced_ooms` the out-of-memory errors a fence kept to
+/// their own job.
 pub fn json(summaries: &[Summary]) -> serde_json::Value {
     let mut policies = serde_json::Map::new();
     for s in summaries {
@@ -77,6 +82,7 @@ pub fn json(summaries: &[Summary]) -> serde_json::Value {
                 "p99_ct_s": s.p99_ct_s,
                 "makespan_s": s.makespan_s,
                 "ooms": s.ooms,
+                "fenced_ooms": s.fenced_ooms,
                 "avg_util": s.avg_util,
                 "avg_work_rate": s.avg_work_rate,
                 "tuning_rounds": s.tuning_rounds,
@@ -104,12 +110,12 @@ pub fn write_all(dir: &Path, runs: &[RunMetrics], summaries: &[Summary]) -> Resu
     let mut written = Vec::new();
 
     let mut csv = String::from(
-        "policy,tasks,avg_ct_s,p50_ct_s,p99_ct_s,makespan_s,ooms,avg_util,avg_work_rate,tuning_rounds,batch_changes,decision_latency_us,decision_latency_p99_us,tune_latency_us\n",
+        "policy,tasks,avg_ct_s,p50_ct_s,p99_ct_s,makespan_s,ooms,fenced_ooms,avg_util,avg_work_rate,tuning_rounds,batch_changes,decision_latency_us,decision_latency_p99_us,tune_latency_us\n",
     );
     for s in summaries {
         let _ = writeln!(
             csv,
-            "{},{},{:.3},{:.3},{:.3},{:.3},{},{:.5},{:.5},{},{},{:.3},{:.3},{:.3}",
+            "{},{},{:.3},{:.3},{:.3},{:.3},{},{},{:.5},{:.5},{},{},{:.3},{:.3},{:.3}",
             s.policy,
             s.tasks,
             s.avg_ct_s,
@@ -117,6 +123,7 @@ pub fn write_all(dir: &Path, runs: &[RunMetrics], summaries: &[Summary]) -> Resu
             s.p99_ct_s,
             s.makespan_s,
             s.ooms,
+            s.fenced_ooms,
             s.avg_util,
             s.avg_work_rate,
             s.tuning_rounds,
@@ -130,13 +137,14 @@ pub fn write_all(dir: &Path, runs: &[RunMetrics], summaries: &[Summary]) -> Resu
     write(&path, &csv)?;
     written.push(path);
 
-    let mut csv =
-        String::from("policy,task,model,m0,submit_s,start_s,finish_s,completion_s,ooms\n");
+    let mut csv = String::from(
+        "policy,task,model,m0,submit_s,start_s,finish_s,completion_s,ooms,fenced_ooms\n",
+    );
     for run in runs {
         for t in &run.tasks {
             let _ = writeln!(
                 csv,
-                "{},{},{},{},{:.3},{:.3},{:.3},{:.3},{}",
+                "{},{},{},{},{:.3},{:.3},{:.3},{:.3},{},{}",
                 run.policy,
                 t.id,
                 t.model,
@@ -145,7 +153,8 @@ pub fn write_all(dir: &Path, runs: &[RunMetrics], summaries: &[Summary]) -> Resu
                 t.start_s,
                 t.finish_s,
                 t.completion_s(),
-                t.ooms
+                t.ooms,
+                t.fenced_ooms
             );
         }
     }

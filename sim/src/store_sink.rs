@@ -9,6 +9,7 @@ use iadeep_state::{StateStore, keys, typed};
 use crate::error::Result;
 use crate::experiment::Experiment;
 use crate::metrics::RunMetrics;
+use crate::view::JobInfo;
 
 /// Id of simulated GPU `index`.
 pub fn device_id(index: usize) -> String {
@@ -59,13 +60,17 @@ pub async fn record_run(
             min_batch_size: family.batch_sizes.first().copied().unwrap_or(template.m0),
             max_batch_size: family.batch_sizes.last().copied().unwrap_or(template.m0),
             gpu_mem_request_mib: template.mem_request_mib,
-            profile: Some(SoloProfile {
-                batch_size: template.m0,
-                step_time_s: Some(1.0 / solo),
-                sm_util_pct: None,
-                mem_bw_util_pct: None,
-                peak_mem_mib: Some(world.memory.mib(template.job)),
-                device_kind: kind.clone(),
+            // The spec as submitted: a profile only when the jobs brought one.
+            profile: (experiment.params.engine.job_info == JobInfo::Profiled).then(|| {
+                SoloProfile {
+                    batch_size: template.m0,
+                    step_time_s: Some(1.0 / solo),
+                    sm_util_pct: None,
+                    mem_bw_util_pct: None,
+                    peak_mem_mib: Some(world.memory.mib(template.job)),
+                    device_kind: kind.clone(),
+                    ..SoloProfile::default()
+                }
             }),
             lr_rule: 0,
             total_samples: Some(template.work_samples.round() as u64),

@@ -1,8 +1,55 @@
 //! What a scheduling policy may see: task specs as submitted and the emulated agents'
 //! reports. Never the ground truth of [`crate::world`].
 
-/// A task as its submitter describes it, plus its solo profile (one profiling run
-/// alone at m0, as DESIGN.md's `SoloProfile`).
+/// What the simulated jobs bring to the policies besides their spec: the same for every
+/// policy in a run (`EngineParams::job_info`, `iadeep sim --job-info`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum JobInfo {
+    /// What a user gives `iadeep run`: model name, m0, the batch sizes it accepts, its
+    /// submit time and work. No solo profile and no memory figure: everything else is
+    /// learned from the agents' reports, as in production. The default.
+    #[default]
+    None,
+    /// Each job also brings its solo profile at m0 (step time and peak memory, one
+    /// profiling run measured with noise): the simulator's behaviour before issue 23,
+    /// kept for comparison. Production jobs rarely have one.
+    Profiled,
+}
+
+impl std::str::FromStr for JobInfo {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "none" => Ok(JobInfo::None),
+            "profiled" => Ok(JobInfo::Profiled),
+            other => Err(format!(
+                "unknown job information {other:?} (none or profiled)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for JobInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            JobInfo::None => "none",
+            JobInfo::Profiled => "profiled",
+        })
+    }
+}
+
+/// A job's solo profile at m0, as DESIGN.md's `SoloProfile`: one profiling run alone.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SoloProfile {
+    /// Seconds per step alone at m0, as the profiling run measured it (with the agents'
+    /// measurement noise; the world's exact value is never shown to a policy).
+    pub step_time_s: f64,
+    /// Peak GPU memory alone at m0, MiB (one run, with its own fragmentation).
+    pub peak_mem_mib: u64,
+}
+
+/// A task as its submitter describes it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TaskSpec {
     pub id: usize,
@@ -12,14 +59,13 @@ pub struct TaskSpec {
     pub m0: u32,
     /// The batch sizes the job can run at, ascending (`[m0]` when it cannot change).
     pub batch_sizes: Vec<u32>,
-    /// Seconds per step alone at m0, as one profiling run measured it (with the
-    /// agents' measurement noise; the world's exact value is never shown to a policy).
-    pub solo_step_time_s: f64,
-    /// Peak GPU memory alone at m0, MiB (profiled: one run, with its own fragmentation).
-    /// The only memory figure of a waiting task any policy sees, so every policy sizes
-    /// memory from the same information (the user's request stays in the workload, for
-    /// the store records).
-    pub solo_peak_mem_mib: u64,
+    /// The solo profile at m0, only with [`JobInfo::Profiled`]: the only memory figure
+    /// of a waiting task any policy may see then, so every policy sizes memory from the
+    /// same information. With [`JobInfo::None`] (the default) it is `None`, as for a job
+    /// started with `iadeep run`, and policies learn from the agents' reports. The
+    /// user's memory request stays in the workload, for the store records: no policy
+    /// sees it.
+    pub profile: Option<SoloProfile>,
     /// Submit time, seconds from the start.
     pub submit_s: f64,
     /// Work in samples at m0, when the submitter states it (used for remaining-time
@@ -41,7 +87,9 @@ pub struct AgentReport {
     pub grad_noise_scale: Option<f64>,
     /// Work done, in samples at m0, as the agent counts progress.
     pub samples_done: f64,
-    /// The last batch size that ran out of memory, if any.
+    /// A batch size that ran out of memory, if any: after a crash the size that crashed;
+    /// after a fenced out-of-memory (see [`crate::engine`]) the smallest size that failed
+    /// so far, as the real agent reports it.
     pub oom_batch_size: Option<u32>,
     /// Counter of reports, increasing with each fresh measurement.
     pub seq: u64,

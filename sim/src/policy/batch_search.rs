@@ -6,7 +6,7 @@ use iadeep_objective::PdInput;
 
 use std::collections::BTreeMap;
 
-use crate::policy::TuneStep;
+use crate::policy::{Assignment, TuneStep};
 use crate::view::{ClusterView, Resident};
 
 /// One tuning call on `device` for policies that keep one search per device: scores
@@ -35,12 +35,16 @@ pub fn tune_device(
 }
 
 /// PD (the tuner's objective, DESIGN.md) of a resident's last reported interval: its
-/// measured step time at its batch size against its solo profile at m0, with the φ its
-/// agent estimated. Infinite when the report cannot give one.
-pub fn pd_alone_or_shared(me: &Resident<'_>) -> f64 {
+/// measured step time at its batch size against `solo_step_s_m0`, its step time alone at
+/// m0, with the φ its agent estimated. Infinite when the report cannot give one.
+///
+/// The scores of one search compare one job's sizes with each other, so a solo step
+/// time common to all of them only scales them: where it is unknown any fixed stand-in
+/// ([`UNKNOWN_SOLO_STEP_S`]) gives the same choice.
+pub fn pd_alone_or_shared(me: &Resident<'_>, solo_step_s_m0: f64) -> f64 {
     PdInput {
         m0: f64::from(me.spec.m0),
-        solo_step_s_m0: me.spec.solo_step_time_s,
+        solo_step_s_m0,
         m: f64::from(me.report.batch_size),
         co_step_s: me.report.step_time_s,
         noise_scale: me.report.grad_noise_scale,
@@ -48,6 +52,10 @@ pub fn pd_alone_or_shared(me: &Resident<'_>) -> f64 {
     .pd()
     .unwrap_or(f64::INFINITY)
 }
+
+/// The stand-in for a job's unknown step time alone at m0 in scores that compare only
+/// the job's own sizes (see [`pd_alone_or_shared`]).
+pub const UNKNOWN_SOLO_STEP_S: f64 = 1.0;
 
 /// What to do after a measured interval.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,7 +120,7 @@ impl BatchSearch {
     pub fn tune_step(&mut self, ran: Option<(u32, f64)>, current: u32) -> (TuneStep, bool) {
         let task = self.task;
         let apply = |size| TuneStep::Apply {
-            assignments: vec![(task, size)],
+            assignments: vec![Assignment::new(task, size)],
             again_in_s: None,
         };
         match self.step(ran) {

@@ -2,7 +2,9 @@
 //!
 //! A policy answers two questions: where a waiting task goes (or that it waits), and,
 //! for policies that tune, which batch sizes the residents of a device should use
-//! next. It sees only [`crate::view`]: specs and agents' reports.
+//! next. It sees only [`crate::view`]: specs (with a solo profile only under
+//! [`crate::view::JobInfo::Profiled`]) and agents' reports; [`solo`] is what the
+//! baselines make of them.
 
 pub mod batch_search;
 pub mod exclusive;
@@ -11,31 +13,63 @@ pub mod memory;
 pub mod packing;
 pub mod pollux;
 pub mod reference;
+pub mod solo;
 pub mod util;
 
 use crate::view::{ClusterView, Waiting};
+
+/// A batch size for a task on a device, as an assignment carries it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    pub task: usize,
+    pub batch_size: u32,
+    /// The assigner's bound on the task's memory at that size, MiB (the assignment's
+    /// `memory_bound_mib`). A fenced task's agent moves its memory fence to it (see
+    /// [`Decision::Place`]); `None` leaves the fence where it is. Ignored for tasks
+    /// without a fence.
+    pub memory_bound_mib: Option<u64>,
+}
+
+impl Assignment {
+    /// `batch_size` for `task`, with no memory bound.
+    pub fn new(task: usize, batch_size: u32) -> Assignment {
+        Assignment {
+            task,
+            batch_size,
+            memory_bound_mib: None,
+        }
+    }
+}
 
 /// Where a waiting task goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
     /// Start it on `device` at `batch_size`, after shrinking the residents in `shrinks`
-    /// (task id, batch size) to make room for it.
+    /// to make room for it.
     Place {
         device: usize,
         batch_size: u32,
-        shrinks: Vec<(usize, u32)>,
+        shrinks: Vec<Assignment>,
+        /// The memory fence of the task's agent, MiB, when it has one: the agent caps its
+        /// own allocator there (DESIGN.md, "Memory fence"), so a run that needs more fails
+        /// its own allocation and falls back, never touching its co-runners; later
+        /// assignments move the fence ([`Assignment::memory_bound_mib`]). The iadeep
+        /// policies fence every task at the placer's reservation; `None` (the baselines)
+        /// is an agent without a fence, whose overflow crashes as before.
+        fence_mib: Option<u64>,
     },
     /// Keep it waiting (under [`Admission::Fifo`], later tasks wait too).
     Queue,
 }
 
 impl Decision {
-    /// Start on `device` at `batch_size`, shrinking nobody.
+    /// Start on `device` at `batch_size`, shrinking nobody, without a fence.
     pub fn place(device: usize, batch_size: u32) -> Decision {
         Decision::Place {
             device,
             batch_size,
             shrinks: Vec::new(),
+            fence_mib: None,
         }
     }
 }
@@ -43,10 +77,10 @@ impl Decision {
 /// The outcome of one tuning call on a device.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TuneStep {
-    /// Apply these batch sizes (task id, batch size) and call again after `again_in_s`
-    /// (`None`: the engine's tuning interval), so the result can be measured.
+    /// Apply these batch sizes and call again after `again_in_s` (`None`: the engine's
+    /// tuning interval), so the result can be measured.
     Apply {
-        assignments: Vec<(usize, u32)>,
+        assignments: Vec<Assignment>,
         again_in_s: Option<f64>,
     },
     /// Nothing to change now; call again after `again_in_s` (`None`: the engine's
@@ -120,13 +154,19 @@ pub trait Policy {
         TuneStep::Done
     }
 
-    /// A task on `device` ran out of memory at `batch_size`.
+    /// A task on `device` crashed out of memory at `batch_size`: the card's memory ran
+    /// out. (A fenced task over its own fence is not a crash: its agent falls back by
+    /// itself and the policy learns of it from the task's reports.)
     fn on_oom(&mut self, _device: usize, _task: usize, _batch_size: u32) -> OomAction {
         OomAction::RestartHalf
     }
 
     /// A task finished on `device`.
     fn on_finish(&mut self, _device: usize, _task: usize) {}
+
+    /// A task left `device` without finishing (out of memory where it could not run
+    /// smaller): it waits to be placed again, as a job restarted from its checkpoint.
+    fn on_left(&mut self, _device: usize, _task: usize) {}
 
     /// Starts recording placement decisions for the audit ([`crate::audit`]); policies
     /// without a placement model to audit ignore it.

@@ -1,11 +1,16 @@
-//! Naive packing: the first GPU whose residents' profiled peak memory at m0 (the same
-//! figure every policy gets) leaves room for the new job's. Trusts the profiles, ignores
-//! batch-size changes after a crash and knows nothing about interference.
+//! Naive packing: first fit by memory. With solo profiles (`--job-info profiled`) the
+//! first GPU whose residents' profiled peaks at m0 leave room for the new job's profiled
+//! peak; without them (the default) the first GPU whose residents all reported their
+//! peaks and leave a quarter of the card free
+//! ([`crate::policy::solo::UNKNOWN_MEMORY_FREE_SHARE`]), since the new job's
+//! memory is unknown. Ignores batch-size changes after a crash and knows nothing about
+//! interference.
 
+use crate::policy::solo::{reported_peak_mib, room_for_unknown};
 use crate::policy::{Decision, Policy};
 use crate::view::{ClusterView, Waiting};
 
-/// First fit by profiled peak memory.
+/// First fit by memory.
 #[derive(Debug, Default)]
 pub struct Packing;
 
@@ -18,12 +23,22 @@ impl Policy for Packing {
         let capacity = view.capacity_mib();
         (0..view.devices())
             .find(|d| {
-                let requested: u64 = view
-                    .residents(*d)
-                    .iter()
-                    .map(|r| r.spec.solo_peak_mem_mib)
-                    .sum();
-                requested + task.spec.solo_peak_mem_mib <= capacity
+                let residents = view.residents(*d);
+                match task.spec.profile {
+                    Some(new) => {
+                        // Every job brings a profile: the residents' profiled peaks.
+                        let requested: u64 = residents
+                            .iter()
+                            .map(|r| r.spec.profile.map_or(0, |p| p.peak_mem_mib))
+                            .sum();
+                        requested + new.peak_mem_mib <= capacity
+                    }
+                    None => residents
+                        .iter()
+                        .map(reported_peak_mib)
+                        .sum::<Option<u64>>()
+                        .is_some_and(|used| room_for_unknown(used, capacity)),
+                }
             })
             .map_or(Decision::Queue, |device| {
                 Decision::place(device, task.batch_size)

@@ -7,7 +7,9 @@
 //! 2. then, every tuning interval, the job runs the size with the lowest PD alone
 //!    (the tuner's objective, `iadeep_objective::PdInput`, with IF = 1) under the φ its
 //!    agent reports now, from the step times measured at each size (the fastest seen,
-//!    so a straggler window does not count against a size) and its solo profile at m0.
+//!    so a straggler window does not count against a size) and its step time alone at
+//!    m0: its solo profile's when jobs bring one (`--job-info profiled`), else the one
+//!    it measured at m0 in its own sweep (it runs alone).
 //!    No further trial runs are needed: alone, a size's step time does not change, only
 //!    its statistical efficiency does, as φ grows over training.
 //!
@@ -21,7 +23,7 @@ use std::collections::BTreeMap;
 use iadeep_objective::PdInput;
 
 use crate::policy::batch_search::{BatchSearch, pd_alone_or_shared};
-use crate::policy::{Decision, Policy, TuneStep};
+use crate::policy::{Assignment, Decision, Policy, TuneStep};
 use crate::view::{ClusterView, Resident, Waiting};
 
 /// Relative PD gain a change of batch size must promise (the iadeep tuner's hysteresis,
@@ -39,12 +41,20 @@ struct Job {
 }
 
 impl Job {
+    /// The job's step time alone at m0: its profile's, else the fastest it measured.
+    fn solo_step_s_m0(&self, me: &Resident<'_>) -> Option<f64> {
+        match me.spec.profile {
+            Some(profile) => Some(profile.step_time_s),
+            None => self.step_s.get(&me.spec.m0).copied(),
+        }
+    }
+
     /// PD alone at `batch_size` with noise scale `phi`, from the measured step time.
     fn pd_at(&self, me: &Resident<'_>, batch_size: u32, phi: Option<f64>) -> Option<f64> {
         let step_s = *self.step_s.get(&batch_size)?;
         PdInput {
             m0: f64::from(me.spec.m0),
-            solo_step_s_m0: me.spec.solo_step_time_s,
+            solo_step_s_m0: self.solo_step_s_m0(me)?,
             m: f64::from(batch_size),
             co_step_s: step_s,
             noise_scale: phi,
@@ -122,8 +132,9 @@ impl Policy for Pollux {
             let fastest = job.step_s.entry(size).or_insert(f64::INFINITY);
             *fastest = fastest.min(me.report.step_time_s);
         }
+        let solo_step_s = job.solo_step_s_m0(me).unwrap_or(f64::NAN);
         if let Some(sweep) = &mut job.sweep {
-            let scored = ran.map(|size| (size, pd_alone_or_shared(me)));
+            let scored = ran.map(|size| (size, pd_alone_or_shared(me, solo_step_s)));
             let (step, over) = sweep.tune_step(scored, me.report.batch_size);
             if over {
                 job.sweep = None;
@@ -135,7 +146,7 @@ impl Policy for Pollux {
         }
         match job.best_now(me) {
             Some(size) if ran.is_some() => TuneStep::Apply {
-                assignments: vec![(job.task, size)],
+                assignments: vec![Assignment::new(job.task, size)],
                 again_in_s: None,
             },
             _ => TuneStep::Wait { again_in_s: None },
@@ -152,7 +163,7 @@ impl Policy for Pollux {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::{AgentReport, TaskSpec};
+    use crate::view::{AgentReport, SoloProfile, TaskSpec};
 
     fn spec() -> TaskSpec {
         TaskSpec {
@@ -160,8 +171,10 @@ mod tests {
             model: "Recommendation".into(),
             m0: 4096,
             batch_sizes: vec![512, 1024, 2048, 4096],
-            solo_step_time_s: 0.4,
-            solo_peak_mem_mib: 2000,
+            profile: Some(SoloProfile {
+                step_time_s: 0.4,
+                peak_mem_mib: 2000,
+            }),
             submit_s: 0.0,
             total_samples: 1e9,
         }
@@ -219,5 +232,34 @@ mod tests {
             report: &settled,
         };
         assert_eq!(job.best_now(&me), None);
+    }
+
+    /// Without a profile the step time alone at m0 is the one the job's sweep measured
+    /// there (0.4 s, as the profile said): the same choices. Before m0 ran, no size can
+    /// be scored and nothing changes.
+    #[test]
+    fn without_a_profile_the_sweeps_own_m0_measurement_is_the_reference() {
+        let spec = TaskSpec {
+            profile: None,
+            ..spec()
+        };
+        let job = job();
+        for (phi, current, best) in [(10.0, 4096, Some(512)), (1e6, 512, Some(4096))] {
+            let now = report(current, phi);
+            let me = Resident {
+                spec: &spec,
+                report: &now,
+            };
+            assert_eq!(job.best_now(&me), best, "phi {phi}");
+        }
+        let mut unmeasured = job;
+        unmeasured.step_s.remove(&4096);
+        let early = report(1024, 10.0);
+        let me = Resident {
+            spec: &spec,
+            report: &early,
+        };
+        assert_eq!(unmeasured.solo_step_s_m0(&me), None);
+        assert_eq!(unmeasured.best_now(&me), None);
     }
 }

@@ -12,6 +12,13 @@
 //!   `reference-fixed` is the same approach with PD dividing by E, as DESIGN.md's;
 //! - **no memory constraint**: placements and batch sizes ignore memory; a crash stops
 //!   the search at the sizes that ran.
+//!
+//! Slowdowns (the forest's targets) and PD need a job's step time alone: its solo
+//! profile at m0 when jobs bring one (`--job-info profiled`), else the step time its
+//! agent reported while it ran alone at m0; a co-location of a job never measured
+//! alone at m0 is no sample. The searched job is new, so without profiles its solo step
+//! time is unknown; its sizes are compared with each other only, where a common
+//! stand-in gives the same choice ([`pd_alone_or_shared`]).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -20,7 +27,10 @@ use smartcore::ensemble::random_forest_regressor::{
 };
 use smartcore::linalg::basic::matrix::DenseMatrix;
 
-use crate::policy::batch_search::{BatchSearch, pd_alone_or_shared, tune_device};
+use crate::policy::batch_search::{
+    BatchSearch, UNKNOWN_SOLO_STEP_S, pd_alone_or_shared, tune_device,
+};
+use crate::policy::solo::SoloTimes;
 use crate::policy::{Decision, OomAction, Policy, TuneStep};
 use crate::view::{ClusterView, Resident, Waiting};
 
@@ -45,6 +55,8 @@ pub struct Reference {
     seed: u64,
     /// PD divides by E (`reference-fixed`) instead of multiplying (as published).
     divides_by_e: bool,
+    /// Step times measured alone.
+    solo: SoloTimes,
 }
 
 impl std::fmt::Debug for Reference {
@@ -69,6 +81,7 @@ impl Reference {
             searches: BTreeMap::new(),
             seed,
             divides_by_e,
+            solo: SoloTimes::default(),
         }
     }
 
@@ -86,8 +99,10 @@ impl Reference {
         x
     }
 
-    /// Adds a sample for every co-located resident running at its m0 with a fresh report.
+    /// Adds a sample for every co-located resident running at its m0 with a fresh report
+    /// whose step time alone at m0 is known.
     fn collect(&mut self, view: &dyn ClusterView) {
+        self.solo.observe(view);
         for device in 0..view.devices() {
             if view.resident_count(device) < 2 {
                 continue;
@@ -97,6 +112,9 @@ impl Reference {
                 if !r.report.running || r.report.batch_size != r.spec.m0 {
                     continue;
                 }
+                let Some(solo_step_s) = self.solo.step_s(r.spec, r.spec.m0) else {
+                    continue;
+                };
                 if self.seen.get(&r.spec.id) == Some(&r.report.seq) {
                     continue;
                 }
@@ -108,8 +126,7 @@ impl Reference {
                     .map(|(_, o)| o.spec.model.as_str())
                     .collect();
                 let x = self.features(&r.spec.model, &others);
-                self.samples
-                    .push((x, r.report.step_time_s / r.spec.solo_step_time_s));
+                self.samples.push((x, r.report.step_time_s / solo_step_s));
                 self.new_samples += 1;
             }
         }
@@ -200,13 +217,19 @@ impl Policy for Reference {
         // the job started at).
         let divides_by_e = self.divides_by_e;
         tune_device(&mut self.searches, view, device, |me| {
+            // The searched job is the newly placed one: only a profile can say how fast it
+            // runs alone (a fixed stand-in otherwise; one search compares its own sizes).
+            let solo_step_s = me
+                .spec
+                .profile
+                .map_or(UNKNOWN_SOLO_STEP_S, |p| p.step_time_s);
             if divides_by_e {
-                return pd_alone_or_shared(me);
+                return pd_alone_or_shared(me, solo_step_s);
             }
             // As published: IF · DT · E.
             let m0 = f64::from(me.spec.m0);
             let m = f64::from(me.report.batch_size);
-            let if_dt = me.report.step_time_s * m0 / (me.spec.solo_step_time_s * m);
+            let if_dt = me.report.step_time_s * m0 / (solo_step_s * m);
             let e = me
                 .report
                 .grad_noise_scale
@@ -229,5 +252,6 @@ impl Policy for Reference {
             self.searches.remove(&device);
         }
         self.seen.remove(&task);
+        self.solo.forget(task);
     }
 }

@@ -1,30 +1,24 @@
 //! Utilisation-based placement: the GPU with the least utilisation, as the agents'
 //! reports show it, while it stays under a cap.
 //!
-//! A job's share of its GPU is its measured speed relative to its profiled solo
-//! speed (a job alone uses the whole GPU: share 1; two jobs slowing each other to
-//! 60 % use 0.6 each). The new job is predicted to add a share of 1 on an idle GPU.
+//! A job's share of its GPU is its measured speed relative to its speed alone (a job
+//! alone uses the whole GPU: share 1; two jobs slowing each other to 60 % use 0.6 each):
+//! with solo profiles its profiled speed at m0, without them the speed its agent
+//! reported while it ran alone at the same batch size; a job never measured alone counts
+//! as a whole GPU ([`SoloTimes::share`]). The new job is predicted to add a share of 1.
 //! The policy ignores memory, which is what makes such schedulers crash jobs; it only
 //! remembers not to send a task back to a GPU where it crashed while that GPU
 //! is shared (a blocklist).
 
 use std::collections::BTreeSet;
 
+use crate::policy::solo::SoloTimes;
 use crate::policy::{Decision, OomAction, Policy};
+use crate::view::{ClusterView, Waiting};
 
 /// At most this many jobs per GPU (as iadeep). Shares fall as jobs pile up, so the
 /// cap alone would let a badly contended GPU keep taking jobs.
 pub const MAX_RESIDENTS: usize = 3;
-use crate::view::{ClusterView, Resident, Waiting};
-
-/// A resident's share of its GPU from its report (1 while it has not run yet).
-pub fn share(resident: &Resident<'_>) -> f64 {
-    if !resident.report.running || resident.report.samples_per_s <= 0.0 {
-        return 1.0;
-    }
-    let solo_samples_per_s = f64::from(resident.spec.m0) / resident.spec.solo_step_time_s;
-    (resident.report.samples_per_s / solo_samples_per_s).clamp(0.0, 1.0)
-}
 
 /// Least predicted utilisation under a cap.
 #[derive(Debug)]
@@ -33,6 +27,8 @@ pub struct LeastUtilised {
     pub cap: f64,
     /// (task, device) pairs where the task ran out of memory.
     crashed: BTreeSet<(usize, usize)>,
+    /// Speeds measured alone.
+    solo: SoloTimes,
 }
 
 impl Default for LeastUtilised {
@@ -40,6 +36,7 @@ impl Default for LeastUtilised {
         LeastUtilised {
             cap: 1.5,
             crashed: BTreeSet::new(),
+            solo: SoloTimes::default(),
         }
     }
 }
@@ -50,6 +47,7 @@ impl Policy for LeastUtilised {
     }
 
     fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
+        self.solo.observe(view);
         let mut best: Option<(f64, usize)> = None;
         for device in 0..view.devices() {
             let count = view.resident_count(device);
@@ -58,7 +56,11 @@ impl Policy for LeastUtilised {
             {
                 continue;
             }
-            let used: f64 = view.residents(device).iter().map(share).sum();
+            let used: f64 = view
+                .residents(device)
+                .iter()
+                .map(|r| self.solo.share(r))
+                .sum();
             if used < self.cap && best.is_none_or(|(b, _)| used < b) {
                 best = Some((used, device));
             }
@@ -75,5 +77,6 @@ impl Policy for LeastUtilised {
 
     fn on_finish(&mut self, _device: usize, task: usize) {
         self.crashed.retain(|(t, _)| *t != task);
+        self.solo.forget(task);
     }
 }

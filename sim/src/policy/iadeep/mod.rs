@@ -24,12 +24,29 @@ use std::sync::Arc;
 use iadeep_placer::model::ModelledMemory;
 use iadeep_proto::{BatchSizeAssignment, TaskSpec as ProtoSpec};
 
-use crate::policy::{Decision, OomAction, Policy, TuneStep};
+use crate::policy::{Assignment, Decision, OomAction, Policy, TuneStep};
 use crate::view::{ClusterView, TaskSpec, Waiting};
 use oracle::{ORACLE_RETUNE_S, TrueMemory, TrueSlowdown, Truth};
 use placement::{SharedPredictor, SimPlacement, task_key, task_of, unix_ms};
 use predictor::SimPredictor;
 use tuning::{AGENT_REPORT_INTERVAL_S, SimTuner};
+
+/// An assignment as the engine applies it: the batch size, and the memory bound the
+/// task's agent moves its fence to (rounded down to whole MiB).
+fn sim_assignment(task: usize, a: &BatchSizeAssignment) -> Assignment {
+    Assignment {
+        task,
+        batch_size: a.batch_size,
+        memory_bound_mib: fence_mib(a),
+    }
+}
+
+/// The fence an assignment sets, whole MiB: its memory bound, when it carries one.
+fn fence_mib(a: &BatchSizeAssignment) -> Option<u64> {
+    a.memory_bound_mib
+        .filter(|mib| mib.is_finite() && *mib > 0.0)
+        .map(|mib| mib.floor() as u64)
+}
 
 /// Which parts of iadeep are on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +83,9 @@ pub struct Iadeep {
     samples: u64,
     /// The world's truth: set for the oracle only, which it makes.
     truth: Option<Arc<Truth>>,
+    /// Per device, the assignments of settled provisional reservations (each moves a
+    /// task's fence), applied at the device's next tuning call.
+    settled: HashMap<usize, Vec<Assignment>>,
 }
 
 impl Iadeep {
@@ -118,6 +138,31 @@ impl Iadeep {
             finished: 0,
             samples: 0,
             truth,
+            settled: HashMap::new(),
+        }
+    }
+
+    /// Routes the assignments the placer wrote when it settled provisional reservations:
+    /// to the device tuners (as `Assigned` inputs, as the daemon's watch delivers them)
+    /// and to the engine at each device's next tuning call.
+    fn route_settled(&mut self, view: &dyn ClusterView) {
+        for a in self.placement.take_settled() {
+            let Some(task) = task_of(&a.task_id) else {
+                continue;
+            };
+            let Some(device) =
+                (0..view.devices()).find(|d| view.residents(*d).iter().any(|r| r.spec.id == task))
+            else {
+                continue;
+            };
+            self.rounds.insert(task, a.round);
+            if let Some(tuner) = self.tuners.get_mut(&device) {
+                tuner.placed(std::slice::from_ref(&a));
+            }
+            self.settled
+                .entry(device)
+                .or_default()
+                .push(sim_assignment(task, &a));
         }
     }
 
@@ -140,6 +185,7 @@ impl Iadeep {
                     .any(|r| r.spec.id == *task && r.report.batch_size != *size)
             })
             .collect();
+        let mut assignments = Vec::with_capacity(changes.len());
         if changes.is_empty() {
             return again;
         }
@@ -168,9 +214,10 @@ impl Iadeep {
             if let Err(err) = self.placement.assigned(&assignment) {
                 tracing::warn!(%err, "cannot record an assignment with the placer");
             }
+            assignments.push(sim_assignment(task, &assignment));
         }
         TuneStep::Apply {
-            assignments: changes,
+            assignments,
             again_in_s: Some(ORACLE_RETUNE_S),
         }
     }
@@ -219,6 +266,7 @@ impl Policy for Iadeep {
                 .decide(view, task, &|spec| Self::spec(variant, spec, &kind), &|t| {
                     rounds.get(&t).copied().unwrap_or(0)
                 });
+        self.route_settled(view);
         if let Some(audit) = self.placement.audit.as_mut()
             && Some(audit.len()) != recorded
             && let Some(record) = audit.last_mut()
@@ -272,6 +320,13 @@ impl Policy for Iadeep {
         if let Some(truth) = self.truth.clone() {
             return self.tune_oracle(view, device, &truth);
         }
+        // The reports that arrived settle provisional reservations first, as the daemon's
+        // reaper does within a second of them.
+        let rounds = &self.rounds;
+        self.placement
+            .refresh(view, &|t| rounds.get(&t).copied().unwrap_or(0));
+        self.route_settled(view);
+        let settled = self.settled.remove(&device).unwrap_or_default();
         let tuner = match self.tuners.entry(device) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
@@ -309,7 +364,14 @@ impl Policy for Iadeep {
             if let Err(err) = self.placement.assigned(a) {
                 tracing::warn!(%err, "cannot record an assignment with the placer");
             }
-            assignments.push((task, a.batch_size));
+            assignments.push(sim_assignment(task, a));
+        }
+        // A settled reservation's assignment, unless the tuner assigned the task anew (its
+        // assignment comes later and carries its own bound).
+        for s in settled.into_iter().rev() {
+            if !assignments.iter().any(|a| a.task == s.task) {
+                assignments.insert(0, s);
+            }
         }
         match (assignments.is_empty(), step.again_in_s) {
             (false, again_in_s) => TuneStep::Apply {
@@ -323,10 +385,21 @@ impl Policy for Iadeep {
         }
     }
 
-    /// The agent falls back to half its batch size; the tuner learns of the crash from
-    /// its next report (a joint constraint when it shared the GPU).
+    /// A crash of the card's memory (fences that together exceed the card): the job
+    /// restarts at half its batch size; the tuner learns of it from its next report (a
+    /// joint constraint when it shared the GPU). Fenced out-of-memory errors are no
+    /// crash: the agent falls back by itself and reports the size that failed.
     fn on_oom(&mut self, _device: usize, _task: usize, _batch_size: u32) -> OomAction {
         OomAction::RestartHalf
+    }
+
+    /// A task that could not run within its fence at any size left its device: its
+    /// launcher releases the placement as it exits, and it is placed afresh.
+    fn on_left(&mut self, _device: usize, task: usize) {
+        self.rounds.remove(&task);
+        if let Err(err) = self.placement.release(task) {
+            tracing::warn!(%err, task, "cannot release a task that left its device");
+        }
     }
 
     fn enable_audit(&mut self) {

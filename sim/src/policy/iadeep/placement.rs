@@ -106,9 +106,10 @@ pub fn unix_ms(now_s: f64) -> i64 {
     EPOCH_UNIX_MS + (now_s * 1000.0).round() as i64
 }
 
-/// A task as its submitter sends it to the placer: the spec with its solo profile at m0
-/// (a profiling run on this kind of GPU), the batch sizes it can run at, and no memory
-/// request (the trace's requests are capped at the whole card; the profile sizes the task).
+/// A task as its submitter sends it to the placer: its model, m0, the batch sizes it can
+/// run at and its work, with its solo profile at m0 (a profiling run on this kind of GPU)
+/// only when jobs bring one (`JobInfo::Profiled`), and no memory request (the trace's
+/// requests are capped at the whole card): what `iadeep run` sends by default.
 pub fn proto_spec(spec: &TaskSpec, kind: &str) -> ProtoSpec {
     ProtoSpec {
         task_id: task_key(spec.id),
@@ -117,13 +118,14 @@ pub fn proto_spec(spec: &TaskSpec, kind: &str) -> ProtoSpec {
         min_batch_size: spec.batch_sizes.first().copied().unwrap_or(spec.m0),
         max_batch_size: spec.batch_sizes.last().copied().unwrap_or(spec.m0),
         gpu_mem_request_mib: 0,
-        profile: Some(SoloProfile {
+        profile: spec.profile.map(|p| SoloProfile {
             batch_size: spec.m0,
-            step_time_s: Some(spec.solo_step_time_s),
+            step_time_s: Some(p.step_time_s),
             sm_util_pct: None,
             mem_bw_util_pct: None,
-            peak_mem_mib: Some(spec.solo_peak_mem_mib),
+            peak_mem_mib: Some(p.peak_mem_mib),
             device_kind: kind.to_owned(),
+            ..SoloProfile::default()
         }),
         total_samples: Some(spec.total_samples.max(0.0).round() as u64),
         submitted_at_unix_ms: unix_ms(spec.submit_s),
@@ -172,6 +174,9 @@ pub struct SimPlacement {
     applied: Vec<Vec<(usize, u64, bool)>>,
     /// The retry hint of the last decision, when the placer said "queue".
     pub retry_after: Option<std::time::Duration>,
+    /// Assignments the service wrote when it settled provisional reservations, not yet
+    /// taken ([`SimPlacement::take_settled`]).
+    settled: Vec<BatchSizeAssignment>,
     /// Decisions recorded for the placement audit, when it is on (see [`crate::audit`]).
     pub audit: Option<Vec<AuditRecord>>,
 }
@@ -215,6 +220,7 @@ impl SimPlacement {
             devices: 0,
             applied: Vec::new(),
             retry_after: None,
+            settled: Vec::new(),
             audit: None,
         })
     }
@@ -232,6 +238,22 @@ impl SimPlacement {
 
     fn view_mut(&self) -> std::sync::RwLockWriteGuard<'_, iadeep_placer::ClusterView> {
         self.view.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Puts the agents' latest reports into the view ([`SimPlacement::sync`]), then
+    /// settles the provisional reservations of tasks that reported their peak, with the
+    /// service's own pass (`PlacementService::settle_provisional`, which the daemon's
+    /// reaper runs every second): the settled tasks' new assignments (their batch size,
+    /// their fence at the peak plus the margin) wait in [`SimPlacement::take_settled`].
+    pub fn refresh(&mut self, view: &dyn ClusterView, round_of: &dyn Fn(usize) -> u64) {
+        self.sync(view, round_of);
+        let settled = self.block_on(self.service.settle_provisional());
+        self.settled.extend(settled);
+    }
+
+    /// The assignments written by settling provisional reservations since the last call.
+    pub fn take_settled(&mut self) -> Vec<BatchSizeAssignment> {
+        std::mem::take(&mut self.settled)
     }
 
     /// Registers new devices and puts the agents' latest reports into the view (as the
@@ -288,7 +310,7 @@ impl SimPlacement {
         round_of: &dyn Fn(usize) -> u64,
     ) -> crate::Result<(Decision, Vec<BatchSizeAssignment>)> {
         self.retry_after = None;
-        self.sync(view, round_of);
+        self.refresh(view, round_of);
         let spec = spec_of(task.spec);
         if self.audit.is_some() {
             self.record_audit(view, task, &spec);
@@ -310,12 +332,21 @@ impl SimPlacement {
                     .assignments
                     .iter()
                     .filter(|a| a.task_id != placement.task_id)
-                    .filter_map(|a| Some((task_of(&a.task_id)?, a.batch_size)))
+                    .filter_map(|a| Some(super::sim_assignment(task_of(&a.task_id)?, a)))
                     .collect();
+                // The agent fences its allocator at the reservation, which the starting
+                // assignment carries as its memory bound.
+                let fence_mib = outcome
+                    .assignments
+                    .iter()
+                    .find(|a| a.task_id == placement.task_id)
+                    .and_then(super::fence_mib)
+                    .or(Some(placement.reserved_mem_mib));
                 let decision = Decision::Place {
                     device,
                     batch_size: placement.batch_size,
                     shrinks,
+                    fence_mib,
                 };
                 Ok((decision, outcome.assignments))
             }
