@@ -12,6 +12,13 @@
 //!   (the predictor's cold-start heuristic only), with tuning;
 //! - `oracle`: the same placer with the world's true slowdowns and memory, and the true
 //!   Σ PD searched exhaustively instead of the tuner ([`oracle`]): the limit.
+//!
+//! Every job's agent is fenced (DESIGN.md, "Memory fence"): at the placer's reservation,
+//! which its starting assignment carries as its memory bound, then at each later
+//! assignment's bound (the tuners', the oracle's, and those the placer writes when it
+//! shrinks a resident or settles a provisional reservation). Provisional reservations are
+//! settled by the service's own pass (`PlacementService::settle_provisional`) after each
+//! batch of reports, as the daemon's reaper settles them every second.
 
 pub mod oracle;
 pub mod placement;
