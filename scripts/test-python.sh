@@ -1,50 +1,60 @@
 #!/usr/bin/env bash
-# Builds the Python package `iadeep` into a wheel (maturin), installs it into a virtual
-# environment (target/python-venv, kept between runs), and runs its tests (pytest)
-# against real `iadeep up --no-nvml` clusters started by the tests.
+# Builds the Python package `iadeep` into a wheel (maturin) and runs its tests (pytest)
+# against real `iadeep up --no-nvml` clusters started by the tests, with real PyTorch.
 #
-# The venv sees the system's site-packages, so where torch (and lightning, numpy) are
-# installed, the iadeep.torch tests and the examples' tests run; elsewhere they skip and
-# this script says so. It never downloads torch. maturin and pytest come from PyPI when
-# the environment lacks them. The wheel uses the dev profile, reusing target/debug.
+# The third-party packages live in a virtual environment outside the repository, kept
+# between runs and shared by every clone on this machine (CI clones afresh each time):
+# ${IADEEP_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/iadeep/test-venv}. Only what it
+# lacks is installed, from PyPI: pytest, maturin, numpy, torch and lightning. PyPI's
+# torch wheel brings the CUDA libraries (about 3 GB, a few minutes the first time) and
+# runs on the CPU where there is no GPU; the iadeep.torch and Lightning tests run on it.
+# This clone's wheel is unpacked into target/python-site (not into the shared venv, so
+# two clones testing at once do not replace each other's `iadeep`). The wheel uses the
+# dev profile, reusing target/debug.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-venv=target/python-venv
-if [ ! -x "$venv/bin/python" ]; then
-    python3 -m venv --system-site-packages "$venv"
-fi
+venv=${IADEEP_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/iadeep/test-venv}
 py="$venv/bin/python"
-missing=()
-"$py" -c "import pytest" 2>/dev/null || missing+=("pytest>=7")
-[ -x "$venv/bin/maturin" ] || command -v maturin >/dev/null 2>&1 || missing+=("maturin>=1.9,<2")
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing into $venv: ${missing[*]}"
-    "$py" -m pip install -q --disable-pip-version-check "${missing[@]}"
-fi
-maturin="$venv/bin/maturin"
-[ -x "$maturin" ] || maturin=maturin
+mkdir -p "$(dirname "$venv")"
+(
+    # One installer at a time: a second run waits for the first one's install.
+    flock 9
+    if [ ! -x "$py" ]; then
+        echo "python: creating the test venv $venv"
+        python3 -m venv "$venv"
+    fi
+    missing=()
+    "$py" -c "import pytest" 2>/dev/null || missing+=("pytest>=7")
+    [ -x "$venv/bin/maturin" ] || missing+=("maturin>=1.9,<2")
+    "$py" -c "import numpy" 2>/dev/null || missing+=("numpy")
+    "$py" -c "import torch" 2>/dev/null || missing+=("torch")
+    "$py" -c "import lightning.pytorch" 2>/dev/null || missing+=("lightning")
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "python: installing into $venv: ${missing[*]} (torch: ~3 GB the first time)"
+        "$py" -m pip install -q --disable-pip-version-check "${missing[@]}"
+    fi
+) 9>"$venv.lock"
 
 # The binary the tests drive (iadeep up, iadeep run, iadeep state).
 cargo build -q -p iadeep-cli
 start=$(date +%s)
 rm -f target/wheels/iadeep-*.whl
-"$maturin" build -q -m python/Cargo.toml --out target/wheels 2>&1 | grep -v "^📦\|^🔗\|^🐍\|^⚠️  Warning: .*manylinux" || true
+"$venv/bin/maturin" build -q -m python/Cargo.toml --out target/wheels 2>&1 \
+    | grep -v "^📦\|^🔗\|^🐍\|^⚠️  Warning: .*manylinux" || true
 echo "python: maturin build took $(( $(date +%s) - start ))s"
-"$py" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps target/wheels/iadeep-*.whl
+site="$PWD/target/python-site"
+rm -rf "$site"
+"$py" -m pip install -q --disable-pip-version-check --no-deps --target "$site" target/wheels/iadeep-*.whl
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 "$py" -c "import iadeep; print('python: import iadeep', iadeep.__version__, 'from', iadeep.__file__)"
-
-for module in torch lightning numpy; do
-    if version=$("$py" -c "import $module; print($module.__version__)" 2>/dev/null); then
-        echo "python: $module $version is importable: its tests run"
-    else
-        echo "python: $module is not importable in $venv: its tests are skipped"
-    fi
-done
+"$py" -c "import torch, lightning, numpy; print('python: torch', torch.__version__, '(CUDA available:',
+    torch.cuda.is_available(), ') lightning', lightning.__version__, 'numpy', numpy.__version__)"
 
 # The per-step cost of the agent's hot path with the GIL held (a figure, not a test).
 "$py" python/benches/step_cost.py
 
-# From the repository's root, where no `iadeep` folder shadows the installed wheel
-# (`python -m` puts the working directory first on the import path).
+# From the repository's root, where no `iadeep` folder shadows the wheel (`python -m`
+# puts the working directory first on the import path). The jobs the tests start use
+# the same interpreter and PYTHONPATH.
 IADEEP_BIN="$PWD/target/debug/iadeep" "$py" -m pytest -q -rs python/tests "$@"
