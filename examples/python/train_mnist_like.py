@@ -13,14 +13,15 @@ the GPU's tuner says so, at the same position in the epoch, and rescales the
 optimizer's learning rate; catch_oom() retries a step that ran out of GPU memory at the
 agent's fall-back size.
 
-GPU memory: on CUDA, the peak PyTorch reserved since the last batch-size change; on a
-machine without a GPU the process's peak resident memory stands in for it (the tuner
-needs some memory figure before it grows a batch).
+GPU memory (iadeep.torch.peak_memory_mib): on CUDA, the peak PyTorch reserved since the
+last batch-size change; on a machine without a GPU the process's peak resident memory
+stands in for it (the tuner needs some memory figure before it grows a batch). On CUDA
+the loader also fences PyTorch's allocator at the memory iadeep holds for the job.
 """
 
 import argparse
-import resource
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -57,12 +58,6 @@ class Net(torch.nn.Module):
         return self.fc(x.flatten(1))
 
 
-def peak_memory_mib(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_reserved(device) // 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=3)
@@ -71,6 +66,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=0, help="data loader worker processes")
     parser.add_argument("--report-interval-s", type=float, default=2.0)
+    parser.add_argument("--max-seconds", type=float, default=None, help="stop training after this long")
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -98,8 +94,11 @@ def main() -> int:
         num_workers=args.workers, pin_memory=device.type == "cuda",
     )
     print(f"task {agent.task_id} on {device}: batch size {agent.batch_size}", flush=True)
+    deadline = time.monotonic() + args.max_seconds if args.max_seconds is not None else float("inf")
     with agent:
         for epoch in range(args.epochs):
+            if time.monotonic() > deadline:
+                break
             model.train()
             loss_sum, correct, seen = 0.0, 0, 0
             for images, labels in loader:
@@ -113,7 +112,9 @@ def main() -> int:
                     loss_sum += loss.item() * len(labels)
                     correct += int((logits.argmax(1) == labels).sum())
                     seen += len(labels)
-                agent.record_peak_memory(peak_memory_mib(device))
+                agent.record_peak_memory(iadeep.torch.peak_memory_mib(device))
+                if time.monotonic() > deadline:
+                    break
             print(
                 f"epoch {epoch}: loss {loss_sum / max(seen, 1):.4f}, accuracy {correct / max(seen, 1):.3f}, "
                 f"batch size {loader.batch_size}",

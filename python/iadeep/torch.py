@@ -6,6 +6,10 @@
   optimizer's learning rates, and records each step's time with the agent.
 - :meth:`AdaptiveDataLoader.catch_oom` turns ``torch.cuda.OutOfMemoryError`` into a
   report to the agent and a retry of the same samples at its fall-back batch size.
+- :class:`MemoryFence` (on by default in the loader) caps this process's PyTorch CUDA
+  caching allocator at the memory the placer and the tuner hold for the job, so a job
+  that outgrows it fails its own allocation (and falls back) instead of taking its
+  co-runners' memory.
 - :class:`LRScaler` keeps an optimizer's learning rates at their base times the
   agent's factor (and composes with learning-rate schedulers).
 - :class:`GradientNoiseScale` feeds the agent the gradient noise scale's inputs from
@@ -24,6 +28,7 @@ A loop::
                 optimizer.zero_grad()
                 loss_fn(model(inputs), targets).backward()
                 optimizer.step()
+            agent.record_peak_memory(iadeep.torch.peak_memory_mib(device))
     agent.finish()
 
 torch is needed only here: ``import iadeep`` never imports it.
@@ -33,9 +38,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import math
+import os
 import time
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -47,13 +55,39 @@ __all__ = [
     "GradientNoiseScale",
     "IadeepCallback",
     "LRScaler",
+    "MemoryFence",
     "is_out_of_memory",
+    "peak_memory_mib",
 ]
+
+_log = logging.getLogger("iadeep.torch")
+
+#: Set to ``0`` to turn the memory fence off without touching the code.
+FENCE_ENV = "IADEEP_MEMORY_FENCE"
 
 
 def is_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` is PyTorch running out of GPU memory."""
     return isinstance(error, torch.cuda.OutOfMemoryError)
+
+
+def peak_memory_mib(device: Union[str, "torch.device"]) -> int:
+    """The job's peak memory on ``device`` in MiB, for :meth:`iadeep.Agent.record_peak_memory`.
+
+    On a CUDA device: the most PyTorch's caching allocator has reserved
+    (``torch.cuda.max_memory_reserved``; call ``torch.cuda.reset_peak_memory_stats``
+    when the batch size changes, so the figure is the new size's). Elsewhere (training
+    on the CPU, where ``max_memory_reserved`` is 0): the process's peak resident memory,
+    which stands in for it; the tuner needs some memory figure before it grows a batch.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_reserved(device)) // 2**20
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return int(peak) // (2**20 if sys.platform == "darwin" else 2**10)
 
 
 class LRScaler:
@@ -76,6 +110,68 @@ class LRScaler:
         for group in self.optimizer.param_groups:
             group["lr"] = group["lr"] * ratio
         self.factor = factor
+
+
+class MemoryFence:
+    """Caps this process's PyTorch CUDA caching allocator at the agent's memory limit
+    (:attr:`iadeep.Agent.memory_limit_mib`: the placement's reservation, then the memory
+    bound of each applied assignment), with
+    ``torch.cuda.set_per_process_memory_fraction(limit / device memory)``.
+
+    A job that outgrows the memory iadeep holds for it then gets
+    ``torch.cuda.OutOfMemoryError`` in its own process, which
+    :meth:`AdaptiveDataLoader.catch_oom` turns into a fall-back, instead of taking memory
+    its co-runners were promised. When the limit shrinks, the allocator's cached blocks
+    are released (``torch.cuda.empty_cache()``) so the co-runners get the memory.
+
+    What it cannot catch: memory outside PyTorch's caching allocator: the CUDA context
+    (a few hundred MiB per process), cuDNN/cuBLAS workspaces and handles, NCCL buffers,
+    and other libraries' CUDA allocations (CuPy, TensorRT, custom kernels calling
+    ``cudaMalloc``). The cap is on the allocator only, so these come on top of it.
+
+    It does nothing until the job uses CUDA (``torch.cuda.is_initialized()``), nor while
+    the agent knows no limit (no placer). ``device``: the CUDA device to fence (default:
+    the current one, which is the job's GPU under ``iadeep run``).
+    """
+
+    def __init__(self, agent: Agent, device: Union[None, int, "torch.device"] = None) -> None:
+        self.agent = agent
+        self.device = device
+        #: The limit the cap was set from, MiB, and the fraction set (None: not yet).
+        self.limit_mib: Optional[int] = None
+        self.fraction: Optional[float] = None
+        self._cuda: Optional[bool] = None  # torch.cuda.is_available(), asked once
+
+    def update(self) -> Optional[float]:
+        """Moves the cap to the agent's current limit; returns the fraction in force."""
+        if self._cuda is None:
+            self._cuda = torch.cuda.is_available()
+        if not self._cuda:
+            return None
+        limit = self.agent.memory_limit_mib
+        if limit is None or limit == self.limit_mib or not torch.cuda.is_initialized():
+            return self.fraction  # no limit, no news, or the job does not use CUDA (yet)
+        device = self.device if self.device is not None else torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(device).total_memory
+        fraction = float(min(1.0, limit * 2**20 / total))
+        shrinking = self.fraction is not None and fraction < self.fraction
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
+        if shrinking:
+            torch.cuda.empty_cache()
+        _log.info(
+            "task %s: PyTorch's allocator capped at %d MiB (%.3f of device %s)",
+            self.agent.task_id, limit, fraction, device,
+        )
+        self.limit_mib, self.fraction = limit, fraction
+        return fraction
+
+
+def _fence_enabled(requested: bool) -> bool:
+    return requested and os.environ.get(FENCE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+#: Agents whose loaders Lightning drives (see IadeepCallback.setup): id -> fits.
+_UNDER_LIGHTNING: Dict[int, int] = {}
 
 
 class _BatchesFrom(Sampler[List[int]]):
@@ -110,6 +206,14 @@ class AdaptiveDataLoader:
     rescales ``optimizer``'s learning rates. Batches a worker had prefetched at the old
     size are dropped and their samples served again at the new one.
 
+    ``on_change(change)`` is called after each change that moved the batch size (an
+    assignment that keeps it, such as the placer's starting assignment, is applied
+    silently) and on ``reservation_lost`` / ``reservation_restored``.
+
+    ``memory_fence`` (default on): caps PyTorch's CUDA caching allocator at the memory
+    iadeep holds for the job and moves the cap with every assignment (see
+    :class:`MemoryFence`; off with ``memory_fence=False`` or ``IADEEP_MEMORY_FENCE=0``).
+
     Other keyword arguments (``num_workers``, ``collate_fn``, ``pin_memory``, ...) go
     to each DataLoader; ``batch_size``, ``shuffle``, ``sampler`` and ``batch_sampler``
     are this loader's business.
@@ -126,6 +230,7 @@ class AdaptiveDataLoader:
         optimizer: Optional[torch.optim.Optimizer] = None,
         record_steps: bool = True,
         on_change: Optional[Callable[[BatchSizeChange], None]] = None,
+        memory_fence: bool = True,
         **loader_kwargs: Any,
     ) -> None:
         taken = {"batch_size", "shuffle", "sampler", "batch_sampler"} & loader_kwargs.keys()
@@ -146,8 +251,13 @@ class AdaptiveDataLoader:
         self.batch_size = agent.batch_size
         #: Samples in the batch handed out last.
         self.last_batch_size = 0
+        #: The fence on PyTorch's allocator (None when turned off).
+        self.fence: Optional[MemoryFence] = MemoryFence(agent) if _fence_enabled(memory_fence) else None
         self._scalers: List[LRScaler] = []
         self._retry = False
+        # Sizes of the batches handed out and not yet taken by IadeepCallback (Lightning
+        # fetches ahead, so last_batch_size may be the next batch's).
+        self._handed_out: Deque[int] = deque(maxlen=16)
         if optimizer is not None:
             self.scale_optimizer(optimizer)
 
@@ -159,7 +269,17 @@ class AdaptiveDataLoader:
         self._scalers.append(scaler)
 
     def __len__(self) -> int:
-        """Batches left in an epoch at the current batch size."""
+        """Batches in an epoch at the current batch size.
+
+        Under PyTorch Lightning with :class:`IadeepCallback`, the loader has no length
+        (``TypeError``), as an iterable dataset: Lightning would otherwise end every
+        epoch after the number of batches it read at the start of ``fit``, skipping
+        samples after the batch size shrinks.
+        """
+        if id(self.agent) in _UNDER_LIGHTNING:
+            raise TypeError(
+                "an AdaptiveDataLoader under IadeepCallback has no fixed length: its batch size follows the tuner"
+            )
         return len(_BatchesFrom(range(len(self.dataset)), 0, self.batch_size, self.drop_last))
 
     def _order(self) -> Sequence[int]:
@@ -170,16 +290,24 @@ class AdaptiveDataLoader:
         generator.manual_seed(self.seed + self.epoch)
         return torch.randperm(n, generator=generator).tolist()
 
-    def _apply(self, change: BatchSizeChange) -> None:
+    def _apply(self, change: BatchSizeChange) -> bool:
+        """Applies `change`; returns whether the batch size moved."""
+        resized = change.batch_size != self.batch_size
         self.batch_size = change.batch_size
         for scaler in self._scalers:
             scaler.apply(change.lr_factor)
-        if self.on_change is not None:
+        if self.fence is not None:
+            self.fence.update()
+        if self.on_change is not None and (resized or change.reason != "assignment"):
             self.on_change(change)
+        return resized
 
     def __iter__(self) -> Iterator[Any]:
         order = self._order()
         self.position = 0
+        self._handed_out.clear()
+        if self.fence is not None:
+            self.fence.update()
         try:
             while self.position < len(order):
                 sampler = _BatchesFrom(order, self.position, self.batch_size, self.drop_last)
@@ -195,6 +323,7 @@ class AdaptiveDataLoader:
                         break
                     size = min(self.batch_size, len(order) - self.position)
                     self.last_batch_size = size
+                    self._handed_out.append(size)
                     yield batch
                     # The loop trained on the batch (or caught its out-of-memory error).
                     if self._retry:
@@ -204,10 +333,12 @@ class AdaptiveDataLoader:
                     if self.record_steps:
                         self.agent.record_step(size, time.perf_counter() - started)
                     self.position += size
+                    if self.fence is not None and self.fence.fraction is None:
+                        self.fence.update()  # not fenced yet: CUDA may have started with this step
                     change = self.agent.poll_change()
                     if change is not None:
-                        self._apply(change)
-                        rebuild = True
+                        # Same size (e.g. the starting assignment): keep the batches.
+                        rebuild = self._apply(change)
                 del batches
                 if not rebuild:
                     break
@@ -311,6 +442,12 @@ class IadeepCallback(_lightning_callback_base()):  # type: ignore[misc]
     fetches one batch ahead, so a change takes effect one batch later than in a plain
     loop. Out-of-memory recovery needs a plain loop (Lightning ends ``fit`` on the
     error).
+
+    During ``fit`` the agent's loaders have no length, as an iterable dataset has none:
+    an epoch ends when its samples are used up, whatever the batch sizes were on the
+    way, so every sample is seen once per epoch. Hence, as for any loader without a
+    length: ``val_check_interval`` must be ``1.0``, an int or time-based, and a
+    learning-rate schedule that needs the total number of steps needs ``max_steps``.
     """
 
     def __init__(self, agent: Agent, *, finish_on_end: bool = True) -> None:
@@ -321,31 +458,59 @@ class IadeepCallback(_lightning_callback_base()):  # type: ignore[misc]
         self.finish_on_end = finish_on_end
         self._loader: Optional[AdaptiveDataLoader] = None
         self._started = 0.0
+        self._size = 0
         self._warned = False
+        self._registered = False
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # Before Lightning asks the train loader for its length (FitLoop.setup_data).
+        if not self._registered:
+            key = id(self.agent)
+            _UNDER_LIGHTNING[key] = _UNDER_LIGHTNING.get(key, 0) + 1
+            self._registered = True
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self._registered:
+            key = id(self.agent)
+            left = _UNDER_LIGHTNING.pop(key, 1) - 1
+            if left > 0:
+                _UNDER_LIGHTNING[key] = left
+            self._registered = False
+
+    def _attach(self, trainer: Any) -> None:
+        if self._loader is not None:
+            return
+        self._loader = _find_adaptive(trainer.train_dataloader)
+        if self._loader is not None:
+            # The callback times the steps: the loader would time the fetches.
+            self._loader.record_steps = False
+            for optimizer in trainer.optimizers:
+                self._loader.scale_optimizer(optimizer)
+        elif not self._warned:
+            self._warned = True
+            import warnings
+
+            warnings.warn(
+                "IadeepCallback: the train dataloader is not an iadeep.torch.AdaptiveDataLoader, "
+                "so batch-size changes are not applied",
+                stacklevel=3,
+            )
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._attach(trainer)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self._loader is None:
-            self._loader = _find_adaptive(trainer.train_dataloader)
-            if self._loader is not None:
-                self._loader.record_steps = False
-                for optimizer in trainer.optimizers:
-                    self._loader.scale_optimizer(optimizer)
-            elif not self._warned:
-                self._warned = True
-                import warnings
-
-                warnings.warn(
-                    "IadeepCallback: the train dataloader is not an iadeep.torch.AdaptiveDataLoader, "
-                    "so batch-size changes are not applied",
-                    stacklevel=2,
-                )
+        self._attach(trainer)
+        if self._loader is not None:
+            handed_out = self._loader._handed_out
+            self._size = handed_out.popleft() if handed_out else self._loader.last_batch_size
         self._started = time.perf_counter()
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._loader is not None:
-            self.agent.record_step(self._loader.last_batch_size, time.perf_counter() - self._started)
+            self.agent.record_step(self._size, time.perf_counter() - self._started)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self.finish_on_end:

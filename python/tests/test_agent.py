@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import math
 import socket
 import subprocess
 import sys
@@ -102,6 +103,22 @@ def test_from_env_prefers_what_iadeep_run_set(tmp_path: Path, monkeypatch: pytes
     a.record_step(32, 0.01)
     assert a.report_oom(32).lr_factor == pytest.approx(16 / 32)  # the launcher's linear rule, m0 = 32
     a.finish()
+
+
+def test_the_learning_rate_rule_defaults_to_sqrt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # `iadeep run` without --lr-rule sets no IADEEP_LR_RULE: the rule is sqrt, as in
+    # the constructor (and `iadeep run --help`).
+    monkeypatch.setenv("IADEEP_TASK_ID", "default-rule")
+    monkeypatch.setenv("IADEEP_STORE", str(tmp_path / "state.redb"))
+    monkeypatch.delenv("IADEEP_LR_RULE", raising=False)
+    monkeypatch.delenv("IADEEP_MODEL", raising=False)
+    for a in (
+        iadeep.Agent.from_env(model="m", initial_batch_size=64, min_batch_size=16, use_nvml=False),
+        iadeep.Agent("t", str(tmp_path / "other.redb"), "m", 64, 16, use_nvml=False),
+    ):
+        a.record_step(16, 0.01)
+        assert a.report_oom(64).lr_factor == pytest.approx(math.sqrt(16 / 64))
+        a.finish()
 
 
 def test_from_env_without_a_launcher_says_how_to_start_the_job(monkeypatch: pytest.MonkeyPatch):

@@ -62,6 +62,24 @@ def test_a_job_applies_the_tuners_assignment_reports_finishes_and_is_released(cl
     assert cluster.placement("adaptive-1") is None
 
 
+def test_the_model_the_script_names_replaces_the_launchers_default(cluster: Cluster, tmp_path: Path):
+    script = tmp_path / "train_script.py"
+    script.write_text(
+        "import iadeep\n"
+        "agent = iadeep.Agent.from_env(model='explicit-model', initial_batch_size=8, use_nvml=False)\n"
+        "agent.finish()\n"
+    )
+    # Without --model, `iadeep run` submits the task under the script's name; the
+    # script's own name for its model wins.
+    job = cluster.run_job(["--batch-size", "8", "--task-id", "named-1"], python_job(script))
+    assert job.wait(timeout=DEADLINE_S) == 0
+    assert cluster.get("/iadeep/v1/tasks/named-1/spec")["model"] == "explicit-model"
+    # With --model, the user's name on the command line wins (what the placer was told).
+    job = cluster.run_job(["--batch-size", "8", "--task-id", "named-2", "--model", "from-cli"], python_job(script))
+    assert job.wait(timeout=DEADLINE_S) == 0
+    assert cluster.get("/iadeep/v1/tasks/named-2/spec")["model"] == "from-cli"
+
+
 def test_a_job_killed_with_its_launcher_is_released_after_the_grace_period(cluster: Cluster, tmp_path: Path):
     out = tmp_path / "job.json"
     # Its own process group, so one SIGKILL takes `iadeep run` and the job together:
