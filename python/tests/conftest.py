@@ -127,10 +127,12 @@ class Cluster:
     def placement(self, task_id: str) -> Optional[dict]:
         return self.get(f"/iadeep/v1/tasks/{task_id}/placement")
 
-    def run_job(self, run_args: List[str], command: List[str], **popen: object) -> subprocess.Popen:
-        """Starts `iadeep run RUN_ARGS -- COMMAND` against this cluster."""
+    def run_job(
+        self, run_args: List[str], command: List[str], env: Optional[Dict[str, str]] = None, **popen: object
+    ) -> subprocess.Popen:
+        """Starts `iadeep run RUN_ARGS -- COMMAND` against this cluster (`env`: extra variables)."""
         return subprocess.Popen(
-            [str(IADEEP), "run", *run_args, "--", *command], env=self.env(), **popen  # type: ignore[arg-type]
+            [str(IADEEP), "run", *run_args, "--", *command], env=self.env(**(env or {})), **popen  # type: ignore[arg-type]
         )
 
     def stop(self) -> int:
