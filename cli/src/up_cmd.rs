@@ -10,10 +10,11 @@
 //! the same `--dir` resume the stored state.
 
 mod etcd;
+mod ports;
 
 use std::fs::File;
 use std::io::Write;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -189,6 +190,28 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
             .clone()
             .unwrap_or_else(|| iadeep_state::embedded::data_dir().join("cluster")),
     )?;
+    // Fail now, naming the port and its flag, if another cluster (or anything else)
+    // holds one: a second `iadeep up` on the default ports must not run next to the
+    // first one's etcd (see also LocalEtcd::start).
+    etcd::stop_orphan(&dir.path, &etcd_bin).await;
+    let loopback = |port| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    ports::ensure_free(&[
+        ports::Wanted {
+            what: "etcd's client port",
+            addr: loopback(args.etcd_port),
+            flag: "--etcd-port PORT",
+        },
+        ports::Wanted {
+            what: "etcd's peer port",
+            addr: loopback(args.etcd_peer_port),
+            flag: "--etcd-peer-port PORT",
+        },
+        ports::Wanted {
+            what: "the placer's address",
+            addr: args.placer,
+            flag: "--placer 127.0.0.1:PORT",
+        },
+    ])?;
 
     let (etcd, store) = LocalEtcd::start(EtcdLaunch {
         binary: &etcd_bin,

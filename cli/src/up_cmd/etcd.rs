@@ -13,6 +13,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
+use super::ports::Listener;
+
 /// How long etcd may take to answer after it starts (generous: small, busy machines).
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a stopping etcd may take to exit before it is killed.
@@ -23,6 +25,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 pub struct LocalEtcd {
     child: Child,
     client_port: u16,
+    peer_port: u16,
     log_path: PathBuf,
     pid_path: PathBuf,
 }
@@ -60,9 +63,13 @@ fn log_tail(path: &Path) -> String {
 
 impl LocalEtcd {
     /// Starts etcd and waits until it answers; returns it with a store client on it.
+    ///
+    /// The caller has stopped an orphan on this folder ([`stop_orphan`]) and checked
+    /// that the ports are free; still, etcd is only talked to once it is this
+    /// process's child that listens on the client port, so that another etcd on the
+    /// same port (taken in between) is never mistaken for this cluster's.
     pub async fn start(launch: EtcdLaunch<'_>) -> Result<(LocalEtcd, Arc<dyn StateStore>)> {
-        let pid_path = launch.dir.join("etcd.pid");
-        stop_orphan(&pid_path, launch.binary).await;
+        let pid_path = pid_path(launch.dir);
         let client_port = chosen(launch.client_port)?;
         let peer_port = chosen(launch.peer_port)?;
         let client = format!("http://127.0.0.1:{client_port}");
@@ -102,6 +109,7 @@ impl LocalEtcd {
         let mut etcd = LocalEtcd {
             child,
             client_port,
+            peer_port,
             log_path,
             pid_path,
         };
@@ -125,15 +133,43 @@ impl LocalEtcd {
     async fn wait_ready(&mut self) -> Result<Arc<dyn StateStore>> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let url = self.url();
+        let pid = self.child.id().context("etcd exited at once")?;
         loop {
             if let Some(status) = self.child.try_wait()? {
                 bail!(
-                    "etcd exited with {status} while starting (is port {} taken? see --etcd-port); \
-                     the end of {}:\n{}",
+                    "etcd exited with {status} while starting (are its ports {} and {} taken? \
+                     see --etcd-port and --etcd-peer-port); the end of {}:\n{}",
                     self.client_port,
+                    self.peer_port,
                     self.log_path.display(),
                     log_tail(&self.log_path)
                 );
+            }
+            match super::ports::listener(self.client_port, pid) {
+                Ok(Listener::Ours) => {}
+                Ok(Listener::Nobody) => {
+                    tracing::debug!("etcd not listening yet");
+                    if Instant::now() > deadline {
+                        bail!(
+                            "etcd did not listen on port {} within {READY_TIMEOUT:?}; the end of {}:\n{}",
+                            self.client_port,
+                            self.log_path.display(),
+                            log_tail(&self.log_path)
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                Ok(Listener::Other(holder)) => bail!(
+                    "port {} is taken by another process{}, not by the etcd this `iadeep up` \
+                     started (pid {pid}); choose another port with --etcd-port PORT (0 picks a \
+                     free one)",
+                    self.client_port,
+                    holder.map(|h| format!(", {h}")).unwrap_or_default()
+                ),
+                // Without /proc, the port check before the start and etcd staying
+                // alive (checked above and after it answers) are all there is.
+                Err(err) => tracing::debug!(%err, "cannot tell who listens on etcd's port"),
             }
             let attempt = async {
                 let store = url.open().await?;
@@ -141,7 +177,18 @@ impl LocalEtcd {
                 Ok::<_, iadeep_state::StateError>(store)
             };
             match tokio::time::timeout(Duration::from_secs(3), attempt).await {
-                Ok(Ok(store)) => return Ok(store),
+                Ok(Ok(store)) => {
+                    if let Some(status) = self.child.try_wait()? {
+                        bail!(
+                            "an etcd answered on port {}, but the one this `iadeep up` started \
+                             exited with {status}: is another `iadeep up` running? the end of {}:\n{}",
+                            self.client_port,
+                            self.log_path.display(),
+                            log_tail(&self.log_path)
+                        );
+                    }
+                    return Ok(store);
+                }
                 Ok(Err(err)) => tracing::debug!(%err, "etcd not answering yet"),
                 Err(_) => tracing::debug!("etcd not answering yet"),
             }
@@ -181,10 +228,17 @@ impl LocalEtcd {
     }
 }
 
-/// An etcd left running by an `iadeep up` that was killed (SIGKILL leaves no time to
-/// stop it) still holds the data folder and the ports. The caller holds the
+/// Where the pid of the etcd of the cluster in `dir` is kept while it runs.
+fn pid_path(dir: &Path) -> PathBuf {
+    dir.join("etcd.pid")
+}
+
+/// An etcd left running by an `iadeep up` on `dir` that was killed (SIGKILL leaves no
+/// time to stop it) still holds the data folder and the ports. The caller holds the
 /// cluster's lock, so no live `iadeep up` owns it: stop it.
-async fn stop_orphan(pid_path: &Path, binary: &Path) {
+pub async fn stop_orphan(dir: &Path, binary: &Path) {
+    let pid_path = pid_path(dir);
+    let pid_path = pid_path.as_path();
     let Some(pid) = std::fs::read_to_string(pid_path)
         .ok()
         .and_then(|text| text.trim().parse::<i32>().ok())

@@ -46,3 +46,179 @@ pub fn free_loopback_addr() -> String {
         .expect("a free port");
     format!("127.0.0.1:{port}")
 }
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// An `iadeep up --no-nvml` cluster (one 16 GiB GPU) in its own folder, on ports
+/// picked free by the test, never the defaults (a user's `iadeep up` may hold them).
+/// Stopped with SIGTERM, as Ctrl-C would, when dropped.
+pub struct LocalCluster {
+    pub dir: std::path::PathBuf,
+    pub etcd_port: u16,
+    pub etcd_peer_port: u16,
+    pub placer_port: u16,
+    /// IADEEP_STORE and IADEEP_PLACER, from cluster.env.
+    pub store: String,
+    pub placer: String,
+    child: Option<std::process::Child>,
+}
+
+/// The longest wait for anything in these tests (etcd starting on a busy machine).
+pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+impl LocalCluster {
+    /// The `iadeep up` command for a cluster in `dir` on these ports, not started.
+    pub fn command(
+        dir: &std::path::Path,
+        etcd_port: u16,
+        etcd_peer_port: u16,
+        placer_port: u16,
+    ) -> Command {
+        let mut up = Command::new(env!("CARGO_BIN_EXE_iadeep"));
+        up.args(["up", "--no-nvml", "--devices", "1", "--memory-mib", "16384"])
+            .arg("--dir")
+            .arg(dir)
+            .args(["--etcd-port", &etcd_port.to_string()])
+            .args(["--etcd-peer-port", &etcd_peer_port.to_string()])
+            .args(["--placer", &format!("127.0.0.1:{placer_port}")])
+            .args(["--dead-task-grace-s", "2"])
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null());
+        up
+    }
+
+    /// Starts a cluster in `dir` and waits for its cluster.env and its GPU's tuner; its
+    /// output goes to `dir`.out and `dir`.err.
+    pub fn start(dir: std::path::PathBuf) -> LocalCluster {
+        let (etcd_port, etcd_peer_port, placer_port) = (free_port(), free_port(), free_port());
+        let log = |ext: &str| {
+            std::fs::File::create(dir.with_extension(ext)).expect("create the log of iadeep up")
+        };
+        let child = LocalCluster::command(&dir, etcd_port, etcd_peer_port, placer_port)
+            .stdout(log("out"))
+            .stderr(log("err"))
+            .spawn()
+            .expect("spawn iadeep up");
+        let mut cluster = LocalCluster {
+            dir,
+            etcd_port,
+            etcd_peer_port,
+            placer_port,
+            store: String::new(),
+            placer: String::new(),
+            child: Some(child),
+        };
+        let env_file = cluster.dir.join("cluster.env");
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(status) = cluster.child.as_mut().and_then(|c| c.try_wait().ok()?) {
+                panic!("iadeep up exited with {status}:\n{}", cluster.log());
+            }
+            if let Ok(text) = std::fs::read_to_string(&env_file) {
+                for line in text.lines() {
+                    if let Some(value) = line.strip_prefix("export IADEEP_STORE=") {
+                        cluster.store = value.to_owned();
+                    }
+                    if let Some(value) = line.strip_prefix("export IADEEP_PLACER=") {
+                        cluster.placer = value.to_owned();
+                    }
+                }
+                if !cluster.store.is_empty() && !cluster.placer.is_empty() {
+                    break;
+                }
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "iadeep up wrote no cluster.env within {DEADLINE:?}:\n{}",
+                cluster.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        while cluster.device_infos().is_empty() {
+            assert!(
+                started.elapsed() < DEADLINE,
+                "no tuner registered its GPU within {DEADLINE:?}:\n{}",
+                cluster.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        cluster
+    }
+
+    /// What `iadeep up` wrote to stdout and stderr so far.
+    pub fn log(&self) -> String {
+        let read =
+            |ext: &str| std::fs::read_to_string(self.dir.with_extension(ext)).unwrap_or_default();
+        format!("{}{}", read("out"), read("err"))
+    }
+
+    /// Whether `iadeep up` still runs.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// The device records' keys (`.../devices/ID/info`) in the cluster's store.
+    pub fn device_infos(&self) -> Vec<String> {
+        let out = iadeep(&["state", "ls", "/iadeep/v1/devices/", "--store", &self.store]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| line.split_whitespace().next())
+            .filter(|key| key.ends_with("/info"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The JSON of `key` in the cluster's store, or `None` when absent.
+    pub fn get(&self, key: &str) -> Option<serde_json::Value> {
+        let out = iadeep(&["state", "get", key, "--store", &self.store]);
+        if !out.status.success() {
+            return None;
+        }
+        Some(serde_json::from_slice(&out.stdout).expect("iadeep state get prints JSON"))
+    }
+
+    /// `iadeep run ARGS` against this cluster (IADEEP_STORE and IADEEP_PLACER set).
+    pub fn run(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_iadeep"))
+            .arg("run")
+            .args(args)
+            .env("IADEEP_STORE", &self.store)
+            .env("IADEEP_PLACER", &self.placer)
+            .env("RUST_LOG", "info")
+            .output()
+            .expect("run iadeep run")
+    }
+
+    /// SIGTERM and the exit status (etcd stops with it: nothing is left behind).
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let started = std::time::Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            if started.elapsed() > DEADLINE {
+                // Its etcd outlives a SIGKILL; the next `iadeep up` on the folder stops it.
+                let _ = child.kill();
+                return child.wait().ok();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

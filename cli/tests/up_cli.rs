@@ -1,0 +1,224 @@
+//! `iadeep up` and `iadeep run` as a user runs them: real processes, a real etcd, on
+//! ports the tests pick free (never the defaults, which a user's cluster may hold).
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{DEADLINE, LocalCluster, free_port};
+
+/// Runs `up` to its end (killing it after `DEADLINE`): exit status, stdout, stderr.
+fn finish(mut up: std::process::Command) -> (std::process::ExitStatus, String, String, Duration) {
+    let started = Instant::now();
+    let mut child = up
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn iadeep up");
+    // Output is small (an error), so waiting before reading the pipes cannot block.
+    while child.try_wait().expect("try_wait").is_none() {
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("wait");
+            panic!(
+                "the second `iadeep up` still ran after {DEADLINE:?}:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = started.elapsed();
+    let out = child.wait_with_output().expect("wait");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        took,
+    )
+}
+
+/// A second `iadeep up` on another folder but the first one's ports fails at once,
+/// naming the port in use, who holds it and the flag that moves it; it never says
+/// the cluster is up, writes no cluster.env, and the first cluster runs on unharmed.
+#[test]
+fn a_second_cluster_on_the_same_ports_fails_at_once_naming_the_port_and_flag() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut first = LocalCluster::start(tmp.path().join("first"));
+    let second_dir = tmp.path().join("second");
+
+    let (status, stdout, stderr, took) = finish(LocalCluster::command(
+        &second_dir,
+        first.etcd_port,
+        first.etcd_peer_port,
+        first.placer_port,
+    ));
+    eprintln!("second `iadeep up` ({took:?}): {status}\n{stderr}");
+    assert!(!status.success(), "the second cluster failed: {status}");
+    assert!(
+        !stdout.contains("iadeep cluster up"),
+        "it did not claim to be up:\n{stdout}"
+    );
+    assert!(!second_dir.join("cluster.env").exists(), "no cluster.env");
+    let client = format!("127.0.0.1:{} is already in use", first.etcd_port);
+    let peer = format!("127.0.0.1:{} is already in use", first.etcd_peer_port);
+    let placer = format!("127.0.0.1:{} is already in use", first.placer_port);
+    for needle in [&client, &peer, &placer] {
+        assert!(
+            stderr.contains(needle.as_str()),
+            "names {needle}:\n{stderr}"
+        );
+    }
+    for flag in [
+        "--etcd-port PORT",
+        "--etcd-peer-port PORT",
+        "--placer 127.0.0.1:PORT",
+    ] {
+        assert!(stderr.contains(flag), "names {flag}:\n{stderr}");
+    }
+    // The holder is the first cluster's etcd (same user: /proc shows it).
+    let holder = format!("--data-dir={}", first.dir.join("etcd").display());
+    assert!(stderr.contains(&holder), "names the holder:\n{stderr}");
+    // No etcd of its own was started: its folder has no etcd data.
+    assert!(!second_dir.join("etcd").exists(), "no etcd was started");
+
+    // Only the placer's port in the way: still refused before etcd starts.
+    let third_dir = tmp.path().join("third");
+    let (status, _, stderr, _) = finish(LocalCluster::command(
+        &third_dir,
+        free_port(),
+        free_port(),
+        first.placer_port,
+    ));
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains(&placer), "{stderr}");
+    assert!(
+        !stderr.contains("choose another with --etcd"),
+        "only the placer's port:\n{stderr}"
+    );
+    assert!(!third_dir.join("etcd").exists(), "no etcd was started");
+
+    assert!(first.running(), "the first cluster still runs");
+    assert_eq!(first.device_infos().len(), 1, "its GPU is still registered");
+    let status = first.stop().expect("stopped");
+    assert!(status.success(), "{status}\n{}", first.log());
+}
+
+/// Kills a process the test started when the test ends, however it ends.
+struct Killed(Option<std::process::Child>);
+
+impl Killed {
+    fn child(&mut self) -> &mut std::process::Child {
+        self.0.as_mut().expect("not waited for yet")
+    }
+
+    /// Waits for the exit; its status and output.
+    fn output(mut self) -> std::process::Output {
+        let child = self.0.take().expect("not waited for yet");
+        child.wait_with_output().expect("wait")
+    }
+}
+
+impl Drop for Killed {
+    /// SIGTERM first: an `iadeep up` stops its etcd then; SIGKILL after 20 s.
+    fn drop(&mut self) {
+        let Some(child) = self.0.as_mut() else {
+            return;
+        };
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let started = Instant::now();
+        while matches!(child.try_wait(), Ok(None)) && started.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// If another etcd takes the client port after `iadeep up` checked it free (here: once
+/// its own etcd, a stand-in that never listens, has started), `iadeep up` refuses to
+/// use it: it talks only to the etcd it started, and says who holds the port.
+#[test]
+fn iadeep_up_never_talks_to_an_etcd_it_did_not_start() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let started = tmp.path().join("stand-in-started");
+    let stand_in = tmp.path().join("etcd-stand-in");
+    std::fs::write(
+        &stand_in,
+        "#!/bin/sh\n: > \"$IADEEP_TEST_STARTED\"\nexec sleep 600\n",
+    )
+    .expect("write the stand-in");
+    std::fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let (client, peer) = (free_port(), free_port());
+    let mut up = LocalCluster::command(&tmp.path().join("cluster"), client, peer, free_port());
+    up.arg("--etcd-bin")
+        .arg(&stand_in)
+        .env("IADEEP_TEST_STARTED", &started)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut up = Killed(Some(up.spawn().expect("spawn iadeep up")));
+    let begun = Instant::now();
+    while !started.exists() {
+        assert!(
+            begun.elapsed() < DEADLINE,
+            "the stand-in etcd never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Someone else's etcd on the port `iadeep up` gave its own.
+    let etcd = iadeep_state::etcd_program::find().expect("etcd is installed");
+    let other_peer = free_port();
+    let mut other = Killed(Some(
+        std::process::Command::new(etcd)
+            .arg("--name=other")
+            .arg(format!("--data-dir={}", tmp.path().join("other").display()))
+            .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+            .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+            .arg(format!("--listen-peer-urls=http://127.0.0.1:{other_peer}"))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{other_peer}"
+            ))
+            .arg(format!(
+                "--initial-cluster=other=http://127.0.0.1:{other_peer}"
+            ))
+            .arg("--log-level=error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start another etcd"),
+    ));
+    let other_pid = other.child().id();
+
+    while up.child().try_wait().expect("try_wait").is_none() {
+        assert!(
+            begun.elapsed() < DEADLINE,
+            "iadeep up still runs after {DEADLINE:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = up.output();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    eprintln!("iadeep up: {}\n{stderr}", out.status);
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    assert!(!stdout.contains("iadeep cluster up"), "{stdout}");
+    assert!(
+        stderr.contains(&format!(
+            "port {client} is taken by another process, pid {other_pid}"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("not by the etcd this `iadeep up` started"),
+        "{stderr}"
+    );
+}
