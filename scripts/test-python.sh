@@ -10,7 +10,7 @@
 # runs on the CPU where there is no GPU; the iadeep.torch and Lightning tests run on it.
 # This clone's wheel is unpacked into target/python-site (not into the shared venv, so
 # two clones testing at once do not replace each other's `iadeep`). The wheel uses the
-# dev profile, reusing target/debug.
+# dev profile, reusing target/debug (CARGO_TARGET_DIR is honoured).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,14 +38,15 @@ mkdir -p "$(dirname "$venv")"
 
 # The binary the tests drive (iadeep up, iadeep run, iadeep state).
 cargo build -q -p iadeep-cli
+target=$(realpath "${CARGO_TARGET_DIR:-target}")
 start=$(date +%s)
-rm -f target/wheels/iadeep-*.whl
-"$venv/bin/maturin" build -q -m python/Cargo.toml --out target/wheels 2>&1 \
+rm -f "$target"/wheels/iadeep-*.whl
+"$venv/bin/maturin" build -q -m python/Cargo.toml --out "$target/wheels" 2>&1 \
     | grep -v "^📦\|^🔗\|^🐍\|^⚠️  Warning: .*manylinux" || true
 echo "python: maturin build took $(( $(date +%s) - start ))s"
-site="$PWD/target/python-site"
+site="$target/python-site"
 rm -rf "$site"
-"$py" -m pip install -q --disable-pip-version-check --no-deps --target "$site" target/wheels/iadeep-*.whl
+"$py" -m pip install -q --disable-pip-version-check --no-deps --target "$site" "$target"/wheels/iadeep-*.whl
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 "$py" -c "import iadeep; print('python: import iadeep', iadeep.__version__, 'from', iadeep.__file__)"
 "$py" -c "import torch, lightning, numpy; print('python: torch', torch.__version__, '(CUDA available:',
@@ -57,4 +58,4 @@ export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 # From the repository's root, where no `iadeep` folder shadows the wheel (`python -m`
 # puts the working directory first on the import path). The jobs the tests start use
 # the same interpreter and PYTHONPATH.
-IADEEP_BIN="$PWD/target/debug/iadeep" "$py" -m pytest -q -rs python/tests "$@"
+IADEEP_BIN="$target/debug/iadeep" "$py" -m pytest -q -rs python/tests "$@"
