@@ -73,9 +73,12 @@ pub struct RunArgs {
     /// has reported any).
     #[arg(long, value_name = "MIB")]
     gpu_mem_mib: Option<u64>,
-    /// How the job rescales its learning rate when the batch size changes.
-    #[arg(long, value_name = "RULE", value_parser = PossibleValuesParser::new(launch::LR_RULE_NAMES))]
-    lr_rule: Option<String>,
+    /// How the job rescales its learning rate when the batch size changes: sent to the
+    /// placer and the tuner, and to the job as IADEEP_LR_RULE, where it takes precedence
+    /// over the rule the script passes to `Agent.from_env` (whose default is sqrt too).
+    #[arg(long, value_name = "RULE", default_value = DEFAULT_LR_RULE,
+        value_parser = PossibleValuesParser::new(launch::LR_RULE_NAMES))]
+    lr_rule: String,
     /// Total work in samples, if known (lets the placer weigh waiting against sharing).
     #[arg(long, value_name = "N")]
     total_samples: Option<u64>,
@@ -92,6 +95,9 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
+/// The learning-rate rule of a job launched without --lr-rule: the Python agent's
+/// (`Agent.from_env`) default too, so that the tuner's factors and the job's agree.
+const DEFAULT_LR_RULE: &str = "sqrt";
 /// Exit status when the queue wait ran out (EX_TEMPFAIL: try again later).
 const QUEUE_TIMEOUT_EXIT: u8 = 75;
 /// Bounds on the pause between two Place calls while queued.
@@ -219,7 +225,8 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         .task_id
         .clone()
         .unwrap_or_else(|| default_task_id(&name));
-    let lr_rule = args.lr_rule.as_deref().and_then(launch::lr_rule_from_name);
+    let lr_rule = launch::lr_rule_from_name(&args.lr_rule)
+        .with_context(|| format!("--lr-rule {}: not a rule", args.lr_rule))?;
     let spec = TaskSpec {
         task_id: task_id.clone(),
         model: args.model.clone().unwrap_or_else(|| name.clone()),
@@ -227,7 +234,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         min_batch_size: args.min_batch_size.unwrap_or(0),
         max_batch_size: args.max_batch_size.unwrap_or(0),
         gpu_mem_request_mib: args.gpu_mem_mib.unwrap_or(0),
-        lr_rule: lr_rule.unwrap_or(iadeep_proto::LrScalingRule::Unspecified) as i32,
+        lr_rule: lr_rule as i32,
         total_samples: args.total_samples,
         submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
         ..Default::default()
@@ -275,7 +282,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         initial_batch_size: Some(args.batch_size),
         min_batch_size: args.min_batch_size,
         max_batch_size: args.max_batch_size,
-        lr_rule,
+        lr_rule: Some(lr_rule),
     };
     tracing::info!(task = %task_id, device = %placement.device_id, gpu_index = device.index,
         reserved_mib = placement.reserved_mem_mib, command = ?args.command, "placed; starting the job");

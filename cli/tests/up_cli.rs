@@ -222,3 +222,40 @@ fn iadeep_up_never_talks_to_an_etcd_it_did_not_start() {
         "{stderr}"
     );
 }
+
+/// `iadeep run` without --lr-rule launches the job with sqrt, the Python agent's
+/// default, in the spec the placer stores (which the tuner reads) and in the job's
+/// IADEEP_LR_RULE; --lr-rule still chooses another.
+#[test]
+fn iadeep_run_defaults_to_the_sqrt_learning_rate_rule() {
+    let help = common::iadeep(&["run", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("[default: sqrt]"), "{help}");
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cluster = LocalCluster::start(tmp.path().join("cluster"));
+    for (task, flags, expected) in [
+        ("lr-default", &[][..], "sqrt"),
+        ("lr-linear", &["--lr-rule", "linear"][..], "linear"),
+    ] {
+        let seen = tmp.path().join(format!("{task}.rule"));
+        let mut args = vec!["--task-id", task, "--batch-size", "32"];
+        args.extend_from_slice(flags);
+        let script = format!("printf %s \"$IADEEP_LR_RULE\" > '{}'", seen.display());
+        args.extend_from_slice(&["--", "sh", "-c", &script]);
+        let out = cluster.run(&args);
+        assert!(
+            out.status.success(),
+            "iadeep run {args:?}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let env_rule = std::fs::read_to_string(&seen).expect("the job ran");
+        assert_eq!(env_rule, expected, "IADEEP_LR_RULE of {task}");
+        let spec = cluster
+            .get(&format!("/iadeep/v1/tasks/{task}/spec"))
+            .unwrap_or_else(|| panic!("the spec of {task} is stored"));
+        let stored = format!("LR_SCALING_RULE_{}", expected.to_ascii_uppercase());
+        assert_eq!(spec["lrRule"], stored.as_str(), "{task}'s spec: {spec}");
+    }
+}
