@@ -285,10 +285,11 @@ impl Agent {
         change
     }
 
-    /// The GPU memory this task may use now, MiB: the memory bound of the last applied
-    /// assignment that carried one (it moves at [`Agent::poll_change`], with the batch
-    /// size), else the memory its placement reserved; `None` when neither is known (no
-    /// placer, or not registered yet). A trainer caps its own allocator at it (the
+    /// The GPU memory this task may use now, MiB: the latest of the memory its placement
+    /// reserved (as first seen, and whenever the placer rewrites it) and the memory bound
+    /// of each applied assignment that carries one (it moves at [`Agent::poll_change`],
+    /// with the batch size); `None` when neither is known (no placer, or not registered
+    /// yet). A trainer caps its own allocator at it (the
     /// Python agent's memory fence), so outgrowing it fails in its own process.
     pub fn memory_limit_mib(&self) -> Option<u64> {
         self.shared.memory_limit_mib()

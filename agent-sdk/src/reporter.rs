@@ -68,6 +68,8 @@ pub(crate) struct Reporter {
     last_round: Option<u64>,
     /// Whether the task's placement existed when last seen (`None`: not looked yet).
     reserved: Option<bool>,
+    /// The reservation (MiB) the task's placement was last seen written with.
+    reserved_mib: Option<u64>,
     /// Whether the last report failed, so an outage is logged once, not every tick.
     failing: bool,
     first: Option<SyncSender<Result<(), StateError>>>,
@@ -98,6 +100,7 @@ impl Reporter {
             seq: 0,
             last_round: None,
             reserved: None,
+            reserved_mib: None,
             failing: false,
             first: Some(first),
         }
@@ -538,7 +541,14 @@ impl Reporter {
     /// The placement as stored: the memory it reserved for the task.
     fn on_placement_bytes(&mut self, key: &str, bytes: &[u8]) {
         match typed::decode_bytes::<Placement>(key, bytes) {
-            Ok(placement) => self.shared.set_reserved(placement.reserved_mem_mib),
+            // Only news moves the limit: a re-registration reading the same placement
+            // must not undo the bounds of the assignments applied since.
+            Ok(placement) => {
+                let reserved = placement.reserved_mem_mib;
+                if self.reserved_mib.replace(reserved) != Some(reserved) {
+                    self.shared.set_reserved(reserved);
+                }
+            }
             Err(err) => tracing::warn!(%err, "ignoring a placement that does not decode"),
         }
     }

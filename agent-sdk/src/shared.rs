@@ -85,10 +85,9 @@ pub(crate) struct Shared {
     /// Largest peak memory the trainer recorded itself since the reporter last
     /// looked, MiB; 0 = none.
     recorded_peak_mib: AtomicU64,
-    /// The memory the placement reserved for the task, MiB; 0 = unknown.
-    reserved_mib: AtomicU64,
-    /// The memory bound of the last applied change that carried one, MiB; 0 = none.
-    bound_mib: AtomicU64,
+    /// The GPU memory the task may use, MiB, from the latest news of it: its placement's
+    /// reservation as written, or the bound of an applied change; 0 = unknown.
+    limit_mib: AtomicU64,
     pending_flag: AtomicBool,
     pending: Mutex<Option<BatchSizeChange>>,
     /// Peak MiB measured at each batch size the loop ran (the reporter fills it), and the
@@ -124,8 +123,7 @@ impl Shared {
             lr_factor_bits: AtomicU64::new(1.0f64.to_bits()),
             oom_batch_size: AtomicU32::new(0),
             recorded_peak_mib: AtomicU64::new(0),
-            reserved_mib: AtomicU64::new(0),
-            bound_mib: AtomicU64::new(0),
+            limit_mib: AtomicU64::new(0),
             pending_flag: AtomicBool::new(false),
             pending: Mutex::new(None),
             fits: Mutex::new(FitMemory::default()),
@@ -270,23 +268,23 @@ impl Shared {
             .memory_bound_mib
             .filter(|b| b.is_finite() && *b >= 1.0)
         {
-            self.bound_mib.store(bound as u64, Ordering::Relaxed);
+            self.limit_mib.store(bound as u64, Ordering::Relaxed);
         }
         self.generation.fetch_add(1, Ordering::Release);
     }
 
-    /// Records the memory the task's placement reserved (the reporter).
+    /// Records a reservation the task's placement was written with (the reporter, when
+    /// it first sees the placement or sees it rewritten with another figure).
     pub(crate) fn set_reserved(&self, mib: u64) {
-        self.reserved_mib.store(mib, Ordering::Relaxed);
+        if mib > 0 {
+            self.limit_mib.store(mib, Ordering::Relaxed);
+        }
     }
 
-    /// The GPU memory the task may use now, MiB: the bound of the last applied change
-    /// that carried one, else its placement's reservation; `None` when neither is known.
+    /// The GPU memory the task may use now, MiB: the latest of its placement's
+    /// reservation and the bounds of the changes applied; `None` when neither is known.
     pub(crate) fn memory_limit_mib(&self) -> Option<u64> {
-        [&self.bound_mib, &self.reserved_mib]
-            .into_iter()
-            .map(|v| v.load(Ordering::Relaxed))
-            .find(|&mib| mib > 0)
+        Some(self.limit_mib.load(Ordering::Relaxed)).filter(|&mib| mib > 0)
     }
 
     /// Keeps the largest peak the trainer measured itself until the reporter takes it.

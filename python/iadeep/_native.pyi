@@ -90,9 +90,10 @@ class Agent:
     def report_now(self) -> None: ...
     @property
     def memory_limit_mib(self) -> Optional[int]:
-        """The GPU memory this task may use now, MiB: the memory bound of the last applied
-        change that carried one, else its placement's reservation; None when neither is
-        known. iadeep.torch fences PyTorch's caching allocator at it."""
+        """The GPU memory this task may use now, MiB: the latest of its placement's
+        reservation (as first seen, and whenever the placer rewrites it) and the memory
+        bound of each applied change that carries one; None when neither is known.
+        iadeep.torch fences PyTorch's caching allocator at it."""
     @property
     def lr_factor(self) -> float: ...
     @property

@@ -115,7 +115,7 @@ class LRScaler:
 class MemoryFence:
     """Caps this process's PyTorch CUDA caching allocator at the agent's memory limit
     (:attr:`iadeep.Agent.memory_limit_mib`: the placement's reservation, then the memory
-    bound of each applied assignment), with
+    bound of each applied assignment or a reservation the placer rewrote), with
     ``torch.cuda.set_per_process_memory_fraction(limit / device memory)``.
 
     A job that outgrows the memory iadeep holds for it then gets

@@ -338,9 +338,10 @@ impl Agent {
         self.with(|a| a.report_now())
     }
 
-    /// The GPU memory this task may use now, MiB: the memory bound of the last applied
-    /// change that carried one, else the memory its placement reserved; `None` when
-    /// neither is known. `iadeep.torch` fences PyTorch's allocator at it.
+    /// The GPU memory this task may use now, MiB: the latest of its placement's
+    /// reservation (as first seen, and whenever the placer rewrites it) and the memory
+    /// bound of each applied change that carries one; `None` when neither is known.
+    /// `iadeep.torch` fences PyTorch's allocator at it.
     #[getter]
     fn memory_limit_mib(&self) -> PyResult<Option<u64>> {
         self.with(|a| a.memory_limit_mib())

@@ -214,7 +214,7 @@ fn a_model_named_by_the_script_replaces_the_launchers_default_when_asked() {
 }
 
 #[test]
-fn the_memory_limit_is_the_reservation_then_each_applied_bound() {
+fn the_memory_limit_is_the_latest_of_the_reservation_and_the_applied_bounds() {
     let rt = runtime();
     let store = memory_store();
     let placement = Placement {
@@ -258,6 +258,25 @@ fn the_memory_limit_is_the_reservation_then_each_applied_bound() {
     // A fall-back brings no bound of its own: the limit stays.
     assert_eq!(agent.report_oom(128).memory_bound_mib, None);
     assert_eq!(agent.memory_limit_mib(), Some(6_144));
+    // The placer rewrites the reservation (e.g. a provisional one becomes the measured
+    // peak plus the margin): the latest news wins.
+    let shrunk = Placement {
+        reserved_mem_mib: 3_000,
+        ..placement
+    };
+    rt.block_on(typed::put(
+        store.as_ref(),
+        &keys::task_placement("job-fence"),
+        &shrunk,
+        None,
+    ))
+    .expect("put placement");
+    assert_eq!(
+        wait_for(Duration::from_secs(2), || agent
+            .memory_limit_mib()
+            .filter(|&m| m == 3_000)),
+        Some(3_000)
+    );
     agent.finish().expect("finish");
 }
 
