@@ -29,6 +29,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
 use tonic::transport::Channel;
+use wake::QueueWatch;
+
+mod wake;
 
 /// Run a training command on a GPU of this machine chosen by iadeep's placer.
 ///
@@ -100,10 +103,7 @@ pub struct RunArgs {
 const DEFAULT_LR_RULE: &str = "sqrt";
 /// Exit status when the queue wait ran out (EX_TEMPFAIL: try again later).
 const QUEUE_TIMEOUT_EXIT: u8 = 75;
-/// Bounds on the pause between two Place calls while queued.
-const MIN_RETRY: Duration = Duration::from_millis(500);
-const MAX_RETRY: Duration = Duration::from_secs(60);
-/// How often a queued job looks whether a GPU freed up.
+/// How often a queued job looks (ListDevices) whether a GPU has room now.
 const FREED_POLL: Duration = Duration::from_secs(2);
 /// Deadline of each call to the placer.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -308,14 +308,15 @@ async fn wait_for_placement(
     let started = Instant::now();
     let node = crate::local::node_name();
     let mut unavailable_since: Option<Instant> = None;
-    let mut seen = Occupancy::new();
+    let mut seen = wake::Snapshot::new();
     let mut candidates = std::collections::BTreeSet::new();
+    let mut watch = QueueWatch::new();
     loop {
         let attempt = async {
             let statuses = call("ListDevices", client.list_devices(ListDevicesRequest {}))
                 .await?
                 .devices;
-            seen = occupancy(&statuses);
+            seen = wake::snapshot(&statuses);
             let devices: Vec<DeviceInfo> = statuses.into_iter().filter_map(|d| d.device).collect();
             let local: Vec<DeviceInfo> = devices
                 .iter()
@@ -338,7 +339,7 @@ async fn wait_for_placement(
             };
             Ok::<_, tonic::Status>((devices, local, response))
         };
-        let retry = match attempt.await {
+        let hint = match attempt.await {
             Ok((devices, _, None)) => {
                 bail!(
                     "none of the placer's {} GPU(s) is on this machine ({node:?}): {}; \
@@ -373,16 +374,27 @@ async fn wait_for_placement(
                         return Ok(Waited::Placed(Box::new((placement, device))));
                     }
                     Some(place_response::Decision::Queued(queued)) => {
-                        let retry = Duration::from_millis(queued.retry_after_ms)
-                            .clamp(MIN_RETRY, MAX_RETRY);
+                        let asked = Instant::now();
+                        watch.asked(
+                            std::mem::take(&mut seen),
+                            std::mem::take(&mut candidates),
+                            asked,
+                        );
+                        let hint = Duration::from_millis(queued.retry_after_ms);
+                        let retry = watch.ask_again_after(hint, asked);
                         // The summary repeats the reason with the candidates' counts.
                         tracing::info!(
                             waited_s = started.elapsed().as_secs(),
-                            "the placer says wait ({}); asking again in {:.0} s, or as soon as a GPU frees up",
+                            "the placer says wait ({}); asking again in {:.0} s{}, or as soon as a GPU has more room",
                             summary.unwrap_or(queued.reason),
-                            retry.as_secs_f64()
+                            retry.as_secs_f64(),
+                            if watch.settling(asked) {
+                                " (a resident's reservation may still shrink)"
+                            } else {
+                                ""
+                            }
                         );
-                        retry
+                        hint
                     }
                     None => bail!("the placer answered neither placed nor queued"),
                 }
@@ -405,88 +417,40 @@ async fn wait_for_placement(
                 )
             }
         };
-        if let Some(max) = args.max_wait_s
-            && started.elapsed() + retry > Duration::from_secs(max)
-        {
+        let max_wait = args.max_wait_s.map(Duration::from_secs);
+        if max_wait.is_some_and(|max| started.elapsed() >= max) {
             return Ok(Waited::TimedOut);
         }
-        let watch = FreedWatch::new(&seen, &candidates);
-        if let Some(sig) = wait_or_freed(client, watch, retry, signals).await {
-            return Ok(Waited::Interrupted(sig));
+        let until = max_wait.map(|max| started + max);
+        match wait_or_woken(client, &mut watch, hint, until, signals).await {
+            Some(sig) => return Ok(Waited::Interrupted(sig)),
+            None if until.is_some_and(|until| Instant::now() >= until) => {
+                return Ok(Waited::TimedOut);
+            }
+            None => {}
         }
     }
 }
 
-/// The tasks on each device, as ListDevices shows them.
-type Occupancy = std::collections::BTreeMap<String, std::collections::BTreeSet<String>>;
-
-fn occupancy(statuses: &[iadeep_proto::DeviceStatus]) -> Occupancy {
-    statuses
-        .iter()
-        .filter_map(|s| {
-            let device = s.device.as_ref()?;
-            Some((
-                device.device_id.clone(),
-                s.resident_task_ids.iter().cloned().collect(),
-            ))
-        })
-        .collect()
-}
-
-/// Whether a task left a device (or a device appeared) since `before`: worth asking again.
-fn freed(before: &Occupancy, now: &Occupancy) -> bool {
-    now.iter().any(|(device, tasks)| match before.get(device) {
-        None => true,
-        Some(was) => !was.is_subset(tasks),
-    })
-}
-
-/// Tells a queued job when a GPU frees up: a task left a device or a device appeared
-/// since the occupancy seen last, or one of the job's candidate devices is idle.
-///
-/// The snapshot taken before the Place call can miss the task the job was queued
-/// behind: one placed by someone else between that snapshot and the decision. If it
-/// leaves before the next poll, no poll ever shows it, so nothing looks freed; but a
-/// queued answer means no candidate was idle when the placer decided (an idle GPU is
-/// always a candidate), so an idle candidate at a poll is worth asking again. Comparing
-/// each poll with the previous one (not only with the snapshot) catches such a task
-/// that a poll did see.
-struct FreedWatch {
-    last: Occupancy,
-    candidates: std::collections::BTreeSet<String>,
-}
-
-impl FreedWatch {
-    fn new(before: &Occupancy, candidates: &std::collections::BTreeSet<String>) -> FreedWatch {
-        FreedWatch {
-            last: before.clone(),
-            candidates: candidates.clone(),
-        }
-    }
-
-    /// Whether `now` is worth asking the placer again.
-    fn observe(&mut self, now: Occupancy) -> bool {
-        let idle = now
-            .iter()
-            .any(|(device, tasks)| tasks.is_empty() && self.candidates.contains(device));
-        let freed = idle || freed(&self.last, &now);
-        self.last = now;
-        freed
-    }
-}
-
-/// Sleeps `retry`, but returns early when a GPU frees up (ListDevices, every few
-/// seconds): the placer's hint is a bound, and a job should not idle behind it. Returns
-/// the signal that interrupted the wait, if one did.
-async fn wait_or_freed(
+/// Waits until it is time to ask the placer again: `hint` after the ask (or sooner:
+/// [`QueueWatch::ask_again_after`]), when a poll of ListDevices shows more room on a
+/// candidate GPU ([`QueueWatch::observe`]), or at `until` (the queue wait's end).
+/// Returns the signal that interrupted the wait, if one did. A placer that cannot
+/// answer a poll is asked again at the next one; the ask itself reports it.
+async fn wait_or_woken(
     client: &mut PlacerClient<Channel>,
-    mut watch: FreedWatch,
-    retry: Duration,
+    watch: &mut QueueWatch,
+    hint: Duration,
+    until: Option<Instant>,
     signals: &mut Signals,
 ) -> Option<Signal> {
-    let deadline = Instant::now() + retry;
+    let asked = Instant::now();
     loop {
         let now = Instant::now();
+        let mut deadline = asked + watch.ask_again_after(hint, now);
+        if let Some(until) = until {
+            deadline = deadline.min(until);
+        }
         if now >= deadline {
             return None;
         }
@@ -494,11 +458,18 @@ async fn wait_or_freed(
             _ = tokio::time::sleep((deadline - now).min(FREED_POLL)) => {}
             sig = signals.next() => return Some(sig),
         }
-        if let Ok(list) = call("ListDevices", client.list_devices(ListDevicesRequest {})).await
-            && watch.observe(occupancy(&list.devices))
-        {
-            tracing::info!("a GPU freed up; asking the placer again");
+        if Instant::now() >= deadline {
             return None;
+        }
+        match call("ListDevices", client.list_devices(ListDevicesRequest {})).await {
+            Ok(list) => {
+                if let Some(woke) = watch.observe(wake::snapshot(&list.devices), Instant::now()) {
+                    tracing::info!(%woke, "{woke}; asking the placer again");
+                    return None;
+                }
+            }
+            Err(status) => tracing::debug!(code = ?status.code(), message = status.message(),
+                "cannot list the devices; looking again at the next poll"),
         }
     }
 }
@@ -588,48 +559,6 @@ mod tests {
         let id = default_task_id("my job/1");
         assert!(id.starts_with("my-job-1-"), "{id}");
         assert!(iadeep_state::keys::validate_id("task", &id).is_ok(), "{id}");
-    }
-
-    #[test]
-    fn a_task_leaving_or_a_device_appearing_counts_as_freed() {
-        let occupancy = |pairs: &[(&str, &[&str])]| -> Occupancy {
-            pairs
-                .iter()
-                .map(|(d, tasks)| (d.to_string(), tasks.iter().map(|t| t.to_string()).collect()))
-                .collect()
-        };
-        let before = occupancy(&[("gpu0", &["a", "b"])]);
-        assert!(!freed(&before, &occupancy(&[("gpu0", &["a", "b", "c"])])));
-        assert!(freed(&before, &occupancy(&[("gpu0", &["a"])])));
-        assert!(freed(
-            &before,
-            &occupancy(&[("gpu0", &["a", "b"]), ("gpu1", &[])])
-        ));
-    }
-
-    #[test]
-    fn a_queued_job_asks_again_when_the_job_ahead_leaves_or_a_candidate_is_idle() {
-        let occupancy = |tasks: &[&str]| -> Occupancy {
-            [(
-                "gpu0".to_owned(),
-                tasks.iter().map(|t| t.to_string()).collect(),
-            )]
-            .into()
-        };
-        let candidates = ["gpu0".to_owned()].into();
-        // The snapshot before Place saw an empty GPU; another job was placed before
-        // the decision, so this one was queued behind it.
-        let mut watch = FreedWatch::new(&occupancy(&[]), &candidates);
-        assert!(!watch.observe(occupancy(&["other"])));
-        assert!(!watch.observe(occupancy(&["other"])));
-        assert!(!watch.observe(occupancy(&["other", "third"])));
-        assert!(watch.observe(occupancy(&["third"])), "the other job left");
-        // The other job came and went between two polls: the GPU is idle.
-        let mut watch = FreedWatch::new(&occupancy(&[]), &candidates);
-        assert!(watch.observe(occupancy(&[])), "an idle candidate");
-        // An idle GPU the job may not use is no reason to ask.
-        let mut watch = FreedWatch::new(&occupancy(&[]), &["gpu1".to_owned()].into());
-        assert!(!watch.observe(occupancy(&[])));
     }
 
     #[test]

@@ -1,0 +1,439 @@
+//! When a queued `iadeep run` asks the placer again: as soon as ListDevices shows a
+//! change that can make room for it, and within a few seconds while a resident's
+//! reservation may still shrink; the placer's hint (up to a minute) only when nothing
+//! like that is possible.
+//!
+//! Pure: the caller polls ListDevices and passes the time in, so the tests need no
+//! clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use iadeep_proto::DeviceStatus;
+
+/// Bounds on the placer's hint of when to ask again.
+pub const MIN_RETRY: Duration = Duration::from_millis(500);
+pub const MAX_RETRY: Duration = Duration::from_secs(60);
+/// The longest wait between two asks while a candidate device has a resident whose
+/// reservation may still shrink (see [`SETTLING`]).
+pub const SETTLING_RETRY: Duration = Duration::from_secs(5);
+/// How long after this job first sees a resident its reservation may still shrink: a
+/// job starts on a provisional reservation (its memory figure, an estimate, or the
+/// whole card) that the placer cuts to the measured peak on its first report, about
+/// 10 s after it starts on a warm machine, later on a slow one.
+pub const SETTLING: Duration = Duration::from_secs(60);
+
+/// What a queued job sees of a device at one ListDevices.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Seen {
+    pub residents: BTreeSet<String>,
+    /// Memory reserved by the residents, MiB.
+    pub reserved_mib: u64,
+    /// The device's memory, MiB.
+    pub memory_mib: u64,
+}
+
+impl Seen {
+    fn free_mib(&self) -> u64 {
+        self.memory_mib.saturating_sub(self.reserved_mib)
+    }
+}
+
+/// The devices ListDevices lists, by id.
+pub type Snapshot = BTreeMap<String, Seen>;
+
+pub fn snapshot(statuses: &[DeviceStatus]) -> Snapshot {
+    statuses
+        .iter()
+        .filter_map(|s| {
+            let device = s.device.as_ref()?;
+            Some((
+                device.device_id.clone(),
+                Seen {
+                    residents: s.resident_task_ids.iter().cloned().collect(),
+                    reserved_mib: s.reserved_mem_mib,
+                    memory_mib: device.memory_mib,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// Why a queued job asks the placer again before its hint ran out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wake {
+    /// A device the job had not seen was registered.
+    Appeared { device: String },
+    /// A task left one of the job's candidate devices.
+    Left { device: String, task: String },
+    /// A candidate device has no resident.
+    Idle { device: String },
+    /// The memory reserved on a candidate went down: a resident's reservation shrank
+    /// (e.g. to its measured peak).
+    Shrunk {
+        device: String,
+        from_mib: u64,
+        to_mib: u64,
+    },
+    /// A candidate's free memory went up otherwise (its memory grew).
+    MoreFree {
+        device: String,
+        from_mib: u64,
+        to_mib: u64,
+    },
+}
+
+impl fmt::Display for Wake {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Wake::Appeared { device } => write!(f, "{device} was registered"),
+            Wake::Left { device, task } => write!(f, "{task} left {device}"),
+            Wake::Idle { device } => write!(f, "{device} is idle"),
+            Wake::Shrunk {
+                device,
+                from_mib,
+                to_mib,
+            } => write!(
+                f,
+                "the memory reserved on {device} went down from {from_mib} to {to_mib} MiB"
+            ),
+            Wake::MoreFree {
+                device,
+                from_mib,
+                to_mib,
+            } => write!(
+                f,
+                "the free memory of {device} went up from {from_mib} to {to_mib} MiB"
+            ),
+        }
+    }
+}
+
+/// What a queued job knows between its asks.
+///
+/// Each poll is compared with the one before (the first with the snapshot taken just
+/// before the Place call). That snapshot can miss the task the job was queued behind:
+/// one placed by someone else between the snapshot and the decision. If it leaves
+/// before the first poll, no poll shows it, so nothing looks freed; but a queued answer
+/// means no candidate was idle when the placer decided (an idle GPU is always a
+/// candidate), so an idle candidate at a poll is worth asking again. If its reservation
+/// shrinks before the first poll, the poll shows more reserved than the snapshot, not
+/// less; the job was new to this job's eyes, so the next ask is [`SETTLING_RETRY`] away
+/// at most anyway.
+#[derive(Debug, Default)]
+pub struct QueueWatch {
+    last: Snapshot,
+    candidates: BTreeSet<String>,
+    /// When this job first saw each resident of a candidate device.
+    first_seen: BTreeMap<String, Instant>,
+}
+
+impl QueueWatch {
+    pub fn new() -> QueueWatch {
+        QueueWatch::default()
+    }
+
+    /// The job asked at `at`, queued: `before` is what ListDevices showed just before,
+    /// `candidates` the devices the job may go to.
+    pub fn asked(&mut self, before: Snapshot, candidates: BTreeSet<String>, at: Instant) {
+        self.candidates = candidates;
+        self.note_residents(&before, at);
+        self.last = before;
+    }
+
+    /// A poll at `at`: why to ask the placer again now, if anything.
+    pub fn observe(&mut self, now: Snapshot, at: Instant) -> Option<Wake> {
+        self.note_residents(&now, at);
+        let wake = self.wake(&now);
+        self.last = now;
+        wake
+    }
+
+    fn wake(&self, now: &Snapshot) -> Option<Wake> {
+        if let Some(device) = now.keys().find(|d| !self.last.contains_key(*d)) {
+            return Some(Wake::Appeared {
+                device: device.clone(),
+            });
+        }
+        let candidates = now
+            .iter()
+            .filter(|(device, _)| self.candidates.contains(*device));
+        for (device, seen) in candidates {
+            let device = device.clone();
+            if seen.residents.is_empty() {
+                return Some(Wake::Idle { device });
+            }
+            let Some(was) = self.last.get(&device) else {
+                continue;
+            };
+            if let Some(task) = was.residents.difference(&seen.residents).next() {
+                let task = task.clone();
+                return Some(Wake::Left { device, task });
+            }
+            if seen.reserved_mib < was.reserved_mib {
+                return Some(Wake::Shrunk {
+                    device,
+                    from_mib: was.reserved_mib,
+                    to_mib: seen.reserved_mib,
+                });
+            }
+            if seen.free_mib() > was.free_mib() {
+                return Some(Wake::MoreFree {
+                    device,
+                    from_mib: was.free_mib(),
+                    to_mib: seen.free_mib(),
+                });
+            }
+        }
+        None
+    }
+
+    /// How long after an ask the job asks again without a wake, given the placer's
+    /// `hint`, at `at`: the hint within [`MIN_RETRY`, `MAX_RETRY`], but at most
+    /// [`SETTLING_RETRY`] while a candidate has a resident first seen less than
+    /// [`SETTLING`] ago (its reservation may shrink, and what the placer learns from its
+    /// first reports may change its answer).
+    pub fn ask_again_after(&self, hint: Duration, at: Instant) -> Duration {
+        let hint = hint.clamp(MIN_RETRY, MAX_RETRY);
+        if self.settling(at) {
+            hint.min(SETTLING_RETRY)
+        } else {
+            hint
+        }
+    }
+
+    /// Whether a candidate has a resident this job first saw less than [`SETTLING`]
+    /// before `at`.
+    pub fn settling(&self, at: Instant) -> bool {
+        self.first_seen
+            .values()
+            .any(|&seen| at.saturating_duration_since(seen) < SETTLING)
+    }
+
+    /// Records when each resident of a candidate was first seen; forgets the gone.
+    fn note_residents(&mut self, now: &Snapshot, at: Instant) {
+        let residents: BTreeSet<&String> = now
+            .iter()
+            .filter(|(device, _)| self.candidates.contains(*device))
+            .flat_map(|(_, seen)| &seen.residents)
+            .collect();
+        self.first_seen.retain(|task, _| residents.contains(task));
+        for task in residents {
+            self.first_seen.entry(task.clone()).or_insert(at);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(residents: &[&str], reserved_mib: u64, memory_mib: u64) -> Seen {
+        Seen {
+            residents: residents.iter().map(|t| t.to_string()).collect(),
+            reserved_mib,
+            memory_mib,
+        }
+    }
+
+    fn one(device: &str, seen: Seen) -> Snapshot {
+        [(device.to_owned(), seen)].into()
+    }
+
+    fn candidates(ids: &[&str]) -> BTreeSet<String> {
+        ids.iter().map(|d| d.to_string()).collect()
+    }
+
+    fn s(secs: u64) -> Duration {
+        Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn a_shrinking_reservation_wakes_the_job() {
+        let t0 = Instant::now();
+        let mut watch = QueueWatch::new();
+        watch.asked(
+            one("gpu0", seen(&["a"], 16_384, 16_384)),
+            candidates(&["gpu0"]),
+            t0,
+        );
+        assert_eq!(
+            watch.observe(one("gpu0", seen(&["a"], 16_384, 16_384)), t0 + s(2)),
+            None
+        );
+        // The placer cut a's provisional reservation (the whole card) to its peak.
+        assert_eq!(
+            watch.observe(one("gpu0", seen(&["a"], 1_200, 16_384)), t0 + s(4)),
+            Some(Wake::Shrunk {
+                device: "gpu0".into(),
+                from_mib: 16_384,
+                to_mib: 1_200
+            })
+        );
+        // Compared with the poll before, not with the ask: no second wake.
+        assert_eq!(
+            watch.observe(one("gpu0", seen(&["a"], 1_200, 16_384)), t0 + s(6)),
+            None
+        );
+    }
+
+    #[test]
+    fn more_free_memory_wakes_the_job_and_more_reserved_does_not() {
+        let t0 = Instant::now();
+        let mut watch = QueueWatch::new();
+        watch.asked(
+            one("gpu0", seen(&["a"], 8_000, 10_000)),
+            candidates(&["gpu0"]),
+            t0,
+        );
+        // Another job joined: more reserved, not a reason to ask.
+        assert_eq!(
+            watch.observe(one("gpu0", seen(&["a", "b"], 9_000, 10_000)), t0 + s(2)),
+            None
+        );
+        // The device was registered again with more memory.
+        assert_eq!(
+            watch.observe(one("gpu0", seen(&["a", "b"], 9_000, 16_000)), t0 + s(4)),
+            Some(Wake::MoreFree {
+                device: "gpu0".into(),
+                from_mib: 1_000,
+                to_mib: 7_000
+            })
+        );
+    }
+
+    #[test]
+    fn only_candidate_devices_count_except_a_new_device() {
+        let t0 = Instant::now();
+        let mut watch = QueueWatch::new();
+        let before: Snapshot = [
+            ("gpu0".to_owned(), seen(&["a"], 8_000, 16_000)),
+            ("far0".to_owned(), seen(&["x", "y"], 12_000, 16_000)),
+        ]
+        .into();
+        watch.asked(before, candidates(&["gpu0"]), t0);
+        let mut now: Snapshot = [
+            ("gpu0".to_owned(), seen(&["a"], 8_000, 16_000)),
+            ("far0".to_owned(), seen(&[], 0, 16_000)),
+        ]
+        .into();
+        // Another machine's GPU emptied: not one this job may use.
+        assert_eq!(watch.observe(now.clone(), t0 + s(2)), None);
+        now.insert("gpu1".to_owned(), seen(&[], 0, 16_000));
+        assert_eq!(
+            watch.observe(now, t0 + s(4)),
+            Some(Wake::Appeared {
+                device: "gpu1".into()
+            })
+        );
+    }
+
+    #[test]
+    fn a_queued_job_asks_again_when_the_job_ahead_leaves_or_a_candidate_is_idle() {
+        let t0 = Instant::now();
+        let gpu0 = |tasks: &[&str]| one("gpu0", seen(tasks, 1_000 * tasks.len() as u64, 16_000));
+        // The snapshot before Place saw an empty GPU; another job was placed before
+        // the decision, so this one was queued behind it.
+        let mut watch = QueueWatch::new();
+        watch.asked(gpu0(&[]), candidates(&["gpu0"]), t0);
+        assert_eq!(watch.observe(gpu0(&["other"]), t0 + s(2)), None);
+        assert_eq!(watch.observe(gpu0(&["other"]), t0 + s(4)), None);
+        assert_eq!(watch.observe(gpu0(&["other", "third"]), t0 + s(6)), None);
+        assert_eq!(
+            watch.observe(gpu0(&["third"]), t0 + s(8)),
+            Some(Wake::Left {
+                device: "gpu0".into(),
+                task: "other".into()
+            })
+        );
+        // The other job came and went between two polls: the GPU is idle.
+        let mut watch = QueueWatch::new();
+        watch.asked(gpu0(&[]), candidates(&["gpu0"]), t0);
+        assert_eq!(
+            watch.observe(gpu0(&[]), t0 + s(2)),
+            Some(Wake::Idle {
+                device: "gpu0".into()
+            })
+        );
+        // An idle GPU the job may not use is no reason to ask.
+        let mut watch = QueueWatch::new();
+        watch.asked(gpu0(&[]), candidates(&["gpu1"]), t0);
+        assert_eq!(watch.observe(gpu0(&[]), t0 + s(2)), None);
+    }
+
+    #[test]
+    fn asks_again_within_seconds_while_a_reservation_may_shrink() {
+        let t0 = Instant::now();
+        let mut watch = QueueWatch::new();
+        watch.asked(
+            one("gpu0", seen(&["a"], 16_000, 16_000)),
+            candidates(&["gpu0"]),
+            t0,
+        );
+        // a is new to this job: its reservation may still shrink.
+        assert_eq!(watch.ask_again_after(s(60), t0), SETTLING_RETRY);
+        assert_eq!(
+            watch.ask_again_after(s(2), t0),
+            s(2),
+            "a shorter hint stands"
+        );
+        // A minute on, a's reservation is what it will be: the placer's hint stands.
+        let later = t0 + SETTLING + s(1);
+        watch.asked(
+            one("gpu0", seen(&["a"], 1_000, 16_000)),
+            candidates(&["gpu0"]),
+            later,
+        );
+        assert_eq!(watch.ask_again_after(s(60), later), s(60));
+        assert_eq!(watch.ask_again_after(s(600), later), MAX_RETRY);
+        assert_eq!(watch.ask_again_after(Duration::ZERO, later), MIN_RETRY);
+        // A new resident arrives: asks within seconds again, for a while.
+        let b_at = later + s(3);
+        assert_eq!(
+            watch.observe(one("gpu0", seen(&["a", "b"], 17_000, 16_000)), b_at),
+            None
+        );
+        assert_eq!(watch.ask_again_after(s(60), b_at), SETTLING_RETRY);
+        assert_eq!(watch.ask_again_after(s(60), b_at + SETTLING), s(60));
+    }
+
+    #[test]
+    fn a_resident_seen_again_after_it_left_is_new() {
+        let t0 = Instant::now();
+        let mut watch = QueueWatch::new();
+        watch.asked(
+            one("gpu0", seen(&["a"], 1_000, 16_000)),
+            candidates(&["gpu0"]),
+            t0,
+        );
+        let t1 = t0 + SETTLING * 2;
+        watch.observe(one("gpu0", seen(&["b"], 1_000, 16_000)), t1);
+        assert!(watch.settling(t1), "b is new");
+        let t2 = t1 + SETTLING;
+        watch.observe(one("gpu0", seen(&["a"], 1_000, 16_000)), t2);
+        assert!(watch.settling(t2), "a came back: a new start");
+        assert!(!watch.settling(t2 + SETTLING));
+    }
+
+    #[test]
+    fn a_list_becomes_a_snapshot() {
+        let status = DeviceStatus {
+            device: Some(iadeep_proto::DeviceInfo {
+                device_id: "gpu0".into(),
+                memory_mib: 16_000,
+                ..Default::default()
+            }),
+            resident_task_ids: vec!["a".into(), "b".into()],
+            reserved_mem_mib: 3_000,
+        };
+        let nameless = DeviceStatus {
+            device: None,
+            ..Default::default()
+        };
+        assert_eq!(
+            snapshot(&[status, nameless]),
+            one("gpu0", seen(&["a", "b"], 3_000, 16_000))
+        );
+    }
+}
