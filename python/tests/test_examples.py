@@ -5,11 +5,13 @@ Each skips, saying so, where its framework is not importable.
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 
 import pytest
 
-from conftest import DEADLINE_S, EXAMPLES, Cluster, python_job
+from conftest import DEADLINE_S, EXAMPLES, REPO, Cluster, python_job
 
 
 def run_example(cluster: Cluster, task: str, script: str, *args: str) -> str:
@@ -37,3 +39,25 @@ def test_the_pytorch_example_trains_under_iadeep_run(cluster: Cluster):
     pytest.importorskip("torch", reason="torch is not importable: the PyTorch example did not run")
     out = run_example(cluster, "torch-example", "train_mnist_like.py", "--epochs", "1", "--samples", "3000")
     assert "epoch 0: loss" in out
+
+
+def _peak_memory_reports(source: str) -> list:
+    """The expressions a piece of Python passes to `agent.record_peak_memory`."""
+    return [
+        ast.unparse(node.args[0])
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "record_peak_memory"
+    ]
+
+
+def test_the_readme_loop_reports_memory_as_the_example_does():
+    # torch.cuda.max_memory_reserved() is 0 where no GPU is used: both report
+    # iadeep.torch.peak_memory_mib(device), the process's peak on the CPU.
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## In a Python training loop", 1)[1].split("\n## ", 1)[0]
+    loop = re.search(r"```python\n(.*?)```", section, re.S)
+    assert loop, "the README's Python section has its loop"
+    example = (EXAMPLES / "train_mnist_like.py").read_text()
+    assert _peak_memory_reports(loop.group(1)) == ["iadeep.torch.peak_memory_mib(device)"]
+    assert _peak_memory_reports(example) == ["iadeep.torch.peak_memory_mib(device)"]
