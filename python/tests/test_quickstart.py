@@ -67,6 +67,13 @@ class Job:
                 return found.group(1)
         return None
 
+    def training(self) -> Optional[str]:
+        """The task id once the job trains; raises if it exited before."""
+        task = self.task_id()
+        if task is None and self.process.poll() is not None:
+            raise AssertionError(f"the job exited with {self.process.returncode} before training:\n{self.output()}")
+        return task
+
     def changes(self, start: float, end: float) -> List[Tuple[int, int]]:
         """(round, batch size) of the changes applied between `start` and `end`."""
         return [
@@ -109,7 +116,7 @@ def test_the_readme_quick_start_shares_the_gpu_and_tunes_both_jobs(tmp_path: Pat
     try:
         first = Job(cluster)
         jobs.append(first)
-        wait_for("the first job to start training", first.task_id)
+        wait_for("the first job to start training", first.training)
         time.sleep(3)  # "a few seconds" later
         second = Job(cluster)
         jobs.append(second)
