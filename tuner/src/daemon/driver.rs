@@ -19,14 +19,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iadeep_proto::{BatchSizeAssignment, DeviceInfo, TaskReport, TaskSpec, TunerState};
+use iadeep_proto::{BatchSizeAssignment, DeviceInfo, TunerState};
 use iadeep_state::{Expect, Revision, StateStore, Txn, TxnOutcome, keys, typed};
 use prost::Message;
 use tokio::sync::{mpsc, watch};
 
 use super::metrics::Metrics;
 use super::tasks::{ResidentsRecord, TaskTable};
-use crate::device_tuner::{Action, Counters, DeviceTuner, DeviceTunerParams, Input};
+use crate::device_tuner::{
+    Action, Counters, DeviceTask, DeviceTuner, DeviceTunerParams, Input, RunningTask, Translator,
+};
 use crate::error::{Result, TunerError};
 
 /// One step of the tuner as the driver ran it: for diagnosis and replay.
@@ -35,22 +37,6 @@ pub struct JournalEntry {
     pub now_ms: i64,
     pub inputs: Vec<Input>,
     pub actions: Vec<Action>,
-}
-
-/// What the driver last told the tuner about one reserved task.
-#[derive(Clone, Debug, PartialEq)]
-enum Told {
-    Running(Box<Running>),
-    Held { mib: u64 },
-}
-
-/// A running task as the tuner was last told of it.
-#[derive(Clone, Debug, PartialEq)]
-struct Running {
-    spec: TaskSpec,
-    reserved_mib: u64,
-    report: Option<TaskReport>,
-    assignment: Option<BatchSizeAssignment>,
 }
 
 /// See the module documentation.
@@ -63,7 +49,7 @@ pub(crate) struct Driver {
     pub journal: Option<mpsc::UnboundedSender<JournalEntry>>,
     /// See [`super::DaemonParams::samples_kept`].
     samples_kept: u64,
-    told: BTreeMap<String, Told>,
+    told: Translator,
     /// Mod-revision of the residents record the tuner's view came from.
     told_revision: Option<Revision>,
     /// The residents record did not decode when last looked at (logged once).
@@ -92,7 +78,7 @@ impl Driver {
             metrics,
             journal,
             samples_kept,
-            told: BTreeMap::new(),
+            told: Translator::default(),
             told_revision: None,
             warned_undecodable: false,
             counters: Counters::default(),
@@ -209,89 +195,30 @@ impl Driver {
             return Vec::new();
         }
         self.warned_undecodable = false;
-        let mut wanted: BTreeMap<String, Told> = BTreeMap::new();
+        let mut now: BTreeMap<String, DeviceTask> = BTreeMap::new();
         for r in record.record.iter().flat_map(|r| &r.reservations) {
             let entry = table.tasks.get(&r.task_id);
             let spec = r
                 .spec
                 .clone()
                 .or_else(|| entry.and_then(|e| e.spec.clone()));
-            let told = match (entry, spec) {
-                (Some(e), Some(spec)) if e.running() => Told::Running(Box::new(Running {
-                    spec,
-                    reserved_mib: r.reserved_mem_mib,
-                    report: e.report.clone(),
-                    assignment: e.assignment.clone(),
-                })),
-                _ => Told::Held {
+            let resident = match (entry, spec) {
+                (Some(e), Some(spec)) if e.running() => {
+                    DeviceTask::Running(Box::new(RunningTask {
+                        spec,
+                        reserved_mib: r.reserved_mem_mib,
+                        report: e.report.clone(),
+                        assignment: e.assignment.clone(),
+                    }))
+                }
+                _ => DeviceTask::Held {
                     mib: r.reserved_mem_mib,
                 },
             };
-            wanted.insert(r.task_id.clone(), told);
+            now.insert(r.task_id.clone(), resident);
         }
-        let mut left = Vec::new();
-        let mut joined = Vec::new();
-        let mut assigned = Vec::new();
-        let mut reported = Vec::new();
-        for task in self.told.keys() {
-            if !wanted.contains_key(task) {
-                left.push(Input::Left {
-                    task_id: task.clone(),
-                });
-            }
-        }
-        for (task, now) in &wanted {
-            let before = self.told.get(task);
-            match now {
-                Told::Held { mib } => {
-                    if before != Some(now) {
-                        joined.push(Input::Reserved {
-                            task_id: task.clone(),
-                            mib: *mib,
-                        });
-                    }
-                }
-                Told::Running(now) => {
-                    let Running {
-                        spec,
-                        reserved_mib,
-                        report,
-                        assignment,
-                    } = now.as_ref();
-                    let (was_spec, was_report, was_assignment) = match before {
-                        Some(Told::Running(was)) => (
-                            Some((&was.spec, was.reserved_mib)),
-                            was.report.as_ref(),
-                            was.assignment.as_ref(),
-                        ),
-                        _ => (None, None, None),
-                    };
-                    if was_spec != Some((spec, *reserved_mib)) {
-                        joined.push(Input::Joined {
-                            spec: spec.clone(),
-                            reserved_mib: *reserved_mib,
-                        });
-                    }
-                    if let Some(a) = assignment
-                        && was_assignment != Some(a)
-                    {
-                        assigned.push(Input::Assigned(a.clone()));
-                    }
-                    if let Some(r) = report
-                        && was_report != Some(r)
-                    {
-                        reported.push(Input::Report(r.clone()));
-                    }
-                }
-            }
-        }
-        self.told = wanted;
         self.told_revision = record.mod_revision;
-        let mut inputs = left;
-        inputs.extend(joined);
-        inputs.extend(assigned);
-        inputs.extend(reported);
-        inputs
+        self.told.diff(now)
     }
 
     async fn execute(&mut self, actions: Vec<Action>, revision: Option<Revision>) {

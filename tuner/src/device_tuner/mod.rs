@@ -40,6 +40,7 @@ mod knowledge;
 mod measure;
 mod persist;
 mod samples;
+mod translate;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -62,6 +63,7 @@ pub use knowledge::{
 use measure::{Measurement, Outcome, Purpose};
 pub use persist::{Persisted, Session};
 pub use samples::LEARNED_SOLO_SOURCES;
+pub use translate::{DeviceTask, RunningTask, Translator};
 
 /// Everything that tunes a device tuner's behaviour. The daemon and the simulator use the
 /// same defaults; a simulation that changes one says so (see the README).
@@ -1001,10 +1003,21 @@ impl DeviceTuner {
             // solo step times from it (see `estimate_missing_solos`), rather than leave
             // them untuned until they happen to run alone.
             let applied = search.applied.as_ref().map(|(c, _)| c.clone());
-            let config = match (applied, &mut self.search) {
-                (Some(config), _) => config,
-                (None, Some(search)) => search.controller.search().space().start.clone(),
-                (None, None) => return,
+            let Some(search) = &mut self.search else {
+                return;
+            };
+            // What runs, or else the sizes the search started from if the memory model
+            // vouches for them: never a configuration that could overflow the card.
+            let config = match applied {
+                Some(config) => config,
+                None => {
+                    let start = search.controller.search().space().start.clone();
+                    if !search.controller.search().feasible(&start) {
+                        self.hold(now_ms, Hold::Unmeasurable(unknown));
+                        return;
+                    }
+                    start
+                }
             };
             tracing::info!(device = %self.device_id, tasks = ?unknown,
                 "no solo step time measured alone: measuring what runs to estimate it from the placer's predicted slowdown");

@@ -163,9 +163,6 @@ impl Iadeep {
                 continue;
             };
             self.rounds.insert(task, a.round);
-            if let Some(tuner) = self.tuners.get_mut(&device) {
-                tuner.placed(std::slice::from_ref(&a));
-            }
             self.settled
                 .entry(device)
                 .or_default()
@@ -283,14 +280,11 @@ impl Policy for Iadeep {
         }
         let decision = match decided {
             Ok((decision, assignments)) => {
-                if let Decision::Place { device, .. } = &decision {
+                if let Decision::Place { .. } = &decision {
                     for a in &assignments {
                         if let Some(t) = task_of(&a.task_id) {
                             self.rounds.insert(t, a.round);
                         }
-                    }
-                    if let Some(tuner) = self.tuners.get_mut(device) {
-                        tuner.placed(&assignments);
                     }
                 }
                 decision
@@ -348,14 +342,13 @@ impl Policy for Iadeep {
             }
         };
         let rounds = &self.rounds;
-        let variant = self.variant;
-        let kind = view.device_kind().to_owned();
-        let step = tuner.step(
-            view,
-            device,
-            &|spec| Self::spec(variant, spec, &kind),
-            &|t| rounds.get(&t).copied().unwrap_or(0),
-        );
+        let step = tuner.step(view, device, &self.placement, &|t| {
+            rounds.get(&t).copied().unwrap_or(0)
+        });
+        for p in &step.profiles {
+            self.placement
+                .record_profile(&p.model, &p.device_kind, &p.points);
+        }
         self.samples += step.samples.len() as u64;
         if let Some(predictor) = &self.predictor {
             for sample in step.samples {

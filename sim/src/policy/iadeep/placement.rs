@@ -7,6 +7,7 @@
 //! (with the newcomer's starting assignment and the shrinks of residents that make room
 //! for it), the same waiting set with its expiry. Its clock is the simulated one.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
@@ -15,8 +16,8 @@ use iadeep_placer::policy::Assessment;
 use iadeep_placer::view::profile_of;
 use iadeep_placer::{Clock, PlacementService, Placer, PlacerParams, Verdict};
 use iadeep_proto::{
-    BatchSizeAssignment, CoLocationSample, DeviceInfo, SoloProfile, TaskProfile, TaskReport,
-    TaskSpec as ProtoSpec, place_response,
+    BatchSizeAssignment, CoLocationSample, DeviceInfo, ProfilePoint, SoloProfile, TaskProfile,
+    TaskReport, TaskSpec as ProtoSpec, place_response,
 };
 use iadeep_state::{EmbeddedStore, StateStore, keys, typed};
 
@@ -158,6 +159,17 @@ pub fn proto_report(r: &Resident<'_>, device: usize, round: u64, now_ms: i64) ->
         assignment_round: round,
         ..TaskReport::default()
     }
+}
+
+/// A task reserved on a device, as the placer stored it.
+#[derive(Clone, Debug)]
+pub struct ReservedTask {
+    /// The spec the placer stored with the reservation (with a registry profile when it
+    /// filled one).
+    pub spec: Option<ProtoSpec>,
+    pub reserved_mib: u64,
+    /// Its current assignment (the placer's starting or settling one, or the tuner's).
+    pub assignment: Option<BatchSizeAssignment>,
 }
 
 /// The placement service and what keeps its view current.
@@ -354,6 +366,42 @@ impl SimPlacement {
                 self.retry_after = Some(std::time::Duration::from_millis(q.retry_after_ms));
                 Ok((Decision::Queue, Vec::new()))
             }
+        }
+    }
+
+    /// Every task the placer has reserved on simulated GPU `device`, by task key: what the
+    /// daemon's tuner reads from the device's residents record and the tasks' keys.
+    pub fn device_tasks(&self, device: usize) -> HashMap<String, ReservedTask> {
+        let view = self.view.read().unwrap_or_else(|e| e.into_inner());
+        view.device(&device_key(device))
+            .map(|d| {
+                d.residents
+                    .iter()
+                    .map(|r| {
+                        (
+                            r.reservation.task_id.clone(),
+                            ReservedTask {
+                                spec: r.reservation.spec.clone(),
+                                reserved_mib: r.reservation.reserved_mem_mib,
+                                assignment: r.assignment.as_ref().map(|(a, _)| a.clone()),
+                            },
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Records a tuner's measurements in the profile registry of the placement's store,
+    /// as the daemon's driver does (`iadeep_state::registry::record`).
+    pub fn record_profile(&self, model: &str, device_kind: &str, points: &[ProfilePoint]) {
+        if let Err(err) = self.block_on(iadeep_state::registry::record(
+            self.store.as_ref(),
+            model,
+            device_kind,
+            points,
+        )) {
+            tracing::warn!(%err, model, "cannot record a measurement in the profile registry");
         }
     }
 

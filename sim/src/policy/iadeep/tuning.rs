@@ -2,41 +2,38 @@
 //! machine that the daemon drives over the store, driven here in virtual time by what the
 //! emulated agents report.
 //!
-//! The driver only translates, as the daemon's does: the device's residents become
-//! `Joined` / `Reserved` / `Left` inputs, the placer's starting and shrinking assignments
-//! `Assigned` inputs, each emulated agent's latest report a `Report`, all stamped with the
-//! simulated clock; the tuner's assignments go back to the engine, its samples to the
-//! predictor. The engine calls again when the tuner wants the next reports (one agent
-//! report interval later) or at its next wake-up (a round's timeout, a settled check).
+//! The driver only describes the device as the daemon's does, and the tuner crate's one
+//! [`Translator`] turns that into inputs: every task the placer reserved on the device,
+//! with the spec and reservation the placer stored and its current assignment (the
+//! placer's view, which the simulated placement keeps as the daemon's watch does), and
+//! each emulated agent's latest report, told once per fresh report. The tuner's
+//! assignments go back to the engine, its samples to the predictor, its measurements to
+//! the profile registry in the placement's store. The engine calls again when the tuner
+//! wants the next reports (one agent report interval later) or at its next wake-up (a
+//! round's timeout, a settled check).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use iadeep_proto::{
-    BatchSizeAssignment, CoLocationSample, DeviceInfo, ProfilePoint, TaskSpec as ProtoSpec,
+use iadeep_proto::{BatchSizeAssignment, CoLocationSample, DeviceInfo, ProfilePoint, TaskReport};
+use iadeep_tuner::device_tuner::{
+    Action, DeviceTask, DeviceTuner, DeviceTunerParams, RunningTask, Translator,
 };
-use iadeep_tuner::device_tuner::{Action, DeviceTuner, DeviceTunerParams, Input};
 
-use crate::policy::iadeep::placement::{proto_report, task_key, unix_ms};
+use crate::policy::iadeep::placement::{SimPlacement, proto_report, task_key, unix_ms};
 use crate::view::ClusterView;
 
 /// How often an emulated agent reports, seconds: the real agent's default
 /// (`iadeep_agent::DEFAULT_REPORT_INTERVAL`; an integration test checks they agree).
 pub const AGENT_REPORT_INTERVAL_S: f64 = 2.0;
 
-/// What the driver last told the tuner about a task.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Told {
-    Running,
-    Held,
-}
-
 /// One device's tuner and its driver state.
 #[derive(Debug)]
 pub struct SimTuner {
     tuner: DeviceTuner,
-    told: BTreeMap<usize, Told>,
-    /// Assignments the placer wrote for this device's tasks, not yet told.
-    placed: Vec<BatchSizeAssignment>,
+    translator: Translator,
+    /// Each running task's report as last built, by task: rebuilt only when the agent
+    /// reported afresh, so an unchanged report is not told twice.
+    reports: HashMap<usize, (u64, TaskReport)>,
 }
 
 /// What a tuner offers the profile registry (its `Action::Profile`).
@@ -77,14 +74,9 @@ impl SimTuner {
         })?;
         Ok(SimTuner {
             tuner,
-            told: BTreeMap::new(),
-            placed: Vec::new(),
+            translator: Translator::default(),
+            reports: HashMap::new(),
         })
-    }
-
-    /// The placer wrote these assignments (a newcomer's start, residents' shrinks).
-    pub fn placed(&mut self, assignments: &[BatchSizeAssignment]) {
-        self.placed.extend_from_slice(assignments);
     }
 
     /// The tuner's counters.
@@ -92,57 +84,54 @@ impl SimTuner {
         self.tuner.status()
     }
 
-    /// One step: the residents' changes and fresh reports in, the tuner's actions out.
-    /// `spec_of` is each task's spec as submitted to the placer, `round_of` the
-    /// assignment round each task runs under.
+    /// One step: the device as it is now in, the tuner's actions out. `placement` holds
+    /// the placer's reservations and the tasks' assignments, `round_of` the assignment
+    /// round each task runs under.
     pub fn step(
         &mut self,
         view: &dyn ClusterView,
         device: usize,
-        spec_of: &dyn Fn(&crate::view::TaskSpec) -> ProtoSpec,
+        placement: &SimPlacement,
         round_of: &dyn Fn(usize) -> u64,
     ) -> Step {
         let now_ms = unix_ms(view.now_s());
+        let reserved = placement.device_tasks(device);
         let residents = view.residents(device);
-        let mut left = Vec::new();
-        let mut joined = Vec::new();
-        let mut reports = Vec::new();
-        let here: Vec<usize> = residents.iter().map(|r| r.spec.id).collect();
-        self.told.retain(|task, _| {
-            let stays = here.contains(task);
-            if !stays {
-                left.push(Input::Left {
-                    task_id: task_key(*task),
-                });
-            }
-            stays
-        });
+        self.reports
+            .retain(|task, _| residents.iter().any(|r| r.spec.id == *task));
+        let mut now = BTreeMap::new();
         for r in &residents {
             let id = r.spec.id;
-            if r.report.running {
-                if self.told.insert(id, Told::Running) != Some(Told::Running) {
-                    joined.push(Input::Joined {
-                        spec: spec_of(r.spec),
-                        reserved_mib: 0,
-                    });
+            let key = task_key(id);
+            let Some(held) = reserved.get(&key) else {
+                // Not (or no longer) reserved by the placer: nothing to tune.
+                continue;
+            };
+            let task = match (&held.spec, r.report.running) {
+                (Some(spec), true) => {
+                    let report = match self.reports.get(&id) {
+                        Some((seq, report)) if *seq == r.report.seq => report.clone(),
+                        _ => {
+                            let report = proto_report(r, device, round_of(id), now_ms);
+                            self.reports.insert(id, (r.report.seq, report.clone()));
+                            report
+                        }
+                    };
+                    DeviceTask::Running(Box::new(RunningTask {
+                        spec: spec.clone(),
+                        reserved_mib: held.reserved_mib,
+                        report: Some(report),
+                        assignment: held.assignment.clone(),
+                    }))
                 }
-                reports.push(Input::Report(proto_report(r, device, round_of(id), now_ms)));
-            } else if self.told.insert(id, Told::Held) != Some(Told::Held) {
                 // Restarting after a crash: its memory stays held, it is not tuned.
-                joined.push(Input::Reserved {
-                    task_id: task_key(id),
-                    mib: r.report.peak_mem_mib,
-                });
-            }
+                _ => DeviceTask::Held {
+                    mib: held.reserved_mib,
+                },
+            };
+            now.insert(key, task);
         }
-        let assigned = std::mem::take(&mut self.placed)
-            .into_iter()
-            .map(Input::Assigned);
-        let inputs = left
-            .into_iter()
-            .chain(joined)
-            .chain(assigned)
-            .chain(reports);
+        let inputs = self.translator.diff(now);
         let mut step = Step::default();
         for action in self.tuner.step(now_ms, inputs) {
             match action {
