@@ -48,6 +48,15 @@ impl MemoryMargin {
         (capacity_mib * (1.0 - self.fraction) - self.fixed_mib).max(0.0)
     }
 
+    /// What one task measured at `peak_mib` is reserved at once its measurement replaces
+    /// a provisional reservation: the peak, the fraction of it and the fixed MiB on top.
+    /// A peak varies from run to run (allocator fragmentation, cuDNN's workspace choice),
+    /// and the agent fences the task there: a reservation at exactly one measured peak
+    /// would make the task fail its own allocations.
+    pub fn above_peak_mib(&self, peak_mib: f64) -> f64 {
+        peak_mib * (1.0 + self.fraction) + self.fixed_mib
+    }
+
     /// Whether tasks needing `total_mib` together fit a card of `capacity_mib`.
     pub fn fits(&self, total_mib: f64, capacity_mib: f64) -> bool {
         total_mib <= self.usable_mib(capacity_mib)

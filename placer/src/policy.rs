@@ -601,8 +601,9 @@ impl Placer {
         let summary = device.summary();
         let usable = self.params.usable_memory_mib(info.memory_mib);
         if device.residents.is_empty() {
-            // Nothing shares the card: the task fits if it fits the card at all.
-            let need = new_footprint.unwrap_or(usable);
+            // Nothing shares the card: the task fits if it fits the card at all, and one
+            // nothing is known of is granted all of it (its first report settles that).
+            let need = new_footprint.unwrap_or(info.memory_mib);
             if need == 0 || need > info.memory_mib {
                 return Err(Rejection::Memory {
                     need_mib: need,
@@ -1358,7 +1359,7 @@ mod tests {
         device(&mut view, "roomy", 80_000, &[spec("r4", 1000, 10.0, None)]);
         let d = placer().decide(&view, &unknown, &[], 0);
         assert!(
-            matches!(&d.verdict, Verdict::Place { device_id, reserved_mem_mib, .. } if device_id == "idle" && *reserved_mem_mib == PlacerParams::default().usable_memory_mib(16_000)),
+            matches!(&d.verdict, Verdict::Place { device_id, reserved_mem_mib, .. } if device_id == "idle" && *reserved_mem_mib == 16_000),
             "{:?}",
             d.verdict
         );

@@ -364,7 +364,7 @@ impl PlacementService {
     async fn place_inner(&self, task: TaskSpec, restrict: Vec<String>) -> Result<PlaceOutcome> {
         validate::task_spec("task", &task)?;
         validate::device_ids("candidate_device_ids", &restrict)?;
-        let task = self.with_registry_profile(task).await;
+        let task = self.with_registry_profile(task, &restrict).await;
         let attempts = self.placer.params().max_reserve_attempts;
         let mut attempt = 0;
         let mut waits = 0;
@@ -590,7 +590,7 @@ impl PlacementService {
     /// figure and an earlier job of that model recorded one; as given otherwise. The
     /// registry is one store read, made only for such tasks; when it cannot be read,
     /// the task is decided without it (a provisional grant, see [`crate::policy`]).
-    async fn with_registry_profile(&self, mut task: TaskSpec) -> TaskSpec {
+    async fn with_registry_profile(&self, mut task: TaskSpec, restrict: &[String]) -> TaskSpec {
         if task.profile.is_some() || task.gpu_mem_request_mib > 0 || task.model.is_empty() {
             return task;
         }
@@ -598,6 +598,18 @@ impl PlacementService {
             Ok(Some(entry)) => {
                 task.profile =
                     iadeep_state::registry::solo_profile(&entry, task.initial_batch_size.max(1));
+                // Another run's figure must not make a task the user said nothing about
+                // impossible to place: it is decided as one nothing is known of instead.
+                if task.profile.is_some()
+                    && self
+                        .placer
+                        .never_fits_any(&self.view(), &task, restrict)
+                        .is_some()
+                {
+                    tracing::info!(task = %task.task_id, model = %task.model,
+                        "the registry's profile fits no card; deciding without it");
+                    task.profile = None;
+                }
                 if let Some(p) = &task.profile {
                     tracing::info!(task = %task.task_id, model = %task.model,
                         batch_size = p.batch_size, peak_mem_mib = p.peak_mem_mib,
@@ -1216,12 +1228,13 @@ pub(crate) mod tests {
             .place(cold_job("a"), only.clone())
             .await
             .expect("place a");
-        let usable = PlacerParams::default().usable_memory_mib(16_384);
-        assert_eq!(placed(&first).reserved_mem_mib, usable);
-        assert_eq!(reserved(&service, "d0"), vec![("a".into(), usable, true)]);
+        // Alone on the card: the whole card, provisionally.
+        assert_eq!(placed(&first).reserved_mem_mib, 16_384);
+        assert_eq!(reserved(&service, "d0"), vec![("a".into(), 16_384, true)]);
         let start = &first.assignments[0];
         assert_eq!(start.predicted_slowdown, Some(1.0));
-        assert_eq!(start.memory_bound_mib, Some(usable as f64));
+        assert_eq!(start.memory_bound_mib, Some(16_384.0));
+        let usable = PlacerParams::default().usable_memory_mib(16_384);
 
         // Not measured yet: a second guess would stack on the first.
         let early = service
@@ -1239,34 +1252,32 @@ pub(crate) mod tests {
         let settled = service.settle_provisional().await;
         assert_eq!(settled.len(), 1);
         assert_eq!(settled[0].batch_size, 64);
-        assert_eq!(settled[0].memory_bound_mib, Some(840.0));
+        // 800 MiB plus the one margin: 5 % and 256 MiB.
+        assert_eq!(settled[0].memory_bound_mib, Some(1096.0));
         assert!(settled[0].round > start.round);
-        assert_eq!(reserved(&service, "d0"), vec![("a".into(), 840, false)]);
+        assert_eq!(reserved(&service, "d0"), vec![("a".into(), 1096, false)]);
         let stored = typed::get::<DeviceResidents>(store.as_ref(), &keys::device_residents("d0"))
             .await
             .expect("read")
             .expect("record");
-        assert_eq!(stored.0.reservations[0].reserved_mem_mib, 840);
+        assert_eq!(stored.0.reservations[0].reserved_mem_mib, 1096);
         let fence = typed::get::<BatchSizeAssignment>(store.as_ref(), &keys::task_assignment("a"))
             .await
             .expect("read")
             .expect("assignment");
-        assert_eq!(fence.0.memory_bound_mib, Some(840.0));
+        assert_eq!(fence.0.memory_bound_mib, Some(1096.0));
         // Settled once: nothing left to do.
         assert!(service.settle_provisional().await.is_empty());
 
         let second = service.place(cold_job("b"), only).await.expect("place b");
         let grant = placed(&second).reserved_mem_mib;
         assert_eq!(placed(&second).device_id, "d0");
-        // Everything the first job and the margin leave (the first counts at its peak
-        // plus the margin's share, or the memory model's bound there if larger).
-        assert!(
-            (usable - 900..=usable - 840).contains(&grant),
-            "granted {grant} of {usable}"
-        );
+        // Everything the first job (at its settled reservation) and the card's margin
+        // leave.
+        assert_eq!(grant, usable - 1096, "granted {grant} of {usable}");
         assert_eq!(
             reserved(&service, "d0"),
-            vec![("a".into(), 840, false), ("b".into(), grant, true)]
+            vec![("a".into(), 1096, false), ("b".into(), grant, true)]
         );
         let start_b = &second.assignments[0];
         assert_eq!(start_b.memory_bound_mib, Some(grant as f64));

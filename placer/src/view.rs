@@ -112,15 +112,15 @@ impl Resident {
     }
 
     /// What a provisional reservation becomes once the task reported its peak at the
-    /// batch size it runs at: that peak plus the margin's share of it (the one margin,
-    /// [`MemoryMargin::DEFAULT`], whose per-card part the device keeps free anyway).
-    /// `None` when the reservation is not provisional or no such peak was reported.
+    /// batch size it runs at: that peak plus the one margin ([`MemoryMargin::DEFAULT`],
+    /// [`MemoryMargin::above_peak_mib`]). `None` when the reservation is not provisional
+    /// or no such peak was reported.
     pub fn settled_reservation_mib(&self) -> Option<u64> {
         if !self.reservation.provisional {
             return None;
         }
         let peak = self.measured_peak_mib()? as f64;
-        Some((peak * (1.0 + MemoryMargin::DEFAULT.fraction)).ceil() as u64)
+        Some(MemoryMargin::DEFAULT.above_peak_mib(peak).ceil() as u64)
     }
 
     /// The submitted spec (empty if the stored reservation carried none).

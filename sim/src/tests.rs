@@ -171,13 +171,9 @@ proptest! {
 /// to more than a card: a run that needs more than its fence fails its own allocation
 /// and falls back, so no out-of-memory crash reaches a card. The oracle knows the world's
 /// memory (its bounds take the largest fragmentation): it never exceeds its fences either.
-///
-/// Not the ablation without the tuner: its tuner may only assign m0, so after its agent
-/// fell back below m0 (a fence at the whole card less the margin, a job that needs the
-/// whole card alone) the tuner assigns m0 again with a bound beyond what the card has
-/// left next to a co-runner, and the fence there protects nobody (two crashes on the
-/// K80). A gap between the ablation's pinned range and the agent's fall-back, reported
-/// with issue 23; the ablation keeps the books.
+/// The ablation without the tuner included: once its agent fell back below m0, its tuner
+/// (which may only assign m0) does not assign m0 again past what the memory model vouches
+/// for, where the fence would protect nobody.
 #[test]
 fn iadeep_keeps_the_books_and_no_out_of_memory_error_reaches_a_card() {
     for worker in ["k80", "p100"] {
@@ -186,12 +182,10 @@ fn iadeep_keeps_the_books_and_no_out_of_memory_error_reaches_a_card() {
         for name in ["iadeep", "iadeep-no-tuner", "iadeep-no-predictor", "oracle"] {
             let metrics = run(&experiment, name);
             assert_bookkeeping(&experiment, &metrics);
-            if name != "iadeep-no-tuner" {
-                assert_eq!(
-                    metrics.ooms, 0,
-                    "{worker} {name}: memory went over the card"
-                );
-            }
+            assert_eq!(
+                metrics.ooms, 0,
+                "{worker} {name}: memory went over the card"
+            );
             if name == "oracle" {
                 assert_eq!(metrics.fenced_ooms, 0, "{worker} oracle: over a fence");
             }

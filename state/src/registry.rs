@@ -154,17 +154,20 @@ pub async fn load(store: &dyn StateStore, model: &str) -> Result<Option<ModelPro
 }
 
 /// A solo profile for a job of `entry`'s model starting at `m0`, marked as coming from
-/// the registry: from the GPU kind with the most measured sizes, its measurement at
-/// m0 if there is one, else at the nearest measured size (in log scale) that has a
-/// peak memory. `None` when nothing useful was recorded.
+/// the registry, from the GPU kind with the most measured sizes: its measurement at the
+/// smallest size at or above m0 that has a peak memory (memory grows with the batch, so
+/// that peak bounds m0's), else at m0 without a memory figure. Never a size below m0:
+/// extrapolating memory upwards from one smaller size is so conservative that the job
+/// could look too large for any card, where it would otherwise be granted what is free
+/// and fenced there. `None` when nothing useful was recorded.
 pub fn solo_profile(entry: &ModelProfile, m0: u32) -> Option<SoloProfile> {
     let kind = entry.kinds.iter().max_by_key(|k| k.points.len())?;
-    let distance = |b: u32| (f64::from(b.max(1)) / f64::from(m0.max(1))).ln().abs();
     let point = kind
         .points
         .iter()
-        .filter(|p| p.peak_mem_mib.is_some() || p.batch_size == m0)
-        .min_by(|a, b| distance(a.batch_size).total_cmp(&distance(b.batch_size)))?;
+        .filter(|p| p.batch_size >= m0 && p.peak_mem_mib.is_some())
+        .min_by_key(|p| p.batch_size)
+        .or_else(|| kind.points.iter().find(|p| p.batch_size == m0))?;
     Some(SoloProfile {
         batch_size: point.batch_size,
         step_time_s: point.solo_step_time_s,
@@ -232,7 +235,7 @@ mod tests {
     }
 
     #[test]
-    fn a_profile_is_taken_at_m0_or_the_nearest_size_with_memory() {
+    fn a_profile_is_taken_at_m0_or_the_next_larger_size_with_memory() {
         let mut entry = ModelProfile::default();
         merge(
             &mut entry,
@@ -251,6 +254,8 @@ mod tests {
         assert_eq!(at_32.device_kind, "p100");
         let at_100 = solo_profile(&entry, 100).expect("a profile");
         assert_eq!((at_100.batch_size, at_100.peak_mem_mib), (128, Some(5000)));
+        // Nothing measured at or above 256: no figure to bound it by.
+        assert_eq!(solo_profile(&entry, 256), None);
         assert_eq!(solo_profile(&ModelProfile::default(), 32), None);
     }
 

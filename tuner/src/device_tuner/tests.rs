@@ -724,6 +724,36 @@ fn a_task_without_a_predicted_slowdown_is_tuned_too() {
     assert!(!k.solo_estimated.is_empty());
 }
 
+/// A task that fell back below the only size it may run at (its range pinned at m0) and
+/// never ran alone is not sent back to m0 to estimate its solo time when the memory model
+/// cannot vouch for m0 next to its co-runner: that would overflow the card.
+#[test]
+fn no_estimate_round_at_sizes_the_memory_model_does_not_vouch_for() {
+    let mut a = Task::new("a", 64, 64, 64);
+    a.profiled = false;
+    a.batch = 32;
+    let mut w = World::new(6_000.0, vec![a, Task::new("b", 64, 64, 64)], params());
+    // As the daemon tells it: each task with what it reserved and its latest report.
+    let mut inputs: Vec<Input> = w
+        .tasks
+        .iter()
+        .map(|t| Input::Joined {
+            spec: t.spec(KIND),
+            reserved_mib: t.mem_mib(t.batch).ceil() as u64,
+        })
+        .collect();
+    inputs.extend(w.reports());
+    w.step(inputs);
+    w.run(120);
+    let back_to_m0 = w
+        .assignments()
+        .flat_map(|(_, round)| round.iter())
+        .any(|x| x.task_id == "a" && x.batch_size == 64);
+    assert!(!back_to_m0, "a was assigned m0 past the card");
+    assert!(w.ooms.is_empty(), "{:?}", w.ooms);
+    assert!(w.tuner.status().holding, "{:?}", w.tuner.status());
+}
+
 /// A profile measured on another kind of GPU is not a solo step time here.
 #[test]
 fn a_profile_from_another_gpu_kind_is_not_used() {
