@@ -1,16 +1,23 @@
 //! Co-location samples for the predictor from one measured round.
 //!
 //! IF = co-located step time ÷ solo step time *at the same batch size*. A round yields one
-//! sample per task, and only when every task's solo step time at its measured size is known:
-//! measured alone (a solo profile on this device kind, or a round the task ran alone here),
-//! or interpolated between two sizes measured alone. The co-runners' solo times are features
-//! of each sample, so they are needed too. Extrapolations are not learned: on the simulator's
+//! sample per task whose solo step time at its measured size is known: measured alone (a
+//! solo profile on this device kind, or a round the task ran alone here), or interpolated
+//! between two sizes measured alone. Extrapolations are not learned: on the simulator's
 //! tuning seeds they biased the learned slowdowns (a step at half the batch is rarely half as
 //! long), and guessed labels are worse than fewer samples.
+//!
+//! The co-runners' solo times are features of each sample, so they are needed too; a
+//! co-runner that never ran alone may stand there with its *estimated* solo time (its
+//! co-located time over the placer's predicted slowdown). That estimate is never a label:
+//! a label divided by a predicted slowdown would teach the predictor its own prediction.
+//! As a feature it only describes how heavy the co-runner is. Without it, a cluster whose
+//! jobs mostly start next to others (no job brings a profile) would teach the predictor
+//! almost nothing.
 
 use iadeep_proto::{CoLocationSample, TaskProfile, TaskSpec};
 
-use super::knowledge::{SoloSource, TaskKnowledge, profile_is_local};
+use super::knowledge::{SoloSource, TaskKnowledge, estimate_solo_step, profile_is_local};
 
 /// How a sample's solo step times may have been obtained to be learned.
 pub const LEARNED_SOLO_SOURCES: [SoloSource; 2] = [SoloSource::Measured, SoloSource::Interpolated];
@@ -29,12 +36,19 @@ pub(crate) struct Measured<'a> {
 }
 
 /// The task as a predictor feature vector at its measured size, if its solo step time there
-/// is known well enough to learn from.
-fn profile(t: &Measured<'_>, device_kind: &str) -> Option<TaskProfile> {
-    let solo = t
+/// is known well enough to learn from (`as_label`), or, as a co-runner's features, at
+/// least estimated (see the module documentation).
+fn profile(t: &Measured<'_>, device_kind: &str, as_label: bool) -> Option<TaskProfile> {
+    let learned = t
         .knowledge
         .solo_estimate(t.batch_size)
-        .filter(|e| LEARNED_SOLO_SOURCES.contains(&e.source))?;
+        .filter(|e| LEARNED_SOLO_SOURCES.contains(&e.source))
+        .map(|e| e.step_s);
+    let solo_step_s = match learned {
+        Some(s) => s,
+        None if !as_label => estimate_solo_step(&t.knowledge.solo_estimated, t.batch_size)?.step_s,
+        None => return None,
+    };
     let p =
         t.spec.profile.as_ref().filter(|p| {
             p.batch_size == t.batch_size && profile_is_local(&p.device_kind, device_kind)
@@ -42,7 +56,7 @@ fn profile(t: &Measured<'_>, device_kind: &str) -> Option<TaskProfile> {
     Some(TaskProfile {
         model: t.spec.model.clone(),
         batch_size: t.batch_size,
-        solo_step_time_s: solo.step_s,
+        solo_step_time_s: solo_step_s,
         sm_util_pct: p.and_then(|p| p.sm_util_pct),
         mem_bw_util_pct: p.and_then(|p| p.mem_bw_util_pct),
         gpu_mem_mib: t.peak_mem_mib,
@@ -60,27 +74,27 @@ pub(crate) fn from_round(
     if tasks.len() < 2 {
         return Vec::new();
     }
-    let Some(profiles) = tasks
+    let Some(features) = tasks
         .iter()
-        .map(|t| profile(t, device_kind))
+        .map(|t| profile(t, device_kind, false))
         .collect::<Option<Vec<TaskProfile>>>()
     else {
         return Vec::new();
     };
     tasks
         .iter()
-        .zip(&profiles)
         .enumerate()
-        .map(|(i, (t, p))| CoLocationSample {
+        .filter_map(|(i, t)| Some((i, t, profile(t, device_kind, true)?)))
+        .map(|(i, t, p)| CoLocationSample {
             device_kind: device_kind.to_owned(),
-            task: Some(p.clone()),
-            corunners: profiles
+            slowdown: t.step_time_s / p.solo_step_time_s,
+            task: Some(p),
+            corunners: features
                 .iter()
                 .enumerate()
                 .filter(|(j, _)| *j != i)
                 .map(|(_, p)| p.clone())
                 .collect(),
-            slowdown: t.step_time_s / p.solo_step_time_s,
             measured_at_unix_ms: now_unix_ms,
             device_id: device_id.to_owned(),
             task_id: t.task_id.to_owned(),

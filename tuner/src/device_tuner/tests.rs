@@ -704,6 +704,18 @@ fn a_task_that_never_ran_alone_is_tuned_from_the_placers_predicted_slowdown() {
         "estimate {estimate}, expected {expected}"
     );
     assert_eq!(k.placed_slowdown, Some(predicted));
+    // b, measured alone (its profile), is learned from next to a, whose estimate stands
+    // only as a co-runner's feature; a's own slowdown, never measured, is never a label.
+    let labels: Vec<&str> = w
+        .actions
+        .iter()
+        .filter_map(|(_, a)| match a {
+            Action::Sample { sample, .. } => Some(sample.task_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(!labels.is_empty(), "no sample");
+    assert!(labels.iter().all(|t| *t == "b"), "{labels:?}");
     // Persisted and restored with the rest of the knowledge.
     let restored = TaskKnowledge::from_proto(&k.to_proto("a"));
     assert_eq!(&restored, k);
