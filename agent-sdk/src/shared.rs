@@ -205,20 +205,7 @@ impl Shared {
         margin: &iadeep_objective::MemoryMargin,
     ) -> Option<u32> {
         let fits = self.fits();
-        let ran_below = || {
-            self.largest_fit()
-                .filter(|&fit| fit < oom)
-                .into_iter()
-                .chain(fits.peaks.range(..oom).map(|(&b, _)| b))
-        };
-        let within_margin = fits.capacity_mib.and_then(|capacity| {
-            fits.peaks
-                .range(..oom)
-                .rev()
-                .find(|(_, peak)| margin.fits(**peak as f64, capacity as f64))
-                .map(|(&b, _)| b)
-        });
-        within_margin.or_else(|| ran_below().max())
+        margin.fallback_batch_size(oom, &fits.peaks, self.largest_fit(), fits.capacity_mib)
     }
 
     /// The counters, with the generation read before and after: `None` when a

@@ -57,6 +57,35 @@ impl MemoryMargin {
         peak_mib * (1.0 + self.fraction) + self.fixed_mib
     }
 
+    /// The batch size an agent falls back to after running out of memory at `oom`: the
+    /// largest size below it that ran and whose measured peak (`peaks`, MiB by batch
+    /// size) leaves this margin free on a card of `capacity_mib`, else the largest size
+    /// below it known to have run (`largest_fit`, or any size with a peak); `None` when
+    /// nothing below it ran. The one rule of the real agent and the simulator's emulated
+    /// one, so both fall back alike.
+    pub fn fallback_batch_size(
+        &self,
+        oom: u32,
+        peaks: &std::collections::BTreeMap<u32, u64>,
+        largest_fit: Option<u32>,
+        capacity_mib: Option<u64>,
+    ) -> Option<u32> {
+        let within_margin = capacity_mib.and_then(|capacity| {
+            peaks
+                .range(..oom)
+                .rev()
+                .find(|(_, peak)| self.fits(**peak as f64, capacity as f64))
+                .map(|(&b, _)| b)
+        });
+        within_margin.or_else(|| {
+            largest_fit
+                .filter(|&fit| fit < oom)
+                .into_iter()
+                .chain(peaks.range(..oom).map(|(&b, _)| b))
+                .max()
+        })
+    }
+
     /// Whether tasks needing `total_mib` together fit a card of `capacity_mib`.
     pub fn fits(&self, total_mib: f64, capacity_mib: f64) -> bool {
         total_mib <= self.usable_mib(capacity_mib)
@@ -85,6 +114,24 @@ impl Default for MemoryMargin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fallback_is_the_largest_size_that_ran_within_the_margin() {
+        let m = MemoryMargin::DEFAULT;
+        let peaks = std::collections::BTreeMap::from([(16, 3_000), (32, 6_000), (64, 15_500)]);
+        // 16 GiB card: 15,308 MiB usable, so 64 ran but not within the margin.
+        assert_eq!(
+            m.fallback_batch_size(128, &peaks, Some(64), Some(16_384)),
+            Some(32)
+        );
+        // Without the card's size: the largest that ran below the failure.
+        assert_eq!(m.fallback_batch_size(128, &peaks, Some(64), None), Some(64));
+        assert_eq!(
+            m.fallback_batch_size(32, &peaks, None, Some(16_384)),
+            Some(16)
+        );
+        assert_eq!(m.fallback_batch_size(16, &peaks, None, Some(16_384)), None);
+    }
 
     #[test]
     fn usable_memory_keeps_both_parts() {

@@ -90,36 +90,25 @@ impl EmulatedAgent {
 
     /// The job's allocation failed at `oom` on a card of `capacity_mib`: the batch size
     /// the agent falls back to, by the rule of the real agent's `Agent::report_oom`
-    /// (`iadeep_agent`'s `Shared::fallback`, which that crate keeps private): the largest
+    /// (`MemoryMargin::fallback_batch_size`, which the real agent's fall-back calls): the largest
     /// size below `oom` that ran and whose measured peak leaves the memory margin free
     /// on the card, else the largest size below it that ran, else half of `oom`. The
     /// real agent clamps the half to the job's bounds; here it is the largest of the
     /// job's `allowed` sizes (ascending) at or below the half, else the smallest
     /// allowed. A result not below `oom` means the job cannot run any smaller.
     pub fn out_of_memory(&mut self, oom: u32, capacity_mib: u64, allowed: &[u32]) -> u32 {
-        let margin = MemoryMargin::DEFAULT;
-        let within_margin = self
-            .peaks
-            .range(..oom)
-            .rev()
-            .find(|(_, peak)| margin.fits(**peak as f64, capacity_mib as f64))
-            .map(|(&b, _)| b);
-        let ran_below = self
-            .largest_fit
-            .filter(|&fit| fit < oom)
-            .into_iter()
-            .chain(self.peaks.range(..oom).map(|(&b, _)| b))
-            .max();
-        let fallback = within_margin.or(ran_below).unwrap_or_else(|| {
-            let half = oom / 2;
-            allowed
-                .iter()
-                .rev()
-                .find(|&&b| b <= half)
-                .or(allowed.first())
-                .copied()
-                .unwrap_or(oom)
-        });
+        let fallback = MemoryMargin::DEFAULT
+            .fallback_batch_size(oom, &self.peaks, self.largest_fit, Some(capacity_mib))
+            .unwrap_or_else(|| {
+                let half = oom / 2;
+                allowed
+                    .iter()
+                    .rev()
+                    .find(|&&b| b <= half)
+                    .or(allowed.first())
+                    .copied()
+                    .unwrap_or(oom)
+            });
         // As the real agent's `mark_oom`: the smallest failure is kept, and a size at or
         // above it is no longer known to fit.
         self.smallest_oom = Some(self.smallest_oom.map_or(oom, |s| s.min(oom)));
