@@ -283,12 +283,12 @@ fn shared_a_device(metrics: &RunMetrics) -> bool {
 }
 
 /// Under a burst far larger than the cluster, iadeep's placer co-locates instead of
-/// queueing everything, while exclusive FIFO never shares a device. With profiles: until
-/// the placer grants a job of unknown memory a provisional reservation on a shared GPU
-/// (issue 23), it co-locates only jobs whose memory a profile states.
+/// queueing everything, while exclusive FIFO never shares a device; in the default mode,
+/// where no job brings a profile or a memory figure (a provisional grant, then the
+/// measured peak, makes room next to a resident).
 #[test]
 fn iadeep_co_locates_under_a_burst() {
-    let experiment = experiment_in(JobInfo::Profiled, "p100", 30, 3, 4.0, 7);
+    let experiment = experiment("p100", 30, 3, 4.0, 7);
     assert!(!shared_a_device(&run(&experiment, "exclusive")));
     let metrics = run(&experiment, "iadeep-no-tuner");
     assert_bookkeeping(&experiment, &metrics);
