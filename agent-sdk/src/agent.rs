@@ -285,14 +285,23 @@ impl Agent {
         change
     }
 
-    /// The GPU memory this task may use now, MiB: the latest of the memory its placement
-    /// reserved (as first seen, and whenever the placer rewrites it) and the memory bound
-    /// of each applied assignment that carries one (it moves at [`Agent::poll_change`],
-    /// with the batch size); `None` when neither is known (no placer, or not registered
-    /// yet). A trainer caps its own allocator at it (the
-    /// Python agent's memory fence), so outgrowing it fails in its own process.
+    /// The GPU memory this task is counted at now, MiB: the latest of the memory its
+    /// placement reserved (as first seen, and whenever the placer rewrites it) and the
+    /// memory bound of each applied assignment that carries one (it moves at
+    /// [`Agent::poll_change`], with the batch size); `None` when neither is known (no
+    /// placer, or not registered yet).
     pub fn memory_limit_mib(&self) -> Option<u64> {
         self.shared.memory_limit_mib()
+    }
+
+    /// What a trainer caps its own allocator at (the Python agent's memory fence), MiB:
+    /// [`Agent::memory_limit_mib`] plus the margin's fraction of it
+    /// ([`iadeep_objective::MemoryMargin::fence_mib`], which the card keeps free for every
+    /// task's run-to-run variation), so outgrowing it fails in the task's own process,
+    /// never in a co-runner's.
+    pub fn memory_fence_mib(&self) -> Option<u64> {
+        self.memory_limit_mib()
+            .map(|mib| iadeep_objective::MemoryMargin::DEFAULT.fence_mib(mib as f64))
     }
 
     /// The learning-rate factor of the current batch size (1 until a change).

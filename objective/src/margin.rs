@@ -86,6 +86,17 @@ impl MemoryMargin {
         })
     }
 
+    /// The memory fence of a task counted at `bound_mib` (its reservation, or its
+    /// assignment's bound): what its agent lets its own allocator use, MiB. The bound
+    /// plus the margin's fraction of it: a peak varies a few percent from one run of the
+    /// same size to the next (allocator fragmentation), and the card keeps that fraction
+    /// of itself free besides a fixed part, so every task on it may overshoot its bound
+    /// by the fraction at once without touching another's memory. A fence at the bound
+    /// itself would fail a task's allocations for no co-runner's sake.
+    pub fn fence_mib(&self, bound_mib: f64) -> u64 {
+        (bound_mib * (1.0 + self.fraction)).floor().max(0.0) as u64
+    }
+
     /// Whether tasks needing `total_mib` together fit a card of `capacity_mib`.
     pub fn fits(&self, total_mib: f64, capacity_mib: f64) -> bool {
         total_mib <= self.usable_mib(capacity_mib)
@@ -114,6 +125,17 @@ impl Default for MemoryMargin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fence_lets_a_task_overshoot_its_bound_by_the_fraction_the_card_keeps_free() {
+        let m = MemoryMargin::DEFAULT;
+        assert_eq!(m.fence_mib(1000.0), 1050);
+        // Every task at its fence together still fits a card whose bounds fill it.
+        let card = 16_384.0;
+        let bounds = [5_000.0, 4_000.0, m.usable_mib(card) - 9_000.0];
+        let fenced: u64 = bounds.iter().map(|&b| m.fence_mib(b)).sum();
+        assert!((fenced as f64) <= card, "{fenced}");
+    }
 
     #[test]
     fn the_fallback_is_the_largest_size_that_ran_within_the_margin() {

@@ -1049,6 +1049,25 @@ impl PlacementService {
             txn = txn.put(key.as_str(), record.encode_to_vec(), None);
             for (a, _) in &assignments {
                 txn = txn.put(keys::task_assignment(&a.task_id), a.encode_to_vec(), None);
+                // The placement says what is reserved too (its agent and `state get`
+                // read it there).
+                if let Some(r) = record.reservations.iter().find(|r| r.task_id == a.task_id) {
+                    let placement = Placement {
+                        task_id: r.task_id.clone(),
+                        device_id: device_id.clone(),
+                        reserved_mem_mib: r.reserved_mem_mib,
+                        placed_at_unix_ms: r.placed_at_unix_ms,
+                        batch_size: r
+                            .spec
+                            .as_ref()
+                            .map_or(a.batch_size, |s| s.initial_batch_size.max(1)),
+                    };
+                    txn = txn.put(
+                        keys::task_placement(&r.task_id),
+                        placement.encode_to_vec(),
+                        None,
+                    );
+                }
             }
             match self.store.transact(txn).await {
                 Ok(TxnOutcome::Committed { revision }) => {
@@ -1266,6 +1285,11 @@ pub(crate) mod tests {
             .expect("read")
             .expect("assignment");
         assert_eq!(fence.0.memory_bound_mib, Some(1096.0));
+        let (placement, _) = typed::get::<Placement>(store.as_ref(), &keys::task_placement("a"))
+            .await
+            .expect("read")
+            .expect("placement");
+        assert_eq!(placement.reserved_mem_mib, 1096);
         // Settled once: nothing left to do.
         assert!(service.settle_provisional().await.is_empty());
 

@@ -232,6 +232,8 @@ fn the_memory_limit_is_the_latest_of_the_reservation_and_the_applied_bounds() {
     .expect("put placement");
     let agent = builder(&store, "job-fence").connect().expect("connect");
     assert_eq!(agent.memory_limit_mib(), Some(4_096));
+    // The fence: the limit and the margin's 5 % of it.
+    assert_eq!(agent.memory_fence_mib(), Some(4_300));
     agent.record_step(64, Duration::from_millis(1));
     let assignment = BatchSizeAssignment {
         task_id: "job-fence".into(),

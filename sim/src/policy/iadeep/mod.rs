@@ -48,11 +48,12 @@ fn sim_assignment(task: usize, a: &BatchSizeAssignment) -> Assignment {
     }
 }
 
-/// The fence an assignment sets, whole MiB: its memory bound, when it carries one.
+/// The fence an assignment sets, whole MiB: the real agent's fence of its memory bound
+/// (`MemoryMargin::fence_mib`), when it carries one.
 fn fence_mib(a: &BatchSizeAssignment) -> Option<u64> {
     a.memory_bound_mib
         .filter(|mib| mib.is_finite() && *mib > 0.0)
-        .map(|mib| mib.floor() as u64)
+        .map(|mib| iadeep_objective::MemoryMargin::DEFAULT.fence_mib(mib))
 }
 
 /// Which parts of iadeep are on.
