@@ -92,8 +92,12 @@ class Agent:
     def memory_limit_mib(self) -> Optional[int]:
         """The GPU memory this task may use now, MiB: the latest of its placement's
         reservation (as first seen, and whenever the placer rewrites it) and the memory
-        bound of each applied change that carries one; None when neither is known.
-        iadeep.torch fences PyTorch's caching allocator at it."""
+        bound of each applied change that carries one; None when neither is known."""
+    @property
+    def memory_fence_mib(self) -> Optional[int]:
+        """What the job caps its own allocator at, MiB: memory_limit_mib plus the memory
+        margin's fraction of it (a peak varies a few percent from run to run; the card
+        keeps that fraction free for every task at once). iadeep.torch's fence uses it."""
     @property
     def lr_factor(self) -> float: ...
     @property

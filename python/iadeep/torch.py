@@ -113,10 +113,12 @@ class LRScaler:
 
 
 class MemoryFence:
-    """Caps this process's PyTorch CUDA caching allocator at the agent's memory limit
-    (:attr:`iadeep.Agent.memory_limit_mib`: the placement's reservation, then the memory
-    bound of each applied assignment or a reservation the placer rewrote), with
-    ``torch.cuda.set_per_process_memory_fraction(limit / device memory)``.
+    """Caps this process's PyTorch CUDA caching allocator at the agent's memory fence
+    (:attr:`iadeep.Agent.memory_fence_mib`: the memory the job is counted at, i.e. the
+    placement's reservation, then the memory bound of each applied assignment or a
+    reservation the placer rewrote, plus the memory margin's fraction of it, which the
+    card keeps free for every task's run-to-run variation), with
+    ``torch.cuda.set_per_process_memory_fraction(fence / device memory)``.
 
     A job that outgrows the memory iadeep holds for it then gets
     ``torch.cuda.OutOfMemoryError`` in its own process, which
@@ -137,8 +139,8 @@ class MemoryFence:
     def __init__(self, agent: Agent, device: Union[None, int, "torch.device"] = None) -> None:
         self.agent = agent
         self.device = device
-        #: The limit the cap was set from, MiB, and the fraction set (None: not yet).
-        self.limit_mib: Optional[int] = None
+        #: The fence the cap was set from, MiB, and the fraction set (None: not yet).
+        self.fence_mib: Optional[int] = None
         self.fraction: Optional[float] = None
         self._cuda: Optional[bool] = None  # torch.cuda.is_available(), asked once
 
@@ -148,8 +150,8 @@ class MemoryFence:
             self._cuda = torch.cuda.is_available()
         if not self._cuda:
             return None
-        limit = self.agent.memory_limit_mib
-        if limit is None or limit == self.limit_mib or not torch.cuda.is_initialized():
+        limit = self.agent.memory_fence_mib
+        if limit is None or limit == self.fence_mib or not torch.cuda.is_initialized():
             return self.fraction  # no limit, no news, or the job does not use CUDA (yet)
         device = self.device if self.device is not None else torch.cuda.current_device()
         total = torch.cuda.get_device_properties(device).total_memory
@@ -162,7 +164,7 @@ class MemoryFence:
             "task %s: PyTorch's allocator capped at %d MiB (%.3f of device %s)",
             self.agent.task_id, limit, fraction, device,
         )
-        self.limit_mib, self.fraction = limit, fraction
+        self.fence_mib, self.fraction = limit, fraction
         return fraction
 
 

@@ -341,10 +341,17 @@ impl Agent {
     /// The GPU memory this task may use now, MiB: the latest of its placement's
     /// reservation (as first seen, and whenever the placer rewrites it) and the memory
     /// bound of each applied change that carries one; `None` when neither is known.
-    /// `iadeep.torch` fences PyTorch's allocator at it.
     #[getter]
     fn memory_limit_mib(&self) -> PyResult<Option<u64>> {
         self.with(|a| a.memory_limit_mib())
+    }
+
+    /// What the job caps its own allocator at, MiB: `memory_limit_mib` plus the memory
+    /// margin's fraction of it (a peak varies a few percent from run to run, and the card
+    /// keeps that fraction free for every task at once); `None` without a limit.
+    #[getter]
+    fn memory_fence_mib(&self) -> PyResult<Option<u64>> {
+        self.with(|a| a.memory_fence_mib())
     }
 
     /// The learning-rate factor of the current batch size (1.0 until a change).

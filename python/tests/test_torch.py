@@ -221,16 +221,17 @@ def test_the_memory_fence_caps_the_allocator_at_the_reservation_and_moves_with_a
 ):
     cuda = FakeCuda(monkeypatch)
     # The placer's starting assignment carries the reservation as its bound: 4 GiB of 16.
+    # The fence is the bound plus the memory margin's 5 %: 4096 * 1.05 = 4300 MiB.
     assign(cluster, "fence-1", 4, 1.0, 1, bound_mib=4096.0)
     agent = make_agent(cluster, "fence-1", 4, 2, 16)
-    assert agent.memory_limit_mib == 4096
+    assert (agent.memory_limit_mib, agent.memory_fence_mib) == (4096, 4300)
     loader, _ = numbered_loader(agent, 2000)
     phase, step, when_grown = "start", 0, None
     for _ in range(20):  # epochs, until both assignments have been applied
         for _batch in loader:
             step += 1
             if step == 1:
-                assert cuda.fractions == [(0.25, 0)], "capped at the reservation before the first step"
+                assert cuda.fractions == [(4300 / 16384, 0)], "capped at the reservation before the first step"
             if phase == "start" and step == 3:
                 assign(cluster, "fence-1", 8, 2.0, 2, bound_mib=6144.0)  # grow: 6 GiB
                 phase = "grow"
@@ -245,10 +246,11 @@ def test_the_memory_fence_caps_the_allocator_at_the_reservation_and_moves_with_a
         if phase == "done":
             break
     assert phase == "done", f"the assignments did not both arrive (at {phase})"
-    assert when_grown == [(0.25, 0), (0.375, 0)], "the cap grew with the assignment that grew the bound"
-    assert cuda.fractions == [(0.25, 0), (0.375, 0), (0.125, 0)]
+    # 6144 * 1.05 = 6451 MiB, then 2048 * 1.05 = 2150 MiB.
+    assert when_grown == [(4300 / 16384, 0), (6451 / 16384, 0)], "the cap grew with the bound"
+    assert cuda.fractions == [(4300 / 16384, 0), (6451 / 16384, 0), (2150 / 16384, 0)]
     assert cuda.emptied == 1, "a shrinking cap hands the cached memory back"
-    assert agent.memory_limit_mib == 2048
+    assert (agent.memory_limit_mib, agent.memory_fence_mib) == (2048, 2150)
     agent.finish()
 
 
@@ -263,7 +265,7 @@ def test_the_fence_starts_when_the_job_starts_using_cuda(cluster: Cluster, monke
             assert cuda.fractions == []
             cuda.initialized = True  # the model moved to the GPU during the first step
         else:
-            assert cuda.fractions == [(0.5, 0)]
+            assert cuda.fractions == [(8601 / 16384, 0)]  # 8192 MiB and the margin's 5 %
     assert step == 3
     agent.finish()
 
