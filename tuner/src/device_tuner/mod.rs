@@ -1021,6 +1021,12 @@ impl DeviceTuner {
             };
             tracing::info!(device = %self.device_id, tasks = ?unknown,
                 "no solo step time measured alone: measuring what runs to estimate it from the placer's predicted slowdown");
+            // Under a round of its own, assigned to every task: what runs may be under
+            // rounds this tuner never saw written (the placer's newcomer round, a round
+            // of ours whose write lost to that placement), whose reports would never come.
+            if let Some(search) = &mut self.search {
+                search.applied = None;
+            }
             self.begin_round(now_ms, config, out);
             return;
         }
@@ -1224,6 +1230,11 @@ impl DeviceTuner {
             return;
         };
         self.counters.dropped += 1;
+        // What was assigned may never have reached the agents (a round whose write lost to
+        // a placement): the configuration is assigned afresh, not assumed to run.
+        if m.purpose == Purpose::Explore {
+            search.applied = None;
+        }
         let missing: Vec<&String> = m
             .missing(reports_per_round)
             .into_iter()

@@ -99,6 +99,9 @@ struct World {
     actions: Vec<(i64, Action)>,
     /// Out-of-memory crashes: (time, task, batch size, alone).
     ooms: Vec<(i64, String, u32, bool)>,
+    /// The next this many rounds the tuner assigns are lost (their write lost to a
+    /// placement in the daemon): no agent applies them.
+    lose_rounds: u32,
 }
 
 const KIND: &str = "v100";
@@ -123,13 +126,18 @@ impl World {
             rng: ChaCha8Rng::seed_from_u64(7),
             actions: Vec::new(),
             ooms: Vec::new(),
+            lose_rounds: 0,
         }
     }
 
     fn step(&mut self, inputs: Vec<Input>) {
         let out = self.tuner.step(self.now_ms, inputs);
         for action in out {
-            if let Action::Assign(assignments) = &action {
+            if let Action::Assign(_) = &action
+                && self.lose_rounds > 0
+            {
+                self.lose_rounds -= 1;
+            } else if let Action::Assign(assignments) = &action {
                 let mut changed = Vec::new();
                 for a in assignments {
                     if let Some(t) = self.tasks.iter_mut().find(|t| t.id == a.task_id) {
@@ -719,6 +727,61 @@ fn a_task_that_never_ran_alone_is_tuned_from_the_placers_predicted_slowdown() {
     // Persisted and restored with the rest of the knowledge.
     let restored = TaskKnowledge::from_proto(&k.to_proto("a"));
     assert_eq!(&restored, k);
+}
+
+/// The quick start's sequence: the tuner's round for the first job is lost (its write
+/// lost to the placement of a second job, whose starting assignment takes the same round
+/// number), then the second job joins. The tuner must assign the shared configuration
+/// afresh, not wait for the first job's reports under a round it never received.
+#[test]
+fn a_round_lost_to_a_placement_is_assigned_again_not_waited_for() {
+    let a = Task::new("a", 32, 8, 256);
+    let mut b = Task::new("b", 64, 16, 256);
+    b.profiled = false;
+    b.running = false;
+    let mut w = World::new(16_384.0, vec![a, b], params());
+    w.step(vec![Input::Joined {
+        spec: w.tasks[0].spec(KIND),
+        reserved_mib: 2_000,
+    }]);
+    w.run(20);
+    w.lose_rounds = 1;
+    while w.lose_rounds > 0 && w.now_ms < 600_000 {
+        w.run(2);
+    }
+    assert_eq!(w.lose_rounds, 0, "the tuner never assigned a round to lose");
+    let lost = w.tuner.status().round;
+    assert!(w.tasks[0].round < lost, "a runs under an older round");
+    // The placer saw a's last written round: b's starting round is the lost one's number.
+    w.tasks[1].running = true;
+    w.tasks[1].round = lost;
+    let joined = w.now_ms;
+    w.step(vec![
+        Input::Joined {
+            spec: w.tasks[1].spec(KIND),
+            reserved_mib: 3_000,
+        },
+        Input::Assigned(BatchSizeAssignment {
+            task_id: "b".into(),
+            batch_size: 64,
+            round: lost,
+            predicted_slowdown: Some(1.3),
+            ..Default::default()
+        }),
+    ]);
+    let measured = w.tuner.status().counters.measured;
+    w.run(120);
+    let status = w.tuner.status();
+    assert!(
+        status.counters.measured >= measured + 2,
+        "shared rounds measured within 2 minutes: {status:?}"
+    );
+    let a_moved = w
+        .assignments()
+        .filter(|(at, _)| *at > joined)
+        .flat_map(|(_, round)| round.iter())
+        .any(|x| x.task_id == "a" && x.batch_size != 32);
+    assert!(a_moved, "a was never tuned next to b");
 }
 
 /// Without any prediction (a placement by an older placer), the task is taken as not
