@@ -1008,23 +1008,28 @@ impl DeviceTuner {
             };
             // What runs, or else the sizes the search started from if the memory model
             // vouches for them: never a configuration that could overflow the card.
-            let config = match applied {
-                Some(config) => config,
+            let feasible =
+                |search: &mut Search, config: &[usize]| search.controller.search().feasible(config);
+            let (config, assign_afresh) = match applied {
+                // Under a round of its own, assigned to every task: what runs may be under
+                // rounds this tuner never saw written (the placer's newcomer round, a round
+                // of ours whose write lost to that placement), whose reports never come.
+                Some(config) if feasible(search, &config) => (config, true),
+                // Measured as it runs: assigning it would move the agents' fences to
+                // bounds the memory model does not vouch for together.
+                Some(config) => (config, false),
                 None => {
                     let start = search.controller.search().space().start.clone();
-                    if !search.controller.search().feasible(&start) {
+                    if !feasible(search, &start) {
                         self.hold(now_ms, Hold::Unmeasurable(unknown));
                         return;
                     }
-                    start
+                    (start, true)
                 }
             };
             tracing::info!(device = %self.device_id, tasks = ?unknown,
                 "no solo step time measured alone: measuring what runs to estimate it from the placer's predicted slowdown");
-            // Under a round of its own, assigned to every task: what runs may be under
-            // rounds this tuner never saw written (the placer's newcomer round, a round
-            // of ours whose write lost to that placement), whose reports would never come.
-            if let Some(search) = &mut self.search {
+            if assign_afresh && let Some(search) = &mut self.search {
                 search.applied = None;
             }
             self.begin_round(now_ms, config, out);
