@@ -229,7 +229,20 @@ impl Iadeep {
 
     /// A task as this variant submits it: without the tuner, its batch-size range is
     /// its m0 alone.
-    fn spec(variant: Variant, spec: &TaskSpec, kind: &str) -> ProtoSpec {
+    /// The oracle (`truth`) submits each task with its true solo profile: it is the
+    /// limit with perfect information in either `--job-info` mode.
+    fn spec(variant: Variant, spec: &TaskSpec, kind: &str, truth: Option<&Truth>) -> ProtoSpec {
+        let known;
+        let spec = match truth.and_then(|t| t.solo_profile(&spec.model, spec.m0)) {
+            Some(profile) => {
+                known = TaskSpec {
+                    profile: Some(profile),
+                    ..spec.clone()
+                };
+                &known
+            }
+            None => spec,
+        };
         let mut proto = placement::proto_spec(spec, kind);
         if variant == Variant::NoTuner {
             proto.min_batch_size = spec.m0;
@@ -266,11 +279,13 @@ impl Policy for Iadeep {
         let rounds = &self.rounds;
         let variant = self.variant;
         let kind = view.device_kind().to_owned();
-        let decided =
-            self.placement
-                .decide(view, task, &|spec| Self::spec(variant, spec, &kind), &|t| {
-                    rounds.get(&t).copied().unwrap_or(0)
-                });
+        let truth = self.truth.as_deref();
+        let decided = self.placement.decide(
+            view,
+            task,
+            &|spec| Self::spec(variant, spec, &kind, truth),
+            &|t| rounds.get(&t).copied().unwrap_or(0),
+        );
         self.route_settled(view);
         if let Some(audit) = self.placement.audit.as_mut()
             && Some(audit.len()) != recorded

@@ -23,7 +23,7 @@ use iadeep_objective::PdInput;
 use iadeep_placer::model::{MemoryEstimator, SlowdownEstimate, SlowdownModel};
 use iadeep_proto::{CoLocationSample, TaskProfile, TaskReport, TaskSpec as ProtoSpec};
 
-use crate::view::Resident;
+use crate::view::{Resident, SoloProfile};
 use crate::world::{TypeId, World, memory};
 
 /// Seconds between two choices of a device's batch sizes: φ changes over training and
@@ -79,6 +79,18 @@ impl Truth {
         let alone = self.world.steps_per_s(job, std::iter::empty());
         let shared = self.world.steps_per_s(job, others.iter().copied());
         alone / shared
+    }
+
+    /// The solo profile of a task of `model` at `m0` as the world has it: its exact step
+    /// time alone and the most a run of it can take. The oracle places with perfect
+    /// information whatever the jobs bring (`--job-info`).
+    pub fn solo_profile(&self, model: &str, m0: u32) -> Option<SoloProfile> {
+        let job = self.job(model, m0)?;
+        let steps_per_s = self.world.steps_per_s(job, std::iter::empty());
+        (steps_per_s > 0.0).then(|| SoloProfile {
+            step_time_s: 1.0 / steps_per_s,
+            peak_mem_mib: self.peak_bound_mib(job),
+        })
     }
 
     /// The most a run of a task of `model` at `batch_size` can take, MiB.
