@@ -1351,6 +1351,23 @@ pub(crate) mod tests {
         assert!(!reserved(&service, "d0")[0].2, "not provisional");
     }
 
+    /// Settling never raises a grant: a job that used nearly all it was granted keeps the
+    /// grant, so the fences of a card's jobs never add up to more than the card.
+    #[tokio::test]
+    async fn a_settled_reservation_is_never_above_the_grant() {
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        let service = service(store);
+        service
+            .place(cold_job("a"), vec!["d0".into()])
+            .await
+            .expect("place a");
+        report_peak(&service, "a", "d0", 16_000);
+        let settled = service.settle_provisional().await;
+        assert_eq!(settled[0].memory_bound_mib, Some(16_384.0));
+        assert_eq!(reserved(&service, "d0"), vec![("a".into(), 16_384, false)]);
+    }
+
     /// A card with less than the minimum share free takes no job it knows nothing of.
     #[tokio::test]
     async fn an_unknown_job_needs_a_share_of_the_card_free() {

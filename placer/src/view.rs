@@ -113,14 +113,17 @@ impl Resident {
 
     /// What a provisional reservation becomes once the task reported its peak at the
     /// batch size it runs at: that peak plus the one margin ([`MemoryMargin::DEFAULT`],
-    /// [`MemoryMargin::above_peak_mib`]). `None` when the reservation is not provisional
-    /// or no such peak was reported.
+    /// [`MemoryMargin::above_peak_mib`]), never more than the grant itself: the grant was
+    /// what the card had free, and raising it could let the fences of the card's tasks
+    /// add up to more than the card. `None` when the reservation is not provisional or no
+    /// such peak was reported.
     pub fn settled_reservation_mib(&self) -> Option<u64> {
         if !self.reservation.provisional {
             return None;
         }
         let peak = self.measured_peak_mib()? as f64;
-        Some(MemoryMargin::DEFAULT.above_peak_mib(peak).ceil() as u64)
+        let settled = MemoryMargin::DEFAULT.above_peak_mib(peak).ceil() as u64;
+        Some(settled.min(self.reservation.reserved_mem_mib))
     }
 
     /// The submitted spec (empty if the stored reservation carried none).

@@ -7,7 +7,7 @@
 //! goes to the GPU with the most free memory whose utilisation (as in [`super::util`])
 //! is under the cap and that holds the job: its profiled peak when it has one, else
 //! (its memory unknown) a quarter of the card free
-//! ([`crate::policy::solo::UNKNOWN_MEMORY_FREE_SHARE`]). A job that crashes out of
+//! ([`crate::policy::solo::unknown_memory_free_share`]). A job that crashes out of
 //! memory leaves its GPU and waits at the front of the queue for a GPU of its own: the
 //! recovery queue. At most [`MAX_RESIDENTS`] jobs share a GPU.
 

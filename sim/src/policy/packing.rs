@@ -2,7 +2,7 @@
 //! first GPU whose residents' profiled peaks at m0 leave room for the new job's profiled
 //! peak; without them (the default) the first GPU whose residents all reported their
 //! peaks and leave a quarter of the card free
-//! ([`crate::policy::solo::UNKNOWN_MEMORY_FREE_SHARE`]), since the new job's
+//! ([`crate::policy::solo::unknown_memory_free_share`]), since the new job's
 //! memory is unknown. Ignores batch-size changes after a crash and knows nothing about
 //! interference.
 

@@ -9,9 +9,12 @@ use crate::view::{ClusterView, Resident, TaskSpec};
 /// A baseline places a job whose memory it does not know (no profile) only on a GPU
 /// whose residents all reported their peaks and leave at least this share of the card
 /// free: the share the placer asks of a shared card for such a job
-/// (`iadeep_placer::PlacerParams::min_unknown_memory_share`), so no baseline packs an
-/// unknown job more eagerly than iadeep may.
-pub const UNKNOWN_MEMORY_FREE_SHARE: f64 = 0.25;
+/// (`iadeep_placer::PlacerParams::min_unknown_memory_share`, read from the placer's
+/// defaults so the two cannot drift), so no baseline packs an unknown job more eagerly
+/// than iadeep may.
+pub fn unknown_memory_free_share() -> f64 {
+    iadeep_placer::PlacerParams::default().min_unknown_memory_share
+}
 
 /// A resident's memory as its agent last reported it, MiB; `None` before its first
 /// report (nothing measured yet).
@@ -33,9 +36,10 @@ pub fn resident_mib(r: &Resident<'_>) -> Option<u64> {
 }
 
 /// Whether a job whose memory is unknown may join residents using `used_mib` of a card
-/// of `capacity_mib` (see [`UNKNOWN_MEMORY_FREE_SHARE`]).
+/// of `capacity_mib` (see [`unknown_memory_free_share`]).
 pub fn room_for_unknown(used_mib: u64, capacity_mib: u64) -> bool {
-    capacity_mib.saturating_sub(used_mib) as f64 >= UNKNOWN_MEMORY_FREE_SHARE * capacity_mib as f64
+    capacity_mib.saturating_sub(used_mib) as f64
+        >= unknown_memory_free_share() * capacity_mib as f64
 }
 
 /// Step times measured alone: for each task and batch size, the fastest step time its

@@ -91,6 +91,15 @@ impl Measurement {
         }
     }
 
+    /// The task at `index` runs the same batch size under a newer `round` (another writer
+    /// re-issued its assignment, e.g. the placer settling its reservation): its reports
+    /// under that round count from now on, those already taken stay.
+    pub fn follow_round(&mut self, index: usize, round: u64) {
+        if let Some(r) = self.rounds.get_mut(index) {
+            *r = round;
+        }
+    }
+
     /// Takes in a report of the task at `index`. Only a report made under this round, at the
     /// assigned batch size and newer than any taken before counts; an out-of-memory report
     /// at or below the assigned size marks the round.

@@ -578,9 +578,23 @@ impl DeviceTuner {
                 };
                 resident.assigned = Some((a.batch_size, a.round));
                 if a.round > self.round {
+                    self.round = a.round;
+                    // Only the round (and the bound) moved, at the size the search applied:
+                    // the placer settled the task's reservation. What runs is unchanged;
+                    // its reports under the new round measure it as well.
+                    if let Some(search) = &mut self.search
+                        && let Some(i) = search.task_ids.iter().position(|t| *t == a.task_id)
+                        && let Some((config, rounds)) = &mut search.applied
+                        && search.sizes[i].get(config[i]) == Some(&a.batch_size)
+                    {
+                        rounds[i] = a.round;
+                        if let Phase::Measuring(m) = &mut search.phase {
+                            m.follow_round(i, a.round);
+                        }
+                        return;
+                    }
                     // Someone else (the placer making room) moved the task: what runs is no
                     // longer what the search applied.
-                    self.round = a.round;
                     if let Some(search) = &mut self.search {
                         tracing::info!(task = %a.task_id, batch_size = a.batch_size, round = a.round,
                             "assignment written by another writer; re-deciding");

@@ -784,6 +784,38 @@ fn a_round_lost_to_a_placement_is_assigned_again_not_waited_for() {
     assert!(a_moved, "a was never tuned next to b");
 }
 
+/// The placer settling a task's reservation re-issues its assignment at the same batch
+/// size under a newer round: the round being measured goes on, under the new round for
+/// that task, instead of being thrown away.
+#[test]
+fn a_reissued_assignment_at_the_same_size_does_not_restart_the_round() {
+    let mut t = Task::new("a", 32, 8, 256);
+    t.profiled = false;
+    let mut w = World::new(16_384.0, vec![t], params());
+    w.join_all();
+    w.run(4);
+    assert!(w.tuner.wants_reports(), "the lone round is being measured");
+    let round = w.tuner.status().round + 1;
+    w.tasks[0].round = round;
+    let reissued = w.now_ms;
+    w.step(vec![Input::Assigned(BatchSizeAssignment {
+        task_id: "a".into(),
+        batch_size: 32,
+        round,
+        memory_bound_mib: Some(2_000.0),
+        ..Default::default()
+    })]);
+    w.run(10);
+    let status = w.tuner.status();
+    assert_eq!(status.counters.dropped, 0, "{status:?}");
+    assert!(w.tuner.knowledge("a").and_then(|k| k.solo_at(32)).is_some());
+    let measured_again = w
+        .assignments()
+        .filter(|(at, _)| *at >= reissued)
+        .any(|(_, r)| r.iter().any(|x| x.batch_size == 32));
+    assert!(!measured_again, "the round at 32 was restarted");
+}
+
 /// Without any prediction (a placement by an older placer), the task is taken as not
 /// slowed down: it is still tuned, never held for lack of a profile.
 #[test]
