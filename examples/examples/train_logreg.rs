@@ -134,7 +134,7 @@ fn tuner(store: Arc<dyn StateStore>, task: &'static str) -> Result<(), String> {
             lr_rule: LrScalingRule::Linear as i32,
             round: 1,
             assigned_at_unix_ms: iadeep_proto::now_unix_ms(),
-            memory_bound_mib: None,
+            ..BatchSizeAssignment::default()
         };
         typed::put(
             store.as_ref(),
