@@ -19,15 +19,9 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-NON_ORACLE_OTHERS = [
-    "exclusive",
-    "packing",
-    "util",
-    "memory",
-    "reference",
-    "reference-fixed",
-    "pollux",
-]
+def is_other(policy):
+    """A policy iadeep is compared with: neither an iadeep variant nor the oracle."""
+    return not policy.startswith("iadeep") and policy != "oracle"
 
 
 def run_dir(out, worker, mode, seed):
@@ -67,7 +61,7 @@ def table(out, workers, modes, seeds):
             for seed in seeds:
                 rows = summary(run_dir(out, worker, mode, seed))
                 iadeep, oracle = rows["iadeep"], rows["oracle"]
-                others = [(name, hours(rows[name])) for name in NON_ORACLE_OTHERS if name in rows]
+                others = [(name, hours(row)) for name, row in rows.items() if is_other(name)]
                 best_name, best = min(others, key=lambda o: o[1])
                 ct, ct_oracle = hours(iadeep), hours(oracle)
                 means.setdefault((worker, mode), []).append(

@@ -59,6 +59,17 @@ struct Plan {
     assignments: Vec<BatchSizeAssignment>,
 }
 
+/// The round a placer-written assignment on a device takes: one above every round its
+/// residents' assignments have seen, so every agent applies it.
+fn next_round(residents: &[crate::view::Resident]) -> u64 {
+    residents
+        .iter()
+        .filter_map(|r| r.assignment.as_ref().map(|(a, _)| a.round))
+        .max()
+        .unwrap_or(0)
+        + 1
+}
+
 /// The starting assignment of a newcomer and the shrinks of residents, in one round above
 /// every round the device's residents have seen.
 fn placement_assignments(
@@ -70,12 +81,7 @@ fn placement_assignments(
     now_unix_ms: i64,
 ) -> Vec<BatchSizeAssignment> {
     let residents = device.map(|d| d.residents.as_slice()).unwrap_or_default();
-    let round = residents
-        .iter()
-        .filter_map(|r| r.assignment.as_ref().map(|(a, _)| a.round))
-        .max()
-        .unwrap_or(0)
-        + 1;
+    let round = next_round(residents);
     let m0 = task.initial_batch_size.max(1);
     let mut out = vec![BatchSizeAssignment {
         task_id: task.task_id.clone(),
@@ -991,13 +997,7 @@ impl PlacementService {
                         return None;
                     }
                     let mut record = device.residents_record(id);
-                    let round = device
-                        .residents
-                        .iter()
-                        .filter_map(|r| r.assignment.as_ref().map(|(a, _)| a.round))
-                        .max()
-                        .unwrap_or(0)
-                        + 1;
+                    let round = next_round(&device.residents);
                     let mut assignments = Vec::with_capacity(settled.len());
                     for (resident, mib) in settled {
                         let task_id = &resident.reservation.task_id;
