@@ -1,6 +1,6 @@
 //! The gradient noise scale φ = tr(Σ)/|G|² from two gradient norms of one step.
 //!
-//! DESIGN.md ("Gradient noise scale"): with the squared norms |g_b|² and |g_B|² of
+//! docs/design.md ("Gradient noise scale"): with the squared norms |g_b|² and |g_B|² of
 //! the gradient over b and over B > b samples of the same step,
 //! |G|² ≈ (B|g_B|² − b|g_b|²)/(B − b) and tr Σ ≈ (|g_b|² − |g_B|²)/(1/b − 1/B).
 //! Both are unbiased but very noisy per step (either can be negative), so each is

@@ -1,4 +1,4 @@
-//! The one memory margin of a GPU (DESIGN.md, "Memory safety"): what the placer never
+//! The one memory margin of a GPU (docs/design.md, "Memory safety"): what the placer never
 //! reserves, what the tuner never assigns, and what the agent's out-of-memory fall-back
 //! keeps free, defined once so the three never disagree about what fits.
 //!

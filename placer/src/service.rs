@@ -975,7 +975,7 @@ impl PlacementService {
     /// batch size it runs at with that peak plus the margin
     /// ([`crate::view::Resident::settled_reservation_mib`]), and writes the task an
     /// assignment at the same batch size with that bound, so its agent moves its memory
-    /// fence there (DESIGN.md, "What a job brings"). One transaction per device,
+    /// fence there (docs/design.md, "Memory of a new job"). One transaction per device,
     /// comparing its residents record and the settled tasks' assignments; a device whose
     /// record changed meanwhile is settled on a later call. The daemon calls this every
     /// second ([`crate::reaper`]), the simulator after each batch of reports, so tasks

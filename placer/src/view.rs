@@ -70,7 +70,7 @@ impl Resident {
             .unwrap_or_else(|| self.spec().initial_batch_size.max(1))
     }
 
-    /// The memory the task is counted at (DESIGN.md, "Memory safety"): the largest of what
+    /// The memory the task is counted at (docs/design.md, "Memory safety"): the largest of what
     /// was reserved for it, the peak it reported, its assigner's bound at the batch size
     /// it is assigned, and the estimator's bound there. Never its smallest allowed size:
     /// the tuner may have grown it.

@@ -26,7 +26,7 @@
 //!
 //! **Memory.** A job's peak memory at its batch size comes from the world's memory model
 //! with a fresh fragmentation draw at each allocation. A job placed with a memory fence
-//! (`Decision::Place::fence_mib`: its agent caps its own allocator there, DESIGN.md's
+//! (`Decision::Place::fence_mib`: its agent caps its own allocator there, docs/design.md,
 //! "Memory fence"; the iadeep policies fence every job at the placer's reservation, and
 //! each assignment's memory bound moves the fence) whose run needs more than the fence
 //! fails its own allocation: a *fenced out-of-memory* ([`RunMetrics::fenced_ooms`]). It

@@ -39,7 +39,8 @@ impl std::fmt::Display for JobInfo {
     }
 }
 
-/// A job's solo profile at m0, as DESIGN.md's `SoloProfile`: one profiling run alone.
+/// A job's solo profile at m0: one profiling run alone (what a user rarely brings, see
+/// docs/design.md, "What a job brings").
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SoloProfile {
     /// Seconds per step alone at m0, as the profiling run measured it (with the agents'

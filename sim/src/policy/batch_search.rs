@@ -34,7 +34,7 @@ pub fn tune_device(
     step
 }
 
-/// PD (the tuner's objective, DESIGN.md) of a resident's last reported interval: its
+/// PD (the tuner's objective, docs/design.md, "The objective") of a resident's last reported interval: its
 /// measured step time at its batch size against `solo_step_s_m0`, its step time alone at
 /// m0, with the φ its agent estimated. Infinite when the report cannot give one.
 ///

@@ -6,7 +6,7 @@
 //! solo step, that j's presence costs.
 //!
 //! **Three or more jobs** need a model, and it must not be the rule iadeep's predictor
-//! composes with (the product of pairwise slowdowns; DESIGN.md, "the world does not
+//! composes with (the product of pairwise slowdowns; docs/design.md, "The world does not
 //! share the models' assumptions"). The default is a **contention model**: the
 //! co-runners compete for the same GPU time slices, so their stalls *add up* instead of
 //! compounding, and every co-runner beyond the first costs a context-switch overhead

@@ -1390,7 +1390,7 @@ impl DeviceTuner {
 
     /// Estimates the solo step time of every task of a co-located round that has none at
     /// m0 (measured alone, or estimated before): its measured step time divided by the
-    /// slowdown the placer predicted for it where it placed it (DESIGN.md, "Solo step time
+    /// slowdown the placer predicted for it where it placed it (docs/design.md, "Solo step time
     /// of a job that never ran alone"). A task placed without a prediction (an older
     /// placer, or one written by hand) is taken as not slowed down, so its PD is
     /// underestimated rather than left out: every resident is tuned. A measurement alone

@@ -13,7 +13,7 @@
 //! - `oracle`: the same placer with the world's true slowdowns and memory, and the true
 //!   Σ PD searched exhaustively instead of the tuner ([`oracle`]): the limit.
 //!
-//! Every job's agent is fenced (DESIGN.md, "Memory fence"): at the placer's reservation,
+//! Every job's agent is fenced (docs/design.md, "Memory fence"): at the placer's reservation,
 //! which its starting assignment carries as its memory bound, then at each later
 //! assignment's bound (the tuners', the oracle's, and those the placer writes when it
 //! shrinks a resident or settles a provisional reservation). Provisional reservations are
