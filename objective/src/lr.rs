@@ -1,9 +1,23 @@
-//! Learning-rate factors for a batch-size change (DESIGN.md, "Learning rate").
+//! Learning-rate factors for a batch-size change (docs/design.md, "Learning rate").
 //!
 //! The tuner sends a factor with each assignment it writes; the agent uses the same
 //! rules when it changes the batch size on its own (out-of-memory fall-back).
 
-use iadeep_proto::LrScalingRule;
+/// How the learning rate follows the batch size. The same four rules as the wire's
+/// `iadeep.v1.LrScalingRule` (the proto crate converts its enum into this one), kept
+/// here so that the objective, and the agent SDK through it, need no protobuf runtime.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LrScalingRule {
+    /// Leave the learning rate alone.
+    #[default]
+    Unspecified,
+    /// Proportional to the batch size (Goyal et al.).
+    Linear,
+    /// Proportional to the square root of the batch size.
+    Sqrt,
+    /// AdaScale's gain from the gradient noise scale, or the square-root rule without it.
+    Adascale,
+}
 
 /// Factor to multiply the learning rate at `m0` by when training at `batch_size`.
 ///
@@ -12,12 +26,17 @@ use iadeep_proto::LrScalingRule;
 /// r = m(φ + m0) / (m0(φ + m)). Without φ, AdaScale falls back to the
 /// square-root rule, which lies between its two limits (1 and linear).
 /// An unspecified rule means "do not touch the learning rate".
-pub fn lr_factor(rule: LrScalingRule, m0: u32, batch_size: u32, noise_scale: Option<f64>) -> f64 {
+pub fn lr_factor(
+    rule: impl Into<LrScalingRule>,
+    m0: u32,
+    batch_size: u32,
+    noise_scale: Option<f64>,
+) -> f64 {
     if m0 == 0 || batch_size == 0 {
         return 1.0;
     }
     let (m0, m) = (f64::from(m0), f64::from(batch_size));
-    match rule {
+    match rule.into() {
         LrScalingRule::Unspecified => 1.0,
         LrScalingRule::Linear => m / m0,
         LrScalingRule::Sqrt => (m / m0).sqrt(),

@@ -24,6 +24,17 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 
 pub use v1::*;
 
+impl From<LrScalingRule> for iadeep_objective::LrScalingRule {
+    fn from(rule: LrScalingRule) -> Self {
+        match rule {
+            LrScalingRule::Unspecified => Self::Unspecified,
+            LrScalingRule::Linear => Self::Linear,
+            LrScalingRule::Sqrt => Self::Sqrt,
+            LrScalingRule::Adascale => Self::Adascale,
+        }
+    }
+}
+
 /// Milliseconds since the Unix epoch, the unit of every `*_unix_ms` field.
 ///
 /// A clock before 1970 (a broken host) gives 0 rather than a panic.
