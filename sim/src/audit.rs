@@ -17,6 +17,7 @@
 //! Off by default (`iadeep sim --audit`): recording costs a few predictions per
 //! decision, and the records are only for diagnosis.
 
+use iadeep_objective::stats;
 use serde::Serialize;
 
 use crate::metrics::TaskOutcome;
@@ -237,8 +238,8 @@ pub fn fill_truth(
 }
 
 /// Mean of a list (NaN when empty, printed as such).
-fn mean(values: &[f64]) -> f64 {
-    values.iter().sum::<f64>() / values.len() as f64
+fn mean_or_nan(values: &[f64]) -> f64 {
+    stats::mean(values.iter().copied()).unwrap_or(f64::NAN)
 }
 
 /// Error statistics of one predictor against the truth over some candidates.
@@ -259,15 +260,15 @@ fn errors(pairs: &[(&Slowdowns, &Slowdowns)]) -> ErrorStats {
     let own: Vec<f64> = pairs.iter().map(|(p, t)| p.own / t.own - 1.0).collect();
     ErrorStats {
         n: pairs.len(),
-        own_mape: mean(&own.iter().map(|e| e.abs()).collect::<Vec<_>>()),
-        own_bias: mean(&own),
-        pd_increase_bias: mean(
+        own_mape: mean_or_nan(&own.iter().map(|e| e.abs()).collect::<Vec<_>>()),
+        own_bias: mean_or_nan(&own),
+        pd_increase_bias: mean_or_nan(
             &pairs
                 .iter()
                 .map(|(p, t)| p.pd_increase() - t.pd_increase())
                 .collect::<Vec<_>>(),
         ),
-        gain_bias: mean(
+        gain_bias: mean_or_nan(
             &pairs
                 .iter()
                 .map(|(p, t)| p.throughput_gain() - t.throughput_gain())
@@ -416,15 +417,15 @@ impl AuditSummary {
         s.model_fitted = errors(&fitted);
         s.model_cold = errors(&cold);
         s.heuristic_on_fitted = errors(&heuristic);
-        s.shared_true_gain = mean(&shared_gain);
-        s.shared_pd_increase_pred = mean(&pd_pred);
-        s.shared_pd_increase_true = mean(&pd_true);
-        s.queue_wait_pred_s = mean(&w_pred);
-        s.queue_wait_real_s = mean(&w_real);
-        s.queue_place_cost_true_s = mean(&c_true);
-        s.queue_place_cost_pred_s = mean(&c_pred);
-        s.queue_residents_done_s = mean(&w_done);
-        s.queue_drained_s = mean(&w_drained);
+        s.shared_true_gain = mean_or_nan(&shared_gain);
+        s.shared_pd_increase_pred = mean_or_nan(&pd_pred);
+        s.shared_pd_increase_true = mean_or_nan(&pd_true);
+        s.queue_wait_pred_s = mean_or_nan(&w_pred);
+        s.queue_wait_real_s = mean_or_nan(&w_real);
+        s.queue_place_cost_true_s = mean_or_nan(&c_true);
+        s.queue_place_cost_pred_s = mean_or_nan(&c_pred);
+        s.queue_residents_done_s = mean_or_nan(&w_done);
+        s.queue_drained_s = mean_or_nan(&w_drained);
         s
     }
 }

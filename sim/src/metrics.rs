@@ -1,5 +1,6 @@
 //! What a run measured, and its summary.
 
+use iadeep_objective::stats;
 use serde::Serialize;
 
 /// One task's fate.
@@ -86,9 +87,9 @@ impl RunMetrics {
         Summary {
             policy: self.policy.clone(),
             tasks: self.tasks.len(),
-            avg_ct_s: mean(&completion),
-            p50_ct_s: quantile(&completion, 0.5),
-            p99_ct_s: quantile(&completion, 0.99),
+            avg_ct_s: mean_or_zero(&completion),
+            p50_ct_s: quantile_or_zero(&completion, 0.5),
+            p99_ct_s: quantile_or_zero(&completion, 0.99),
             makespan_s: makespan,
             ooms: self.ooms,
             fenced_ooms: self.fenced_ooms,
@@ -96,13 +97,9 @@ impl RunMetrics {
             avg_work_rate: self.average_work_rate(first_submit, last_finish),
             tuning_rounds: self.tuning_rounds,
             batch_changes: self.batch_changes,
-            decision_latency_us: mean(&self.decision_latency_us),
-            decision_latency_p99_us: {
-                let mut sorted = self.decision_latency_us.clone();
-                sorted.sort_by(f64::total_cmp);
-                quantile(&sorted, 0.99)
-            },
-            tune_latency_us: mean(&self.tune_latency_us),
+            decision_latency_us: mean_or_zero(&self.decision_latency_us),
+            decision_latency_p99_us: quantile_or_zero(&self.decision_latency_us, 0.99),
+            tune_latency_us: mean_or_zero(&self.tune_latency_us),
         }
     }
 
@@ -185,21 +182,14 @@ pub struct UtilBin {
     pub work_rate: f64,
 }
 
-fn mean(values: &[f64]) -> f64 {
-    if values.is_empty() {
-        0.0
-    } else {
-        values.iter().sum::<f64>() / values.len() as f64
-    }
+/// The mean of a run's values; an empty run reports 0.
+fn mean_or_zero(values: &[f64]) -> f64 {
+    stats::mean(values.iter().copied()).unwrap_or(0.0)
 }
 
-/// Nearest-rank quantile of sorted values.
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+/// The nearest-rank quantile of a run's values; an empty run reports 0.
+fn quantile_or_zero(values: &[f64], q: f64) -> f64 {
+    stats::quantile(values, q).unwrap_or(0.0)
 }
 
 /// The numbers a run is judged by.
@@ -233,9 +223,9 @@ mod tests {
     #[test]
     fn quantiles_and_time_averages() {
         let sorted: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(quantile(&sorted, 0.5), 50.0);
-        assert_eq!(quantile(&sorted, 0.99), 99.0);
-        assert_eq!(quantile(&[], 0.5), 0.0);
+        assert_eq!(quantile_or_zero(&sorted, 0.5), 50.0);
+        assert_eq!(quantile_or_zero(&sorted, 0.99), 99.0);
+        assert_eq!(quantile_or_zero(&[], 0.5), 0.0);
         let mut metrics = RunMetrics {
             gpus: 2,
             ..RunMetrics::default()
