@@ -41,10 +41,8 @@ impl Default for FeasibilityParams {
     /// A hazard of 0.25 per doubling worth 4 doublings of evidence: m0 is what the user
     /// submitted, usually close to what fits a card alone, so two tasks on one card rarely
     /// take several doublings more; 4 pseudo-doublings let a few probes of the search itself
-    /// override it. Chosen among hazards {0.1, 0.25, 0.4} and weights {2, 4, 8} on the Gavel
-    /// benchmark with seeds 100–139 and 200–239 (the reported figures use seeds 0–19): the
-    /// weight made no difference, a hazard of 0.1 did as well as 0.25 and 0.4 raised the K80
-    /// median by a round.
+    /// override it. Chosen on the Gavel benchmark's tuning seeds (see
+    /// docs/tuner-experiments.md, "Feasibility prior").
     fn default() -> Self {
         FeasibilityParams {
             prior_hazard: 0.25,

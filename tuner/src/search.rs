@@ -159,11 +159,8 @@ pub struct LcbParams {
     /// but puts β_t within a factor of about 1.6 of the practical schedule
     /// β_t = 0.2·d·ln(2t) of Kandasamy et al. ("High dimensional Bayesian optimisation and
     /// bandits via additive models", ICML 2015) for t ≤ 50, both on two-task lattices of 25
-    /// configurations and on four tasks × 32 sizes. Chosen among {0.05, 0.1, 0.2, 0.4} on the
-    /// Gavel benchmark with seeds 100–119 (its reported figures use seeds 0–19), and
-    /// re-checked among {0.02, 0.05, 0.1, 0.2} with seeds 100–139 and 200–239 after the
-    /// feasibility model and the local trust region came in (0.05 and 0.1 tie on K80, 0.05
-    /// is better on P100).
+    /// configurations and on four tasks × 32 sizes. Chosen on the Gavel benchmark's tuning
+    /// seeds (see docs/tuner-experiments.md, "β scale").
     pub beta_scale: f64,
     /// Re-optimise the GP hyper-parameters every this many observations (1 = every round);
     /// in between the previous ones are kept and only the Cholesky factor is recomputed.
@@ -193,8 +190,8 @@ pub struct LcbParams {
     ///
     /// The default is one doubling: with two, the second round (the GP knows m0 alone, so the
     /// LCB is lowest where σ is largest) goes to a corner two doublings away in both tasks —
-    /// the slowest or the likeliest to crash. Chosen among {1, 2, 3} together with
-    /// [`LcbParams::local_first`] on the Gavel benchmark with seeds 100–139 and 200–239.
+    /// the slowest or the likeliest to crash. Chosen together with
+    /// [`LcbParams::local_first`] (see docs/tuner-experiments.md, "Step limit").
     pub max_step_log2: f64,
     /// Look first within [`LcbParams::max_step_log2`] of the incumbent (the measured
     /// configuration with the lowest posterior mean), and within the step limit of any other
@@ -205,8 +202,9 @@ pub struct LcbParams {
     /// A trust region centred on the incumbent (Eriksson et al., "Scalable global optimization
     /// via local Bayesian optimization", NeurIPS 2019): the optimum of Σ PD is usually a
     /// doubling or two from a good configuration, and a global LCB with few observations keeps
-    /// spending rounds on the far corners of what was measured, where σ is largest. On the
-    /// Gavel K80 benchmark (seeds 100–139) it cut the p90 rounds from 9–10 to 7.
+    /// spending rounds on the far corners of what was measured, where σ is largest (it cuts
+    /// the p90 rounds to the target, see docs/tuner-experiments.md, "Trust region around the
+    /// incumbent").
     pub local_first: bool,
     /// The feasibility model used while memory is unknown (`SearchSpace::memory` is `None`);
     /// `None` = plain GP-LCB, every configuration not ruled out by an out-of-memory report
@@ -223,13 +221,10 @@ pub struct LcbParams {
     /// (the model is fit on measured peaks, takes out-of-memory reports in and keeps a
     /// margin, so it knows more than a few probes), and the rule reduces to plain GP-LCB.
     ///
-    /// What it buys, measured on the Gavel benchmark with seeds 100–139 (600 runs per GPU
-    /// type, the trust region on in both): on K80 the rounds to the target fell from 2,507 to
-    /// 2,335 in all and the median/p90 from 4/9 to 3/7; on P100 from 3,135 to 2,904. It does
-    /// so by ordering, not by avoiding crashes: the share of rounds that ran out of memory
-    /// stayed at 16–17% on K80 and rose from 6% to 11% on P100. Early on the only
-    /// configurations certain to run lie below what ran, and measuring one reveals the slope
-    /// of the surface, after which the search climbs and meets the memory wall sooner.
+    /// It reaches the target in fewer rounds by ordering, not by avoiding crashes: early on
+    /// the only configurations certain to run lie below what ran, and measuring one reveals
+    /// the slope of the surface (figures in docs/tuner-experiments.md, "Feasibility-weighted
+    /// acquisition").
     pub feasibility: Option<FeasibilityParams>,
     /// The GP fit.
     pub gp: GpParams,
