@@ -53,19 +53,20 @@ pub struct LearnerParams {
     /// per-job effects model the excess additively. A fit lowers it, for its window,
     /// to [`MIN_EXCESS`] under the smallest slowdown there, so data with slowdowns
     /// below 1 (measurement noise, or a task that runs faster shared) is learned as
-    /// it is rather than clamped. Chosen on the K80 samples (0 and 0.5 were worse
-    /// on the default split, equal on unseen models), see the crate docs.
+    /// it is rather than clamped. Chosen on the K80 samples (see
+    /// docs/predictor-experiments.md, "Target floor").
     #[serde(default = "default_target_floor")]
     pub target_floor: f64,
     /// Ridge penalty of the linear base model on the profile features (see
-    /// [`crate::linear`]); `None` leaves the base out. Chosen on the K80 samples
-    /// (see the crate docs): a stiffer line than the 0.03 chosen before it existed
-    /// for models never seen generalises better to them.
+    /// [`crate::linear`]); `None` leaves the base out. A stiff line generalises
+    /// better to models never seen (chosen on the K80 samples, see
+    /// docs/predictor-experiments.md, "Ridge penalty").
     #[serde(default)]
     pub ridge_lambda: Option<f64>,
     /// Shrinkage prior, in samples, of the per-job effects (see [`crate::effects`]):
     /// a job seen `n` times gets `n / (n + prior)` of its mean residual. `None`
-    /// leaves the effects out (profile features only). Selected on tuning seeds.
+    /// leaves the effects out (profile features only). Selected on tuning seeds (see
+    /// docs/predictor-experiments.md, "How the defaults were chosen").
     #[serde(default)]
     pub job_effects_prior: Option<f64>,
     /// Which columns the linear base is fitted on.
@@ -532,22 +533,18 @@ fn new_model_residuals(
 ///
 /// Why: the forest is constant outside the range of its training rows and the
 /// linear base was fitted where nearly every sample had one co-runner, so for more
-/// co-runners than the window has (almost) ever seen its answers barely grow. In the
-/// simulator (issue 7 audit, K80, seed 1) the fitted model predicted about 1.9 for a
-/// job joining 2 to 6 others whose true slowdowns were 3.8 to 300, and the placer
-/// stacked up to 7 jobs on a GPU. One-co-runner predictions are what the window
+/// co-runners than the window has (almost) ever seen its answers barely grow, and the
+/// placer stacks jobs on a GPU. One-co-runner predictions are what the window
 /// supports.
 ///
 /// Why the product rather than adding the excesses (`1 + Σ (s_c − 1)`, exact for
 /// jobs that only time-slice): with excesses below 1 the sum predicts a device's
 /// combined throughput to grow with every further job, towards `1 / excess`, so
 /// the placer's throughput guard never stops stacking; the product gives the
-/// diminishing, then falling, returns a saturated GPU shows. On the simulator's
-/// tuning seeds 2–6 the product gave a lower mean completion time on the K80
-/// (8.88 h against 9.59 h) and about the same on the P100 (8.73 h against 8.63 h).
-/// Note that the simulator's world
-/// uses the same independence rule for three or more jobs (Gavel measured pairs
-/// only), so the simulator cannot tell whether it holds on real GPUs.
+/// diminishing, then falling, returns a saturated GPU shows. Gavel measured pairs
+/// only, so no data set tells whether the rule holds for three or more jobs on real
+/// GPUs. The simulator runs behind both choices are in docs/predictor-experiments.md,
+/// "Composing several co-runners".
 pub fn compose_pairwise(pairwise: impl Iterator<Item = Prediction>) -> Prediction {
     let mut fold = PairwiseFold::default();
     for p in pairwise {

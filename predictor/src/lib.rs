@@ -1,4 +1,4 @@
-//! Online co-location slowdown predictor (issue 4).
+//! Online co-location slowdown predictor.
 //!
 //! Given a task's solo profile and the profiles of the tasks it would share a GPU
 //! with, predicts its slowdown IF = co-located step time ÷ solo step time, with an
@@ -34,18 +34,10 @@
 //! per-job effects + forest on the residuals.
 //!
 //! **How the defaults were chosen.** Every setting is chosen on one data set and
-//! reported on the other, on seeds the reported figures (0..5) do not use:
-//! `iadeep predictor eval` with `--seed-offset 100`, 10 seeds of the unseen-models
-//! split and 6 of the default split, on the Gavel K80 samples; the lowest
-//! unseen-models MAPE, the default split breaking ties. The K80 chose target floor
-//! 0.8 (0 and 0.5 lost 2–5 % on the default split), ridge penalty 1 (0.03, 0.3, 3,
-//! 10 tried), effects prior 1 sample (3 tried), 32 trees of depth 12 with every
-//! column searched (leaf size 3 and half the columns tried). These are the defaults
-//! and were reported on the P100 samples. The same search on the P100 samples chose
-//! ridge penalty 3 and the rest alike; that is what was reported on the K80. The
-//! figures are in the README ("Evaluating the predictor"); the model's structure
-//! (which columns the base takes, the clamp, the calibration) was designed looking
-//! at the K80 only.
+//! reported on the other, on seeds the reported figures do not use (docs/design.md,
+//! "Tune on one data set, report on another"); the search and what it chose are in
+//! docs/predictor-experiments.md, "How the defaults were chosen", the figures in the
+//! README ("Evaluating the predictor").
 //!
 //! For two or more co-runners the fitted model multiplies the slowdowns it predicts
 //! for each co-runner alone ([`learner::compose_pairwise`]): training windows hold
