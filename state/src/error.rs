@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::store::{LeaseId, Revision};
+use crate::ids::{LeaseId, Revision};
 
 /// Everything that can go wrong talking to a state store.
 ///

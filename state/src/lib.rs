@@ -10,6 +10,7 @@ pub mod embedded;
 pub mod error;
 pub mod etcd;
 pub mod etcd_program;
+mod ids;
 pub mod keys;
 pub mod lease;
 pub mod registry;

@@ -15,19 +15,7 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 
 use crate::error::{Result, StateError};
-
-/// A store-wide revision number. Every write produces a larger one.
-pub type Revision = i64;
-
-/// A lease: keys put with it are deleted when it expires or is revoked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LeaseId(pub i64);
-
-impl fmt::Display for LeaseId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:x}", self.0)
-    }
-}
+pub use crate::ids::{LeaseId, Revision};
 
 /// One key with its value and metadata.
 #[derive(Clone, Debug, PartialEq, Eq)]
