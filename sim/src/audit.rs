@@ -1,7 +1,6 @@
 //! Placement audit: every decision of iadeep's placer next to what the simulated world
 //! says would really have happened, to find out where predicted slowdowns lead the
-//! placer astray (issue 7: the learned predictor made placement worse than its own
-//! cold-start heuristic).
+//! placer astray (what it found: docs/simulator-experiments.md, "Placement audit").
 //!
 //! The policy records what it knew when it decided ([`AuditRecord`]: the scored
 //! candidates with the predicted slowdowns of the newcomer and of each resident, the

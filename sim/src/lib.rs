@@ -1,4 +1,4 @@
-//! Trace-driven GPU-cluster simulator (issue 7): every scheduling policy on the same
+//! Trace-driven GPU-cluster simulator: every scheduling policy on the same
 //! job stream, over a world built only from measurements, with emulated agents as the
 //! policies' only window on it.
 //!

@@ -1,6 +1,6 @@
 //! `oracle`: iadeep's placement rule and tuning objective with perfect information, the
-//! limit that better prediction and tuning could reach (issue 13, DESIGN.md's honest
-//! evaluation). It is the `iadeep` policy with three parts swapped for the world's truth:
+//! limit that better prediction and tuning could reach (docs/design.md, "Level
+//! baselines"). It is the `iadeep` policy with three parts swapped for the world's truth:
 //!
 //! - the placer (the production `PlacementService`, same rule and parameters) scores with
 //!   [`TrueSlowdown`], the world's slowdowns under its interference model, instead of the
@@ -28,9 +28,9 @@ use crate::world::{TypeId, World, memory};
 
 /// Seconds between two choices of a device's batch sizes: φ changes over training and
 /// the best configuration moves with it. As often as `pollux` re-chooses (the engine's
-/// tuning interval), so the limit is not staler than a baseline; at 300 s the oracle's
-/// average completion times were up to 2.6 % longer (K80 and P100, seeds 1–5). The engine
-/// also calls again whenever the residents change.
+/// tuning interval), so the limit is not staler than a baseline (a longer interval made
+/// it measurably worse, see docs/simulator-experiments.md, "Oracle retuning interval").
+/// The engine also calls again whenever the residents change.
 pub const ORACLE_RETUNE_S: f64 = 60.0;
 
 /// Largest joint lattice searched exhaustively; larger ones (five or more tasks with many
