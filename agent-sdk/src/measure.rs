@@ -121,7 +121,7 @@ mod tests {
         assert!((m.step_time_s - 0.4).abs() < 1e-12);
     }
 
-    /// Issue 12, point 8: one slow step inflates one window; the reported step time is
+    /// One slow step inflates one window; the reported step time is
     /// the median of the windows, so it does not move.
     #[test]
     fn one_slow_window_does_not_move_the_step_time() {

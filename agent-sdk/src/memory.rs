@@ -168,7 +168,7 @@ mod tests {
         assert_eq!(peak.sample(None, 0, 32), Some((900, 32)));
     }
 
-    /// Issue 12, point 2: after a shrink the peak starts again, at the new size.
+    /// After a shrink the peak starts again, at the new size.
     #[test]
     fn a_new_generation_starts_a_new_peak_at_its_batch_size() {
         let mut values = vec![Some(6000), Some(4500), Some(4400)].into_iter();

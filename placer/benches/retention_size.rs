@@ -1,5 +1,5 @@
 //! The state store's size after many placements and releases, with and without the
-//! retention of released tasks (issue 15, point 8). Not a timing benchmark: it prints
+//! retention of released tasks. Not a timing benchmark: it prints
 //! the number of keys, their bytes and the size of the embedded store's file.
 //!
 //! Each task is placed (spec, placement and starting assignment in one transaction),

@@ -1420,7 +1420,7 @@ pub(crate) mod tests {
         }
     }
 
-    /// Issue 12, point 1: the tuner grew a resident to 128 (12 GB); a second job must not
+    /// Memory safety (docs/design.md): the tuner grew a resident to 128 (12 GB); a second job must not
     /// land next to it as if it still ran at its smallest size. The placement makes room
     /// first: the resident's shrink back to 64 is in the same transaction as the
     /// newcomer's reservation and starting assignment, in one round above the tuner's.
@@ -1549,7 +1549,7 @@ pub(crate) mod tests {
         (store, placer)
     }
 
-    /// Issue 15, point 2: a task released while its agent runs is admitted again on its
+    /// A task released while its agent runs is admitted again on its
     /// device by the same reservation transaction as a Place, when it fits there.
     #[tokio::test]
     async fn a_task_released_while_it_runs_is_admitted_again_on_its_device() {

@@ -3,7 +3,7 @@
 (`iadeep run --batch-size 64 --min-batch-size 16 --max-batch-size 512 --lr-rule sqrt --
 python examples/python/train_mnist_like.py`), with no memory figure and no profile.
 
-The acceptance of issue 23: both share the one GPU within 30 s of the second's
+What it must show: both share the one GPU within 30 s of the second's
 submission, each receives a batch-size change while they share it, both exit 0 and
 both placements are released. Skipped where torch is not importable.
 """

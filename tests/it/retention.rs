@@ -1,6 +1,6 @@
-//! Issue 15, points 2 and 8, over a real etcd, a placer daemon and a real agent: a
-//! released task's keys go once its retention is over, and a job released while it
-//! runs holds a reservation again.
+//! Retention and re-admission of released tasks, over a real etcd, a placer daemon and
+//! a real agent: a released task's keys go once its retention is over, and a job
+//! released while it runs holds a reservation again.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -471,7 +471,7 @@ mod tests {
         assert!(MemoryModel::fit(&[s(1, f64::NAN)]).is_err());
     }
 
-    /// Issue 12, point 2: with one sample the line goes through the origin, and half the
+    /// With one sample the line goes through the origin, and half the
     /// batch used to get half the memory, though weights and optimiser state do not shrink.
     #[test]
     fn below_the_smallest_observed_size_the_bound_does_not_shrink() {

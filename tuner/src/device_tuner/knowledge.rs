@@ -496,7 +496,7 @@ mod tests {
         assert_eq!(k.memory.get(&16), None);
     }
 
-    /// Issue 12, point 2: a task that only shrinks still teaches its memory at the smaller
+    /// A task that only shrinks still teaches its memory at the smaller
     /// size, so the fixed part (weights, optimiser state) is learned.
     #[test]
     fn a_peak_per_generation_belongs_to_its_own_batch_size() {
