@@ -24,15 +24,14 @@
 //!
 //! A co-location runs out of memory when the sum of its jobs' peaks exceeds the card.
 //!
-//! **Fit.** `lo` and `hi` come from Gavel's `[0, 0]` pairs say which pairs did not fit on the card; the pairs
+//! **Fit.** Gavel's `[0, 0]` pairs say which pairs did not fit on the card; the pairs
 //! that ran say which did (with the shape `s` and without fragmentation). `lo` and
-//! `hi` of every family are chosen on a logarithmic
-//! grid (128 MiB up to the card) by coordinate descent to agree with as many of those
-//! outcomes as possible, subject to every job fitting alone (it ran alone in Gavel).
-//! Among equally good settings the middle one (ordered by total memory) is taken, so
-//! the world is neither the most nor the least crowded the measurements allow.
-//! Gavel's outcomes are not exactly a threshold
-//! relation (on the K80, `Recommendation 8192` failed next to `ResNet-50 16` but ran
+//! `hi` of every family are chosen on a logarithmic grid (128 MiB up to the card) by
+//! coordinate descent to agree with as many of those outcomes as possible, subject to
+//! every job fitting alone (it ran alone in Gavel). Among equally good settings the
+//! middle one (ordered by total memory) is taken, so the world is neither the most nor
+//! the least crowded the measurements allow. Gavel's outcomes are not exactly a
+//! threshold relation (on the K80, `Recommendation 8192` failed next to `ResNet-50 16` but ran
 //! next to `ResNet-50 32`), so no additive model agrees with all of them; the
 //! agreement reached is reported by [`MemoryFit::agreement`] and tested.
 
