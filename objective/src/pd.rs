@@ -1,6 +1,7 @@
 //! Performance degradation (PD), the objective iadeep minimises, in exactly one place.
 //!
-//! For a task with submitted batch size `m0` running at batch size `m` (docs/design.md, "The objective"):
+//! For a task with submitted batch size `m0` running at batch size `m` (docs/design.md,
+//! "The objective"):
 //! - interference IF = Tco(m) / T(m),
 //! - throughput drop DT = (m0 / T(m0)) / (m / T(m)),
 //! - statistical efficiency E(m) = (φ + m0) / (φ + m) with φ the gradient noise scale,

@@ -1420,9 +1420,9 @@ pub(crate) mod tests {
         }
     }
 
-    /// Memory safety (docs/design.md): the tuner grew a resident to 128 (12 GB); a second job must not
-    /// land next to it as if it still ran at its smallest size. The placement makes room
-    /// first: the resident's shrink back to 64 is in the same transaction as the
+    /// Memory safety (docs/design.md): the tuner grew a resident to 128 (12 GB); a second
+    /// job must not land next to it as if it still ran at its smallest size. The placement
+    /// makes room first: the resident's shrink back to 64 is in the same transaction as the
     /// newcomer's reservation and starting assignment, in one round above the tuner's.
     #[tokio::test]
     async fn a_grown_resident_is_counted_at_its_size_and_shrunk_to_make_room() {

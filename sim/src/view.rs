@@ -12,7 +12,8 @@ pub enum JobInfo {
     None,
     /// Each job also brings its solo profile at m0 (step time and peak memory, one
     /// profiling run measured with noise): the simulator's former default, kept for
-    /// comparison (docs/simulator-experiments.md, "Jobs without a profile"). Production jobs rarely have one.
+    /// comparison (docs/simulator-experiments.md, "Jobs without a profile"). Production
+    /// jobs rarely have one.
     Profiled,
 }
 

@@ -8,7 +8,8 @@
 //!   first), or waits when every prediction is more than 2× slower;
 //! - only the **newly arrived job** is tuned: each batch size from m0/2 to 4·m0 is run
 //!   for one reporting interval and the best by the reference objective
-//!   `IF · DT · E` is kept (it multiplies by E where iadeep divides, see docs/design.md, "The objective");
+//!   `IF · DT · E` is kept (it multiplies by E where iadeep divides, see
+//!   docs/design.md, "The objective");
 //!   `reference-fixed` is the same approach with PD dividing by E, as iadeep's;
 //! - **no memory constraint**: placements and batch sizes ignore memory; a crash stops
 //!   the search at the sizes that ran.
