@@ -22,9 +22,9 @@
 //!
 //! Why the device's own record is `.../info` rather than the bare
 //! `/devices/{device}` of the first design (docs/design.md, "Key layout"): a prefix
-//! range over `/devices/` would then mix device records with their tuner state, and a reader could not tell a
-//! device named `a/tuner` from the tuner state of device `a`. Ids therefore may
-//! not contain `/` (see [`validate_id`]).
+//! range over `/devices/` would then mix device records with their tuner state, and a
+//! reader could not tell a device named `a/tuner` from the tuner state of device `a`.
+//! Ids therefore may not contain `/` (see [`validate_id`]).
 
 use crate::error::{Result, StateError};
 
