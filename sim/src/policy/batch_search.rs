@@ -36,7 +36,8 @@ pub fn tune_device(
 
 /// PD (the tuner's objective, docs/design.md, "The objective") of a resident's last
 /// reported interval: its measured step time at its batch size against `solo_step_s_m0`,
-/// its step time alone at m0, with the φ its agent estimated. Infinite when the report cannot give one.
+/// its step time alone at m0, with the φ its agent estimated. Infinite when the report
+/// cannot give one.
 ///
 /// The scores of one search compare one job's sizes with each other, so a solo step
 /// time common to all of them only scales them: where it is unknown any fixed stand-in

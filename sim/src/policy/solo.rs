@@ -84,9 +84,9 @@ impl SoloTimes {
     }
 
     /// A resident's share of its GPU: its reported speed over its speed alone at the same
-    /// batch size (with a profile, over its profiled speed at m0, as under `--job-info profiled`); 1
-    /// while it has not run, or when its speed alone is unknown (a job that never ran
-    /// alone counts as using the whole GPU).
+    /// batch size (with a profile, over its profiled speed at m0, as under
+    /// `--job-info profiled`); 1 while it has not run, or when its speed alone is unknown
+    /// (a job that never ran alone counts as using the whole GPU).
     pub fn share(&self, r: &Resident<'_>) -> f64 {
         if !r.report.running || r.report.samples_per_s <= 0.0 {
             return 1.0;

@@ -3,13 +3,13 @@
 //!
 //! A job that trains at batch size m instead of its submitted m0 makes
 //! `E(m) = (φ + m0) / (φ + m)` as much progress per sample (docs/design.md, "The
-//! objective"), where φ, the gradient noise scale, grows as training proceeds. The simulated job's φ at a
-//! fraction p of its work is the φ = grad_var / grad_sqr measured at fraction p of a
-//! Pollux validation run of the closest model (the run with the most rows), linearly
-//! interpolated. Families with no comparable Pollux model have no gradient
-//! statistics: their agents report none, and their progress ignores batch size
-//! effects on efficiency (E = 1), as docs/design.md prescribes for such tasks
-//! ("Gradient noise scale").
+//! objective"), where φ, the gradient noise scale, grows as training proceeds. The
+//! simulated job's φ at a fraction p of its work is the φ = grad_var / grad_sqr
+//! measured at fraction p of a Pollux validation run of the closest model (the run
+//! with the most rows), linearly interpolated. Families with no comparable Pollux
+//! model have no gradient statistics: their agents report none, and their progress
+//! ignores batch size effects on efficiency (E = 1), as docs/design.md prescribes for
+//! such tasks ("Gradient noise scale").
 
 use iadeep_datasets::pollux;
 
