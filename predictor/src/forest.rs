@@ -90,6 +90,105 @@ impl ForestParams {
     }
 }
 
+/// Checks the training rows and targets [`Forest::fit`] takes; returns the rows'
+/// width.
+fn check_training_data(rows: &[Vec<f64>], targets: &[f64]) -> Result<usize, PredictorError> {
+    if rows.is_empty() {
+        return Err(PredictorError::NoSamples);
+    }
+    if rows.len() != targets.len() {
+        return Err(PredictorError::Fit(format!(
+            "{} rows but {} targets",
+            rows.len(),
+            targets.len()
+        )));
+    }
+    let n_features = rows[0].len();
+    if rows.iter().any(|r| r.len() != n_features) {
+        return Err(PredictorError::Fit("rows of different widths".into()));
+    }
+    if let Some(i) = rows
+        .iter()
+        .zip(targets)
+        .position(|(r, t)| !t.is_finite() || r.iter().any(|v| !v.is_finite()))
+    {
+        return Err(PredictorError::Fit(format!(
+            "row {i} has a value that is not a finite number"
+        )));
+    }
+    Ok(n_features)
+}
+
+/// Every tree's bootstrap of `n` rows (how often it draws each) and its own seed,
+/// all drawn from `params.seed` in tree order.
+fn draw_bags(n: usize, params: &ForestParams) -> Vec<(Vec<u32>, u64)> {
+    let mut rng = ChaCha8Rng::seed_from_u64(params.seed);
+    (0..params.n_trees)
+        .map(|_| {
+            let mut weights = vec![0_u32; n];
+            for _ in 0..n {
+                weights[rng.random_range(0..n)] += 1;
+            }
+            (weights, rng.random())
+        })
+        .collect()
+}
+
+/// Runs `fit_one` for trees `0..n_trees` on `threads` threads, this one included
+/// (tree `i` on thread `i % threads`); a tree is `None` if its thread panicked.
+fn fit_in_threads(
+    n_trees: usize,
+    threads: usize,
+    fit_one: &(impl Fn(usize) -> Vec<Node> + Sync),
+) -> Vec<Option<Vec<Node>>> {
+    let mut fitted: Vec<Option<Vec<Node>>> = vec![None; n_trees];
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (1..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    (t..n_trees)
+                        .step_by(threads)
+                        .map(|i| (i, fit_one(i)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        // This thread fits its share too rather than waiting idle.
+        for i in (0..n_trees).step_by(threads) {
+            fitted[i] = Some(fit_one(i));
+        }
+        for handle in handles {
+            match handle.join() {
+                Ok(results) => {
+                    for (i, tree) in results {
+                        fitted[i] = Some(tree);
+                    }
+                }
+                Err(_) => tracing::error!("a tree-fitting thread panicked"),
+            }
+        }
+    });
+    fitted
+}
+
+/// For every row, the mean answer of the trees whose bootstrap did not draw it.
+fn out_of_bag(trees: &FlatForest, bags: &[(Vec<u32>, u64)], rows: &[Vec<f64>]) -> Vec<Option<f64>> {
+    rows.iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let mut sum = 0.0;
+            let mut count = 0;
+            for (&root, (weights, _)) in trees.roots.iter().zip(bags) {
+                if weights[i] == 0 {
+                    sum += trees.leaf(root, row);
+                    count += 1;
+                }
+            }
+            (count > 0).then(|| sum / f64::from(count))
+        })
+        .collect()
+}
+
 /// A fitted bagged forest.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Forest {
@@ -118,29 +217,7 @@ impl Forest {
         params: &ForestParams,
     ) -> Result<(Forest, Vec<Option<f64>>), PredictorError> {
         params.check()?;
-        if rows.is_empty() {
-            return Err(PredictorError::NoSamples);
-        }
-        if rows.len() != targets.len() {
-            return Err(PredictorError::Fit(format!(
-                "{} rows but {} targets",
-                rows.len(),
-                targets.len()
-            )));
-        }
-        let n_features = rows[0].len();
-        if rows.iter().any(|r| r.len() != n_features) {
-            return Err(PredictorError::Fit("rows of different widths".into()));
-        }
-        if let Some(i) = rows
-            .iter()
-            .zip(targets)
-            .position(|(r, t)| !t.is_finite() || r.iter().any(|v| !v.is_finite()))
-        {
-            return Err(PredictorError::Fit(format!(
-                "row {i} has a value that is not a finite number"
-            )));
-        }
+        let n_features = check_training_data(rows, targets)?;
         let n = rows.len();
         // A column constant over the training rows offers no split, yet every tree
         // would carry it through every partition. Most rows carry several (unknown
@@ -151,16 +228,7 @@ impl Forest {
             .collect();
         let set = TrainingSet::new(rows, &active, targets);
         let tree_params = params.tree_params(active.len());
-        let mut rng = ChaCha8Rng::seed_from_u64(params.seed);
-        let bags: Vec<(Vec<u32>, u64)> = (0..params.n_trees)
-            .map(|_| {
-                let mut weights = vec![0_u32; n];
-                for _ in 0..n {
-                    weights[rng.random_range(0..n)] += 1;
-                }
-                (weights, rng.random())
-            })
-            .collect();
+        let bags = draw_bags(n, params);
         let fit_one = |tree: usize| {
             let (weights, seed) = &bags[tree];
             fit_tree(
@@ -175,54 +243,13 @@ impl Forest {
             t => t,
         }
         .clamp(1, params.n_trees);
-        let mut fitted: Vec<Option<Vec<Node>>> = vec![None; params.n_trees];
-        std::thread::scope(|scope| {
-            let fit_one = &fit_one;
-            let handles: Vec<_> = (1..threads)
-                .map(|t| {
-                    scope.spawn(move || {
-                        (t..params.n_trees)
-                            .step_by(threads)
-                            .map(|i| (i, fit_one(i)))
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            // This thread fits its share too rather than waiting idle.
-            for i in (0..params.n_trees).step_by(threads) {
-                fitted[i] = Some(fit_one(i));
-            }
-            for handle in handles {
-                match handle.join() {
-                    Ok(results) => {
-                        for (i, tree) in results {
-                            fitted[i] = Some(tree);
-                        }
-                    }
-                    Err(_) => tracing::error!("a tree-fitting thread panicked"),
-                }
-            }
-        });
+        let fitted = fit_in_threads(params.n_trees, threads, &fit_one);
         let mut trees = FlatForest::default();
         for tree in fitted {
             let tree = tree.ok_or_else(|| PredictorError::Fit("a tree was not fitted".into()))?;
             trees.push_tree(&tree, &active);
         }
-        let out_of_bag = rows
-            .iter()
-            .enumerate()
-            .map(|(i, row)| {
-                let mut sum = 0.0;
-                let mut count = 0;
-                for (&root, (weights, _)) in trees.roots.iter().zip(&bags) {
-                    if weights[i] == 0 {
-                        sum += trees.leaf(root, row);
-                        count += 1;
-                    }
-                }
-                (count > 0).then(|| sum / f64::from(count))
-            })
-            .collect();
+        let out_of_bag = out_of_bag(&trees, &bags, rows);
         Ok((Forest { trees, n_features }, out_of_bag))
     }
 

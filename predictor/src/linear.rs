@@ -29,6 +29,28 @@ pub struct Ridge {
     beta: Vec<f64>,
 }
 
+/// Each of the `p` columns' mean and standard deviation over `rows`; a constant
+/// column gets scale 1 and, being all zeros once centred, beta 0.
+fn standardisation(rows: &[Vec<f64>], p: usize) -> (Vec<f64>, Vec<f64>) {
+    let nf = rows.len() as f64;
+    let mut means = vec![0.0; p];
+    for r in rows {
+        for (m, v) in means.iter_mut().zip(r) {
+            *m += v / nf;
+        }
+    }
+    let mut scales = vec![0.0; p];
+    for r in rows {
+        for ((s, v), m) in scales.iter_mut().zip(r).zip(&means) {
+            *s += (v - m) * (v - m) / nf;
+        }
+    }
+    for s in &mut scales {
+        *s = if *s > 1e-24 { s.sqrt() } else { 1.0 };
+    }
+    (means, scales)
+}
+
 impl Ridge {
     /// Fits on the `columns` of `rows` against `targets` with penalty `lambda` (per
     /// standardised column, relative to the number of rows, so its effect does not
@@ -66,22 +88,7 @@ impl Ridge {
             .map(|j| rows.iter().map(|r| r[j]).fold(f64::NEG_INFINITY, f64::max))
             .collect();
         let nf = n as f64;
-        let mut means = vec![0.0; p];
-        for r in &rows {
-            for (m, v) in means.iter_mut().zip(r) {
-                *m += v / nf;
-            }
-        }
-        let mut scales = vec![0.0; p];
-        for r in &rows {
-            for ((s, v), m) in scales.iter_mut().zip(r).zip(&means) {
-                *s += (v - m) * (v - m) / nf;
-            }
-        }
-        // A constant column gets scale 1 and, being all zeros once centred, beta 0.
-        for s in &mut scales {
-            *s = if *s > 1e-24 { s.sqrt() } else { 1.0 };
-        }
+        let (means, scales) = standardisation(&rows, p);
         let y_mean = targets.iter().sum::<f64>() / nf;
         // Normal equations (ZᵀZ + λ·n·I) β = Zᵀ(y − ȳ) on the standardised Z.
         let mut a = vec![0.0; p * p];

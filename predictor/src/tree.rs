@@ -162,38 +162,17 @@ pub(crate) fn fit_tree(
     params: &TreeParams,
     rng: &mut ChaCha8Rng,
 ) -> Vec<Node> {
-    let width = set.width();
-    // Every column's in-bag rows in sorted order, one segment of `m` per column.
-    let in_bag: Vec<u32> = set.order.first().map_or_else(Vec::new, |o| {
-        o.iter()
-            .copied()
-            .filter(|&r| weights[r as usize] > 0)
-            .collect()
-    });
-    let m = in_bag.len();
-    let mut lists: Vec<u32> = Vec::with_capacity(width * m);
-    for order in &set.order {
-        lists.extend(order.iter().copied().filter(|&r| weights[r as usize] > 0));
-    }
-    if m == 0 {
+    let Some(mut grower) = Grower::new(set, weights, params) else {
         let mean = set.targets.iter().sum::<f64>() / set.len().max(1) as f64;
         return vec![Node::leaf(if mean.is_finite() { mean } else { 0.0 })];
-    }
-    // Each row's weight and weighted target, looked up in every scan.
-    let weight: Vec<f64> = weights.iter().map(|&w| f64::from(w)).collect();
-    let weighted: Vec<f64> = weight
-        .iter()
-        .zip(&set.targets)
-        .map(|(w, y)| w * y)
-        .collect();
-    let mut goes_left = vec![false; set.len()];
-    let mut scratch: Vec<u32> = vec![0; m];
+    };
+    let width = set.width();
     let mut visit: Vec<usize> = (0..width).collect();
     let mut nodes = vec![Node::leaf(0.0)];
     let mut stack = vec![Pending {
         node: 0,
         start: 0,
-        end: m,
+        end: grower.m,
         depth: 0,
     }];
     while let Some(Pending {
@@ -203,14 +182,8 @@ pub(crate) fn fit_tree(
         depth,
     }) = stack.pop()
     {
-        // Any column's segment holds the node's rows.
-        let mut total = Side::default();
-        for &r in &lists[start..end] {
-            total.weight += weight[r as usize];
-            total.sum += weighted[r as usize];
-        }
-        let mean = total.sum / total.weight;
-        nodes[node] = Node::leaf(mean);
+        let total = grower.total(start, end);
+        nodes[node] = Node::leaf(total.sum / total.weight);
         let min_leaf = params.min_samples_leaf as f64;
         if depth >= params.max_depth
             || total.weight < params.min_samples_split as f64
@@ -223,79 +196,16 @@ pub(crate) fn fit_tree(
             let j = rng.random_range(i..width);
             visit.swap(i, j);
         }
-        let mut best: Option<Split> = None;
-        let mut searched = 0;
-        for &c in &visit {
-            if searched >= params.max_features {
-                break;
-            }
-            let segment = &lists[c * m + start..c * m + end];
-            let values = &set.columns[c];
-            let (Some(&first), Some(&last)) = (segment.first(), segment.last()) else {
-                continue;
-            };
-            // Sorted, so equal ends mean a constant column: no split.
-            if values[first as usize] == values[last as usize] {
-                continue;
-            }
-            searched += 1;
-            let mut left = Side::default();
-            for k in 0..segment.len() - 1 {
-                let r = segment[k] as usize;
-                left.weight += weight[r];
-                left.sum += weighted[r];
-                let x = values[r];
-                let next = values[segment[k + 1] as usize];
-                // A threshold only between two distinct values.
-                if x == next {
-                    continue;
-                }
-                let right = Side {
-                    weight: total.weight - left.weight,
-                    sum: total.sum - left.sum,
-                };
-                if left.weight < min_leaf || right.weight < min_leaf {
-                    continue;
-                }
-                let score = left.score() + right.score();
-                if best.is_none_or(|b| score > b.score) {
-                    let mid = 0.5 * x + 0.5 * next;
-                    best = Some(Split {
-                        column: c,
-                        threshold: if x <= mid && mid < next { mid } else { x },
-                        score,
-                        left_len: k + 1,
-                    });
-                }
-            }
-        }
         // A split must reduce the error by more than rounding.
         let parent = total.score();
-        let Some(split) = best.filter(|b| b.score > parent + 1e-12 * (parent.abs() + total.weight))
+        let Some(split) = grower
+            .best_split(&visit, start, end, total)
+            .filter(|b| b.score > parent + 1e-12 * (parent.abs() + total.weight))
         else {
             continue;
         };
-        let chosen = &lists[split.column * m + start..split.column * m + end];
-        for (k, &r) in chosen.iter().enumerate() {
-            goes_left[r as usize] = k < split.left_len;
-        }
+        grower.partition(&split, start, end);
         let mid = start + split.left_len;
-        for c in 0..width {
-            let segment = &mut lists[c * m + start..c * m + end];
-            // Stable and branch-free: every row is written to both sides and only
-            // the side it belongs to advances (the left side never overtakes the
-            // row being read).
-            let (mut l, mut right) = (0, 0);
-            for k in 0..segment.len() {
-                let r = segment[k];
-                let left = usize::from(goes_left[r as usize]);
-                segment[l] = r;
-                scratch[right] = r;
-                l += left;
-                right += 1 - left;
-            }
-            segment[l..].copy_from_slice(&scratch[..right]);
-        }
         let left = nodes.len();
         nodes.push(Node::leaf(0.0));
         nodes.push(Node::leaf(0.0));
@@ -319,6 +229,154 @@ pub(crate) fn fit_tree(
         });
     }
     nodes
+}
+
+/// The working state of one tree's fit: every column's in-bag rows in sorted
+/// order, one segment of `m` per column, which splits partition in place.
+struct Grower<'a> {
+    set: &'a TrainingSet,
+    min_leaf: f64,
+    max_features: usize,
+    /// In-bag rows.
+    m: usize,
+    lists: Vec<u32>,
+    /// Each row's weight and weighted target, looked up in every scan.
+    weight: Vec<f64>,
+    weighted: Vec<f64>,
+    /// Per row: whether the split being applied sends it left.
+    goes_left: Vec<bool>,
+    /// The right side of a segment while it is partitioned.
+    scratch: Vec<u32>,
+}
+
+impl<'a> Grower<'a> {
+    /// `None` when no row is in the bag.
+    fn new(set: &'a TrainingSet, weights: &[u32], params: &TreeParams) -> Option<Self> {
+        let m = set.order.first().map_or(0, |o| {
+            o.iter().filter(|&&r| weights[r as usize] > 0).count()
+        });
+        let mut lists: Vec<u32> = Vec::with_capacity(set.width() * m);
+        for order in &set.order {
+            lists.extend(order.iter().copied().filter(|&r| weights[r as usize] > 0));
+        }
+        if m == 0 {
+            return None;
+        }
+        let weight: Vec<f64> = weights.iter().map(|&w| f64::from(w)).collect();
+        let weighted: Vec<f64> = weight
+            .iter()
+            .zip(&set.targets)
+            .map(|(w, y)| w * y)
+            .collect();
+        Some(Grower {
+            set,
+            min_leaf: params.min_samples_leaf as f64,
+            max_features: params.max_features,
+            m,
+            lists,
+            weight,
+            weighted,
+            goes_left: vec![false; set.len()],
+            scratch: vec![0; m],
+        })
+    }
+
+    /// The weighted sums over the node's rows `start..end` (any column's segment
+    /// holds them).
+    fn total(&self, start: usize, end: usize) -> Side {
+        let mut total = Side::default();
+        for &r in &self.lists[start..end] {
+            total.weight += self.weight[r as usize];
+            total.sum += self.weighted[r as usize];
+        }
+        total
+    }
+
+    /// The best split of the node's rows over the columns in `visit` order, after
+    /// at most `max_features` columns that are not constant there.
+    fn best_split(&self, visit: &[usize], start: usize, end: usize, total: Side) -> Option<Split> {
+        let m = self.m;
+        let mut best: Option<Split> = None;
+        let mut searched = 0;
+        for &c in visit {
+            if searched >= self.max_features {
+                break;
+            }
+            let segment = &self.lists[c * m + start..c * m + end];
+            let values = &self.set.columns[c];
+            let (Some(&first), Some(&last)) = (segment.first(), segment.last()) else {
+                continue;
+            };
+            // Sorted, so equal ends mean a constant column: no split.
+            if values[first as usize] == values[last as usize] {
+                continue;
+            }
+            searched += 1;
+            self.scan_column(c, segment, total, &mut best);
+        }
+        best
+    }
+
+    /// Tries every threshold of column `c` over its sorted `segment`, keeping the
+    /// best in `best`.
+    fn scan_column(&self, c: usize, segment: &[u32], total: Side, best: &mut Option<Split>) {
+        let values = &self.set.columns[c];
+        let mut left = Side::default();
+        for k in 0..segment.len() - 1 {
+            let r = segment[k] as usize;
+            left.weight += self.weight[r];
+            left.sum += self.weighted[r];
+            let x = values[r];
+            let next = values[segment[k + 1] as usize];
+            // A threshold only between two distinct values.
+            if x == next {
+                continue;
+            }
+            let right = Side {
+                weight: total.weight - left.weight,
+                sum: total.sum - left.sum,
+            };
+            if left.weight < self.min_leaf || right.weight < self.min_leaf {
+                continue;
+            }
+            let score = left.score() + right.score();
+            if best.is_none_or(|b| score > b.score) {
+                let mid = 0.5 * x + 0.5 * next;
+                *best = Some(Split {
+                    column: c,
+                    threshold: if x <= mid && mid < next { mid } else { x },
+                    score,
+                    left_len: k + 1,
+                });
+            }
+        }
+    }
+
+    /// Partitions every column's segment `start..end` by `split`, left rows first,
+    /// each side keeping its sorted order.
+    fn partition(&mut self, split: &Split, start: usize, end: usize) {
+        let m = self.m;
+        let chosen = &self.lists[split.column * m + start..split.column * m + end];
+        for (k, &r) in chosen.iter().enumerate() {
+            self.goes_left[r as usize] = k < split.left_len;
+        }
+        for c in 0..self.set.width() {
+            let segment = &mut self.lists[c * m + start..c * m + end];
+            // Stable and branch-free: every row is written to both sides and only
+            // the side it belongs to advances (the left side never overtakes the
+            // row being read).
+            let (mut l, mut right) = (0, 0);
+            for k in 0..segment.len() {
+                let r = segment[k];
+                let left = usize::from(self.goes_left[r as usize]);
+                segment[l] = r;
+                self.scratch[right] = r;
+                l += left;
+                right += 1 - left;
+            }
+            segment[l..].copy_from_slice(&self.scratch[..right]);
+        }
+    }
 }
 
 #[cfg(test)]
