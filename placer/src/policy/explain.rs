@@ -1,0 +1,192 @@
+//! The human-readable texts: why a device was rejected, and the explanation that
+//! comes with every decision.
+use std::fmt;
+
+use iadeep_proto::{CandidateScore, Explanation};
+
+use super::{Assessment, Placer, Rejection, Verdict};
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::UnknownDevice => f.write_str("unknown device"),
+            Rejection::NotRegistered => {
+                f.write_str("device not registered (its tuner is not running)")
+            }
+            Rejection::UnknownTaskMemory => f.write_str(
+                "the task's memory is unknown (no request, profile or registry entry) and a \
+                 resident's is not measured yet; asked again once it reports its peak",
+            ),
+            Rejection::Memory { need_mib, free_mib } => write!(
+                f,
+                "memory: the task needs {need_mib} MiB, {free_mib} MiB are free after the margin"
+            ),
+            Rejection::TooLarge {
+                need_mib,
+                usable_mib,
+            } => write!(
+                f,
+                "never fits: the task needs {need_mib} MiB at the batch size it starts at, \
+                 more than the {usable_mib} MiB this GPU has even when empty"
+            ),
+            Rejection::SmCap {
+                predicted_pct,
+                cap_pct,
+            } => write!(
+                f,
+                "predicted SM utilisation {predicted_pct:.0}% is over the cap of {cap_pct:.0}%"
+            ),
+            Rejection::MemBwCap {
+                predicted_pct,
+                cap_pct,
+            } => write!(
+                f,
+                "predicted memory-bandwidth utilisation {predicted_pct:.0}% is over the cap of {cap_pct:.0}%"
+            ),
+            Rejection::PdCap { predicted, cap } => write!(
+                f,
+                "predicted increase of the device's summed PD {predicted:.2} is over the cap of {cap:.2}"
+            ),
+            Rejection::ThroughputGain {
+                before,
+                after,
+                min_gain,
+            } => write!(
+                f,
+                "sharing gains too little: predicted combined normalised throughput \
+                 {before:.2} → {after:.2}, less than the required gain of {min_gain:.2} \
+                 (the task would do its work sooner later, alone)"
+            ),
+        }
+    }
+}
+
+impl Placer {
+    pub(super) fn explain(&self, assessment: &Assessment<'_>, verdict: &Verdict) -> Explanation {
+        let k = self.params.explain_top_k;
+        let mut candidates: Vec<CandidateScore> = assessment
+            .candidates
+            .iter()
+            .take(k)
+            .map(|c| CandidateScore {
+                device_id: c.device_id.to_owned(),
+                predicted_pd_increase: c.pd_increase,
+                uncertainty: c.uncertainty,
+                feasible: true,
+                rejected_because: String::new(),
+            })
+            .collect();
+        candidates.extend(
+            assessment
+                .rejected
+                .iter()
+                .take(k)
+                .map(|(id, why)| CandidateScore {
+                    device_id: (*id).to_owned(),
+                    predicted_pd_increase: 0.0,
+                    uncertainty: 0.0,
+                    feasible: false,
+                    rejected_because: why.to_string(),
+                }),
+        );
+        let head = match verdict {
+            Verdict::Place { device_id, .. } => {
+                let best = assessment.candidates.first();
+                format!(
+                    "placed on {device_id}: predicted summed PD +{:.2} (±{:.2}); {}",
+                    best.map_or(0.0, |c| c.pd_increase),
+                    best.map_or(0.0, |c| c.uncertainty),
+                    waiting_ahead_text(assessment.waiting_ahead)
+                )
+            }
+            Verdict::Queue {
+                retry_after,
+                reason,
+            } => {
+                format!("queued, retry after {} s: {reason}", retry_after.as_secs())
+            }
+        };
+        let rejected = if assessment.rejected.is_empty() {
+            "none rejected".to_owned()
+        } else {
+            format!(
+                "{} rejected ({})",
+                assessment.rejected.len(),
+                rejection_counts(&assessment.rejected)
+            )
+        };
+        let unscored = if assessment.unscored > 0 {
+            format!(
+                " ({} more feasible shared devices not scored: busier than the {} scored)",
+                assessment.unscored, self.params.max_scored_devices
+            )
+        } else {
+            String::new()
+        };
+        Explanation {
+            summary: format!(
+                "{head}; {} feasible{unscored}, {rejected}",
+                assessment.candidates.len()
+            ),
+            candidates,
+        }
+    }
+}
+
+/// "no task waits ahead", "1 task waits ahead", "3 tasks wait ahead".
+pub(super) fn waiting_ahead_text(ahead: usize) -> String {
+    match ahead {
+        0 => "no task waits ahead".to_owned(),
+        1 => "1 task waits ahead".to_owned(),
+        n => format!("{n} tasks wait ahead"),
+    }
+}
+
+/// "1st", "2nd", "3rd", "4th", … "11th", "21st".
+pub(super) fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+/// "memory: 12, sm_cap: 3", in a stable order.
+pub(super) fn rejection_counts(rejected: &[(&str, Rejection)]) -> String {
+    let mut counts: Vec<(&'static str, usize)> = Vec::new();
+    for (_, why) in rejected {
+        match counts.iter_mut().find(|(k, _)| *k == why.kind()) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((why.kind(), 1)),
+        }
+    }
+    counts.sort();
+    counts
+        .iter()
+        .map(|(k, n)| format!("{k}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordinals_read_right() {
+        let got: Vec<String> = [1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111]
+            .into_iter()
+            .map(ordinal)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st",
+                "111th"
+            ]
+        );
+    }
+}

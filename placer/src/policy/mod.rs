@@ -1,0 +1,312 @@
+//! The placement decision: a pure function of a [`ClusterView`] and a task.
+//!
+//! For each device (or each of the devices the caller allows):
+//! 1. **Feasibility.** The device must be registered; its residents' footprints
+//!    (each at the batch size it is *assigned*, never its smallest allowed one: the
+//!    largest of its reservation, its reported peak, its assigner's bound and the
+//!    [`MemoryEstimator`]'s bound there, see [`crate::view::Resident::footprint_mib`])
+//!    plus the new task's footprint at its submitted batch size, where it starts, must
+//!    fit the device's memory less the one memory margin. When they do not, residents
+//!    that run above sizes they are known to fit at are shrunk, one candidate size at a
+//!    time, the one that frees most first, until the newcomer fits (or it cannot); the
+//!    shrinks are written with the placement, before the newcomer starts. The predicted
+//!    aggregate SM and DRAM-bandwidth utilisations (sums of the known solo values) must
+//!    stay under their caps. An idle device is always a candidate when the task fits the
+//!    card at all (nothing shares it, so the margin is not needed).
+//!    **Memory of a task nothing is known of** (no request, no profile, no registry
+//!    entry): on an idle card it reserves the whole card; on a shared card it is granted
+//!    all the free memory, provisionally, when every resident's memory is measured and
+//!    at least [`PlacerParams::min_unknown_memory_share`] of the card is free. Its agent
+//!    fences its allocator at the grant, so an under-estimate costs that task a step, not
+//!    its co-runners their run; its first measured peak settles the reservation
+//!    ([`crate::PlacementService::settle_provisional`]). A grant is never made while a
+//!    resident's own grant is unmeasured: two guesses on one card could over-pack it.
+//! 2. **Score.** The predicted increase of the device's Σ PD if the task joins:
+//!    Σ over residents of (predicted IF with the task − predicted IF without it),
+//!    plus the new task's own predicted IF. The placer does not change batch sizes,
+//!    so at the submitted batch sizes DT = E = 1 and PD = IF; the tuner then
+//!    improves on it. An idle device costs exactly 1.0 (the task alone).
+//!    **Throughput guard.** A shared device is rejected unless the task joining
+//!    raises its predicted combined normalised throughput, Σ 1/IF over its tasks
+//!    (each task alone counts 1), by at least
+//!    [`PlacerParams::min_throughput_gain`]: if the residents plus the newcomer do
+//!    less work per second than the residents alone (plus the margin), running the
+//!    task later alone does the same work sooner, however long the queue, so no
+//!    queue rule below should place it there.
+//!    **Promised devices.** A device among the first `q` predicted to free up (see
+//!    step 3) is what a task waiting ahead counts on. Joining it keeps it busy at
+//!    least until the newcomer finishes, about its solo duration `D` from now, so
+//!    that task waits `delay = max(0, D − R)` longer, `R` being when the device's
+//!    residents are predicted to finish. Without this price devices about to free
+//!    up were joined before they did, and the real wait ran well above `W` (see
+//!    docs/simulator-experiments.md, "Placement audit"). The delay is priced like
+//!    the excess below, per second of the newcomer's solo run (`delay / D` added to
+//!    the rank), so an unpromised device of similar PD is preferred, and in full in
+//!    step 3.
+//!    Devices are ranked by `increase + uncertainty_weight × uncertainty + delay / D`;
+//!    equal ranks are broken by a hash of (task, device) so that concurrent requests
+//!    spread over equally good devices instead of all racing for the first.
+//! 3. **Queue or place.** If the best device is not idle, placing costs the excess
+//!    `increase₉₀ − 1` units of PD for about the task's solo duration `D`, i.e.
+//!    `(increase₉₀ − 1) × D` seconds of solo-speed progress lost across the device's
+//!    tasks, plus the `delay` it imposes on a task waiting ahead if the device was
+//!    promised to one. `increase₉₀` is the pessimistic increase: each slowdown it
+//!    sums at the upper end of the model's 90 % predictive interval
+//!    ([`SlowdownEstimate::upper_90`]). Why pessimistic: a placement holds for the
+//!    task's whole run, while `W` comes from measured progress; where the model is
+//!    unsure (a model it has never seen, a wide interval) a co-location that merely
+//!    looks cheap should not win over a wait that is known. Waiting costs the time `W` until a device frees up *for this task*,
+//!    after which it would run alone at PD 1. The `q` tasks waiting ahead of it
+//!    (told to queue earlier and submitted before it, see
+//!    [`ClusterView::waiting_ahead_of`]) take the first `q` devices that free up, so
+//!    `W` is the (q+1)-th smallest predicted idle time (every resident finished, from
+//!    their reported progress) among the devices considered that have residents.
+//!    The task queues, with a retry hint of `W`, when `W × wait_cost_factor` is
+//!    smaller. `W` is unknown, and the task is placed, when fewer than `q + 1` such
+//!    devices have every resident reporting its progress: either nothing says when a
+//!    device frees up (as with an empty queue and no reports), or more tasks wait
+//!    than devices promise to free up, so waiting would last longer than a whole
+//!    round of the residents' work, which no co-location cost is worth predicting
+//!    against. Devices that do not report are left out of the order statistic, so
+//!    `W` is what the reporting devices promise: it can only be an over-estimate if
+//!    the others free up sooner. The tasks ahead may themselves be co-located
+//!    instead of waiting, which also makes `W` an over-estimate; both bias towards
+//!    placing, never towards an unbounded wait.
+use std::sync::Arc;
+use std::time::Duration;
+
+use iadeep_proto::{Explanation, TaskSpec};
+
+use crate::error::Result;
+use crate::model::{SlowdownEstimate, SlowdownModel};
+use crate::params::PlacerParams;
+use crate::view::ClusterView;
+
+mod explain;
+mod feasibility;
+mod score;
+mod shrink;
+#[cfg(test)]
+mod test_support;
+mod verdict;
+
+/// Why a device cannot take the task.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rejection {
+    /// The caller named a device the placer does not know.
+    UnknownDevice,
+    /// The device is not registered (its tuner is gone); it takes no new task.
+    NotRegistered,
+    /// Nothing is known about the task's memory and a resident's memory is not measured
+    /// yet either: granting the newcomer the free memory could stack two guesses. The
+    /// resident's first report settles it, seconds after it starts.
+    UnknownTaskMemory,
+    /// Not enough memory: the task needs `need_mib`, `free_mib` are left of the usable memory.
+    Memory { need_mib: u64, free_mib: u64 },
+    /// The task needs more than the whole card at the batch size it starts at:
+    /// waiting cannot help (see [`Placer::never_fits`]).
+    TooLarge { need_mib: u64, usable_mib: u64 },
+    /// Predicted aggregate SM utilisation over the cap.
+    SmCap { predicted_pct: f64, cap_pct: f64 },
+    /// Predicted aggregate DRAM-bandwidth utilisation over the cap.
+    MemBwCap { predicted_pct: f64, cap_pct: f64 },
+    /// Predicted Σ PD increase over [`PlacerParams::max_pd_increase`].
+    PdCap { predicted: f64, cap: f64 },
+    /// Joining would not raise the device's predicted combined normalised throughput
+    /// (Σ 1/IF over its tasks) by [`PlacerParams::min_throughput_gain`]: running the
+    /// task later alone does the same work sooner.
+    ThroughputGain {
+        before: f64,
+        after: f64,
+        min_gain: f64,
+    },
+}
+
+impl Rejection {
+    /// A short stable name, for counting rejections and for metrics labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Rejection::UnknownDevice => "unknown_device",
+            Rejection::NotRegistered => "not_registered",
+            Rejection::UnknownTaskMemory => "unknown_task_memory",
+            Rejection::Memory { .. } => "memory",
+            Rejection::TooLarge { .. } => "too_large",
+            Rejection::SmCap { .. } => "sm_cap",
+            Rejection::MemBwCap { .. } => "mem_bw_cap",
+            Rejection::PdCap { .. } => "pd_cap",
+            Rejection::ThroughputGain { .. } => "throughput_gain",
+        }
+    }
+}
+
+/// A device that can take the task, and what it would cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate<'v> {
+    pub device_id: &'v str,
+    /// Predicted increase of the device's Σ PD.
+    pub pd_increase: f64,
+    /// The same increase with every slowdown of the newcomer and of the residents
+    /// next to it at the upper end of its 90 % interval (see the module docs).
+    pub pd_increase_upper_90: f64,
+    /// Uncertainty of that prediction (root of the summed squared model uncertainties).
+    pub uncertainty: f64,
+    /// What the ranking sorts by: `pd_increase + uncertainty_weight × uncertainty`.
+    pub rank: f64,
+    /// MiB to reserve for the task on this device.
+    pub reserved_mem_mib: u64,
+    /// Residents to shrink, before the task starts, to make room for it.
+    pub shrinks: Vec<Shrink>,
+    /// The device has no resident.
+    pub idle: bool,
+    /// The task's own predicted slowdown there (exactly 1 on an idle device), which the
+    /// tuner uses to estimate its solo step time until it runs alone.
+    pub newcomer: SlowdownEstimate,
+    /// The reservation is provisional: nothing was known of the task's memory, so it is
+    /// granted the device's free memory until it reports its peak.
+    pub provisional: bool,
+    /// Seconds a task waiting ahead, promised this device, would wait longer if the
+    /// task joined it (see the module docs); 0 when no waiting task counts on it.
+    pub delay_s: f64,
+    tiebreak: u64,
+}
+
+/// A resident shrunk to make room for a newcomer: written as its assignment in the
+/// placement's transaction, applied by its agent before the newcomer's first step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shrink {
+    pub task_id: String,
+    pub batch_size: u32,
+    /// The memory estimator's bound at that size, MiB (the resident's new reservation).
+    pub bound_mib: u64,
+}
+
+/// Every device considered for one task, split into candidates and rejections.
+#[derive(Clone, Debug, Default)]
+pub struct Assessment<'v> {
+    /// Feasible devices: the first `explain_top_k` (at least one) are the best, in
+    /// order; the rest are in no particular order.
+    pub candidates: Vec<Candidate<'v>>,
+    /// Infeasible devices with the reason, in device order.
+    pub rejected: Vec<(&'v str, Rejection)>,
+    /// Feasible shared devices not scored because of the pre-screening limit.
+    pub unscored: usize,
+    /// Seconds until the first considered device is predicted to be idle (all its
+    /// residents finished), from the residents' reported progress.
+    pub earliest_idle_s: Option<f64>,
+    /// Tasks waiting ahead of this one (see [`ClusterView::waiting_ahead_of`]).
+    pub waiting_ahead: usize,
+    /// Seconds until the (`waiting_ahead` + 1)-th considered device is predicted to be
+    /// idle: the wait `W` of the queue-or-place rule (see the module docs). `None`
+    /// when fewer devices say when they free up.
+    pub wait_s: Option<f64>,
+}
+
+/// What to tell the caller.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// Run the task on `device_id`, reserving `reserved_mem_mib`, after shrinking the
+    /// residents in `shrinks`.
+    Place {
+        device_id: String,
+        reserved_mem_mib: u64,
+        shrinks: Vec<Shrink>,
+        /// The task's own predicted slowdown there (see [`Candidate::newcomer`]).
+        newcomer: SlowdownEstimate,
+        /// `reserved_mem_mib` is a provisional grant (see [`Candidate::provisional`]).
+        provisional: bool,
+    },
+    /// Ask again after `retry_after`.
+    Queue {
+        retry_after: Duration,
+        reason: String,
+    },
+}
+
+/// A verdict with its explanation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub explanation: Explanation,
+}
+
+/// The placement policy. Cheap to share: decisions take `&self`.
+///
+/// Memory footprints come from the view's [`crate::model::MemoryEstimator`]
+/// (see [`ClusterView::new`]), slowdowns from the placer's [`SlowdownModel`].
+#[derive(Clone, Debug)]
+pub struct Placer {
+    params: PlacerParams,
+    slowdown: Arc<dyn SlowdownModel>,
+}
+
+impl Placer {
+    /// A policy with checked `params`.
+    pub fn new(params: PlacerParams, slowdown: Arc<dyn SlowdownModel>) -> Result<Placer> {
+        params.check()?;
+        Ok(Placer { params, slowdown })
+    }
+
+    /// The parameters in force.
+    pub fn params(&self) -> &PlacerParams {
+        &self.params
+    }
+
+    /// The slowdown model (the daemon feeds it samples).
+    pub fn slowdown_model(&self) -> &Arc<dyn SlowdownModel> {
+        &self.slowdown
+    }
+
+    /// Assesses every device of `view` (or only those in `restrict`, when not empty)
+    /// for `task`, predicting the degradation of every feasible device.
+    pub fn assess<'v>(
+        &self,
+        view: &'v ClusterView,
+        task: &TaskSpec,
+        restrict: &'v [String],
+        now_unix_ms: i64,
+    ) -> Assessment<'v> {
+        self.assess_limited(view, task, restrict, now_unix_ms, 0)
+    }
+
+    /// Decides where `task` goes (among `restrict`, when not empty), or that it waits.
+    pub fn decide(
+        &self,
+        view: &ClusterView,
+        task: &TaskSpec,
+        restrict: &[String],
+        now_unix_ms: i64,
+    ) -> Decision {
+        let assessment = self.assess_limited(
+            view,
+            task,
+            restrict,
+            now_unix_ms,
+            self.params.max_scored_devices,
+        );
+        let verdict = self.verdict(task, &assessment);
+        let explanation = self.explain(&assessment, &verdict);
+        Decision {
+            verdict,
+            explanation,
+        }
+    }
+
+    /// The task's solo duration `D` (see the module docs), or the assumed one when
+    /// its spec does not say how much work it has.
+    pub fn expected_duration_s(&self, task: &TaskSpec) -> f64 {
+        solo_duration_s(task).unwrap_or(self.params.assumed_task_duration.as_secs_f64())
+    }
+}
+
+/// Solo run time of the whole task: total samples × solo step time ÷ batch size.
+pub fn solo_duration_s(task: &TaskSpec) -> Option<f64> {
+    let total = task.total_samples? as f64;
+    let profile = task.profile.as_ref()?;
+    let step = profile.step_time_s?;
+    let batch = if profile.batch_size > 0 {
+        profile.batch_size
+    } else {
+        task.initial_batch_size
+    };
+    (batch > 0 && step.is_finite() && step > 0.0).then(|| total * step / f64::from(batch))
+}
