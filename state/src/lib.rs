@@ -6,27 +6,27 @@
 //! [`typed`] reads and writes protobuf values with errors that name the key, and
 //! [`StoreUrl`] picks a backend from what an operator typed.
 
-pub mod embedded;
-pub mod error;
-pub mod etcd;
+mod embedded;
+mod error;
+mod etcd;
 pub mod etcd_program;
 mod ids;
 pub mod keys;
-pub mod lease;
+mod lease;
 pub mod registry;
-pub mod store;
+mod store;
 pub mod typed;
-pub mod url;
+mod url;
 
 #[cfg(feature = "test-util")]
 pub mod testing;
 
-pub use embedded::EmbeddedStore;
+pub use embedded::{EmbeddedStore, data_dir as embedded_data_dir};
 pub use error::{Result, StateError};
-pub use etcd::{EtcdConfig, EtcdCredentials, EtcdStore, EtcdTls};
+pub use etcd::{EtcdConfig, EtcdCredentials, EtcdStore, EtcdTls, FAILOVER_BOUND};
 pub use lease::{LeaseHealth, LeaseKeeper};
 pub use store::{
-    CasOutcome, Expect, KeyValue, LeaseId, RangeSnapshot, Revision, StateStore, Txn, TxnCompare,
-    TxnOp, TxnOutcome, WatchEvent, WatchStream,
+    CasOutcome, Expect, KeyValue, LeaseId, MIN_LEASE_TTL, RangeSnapshot, Revision, StateStore, Txn,
+    TxnCompare, TxnOp, TxnOutcome, WatchEvent, WatchStream,
 };
 pub use url::StoreUrl;

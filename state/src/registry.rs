@@ -1,6 +1,6 @@
 //! The profile registry: what jobs of a model measured on each kind of GPU (solo step
 //! time and peak memory per batch size), kept in the store under
-//! [`keys::profile`](crate::keys::profile) and bounded, so a later job of the same
+//! [`crate::keys::profile`] and bounded, so a later job of the same
 //! model starts with a profile although its user gave none (docs/design.md, "Profile
 //! registry"). Tuners write it as they measure; the placer reads it when a task arrives
 //! without a profile or a memory figure.

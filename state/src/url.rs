@@ -43,7 +43,8 @@ pub enum StoreUrl {
 }
 
 impl StoreUrl {
-    /// The embedded store at its default path (see [`crate::embedded::default_path`]).
+    /// The embedded store at its default path: `state.redb` in
+    /// [`embedded_data_dir`](crate::embedded_data_dir).
     pub fn default_embedded() -> StoreUrl {
         StoreUrl::Embedded(crate::embedded::default_path())
     }

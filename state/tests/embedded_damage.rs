@@ -4,19 +4,13 @@
 use std::path::Path;
 use std::time::Duration;
 
+use iadeep_state::testing::runtime;
 use iadeep_state::{EmbeddedStore, StateError, StateStore, StoreUrl};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// Trials of random damage; each copies the store and overwrites 16 random bytes.
 const TRIALS: usize = 300;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 /// A cleanly closed store with a few hundred keys and their history.
 fn make_store(path: &Path) {

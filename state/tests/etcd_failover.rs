@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use iadeep_state::etcd::FAILOVER_BOUND;
+use iadeep_state::FAILOVER_BOUND;
 use iadeep_state::testing::EtcdCluster;
 use iadeep_state::{EtcdStore, LeaseHealth, LeaseKeeper, StateStore, WatchEvent};
 

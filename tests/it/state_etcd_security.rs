@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use iadeep_state::testing::{EtcdServer, Pki, ServerTls};
+use iadeep_state::testing::{EtcdServer, EtcdServerTls, Pki};
 use iadeep_state::{StateStore, StoreUrl, WatchEvent};
 
 async fn open(url: &str) -> Result<std::sync::Arc<dyn StateStore>, String> {
@@ -40,7 +40,7 @@ async fn round_trip(store: &dyn StateStore) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcds_uses_the_ca_and_client_certificate_of_the_url() {
     let pki = Pki::generate();
-    let server = EtcdServer::start_with_tls(Some(ServerTls {
+    let server = EtcdServer::start_with_tls(Some(EtcdServerTls {
         cert: pki.server_cert.clone(),
         key: pki.server_key.clone(),
         client_ca: Some(pki.ca.clone()),

@@ -35,7 +35,7 @@ fn etcd_binary() -> Result<PathBuf, String> {
 
 /// TLS for a test server's client port (PEM files, e.g. made with `rcgen`).
 #[derive(Clone, Debug)]
-pub struct ServerTls {
+pub struct EtcdServerTls {
     /// The server's certificate (with `127.0.0.1` among its names) and key.
     pub cert: PathBuf,
     pub key: PathBuf,
@@ -65,12 +65,12 @@ struct Member {
     peer_port: u16,
     /// Plain-HTTP `/health` and `/metrics`, so health is checked the same way with TLS.
     metrics_port: u16,
-    tls: Option<ServerTls>,
+    tls: Option<EtcdServerTls>,
     child: Option<Child>,
 }
 
 impl Member {
-    fn new(name: String, tls: Option<ServerTls>) -> Result<Member, String> {
+    fn new(name: String, tls: Option<EtcdServerTls>) -> Result<Member, String> {
         Ok(Member {
             name,
             data_dir: tempfile::Builder::new()
@@ -210,7 +210,10 @@ fn wait_healthy(members: &mut [Member]) -> Result<(), String> {
 }
 
 /// Starts `count` members forming one cluster, retrying on fresh ports.
-fn start_members(count: usize, tls: Option<ServerTls>) -> Result<(Vec<Member>, PathBuf), String> {
+fn start_members(
+    count: usize,
+    tls: Option<EtcdServerTls>,
+) -> Result<(Vec<Member>, PathBuf), String> {
     let binary = etcd_binary()?;
     let mut last_error = String::new();
     for attempt in 1..=START_ATTEMPTS {
@@ -257,8 +260,8 @@ impl EtcdServer {
         Self::start_with_tls(None)
     }
 
-    /// Starts etcd serving clients over TLS (see [`ServerTls`]).
-    pub fn start_with_tls(tls: Option<ServerTls>) -> Result<EtcdServer, String> {
+    /// Starts etcd serving clients over TLS (see [`EtcdServerTls`]).
+    pub fn start_with_tls(tls: Option<EtcdServerTls>) -> Result<EtcdServer, String> {
         let (mut members, binary) = start_members(1, tls)?;
         let member = members.pop().ok_or("no member started")?;
         Ok(EtcdServer { member, binary })

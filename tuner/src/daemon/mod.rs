@@ -63,7 +63,7 @@ impl DaemonParams {
     /// Validates every part.
     pub fn check(&self) -> Result<()> {
         self.tuner.check()?;
-        if self.lease_ttl < iadeep_state::store::MIN_LEASE_TTL {
+        if self.lease_ttl < iadeep_state::MIN_LEASE_TTL {
             return Err(TunerError::InvalidParams(
                 "the lease TTL must be at least 1 s".to_owned(),
             ));
