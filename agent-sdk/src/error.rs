@@ -26,10 +26,6 @@ pub enum AgentError {
     /// lease revoked; the task's keys then disappear when the lease expires.
     #[error("task could not be marked finished within {timeout:?}: {reason}")]
     FinishIncomplete { timeout: Duration, reason: String },
-
-    /// The emulated job's measured data is unusable.
-    #[error("emulated job: {0}")]
-    Emulation(String),
 }
 
 /// Shorthand used throughout the crate.

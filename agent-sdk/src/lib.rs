@@ -7,9 +7,7 @@
 //!   leased alive key), publishes [`iadeep_proto::TaskReport`]s, watches the
 //!   task's assignment and rides out store outages with back-off.
 //! - [`gns`]: the two-batch-size gradient noise scale estimator; [`lr`]: the
-//!   learning-rate rules; [`memory`]: NVML or caller-supplied peak memory;
-//!   [`emulate`]: a job that follows measured step times (Pollux traces) for
-//!   simulations and end-to-end tests.
+//!   learning-rate rules; [`memory`]: NVML or caller-supplied peak memory.
 //! - SIGTERM and Ctrl-C finish the task (final report, lease revoked) before the process
 //!   ends as the signal would have ended it; [`StopSignals`] says which signals.
 //! - [`launch`]: the environment variables a launcher (`iadeep run`) sets for the
@@ -17,7 +15,6 @@
 
 mod agent;
 mod config;
-pub mod emulate;
 mod error;
 pub mod launch;
 /// The gradient-noise-scale estimator and learning-rate rules live in `iadeep-objective`,

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use iadeep_datasets::gavel::GavelThroughputs;
-use iadeep_predictor::gavel::samples_from_gavel;
+use iadeep_eval::samples_from_gavel;
 use iadeep_predictor::jsonl::SampleLine;
 
 #[derive(Debug, Args)]

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use iadeep_agent::emulate::EmulatedJob;
 use iadeep_agent::{Agent, DEFAULT_LEASE_TTL, DEFAULT_REPORT_INTERVAL};
+use iadeep_eval::EmulatedJob;
 use iadeep_proto::LrScalingRule;
 
 use crate::StoreArgs;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use iadeep_tuner::memory_eval;
+use iadeep_eval::tuner::memory_eval;
 
 #[derive(Debug, Args)]
 pub struct MemoryArgs {

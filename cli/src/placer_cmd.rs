@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
+use iadeep_eval::SyntheticCluster;
 use iadeep_placer::extender::kube_api::KubeApiConfig;
 use iadeep_placer::extender::{DEFAULT_BIND_TIMEOUT, ExtenderConfig};
-use iadeep_placer::synthetic::SyntheticCluster;
 use iadeep_placer::{
     Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams, PredictorSlowdown,
 };
@@ -311,7 +311,7 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
         let measurements = gavel
             .worker(worker)
             .with_context(|| format!("no Gavel measurements for worker type {worker:?}"))?;
-        let samples = iadeep_predictor::gavel::samples_from_gavel(measurements, worker).samples;
+        let samples = iadeep_eval::samples_from_gavel(measurements, worker).samples;
         for (seq, sample) in samples.iter().enumerate() {
             let device = format!("gavel-{worker}");
             iadeep_state::typed::put(

@@ -7,10 +7,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
+use iadeep_eval::predictor::prequential::{EARLY_START, LATE_START, Mape, evaluate_seeds};
+use iadeep_eval::predictor::unseen::{UnseenScore, evaluate_unseen};
 use iadeep_predictor::LearnerParams;
 use iadeep_predictor::jsonl::read_samples;
-use iadeep_predictor::prequential::{EARLY_START, LATE_START, Mape, evaluate_seeds};
-use iadeep_predictor::unseen::{UnseenScore, evaluate_unseen};
 
 #[derive(Debug, Args)]
 pub struct PredictorArgs {

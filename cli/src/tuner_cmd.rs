@@ -8,8 +8,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use iadeep_datasets::gavel::GavelThroughputs;
+use iadeep_eval::tuner::gavel_bench::{self, BenchParams};
 use iadeep_tuner::daemon::{self, DaemonParams, DeviceFlags};
-use iadeep_tuner::gavel_bench::{self, BenchParams};
 
 use crate::StoreArgs;
 use crate::tls_args::ServerTlsArgs;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iadeep_agent::Agent;
-use iadeep_agent::emulate::EmulatedJob;
+use iadeep_eval::EmulatedJob;
 use iadeep_proto::{BatchSizeAssignment, LrScalingRule, TaskReport};
 use iadeep_state::{EmbeddedStore, StateStore, keys, typed};
 

@@ -27,9 +27,23 @@ pub mod reaper;
 pub mod retention;
 pub mod service;
 pub mod sync;
-pub mod synthetic;
 pub mod validate;
 pub mod view;
+
+// The unit tests that need a realistic fitted forest and a loaded cluster use the
+// evaluation crate's Gavel converter and synthetic cluster. `iadeep-eval` depends on
+// this crate, so the tests compile those two files in rather than depend on it (a
+// second copy of this crate's types would not mix with `crate::`'s); the
+// `iadeep_placer` name lets the cluster's imports resolve here too.
+#[cfg(test)]
+extern crate self as iadeep_placer;
+#[cfg(test)]
+#[path = "../../eval/src/predictor/gavel.rs"]
+mod gavel;
+#[cfg(test)]
+#[allow(dead_code)] // the store seeding and counts are the CLI's and benchmarks'
+#[path = "../../eval/src/cluster.rs"]
+mod synthetic;
 
 pub use daemon::{Daemon, DaemonConfig};
 pub use error::{PlacerError, Result};

@@ -328,7 +328,7 @@ mod tests {
     fn a_pinned_predictor_is_the_live_one_without_the_lock() {
         let gavel = iadeep_datasets::gavel::GavelThroughputs::bundled().expect("bundled Gavel");
         let worker = gavel.worker("k80").expect("k80 measurements");
-        let samples = iadeep_predictor::gavel::samples_from_gavel(worker, "k80").samples;
+        let samples = crate::gavel::samples_from_gavel(worker, "k80").samples;
         let params = LearnerParams {
             forest: iadeep_predictor::forest::ForestParams {
                 n_trees: 4,

@@ -18,9 +18,6 @@ pub enum PredictorError {
     /// Reading or writing the state store failed.
     #[error(transparent)]
     State(#[from] iadeep_state::StateError),
-    /// Reading a data set failed.
-    #[error(transparent)]
-    Dataset(#[from] iadeep_datasets::DatasetError),
     /// Reading a samples file failed.
     #[error("cannot read {path}: {source}")]
     Io {

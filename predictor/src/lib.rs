@@ -24,11 +24,10 @@
 //! - [`online`]: [`OnlinePredictor`], which refits in a background thread and never
 //!   makes a prediction wait for a refit;
 //! - [`persist`]: samples in the state store and the rebuild after a restart;
-//! - [`jsonl`], [`gavel`]: the JSON Lines sample format and the Gavel converter;
-//! - [`reference`], [`plain_forest`]: the baselines (a forest on one-hot job names,
-//!   a plain forest on our features);
-//! - [`prequential`], [`unseen`]: the evaluation's two splits, predict-then-learn
-//!   over a shuffled stream and model families never seen.
+//! - [`jsonl`]: the JSON Lines sample format.
+//!
+//! The evaluation (its two splits, the baselines, the Gavel converter) is in the
+//! `iadeep-eval` crate, which drives this one through its public API.
 //!
 //! The model ([`learner::FittedModel`]) predicts ln(slowdown − 0.8) as ridge base +
 //! per-job effects + forest on the residuals.
@@ -48,18 +47,13 @@ pub mod effects;
 pub mod error;
 pub mod features;
 pub mod forest;
-pub mod gavel;
 pub mod heuristic;
 pub mod jsonl;
 pub mod learner;
 pub mod linear;
 pub mod online;
 pub mod persist;
-pub mod plain_forest;
-pub mod prequential;
-pub mod reference;
 mod tree;
-pub mod unseen;
 pub mod window;
 
 pub use error::PredictorError;

@@ -25,9 +25,6 @@ pub enum TunerError {
     /// The tuner daemon cannot run as configured (e.g. no device memory known).
     #[error("tuner daemon: {0}")]
     Daemon(String),
-    /// A dataset could not be read.
-    #[error(transparent)]
-    Dataset(#[from] iadeep_datasets::DatasetError),
 }
 
 /// Result alias of the crate.

@@ -15,8 +15,10 @@
 //!   knowledge, the search over the residents' batch sizes, hysteresis, drift checks,
 //!   co-location samples): events in, actions out, driven by the daemon and the simulator;
 //! - [`daemon`] (feature `daemon`): the per-GPU tuner daemon driving a [`device_tuner`] over
-//!   the state store;
-//! - [`gavel_bench`]: the benchmark of the search on Gavel's measured co-location throughputs.
+//!   the state store.
+//!
+//! The benchmark of the search on Gavel's measurements and the memory model's evaluation
+//! are in the `iadeep-eval` crate.
 
 #[cfg(feature = "daemon")]
 pub mod daemon;
@@ -24,10 +26,8 @@ pub mod degradation;
 pub mod device_tuner;
 pub mod error;
 pub mod feasibility;
-pub mod gavel_bench;
 pub mod gp;
 pub mod memory;
-pub mod memory_eval;
 pub mod search;
 
 pub use error::TunerError;

@@ -11,7 +11,7 @@
 //! fall inside theirs.
 //!
 //! Every model sees a closed set of jobs here, each identified by its step time and
-//! batch size; [`crate::unseen`] measures models never seen.
+//! batch size; [`super::unseen`] measures models never seen.
 
 use std::sync::Arc;
 
@@ -21,11 +21,12 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::Prediction;
-use crate::error::PredictorError;
-use crate::learner::{Learner, LearnerParams, ProfileTrainer, SlowdownModel, Trainer};
-use crate::plain_forest::PlainForestTrainer;
-use crate::reference::ReferenceTrainer;
+use super::plain_forest::PlainForestTrainer;
+use super::reference::ReferenceTrainer;
+use iadeep_objective::stats::mean;
+use iadeep_predictor::Prediction;
+use iadeep_predictor::error::PredictorError;
+use iadeep_predictor::learner::{Learner, LearnerParams, ProfileTrainer, SlowdownModel, Trainer};
 
 /// First position of the early window.
 pub const EARLY_START: usize = 100;
@@ -38,9 +39,9 @@ pub const LATE_START: usize = 135;
 pub enum Approach {
     /// Our predictor ([`ProfileTrainer`]).
     Ours,
-    /// The job-name one-hot forest ([`crate::reference`]).
+    /// The job-name one-hot forest ([`super::reference`]).
     Reference,
-    /// A plain forest on our profile features ([`crate::plain_forest`]).
+    /// A plain forest on our profile features ([`super::plain_forest`]).
     PlainForest,
 }
 
@@ -218,13 +219,6 @@ pub struct EvalReport {
     pub plain_forest: Mape,
 }
 
-pub(crate) fn mean(values: impl IntoIterator<Item = f64>) -> Option<f64> {
-    let (sum, n) = values
-        .into_iter()
-        .fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
-    (n > 0).then(|| sum / n as f64)
-}
-
 /// The share of `outcomes` inside their 90 % interval.
 pub(crate) fn coverage(outcomes: &[Outcome]) -> Option<f64> {
     mean(outcomes.iter().map(|o| if o.inside_90 { 1.0 } else { 0.0 }))
@@ -370,7 +364,7 @@ mod tests {
             })
             .collect();
         let params = LearnerParams {
-            forest: crate::forest::ForestParams {
+            forest: iadeep_predictor::forest::ForestParams {
                 n_trees: 8,
                 ..Default::default()
             },

@@ -1,5 +1,5 @@
 //! The off-the-shelf baseline we also compare against: a plain random forest on the
-//! same profile features as ours ([`crate::features`]), fitted on the slowdown
+//! same profile features as ours ([`iadeep_predictor::features`]), fitted on the slowdown
 //! itself, with no linear base, no per-job effects, no log target and no pairwise
 //! composition. Same forest parameters, window, refit cadence and cold-start rule
 //! as ours, so the comparison isolates what our model adds to the features.
@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use iadeep_proto::{CoLocationSample, TaskProfile};
 
-use crate::error::PredictorError;
-use crate::features::feature_row;
-use crate::forest::Forest;
-use crate::heuristic;
-use crate::learner::{LearnerParams, SlowdownModel, Trainer};
-use crate::{Prediction, PredictionSource};
+use iadeep_predictor::error::PredictorError;
+use iadeep_predictor::features::feature_row;
+use iadeep_predictor::forest::Forest;
+use iadeep_predictor::heuristic;
+use iadeep_predictor::learner::{LearnerParams, SlowdownModel, Trainer};
+use iadeep_predictor::{Prediction, PredictionSource};
 
 /// The plain forest, or the heuristic before enough samples.
 #[derive(Debug)]

@@ -1,23 +1,23 @@
 //! One placement decision over a synthetic cluster of 1,000 GPUs with 2,000
-//! resident tasks (the size the issue sets), with the daemon's models: the
+//! resident tasks (a large cluster), with the daemon's models: the
 //! online predictor cold (its transparent rule) and fitted on the bundled Gavel
 //! K80 co-location measurements (its forest), and the tuner's memory model.
 //!
-//! `cargo bench -p iadeep-placer --bench decide`
+//! `cargo bench -p iadeep-eval --bench decide`
 
 use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use iadeep_datasets::gavel::GavelThroughputs;
-use iadeep_placer::synthetic::SyntheticCluster;
+use iadeep_eval::{SyntheticCluster, samples_from_gavel};
 use iadeep_placer::{ModelledMemory, Placer, PlacerParams, PredictorSlowdown, SlowdownModel};
 use iadeep_predictor::{LearnerParams, OnlinePredictor};
 
 fn fitted() -> PredictorSlowdown {
     let gavel = GavelThroughputs::bundled().expect("bundled Gavel data");
     let worker = gavel.worker("k80").expect("k80 measurements");
-    let samples = iadeep_predictor::gavel::samples_from_gavel(worker, "k80").samples;
+    let samples = samples_from_gavel(worker, "k80").samples;
     assert!(samples.len() > 100, "enough samples to fit a forest");
     let predictor =
         OnlinePredictor::from_samples(LearnerParams::default(), samples).expect("fit forest");

@@ -10,9 +10,7 @@ use iadeep_state::{StateStore, keys, typed};
 
 use std::sync::Arc;
 
-use crate::error::Result;
-use crate::model::MemoryEstimator;
-use crate::view::ClusterView;
+use iadeep_placer::{ClusterView, MemoryEstimator, Result};
 
 /// GPUs per synthetic node.
 pub const GPUS_PER_NODE: usize = 8;

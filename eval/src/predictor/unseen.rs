@@ -20,11 +20,11 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::error::PredictorError;
-use crate::learner::{Learner, LearnerParams};
-use crate::prequential::{
-    Approach, Outcome, coverage, for_each_approach, mean, per_approach_over_seeds,
-};
+use iadeep_objective::stats::mean;
+use iadeep_predictor::error::PredictorError;
+use iadeep_predictor::learner::{Learner, LearnerParams};
+
+use super::prequential::{Approach, Outcome, coverage, for_each_approach, per_approach_over_seeds};
 
 /// One approach on the unseen-models split.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -241,7 +241,7 @@ mod tests {
         }
         let params = LearnerParams {
             min_samples: 5,
-            forest: crate::forest::ForestParams {
+            forest: iadeep_predictor::forest::ForestParams {
                 n_trees: 4,
                 ..Default::default()
             },
@@ -256,7 +256,7 @@ mod tests {
             assert!(score.coverage_90.is_some());
         }
         // The default split, which learns every family as it goes, gets them right.
-        let default = crate::prequential::evaluate(&samples, 1, &params).expect("eval");
+        let default = crate::predictor::prequential::evaluate(&samples, 1, &params).expect("eval");
         let late = default.ours.mape_from_135.expect("late");
         assert!(late < 0.05, "{late}");
     }

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::error::{Result, TunerError};
-use crate::memory::{CubicBaseline, MemoryModel, MemorySample};
-use crate::stats::{median, quantile};
+use iadeep_objective::stats::{median, quantile};
+use iadeep_tuner::error::{Result, TunerError};
+use iadeep_tuner::memory::{CubicBaseline, MemoryModel, MemorySample};
 
 /// One CSV row.
 #[derive(Clone, Debug, PartialEq)]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use iadeep_datasets::gavel::GavelThroughputs;
-use iadeep_predictor::gavel::samples_from_gavel;
+use iadeep_eval::samples_from_gavel;
 use iadeep_predictor::learner::{ProfileTrainer, SlowdownModel, Trainer};
 use iadeep_predictor::{LearnerParams, OnlinePredictor};
 use iadeep_proto::{CoLocationSample, TaskProfile};

@@ -13,13 +13,13 @@ use std::sync::Arc;
 
 use iadeep_proto::{CoLocationSample, TaskProfile};
 
-use crate::Prediction;
-use crate::error::PredictorError;
-use crate::features::{DEVICE_KINDS, device_column};
-use crate::forest::Forest;
-use crate::heuristic;
-use crate::learner::{LearnerParams, SlowdownModel, Trainer};
-use crate::plain_forest::baseline_prediction;
+use super::plain_forest::baseline_prediction;
+use iadeep_predictor::Prediction;
+use iadeep_predictor::error::PredictorError;
+use iadeep_predictor::features::{DEVICE_KINDS, device_column};
+use iadeep_predictor::forest::Forest;
+use iadeep_predictor::heuristic;
+use iadeep_predictor::learner::{LearnerParams, SlowdownModel, Trainer};
 
 /// The reference model.
 #[derive(Debug)]

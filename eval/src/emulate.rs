@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use iadeep_datasets::pollux::{self, GradientPoint, PolluxModel};
 
-use crate::error::{AgentError, Result};
+use crate::error::EvalError;
 
 /// One emulated model.
 #[derive(Clone, Debug)]
@@ -22,17 +22,16 @@ pub struct EmulatedJob {
 
 impl EmulatedJob {
     /// A bundled Pollux model (`bert`, `cifar10`, `deepspeech2`, `imagenet`, `ncf`, `yolov3`).
-    pub fn bundled(name: &str, initial_batch_size: u32) -> Result<EmulatedJob> {
-        let model =
-            pollux::bundled_model(name).map_err(|e| AgentError::Emulation(e.to_string()))?;
+    pub fn bundled(name: &str, initial_batch_size: u32) -> Result<EmulatedJob, EvalError> {
+        let model = pollux::bundled_model(name).map_err(|e| EvalError::Emulation(e.to_string()))?;
         EmulatedJob::new(model, initial_batch_size)
     }
 
     /// Emulates `model`; its gradient statistics come from the validation run
     /// whose batch size is closest to `initial_batch_size`.
-    pub fn new(model: PolluxModel, initial_batch_size: u32) -> Result<EmulatedJob> {
+    pub fn new(model: PolluxModel, initial_batch_size: u32) -> Result<EmulatedJob, EvalError> {
         if model.solo_step_times.is_empty() {
-            return Err(AgentError::Emulation(format!(
+            return Err(EvalError::Emulation(format!(
                 "model {} has no measured step times",
                 model.name
             )));
