@@ -120,6 +120,75 @@ fn affine_least_squares(xs: &[f64], ys: &[f64]) -> Result<(f64, f64)> {
     Ok((coef[0], coef[1]))
 }
 
+/// Rejects an empty sample set and any sample that is not a positive batch size with a
+/// positive, finite peak.
+fn check_samples(samples: &[MemorySample]) -> Result<()> {
+    if samples.is_empty() {
+        return Err(TunerError::InvalidInput(
+            "a memory model needs at least one (batch size, peak MiB) sample".to_owned(),
+        ));
+    }
+    for s in samples {
+        if s.batch_size == 0 || !s.peak_mib.is_finite() || s.peak_mib <= 0.0 {
+            return Err(TunerError::InvalidInput(format!(
+                "bad memory sample: batch size {} with {} MiB",
+                s.batch_size, s.peak_mib
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The (intercept, slope) of the best non-decreasing affine fit of peak MiB `ys` on batch
+/// size `xs`.
+fn monotone_affine(samples: &[MemorySample], xs: &[f64], ys: &[f64]) -> Result<(f64, f64)> {
+    let distinct = {
+        let mut b: Vec<u32> = samples.iter().map(|s| s.batch_size).collect();
+        b.sort_unstable();
+        b.dedup();
+        b.len()
+    };
+    Ok(if distinct < 2 {
+        // One batch size says nothing about the slope: assume all memory scales with the
+        // batch (zero intercept), the most pessimistic affine model through the sample.
+        let peak = ys.iter().copied().fold(0.0, f64::max);
+        (0.0, peak / xs[0])
+    } else {
+        let (a, b) = affine_least_squares(xs, ys)?;
+        if b >= 0.0 {
+            (a, b)
+        } else {
+            // Decreasing data (noise around a flat profile): the best monotone affine fit
+            // is the constant mean.
+            (ys.iter().sum::<f64>() / ys.len() as f64, 0.0)
+        }
+    })
+}
+
+/// The growth past the largest observed size: the secant between the two largest
+/// observed sizes' peaks, at least the fitted `slope`.
+///
+/// One observed size gives no secant; its growth is the line through the origin (every
+/// MiB scales with the batch), the steepest affine growth, and a convex curve can still
+/// grow faster than that past the sample, so the factor applies to it as well.
+fn top_slope(samples: &[MemorySample], largest_observed: u32, slope: f64) -> f64 {
+    let peak_at = |b: u32| {
+        samples
+            .iter()
+            .filter(|s| s.batch_size == b)
+            .map(|s| s.peak_mib)
+            .fold(0.0, f64::max)
+    };
+    let below_top = samples
+        .iter()
+        .map(|s| s.batch_size)
+        .filter(|&b| b < largest_observed)
+        .max();
+    below_top.map_or(slope, |b| {
+        ((peak_at(largest_observed) - peak_at(b)) / f64::from(largest_observed - b)).max(slope)
+    })
+}
+
 impl MemoryModel {
     /// Fits with the default parameters.
     pub fn fit(samples: &[MemorySample]) -> Result<MemoryModel> {
@@ -133,42 +202,10 @@ impl MemoryModel {
         params: MemoryModelParams,
     ) -> Result<MemoryModel> {
         params.check()?;
-        if samples.is_empty() {
-            return Err(TunerError::InvalidInput(
-                "a memory model needs at least one (batch size, peak MiB) sample".to_owned(),
-            ));
-        }
-        for s in samples {
-            if s.batch_size == 0 || !s.peak_mib.is_finite() || s.peak_mib <= 0.0 {
-                return Err(TunerError::InvalidInput(format!(
-                    "bad memory sample: batch size {} with {} MiB",
-                    s.batch_size, s.peak_mib
-                )));
-            }
-        }
+        check_samples(samples)?;
         let xs: Vec<f64> = samples.iter().map(|s| f64::from(s.batch_size)).collect();
         let ys: Vec<f64> = samples.iter().map(|s| s.peak_mib).collect();
-        let distinct = {
-            let mut b: Vec<u32> = samples.iter().map(|s| s.batch_size).collect();
-            b.sort_unstable();
-            b.dedup();
-            b.len()
-        };
-        let (intercept, slope) = if distinct < 2 {
-            // One batch size says nothing about the slope: assume all memory scales with the
-            // batch (zero intercept), the most pessimistic affine model through the sample.
-            let peak = ys.iter().copied().fold(0.0, f64::max);
-            (0.0, peak / xs[0])
-        } else {
-            let (a, b) = affine_least_squares(&xs, &ys)?;
-            if b >= 0.0 {
-                (a, b)
-            } else {
-                // Decreasing data (noise around a flat profile): the best monotone affine fit
-                // is the constant mean.
-                (ys.iter().sum::<f64>() / ys.len() as f64, 0.0)
-            }
-        };
+        let (intercept, slope) = monotone_affine(samples, &xs, &ys)?;
         // Upper envelope: lift the line until no sample lies above it.
         let residuals: Vec<f64> = xs
             .iter()
@@ -184,24 +221,7 @@ impl MemoryModel {
         };
         let largest_observed = samples.iter().map(|s| s.batch_size).max().unwrap_or(1);
         let smallest_observed = samples.iter().map(|s| s.batch_size).min().unwrap_or(1);
-        let peak_at = |b: u32| {
-            samples
-                .iter()
-                .filter(|s| s.batch_size == b)
-                .map(|s| s.peak_mib)
-                .fold(0.0, f64::max)
-        };
-        let below_top = samples
-            .iter()
-            .map(|s| s.batch_size)
-            .filter(|&b| b < largest_observed)
-            .max();
-        // One observed size gives no secant; its growth is the line through the origin (every
-        // MiB scales with the batch), the steepest affine growth, and a convex curve can still
-        // grow faster than that past the sample, so the factor applies to it as well.
-        let top_slope = below_top.map_or(slope, |b| {
-            ((peak_at(largest_observed) - peak_at(b)) / f64::from(largest_observed - b)).max(slope)
-        });
+        let top_slope = top_slope(samples, largest_observed, slope);
         let smallest_oom = oom_batch_sizes.iter().copied().filter(|&b| b > 0).min();
         if let Some(oom) = smallest_oom
             && oom <= largest_observed

@@ -558,31 +558,24 @@ impl GpLcb {
             .iter()
             .map(|s| s.iter().map(|&b| f64::from(b).log2()).collect())
             .collect();
-        let radius = self.params.max_step_log2 + 1e-9;
         let measured = &self.observations;
         let d = space.sizes.len();
         // Measured configurations as log2 points, row-major: the reach test runs for every
         // candidate of the acquisition.
-        let measured_log2: Vec<f64> = measured
-            .iter()
-            .flat_map(|(o, _)| o.iter().zip(&log2).map(|(&i, l)| l[i]))
-            .collect();
+        let measured_log2 = log2_points(measured.iter().map(|(o, _)| o.as_slice()), &log2);
         let centres: Vec<f64> = match centre {
-            Some(c) => c.iter().zip(&log2).map(|(&i, l)| l[i]).collect(),
+            Some(c) => log2_points([c], &log2),
             None => measured_log2.clone(),
         };
-        let within_reach = |idx: &[usize]| {
-            radius.is_infinite()
-                || centres.chunks_exact(d).any(|m| {
-                    m.iter()
-                        .zip(idx)
-                        .zip(&log2)
-                        .all(|((&a, &i), l)| (a - l[i]).abs() <= radius)
-                })
+        let reach = Reach {
+            log2,
+            centres,
+            radius: self.params.max_step_log2 + 1e-9,
         };
+        let log2 = &reach.log2;
         let allowed = |idx: &[usize]| {
             feasible(space, out_of_memory, idx)
-                && within_reach(idx)
+                && reach.contains(idx)
                 && (exclude.is_empty() || !exclude.contains(idx))
         };
         let mut point = vec![0.0; d];
@@ -590,16 +583,13 @@ impl GpLcb {
         // The constrained acquisition (see `LcbParams::feasibility`): only while memory is
         // unknown, against the incumbent's posterior mean (model scale).
         let feasibility = self.feasibility.as_ref().filter(|_| space.memory.is_none());
-        let oom_log2: Vec<f64> = out_of_memory
-            .iter()
-            .flat_map(|o| o.iter().zip(&log2).map(|(&i, l)| l[i]))
-            .collect();
+        let oom_log2 = log2_points(out_of_memory.iter().map(Vec::as_slice), log2);
         let incumbent = measured_log2
             .chunks_exact(d)
             .map(|m| predictor.predict(m).mean)
             .fold(f64::INFINITY, f64::min);
-        let mut score = |idx: &[usize]| {
-            for ((p, &i), l) in point.iter_mut().zip(idx).zip(&log2) {
+        let score = |idx: &[usize]| {
+            for ((p, &i), l) in point.iter_mut().zip(idx).zip(log2) {
                 *p = l[i];
             }
             let p = predictor.predict(&point);
@@ -616,89 +606,11 @@ impl GpLcb {
                 None => lcb,
             }
         };
-        let sizes = &space.sizes;
-        let mut best = Argmin::default();
         if space.cardinality() <= self.params.exact_limit as f64 {
-            let mut idx = vec![0usize; sizes.len()];
-            loop {
-                if allowed(&idx) {
-                    let s = score(&idx);
-                    best.consider(&idx, s, rng);
-                }
-                // Odometer increment.
-                let mut t = 0;
-                loop {
-                    if t == idx.len() {
-                        return best.into_idx();
-                    }
-                    idx[t] += 1;
-                    if idx[t] < sizes[t].len() {
-                        break;
-                    }
-                    idx[t] = 0;
-                    t += 1;
-                }
-            }
+            return exhaustive_argmin(&space.sizes, allowed, score, rng);
         }
-        // Large lattice: the observed configurations and random candidates within reach of
-        // the centres (the incumbent, or a random measured configuration; each task's size
-        // drawn among those within the step limit of it), then coordinate descent from the
-        // best few.
-        let mut pool: Vec<(f64, Vec<usize>)> = Vec::new();
-        for (idx, _) in measured {
-            if allowed(idx) {
-                pool.push((score(idx), idx.clone()));
-            }
-        }
-        let origins = centres.len() / d;
-        for _ in 0..self.params.random_candidates {
-            let origin = &centres[rng.random_range(0..origins) * d..][..d];
-            let idx: Vec<usize> = origin
-                .iter()
-                .zip(&log2)
-                .map(|(&o, l)| {
-                    let lo = l.partition_point(|v| *v < o - radius);
-                    let hi = l.partition_point(|v| *v <= o + radius);
-                    rng.random_range(lo..hi.max(lo + 1))
-                })
-                .collect();
-            if allowed(&idx) {
-                pool.push((score(&idx), idx));
-            }
-        }
-        pool.sort_by(|a, b| a.0.total_cmp(&b.0));
-        pool.truncate(self.params.descent_starts);
-        for (mut s, mut idx) in pool {
-            // Cyclic coordinate descent, at most four sweeps (the LCB surface is smooth in
-            // log2 batch size). It stops as soon as d lines in a row brought no improvement:
-            // the point is then a coordinate-wise minimum, and finishing the sweep would
-            // only re-scan lines already known not to improve.
-            let mut unchanged = 0;
-            for t in (0..sizes.len()).cycle().take(4 * sizes.len()) {
-                let keep = idx[t];
-                let mut best_i = keep;
-                for i in 0..sizes[t].len() {
-                    if i == keep {
-                        continue;
-                    }
-                    idx[t] = i;
-                    if allowed(&idx) {
-                        let v = score(&idx);
-                        if v < s {
-                            s = v;
-                            best_i = i;
-                        }
-                    }
-                }
-                idx[t] = best_i;
-                unchanged = if best_i == keep { unchanged + 1 } else { 1 };
-                if unchanged >= sizes.len() {
-                    break;
-                }
-            }
-            best.consider(&idx, s, rng);
-        }
-        best.into_idx()
+        let sizes = &space.sizes;
+        sampled_argmin(measured, sizes, &reach, &self.params, allowed, score, rng)
     }
 
     /// The observed configuration with the lowest posterior mean (robust to one lucky noisy
@@ -730,6 +642,158 @@ impl GpLcb {
 
 /// See [`GpLcb::feasible`]; a free function so that the acquisition can borrow the search's
 /// fields separately.
+/// The configurations as log2 batch-size points, one after another (row-major).
+fn log2_points<'a>(configs: impl IntoIterator<Item = &'a [usize]>, log2: &[Vec<f64>]) -> Vec<f64> {
+    configs
+        .into_iter()
+        .flat_map(|o| o.iter().zip(log2).map(|(&i, l)| l[i]))
+        .collect()
+}
+
+/// The allowed configuration of the whole lattice with the lowest score, every one
+/// scored in odometer order (first index fastest).
+fn exhaustive_argmin(
+    sizes: &[Vec<u32>],
+    allowed: impl Fn(&[usize]) -> bool,
+    mut score: impl FnMut(&[usize]) -> f64,
+    rng: &mut ChaCha8Rng,
+) -> Option<Vec<usize>> {
+    let mut best = Argmin::default();
+    let mut idx = vec![0usize; sizes.len()];
+    loop {
+        if allowed(&idx) {
+            let s = score(&idx);
+            best.consider(&idx, s, rng);
+        }
+        // Odometer increment.
+        let mut t = 0;
+        loop {
+            if t == idx.len() {
+                return best.into_idx();
+            }
+            idx[t] += 1;
+            if idx[t] < sizes[t].len() {
+                break;
+            }
+            idx[t] = 0;
+            t += 1;
+        }
+    }
+}
+
+/// The step limit of [`GpLcb`]'s acquisition: the configurations within `radius` (in
+/// log2 batch size, every task) of one of the centres.
+struct Reach {
+    /// Every task's sizes, log2.
+    log2: Vec<Vec<f64>>,
+    /// The centres as log2 points, row-major.
+    centres: Vec<f64>,
+    radius: f64,
+}
+
+impl Reach {
+    fn contains(&self, idx: &[usize]) -> bool {
+        self.radius.is_infinite()
+            || self.centres.chunks_exact(self.log2.len()).any(|m| {
+                m.iter()
+                    .zip(idx)
+                    .zip(&self.log2)
+                    .all(|((&a, &i), l)| (a - l[i]).abs() <= self.radius)
+            })
+    }
+
+    /// A random candidate within reach: a random centre (the incumbent, or a measured
+    /// configuration), each task's size drawn among those within the radius of it.
+    fn sample(&self, rng: &mut ChaCha8Rng) -> Vec<usize> {
+        let d = self.log2.len();
+        let origins = self.centres.len() / d;
+        let origin = &self.centres[rng.random_range(0..origins) * d..][..d];
+        origin
+            .iter()
+            .zip(&self.log2)
+            .map(|(&o, l)| {
+                let lo = l.partition_point(|v| *v < o - self.radius);
+                let hi = l.partition_point(|v| *v <= o + self.radius);
+                rng.random_range(lo..hi.max(lo + 1))
+            })
+            .collect()
+    }
+}
+
+/// The search on a lattice too large to score whole: the observed configurations and
+/// `random_candidates` random ones within reach, then coordinate descent from the best
+/// `descent_starts` of them.
+fn sampled_argmin(
+    measured: &[(Vec<usize>, f64)],
+    sizes: &[Vec<u32>],
+    reach: &Reach,
+    params: &LcbParams,
+    allowed: impl Fn(&[usize]) -> bool + Copy,
+    mut score: impl FnMut(&[usize]) -> f64,
+    rng: &mut ChaCha8Rng,
+) -> Option<Vec<usize>> {
+    let mut pool: Vec<(f64, Vec<usize>)> = Vec::new();
+    for (idx, _) in measured {
+        if allowed(idx) {
+            pool.push((score(idx), idx.clone()));
+        }
+    }
+    for _ in 0..params.random_candidates {
+        let idx = reach.sample(rng);
+        if allowed(&idx) {
+            pool.push((score(&idx), idx));
+        }
+    }
+    pool.sort_by(|a, b| a.0.total_cmp(&b.0));
+    pool.truncate(params.descent_starts);
+    let mut best = Argmin::default();
+    for (s, mut idx) in pool {
+        let s = coordinate_descent(&mut idx, s, sizes, allowed, &mut score);
+        best.consider(&idx, s, rng);
+    }
+    best.into_idx()
+}
+
+/// Improves `idx` (of score `s`) by cyclic coordinate descent over the allowed
+/// configurations; returns its final score.
+///
+/// At most four sweeps (the LCB surface is smooth in log2 batch size). It stops as soon
+/// as d lines in a row brought no improvement: the point is then a coordinate-wise
+/// minimum, and finishing the sweep would only re-scan lines already known not to
+/// improve.
+fn coordinate_descent(
+    idx: &mut [usize],
+    mut s: f64,
+    sizes: &[Vec<u32>],
+    allowed: impl Fn(&[usize]) -> bool,
+    mut score: impl FnMut(&[usize]) -> f64,
+) -> f64 {
+    let mut unchanged = 0;
+    for t in (0..sizes.len()).cycle().take(4 * sizes.len()) {
+        let keep = idx[t];
+        let mut best_i = keep;
+        for i in 0..sizes[t].len() {
+            if i == keep {
+                continue;
+            }
+            idx[t] = i;
+            if allowed(idx) {
+                let v = score(idx);
+                if v < s {
+                    s = v;
+                    best_i = i;
+                }
+            }
+        }
+        idx[t] = best_i;
+        unchanged = if best_i == keep { unchanged + 1 } else { 1 };
+        if unchanged >= sizes.len() {
+            break;
+        }
+    }
+    s
+}
+
 fn feasible(space: &SearchSpace, out_of_memory: &[Vec<usize>], idx: &[usize]) -> bool {
     space.fits_memory(idx) && !at_or_above_an_oom(out_of_memory, idx)
 }

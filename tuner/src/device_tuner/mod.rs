@@ -485,46 +485,7 @@ impl DeviceTuner {
 
     fn apply(&mut self, input: Input) {
         match input {
-            Input::Joined { spec, reserved_mib } => {
-                self.held.remove(&spec.task_id);
-                if let Some(r) = self.residents.get_mut(&spec.task_id)
-                    && r.spec == spec
-                {
-                    // The placer settled a provisional reservation (or one was rewritten):
-                    // what the memory model may assume changed, not who runs here.
-                    if r.reserved_mib != reserved_mib {
-                        r.reserved_mib = reserved_mib;
-                        self.memory_changed = true;
-                    }
-                    return;
-                }
-                let knowledge = self.knowledge.entry(spec.task_id.clone()).or_default();
-                if !knowledge.learn_spec(&spec, &self.device_kind)
-                    && let Some(p) = &spec.profile
-                {
-                    tracing::info!(task = %spec.task_id, profile_kind = %p.device_kind,
-                        device_kind = %self.device_kind,
-                        "solo profile measured on another device kind; not used here");
-                }
-                // The same task again with another spec keeps what it reported and was assigned.
-                let (report, assigned, oom_learned_round) = self
-                    .residents
-                    .remove(&spec.task_id)
-                    .or_else(|| self.parked.remove(&spec.task_id))
-                    .map(|r| (r.report, r.assigned, r.oom_learned_round))
-                    .unwrap_or_default();
-                self.residents.insert(
-                    spec.task_id.clone(),
-                    Resident {
-                        spec,
-                        reserved_mib,
-                        report,
-                        assigned,
-                        oom_learned_round,
-                    },
-                );
-                self.residents_changed = true;
-            }
+            Input::Joined { spec, reserved_mib } => self.on_joined(spec, reserved_mib),
             Input::Reserved { task_id, mib } => {
                 if let Some(resident) = self.residents.remove(&task_id) {
                     self.parked.insert(task_id.clone(), resident);
@@ -542,70 +503,118 @@ impl DeviceTuner {
                 }
                 self.knowledge.remove(&task_id);
             }
-            Input::Report(report) => {
-                self.learn_shared_oom(&report);
-                let Some(resident) = self.residents.get_mut(&report.task_id) else {
-                    return;
-                };
-                if let Some(k) = self.knowledge.get_mut(&report.task_id) {
-                    let before = k.memory.clone();
-                    k.learn_report(&report);
-                    if k.memory != before {
-                        self.memory_changed = true;
-                        self.profile_changed.insert(report.task_id.clone());
-                    }
-                }
-                self.round = self.round.max(report.assignment_round);
-                if let Some(search) = &mut self.search
-                    && let Phase::Measuring(m) = &mut search.phase
-                    && let Some(i) = search.task_ids.iter().position(|t| *t == report.task_id)
-                {
-                    m.add(i, &report);
-                }
-                resident.report = Some(report);
-            }
-            Input::Assigned(a) => {
-                if a.predicted_slowdown.is_some() {
-                    // Kept even while the task is only held (its agent not started yet):
-                    // the starting assignment is not repeated when it starts.
-                    self.knowledge
-                        .entry(a.task_id.clone())
-                        .or_default()
-                        .learn_placed_slowdown(a.predicted_slowdown);
-                }
-                let Some(resident) = self.residents.get_mut(&a.task_id) else {
-                    return;
-                };
-                resident.assigned = Some((a.batch_size, a.round));
-                if a.round > self.round {
-                    self.round = a.round;
-                    // Only the round (and the bound) moved, at the size the search applied:
-                    // the placer settled the task's reservation. What runs is unchanged;
-                    // its reports under the new round measure it as well.
-                    if let Some(search) = &mut self.search
-                        && let Some(i) = search.task_ids.iter().position(|t| *t == a.task_id)
-                        && let Some((config, rounds)) = &mut search.applied
-                        && search.sizes[i].get(config[i]) == Some(&a.batch_size)
-                    {
-                        rounds[i] = a.round;
-                        if let Phase::Measuring(m) = &mut search.phase {
-                            m.follow_round(i, a.round);
-                        }
-                        return;
-                    }
-                    // Someone else (the placer making room) moved the task: what runs is no
-                    // longer what the search applied.
-                    if let Some(search) = &mut self.search {
-                        tracing::info!(task = %a.task_id, batch_size = a.batch_size, round = a.round,
-                            "assignment written by another writer; re-deciding");
-                        search.applied = None;
-                        if matches!(search.phase, Phase::Measuring(_) | Phase::Settled { .. }) {
-                            search.phase = Phase::Idle;
-                        }
-                    }
-                }
-            }
+            Input::Report(report) => self.on_report(report),
+            Input::Assigned(a) => self.on_assigned(a),
             Input::Tick => {}
+        }
+    }
+
+    /// A task runs here with `spec`, `reserved_mib` reserved for it.
+    fn on_joined(&mut self, spec: TaskSpec, reserved_mib: u64) {
+        self.held.remove(&spec.task_id);
+        if let Some(r) = self.residents.get_mut(&spec.task_id)
+            && r.spec == spec
+        {
+            // The placer settled a provisional reservation (or one was rewritten):
+            // what the memory model may assume changed, not who runs here.
+            if r.reserved_mib != reserved_mib {
+                r.reserved_mib = reserved_mib;
+                self.memory_changed = true;
+            }
+            return;
+        }
+        let knowledge = self.knowledge.entry(spec.task_id.clone()).or_default();
+        if !knowledge.learn_spec(&spec, &self.device_kind)
+            && let Some(p) = &spec.profile
+        {
+            tracing::info!(task = %spec.task_id, profile_kind = %p.device_kind,
+                device_kind = %self.device_kind,
+                "solo profile measured on another device kind; not used here");
+        }
+        // The same task again with another spec keeps what it reported and was assigned.
+        let (report, assigned, oom_learned_round) = self
+            .residents
+            .remove(&spec.task_id)
+            .or_else(|| self.parked.remove(&spec.task_id))
+            .map(|r| (r.report, r.assigned, r.oom_learned_round))
+            .unwrap_or_default();
+        self.residents.insert(
+            spec.task_id.clone(),
+            Resident {
+                spec,
+                reserved_mib,
+                report,
+                assigned,
+                oom_learned_round,
+            },
+        );
+        self.residents_changed = true;
+    }
+
+    /// A task's report: what it learns of its memory, and a measurement for the search.
+    fn on_report(&mut self, report: TaskReport) {
+        self.learn_shared_oom(&report);
+        let Some(resident) = self.residents.get_mut(&report.task_id) else {
+            return;
+        };
+        if let Some(k) = self.knowledge.get_mut(&report.task_id) {
+            let before = k.memory.clone();
+            k.learn_report(&report);
+            if k.memory != before {
+                self.memory_changed = true;
+                self.profile_changed.insert(report.task_id.clone());
+            }
+        }
+        self.round = self.round.max(report.assignment_round);
+        if let Some(search) = &mut self.search
+            && let Phase::Measuring(m) = &mut search.phase
+            && let Some(i) = search.task_ids.iter().position(|t| *t == report.task_id)
+        {
+            m.add(i, &report);
+        }
+        resident.report = Some(report);
+    }
+
+    /// An assignment was written, by the tuner itself or another writer.
+    fn on_assigned(&mut self, a: BatchSizeAssignment) {
+        if a.predicted_slowdown.is_some() {
+            // Kept even while the task is only held (its agent not started yet):
+            // the starting assignment is not repeated when it starts.
+            self.knowledge
+                .entry(a.task_id.clone())
+                .or_default()
+                .learn_placed_slowdown(a.predicted_slowdown);
+        }
+        let Some(resident) = self.residents.get_mut(&a.task_id) else {
+            return;
+        };
+        resident.assigned = Some((a.batch_size, a.round));
+        if a.round > self.round {
+            self.round = a.round;
+            // Only the round (and the bound) moved, at the size the search applied:
+            // the placer settled the task's reservation. What runs is unchanged;
+            // its reports under the new round measure it as well.
+            if let Some(search) = &mut self.search
+                && let Some(i) = search.task_ids.iter().position(|t| *t == a.task_id)
+                && let Some((config, rounds)) = &mut search.applied
+                && search.sizes[i].get(config[i]) == Some(&a.batch_size)
+            {
+                rounds[i] = a.round;
+                if let Phase::Measuring(m) = &mut search.phase {
+                    m.follow_round(i, a.round);
+                }
+                return;
+            }
+            // Someone else (the placer making room) moved the task: what runs is no
+            // longer what the search applied.
+            if let Some(search) = &mut self.search {
+                tracing::info!(task = %a.task_id, batch_size = a.batch_size, round = a.round,
+                    "assignment written by another writer; re-deciding");
+                search.applied = None;
+                if matches!(search.phase, Phase::Measuring(_) | Phase::Settled { .. }) {
+                    search.phase = Phase::Idle;
+                }
+            }
         }
     }
 

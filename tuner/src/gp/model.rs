@@ -238,13 +238,52 @@ impl<'a> NegLogMarginal<'a> {
     fn evaluate_inside(&self, theta: &DVector<f64>, with_grad: bool) -> Result<Factorised> {
         let (n, d) = (self.n, self.d);
         let len = theta.len();
+        let inv_len2: Vec<f64> = (0..d).map(|c| (-2.0 * theta[c]).exp()).collect();
+        let log_trend = self.trend.as_ref().map_or(0.0, |(_, prior)| *prior);
+        let (k, dist) = self.covariance(theta, &inv_len2, with_grad);
+        let chol = jittered_cholesky(k, self.jitter)?;
+        let alpha = chol.solve(self.y);
+        let log_det: f64 = chol.l_dirty().diagonal().iter().map(|v| v.ln()).sum();
+        let mut cost =
+            0.5 * self.y.dot(&alpha) + log_det + 0.5 * n as f64 * (2.0 * std::f64::consts::PI).ln();
+        for (j, v) in theta.iter().enumerate() {
+            let z = (v - prior_mean(d, j, log_trend)) / PRIOR_SD;
+            cost += 0.5 * z * z;
+        }
+        if !with_grad {
+            return Ok(Factorised {
+                cost,
+                grad: None,
+                chol,
+                alpha,
+            });
+        }
+        let mut grad = self.gradient(theta, &inv_len2, &chol, &alpha, &dist);
+        for j in 0..len {
+            grad[j] += (theta[j] - prior_mean(d, j, log_trend)) / (PRIOR_SD * PRIOR_SD);
+        }
+        Ok(Factorised {
+            cost,
+            grad: Some(grad),
+            chol,
+            alpha,
+        })
+    }
+
+    /// The covariance matrix K at `theta` (`inv_len2`: its inverse squared length
+    /// scales), and per pair (i, j < i) r, exp(−√5 r) and the Matérn term, kept for the
+    /// gradient when `with_grad`.
+    fn covariance(
+        &self,
+        theta: &DVector<f64>,
+        inv_len2: &[f64],
+        with_grad: bool,
+    ) -> (DMatrix<f64>, Vec<(f64, f64, f64)>) {
+        let (n, d) = (self.n, self.d);
         let signal2 = (2.0 * theta[d]).exp();
         let noise2 = (2.0 * theta[d + 1]).exp();
-        let inv_len2: Vec<f64> = (0..d).map(|c| (-2.0 * theta[c]).exp()).collect();
-        // Per pair: r and exp(−√5 r), kept for the gradient.
         let pairs = n * n.saturating_sub(1) / 2;
         let mut dist = Vec::with_capacity(if with_grad { pairs } else { 0 });
-        let log_trend = self.trend.as_ref().map_or(0.0, |(_, prior)| *prior);
         let mut k = match &self.trend {
             Some((gram, _)) => gram * theta[d + 2].exp(),
             None => DMatrix::zeros(n, n),
@@ -266,27 +305,26 @@ impl<'a> NegLogMarginal<'a> {
             }
             k[(i, i)] += signal2 + noise2;
         }
-        let chol = jittered_cholesky(k, self.jitter)?;
-        let alpha = chol.solve(self.y);
-        let log_det: f64 = chol.l_dirty().diagonal().iter().map(|v| v.ln()).sum();
-        let mut cost =
-            0.5 * self.y.dot(&alpha) + log_det + 0.5 * n as f64 * (2.0 * std::f64::consts::PI).ln();
-        for (j, v) in theta.iter().enumerate() {
-            let z = (v - prior_mean(d, j, log_trend)) / PRIOR_SD;
-            cost += 0.5 * z * z;
-        }
-        if !with_grad {
-            return Ok(Factorised {
-                cost,
-                grad: None,
-                chol,
-                alpha,
-            });
-        }
+        (k, dist)
+    }
+
+    /// The gradient of the data term of the cost (without the prior's), from the
+    /// factor of K and the per-pair terms [`Self::covariance`] kept.
+    fn gradient(
+        &self,
+        theta: &DVector<f64>,
+        inv_len2: &[f64],
+        chol: &Cholesky<f64, Dyn>,
+        alpha: &DVector<f64>,
+        dist: &[(f64, f64, f64)],
+    ) -> DVector<f64> {
+        let (n, d) = (self.n, self.d);
+        let signal2 = (2.0 * theta[d]).exp();
+        let noise2 = (2.0 * theta[d + 1]).exp();
         // ∂cost/∂θ = ½ tr(W ∂K/∂θ) with W = K⁻¹ − ααᵀ; only the lower triangle is read.
         // K⁻¹, lower triangle packed by rows: (i, j) at i(i+1)/2 + j.
-        let w = PackedLower::from_cholesky(&chol).inverse_lower();
-        let mut grad = DVector::zeros(len);
+        let w = PackedLower::from_cholesky(chol).inverse_lower();
+        let mut grad = DVector::zeros(theta.len());
         let mut p = 0;
         for i in 0..n {
             let row = i * (i + 1) / 2;
@@ -319,15 +357,7 @@ impl<'a> NegLogMarginal<'a> {
             }
             grad[d + 2] += v * g;
         }
-        for j in 0..len {
-            grad[j] += (theta[j] - prior_mean(d, j, log_trend)) / (PRIOR_SD * PRIOR_SD);
-        }
-        Ok(Factorised {
-            cost,
-            grad: Some(grad),
-            chol,
-            alpha,
-        })
+        grad
     }
 
     /// Cost and gradient at `theta`, from the cache when argmin asks again for the same point.
