@@ -297,6 +297,31 @@ struct Applied {
     changed: bool,
 }
 
+/// A key whose lease changed in a batch: the key, its lease before and after.
+type LeaseMove = (String, Option<LeaseId>, Option<LeaseId>);
+
+/// After a batch's commit: moves its keys between leases' bookkeeping and tells the
+/// watchers its events (dropping those whose stream is gone).
+fn publish(shared: &mut Shared, lease_moves: Vec<LeaseMove>, events: &[WatchEvent]) {
+    for (key, old, new) in lease_moves {
+        if old == new {
+            continue;
+        }
+        if let Some(state) = old.and_then(|l| shared.leases.get_mut(&l)) {
+            state.keys.remove(&key);
+        }
+        if let Some(state) = new.and_then(|l| shared.leases.get_mut(&l)) {
+            state.keys.insert(key);
+        }
+    }
+    shared.watchers.retain(|w| {
+        events
+            .iter()
+            .filter(|e| e.revision() >= w.min_revision && e.key().starts_with(&w.prefix))
+            .all(|e| w.tx.send(Ok(e.clone())).is_ok())
+    });
+}
+
 /// A transaction whose comparisons held, with the records its operations replace,
 /// read before anything is written so a corrupt record fails only its own
 /// transaction and never leaves one half-applied.
@@ -637,7 +662,7 @@ impl EmbeddedStore {
         let mut results = Vec::with_capacity(txns.len());
         let mut events: Vec<WatchEvent> = Vec::new();
         // Lease bookkeeping is only touched after the commit succeeded.
-        let mut lease_moves: Vec<(String, Option<LeaseId>, Option<LeaseId>)> = Vec::new();
+        let mut lease_moves: Vec<LeaseMove> = Vec::new();
         let mut oldest = shared.oldest_event_revision;
         let Db::Writable(db) = &self.inner.db else {
             return Err(self.read_only());
@@ -662,36 +687,14 @@ impl EmbeddedStore {
                     }
                 };
                 let at = revision + 1;
-                let mut index = 0u32;
-                for (op, previous) in prepared.ops {
-                    let event = match op {
-                        TxnOp::Put { key, value, lease } => {
-                            let record = Record {
-                                create_revision: previous.map_or(at, |p| p.create_revision),
-                                mod_revision: at,
-                                version: previous.map_or(1, |p| p.version + 1),
-                                lease,
-                            };
-                            kv.insert(key.as_str(), record.encode(&value).as_slice())
-                                .map_err(|e| self.db_err(e))?;
-                            lease_moves.push((key.clone(), previous.and_then(|p| p.lease), lease));
-                            WatchEvent::Put(record.into_kv(key, value))
-                        }
-                        TxnOp::Delete { key } => {
-                            let Some(previous) = previous else {
-                                continue; // deleting an absent key changes nothing
-                            };
-                            kv.remove(key.as_str()).map_err(|e| self.db_err(e))?;
-                            lease_moves.push((key.clone(), previous.lease, None));
-                            WatchEvent::Delete { key, revision: at }
-                        }
-                    };
-                    log.insert((at, index), encode_event(&event).as_slice())
-                        .map_err(|e| self.db_err(e))?;
-                    index += 1;
-                    events.push(event);
-                }
-                let changed = index > 0;
+                let changed = self.write_ops(
+                    &mut kv,
+                    &mut log,
+                    prepared,
+                    at,
+                    &mut events,
+                    &mut lease_moves,
+                )?;
                 if changed {
                     revision = at;
                 }
@@ -708,22 +711,7 @@ impl EmbeddedStore {
             let mut meta = write.open_table(META).map_err(|e| self.db_err(e))?;
             meta.insert(META_REVISION, revision)
                 .map_err(|e| self.db_err(e))?;
-            // Trim the history in batches so the cost is amortised over many writes.
-            let keep_from = revision - self.inner.history_revisions + 1;
-            if keep_from - oldest >= (self.inner.history_revisions / 10).max(1) {
-                let stale: Vec<(i64, u32)> = log
-                    .range(..(keep_from, 0))
-                    .map_err(|e| self.db_err(e))?
-                    .map(|entry| entry.map(|(k, _)| k.value()))
-                    .collect::<std::result::Result<_, _>>()
-                    .map_err(|e| self.db_err(e))?;
-                for key in stale {
-                    log.remove(key).map_err(|e| self.db_err(e))?;
-                }
-                meta.insert(META_OLDEST, keep_from)
-                    .map_err(|e| self.db_err(e))?;
-                oldest = keep_from;
-            }
+            oldest = self.trim_history(&mut log, &mut meta, revision, oldest)?;
         }
         write.commit().map_err(|e| self.db_err(e))?;
         self.inner
@@ -731,24 +719,80 @@ impl EmbeddedStore {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         shared.revision = revision;
         shared.oldest_event_revision = oldest;
-        for (key, old, new) in lease_moves {
-            if old == new {
-                continue;
-            }
-            if let Some(state) = old.and_then(|l| shared.leases.get_mut(&l)) {
-                state.keys.remove(&key);
-            }
-            if let Some(state) = new.and_then(|l| shared.leases.get_mut(&l)) {
-                state.keys.insert(key);
-            }
-        }
-        shared.watchers.retain(|w| {
-            events
-                .iter()
-                .filter(|e| e.revision() >= w.min_revision && e.key().starts_with(&w.prefix))
-                .all(|e| w.tx.send(Ok(e.clone())).is_ok())
-        });
+        publish(shared, lease_moves, &events);
         Ok(results)
+    }
+
+    /// Writes one prepared transaction's operations at revision `at` into `kv` and the
+    /// event `log`, noting the events and lease moves for after the commit; returns
+    /// whether any operation changed something.
+    fn write_ops(
+        &self,
+        kv: &mut redb::Table<'_, &'static str, &'static [u8]>,
+        log: &mut redb::Table<'_, (i64, u32), &'static [u8]>,
+        prepared: Prepared,
+        at: Revision,
+        events: &mut Vec<WatchEvent>,
+        lease_moves: &mut Vec<LeaseMove>,
+    ) -> Result<bool> {
+        let mut index = 0u32;
+        for (op, previous) in prepared.ops {
+            let event = match op {
+                TxnOp::Put { key, value, lease } => {
+                    let record = Record {
+                        create_revision: previous.map_or(at, |p| p.create_revision),
+                        mod_revision: at,
+                        version: previous.map_or(1, |p| p.version + 1),
+                        lease,
+                    };
+                    kv.insert(key.as_str(), record.encode(&value).as_slice())
+                        .map_err(|e| self.db_err(e))?;
+                    lease_moves.push((key.clone(), previous.and_then(|p| p.lease), lease));
+                    WatchEvent::Put(record.into_kv(key, value))
+                }
+                TxnOp::Delete { key } => {
+                    let Some(previous) = previous else {
+                        continue; // deleting an absent key changes nothing
+                    };
+                    kv.remove(key.as_str()).map_err(|e| self.db_err(e))?;
+                    lease_moves.push((key.clone(), previous.lease, None));
+                    WatchEvent::Delete { key, revision: at }
+                }
+            };
+            log.insert((at, index), encode_event(&event).as_slice())
+                .map_err(|e| self.db_err(e))?;
+            index += 1;
+            events.push(event);
+        }
+        Ok(index > 0)
+    }
+
+    /// Trims the event history to the last `history_revisions` before `revision`, in
+    /// batches so the cost is amortised over many writes; returns the oldest revision
+    /// kept (`oldest` when it did not trim).
+    fn trim_history(
+        &self,
+        log: &mut redb::Table<'_, (i64, u32), &'static [u8]>,
+        meta: &mut redb::Table<'_, &'static str, i64>,
+        revision: Revision,
+        oldest: Revision,
+    ) -> Result<Revision> {
+        let keep_from = revision - self.inner.history_revisions + 1;
+        if keep_from - oldest < (self.inner.history_revisions / 10).max(1) {
+            return Ok(oldest);
+        }
+        let stale: Vec<(i64, u32)> = log
+            .range(..(keep_from, 0))
+            .map_err(|e| self.db_err(e))?
+            .map(|entry| entry.map(|(k, _)| k.value()))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| self.db_err(e))?;
+        for key in stale {
+            log.remove(key).map_err(|e| self.db_err(e))?;
+        }
+        meta.insert(META_OLDEST, keep_from)
+            .map_err(|e| self.db_err(e))?;
+        Ok(keep_from)
     }
 
     /// Checks `txn` against the state in `kv` (which includes the earlier
