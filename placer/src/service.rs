@@ -22,7 +22,7 @@
 //! are deleted after their retention (see [`crate::retention`]).
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use iadeep_proto::{
     BatchSizeAssignment, DeviceInfo, DeviceResidents, DeviceStatus, Explanation, LrScalingRule,
@@ -57,6 +57,35 @@ struct Plan {
     /// Each resident's assignment key and what the decision saw there.
     assignment_compares: Vec<(String, Expect)>,
     assignments: Vec<BatchSizeAssignment>,
+}
+
+impl Plan {
+    /// The transaction that makes the plan real for `task`, placed as `placement`.
+    ///
+    /// The reservation, the placement, the spec and the assignments in one durable
+    /// commit: all or none, at the cost of one. The placement must not exist yet:
+    /// two requests for the same task decided at once (on two devices, or by two
+    /// placer processes sharing the store) must not both reserve.
+    fn txn(&self, task: &TaskSpec, placement: &Placement) -> Txn {
+        let key = keys::device_residents(&self.device_id);
+        let placement_key = keys::task_placement(&task.task_id);
+        let mut txn = Txn::new()
+            .compare(key.as_str(), self.expect)
+            .compare(placement_key.as_str(), Expect::Absent);
+        for (assignment_key, expect) in &self.assignment_compares {
+            txn = txn.compare(assignment_key.as_str(), *expect);
+        }
+        txn = txn
+            .put(key.as_str(), self.record.encode_to_vec(), None)
+            .put(placement_key.as_str(), placement.encode_to_vec(), None)
+            .put(keys::task_spec(&task.task_id), task.encode_to_vec(), None)
+            // A re-used id: the keys are the new task's now, not a released one's.
+            .delete(keys::task_released(&task.task_id));
+        for a in &self.assignments {
+            txn = txn.put(keys::task_assignment(&a.task_id), a.encode_to_vec(), None);
+        }
+        txn
+    }
 }
 
 /// The round a placer-written assignment on a device takes: one above every round its
@@ -127,6 +156,61 @@ fn placement_assignments(
     out
 }
 
+/// What one decision asks of a Place.
+enum Step {
+    /// The task holds a placement already: answer it.
+    Answer(PlaceOutcome),
+    /// Commit this placement.
+    Commit(Explanation, Box<Plan>),
+    /// Tell the caller to ask again after this long, and why.
+    Queue(Explanation, Duration, String),
+}
+
+/// `device`'s residents record as the view holds it (an empty one for a device without
+/// one), with each resident in `shrinks` reserved at its bound at the new size.
+fn shrunk_record(
+    device: Option<&crate::view::DeviceState>,
+    device_id: &str,
+    shrinks: &[crate::policy::Shrink],
+) -> DeviceResidents {
+    let mut record = device
+        .map(|d| d.residents_record(device_id))
+        .unwrap_or_else(|| DeviceResidents {
+            device_id: device_id.to_owned(),
+            reservations: Vec::new(),
+        });
+    // A shrunk resident is reserved at its bound at the new size.
+    for shrink in shrinks {
+        if let Some(r) = record
+            .reservations
+            .iter_mut()
+            .find(|r| r.task_id == shrink.task_id)
+        {
+            r.reserved_mem_mib = shrink.bound_mib;
+        }
+    }
+    record
+}
+
+/// Each resident's assignment key and what the decision saw there, for the placement's
+/// transaction to compare: a tuner growing a resident meanwhile must not be over-packed.
+fn assignment_compares(device: Option<&crate::view::DeviceState>) -> Vec<(String, Expect)> {
+    device
+        .map(|d| {
+            d.residents
+                .iter()
+                .map(|r| {
+                    let expect = match &r.assignment {
+                        Some((_, rev)) => Expect::ModRevision(*rev),
+                        None => Expect::Absent,
+                    };
+                    (keys::task_assignment(&r.reservation.task_id), expect)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// One device's provisional reservations to settle: its new residents record, the
 /// revision the record was read at, and the settled tasks' new assignments with what
 /// their keys held.
@@ -136,6 +220,98 @@ type Settlement = (
     Expect,
     Vec<(BatchSizeAssignment, Expect)>,
 );
+
+/// The settlement of `device`'s provisional reservations whose tasks have reported
+/// their peak, or `None` when there is none (or the view has no revision of its
+/// record to compare).
+fn settlement(id: &str, device: &crate::view::DeviceState, now: i64) -> Option<Settlement> {
+    let settled: Vec<(&crate::view::Resident, u64)> = device
+        .residents
+        .iter()
+        .filter_map(|r| Some((r, r.settled_reservation_mib()?)))
+        .collect();
+    let revision = device.residents_revision?;
+    if settled.is_empty() {
+        return None;
+    }
+    let mut record = device.residents_record(id);
+    let round = next_round(&device.residents);
+    let mut assignments = Vec::with_capacity(settled.len());
+    for (resident, mib) in settled {
+        let task_id = &resident.reservation.task_id;
+        if let Some(r) = record
+            .reservations
+            .iter_mut()
+            .find(|r| r.task_id == *task_id)
+        {
+            r.reserved_mem_mib = mib;
+            r.provisional = false;
+        }
+        let (mut assignment, expect) = match &resident.assignment {
+            Some((a, rev)) => (a.clone(), Expect::ModRevision(*rev)),
+            None => (
+                BatchSizeAssignment {
+                    task_id: task_id.clone(),
+                    batch_size: resident.batch_size(),
+                    lr_factor: 1.0,
+                    lr_rule: resident.spec().lr_rule,
+                    ..BatchSizeAssignment::default()
+                },
+                Expect::Absent,
+            ),
+        };
+        assignment.round = round;
+        assignment.assigned_at_unix_ms = now;
+        assignment.memory_bound_mib = Some(mib as f64);
+        assignments.push((assignment, expect));
+    }
+    Some((
+        id.to_owned(),
+        record,
+        Expect::ModRevision(revision),
+        assignments,
+    ))
+}
+
+/// The transaction that settles a device: compares its residents record and the
+/// settled tasks' assignments, and writes the record, the assignments and the
+/// placements with the settled reservations.
+fn settlement_txn(
+    device_id: &str,
+    record: &DeviceResidents,
+    expect: Expect,
+    assignments: &[(BatchSizeAssignment, Expect)],
+) -> Txn {
+    let key = keys::device_residents(device_id);
+    let mut txn = Txn::new().compare(key.as_str(), expect);
+    for (a, expect) in assignments {
+        txn = txn.compare(keys::task_assignment(&a.task_id), *expect);
+    }
+    txn = txn.put(key.as_str(), record.encode_to_vec(), None);
+    for (a, _) in assignments {
+        txn = txn.put(keys::task_assignment(&a.task_id), a.encode_to_vec(), None);
+        // The placement says what is reserved too (its agent and `state get`
+        // read it there).
+        if let Some(r) = record.reservations.iter().find(|r| r.task_id == a.task_id) {
+            let placement = Placement {
+                task_id: r.task_id.clone(),
+                device_id: device_id.to_owned(),
+                reserved_mem_mib: r.reserved_mem_mib,
+                placed_at_unix_ms: r.placed_at_unix_ms,
+                batch_size: r
+                    .spec
+                    .as_ref()
+                    .map_or(a.batch_size, |s| s.initial_batch_size.max(1)),
+            };
+            txn = txn.put(
+                keys::task_placement(&r.task_id),
+                placement.encode_to_vec(),
+                None,
+            );
+        }
+    }
+    txn
+}
 
 /// The placement service: policy, view and store.
 #[derive(Debug, Clone)]
@@ -375,123 +551,16 @@ impl PlacementService {
         let mut attempt = 0;
         let mut waits = 0;
         loop {
-            // Decide and build the new record under one read lock, so the expected
-            // revision is the one the decision saw.
-            let (explanation, plan) = {
-                let view = self.view();
-                if let Some(device_id) = view.device_of(&task.task_id) {
-                    return Ok(self.existing(&view, &task.task_id, device_id));
+            let (explanation, plan) = match self.decide_step(&task, &restrict) {
+                Step::Answer(outcome) => return Ok(outcome),
+                Step::Queue(explanation, retry_after, reason) => {
+                    return Ok(self.queued(&task, retry_after, reason, explanation));
                 }
-                let started = Instant::now();
-                let Decision {
-                    verdict,
-                    explanation,
-                } = self
-                    .placer
-                    .decide(&view, &task, &restrict, self.clock.now_unix_ms());
-                self.metrics.decision_latency.observe(started.elapsed());
-                let plan = match verdict {
-                    Verdict::Place {
-                        device_id,
-                        reserved_mem_mib,
-                        shrinks,
-                        newcomer,
-                        provisional,
-                    } => {
-                        let device = view.device(&device_id);
-                        let now = self.clock.now_unix_ms();
-                        let mut record = device
-                            .map(|d| d.residents_record(&device_id))
-                            .unwrap_or_else(|| DeviceResidents {
-                                device_id: device_id.clone(),
-                                reservations: Vec::new(),
-                            });
-                        // A shrunk resident is reserved at its bound at the new size.
-                        for shrink in &shrinks {
-                            if let Some(r) = record
-                                .reservations
-                                .iter_mut()
-                                .find(|r| r.task_id == shrink.task_id)
-                            {
-                                r.reserved_mem_mib = shrink.bound_mib;
-                            }
-                        }
-                        let reservation = Reservation {
-                            task_id: task.task_id.clone(),
-                            reserved_mem_mib,
-                            placed_at_unix_ms: now,
-                            spec: Some(task.clone()),
-                            provisional,
-                        };
-                        record.reservations.push(reservation.clone());
-                        let expect = match device.and_then(|d| d.residents_revision) {
-                            Some(rev) => Expect::ModRevision(rev),
-                            None => Expect::Absent,
-                        };
-                        let assignment_compares = device
-                            .map(|d| {
-                                d.residents
-                                    .iter()
-                                    .map(|r| {
-                                        let expect = match &r.assignment {
-                                            Some((_, rev)) => Expect::ModRevision(*rev),
-                                            None => Expect::Absent,
-                                        };
-                                        (keys::task_assignment(&r.reservation.task_id), expect)
-                                    })
-                                    .collect()
-                            })
-                            .unwrap_or_default();
-                        let assignments = placement_assignments(
-                            device,
-                            &task,
-                            reserved_mem_mib,
-                            newcomer,
-                            &shrinks,
-                            now,
-                        );
-                        Ok(Plan {
-                            device_id,
-                            record,
-                            reservation,
-                            expect,
-                            assignment_compares,
-                            assignments,
-                        })
-                    }
-                    Verdict::Queue {
-                        retry_after,
-                        reason,
-                    } => Err((retry_after, reason)),
-                };
-                (explanation, plan)
-            };
-            let Plan {
-                device_id,
-                record,
-                reservation,
-                expect,
-                assignment_compares,
-                assignments,
-            } = match plan {
-                Ok(plan) => plan,
-                Err((retry_after, reason)) => {
-                    self.note_queued(&task, retry_after);
-                    tracing::debug!(task = %task.task_id, retry_after_s = retry_after.as_secs(), %reason, "queued");
-                    return Ok(PlaceOutcome {
-                        decision: place_response::Decision::Queued(QueueDecision {
-                            retry_after_ms: u64::try_from(retry_after.as_millis())
-                                .unwrap_or(u64::MAX),
-                            reason,
-                        }),
-                        explanation,
-                        assignments: Vec::new(),
-                    });
-                }
+                Step::Commit(explanation, plan) => (explanation, plan),
             };
             // One commit at a time per device from this process: a second one, decided
             // on the same revision, could only lose (see `DeviceGates`).
-            let Some(_gate) = self.gates.try_enter(&device_id) else {
+            let Some(_gate) = self.gates.try_enter(&plan.device_id) else {
                 waits += 1;
                 if waits > attempts.saturating_mul(WAITS_PER_ATTEMPT) {
                     return Err(PlacerError::Contention {
@@ -500,93 +569,190 @@ impl PlacementService {
                     });
                 }
                 self.metrics.gate_waits.inc();
-                tracing::debug!(task = %task.task_id, device = %device_id,
+                tracing::debug!(task = %task.task_id, device = %plan.device_id,
                     "device being reserved by another request; deciding again after it");
-                self.gates.wait(&device_id).await;
+                self.gates.wait(&plan.device_id).await;
                 continue;
             };
             if self
                 .view()
-                .device(&device_id)
+                .device(&plan.device_id)
                 .and_then(|d| d.residents_revision)
-                != expected_revision(expect)
+                != expected_revision(plan.expect)
             {
                 // A commit landed between the decision and the gate: decide on it.
                 waits += 1;
                 continue;
             }
             attempt += 1;
-            let key = keys::device_residents(&device_id);
-            let placement = Placement {
-                task_id: task.task_id.clone(),
-                device_id: device_id.clone(),
-                reserved_mem_mib: reservation.reserved_mem_mib,
-                placed_at_unix_ms: reservation.placed_at_unix_ms,
-                batch_size: task.initial_batch_size.max(1),
-            };
-            // The reservation, the placement, the spec and the assignments in one durable
-            // commit: all or none, at the cost of one. The placement must not exist yet:
-            // two requests for the same task decided at once (on two devices, or by two
-            // placer processes sharing the store) must not both reserve.
-            let placement_key = keys::task_placement(&task.task_id);
-            let mut txn = Txn::new()
-                .compare(key.as_str(), expect)
-                .compare(placement_key.as_str(), Expect::Absent);
-            for (assignment_key, expect) in &assignment_compares {
-                txn = txn.compare(assignment_key.as_str(), *expect);
+            if let Some(outcome) = self.commit(&task, plan, explanation, attempt).await? {
+                return Ok(outcome);
             }
-            txn = txn
-                .put(key.as_str(), record.encode_to_vec(), None)
-                .put(placement_key.as_str(), placement.encode_to_vec(), None)
-                .put(keys::task_spec(&task.task_id), task.encode_to_vec(), None)
-                // A re-used id: the keys are the new task's now, not a released one's.
-                .delete(keys::task_released(&task.task_id));
-            for a in &assignments {
-                txn = txn.put(keys::task_assignment(&a.task_id), a.encode_to_vec(), None);
+            if attempt >= attempts {
+                return Err(PlacerError::Contention {
+                    task_id: task.task_id,
+                    attempts,
+                });
             }
-            match self.store.transact(txn).await? {
-                TxnOutcome::Committed { revision } => {
-                    {
-                        let mut view = self.view_mut();
-                        view.apply_residents(&device_id, Some(record), revision);
-                        for a in &assignments {
-                            view.set_assignment(a.clone(), revision);
-                        }
-                        view.forget_waiting(&task.task_id);
+        }
+    }
+
+    /// Decides where `task` goes and builds the new record under one read lock, so the
+    /// expected revision is the one the decision saw.
+    fn decide_step(&self, task: &TaskSpec, restrict: &[String]) -> Step {
+        let view = self.view();
+        if let Some(device_id) = view.device_of(&task.task_id) {
+            return Step::Answer(self.existing(&view, &task.task_id, device_id));
+        }
+        let started = Instant::now();
+        let Decision {
+            verdict,
+            explanation,
+        } = self
+            .placer
+            .decide(&view, task, restrict, self.clock.now_unix_ms());
+        self.metrics.decision_latency.observe(started.elapsed());
+        match self.plan(&view, task, verdict) {
+            Ok(plan) => Step::Commit(explanation, Box::new(plan)),
+            Err((retry_after, reason)) => Step::Queue(explanation, retry_after, reason),
+        }
+    }
+
+    /// The placement a place `verdict` asks for, built on the `view` it was decided on:
+    /// the device's record with the task's reservation (and shrunk residents at their
+    /// new bounds), and what the transaction compares and writes besides. A queue
+    /// verdict's retry hint and reason, as they are.
+    fn plan(
+        &self,
+        view: &ClusterView,
+        task: &TaskSpec,
+        verdict: Verdict,
+    ) -> std::result::Result<Plan, (Duration, String)> {
+        let (device_id, reserved_mem_mib, shrinks, newcomer, provisional) = match verdict {
+            Verdict::Place {
+                device_id,
+                reserved_mem_mib,
+                shrinks,
+                newcomer,
+                provisional,
+            } => (device_id, reserved_mem_mib, shrinks, newcomer, provisional),
+            Verdict::Queue {
+                retry_after,
+                reason,
+            } => return Err((retry_after, reason)),
+        };
+        let device = view.device(&device_id);
+        let now = self.clock.now_unix_ms();
+        let mut record = shrunk_record(device, &device_id, &shrinks);
+        let reservation = Reservation {
+            task_id: task.task_id.clone(),
+            reserved_mem_mib,
+            placed_at_unix_ms: now,
+            spec: Some(task.clone()),
+            provisional,
+        };
+        record.reservations.push(reservation.clone());
+        let expect = match device.and_then(|d| d.residents_revision) {
+            Some(rev) => Expect::ModRevision(rev),
+            None => Expect::Absent,
+        };
+        let assignment_compares = assignment_compares(device);
+        let assignments =
+            placement_assignments(device, task, reserved_mem_mib, newcomer, &shrinks, now);
+        Ok(Plan {
+            device_id,
+            record,
+            reservation,
+            expect,
+            assignment_compares,
+            assignments,
+        })
+    }
+
+    /// Tells the caller to ask again after `retry_after`, counting the task as waiting
+    /// meanwhile (see [`PlacementService::note_queued`]).
+    fn queued(
+        &self,
+        task: &TaskSpec,
+        retry_after: Duration,
+        reason: String,
+        explanation: Explanation,
+    ) -> PlaceOutcome {
+        self.note_queued(task, retry_after);
+        tracing::debug!(task = %task.task_id, retry_after_s = retry_after.as_secs(), %reason, "queued");
+        PlaceOutcome {
+            decision: place_response::Decision::Queued(QueueDecision {
+                retry_after_ms: u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
+                reason,
+            }),
+            explanation,
+            assignments: Vec::new(),
+        }
+    }
+
+    /// Makes `plan` real in one transaction. The answer to the Place, or `None` when the
+    /// device or a resident's assignment changed since the decision: what the
+    /// transaction found is in the view then, for the next decision.
+    async fn commit(
+        &self,
+        task: &TaskSpec,
+        plan: Box<Plan>,
+        explanation: Explanation,
+        attempt: u32,
+    ) -> Result<Option<PlaceOutcome>> {
+        let placement = Placement {
+            task_id: task.task_id.clone(),
+            device_id: plan.device_id.clone(),
+            reserved_mem_mib: plan.reservation.reserved_mem_mib,
+            placed_at_unix_ms: plan.reservation.placed_at_unix_ms,
+            batch_size: task.initial_batch_size.max(1),
+        };
+        let txn = plan.txn(task, &placement);
+        let Plan {
+            device_id,
+            record,
+            expect,
+            assignment_compares,
+            assignments,
+            ..
+        } = *plan;
+        match self.store.transact(txn).await? {
+            TxnOutcome::Committed { revision } => {
+                {
+                    let mut view = self.view_mut();
+                    view.apply_residents(&device_id, Some(record), revision);
+                    for a in &assignments {
+                        view.set_assignment(a.clone(), revision);
                     }
-                    tracing::info!(task = %task.task_id, device = %device_id,
-                        reserved_mib = placement.reserved_mem_mib, attempt,
-                        shrunk = assignments.len() - 1,
-                        summary = %explanation.summary, "placed");
-                    return Ok(PlaceOutcome {
-                        decision: place_response::Decision::Placed(placement),
-                        explanation,
-                        assignments,
-                    });
+                    view.forget_waiting(&task.task_id);
                 }
-                TxnOutcome::Failed { current } => {
-                    let mut current = current.into_iter();
-                    let residents_now = current.next().flatten();
-                    if let Some(existing) = current.next().flatten() {
-                        // Placed meanwhile by another request: answer that placement,
-                        // as a retry after a lost answer gets it.
-                        let placement = typed::decode::<Placement>(&existing)?;
-                        tracing::info!(task = %task.task_id, device = %placement.device_id,
-                            "placed meanwhile by another request; answering that placement");
-                        return Ok(already_placed(placement));
-                    }
-                    self.metrics.cas_conflicts.inc();
-                    tracing::debug!(task = %task.task_id, device = %device_id, attempt,
-                        "device changed since the decision; deciding again");
-                    self.absorb(&device_id, expect, residents_now);
-                    self.absorb_assignments(assignment_compares.iter().zip(current));
-                    if attempt >= attempts {
-                        return Err(PlacerError::Contention {
-                            task_id: task.task_id,
-                            attempts,
-                        });
-                    }
+                tracing::info!(task = %task.task_id, device = %device_id,
+                    reserved_mib = placement.reserved_mem_mib, attempt,
+                    shrunk = assignments.len() - 1,
+                    summary = %explanation.summary, "placed");
+                Ok(Some(PlaceOutcome {
+                    decision: place_response::Decision::Placed(placement),
+                    explanation,
+                    assignments,
+                }))
+            }
+            TxnOutcome::Failed { current } => {
+                let mut current = current.into_iter();
+                let residents_now = current.next().flatten();
+                if let Some(existing) = current.next().flatten() {
+                    // Placed meanwhile by another request: answer that placement,
+                    // as a retry after a lost answer gets it.
+                    let placement = typed::decode::<Placement>(&existing)?;
+                    tracing::info!(task = %task.task_id, device = %placement.device_id,
+                        "placed meanwhile by another request; answering that placement");
+                    return Ok(Some(already_placed(placement)));
                 }
+                self.metrics.cas_conflicts.inc();
+                tracing::debug!(task = %task.task_id, device = %device_id, attempt,
+                    "device changed since the decision; deciding again");
+                self.absorb(&device_id, expect, residents_now);
+                self.absorb_assignments(assignment_compares.iter().zip(current));
+                Ok(None)
             }
         }
     }
@@ -986,54 +1152,7 @@ impl PlacementService {
         let plans: Vec<Settlement> = {
             let view = self.view();
             view.devices()
-                .filter_map(|(id, device)| {
-                    let settled: Vec<(&crate::view::Resident, u64)> = device
-                        .residents
-                        .iter()
-                        .filter_map(|r| Some((r, r.settled_reservation_mib()?)))
-                        .collect();
-                    let revision = device.residents_revision?;
-                    if settled.is_empty() {
-                        return None;
-                    }
-                    let mut record = device.residents_record(id);
-                    let round = next_round(&device.residents);
-                    let mut assignments = Vec::with_capacity(settled.len());
-                    for (resident, mib) in settled {
-                        let task_id = &resident.reservation.task_id;
-                        if let Some(r) = record
-                            .reservations
-                            .iter_mut()
-                            .find(|r| r.task_id == *task_id)
-                        {
-                            r.reserved_mem_mib = mib;
-                            r.provisional = false;
-                        }
-                        let (mut assignment, expect) = match &resident.assignment {
-                            Some((a, rev)) => (a.clone(), Expect::ModRevision(*rev)),
-                            None => (
-                                BatchSizeAssignment {
-                                    task_id: task_id.clone(),
-                                    batch_size: resident.batch_size(),
-                                    lr_factor: 1.0,
-                                    lr_rule: resident.spec().lr_rule,
-                                    ..BatchSizeAssignment::default()
-                                },
-                                Expect::Absent,
-                            ),
-                        };
-                        assignment.round = round;
-                        assignment.assigned_at_unix_ms = now;
-                        assignment.memory_bound_mib = Some(mib as f64);
-                        assignments.push((assignment, expect));
-                    }
-                    Some((
-                        id.to_owned(),
-                        record,
-                        Expect::ModRevision(revision),
-                        assignments,
-                    ))
-                })
+                .filter_map(|(id, device)| settlement(id, device, now))
                 .collect()
         };
         let mut written = Vec::new();
@@ -1041,34 +1160,7 @@ impl PlacementService {
             let Some(_gate) = self.gates.try_enter(&device_id) else {
                 continue;
             };
-            let key = keys::device_residents(&device_id);
-            let mut txn = Txn::new().compare(key.as_str(), expect);
-            for (a, expect) in &assignments {
-                txn = txn.compare(keys::task_assignment(&a.task_id), *expect);
-            }
-            txn = txn.put(key.as_str(), record.encode_to_vec(), None);
-            for (a, _) in &assignments {
-                txn = txn.put(keys::task_assignment(&a.task_id), a.encode_to_vec(), None);
-                // The placement says what is reserved too (its agent and `state get`
-                // read it there).
-                if let Some(r) = record.reservations.iter().find(|r| r.task_id == a.task_id) {
-                    let placement = Placement {
-                        task_id: r.task_id.clone(),
-                        device_id: device_id.clone(),
-                        reserved_mem_mib: r.reserved_mem_mib,
-                        placed_at_unix_ms: r.placed_at_unix_ms,
-                        batch_size: r
-                            .spec
-                            .as_ref()
-                            .map_or(a.batch_size, |s| s.initial_batch_size.max(1)),
-                    };
-                    txn = txn.put(
-                        keys::task_placement(&r.task_id),
-                        placement.encode_to_vec(),
-                        None,
-                    );
-                }
-            }
+            let txn = settlement_txn(&device_id, &record, expect, &assignments);
             match self.store.transact(txn).await {
                 Ok(TxnOutcome::Committed { revision }) => {
                     let mut view = self.view_mut();
