@@ -119,6 +119,136 @@ fn grpc_tls(tls: &ServerTls) -> tonic::transport::ServerTlsConfig {
     }
 }
 
+/// Binds the gRPC listener and serves the Placer service there, with
+/// `grpc.health.v1` and server reflection, until `stop`. Returns the address bound.
+async fn serve_grpc(
+    service: &PlacementService,
+    addr: SocketAddr,
+    tls: Option<&ServerTls>,
+    stop: watch::Receiver<bool>,
+) -> Result<(SocketAddr, JoinHandle<Result<()>>)> {
+    let grpc_listener = bind("gRPC listener", addr).await?;
+    let grpc_addr = local_addr("gRPC listener", &grpc_listener)?;
+    let grpc = GrpcPlacer::server(service.clone());
+    // grpc.health.v1 for Kubernetes' gRPC probes and load balancers: the Placer
+    // service (and the server as a whole, "") serve once the view is loaded, which
+    // it is by now.
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<PlacerServer<GrpcPlacer>>()
+        .await;
+    let reflection_error = |e: tonic_reflection::server::Error| PlacerError::Serve {
+        what: "gRPC reflection",
+        addr: grpc_addr.to_string(),
+        reason: e.to_string(),
+    };
+    // Server reflection (v1 and the v1alpha older grpcurl versions ask for).
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(iadeep_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(reflection_error)?;
+    let reflection_alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(iadeep_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(reflection_error)?;
+    let mut grpc_server = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        grpc_server = grpc_server
+            .tls_config(grpc_tls(tls))
+            .map_err(|e| PlacerError::Serve {
+                what: "gRPC TLS",
+                addr: grpc_addr.to_string(),
+                reason: e.to_string(),
+            })?;
+    }
+    let server = tokio::spawn(async move {
+        // Kept alive with the server: dropping it would end the health watches.
+        let _health_reporter = health_reporter;
+        grpc_server
+            .add_service(health)
+            .add_service(reflection)
+            .add_service(reflection_alpha)
+            .add_service(grpc)
+            .serve_with_incoming_shutdown(
+                // Without TCP_NODELAY a response written in two pieces waits for the
+                // client's delayed ACK: a flat 40 ms per Place.
+                tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+                stopped(stop),
+            )
+            .await
+            .map_err(|e| PlacerError::Serve {
+                what: "gRPC server",
+                addr: grpc_addr.to_string(),
+                reason: e.to_string(),
+            })
+    });
+    Ok((grpc_addr, server))
+}
+
+/// Connects to the Kubernetes API when `extender` binds through it, binds the
+/// extender's listener and serves it until `stop`. Returns the address bound.
+#[cfg(feature = "kubernetes")]
+async fn serve_extender(
+    extender: &ExtenderConfig,
+    service: &PlacementService,
+    tls: Option<ServerTls>,
+    stop: watch::Receiver<bool>,
+) -> Result<(SocketAddr, JoinHandle<Result<()>>)> {
+    let kube = match &extender.kube_api {
+        Some(api) => {
+            let kube = KubeApi::connect(api).await?;
+            tracing::info!(
+                server = kube.server(),
+                "extender binds pods through the Kubernetes API"
+            );
+            Some(kube)
+        }
+        None => None,
+    };
+    let listener = bind("extender listener", extender.listen).await?;
+    let addr = local_addr("extender listener", &listener)?;
+    let router = Arc::new(Extender::new(service.clone(), kube, extender.bind_timeout)).router();
+    Ok((
+        addr,
+        serve_http("extender server", listener, router, tls, stop),
+    ))
+}
+
+/// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` there until `stop`,
+/// without asking clients for certificates (kubelet's probes have none). Returns the
+/// address bound.
+async fn serve_metrics(
+    addr: SocketAddr,
+    service: &PlacementService,
+    store: Arc<dyn StateStore>,
+    tls: Option<&ServerTls>,
+    stop: watch::Receiver<bool>,
+) -> Result<(SocketAddr, JoinHandle<Result<()>>)> {
+    let listener = bind("metrics listener", addr).await?;
+    let bound = local_addr("metrics listener", &listener)?;
+    let scrape_service = service.clone();
+    let scrape: iadeep_ops::Scrape = Arc::new(move || {
+        let (devices, residents) = {
+            let view = scrape_service.view();
+            (view.len(), view.resident_count())
+        };
+        scrape_service.metrics().render(devices, residents)
+    });
+    let router = iadeep_ops::router(scrape, iadeep_ops::store_ready(store));
+    Ok((
+        bound,
+        serve_http(
+            "metrics server",
+            listener,
+            router,
+            tls.map(ServerTls::without_client_verification),
+            stop,
+        ),
+    ))
+}
+
 impl Daemon {
     /// Loads the view from `store`, binds every listener, and serves until [`Daemon::shutdown`].
     ///
@@ -142,127 +272,32 @@ impl Daemon {
         let (stop, stop_rx) = watch::channel(false);
         let mut servers = Vec::new();
 
-        let grpc_listener = bind("gRPC listener", config.grpc).await?;
-        let grpc_addr = local_addr("gRPC listener", &grpc_listener)?;
-        let grpc = GrpcPlacer::server(service.clone());
-        // grpc.health.v1 for Kubernetes' gRPC probes and load balancers: the Placer
-        // service (and the server as a whole, "") serve once the view is loaded, which
-        // it is by now.
-        let (health_reporter, health) = tonic_health::server::health_reporter();
-        health_reporter
-            .set_serving::<PlacerServer<GrpcPlacer>>()
-            .await;
-        let reflection_error = |e: tonic_reflection::server::Error| PlacerError::Serve {
-            what: "gRPC reflection",
-            addr: grpc_addr.to_string(),
-            reason: e.to_string(),
-        };
-        // Server reflection (v1 and the v1alpha older grpcurl versions ask for).
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(iadeep_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(reflection_error)?;
-        let reflection_alpha = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(iadeep_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1alpha()
-            .map_err(reflection_error)?;
-        let grpc_stop = stop_rx.clone();
-        let mut grpc_server = tonic::transport::Server::builder();
-        if let Some(tls) = &config.tls {
-            grpc_server =
-                grpc_server
-                    .tls_config(grpc_tls(tls))
-                    .map_err(|e| PlacerError::Serve {
-                        what: "gRPC TLS",
-                        addr: grpc_addr.to_string(),
-                        reason: e.to_string(),
-                    })?;
-        }
-        servers.push((
-            "gRPC",
-            tokio::spawn(async move {
-                // Kept alive with the server: dropping it would end the health watches.
-                let _health_reporter = health_reporter;
-                grpc_server
-                    .add_service(health)
-                    .add_service(reflection)
-                    .add_service(reflection_alpha)
-                    .add_service(grpc)
-                    .serve_with_incoming_shutdown(
-                        // Without TCP_NODELAY a response written in two pieces waits for the
-                        // client's delayed ACK: a flat 40 ms per Place.
-                        tonic::transport::server::TcpIncoming::from(grpc_listener)
-                            .with_nodelay(Some(true)),
-                        stopped(grpc_stop),
-                    )
-                    .await
-                    .map_err(|e| PlacerError::Serve {
-                        what: "gRPC server",
-                        addr: grpc_addr.to_string(),
-                        reason: e.to_string(),
-                    })
-            }),
-        ));
+        let (grpc_addr, grpc) =
+            serve_grpc(&service, config.grpc, config.tls.as_ref(), stop_rx.clone()).await?;
+        servers.push(("gRPC", grpc));
 
         #[cfg_attr(not(feature = "kubernetes"), allow(unused_mut))]
         let mut extender_addr = None;
         #[cfg(feature = "kubernetes")]
         if let Some(extender) = &config.extender {
-            let kube = match &extender.kube_api {
-                Some(api) => {
-                    let kube = KubeApi::connect(api).await?;
-                    tracing::info!(
-                        server = kube.server(),
-                        "extender binds pods through the Kubernetes API"
-                    );
-                    Some(kube)
-                }
-                None => None,
-            };
-            let listener = bind("extender listener", extender.listen).await?;
-            extender_addr = Some(local_addr("extender listener", &listener)?);
-            let router =
-                Arc::new(Extender::new(service.clone(), kube, extender.bind_timeout)).router();
-            servers.push((
-                "extender",
-                serve_http(
-                    "extender server",
-                    listener,
-                    router,
-                    config.tls.clone(),
-                    stop_rx.clone(),
-                ),
-            ));
+            let (addr, server) =
+                serve_extender(extender, &service, config.tls.clone(), stop_rx.clone()).await?;
+            extender_addr = Some(addr);
+            servers.push(("extender", server));
         }
 
         let mut metrics_addr = None;
         if let Some(addr) = config.metrics {
-            let listener = bind("metrics listener", addr).await?;
-            metrics_addr = Some(local_addr("metrics listener", &listener)?);
-            let scrape_service = service.clone();
-            let scrape: iadeep_ops::Scrape = Arc::new(move || {
-                let (devices, residents) = {
-                    let view = scrape_service.view();
-                    (view.len(), view.resident_count())
-                };
-                scrape_service.metrics().render(devices, residents)
-            });
-            let router = iadeep_ops::router(scrape, iadeep_ops::store_ready(store.clone()));
-            servers.push((
-                "metrics",
-                serve_http(
-                    "metrics server",
-                    listener,
-                    router,
-                    config
-                        .tls
-                        .as_ref()
-                        .map(ServerTls::without_client_verification),
-                    stop_rx.clone(),
-                ),
-            ));
+            let (addr, server) = serve_metrics(
+                addr,
+                &service,
+                store.clone(),
+                config.tls.as_ref(),
+                stop_rx.clone(),
+            )
+            .await?;
+            metrics_addr = Some(addr);
+            servers.push(("metrics", server));
         }
         let graces = crate::reaper::Graces {
             dead: config.dead_task_grace,
