@@ -212,6 +212,85 @@ fn never_fits_on(
         .map(|r| crate::grpc::never_fits_text(&r))
 }
 
+/// Sorts `nodes` into those that pass the filter (`passed`) and those that fail it,
+/// with why (`result`). Returns how long the pod is told to wait when it queues and
+/// some node could take it one day.
+fn filter_nodes(
+    ext: &Extender,
+    view: &ClusterView,
+    spec: &TaskSpec,
+    nodes: &[String],
+    result: &mut ExtenderFilterResult,
+    passed: &mut Vec<String>,
+) -> Option<Duration> {
+    let by_node = devices_by_node(view, nodes);
+    let placed_on = view
+        .device_of(&spec.task_id)
+        .and_then(|d| view.device(d))
+        .and_then(|d| d.info.as_ref())
+        .map(|i| i.node.clone());
+    let never: HashMap<&str, String> = by_node
+        .iter()
+        .filter_map(|(node, devices)| {
+            Some((node.as_str(), never_fits_on(ext, view, spec, devices)?))
+        })
+        .collect();
+    let restrict: Vec<String> = by_node
+        .iter()
+        .filter(|(node, _)| !never.contains_key(node.as_str()))
+        .flat_map(|(_, devices)| devices.iter().cloned())
+        .collect();
+    let placer = ext.service.placer();
+    let assessment = if restrict.is_empty() {
+        Assessment::default()
+    } else {
+        placer.assess(view, spec, &restrict, iadeep_proto::now_unix_ms())
+    };
+    let verdict = placer.verdict(spec, &assessment);
+    let (best, why) = per_node(&assessment, &by_node);
+    for node in nodes {
+        let has_gpus = by_node.get(node).is_some_and(|d| !d.is_empty());
+        if let Some(on) = &placed_on {
+            if on == node {
+                passed.push(node.clone());
+            } else {
+                result.failed_nodes.insert(
+                    node.clone(),
+                    format!("task {} is already placed on node {on}", spec.task_id),
+                );
+            }
+        } else if !has_gpus {
+            result.failed_and_unresolvable_nodes.insert(
+                node.clone(),
+                "no GPU on this node is registered with iadeep".to_owned(),
+            );
+        } else if let Some(reason) = never.get(node.as_str()) {
+            result
+                .failed_and_unresolvable_nodes
+                .insert(node.clone(), reason.clone());
+        } else if let Verdict::Queue { reason, .. } = &verdict {
+            result
+                .failed_nodes
+                .insert(node.clone(), format!("queued: {reason}"));
+        } else if best.contains_key(node.as_str()) {
+            passed.push(node.clone());
+        } else {
+            let reason = why
+                .get(node.as_str())
+                .cloned()
+                .unwrap_or_else(|| "no GPU can take the pod".to_owned());
+            result.failed_nodes.insert(node.clone(), reason);
+        }
+    }
+    // Only a pod that some node could take one day waits ahead of later pods.
+    match verdict {
+        Verdict::Queue { retry_after, .. } if placed_on.is_none() && !restrict.is_empty() => {
+            Some(retry_after)
+        }
+        _ => None,
+    }
+}
+
 async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
     ext.service.metrics().extender_filter.inc();
     let (args, spec, nodes) = match parse_args(&body) {
@@ -231,72 +310,7 @@ async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
     let mut passed: Vec<String> = Vec::new();
     let queued_for = {
         let view = ext.service.view();
-        let by_node = devices_by_node(&view, &nodes);
-        let placed_on = view
-            .device_of(&spec.task_id)
-            .and_then(|d| view.device(d))
-            .and_then(|d| d.info.as_ref())
-            .map(|i| i.node.clone());
-        let never: HashMap<&str, String> = by_node
-            .iter()
-            .filter_map(|(node, devices)| {
-                Some((node.as_str(), never_fits_on(&ext, &view, &spec, devices)?))
-            })
-            .collect();
-        let restrict: Vec<String> = by_node
-            .iter()
-            .filter(|(node, _)| !never.contains_key(node.as_str()))
-            .flat_map(|(_, devices)| devices.iter().cloned())
-            .collect();
-        let placer = ext.service.placer();
-        let assessment = if restrict.is_empty() {
-            Assessment::default()
-        } else {
-            placer.assess(&view, &spec, &restrict, iadeep_proto::now_unix_ms())
-        };
-        let verdict = placer.verdict(&spec, &assessment);
-        let (best, why) = per_node(&assessment, &by_node);
-        for node in &nodes {
-            let has_gpus = by_node.get(node).is_some_and(|d| !d.is_empty());
-            if let Some(on) = &placed_on {
-                if on == node {
-                    passed.push(node.clone());
-                } else {
-                    result.failed_nodes.insert(
-                        node.clone(),
-                        format!("task {} is already placed on node {on}", spec.task_id),
-                    );
-                }
-            } else if !has_gpus {
-                result.failed_and_unresolvable_nodes.insert(
-                    node.clone(),
-                    "no GPU on this node is registered with iadeep".to_owned(),
-                );
-            } else if let Some(reason) = never.get(node.as_str()) {
-                result
-                    .failed_and_unresolvable_nodes
-                    .insert(node.clone(), reason.clone());
-            } else if let Verdict::Queue { reason, .. } = &verdict {
-                result
-                    .failed_nodes
-                    .insert(node.clone(), format!("queued: {reason}"));
-            } else if best.contains_key(node.as_str()) {
-                passed.push(node.clone());
-            } else {
-                let reason = why
-                    .get(node.as_str())
-                    .cloned()
-                    .unwrap_or_else(|| "no GPU can take the pod".to_owned());
-                result.failed_nodes.insert(node.clone(), reason);
-            }
-        }
-        // Only a pod that some node could take one day waits ahead of later pods.
-        match verdict {
-            Verdict::Queue { retry_after, .. } if placed_on.is_none() && !restrict.is_empty() => {
-                Some(retry_after)
-            }
-            _ => None,
-        }
+        filter_nodes(&ext, &view, &spec, &nodes, &mut result, &mut passed)
     };
     // kube-scheduler retries a pending pod by itself: it waits like a gRPC client told to queue.
     if let Some(retry_after) = queued_for {
@@ -397,6 +411,81 @@ async fn bind_pod(
     deadline: Instant,
 ) -> Result<(), (StatusCode, String)> {
     let refuse = |error: String| (StatusCode::OK, error);
+    let namespace = checked_namespace(args)?;
+    let Some(kube) = &ext.kube else {
+        return Err(refuse(
+            "this placer was started without --kube-api, so it cannot create the pod's \
+             Binding; configure the extender without bindVerb or give the placer --kube-api"
+                .to_owned(),
+        ));
+    };
+    let pod = Target {
+        namespace,
+        name: args.pod_name.as_str(),
+        node: args.node.as_str(),
+    };
+    let Target {
+        namespace,
+        name,
+        node,
+    } = pod;
+    let calls_until = deadline - read_back_reserve(ext.bind_timeout);
+
+    let Some((uid, spec)) = unbound_pod(kube, pod, &args.pod_uid, calls_until)
+        .await
+        .map_err(refuse)?
+    else {
+        return Ok(());
+    };
+
+    let reserved = reserve(ext, &spec, node).await.map_err(refuse)?;
+
+    // The GPU goes on the pod before the Binding, so it is there when the kubelet
+    // starts the pod (for a device plugin, or the container through the downward API).
+    let annotations = gpu_annotations(ext, &spec, &reserved);
+    if let Err(e) = kube
+        .annotate(namespace, name, &annotations, calls_until)
+        .await
+    {
+        // No Binding was attempted: nothing runs on the reservation yet.
+        give_back(ext, &spec, &reserved, "annotating the pod failed").await;
+        return Err(refuse(format!(
+            "cannot annotate pod {namespace}/{name} with its GPU: {e}"
+        )));
+    }
+
+    let outcome = kube.bind(namespace, name, &uid, node, calls_until).await;
+    match outcome {
+        Ok(()) => {}
+        // Not sent (names are checked above, so not expected) or refused: no Binding.
+        Err(refused @ (ApiCallError::Refused { .. } | ApiCallError::NotSent(_))) => {
+            give_back(ext, &spec, &reserved, "the Binding was refused").await;
+            return Err(refuse(format!(
+                "Binding of pod {namespace}/{name} to {node}: {refused}"
+            )));
+        }
+        Err(ApiCallError::Unknown(why)) => {
+            read_back(ext, kube, pod, &spec, &reserved, &why, deadline)
+                .await
+                .map_err(refuse)?;
+        }
+    }
+    tracing::info!(pod = %name, namespace, node, device = %reserved.device_id,
+        reserved_mem_mib = reserved.reserved_mem_mib, "bound");
+    Ok(())
+}
+
+/// The pod a bind is for, and the node it is to be bound to.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    namespace: &'a str,
+    name: &'a str,
+    node: &'a str,
+}
+
+/// The pod's namespace ("default" when the request names none), once the request
+/// names a pod and a node, all of them names Kubernetes itself could have given.
+fn checked_namespace(args: &ExtenderBindingArgs) -> Result<&str, (StatusCode, String)> {
     for (field, value) in [("PodName", &args.pod_name), ("Node", &args.node)] {
         if value.is_empty() {
             return Err((StatusCode::BAD_REQUEST, format!("invalid {field}: missing")));
@@ -412,112 +501,107 @@ async fn bind_pod(
     kube_api::check_dns1123_label("PodNamespace", namespace)
         .and_then(|()| kube_api::check_dns1123_subdomain("PodName", &args.pod_name))
         .and_then(|()| kube_api::check_dns1123_subdomain("Node", &args.node))
-        .map_err(refuse)?;
-    let Some(kube) = &ext.kube else {
-        return Err(refuse(
-            "this placer was started without --kube-api, so it cannot create the pod's \
-             Binding; configure the extender without bindVerb or give the placer --kube-api"
-                .to_owned(),
-        ));
-    };
-    let (name, node) = (args.pod_name.as_str(), args.node.as_str());
-    let calls_until = deadline - read_back_reserve(ext.bind_timeout);
+        .map_err(|error| (StatusCode::OK, error))?;
+    Ok(namespace)
+}
 
-    // The pod from the API server, not from memory: any replica can bind it.
+/// The pod's UID and task spec, read from the API server, not from memory: any replica
+/// can bind it. `None` when it is bound to `pod.node` already; an error when it was
+/// re-created since it was scheduled (its UID is not `want_uid`), is bound elsewhere,
+/// or cannot be read.
+async fn unbound_pod(
+    kube: &KubeApi,
+    pod: Target<'_>,
+    want_uid: &str,
+    calls_until: Instant,
+) -> Result<Option<(String, TaskSpec)>, String> {
+    let Target {
+        namespace,
+        name,
+        node,
+    } = pod;
     let pod = kube
         .pod(namespace, name, calls_until)
         .await
-        .map_err(|e| refuse(format!("cannot read pod {namespace}/{name}: {e}")))?;
+        .map_err(|e| format!("cannot read pod {namespace}/{name}: {e}"))?;
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    if !args.pod_uid.is_empty() && uid != args.pod_uid {
-        return Err(refuse(format!(
-            "pod {namespace}/{name} has UID {uid}, not {}: it was re-created since it was scheduled",
-            args.pod_uid
-        )));
+    if !want_uid.is_empty() && uid != want_uid {
+        return Err(format!(
+            "pod {namespace}/{name} has UID {uid}, not {want_uid}: it was re-created since it was scheduled"
+        ));
     }
-    let spec = spec_of(&pod).map_err(refuse)?;
+    let spec = spec_of(&pod)?;
     let already = pod.spec.as_ref().and_then(|s| s.node_name.clone());
     if let Some(bound) = already.as_deref().filter(|n| !n.is_empty()) {
         return if bound == node {
-            Ok(())
+            Ok(None)
         } else {
-            Err(refuse(format!(
+            Err(format!(
                 "pod {namespace}/{name} is already bound to node {bound}"
-            )))
+            ))
         };
     }
+    Ok(Some((uid, spec)))
+}
 
-    let reserved = reserve(ext, &spec, node).await.map_err(refuse)?;
-    let give_back = async |why: &str| {
-        if !reserved.new {
-            return;
-        }
-        if let Err(undo) = ext.service.release(&spec.task_id).await {
-            tracing::error!(task = %spec.task_id, %undo, why,
-                "could not give back the reservation of an unbound pod");
-        }
-    };
+/// Gives back a reservation this bind made (one kept from an earlier bind stays), for
+/// a pod that was not bound; `why` is logged if that fails.
+async fn give_back(ext: &Extender, spec: &TaskSpec, reserved: &Reserved, why: &str) {
+    if !reserved.new {
+        return;
+    }
+    if let Err(undo) = ext.service.release(&spec.task_id).await {
+        tracing::error!(task = %spec.task_id, %undo, why,
+            "could not give back the reservation of an unbound pod");
+    }
+}
 
-    // The GPU goes on the pod before the Binding, so it is there when the kubelet
-    // starts the pod (for a device plugin, or the container through the downward API).
-    let annotations = gpu_annotations(ext, &spec, &reserved);
-    if let Err(e) = kube
-        .annotate(namespace, name, &annotations, calls_until)
-        .await
+/// After a Binding whose outcome is unknown (`why`): asks the API server where the pod
+/// is now. Bound to `pod.node`: done. Bound elsewhere or gone: the reservation is given
+/// back. Not bound yet: it is kept, for a retry to bind the pod to the same node.
+async fn read_back(
+    ext: &Extender,
+    kube: &KubeApi,
+    pod: Target<'_>,
+    spec: &TaskSpec,
+    reserved: &Reserved,
+    why: &str,
+    deadline: Instant,
+) -> Result<(), String> {
+    let Target {
+        namespace,
+        name,
+        node,
+    } = pod;
+    // It may exist: ask the API server where the pod is now.
+    let now = kube.pod(namespace, name, deadline).await;
+    match now
+        .as_ref()
+        .map(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()))
     {
-        // No Binding was attempted: nothing runs on the reservation yet.
-        give_back("annotating the pod failed").await;
-        return Err(refuse(format!(
-            "cannot annotate pod {namespace}/{name} with its GPU: {e}"
-        )));
-    }
-
-    let outcome = kube.bind(namespace, name, &uid, node, calls_until).await;
-    match outcome {
-        Ok(()) => {}
-        // Not sent (names are checked above, so not expected) or refused: no Binding.
-        Err(refused @ (ApiCallError::Refused { .. } | ApiCallError::NotSent(_))) => {
-            give_back("the Binding was refused").await;
-            return Err(refuse(format!(
-                "Binding of pod {namespace}/{name} to {node}: {refused}"
-            )));
+        Ok(Some(bound)) if bound == node => {
+            tracing::info!(pod = %name, namespace, node, why = %why,
+                "Binding's answer was lost, but the pod is bound to this node");
+            Ok(())
         }
-        Err(ApiCallError::Unknown(why)) => {
-            // It may exist: ask the API server where the pod is now.
-            let now = kube.pod(namespace, name, deadline).await;
-            match now
-                .as_ref()
-                .map(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()))
-            {
-                Ok(Some(bound)) if bound == node => {
-                    tracing::info!(pod = %name, namespace, node, why = %why,
-                        "Binding's answer was lost, but the pod is bound to this node");
-                }
-                Ok(Some(other)) if !other.is_empty() => {
-                    give_back("the pod is bound to another node").await;
-                    return Err(refuse(format!(
-                        "pod {namespace}/{name} is bound to node {other}, not {node}"
-                    )));
-                }
-                Err(ApiCallError::Refused { code: 404, .. }) => {
-                    give_back("the pod is gone").await;
-                    return Err(refuse(format!("pod {namespace}/{name} no longer exists")));
-                }
-                _ => {
-                    return Err(refuse(format!(
-                        "Binding of pod {namespace}/{name} to {node}: {why}; the pod does not \
-                         show as bound yet, so its reservation on GPU {} is kept (a retry binds \
-                         it to the same node; the unstarted-task grace gives it back if the pod \
-                         never runs)",
-                        reserved.device_id
-                    )));
-                }
-            }
+        Ok(Some(other)) if !other.is_empty() => {
+            give_back(ext, spec, reserved, "the pod is bound to another node").await;
+            Err(format!(
+                "pod {namespace}/{name} is bound to node {other}, not {node}"
+            ))
         }
+        Err(ApiCallError::Refused { code: 404, .. }) => {
+            give_back(ext, spec, reserved, "the pod is gone").await;
+            Err(format!("pod {namespace}/{name} no longer exists"))
+        }
+        _ => Err(format!(
+            "Binding of pod {namespace}/{name} to {node}: {why}; the pod does not \
+             show as bound yet, so its reservation on GPU {} is kept (a retry binds \
+             it to the same node; the unstarted-task grace gives it back if the pod \
+             never runs)",
+            reserved.device_id
+        )),
     }
-    tracing::info!(pod = %name, namespace, node, device = %reserved.device_id,
-        reserved_mem_mib = reserved.reserved_mem_mib, "bound");
-    Ok(())
 }
 
 /// Reserves a GPU of `node` for the pod, or finds the one an earlier bind reserved there.
