@@ -144,6 +144,9 @@ fn histogram(registry: &Registry, name: &str, help: &str) -> Histogram {
 
 impl PlacerMetrics {
     /// The placer's metrics, registered in `registry`.
+    ///
+    /// long: one struct literal that defines every metric, its name and help text
+    /// beside its field; split up, the definitions would only be scattered.
     pub fn new(registry: Registry) -> PlacerMetrics {
         let vec = |name: &str, help: &str, label: &str| {
             registered(

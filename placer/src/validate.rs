@@ -10,7 +10,7 @@
 //! decision (a batch size of 4,294,967,295 reserves a whole card) but a record
 //! that every later reader pays for.
 
-use iadeep_proto::{LrScalingRule, PlaceRequest, ReleaseRequest, TaskSpec};
+use iadeep_proto::{LrScalingRule, PlaceRequest, ReleaseRequest, SoloProfile, TaskSpec};
 use iadeep_state::keys;
 
 use crate::error::{PlacerError, Result};
@@ -129,19 +129,50 @@ pub fn task_spec(prefix: &str, spec: &TaskSpec) -> Result<()> {
             ),
         ));
     }
-    if spec.submitted_at_unix_ms != 0 {
+    submitted_at(&f("submitted_at_unix_ms"), spec.submitted_at_unix_ms)?;
+    batch_bounds(prefix, spec)?;
+    if spec.gpu_mem_request_mib > MAX_MEM_MIB {
+        return Err(PlacerError::invalid(
+            f("gpu_mem_request_mib"),
+            format!(
+                "{} MiB is more than any GPU has (is the unit bytes?)",
+                spec.gpu_mem_request_mib
+            ),
+        ));
+    }
+    if spec.total_samples == Some(0) {
+        return Err(PlacerError::invalid(
+            f("total_samples"),
+            "must be positive when given",
+        ));
+    }
+    if let Some(profile) = &spec.profile {
+        solo_profile(prefix, profile)?;
+    }
+    Ok(())
+}
+
+/// Checks when a task was submitted: 0 (now), or a time between 2000 and a day from now.
+fn submitted_at(field: &str, at_unix_ms: i64) -> Result<()> {
+    if at_unix_ms != 0 {
         let latest = iadeep_proto::now_unix_ms().saturating_add(MAX_FUTURE_MS);
-        if !(MIN_TIMESTAMP_MS..=latest).contains(&spec.submitted_at_unix_ms) {
+        if !(MIN_TIMESTAMP_MS..=latest).contains(&at_unix_ms) {
             return Err(PlacerError::invalid(
-                f("submitted_at_unix_ms"),
+                field,
                 format!(
-                    "{} is not a time in milliseconds since 1970 between 2000 and a day \
-                     from now (0 means now)",
-                    spec.submitted_at_unix_ms
+                    "{at_unix_ms} is not a time in milliseconds since 1970 between 2000 and \
+                     a day from now (0 means now)"
                 ),
             ));
         }
     }
+    Ok(())
+}
+
+/// Checks that a spec's batch-size bounds (0: the initial batch size) enclose its
+/// initial batch size.
+fn batch_bounds(prefix: &str, spec: &TaskSpec) -> Result<()> {
+    let f = |name: &str| format!("{prefix}.{name}");
     let min = if spec.min_batch_size == 0 {
         spec.initial_batch_size
     } else {
@@ -170,40 +201,29 @@ pub fn task_spec(prefix: &str, spec: &TaskSpec) -> Result<()> {
             ),
         ));
     }
-    if spec.gpu_mem_request_mib > MAX_MEM_MIB {
+    Ok(())
+}
+
+/// Checks a spec's solo profile; `prefix` is the path of the spec in the request.
+fn solo_profile(prefix: &str, profile: &SoloProfile) -> Result<()> {
+    let f = |name: &str| format!("{prefix}.{name}");
+    batch_size(&f("profile.batch_size"), profile.batch_size)?;
+    name(&f("profile.device_kind"), &profile.device_kind)?;
+    if let Some(t) = profile.step_time_s
+        && !(t.is_finite() && t > 0.0 && t <= MAX_STEP_TIME_S)
+    {
         return Err(PlacerError::invalid(
-            f("gpu_mem_request_mib"),
-            format!(
-                "{} MiB is more than any GPU has (is the unit bytes?)",
-                spec.gpu_mem_request_mib
-            ),
+            f("profile.step_time_s"),
+            format!("{t} is not a positive number of seconds up to {MAX_STEP_TIME_S}"),
         ));
     }
-    if spec.total_samples == Some(0) {
+    pct(&f("profile.sm_util_pct"), profile.sm_util_pct)?;
+    pct(&f("profile.mem_bw_util_pct"), profile.mem_bw_util_pct)?;
+    if profile.peak_mem_mib.is_some_and(|m| m > MAX_MEM_MIB) {
         return Err(PlacerError::invalid(
-            f("total_samples"),
-            "must be positive when given",
+            f("profile.peak_mem_mib"),
+            "is more than any GPU has",
         ));
-    }
-    if let Some(profile) = &spec.profile {
-        batch_size(&f("profile.batch_size"), profile.batch_size)?;
-        name(&f("profile.device_kind"), &profile.device_kind)?;
-        if let Some(t) = profile.step_time_s
-            && !(t.is_finite() && t > 0.0 && t <= MAX_STEP_TIME_S)
-        {
-            return Err(PlacerError::invalid(
-                f("profile.step_time_s"),
-                format!("{t} is not a positive number of seconds up to {MAX_STEP_TIME_S}"),
-            ));
-        }
-        pct(&f("profile.sm_util_pct"), profile.sm_util_pct)?;
-        pct(&f("profile.mem_bw_util_pct"), profile.mem_bw_util_pct)?;
-        if profile.peak_mem_mib.is_some_and(|m| m > MAX_MEM_MIB) {
-            return Err(PlacerError::invalid(
-                f("profile.peak_mem_mib"),
-                "is more than any GPU has",
-            ));
-        }
     }
     Ok(())
 }
