@@ -12,8 +12,8 @@ use tokio::sync::{Notify, watch};
 use crate::config::{AgentBuilder, AgentConfig};
 use crate::error::{AgentError, Result};
 use crate::memory::{NvmlProbe, PeakMemory};
-use crate::reporter::{Control, Outcome, Reporter};
-use crate::shared::{BatchSizeChange, ChangeReason, Shared};
+use crate::reporter::Reporter;
+use crate::shared::{BatchSizeChange, ChangeReason, Control, Outcome, Shared};
 use crate::signals::{end_process, run_until_stop_signal};
 use iadeep_objective::{MemoryMargin, lr_factor};
 

@@ -20,21 +20,8 @@ use tokio::sync::{Notify, watch};
 use crate::config::{AgentConfig, StoreSource};
 use crate::measure::StepTimer;
 use crate::memory::PeakMemory;
-use crate::shared::{BatchSizeChange, ChangeReason, Shared};
+use crate::shared::{BatchSizeChange, ChangeReason, Control, Outcome, Shared};
 use iadeep_objective::lr_factor;
-
-/// What the owner wants the reporter to do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Control {
-    Run,
-    /// Publish a final report with `finished = true`, then revoke the lease.
-    Finish,
-    /// The agent was dropped without `finish()`: revoke the lease, not finished.
-    Abandon,
-}
-
-/// How the reporter ended.
-pub(crate) type Outcome = Result<(), String>;
 
 const BACKOFF_START: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -53,6 +40,24 @@ fn is_permanent(err: &StateError) -> bool {
 enum SessionEnd {
     Stopped(Outcome),
     LeaseLost,
+}
+
+/// The spec the agent registers its task with (the placer's, when it wrote one first,
+/// wins).
+fn task_spec(c: &AgentConfig) -> TaskSpec {
+    TaskSpec {
+        task_id: c.task_id.clone(),
+        model: c.model.clone(),
+        initial_batch_size: c.initial_batch_size,
+        min_batch_size: c.min_batch_size,
+        max_batch_size: c.max_batch_size,
+        gpu_mem_request_mib: c.gpu_mem_request_mib.unwrap_or(0),
+        profile: None,
+        lr_rule: c.lr_rule as i32,
+        total_samples: c.total_samples,
+        submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
+        allowed_batch_sizes: Vec::new(),
+    }
 }
 
 pub(crate) struct Reporter {
@@ -218,19 +223,7 @@ impl Reporter {
     ) -> Result<iadeep_state::WatchStream, StateError> {
         let c = Arc::clone(&self.config);
         let s = store.as_ref();
-        let spec = TaskSpec {
-            task_id: c.task_id.clone(),
-            model: c.model.clone(),
-            initial_batch_size: c.initial_batch_size,
-            min_batch_size: c.min_batch_size,
-            max_batch_size: c.max_batch_size,
-            gpu_mem_request_mib: c.gpu_mem_request_mib.unwrap_or(0),
-            profile: None,
-            lr_rule: c.lr_rule as i32,
-            total_samples: c.total_samples,
-            submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
-            allowed_batch_sizes: Vec::new(),
-        };
+        let spec = task_spec(&c);
         // The placer may have written the spec already; then it is the truth.
         let spec_key = keys::task_spec(&c.task_id);
         let written = self
@@ -256,6 +249,36 @@ impl Reporter {
             s.put(&keys::task_alive(&c.task_id), alive, Some(lease)),
         )
         .await?;
+        self.read_earlier_state(s).await;
+        // The task's keys: its assignment, and its placement (whether it still holds a
+        // reservation), then every change to them from that snapshot on.
+        let assignment_key = keys::task_assignment(&c.task_id);
+        let placement_key = keys::task_placement(&c.task_id);
+        let task_prefix = keys::task_prefix(&c.task_id);
+        let snapshot = self.timed("read task", s.range(&task_prefix)).await?;
+        for kv in snapshot.kvs.iter().filter(|kv| kv.key == assignment_key) {
+            self.on_assignment_bytes(&kv.key, &kv.value);
+        }
+        let placement = snapshot.kvs.iter().find(|kv| kv.key == placement_key);
+        if let Some(kv) = placement {
+            self.on_placement_bytes(&kv.key, &kv.value);
+        }
+        self.on_placement(placement.is_some());
+        let watch = self
+            .timed(
+                "watch task",
+                s.watch(&task_prefix, Some(snapshot.revision + 1)),
+            )
+            .await?;
+        tracing::info!(task = %c.task_id, %lease, store = %s.describe(), "agent registered");
+        Ok(watch)
+    }
+
+    /// What the store already knows that registration picks up, each best-effort: the
+    /// placement's device (unless configured), that device's memory, and the report
+    /// sequence of an earlier agent of the same task.
+    async fn read_earlier_state(&mut self, s: &dyn StateStore) {
+        let c = Arc::clone(&self.config);
         if c.device_id.is_none() {
             match self
                 .timed(
@@ -295,28 +318,6 @@ impl Reporter {
                 self.seq = old.seq;
             }
         }
-        // The task's keys: its assignment, and its placement (whether it still holds a
-        // reservation), then every change to them from that snapshot on.
-        let assignment_key = keys::task_assignment(&c.task_id);
-        let placement_key = keys::task_placement(&c.task_id);
-        let task_prefix = keys::task_prefix(&c.task_id);
-        let snapshot = self.timed("read task", s.range(&task_prefix)).await?;
-        for kv in snapshot.kvs.iter().filter(|kv| kv.key == assignment_key) {
-            self.on_assignment_bytes(&kv.key, &kv.value);
-        }
-        let placement = snapshot.kvs.iter().find(|kv| kv.key == placement_key);
-        if let Some(kv) = placement {
-            self.on_placement_bytes(&kv.key, &kv.value);
-        }
-        self.on_placement(placement.is_some());
-        let watch = self
-            .timed(
-                "watch task",
-                s.watch(&task_prefix, Some(snapshot.revision + 1)),
-            )
-            .await?;
-        tracing::info!(task = %c.task_id, %lease, store = %s.describe(), "agent registered");
-        Ok(watch)
     }
 
     async fn serve(

@@ -47,6 +47,21 @@ pub struct BatchSizeChange {
     pub memory_bound_mib: Option<f64>,
 }
 
+/// What the owner (the agent handle, or a stop signal) wants the reporter to do.
+///
+/// It lives here, below the reporter and the signal handling, because both use it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Control {
+    Run,
+    /// Publish a final report with `finished = true`, then revoke the lease.
+    Finish,
+    /// The agent was dropped without `finish()`: revoke the lease, not finished.
+    Abandon,
+}
+
+/// How the reporter ended.
+pub(crate) type Outcome = Result<(), String>;
+
 /// What the agent knows about the memory of the sizes it ran (off the hot path).
 #[derive(Debug, Default)]
 pub(crate) struct FitMemory {

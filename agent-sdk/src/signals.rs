@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::reporter::{Control, Outcome};
+use crate::shared::{Control, Outcome};
 
 /// Which termination signals make the agent finish the task and end the process.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
