@@ -10,8 +10,8 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use iadeep_datasets::gavel::GavelThroughputs;
 use iadeep_eval::samples_from_gavel;
-use iadeep_predictor::learner::{ProfileTrainer, SlowdownModel, Trainer};
 use iadeep_predictor::{LearnerParams, OnlinePredictor};
+use iadeep_predictor::{ProfileTrainer, SlowdownModel, Trainer};
 use iadeep_proto::{CoLocationSample, TaskProfile};
 
 /// `n` samples: the K80 and P100 Gavel samples, repeated with slightly perturbed

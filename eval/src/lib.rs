@@ -21,6 +21,7 @@ mod cluster;
 mod emulate;
 mod error;
 pub mod predictor;
+pub mod random;
 pub mod tuner;
 
 pub use cluster::{GPUS_PER_NODE, SyntheticCluster};

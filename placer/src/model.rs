@@ -8,7 +8,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use iadeep_predictor::learner::SlowdownModel as PredictorModel;
+use iadeep_predictor::SlowdownModel as PredictorModel;
 use iadeep_predictor::{FittedModel, LearnerParams, OnlinePredictor, PairwiseFold};
 use iadeep_proto::{CoLocationSample, TaskProfile, TaskReport, TaskSpec};
 use iadeep_tuner::memory::{MemoryModel, MemoryModelParams, MemorySample};
@@ -84,7 +84,7 @@ pub trait SlowdownModel: Send + Sync + fmt::Debug {
     }
 
     /// For a model that composes several co-runners from one-co-runner predictions
-    /// (see [`iadeep_predictor::learner::compose_pairwise`]): the composition of
+    /// (see [`iadeep_predictor::compose_pairwise`]): the composition of
     /// `task`'s predictions next to each of `corunners`. `None`, the default: the
     /// model does not compose that way, and [`SlowdownModel::predict_extending`] is
     /// never asked.
@@ -330,7 +330,7 @@ mod tests {
         let worker = gavel.worker("k80").expect("k80 measurements");
         let samples = crate::gavel::samples_from_gavel(worker, "k80").samples;
         let params = LearnerParams {
-            forest: iadeep_predictor::forest::ForestParams {
+            forest: iadeep_predictor::ForestParams {
                 n_trees: 4,
                 ..Default::default()
             },

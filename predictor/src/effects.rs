@@ -109,7 +109,8 @@ impl JobEffects {
     }
 
     /// Number of jobs with a sensitivity and with an aggressiveness.
-    pub fn n_jobs(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn n_jobs(&self) -> (usize, usize) {
         (self.sensitivity.len(), self.aggressiveness.len())
     }
 }

@@ -108,7 +108,8 @@ pub const NOT_IN_BASE: [&str; 14] = [
 ];
 
 /// The column of the feature called `name`.
-pub fn column(name: &str) -> Option<usize> {
+#[cfg(test)]
+fn column(name: &str) -> Option<usize> {
     FEATURE_NAMES.iter().position(|n| *n == name)
 }
 

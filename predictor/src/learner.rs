@@ -39,7 +39,7 @@ pub struct LearnerParams {
     pub min_samples: usize,
     /// Most recent samples kept in the window.
     pub newest: usize,
-    /// Older samples kept beside them for diversity (see [`crate::window`]).
+    /// Older samples kept beside them for diversity (see `window.rs`).
     pub reservoir: usize,
     /// Fit on ln(slowdown − `target_floor`) instead of the slowdown: errors are then
     /// relative (what MAPE and the placer's ratios care about), and a few extreme
@@ -51,19 +51,19 @@ pub struct LearnerParams {
     /// floor of 0 a light pairing (1.05) and a heavy one (3.0) differ by a factor 3 in
     /// the model's unit, with 0.8 by a factor 9, which lets the linear base and the
     /// per-job effects model the excess additively. A fit lowers it, for its window,
-    /// to [`MIN_EXCESS`] under the smallest slowdown there, so data with slowdowns
+    /// to `MIN_EXCESS` (0.05) under the smallest slowdown there, so data with slowdowns
     /// below 1 (measurement noise, or a task that runs faster shared) is learned as
     /// it is rather than clamped. Chosen on the K80 samples (see
     /// docs/predictor-experiments.md, "Target floor").
     #[serde(default = "default_target_floor")]
     pub target_floor: f64,
     /// Ridge penalty of the linear base model on the profile features (see
-    /// [`crate::linear`]); `None` leaves the base out. A stiff line generalises
+    /// `linear.rs`); `None` leaves the base out. A stiff line generalises
     /// better to models never seen (chosen on the K80 samples, see
     /// docs/predictor-experiments.md, "Ridge penalty").
     #[serde(default)]
     pub ridge_lambda: Option<f64>,
-    /// Shrinkage prior, in samples, of the per-job effects (see [`crate::effects`]):
+    /// Shrinkage prior, in samples, of the per-job effects (see `effects.rs`):
     /// a job seen `n` times gets `n / (n + prior)` of its mean residual. `None`
     /// leaves the effects out (profile features only). Selected on tuning seeds (see
     /// docs/predictor-experiments.md, "How the defaults were chosen").
@@ -212,12 +212,12 @@ pub trait Trainer: Send + Sync + std::fmt::Debug {
 /// on what the previous ones leave: a ridge line on the profile features that mean
 /// the same for every model (the additive part, learnable from few samples and
 /// valid for models never seen), per-job effects of jobs seen before
-/// ([`crate::effects`]), and the forest on the profile features for the
+/// (`effects.rs`), and the forest on the profile features for the
 /// interactions. The forest's spread across trees is the uncertainty; the 90 %
-/// interval is calibrated ([`crate::calibration`]).
+/// interval is calibrated (`calibration.rs`).
 #[derive(Debug)]
 pub enum FittedModel {
-    /// Not enough samples yet: every prediction comes from [`heuristic`].
+    /// Not enough samples yet: every prediction comes from [`crate::cold_start_prediction`].
     ColdStart,
     /// A model fitted on samples.
     Forest(Box<Staged>),

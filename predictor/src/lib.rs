@@ -5,31 +5,32 @@
 //! uncertainty. The placer turns per-task predictions into the predicted increase
 //! of a device's Σ PD.
 //!
-//! How it is put together, one module per idea:
-//! - [`features`]: the profile features that generalise to models never seen before;
-//! - [`heuristic`]: the transparent cold-start rule used until enough samples exist;
-//! - [`linear`]: the ridge base on the features whose scale means the same for every
+//! How it is put together, one private module per idea, with what other crates use
+//! re-exported at the root:
+//! - `features.rs`: the profile features that generalise to models never seen before;
+//! - `heuristic.rs`: the transparent cold-start rule used until enough samples exist;
+//! - `linear.rs`: the ridge base on the features whose scale means the same for every
 //!   model (the additive part, which few samples suffice to learn and which
 //!   transfers to new models), clamped to the range it was fitted on;
-//! - [`effects`]: per-job sensitivity and aggressiveness of jobs seen before,
+//! - `effects.rs`: per-job sensitivity and aggressiveness of jobs seen before,
 //!   shrunk towards 0 (a new model has none and gets the profile model alone);
-//! - [`forest`]: our own bagged forest of our own CART regression trees (`tree`),
+//! - `forest.rs`: our own bagged forest of our own CART regression trees (`tree`),
 //!   so the spread across trees is available as uncertainty;
-//! - [`calibration`]: the 90 % predictive interval of every prediction, conformal
+//! - `calibration.rs`: the 90 % predictive interval of every prediction, conformal
 //!   from out-of-sample residuals, apart for jobs seen and for models never seen;
-//! - [`window`]: the bounded training window (newest samples plus an order-independent
+//! - `window.rs`: the bounded training window (newest samples plus an order-independent
 //!   reservoir for diversity);
-//! - [`learner`]: the synchronous core (window, cadence, fit) that production and the
+//! - `learner.rs`: the synchronous core (window, cadence, fit) that production and the
 //!   evaluation share;
-//! - [`online`]: [`OnlinePredictor`], which refits in a background thread and never
+//! - `online.rs`: [`OnlinePredictor`], which refits in a background thread and never
 //!   makes a prediction wait for a refit;
-//! - [`persist`]: samples in the state store and the rebuild after a restart;
-//! - [`jsonl`]: the JSON Lines sample format.
+//! - `persist.rs`: samples in the state store and the rebuild after a restart;
+//! - [`jsonl`]: the JSON Lines sample format, the one public module.
 //!
 //! The evaluation (its two splits, the baselines, the Gavel converter) is in the
 //! `iadeep-eval` crate, which drives this one through its public API.
 //!
-//! The model ([`learner::FittedModel`]) predicts ln(slowdown − 0.8) as ridge base +
+//! The model ([`FittedModel`]) predicts ln(slowdown − 0.8) as ridge base +
 //! per-job effects + forest on the residuals.
 //!
 //! **How the defaults were chosen.** Every setting is chosen on one data set and
@@ -42,23 +43,30 @@
 //! for each co-runner alone ([`learner::compose_pairwise`]): training windows hold
 //! almost only pairs, and a forest does not extrapolate in the number of co-runners.
 
-pub mod calibration;
-pub mod effects;
-pub mod error;
-pub mod features;
-pub mod forest;
-pub mod heuristic;
+mod calibration;
+mod effects;
+mod error;
+mod features;
+mod forest;
+mod heuristic;
 pub mod jsonl;
-pub mod learner;
-pub mod linear;
-pub mod online;
-pub mod persist;
+mod learner;
+mod linear;
+mod online;
+mod persist;
 mod tree;
-pub mod window;
+mod window;
 
 pub use error::PredictorError;
-pub use learner::{FittedModel, Learner, LearnerParams, PairwiseFold};
+pub use features::{DEVICE_KINDS, device_column, feature_row};
+pub use forest::{Forest, ForestParams};
+pub use heuristic::predict as cold_start_prediction;
+pub use learner::{
+    FittedModel, Learner, LearnerParams, PairwiseFold, ProfileTrainer, SlowdownModel, Trainer,
+    compose_pairwise, validate_sample,
+};
 pub use online::OnlinePredictor;
+pub use persist::{append_sample, load_samples, rebuild_predictor};
 
 /// Where a prediction came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

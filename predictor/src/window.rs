@@ -71,11 +71,6 @@ impl<T: Clone> Window<T> {
         self.newest.len() + self.reservoir.len()
     }
 
-    /// True when nothing is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The items held: the reservoir in hash order, then the newest in arrival order.
     pub fn items(&self) -> Vec<T> {
         self.reservoir

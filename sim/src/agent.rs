@@ -3,7 +3,7 @@
 //!
 //! - **Gradient noise scale.** The trainer hands its agent two squared gradient norms
 //!   per step: over a micro-batch of `b = B/4` samples and over the whole batch of `B`
-//!   (as `iadeep_agent::emulate` and the Python SDK do). The agent feeds them to the
+//!   (as `iadeep_eval::EmulatedJob` and the Python SDK do). The agent feeds them to the
 //!   production estimator, [`iadeep_objective::GnsEstimator`] (exponentially smoothed,
 //!   α = 0.05, the agent's default), and reports its φ. The norms are drawn around
 //!   their expectations `E|g_b|² = |G|² + tr Σ / b`, with the world's φ = tr Σ / |G|²:
@@ -45,12 +45,7 @@ pub const STRAGGLER_SLOWDOWN: (f64, f64) = (1.5, 3.0);
 /// The agent's smoothing of the estimator (the agent SDK's default `gns_smoothing`).
 pub const GNS_SMOOTHING: f64 = 0.05;
 
-/// One standard-normal draw (Box–Muller), so the crate needs no distribution crate.
-pub fn normal<R: Rng + ?Sized>(rng: &mut R) -> f64 {
-    let u1: f64 = rng.random_range(f64::EPSILON..1.0);
-    let u2: f64 = rng.random_range(0.0..1.0);
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-}
+pub use iadeep_eval::random::standard_normal as normal;
 
 /// The measuring side of one task's agent.
 #[derive(Clone, Debug)]

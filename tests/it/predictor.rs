@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use iadeep_predictor::persist::{append_sample, load_samples, rebuild_predictor};
 use iadeep_predictor::{LearnerParams, OnlinePredictor, PredictionSource};
+use iadeep_predictor::{append_sample, load_samples, rebuild_predictor};
 use iadeep_proto::{CoLocationSample, TaskProfile};
 use iadeep_state::testing::EtcdServer;
 use iadeep_state::{EtcdStore, StateStore, keys};

@@ -86,7 +86,7 @@ mod tests {
         assert!(out.failed > 0);
         for s in &out.samples {
             assert!(s.slowdown.is_finite() && s.slowdown > 0.0);
-            iadeep_predictor::learner::validate_sample(s).expect("valid");
+            iadeep_predictor::validate_sample(s).expect("valid");
         }
         let a = JobType::parse("ResNet-18 (batch size 16)").expect("job");
         let b = JobType::parse("LM (batch size 10)").expect("job");

@@ -1,5 +1,5 @@
 //! The off-the-shelf baseline we also compare against: a plain random forest on the
-//! same profile features as ours ([`iadeep_predictor::features`]), fitted on the slowdown
+//! same profile features as ours (`iadeep_predictor`'s `feature_row`), fitted on the slowdown
 //! itself, with no linear base, no per-job effects, no log target and no pairwise
 //! composition. Same forest parameters, window, refit cadence and cold-start rule
 //! as ours, so the comparison isolates what our model adds to the features.
@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use iadeep_proto::{CoLocationSample, TaskProfile};
 
-use iadeep_predictor::error::PredictorError;
-use iadeep_predictor::features::feature_row;
-use iadeep_predictor::forest::Forest;
-use iadeep_predictor::heuristic;
-use iadeep_predictor::learner::{LearnerParams, SlowdownModel, Trainer};
+use iadeep_predictor::Forest;
+use iadeep_predictor::PredictorError;
+use iadeep_predictor::cold_start_prediction;
+use iadeep_predictor::feature_row;
+use iadeep_predictor::{LearnerParams, SlowdownModel, Trainer};
 use iadeep_predictor::{Prediction, PredictionSource};
 
 /// The plain forest, or the heuristic before enough samples.
@@ -30,7 +30,7 @@ impl SlowdownModel for PlainForestModel {
         corunners: &[TaskProfile],
     ) -> Prediction {
         match self {
-            PlainForestModel::ColdStart => heuristic::predict(task, corunners),
+            PlainForestModel::ColdStart => cold_start_prediction(task, corunners),
             PlainForestModel::Forest(forest) => baseline_prediction(
                 forest,
                 &feature_row(device_kind, task, corunners),
@@ -52,7 +52,7 @@ pub(crate) fn baseline_prediction(
 ) -> Prediction {
     match forest.predict(row) {
         Ok((mean, sd)) => Prediction::with_stated_spread(mean, sd, PredictionSource::Model),
-        Err(_) => heuristic::predict(task, corunners),
+        Err(_) => cold_start_prediction(task, corunners),
     }
 }
 

@@ -25,8 +25,8 @@ use super::plain_forest::PlainForestTrainer;
 use super::reference::ReferenceTrainer;
 use iadeep_objective::stats::mean;
 use iadeep_predictor::Prediction;
-use iadeep_predictor::error::PredictorError;
-use iadeep_predictor::learner::{Learner, LearnerParams, ProfileTrainer, SlowdownModel, Trainer};
+use iadeep_predictor::PredictorError;
+use iadeep_predictor::{Learner, LearnerParams, ProfileTrainer, SlowdownModel, Trainer};
 
 /// First position of the early window.
 pub const EARLY_START: usize = 100;
@@ -364,7 +364,7 @@ mod tests {
             })
             .collect();
         let params = LearnerParams {
-            forest: iadeep_predictor::forest::ForestParams {
+            forest: iadeep_predictor::ForestParams {
                 n_trees: 8,
                 ..Default::default()
             },

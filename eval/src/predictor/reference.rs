@@ -14,12 +14,12 @@ use std::sync::Arc;
 use iadeep_proto::{CoLocationSample, TaskProfile};
 
 use super::plain_forest::baseline_prediction;
+use iadeep_predictor::Forest;
 use iadeep_predictor::Prediction;
-use iadeep_predictor::error::PredictorError;
-use iadeep_predictor::features::{DEVICE_KINDS, device_column};
-use iadeep_predictor::forest::Forest;
-use iadeep_predictor::heuristic;
-use iadeep_predictor::learner::{LearnerParams, SlowdownModel, Trainer};
+use iadeep_predictor::PredictorError;
+use iadeep_predictor::cold_start_prediction;
+use iadeep_predictor::{DEVICE_KINDS, device_column};
+use iadeep_predictor::{LearnerParams, SlowdownModel, Trainer};
 
 /// The reference model.
 #[derive(Debug)]
@@ -67,7 +67,7 @@ impl SlowdownModel for ReferenceModel {
         corunners: &[TaskProfile],
     ) -> Prediction {
         match self {
-            ReferenceModel::ColdStart => heuristic::predict(task, corunners),
+            ReferenceModel::ColdStart => cold_start_prediction(task, corunners),
             ReferenceModel::Forest { forest, vocabulary } => baseline_prediction(
                 forest,
                 &one_hot_row(vocabulary, device_kind, task, corunners),

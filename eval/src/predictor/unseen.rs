@@ -21,8 +21,8 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use iadeep_objective::stats::mean;
-use iadeep_predictor::error::PredictorError;
-use iadeep_predictor::learner::{Learner, LearnerParams};
+use iadeep_predictor::PredictorError;
+use iadeep_predictor::{Learner, LearnerParams};
 
 use super::prequential::{Approach, Outcome, coverage, for_each_approach, per_approach_over_seeds};
 
@@ -241,7 +241,7 @@ mod tests {
         }
         let params = LearnerParams {
             min_samples: 5,
-            forest: iadeep_predictor::forest::ForestParams {
+            forest: iadeep_predictor::ForestParams {
                 n_trees: 4,
                 ..Default::default()
             },

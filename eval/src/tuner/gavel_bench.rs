@@ -14,8 +14,8 @@
 //! memory figures, so that is all the memory knowledge either gets.
 
 use iadeep_datasets::gavel::{JobType, PairOutcome, WorkerThroughputs};
+use rand::SeedableRng;
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
@@ -159,10 +159,7 @@ impl<'a> NoisySurface<'a> {
     }
 
     fn gaussian(&mut self) -> f64 {
-        // Box–Muller: rand 0.9 has no normal distribution without rand_distr.
-        let u1: f64 = self.rng.random_range(f64::EPSILON..1.0);
-        let u2: f64 = self.rng.random_range(0.0..1.0);
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+        crate::random::standard_normal(&mut self.rng)
     }
 }
 

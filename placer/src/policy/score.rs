@@ -748,7 +748,7 @@ mod tests {
         let worker = gavel.worker("k80").expect("k80 measurements");
         let samples = crate::gavel::samples_from_gavel(worker, "k80").samples;
         let params = iadeep_predictor::LearnerParams {
-            forest: iadeep_predictor::forest::ForestParams {
+            forest: iadeep_predictor::ForestParams {
                 n_trees: 8,
                 ..Default::default()
             },

@@ -42,7 +42,7 @@ pub struct DaemonParams {
     /// deletes sample `seq - samples_kept` in the same transaction, so the samples stay
     /// bounded. The placer's predictor learns from each sample as it is written (a
     /// window of the newest 512 and a reservoir of 512 older ones, see
-    /// `iadeep_predictor::learner`); the ones kept are what a restarted placer retrains on.
+    /// `iadeep_predictor::Learner`); the ones kept are what a restarted placer retrains on.
     pub samples_kept: u64,
 }
 

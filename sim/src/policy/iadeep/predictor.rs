@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use iadeep_predictor::Prediction;
-use iadeep_predictor::learner::{
+use iadeep_predictor::{
     FittedModel, Learner, LearnerParams, ProfileTrainer, SlowdownModel, Trainer,
 };
 use iadeep_proto::{CoLocationSample, TaskProfile};
