@@ -172,28 +172,9 @@ fn describe_devices(args: &UpArgs, node: &str) -> Result<Vec<DeviceInfo>> {
         .collect()
 }
 
-pub async fn run(args: UpArgs) -> Result<ExitCode> {
-    let etcd_bin = match &args.etcd_bin {
-        Some(path) => path.clone(),
-        None => iadeep_state::etcd_program::find().with_context(|| {
-            format!(
-                "etcd not found: {}",
-                iadeep_state::etcd_program::INSTALL_HINT
-            )
-        })?,
-    };
-    let node = crate::local::node_name();
-    let devices = describe_devices(&args, &node)?;
-    let placer = args.policy.placer(args.graces.task_retention())?;
-    let dir = ClusterDir::open(
-        args.dir
-            .clone()
-            .unwrap_or_else(|| iadeep_state::embedded::data_dir().join("cluster")),
-    )?;
-    // Fail now, naming the port and its flag, if another cluster (or anything else)
-    // holds one: a second `iadeep up` on the default ports must not run next to the
-    // first one's etcd (see also LocalEtcd::start).
-    etcd::stop_orphan(&dir.path, &etcd_bin).await;
+/// Fails, naming the port and its flag, if anything holds one of the ports the
+/// cluster needs.
+fn ensure_ports_free(args: &UpArgs) -> Result<()> {
     let loopback = |port| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     ports::ensure_free(&[
         ports::Wanted {
@@ -212,6 +193,32 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
             flag: "--placer 127.0.0.1:PORT",
         },
     ])?;
+    Ok(())
+}
+
+pub async fn run(args: UpArgs) -> Result<ExitCode> {
+    let etcd_bin = match &args.etcd_bin {
+        Some(path) => path.clone(),
+        None => iadeep_state::etcd_program::find().with_context(|| {
+            format!(
+                "etcd not found: {}",
+                iadeep_state::etcd_program::INSTALL_HINT
+            )
+        })?,
+    };
+    let node = crate::local::node_name();
+    let devices = describe_devices(&args, &node)?;
+    let placer = args.policy.placer(args.graces.task_retention())?;
+    let dir = ClusterDir::open(
+        args.dir
+            .clone()
+            .unwrap_or_else(|| iadeep_state::embedded_data_dir().join("cluster")),
+    )?;
+    // Fail now, naming the port and its flag, if another cluster (or anything else)
+    // holds one: a second `iadeep up` on the default ports must not run next to the
+    // first one's etcd (see also LocalEtcd::start).
+    etcd::stop_orphan(&dir.path, &etcd_bin).await;
+    ensure_ports_free(&args)?;
 
     let (etcd, store) = LocalEtcd::start(EtcdLaunch {
         binary: &etcd_bin,
@@ -263,7 +270,7 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
 struct Running {
     etcd: LocalEtcd,
     placer: PlacerDaemon,
-    tuners: JoinSet<(String, iadeep_tuner::error::Result<()>)>,
+    tuners: JoinSet<(String, iadeep_tuner::Result<()>)>,
     device_ids: Vec<String>,
     stop_tuners: watch::Sender<bool>,
 }

@@ -7,12 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iadeep_proto::{BatchSizeAssignment, TaskReport};
-use iadeep_state::testing::EtcdServer;
+use iadeep_state::testing::{EtcdServer, start_etcd};
 use iadeep_state::{EtcdStore, StateStore, keys, typed};
-
-fn start_etcd() -> EtcdServer {
-    EtcdServer::start().unwrap_or_else(|err| panic!("{err}"))
-}
 
 fn spawn_job(etcd: &EtcdServer, task: &str, extra: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_iadeep"))

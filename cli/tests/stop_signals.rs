@@ -11,10 +11,7 @@ use nix::unistd::Pid;
 mod common;
 
 use common::{free_loopback_addr, http_get};
-
-fn start_etcd() -> iadeep_state::testing::EtcdServer {
-    iadeep_state::testing::EtcdServer::start().unwrap_or_else(|err| panic!("{err}"))
-}
+use iadeep_state::testing::start_etcd;
 
 /// Polls `probe` every 100 ms for at most `limit`; whether it became true.
 fn eventually(limit: Duration, mut probe: impl FnMut() -> bool) -> bool {

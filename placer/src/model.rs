@@ -11,7 +11,7 @@ use std::sync::Arc;
 use iadeep_predictor::SlowdownModel as PredictorModel;
 use iadeep_predictor::{FittedModel, LearnerParams, OnlinePredictor, PairwiseFold};
 use iadeep_proto::{CoLocationSample, TaskProfile, TaskReport, TaskSpec};
-use iadeep_tuner::memory::{MemoryModel, MemoryModelParams, MemorySample};
+use iadeep_tuner::{MemoryModel, MemoryModelParams, MemorySample};
 
 /// A predicted interference factor IF (co-located step time ÷ solo step time).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -259,7 +259,7 @@ impl SlowdownModel for PinnedPredictor {
     }
 }
 
-/// Bounds from the tuner's conservative memory model (`iadeep_tuner::memory`), fitted on
+/// Bounds from the tuner's conservative memory model ([`iadeep_tuner::MemoryModel`]), fitted on
 /// what the placer knows of the task: its solo profile (peak memory at its size) and its
 /// latest report (the peak at the batch size the agent names with it). Below the smallest
 /// measured size the model keeps its bound there (weights and optimiser state do not

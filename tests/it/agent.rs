@@ -6,19 +6,8 @@ use std::time::{Duration, Instant};
 
 use iadeep_agent::Agent;
 use iadeep_proto::{BatchSizeAssignment, TaskReport};
-use iadeep_state::testing::EtcdServer;
+use iadeep_state::testing::{EtcdServer, runtime, start_etcd};
 use iadeep_state::{EtcdStore, StateStore, keys, typed};
-
-fn start_etcd() -> EtcdServer {
-    EtcdServer::start().unwrap_or_else(|err| panic!("{err}"))
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 fn agent(etcd: &EtcdServer, task: &str) -> Agent {
     Agent::builder()

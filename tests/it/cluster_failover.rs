@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::fixtures;
 use crate::placer::place_on;
-use crate::runtime;
 use iadeep_agent::Agent;
 use iadeep_placer::{
     Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams, PredictorSlowdown,
@@ -24,8 +24,9 @@ use iadeep_proto::{
     DeviceInfo, DeviceResidents, LrScalingRule, PlaceRequest, ReleaseRequest, SoloProfile,
     TaskSpec, place_response,
 };
-use iadeep_state::etcd::FAILOVER_BOUND;
+use iadeep_state::FAILOVER_BOUND;
 use iadeep_state::testing::EtcdCluster;
+use iadeep_state::testing::runtime;
 use iadeep_state::{StateStore, StoreUrl, WatchEvent, keys, typed};
 use iadeep_tuner::daemon::{Daemon as Tuner, DaemonParams};
 
@@ -36,13 +37,9 @@ const JOBS: [&str; 2] = ["job-a", "job-b"];
 const LEASE_TTL: Duration = Duration::from_secs(3);
 const DEAD_TASK_GRACE: Duration = Duration::from_secs(2);
 
+/// The shared job with a smaller, faster profile measured on a v100.
 fn spec(task: &str) -> TaskSpec {
     TaskSpec {
-        task_id: task.into(),
-        model: "resnet50".into(),
-        initial_batch_size: 32,
-        min_batch_size: 16,
-        max_batch_size: 64,
         gpu_mem_request_mib: 1024,
         profile: Some(SoloProfile {
             batch_size: 32,
@@ -53,8 +50,7 @@ fn spec(task: &str) -> TaskSpec {
             device_kind: "v100".into(),
             ..Default::default()
         }),
-        lr_rule: LrScalingRule::Linear as i32,
-        ..Default::default()
+        ..fixtures::spec(task)
     }
 }
 

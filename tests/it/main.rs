@@ -2,6 +2,7 @@
 
 mod agent;
 mod cluster_failover;
+mod fixtures;
 mod http;
 mod kube_fake;
 mod manifests;
@@ -15,12 +16,3 @@ mod state_etcd_security;
 mod tls;
 mod tuner_daemon;
 
-/// The runtime of tests that mix async calls with blocking threads: two workers,
-/// as many as the CI machine has cores.
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}

@@ -15,10 +15,10 @@ use iadeep_placer::{
 };
 use iadeep_proto::placer_client::PlacerClient;
 use iadeep_proto::{
-    CoLocationSample, DeviceInfo, DeviceResidents, ListDevicesRequest, PlaceRequest, Placement,
-    ReleaseRequest, SoloProfile, TaskReport, TaskSpec, place_response,
+    CoLocationSample, DeviceInfo, DeviceResidents, ListDevicesRequest, LrScalingRule, PlaceRequest,
+    Placement, ReleaseRequest, SoloProfile, TaskReport, TaskSpec, place_response,
 };
-use iadeep_state::testing::EtcdServer;
+use iadeep_state::testing::{EtcdServer, start_etcd};
 use iadeep_state::{EtcdStore, StateStore, WatchEvent, keys, typed};
 use serde_json::{Value, json};
 use tonic::Code;
@@ -26,13 +26,6 @@ use tonic::transport::Channel;
 
 use crate::http;
 use crate::kube_fake::{BindAnswer, FakeKube};
-
-fn start_etcd() -> EtcdServer {
-    match EtcdServer::start() {
-        Ok(server) => server,
-        Err(err) => panic!("{err}"),
-    }
-}
 
 async fn etcd_store(server: &EtcdServer) -> Arc<dyn StateStore> {
     Arc::new(
@@ -107,10 +100,9 @@ pub(crate) async fn register(store: &dyn StateStore, id: &str, node: &str, memor
         .expect("register device");
 }
 
+/// The shared job at m0 = 64 (16–256) with a `mib` request and an SM utilisation of `sm`.
 pub(crate) fn task(id: &str, mib: u64, sm: f64) -> TaskSpec {
     TaskSpec {
-        task_id: id.into(),
-        model: "resnet50".into(),
         initial_batch_size: 64,
         min_batch_size: 16,
         max_batch_size: 256,
@@ -122,7 +114,8 @@ pub(crate) fn task(id: &str, mib: u64, sm: f64) -> TaskSpec {
             mem_bw_util_pct: Some(sm / 2.0),
             ..Default::default()
         }),
-        ..Default::default()
+        lr_rule: LrScalingRule::Unspecified as i32,
+        ..crate::fixtures::spec(id)
     }
 }
 

@@ -10,13 +10,12 @@ use iadeep_placer::{
     Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams, PredictorSlowdown,
 };
 use iadeep_proto::placer_client::PlacerClient;
-use iadeep_proto::{
-    DeviceInfo, DeviceResidents, LrScalingRule, ReleaseRequest, SoloProfile, TaskSpec,
-};
+use iadeep_proto::{DeviceInfo, DeviceResidents, LrScalingRule, ReleaseRequest};
 use iadeep_state::testing::EtcdServer;
 use iadeep_state::{EtcdStore, StateStore, keys, typed};
 use tonic::transport::Channel;
 
+use crate::fixtures::spec;
 use crate::placer::{eventually, place_on};
 
 const DEVICE: &str = "n1.gpu0";
@@ -56,25 +55,6 @@ async fn cluster(server: &EtcdServer, params: PlacerParams) -> (Arc<dyn StateSto
         .await
         .expect("start the placer");
     (store, daemon)
-}
-
-fn spec(id: &str) -> TaskSpec {
-    TaskSpec {
-        task_id: id.into(),
-        model: "resnet50".into(),
-        initial_batch_size: 32,
-        min_batch_size: 16,
-        max_batch_size: 64,
-        gpu_mem_request_mib: 2_000,
-        lr_rule: LrScalingRule::Linear as i32,
-        profile: Some(SoloProfile {
-            batch_size: 32,
-            step_time_s: Some(0.05),
-            peak_mem_mib: Some(2_000),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
 }
 
 async fn place_and_release(client: &mut PlacerClient<Channel>, id: &str, release: bool) {

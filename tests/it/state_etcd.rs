@@ -6,16 +6,9 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iadeep_state::testing::EtcdServer;
 use iadeep_state::testing::conformance::next_event;
+use iadeep_state::testing::start_etcd;
 use iadeep_state::{EtcdStore, StateError, StateStore, StoreUrl, WatchEvent};
-
-fn start_etcd() -> EtcdServer {
-    match EtcdServer::start() {
-        Ok(server) => server,
-        Err(err) => panic!("{err}"),
-    }
-}
 
 async fn fresh() -> (Arc<dyn StateStore>, Box<dyn Any + Send>) {
     let server = start_etcd();

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::runtime;
+use crate::fixtures;
 use iadeep_agent::Agent;
 use iadeep_objective::MemoryMargin;
 use iadeep_proto::{
@@ -23,9 +23,10 @@ use iadeep_proto::{
     TunerState,
 };
 use iadeep_state::testing::EtcdServer;
+use iadeep_state::testing::runtime;
 use iadeep_state::{EtcdStore, StateStore, keys, typed};
 use iadeep_tuner::daemon::{Daemon, DaemonParams, JournalEntry};
-use iadeep_tuner::device_tuner::{Action, DeviceTuner};
+use iadeep_tuner::{Action, DeviceTuner};
 
 const A_S: f64 = 0.004;
 const C_S: f64 = 0.004 / 64.0;
@@ -54,10 +55,11 @@ fn true_sum_pd(sizes: &[u32]) -> f64 {
         .sum()
 }
 
+/// The shared job turned into this file's synthetic model, which asks for no memory.
 fn spec(task: &str) -> TaskSpec {
     TaskSpec {
-        task_id: task.into(),
         model: "synthetic".into(),
+        gpu_mem_request_mib: 0,
         initial_batch_size: M0,
         min_batch_size: 8,
         max_batch_size: 256,
@@ -69,7 +71,7 @@ fn spec(task: &str) -> TaskSpec {
             ..Default::default()
         }),
         lr_rule: LrScalingRule::Sqrt as i32,
-        ..Default::default()
+        ..fixtures::spec(task)
     }
 }
 

@@ -6,7 +6,7 @@
 //! starting from the previous hyper-parameters.
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use iadeep_tuner::search::{GpLcb, LcbParams, SearchSpace};
+use iadeep_tuner::{GpLcb, LcbParams, SearchSpace};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

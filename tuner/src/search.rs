@@ -216,7 +216,7 @@ pub struct LcbParams {
     /// posterior mean, the search maximises P(runs) × (incumbent − LCB), the expected
     /// optimistic gain of the round, which is how constrained Bayesian optimisation weighs
     /// expected improvement by the probability that the constraint holds (see
-    /// [`crate::feasibility`]). Where nothing promises an improvement it minimises the LCB as
+    /// `feasibility.rs`). Where nothing promises an improvement it minimises the LCB as
     /// before. With a memory model (`memory: Some`) P(runs) = 1 for everything that fits it
     /// (the model is fit on measured peaks, takes out-of-memory reports in and keeps a
     /// margin, so it knows more than a few probes), and the rule reduces to plain GP-LCB.
@@ -904,11 +904,6 @@ impl Controller {
         &mut self.search
     }
 
-    /// The parameters it was built with.
-    pub fn params(&self) -> &ControllerParams {
-        &self.params
-    }
-
     /// Whether the search has stopped.
     pub fn is_settled(&self) -> bool {
         self.settled.is_some()
@@ -987,14 +982,6 @@ impl Controller {
         self.settled = None;
         self.stale_rounds = 0;
         self.best = None;
-    }
-
-    /// Replaces the search space (a task joined or left): old observations describe another
-    /// set of tasks, so the search starts over.
-    pub fn restart(&mut self, space: SearchSpace, params: LcbParams, seed: u64) -> Result<()> {
-        self.search = GpLcb::new(space, params, seed)?;
-        self.reopen();
-        Ok(())
     }
 }
 

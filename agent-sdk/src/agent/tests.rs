@@ -4,16 +4,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iadeep_proto::{BatchSizeAssignment, LrScalingRule, Placement, TaskReport, TaskSpec};
+use iadeep_state::testing::runtime;
 use iadeep_state::{EmbeddedStore, StateStore, keys, typed};
 
 use super::*;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 fn memory_store() -> Arc<dyn StateStore> {
     Arc::new(EmbeddedStore::in_memory().expect("in-memory store"))
@@ -418,7 +412,7 @@ fn a_peak_the_trainer_records_reaches_the_report() {
     agent.finish().expect("finish");
 }
 
-/// Issue 12, Deliver 3: the placer writes a starting assignment with the placement; the
+/// The placer writes a starting assignment with the placement; the
 /// loop's very first step runs at it, not at m0.
 #[test]
 fn a_starting_assignment_is_applied_before_the_first_step() {
@@ -450,7 +444,7 @@ fn a_starting_assignment_is_applied_before_the_first_step() {
     agent.finish().expect("finish");
 }
 
-/// Issue 12, point 2: the peak reported after a shrink is the new size's, labelled with it.
+/// The peak reported after a shrink is the new size's, labelled with it.
 #[test]
 fn reported_peak_memory_belongs_to_the_current_batch_size() {
     let rt = runtime();
@@ -491,7 +485,7 @@ fn reported_peak_memory_belongs_to_the_current_batch_size() {
     agent.finish().expect("finish");
 }
 
-/// Issue 15, point 2: the loop hears that its job's placement was deleted while it runs
+/// The loop hears that its job's placement was deleted while it runs
 /// (its memory is no longer reserved), and that it holds one again.
 #[test]
 fn a_lost_and_restored_reservation_is_a_change_for_the_loop() {

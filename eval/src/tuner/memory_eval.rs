@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use iadeep_objective::stats::{median, quantile};
-use iadeep_tuner::error::{Result, TunerError};
-use iadeep_tuner::memory::{CubicBaseline, MemoryModel, MemorySample};
+use iadeep_tuner::{Result, TunerError};
+use iadeep_tuner::{CubicBaseline, MemoryModel, MemorySample};
 
 /// One CSV row.
 #[derive(Clone, Debug, PartialEq)]

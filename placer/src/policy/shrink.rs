@@ -30,7 +30,7 @@ pub(super) fn shrink_plan(
         .map(|r| {
             let current = r.batch_size();
             let mut steps = vec![(current, r.footprint_mib(memory))];
-            let mut sizes = iadeep_tuner::device_tuner::candidate_sizes(r.spec());
+            let mut sizes = iadeep_tuner::candidate_sizes(r.spec());
             sizes.retain(|&b| b < current);
             for b in sizes.into_iter().rev() {
                 match memory.bound_mib(r.spec(), r.report.as_ref(), b) {

@@ -4,7 +4,7 @@
 //! - [`ownership`]: one tuner per device (a lease-bound owner key taken in a transaction)
 //!   and its `DeviceInfo` record kept published under that lease;
 //! - [`tasks`]: range-then-watch folds of the tasks and of the device's reservations;
-//! - [`driver`]: the store's changes in as the tuner's inputs, its actions out (assignment
+//! - `driver.rs`: the store's changes in as the tuner's inputs, its actions out (assignment
 //!   rounds in one transaction, samples, persisted state);
 //! - [`metrics`]: Prometheus text metrics.
 //!

@@ -280,7 +280,7 @@ pub fn profile_is_local(profile_kind: &str, device_kind: &str) -> bool {
 
 /// Candidate batch sizes of a task: the sizes it allows (`allowed_batch_sizes`) within
 /// [min, max], or else a geometric grid with ratio √2 through m0 within [min, max], plus the
-/// bounds themselves; m0 always; thinned to at most [`MAX_CANDIDATES`] around m0.
+/// bounds themselves; m0 always; thinned to at most `MAX_CANDIDATES` (13) around m0.
 ///
 /// √2 steps: step time and memory are smooth in log batch size, so finer steps buy little,
 /// and every extra size multiplies the joint lattice. Unset bounds (0) pin the task at m0:

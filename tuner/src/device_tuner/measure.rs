@@ -8,7 +8,7 @@
 
 use iadeep_proto::TaskReport;
 
-use crate::stats::median;
+use iadeep_objective::stats::median;
 
 /// What the round is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

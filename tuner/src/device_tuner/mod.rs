@@ -56,13 +56,9 @@ use crate::memory::MemoryModelParams;
 use crate::search::{
     Controller, ControllerParams, Decision, GpLcb, LcbParams, MemoryConstraint, SearchSpace,
 };
-pub use knowledge::{
-    MAX_CANDIDATES, SoloEstimate, SoloSource, TaskKnowledge, candidate_sizes, estimate_solo_step,
-    profile_is_local,
-};
+pub use knowledge::{TaskKnowledge, candidate_sizes};
 use measure::{Measurement, Outcome, Purpose};
 pub use persist::{Persisted, Session};
-pub use samples::LEARNED_SOLO_SOURCES;
 pub use translate::{DeviceTask, RunningTask, Translator};
 
 /// Everything that tunes a device tuner's behaviour. The daemon and the simulator use the

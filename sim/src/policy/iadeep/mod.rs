@@ -432,7 +432,7 @@ impl Policy for Iadeep {
 
     fn diagnostics(&self) -> String {
         let (accepted, refits) = self.predictor.as_ref().map_or((0, 0), |p| p.counts());
-        let mut tuners = iadeep_tuner::device_tuner::Counters::default();
+        let mut tuners = iadeep_tuner::Counters::default();
         for t in self.tuners.values() {
             let c = t.status().counters;
             tuners.searches += c.searches;

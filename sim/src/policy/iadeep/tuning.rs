@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use iadeep_proto::{BatchSizeAssignment, CoLocationSample, DeviceInfo, ProfilePoint, TaskReport};
-use iadeep_tuner::device_tuner::{
+use iadeep_tuner::{
     Action, DeviceTask, DeviceTuner, DeviceTunerParams, RunningTask, Translator,
 };
 
@@ -80,7 +80,7 @@ impl SimTuner {
     }
 
     /// The tuner's counters.
-    pub fn status(&self) -> iadeep_tuner::device_tuner::Status {
+    pub fn status(&self) -> iadeep_tuner::Status {
         self.tuner.status()
     }
 
