@@ -54,6 +54,7 @@ use crate::metrics::{RunMetrics, TaskOutcome};
 use crate::policy::{Admission, Assignment, Decision, OomAction, Policy, TuneStep};
 use crate::view::{AgentReport, ClusterView, JobInfo, Resident, SoloProfile, TaskSpec, Waiting};
 use crate::workload::TaskTemplate;
+use crate::world::catalogue::Family;
 use crate::world::{TypeId, World, memory};
 
 /// With [`Admission::EachTask`], a pass over the queue stops after this many tasks
@@ -308,6 +309,73 @@ impl ClusterView for View<'_, '_> {
     }
 }
 
+/// What became of an event (see [`Engine::dispatch`]).
+enum Dispatched {
+    Stale,
+    /// A task finished.
+    Finished,
+    Handled,
+}
+
+impl TaskState {
+    /// Task `index` of the workload, `t` (of `family`), before it arrives; `profile` is
+    /// what it is submitted with, and `solo_steps_per_s` its true solo speed.
+    fn submitted(
+        index: usize,
+        t: &TaskTemplate,
+        family: &Family,
+        profile: Option<SoloProfile>,
+        solo_steps_per_s: f64,
+    ) -> TaskState {
+        TaskState {
+            spec: TaskSpec {
+                id: index,
+                model: family.name.clone(),
+                m0: t.m0,
+                batch_sizes: family.batch_sizes.clone(),
+                profile,
+                submit_s: t.submit_s,
+                total_samples: t.work_samples,
+            },
+            true_solo_step_s: 1.0 / solo_steps_per_s,
+            family: t.family,
+            status: Status::NotArrived,
+            batch_size: t.m0,
+            job: t.job,
+            done: 0.0,
+            rate: 0.0,
+            last_s: t.submit_s,
+            version: 0,
+            active: false,
+            // Nothing measured before the first steps (`seq` 0): no step time, no
+            // peak (the world's values must not reach a policy this way either).
+            report: AgentReport {
+                batch_size: t.m0,
+                step_time_s: 0.0,
+                samples_per_s: 0.0,
+                peak_mem_mib: 0,
+                // No estimate before the first steps.
+                grad_noise_scale: None,
+                samples_done: 0.0,
+                oom_batch_size: None,
+                seq: 0,
+                running: false,
+            },
+            ooms: 0,
+            fenced_ooms: 0,
+            fence_mib: None,
+            hold_until_s: 0.0,
+            first_start_s: None,
+            finish_s: None,
+            last_device: 0,
+            fragmentation: 0.0,
+            allocations: 0,
+            agent: EmulatedAgent::default(),
+            reported_s: t.submit_s,
+        }
+    }
+}
+
 impl<'w> Engine<'w> {
     /// Prepares a run over `workload` on `params.gpus` devices of the world's kind.
     pub fn new(
@@ -335,52 +403,7 @@ impl<'w> Engine<'w> {
                     step_time_s: profiled / info.solo_steps_per_s,
                     peak_mem_mib: world.memory.peak_mib(t.job, profiled_fragmentation),
                 });
-                TaskState {
-                    spec: TaskSpec {
-                        id: index,
-                        model: family.name.clone(),
-                        m0: t.m0,
-                        batch_sizes: family.batch_sizes.clone(),
-                        profile,
-                        submit_s: t.submit_s,
-                        total_samples: t.work_samples,
-                    },
-                    true_solo_step_s: 1.0 / info.solo_steps_per_s,
-                    family: t.family,
-                    status: Status::NotArrived,
-                    batch_size: t.m0,
-                    job: t.job,
-                    done: 0.0,
-                    rate: 0.0,
-                    last_s: t.submit_s,
-                    version: 0,
-                    active: false,
-                    // Nothing measured before the first steps (`seq` 0): no step time, no
-                    // peak (the world's values must not reach a policy this way either).
-                    report: AgentReport {
-                        batch_size: t.m0,
-                        step_time_s: 0.0,
-                        samples_per_s: 0.0,
-                        peak_mem_mib: 0,
-                        // No estimate before the first steps.
-                        grad_noise_scale: None,
-                        samples_done: 0.0,
-                        oom_batch_size: None,
-                        seq: 0,
-                        running: false,
-                    },
-                    ooms: 0,
-                    fenced_ooms: 0,
-                    fence_mib: None,
-                    hold_until_s: 0.0,
-                    first_start_s: None,
-                    finish_s: None,
-                    last_device: 0,
-                    fragmentation: 0.0,
-                    allocations: 0,
-                    agent: EmulatedAgent::default(),
-                    reported_s: t.submit_s,
-                }
+                TaskState::submitted(index, t, family, profile, info.solo_steps_per_s)
             })
             .collect();
         let mut engine = Engine {
@@ -437,52 +460,13 @@ impl<'w> Engine<'w> {
                 });
             }
             self.now = event.at;
-            match event.kind {
-                EventKind::Arrival(task) => {
-                    self.tasks[task].status = Status::Waiting;
-                    self.queue.push_back(task);
-                    self.waiting_version += 1;
-                }
-                EventKind::Finish { task, version } => {
-                    if self.tasks[task].version != version {
-                        continue;
-                    }
-                    let Status::Running(device) = self.tasks[task].status else {
-                        continue;
-                    };
-                    self.advance(device);
-                    let state = &mut self.tasks[task];
-                    state.status = Status::Done;
-                    state.finish_s = Some(self.now);
-                    state.rate = 0.0;
-                    state.version += 1;
-                    state.report.running = false;
-                    self.devices[device].residents.retain(|t| *t != task);
-                    policy.on_finish(device, task);
-                    self.residents_changed(device, policy);
+            match self.dispatch(event.kind, policy)? {
+                Dispatched::Stale => continue,
+                Dispatched::Finished => {
                     finished += 1;
                     progress(finished, total);
                 }
-                EventKind::Tune { device, epoch } => {
-                    if self.devices[device].epoch != epoch {
-                        continue;
-                    }
-                    self.tune(device, policy)?;
-                }
-                EventKind::Restart { task, version } => {
-                    if self.tasks[task].version != version {
-                        continue;
-                    }
-                    let Status::Running(device) = self.tasks[task].status else {
-                        continue;
-                    };
-                    self.advance(device);
-                    self.tasks[task].active = true;
-                    self.allocate(task);
-                    self.after_memory_change(device, &[task], policy);
-                }
-                EventKind::Retry => self.retry_pending = false,
-                EventKind::Refresh => self.refresh(),
+                Dispatched::Handled => {}
             }
             self.admit(policy)?;
             if finished == total {
@@ -504,8 +488,66 @@ impl<'w> Engine<'w> {
                 ),
             });
         }
-        self.metrics.tasks = self
-            .tasks
+        self.metrics.tasks = self.outcomes();
+        self.metrics.events = processed;
+        Ok(self.metrics)
+    }
+
+    /// Handles one event at `self.now`: `Stale` when it no longer applies (a task or
+    /// device moved on since it was scheduled), and then nothing is admitted after it.
+    fn dispatch(&mut self, kind: EventKind, policy: &mut dyn Policy) -> Result<Dispatched> {
+        match kind {
+            EventKind::Arrival(task) => {
+                self.tasks[task].status = Status::Waiting;
+                self.queue.push_back(task);
+                self.waiting_version += 1;
+            }
+            EventKind::Finish { task, version } => {
+                if self.tasks[task].version != version {
+                    return Ok(Dispatched::Stale);
+                }
+                let Status::Running(device) = self.tasks[task].status else {
+                    return Ok(Dispatched::Stale);
+                };
+                self.advance(device);
+                let state = &mut self.tasks[task];
+                state.status = Status::Done;
+                state.finish_s = Some(self.now);
+                state.rate = 0.0;
+                state.version += 1;
+                state.report.running = false;
+                self.devices[device].residents.retain(|t| *t != task);
+                policy.on_finish(device, task);
+                self.residents_changed(device, policy);
+                return Ok(Dispatched::Finished);
+            }
+            EventKind::Tune { device, epoch } => {
+                if self.devices[device].epoch != epoch {
+                    return Ok(Dispatched::Stale);
+                }
+                self.tune(device, policy)?;
+            }
+            EventKind::Restart { task, version } => {
+                if self.tasks[task].version != version {
+                    return Ok(Dispatched::Stale);
+                }
+                let Status::Running(device) = self.tasks[task].status else {
+                    return Ok(Dispatched::Stale);
+                };
+                self.advance(device);
+                self.tasks[task].active = true;
+                self.allocate(task);
+                self.after_memory_change(device, &[task], policy);
+            }
+            EventKind::Retry => self.retry_pending = false,
+            EventKind::Refresh => self.refresh(),
+        }
+        Ok(Dispatched::Handled)
+    }
+
+    /// Every task's outcome, as the run left it.
+    fn outcomes(&self) -> Vec<TaskOutcome> {
+        self.tasks
             .iter()
             .map(|t| TaskOutcome {
                 id: t.spec.id,
@@ -521,9 +563,7 @@ impl<'w> Engine<'w> {
                 device: t.last_device,
                 final_batch_size: t.batch_size,
             })
-            .collect();
-        self.metrics.events = processed;
-        Ok(self.metrics)
+            .collect()
     }
 
     /// Offers crashed tasks (each, in order), then the head of the queue until the

@@ -11,20 +11,8 @@ use crate::policy::Policy;
 use crate::workload::{self, TaskTemplate, WorkloadParams};
 use crate::world::{Interference, World};
 
-/// The policy names, in table order.
-pub const POLICY_NAMES: &[&str] = &[
-    "exclusive",
-    "packing",
-    "util",
-    "memory",
-    "reference",
-    "reference-fixed",
-    "pollux",
-    "iadeep",
-    "iadeep-no-tuner",
-    "iadeep-no-predictor",
-    "oracle",
-];
+/// The policy names, in table order (defined beside [`crate::policy::build`]).
+pub use crate::policy::POLICY_NAMES;
 
 /// What to simulate.
 #[derive(Clone, Debug, PartialEq)]

@@ -108,7 +108,27 @@ pub fn write_all(dir: &Path, runs: &[RunMetrics], summaries: &[Summary]) -> Resu
         source,
     })?;
     let mut written = Vec::new();
+    for (name, csv) in [
+        ("summary.csv", summary_csv(summaries)),
+        ("tasks.csv", tasks_csv(runs)),
+        ("utilisation.csv", utilisation_csv(runs)),
+    ] {
+        let path = dir.join(name);
+        write(&path, &csv)?;
+        written.push(path);
+    }
 
+    let path = dir.join("completion_cdf.svg");
+    plot_cdf(&path, runs)?;
+    written.push(path);
+    let path = dir.join("utilisation.svg");
+    plot_utilisation(&path, runs)?;
+    written.push(path);
+    Ok(written)
+}
+
+/// `summary.csv`: one row per policy.
+fn summary_csv(summaries: &[Summary]) -> String {
     let mut csv = String::from(
         "policy,tasks,avg_ct_s,p50_ct_s,p99_ct_s,makespan_s,ooms,fenced_ooms,avg_util,avg_work_rate,tuning_rounds,batch_changes,decision_latency_us,decision_latency_p99_us,tune_latency_us\n",
     );
@@ -133,10 +153,11 @@ pub fn write_all(dir: &Path, runs: &[RunMetrics], summaries: &[Summary]) -> Resu
             s.tune_latency_us
         );
     }
-    let path = dir.join("summary.csv");
-    write(&path, &csv)?;
-    written.push(path);
+    csv
+}
 
+/// `tasks.csv`: one row per task of every run.
+fn tasks_csv(runs: &[RunMetrics]) -> String {
     let mut csv = String::from(
         "policy,task,model,m0,submit_s,start_s,finish_s,completion_s,ooms,fenced_ooms\n",
     );
@@ -158,10 +179,11 @@ pub fn write_all(dir: &Path, runs: &[RunMetrics], summaries: &[Summary]) -> Resu
             );
         }
     }
-    let path = dir.join("tasks.csv");
-    write(&path, &csv)?;
-    written.push(path);
+    csv
+}
 
+/// `utilisation.csv`: time-weighted means over [`UTIL_CSV_BINS`] windows per policy.
+fn utilisation_csv(runs: &[RunMetrics]) -> String {
     let mut csv = String::from("policy,start_s,end_s,mean_busy_gpus,mean_work_rate\n");
     for run in runs {
         for bin in util_bins(run, UTIL_CSV_BINS) {
@@ -172,17 +194,7 @@ pub fn write_all(dir: &Path, runs: &[RunMetrics], summaries: &[Summary]) -> Resu
             );
         }
     }
-    let path = dir.join("utilisation.csv");
-    write(&path, &csv)?;
-    written.push(path);
-
-    let path = dir.join("completion_cdf.svg");
-    plot_cdf(&path, runs)?;
-    written.push(path);
-    let path = dir.join("utilisation.svg");
-    plot_utilisation(&path, runs)?;
-    written.push(path);
-    Ok(written)
+    csv
 }
 
 fn plot_error(path: &Path, err: impl std::fmt::Display) -> SimError {

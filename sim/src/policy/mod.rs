@@ -51,7 +51,7 @@ pub enum Decision {
         batch_size: u32,
         shrinks: Vec<Assignment>,
         /// The memory fence of the task's agent, MiB, when it has one: the agent caps its
-        /// own allocator there (DESIGN.md, "Memory fence"), so a run that needs more fails
+        /// own allocator there (docs/design.md, "Memory fence"), so a run that needs more fails
         /// its own allocation and falls back, never touching its co-runners; later
         /// assignments move the fence ([`Assignment::memory_bound_mib`]). The iadeep
         /// policies fence every task at the placer's reservation; `None` (the baselines)
@@ -184,7 +184,22 @@ pub trait Policy {
     }
 }
 
-/// Builds a policy by name (see [`crate::experiment::POLICY_NAMES`]); the `oracle`
+/// The policy names, in table order: the ones [`build`] knows, and `oracle`.
+pub const POLICY_NAMES: &[&str] = &[
+    "exclusive",
+    "packing",
+    "util",
+    "memory",
+    "reference",
+    "reference-fixed",
+    "pollux",
+    "iadeep",
+    "iadeep-no-tuner",
+    "iadeep-no-predictor",
+    "oracle",
+];
+
+/// Builds a policy by name (see [`POLICY_NAMES`]); the `oracle`
 /// needs the world and is built by [`crate::experiment::Experiment::policy`].
 pub fn build(name: &str, seed: u64) -> crate::Result<Box<dyn Policy>> {
     Ok(match name {
@@ -207,7 +222,7 @@ pub fn build(name: &str, seed: u64) -> crate::Result<Box<dyn Policy>> {
         _ => {
             return Err(crate::SimError::UnknownPolicy {
                 requested: name.to_owned(),
-                known: crate::experiment::POLICY_NAMES.join(", "),
+                known: POLICY_NAMES.join(", "),
             });
         }
     })

@@ -74,6 +74,99 @@ pub fn default_capacity_mib(worker_type: &str) -> Option<u64> {
     }
 }
 
+/// The fit's candidate fixed (and top-of-range) MiB: 48 points, log-spaced from 128 MiB
+/// to the largest whole number of allocator blocks on a card of `cap` MiB, so that a job
+/// at the top of the grid still fits alone after rounding.
+fn memory_grid(cap: f64) -> Vec<f64> {
+    let steps = 48;
+    let top = (cap / ALLOCATOR_BLOCK_MIB as f64).floor() * ALLOCATOR_BLOCK_MIB as f64;
+    let (low, high) = (128f64.ln(), top.ln());
+    (0..steps)
+        .map(|i| {
+            (low + (high - low) * i as f64 / (steps - 1) as f64)
+                .exp()
+                .floor()
+        })
+        .collect()
+}
+
+/// What [`MemoryFit::fit`] searches over: each family's `(lo, hi)` grid indices, judged
+/// by how many measured pairs they agree with.
+struct Fitter<'a> {
+    catalogue: &'a Catalogue,
+    grid: Vec<f64>,
+    cap: f64,
+    /// Unordered pairs with an outcome: (i, j, failed).
+    pairs: Vec<(TypeId, TypeId, bool)>,
+}
+
+impl Fitter<'_> {
+    /// Fixed and activation MiB of job type `t` under `params`.
+    fn parts_of(&self, params: &[(usize, usize)], t: TypeId) -> (f64, f64) {
+        let info = &self.catalogue.types[t];
+        let family = &self.catalogue.families[info.family];
+        let (lo, hi) = (
+            self.grid[params[info.family].0],
+            self.grid[params[info.family].1],
+        );
+        match (family.batch_sizes.first(), family.batch_sizes.last()) {
+            (Some(&min), Some(&max)) if max > min => {
+                let x = f64::from(info.batch_size - min) / f64::from(max - min);
+                (lo, (hi - lo) * activation_share(x))
+            }
+            _ => (lo, 0.0),
+        }
+    }
+
+    /// Peak MiB of job type `t` under `params`, in whole allocator blocks.
+    fn memory_of(&self, params: &[(usize, usize)], t: TypeId) -> f64 {
+        let (fixed, activation) = self.parts_of(params, t);
+        to_blocks(fixed + activation) as f64
+    }
+
+    /// The measured pairs (those with a job of family `only`, if given) whose outcome
+    /// `params` predicts: over the card exactly when the pair failed.
+    fn agreement(&self, params: &[(usize, usize)], only: Option<usize>) -> usize {
+        let types = &self.catalogue.types;
+        self.pairs
+            .iter()
+            .filter(|(i, j, _)| only.is_none_or(|f| types[*i].family == f || types[*j].family == f))
+            .filter(|(i, j, failed)| {
+                let over = self.memory_of(params, *i) + self.memory_of(params, *j) > self.cap;
+                over == *failed
+            })
+            .count()
+    }
+
+    /// Of family `f`'s settings (the others as in `params`) that agree with the most
+    /// pairs, the middle one: neither the least nor the most memory the measurements
+    /// allow.
+    fn middle_of_best(&self, params: &[(usize, usize)], f: usize) -> Option<(usize, usize)> {
+        let mut best_score = 0;
+        let mut tied: Vec<(usize, usize)> = Vec::new();
+        let single = self.catalogue.families[f].batch_sizes.len() < 2;
+        for lo in 0..self.grid.len() {
+            for hi in lo..self.grid.len() {
+                if single && hi != lo {
+                    continue;
+                }
+                let mut trial = params.to_vec();
+                trial[f] = (lo, hi);
+                let score = self.agreement(&trial, Some(f));
+                if score > best_score {
+                    best_score = score;
+                    tied.clear();
+                }
+                if score == best_score {
+                    tied.push((lo, hi));
+                }
+            }
+        }
+        tied.sort_by_key(|(lo, hi)| (lo + hi, *lo));
+        tied.get(tied.len() / 2).copied()
+    }
+}
+
 /// The fitted memory model of one worker type.
 #[derive(Clone, Debug)]
 pub struct MemoryFit {
@@ -98,39 +191,7 @@ impl MemoryFit {
             });
         }
         let cap = capacity_mib as f64;
-        let grid: Vec<f64> = {
-            let steps = 48;
-            // Top: the largest whole number of allocator blocks on the card, so that a
-            // job at the top of the grid still fits alone after rounding.
-            let top = (cap / ALLOCATOR_BLOCK_MIB as f64).floor() * ALLOCATOR_BLOCK_MIB as f64;
-            let (low, high) = (128f64.ln(), top.ln());
-            (0..steps)
-                .map(|i| {
-                    (low + (high - low) * i as f64 / (steps - 1) as f64)
-                        .exp()
-                        .floor()
-                })
-                .collect()
-        };
-        let families = &catalogue.families;
-        let mut params: Vec<(usize, usize)> = vec![(0, 0); families.len()];
         let n = catalogue.len();
-        let parts_of = |params: &[(usize, usize)], t: TypeId| -> (f64, f64) {
-            let info = &catalogue.types[t];
-            let family = &families[info.family];
-            let (lo, hi) = (grid[params[info.family].0], grid[params[info.family].1]);
-            match (family.batch_sizes.first(), family.batch_sizes.last()) {
-                (Some(&min), Some(&max)) if max > min => {
-                    let x = f64::from(info.batch_size - min) / f64::from(max - min);
-                    (lo, (hi - lo) * activation_share(x))
-                }
-                _ => (lo, 0.0),
-            }
-        };
-        let memory_of = |params: &[(usize, usize)], t: TypeId| -> f64 {
-            let (fixed, activation) = parts_of(params, t);
-            to_blocks(fixed + activation) as f64
-        };
         // Unordered pairs with an outcome: (i, j, failed).
         let mut pairs = Vec::new();
         for i in 0..n {
@@ -138,46 +199,18 @@ impl MemoryFit {
                 pairs.push((i, j, catalogue.gavel_failed(i, j)));
             }
         }
-        let agreement = |params: &[(usize, usize)], only: Option<usize>| -> usize {
-            pairs
-                .iter()
-                .filter(|(i, j, _)| {
-                    only.is_none_or(|f| {
-                        catalogue.types[*i].family == f || catalogue.types[*j].family == f
-                    })
-                })
-                .filter(|(i, j, failed)| {
-                    let over = memory_of(params, *i) + memory_of(params, *j) > cap;
-                    over == *failed
-                })
-                .count()
+        let fitter = Fitter {
+            catalogue,
+            grid: memory_grid(cap),
+            cap,
+            pairs,
         };
+        let families = &catalogue.families;
+        let mut params: Vec<(usize, usize)> = vec![(0, 0); families.len()];
         for _sweep in 0..12 {
             let mut changed = false;
             for f in 0..families.len() {
-                let mut best_score = 0;
-                let mut tied: Vec<(usize, usize)> = Vec::new();
-                for lo in 0..grid.len() {
-                    for hi in lo..grid.len() {
-                        if families[f].batch_sizes.len() < 2 && hi != lo {
-                            continue;
-                        }
-                        let mut trial = params.clone();
-                        trial[f] = (lo, hi);
-                        let score = agreement(&trial, Some(f));
-                        if score > best_score {
-                            best_score = score;
-                            tied.clear();
-                        }
-                        if score == best_score {
-                            tied.push((lo, hi));
-                        }
-                    }
-                }
-                // The middle of the agreeing settings: neither the least nor the most
-                // memory the measurements allow.
-                tied.sort_by_key(|(lo, hi)| (lo + hi, *lo));
-                if let Some(&choice) = tied.get(tied.len() / 2)
+                if let Some(choice) = fitter.middle_of_best(&params, f)
                     && choice != params[f]
                 {
                     params[f] = choice;
@@ -188,8 +221,10 @@ impl MemoryFit {
                 break;
             }
         }
-        let per_type_parts: Vec<(f64, f64)> = (0..n).map(|t| parts_of(&params, t)).collect();
-        let per_type_mib: Vec<u64> = (0..n).map(|t| memory_of(&params, t) as u64).collect();
+        let per_type_parts: Vec<(f64, f64)> = (0..n).map(|t| fitter.parts_of(&params, t)).collect();
+        let per_type_mib: Vec<u64> = (0..n)
+            .map(|t| fitter.memory_of(&params, t) as u64)
+            .collect();
         if let Some(t) = (0..n).find(|t| per_type_mib[*t] > capacity_mib) {
             return Err(SimError::Data(format!(
                 "memory fit puts {} alone over the card",
@@ -202,10 +237,10 @@ impl MemoryFit {
             per_type_mib,
             family_range_mib: params
                 .iter()
-                .map(|(lo, hi)| (grid[*lo] as u64, grid[*hi] as u64))
+                .map(|(lo, hi)| (fitter.grid[*lo] as u64, fitter.grid[*hi] as u64))
                 .collect(),
-            agreeing: agreement(&params, None),
-            judged: pairs.len(),
+            agreeing: fitter.agreement(&params, None),
+            judged: fitter.pairs.len(),
         })
     }
 

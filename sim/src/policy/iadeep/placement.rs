@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use iadeep_placer::model::{MemoryEstimator, SlowdownEstimate, SlowdownModel};
+use iadeep_placer::model::MemoryEstimator;
+use iadeep_predictor::{Prediction, PredictionSource, SlowdownModel};
 use iadeep_placer::policy::Assessment;
 use iadeep_placer::view::profile_of;
 use iadeep_placer::{Clock, PlacementService, Placer, PlacerParams, Verdict};
@@ -67,7 +68,7 @@ impl SlowdownModel for SharedPredictor {
         device_kind: &str,
         task: &TaskProfile,
         corunners: &[TaskProfile],
-    ) -> SlowdownEstimate {
+    ) -> Prediction {
         self.lock().predict(device_kind, task, corunners).into()
     }
 
@@ -500,55 +501,7 @@ fn audit_record(
     assessment: &Assessment<'_>,
     verdict: &Verdict,
 ) -> AuditRecord {
-    let kind = view.device_kind();
-    let new = profile_of(spec, None);
-    let model = placer.slowdown_model();
-    let learned = |t: &TaskProfile, co: &[TaskProfile]| {
-        let p = model.predict(kind, t, co);
-        (p.slowdown, p.uncertainty)
-    };
-    let heuristic = |t: &TaskProfile, co: &[TaskProfile]| {
-        if co.is_empty() {
-            return (1.0, 0.0);
-        }
-        let p = iadeep_predictor::heuristic::predict(t, co);
-        (p.slowdown, p.uncertainty)
-    };
-    let head = placer.params().explain_top_k.max(1);
-    let candidates = assessment
-        .candidates
-        .iter()
-        .take(head)
-        .filter(|c| !c.idle)
-        .filter_map(|c| {
-            let device_state = placer_view.device(c.device_id)?;
-            let profiles = &device_state.summary().profiles;
-            let residents = device_state
-                .residents
-                .iter()
-                .zip(profiles)
-                .map(|(r, p)| {
-                    let id = r
-                        .reservation
-                        .task_id
-                        .strip_prefix("task-")
-                        .and_then(|t| t.parse().ok())
-                        .unwrap_or(usize::MAX);
-                    (id, p.batch_size)
-                })
-                .collect();
-            let (predicted, uncertainty) = slowdowns(&learned, &new, profiles);
-            Some(AuditCandidate {
-                device: c.device_id.strip_prefix("gpu-")?.parse().ok()?,
-                residents,
-                predicted,
-                uncertainty,
-                rank: c.rank,
-                heuristic: slowdowns(&heuristic, &new, profiles).0,
-                truth: None,
-            })
-        })
-        .collect();
+    let candidates = audit_candidates(placer, placer_view, view.device_kind(), spec, assessment);
     let (verdict, device) = match verdict {
         Verdict::Place { device_id, .. } => (
             "place",
@@ -583,6 +536,66 @@ fn audit_record(
         residents_done_s: None,
         drained_s: None,
     }
+}
+
+/// The scored shared candidates at the head of the ranking (`explain_top_k`), each
+/// with the slowdowns the placer's model and the cold-start heuristic predict for
+/// `spec` joining it.
+fn audit_candidates(
+    placer: &Placer,
+    placer_view: &iadeep_placer::ClusterView,
+    kind: &str,
+    spec: &ProtoSpec,
+    assessment: &Assessment<'_>,
+) -> Vec<AuditCandidate> {
+    let new = profile_of(spec, None);
+    let model = placer.slowdown_model();
+    let learned = |t: &TaskProfile, co: &[TaskProfile]| {
+        let p = model.predict(kind, t, co);
+        (p.slowdown, p.uncertainty)
+    };
+    let heuristic = |t: &TaskProfile, co: &[TaskProfile]| {
+        if co.is_empty() {
+            return (1.0, 0.0);
+        }
+        let p = iadeep_predictor::cold_start_prediction(t, co);
+        (p.slowdown, p.uncertainty)
+    };
+    let head = placer.params().explain_top_k.max(1);
+    assessment
+        .candidates
+        .iter()
+        .take(head)
+        .filter(|c| !c.idle)
+        .filter_map(|c| {
+            let device_state = placer_view.device(c.device_id)?;
+            let profiles = &device_state.summary().profiles;
+            let residents = device_state
+                .residents
+                .iter()
+                .zip(profiles)
+                .map(|(r, p)| {
+                    let id = r
+                        .reservation
+                        .task_id
+                        .strip_prefix("task-")
+                        .and_then(|t| t.parse().ok())
+                        .unwrap_or(usize::MAX);
+                    (id, p.batch_size)
+                })
+                .collect();
+            let (predicted, uncertainty) = slowdowns(&learned, &new, profiles);
+            Some(AuditCandidate {
+                device: c.device_id.strip_prefix("gpu-")?.parse().ok()?,
+                residents,
+                predicted,
+                uncertainty,
+                rank: c.rank,
+                heuristic: slowdowns(&heuristic, &new, profiles).0,
+                truth: None,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
