@@ -15,9 +15,6 @@ pub enum PredictorError {
     /// Nothing to learn from.
     #[error("no training samples")]
     NoSamples,
-    /// Reading or writing the state store failed.
-    #[error(transparent)]
-    State(#[from] iadeep_state::StateError),
     /// Reading a samples file failed.
     #[error("cannot read {path}: {source}")]
     Io {

@@ -24,7 +24,6 @@
 //!   evaluation share;
 //! - `online.rs`: [`OnlinePredictor`], which refits in a background thread and never
 //!   makes a prediction wait for a refit;
-//! - `persist.rs`: samples in the state store and the rebuild after a restart;
 //! - [`jsonl`]: the JSON Lines sample format, the one public module.
 //!
 //! The evaluation (its two splits, the baselines, the Gavel converter) is in the
@@ -53,7 +52,6 @@ pub mod jsonl;
 mod learner;
 mod linear;
 mod online;
-mod persist;
 mod tree;
 mod window;
 
@@ -66,7 +64,6 @@ pub use learner::{
     compose_pairwise, validate_sample,
 };
 pub use online::OnlinePredictor;
-pub use persist::{append_sample, load_samples, rebuild_predictor};
 
 /// Where a prediction came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -117,7 +117,8 @@ impl OnlinePredictor {
     }
 
     /// A predictor that has learned `samples` in order and fitted on them before
-    /// returning (used after a restart). Invalid samples are skipped with a warning.
+    /// returning (used after a restart, on the samples the store kept:
+    /// `iadeep_state::load_samples`). Invalid samples are skipped with a warning.
     pub fn from_samples(
         params: LearnerParams,
         samples: impl IntoIterator<Item = CoLocationSample>,

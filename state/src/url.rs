@@ -23,13 +23,20 @@ use percent_encoding::percent_decode_str;
 
 use crate::embedded::EmbeddedStore;
 use crate::error::{Result, StateError};
-use crate::etcd::{EtcdConfig, EtcdCredentials, EtcdStore, EtcdTls};
+#[cfg(feature = "etcd")]
+use crate::etcd::EtcdStore;
+use crate::etcd_config::{EtcdConfig, EtcdCredentials, EtcdTls};
 use crate::store::StateStore;
 
 /// The accepted forms, for error messages.
 const FORMS: &str = "use etcd://HOST:PORT[,HOST:PORT...] (or etcds:// for TLS) for an etcd \
                      cluster, or a file path containing '/' or ending in .redb (or file:PATH) \
                      for the embedded store";
+
+/// Why an etcd URL does not open in a build without the etcd backend.
+#[cfg(not(feature = "etcd"))]
+const NO_ETCD_BACKEND: &str = "this build has no etcd backend (feature `etcd`); use memory: or an \
+                               embedded store file";
 
 /// Where the state lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,10 +56,19 @@ impl StoreUrl {
         StoreUrl::Embedded(crate::embedded::default_path())
     }
 
-    /// Opens the store this URL names.
+    /// Opens the store this URL names. An etcd URL in a build without the etcd
+    /// backend (feature `etcd`) is refused with an error that says so.
     pub async fn open(&self) -> Result<Arc<dyn StateStore>> {
         Ok(match self {
+            #[cfg(feature = "etcd")]
             StoreUrl::Etcd(config) => Arc::new(EtcdStore::connect_with(config).await?),
+            #[cfg(not(feature = "etcd"))]
+            StoreUrl::Etcd(_) => {
+                return Err(StateError::InvalidUrl {
+                    url: self.to_string(),
+                    reason: NO_ETCD_BACKEND.into(),
+                });
+            }
             StoreUrl::Embedded(path) => Arc::new(EmbeddedStore::open(path)?),
             StoreUrl::Memory => Arc::new(EmbeddedStore::in_memory()?),
         })

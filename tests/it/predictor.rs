@@ -3,11 +3,10 @@
 
 use std::sync::Arc;
 
-use iadeep_predictor::{LearnerParams, OnlinePredictor, PredictionSource};
-use iadeep_predictor::{append_sample, load_samples, rebuild_predictor};
+use iadeep_predictor::{LearnerParams, OnlinePredictor, PredictionSource, validate_sample};
 use iadeep_proto::{CoLocationSample, TaskProfile};
 use iadeep_state::testing::EtcdServer;
-use iadeep_state::{EtcdStore, StateStore, keys};
+use iadeep_state::{EtcdStore, StateStore, append_sample, keys, load_samples};
 
 fn sample(i: u32) -> CoLocationSample {
     let step = 0.03 * f64::from(i % 13 + 1);
@@ -70,9 +69,7 @@ async fn samples_in_etcd_rebuild_the_same_predictor() {
     assert_eq!(loaded.len(), 60);
     assert_eq!(loaded[0], sample(0));
 
-    let rebuilt = rebuild_predictor(store.as_ref(), params)
-        .await
-        .expect("rebuild");
+    let rebuilt = OnlinePredictor::from_samples(params, loaded).expect("rebuild");
     assert_eq!(rebuilt.model_samples(), 60);
     for i in 100..120 {
         let probe = sample(i);
@@ -86,14 +83,16 @@ async fn samples_in_etcd_rebuild_the_same_predictor() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalid_samples_and_ids_are_refused_by_the_store_writer() {
+async fn invalid_samples_and_ids_are_refused_before_the_store() {
     let server = EtcdServer::start().expect("start etcd");
     let store = EtcdStore::connect(&[server.endpoint()])
         .await
         .expect("connect");
     let mut bad = sample(1);
     bad.slowdown = f64::NAN;
-    assert!(append_sample(&store, "node-0:gpu0", &bad).await.is_err());
+    // A writer checks a sample before storing it; the store checks the device id.
+    assert!(validate_sample(&bad).is_err());
+    assert!(validate_sample(&sample(1)).is_ok());
     assert!(append_sample(&store, "a/b", &sample(1)).await.is_err());
     assert!(load_samples(&store).await.expect("load").is_empty());
 }

@@ -44,8 +44,8 @@ use etcd_client::{Client, ConnectOptions};
 use tokio::sync::OnceCell;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use super::config::EtcdConfig;
 use crate::error::{Result, StateError};
+use crate::etcd_config::EtcdConfig;
 
 /// How long one request keeps trying the members before it fails with
 /// [`StateError::Unavailable`]: long enough for etcd to elect a new leader after
@@ -312,7 +312,7 @@ fn member_failed(err: &etcd_client::Error) -> bool {
     }
 }
 
-fn tls_config(tls: &super::config::EtcdTls) -> Result<ClientTlsConfig> {
+fn tls_config(tls: &crate::etcd_config::EtcdTls) -> Result<ClientTlsConfig> {
     let read = |what: &str, path: &std::path::Path| {
         std::fs::read(path).map_err(|e| StateError::InvalidUrl {
             url: format!("etcds://… {what}={}", path.display()),

@@ -1,8 +1,8 @@
 //! The etcd backend, for clusters of many machines.
 //!
 //! Requests move between the cluster's members on their own when one is lost
-//! (see [`members`] for how and within what bound); [`config`] says how the
-//! cluster is reached (endpoints, TLS, credentials).
+//! (see [`members`] for how and within what bound); [`crate::etcd_config`] says how
+//! the cluster is reached (endpoints, TLS, credentials).
 //!
 //! Transactions after a member loss: a transaction whose member was lost while it
 //! was in flight is re-sent to another member. If the lost attempt had in fact
@@ -12,7 +12,6 @@
 //! exists is answered as the placement), never from "failed" alone; etcd's own
 //! clients leave the same ambiguity to their callers, as an error.
 
-pub mod config;
 mod members;
 
 use std::time::Duration;
@@ -22,7 +21,7 @@ use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 
-pub use config::{EtcdConfig, EtcdCredentials, EtcdTls};
+use crate::etcd_config::EtcdConfig;
 pub use members::{
     FAILOVER_BOUND, FAILOVER_BUDGET, LEASE_ATTEMPT_TIMEOUT, READ_ATTEMPT_TIMEOUT,
     WRITE_ATTEMPT_TIMEOUT,

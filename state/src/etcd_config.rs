@@ -1,5 +1,8 @@
 //! How an etcd cluster is reached: its members' endpoints, TLS, and credentials.
 //!
+//! Plain data, in every build: a store URL names an etcd cluster (and parses) even
+//! in a build without the etcd backend (feature `etcd`), which refuses to open it.
+//!
 //! Operators write all of it in one store URL (see [`crate::StoreUrl`]), so every
 //! component that takes `--store` (or an agent's `store(...)`) can reach a secured
 //! cluster without flags of its own.
