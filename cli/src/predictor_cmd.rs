@@ -192,62 +192,80 @@ fn eval(
         "predictor evaluation"
     );
     match split {
-        Split::Default => {
-            let report = evaluate_seeds(&samples, seeds.clone(), params)?;
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-                return Ok(ExitCode::SUCCESS);
-            }
-            println!(
-                "{} samples, default split, seeds {}..{}; MAPE and coverage of the 90 % \
-                 interval, mean over seeds [min..max]",
-                report.samples, seeds.start, seeds.end
-            );
-            println!(
-                "{:<13} {:>28} {:>28} {:>12}",
-                "approach",
-                format!("samples {EARLY_START}..{LATE_START}"),
-                format!("samples {LATE_START}.."),
-                "coverage_90",
-            );
-            for (name, m) in [
-                ("ours", &report.ours),
-                ("reference", &report.reference),
-                ("plain_forest", &report.plain_forest),
-            ] {
-                println!(
-                    "{:<13} {:>28} {:>28} {:>12}",
-                    name,
-                    format!("{}{}", fmt(m.mape_100_135), spread(&per_seed(m, true))),
-                    format!("{}{}", fmt(m.mape_from_135), spread(&per_seed(m, false))),
-                    fmt(m.coverage_90),
-                );
-            }
-        }
-        Split::UnseenModels => {
-            let report = evaluate_unseen(&samples, seeds.clone(), params)?;
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-                return Ok(ExitCode::SUCCESS);
-            }
-            println!(
-                "{} samples, unseen-models split, seeds {}..{}; MAPE and coverage of the \
-                 90 % interval, mean over seeds [min..max]",
-                report.samples, seeds.start, seeds.end
-            );
-            println!("{:<13} {:>28} {:>12}", "approach", "MAPE", "coverage_90");
-            let row = |name: &str, s: &UnseenScore| {
-                println!(
-                    "{:<13} {:>28} {:>12}",
-                    name,
-                    format!("{}{}", fmt(s.mape), spread(&s.per_seed)),
-                    fmt(s.coverage_90),
-                );
-            };
-            row("ours", &report.ours);
-            row("reference", &report.reference);
-            row("plain_forest", &report.plain_forest);
-        }
+        Split::Default => eval_default(&samples, seeds, params, json)?,
+        Split::UnseenModels => eval_unseen(&samples, seeds, params, json)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `eval` with the default split: ours, the reference and the plain forest, per window.
+fn eval_default(
+    samples: &[iadeep_proto::CoLocationSample],
+    seeds: std::ops::Range<u64>,
+    params: &LearnerParams,
+    json: bool,
+) -> Result<()> {
+    let report = evaluate_seeds(samples, seeds.clone(), params)?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{} samples, default split, seeds {}..{}; MAPE and coverage of the 90 % \
+         interval, mean over seeds [min..max]",
+        report.samples, seeds.start, seeds.end
+    );
+    println!(
+        "{:<13} {:>28} {:>28} {:>12}",
+        "approach",
+        format!("samples {EARLY_START}..{LATE_START}"),
+        format!("samples {LATE_START}.."),
+        "coverage_90",
+    );
+    for (name, m) in [
+        ("ours", &report.ours),
+        ("reference", &report.reference),
+        ("plain_forest", &report.plain_forest),
+    ] {
+        println!(
+            "{:<13} {:>28} {:>28} {:>12}",
+            name,
+            format!("{}{}", fmt(m.mape_100_135), spread(&per_seed(m, true))),
+            format!("{}{}", fmt(m.mape_from_135), spread(&per_seed(m, false))),
+            fmt(m.coverage_90),
+        );
+    }
+    Ok(())
+}
+
+/// `eval` with the unseen-models split.
+fn eval_unseen(
+    samples: &[iadeep_proto::CoLocationSample],
+    seeds: std::ops::Range<u64>,
+    params: &LearnerParams,
+    json: bool,
+) -> Result<()> {
+    let report = evaluate_unseen(samples, seeds.clone(), params)?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{} samples, unseen-models split, seeds {}..{}; MAPE and coverage of the \
+         90 % interval, mean over seeds [min..max]",
+        report.samples, seeds.start, seeds.end
+    );
+    println!("{:<13} {:>28} {:>12}", "approach", "MAPE", "coverage_90");
+    let row = |name: &str, s: &UnseenScore| {
+        println!(
+            "{:<13} {:>28} {:>12}",
+            name,
+            format!("{}{}", fmt(s.mape), spread(&s.per_seed)),
+            fmt(s.coverage_90),
+        );
+    };
+    row("ours", &report.ours);
+    row("reference", &report.reference);
+    row("plain_forest", &report.plain_forest);
+    Ok(())
 }

@@ -227,28 +227,8 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         .unwrap_or_else(|| default_task_id(&name));
     let lr_rule = launch::lr_rule_from_name(&args.lr_rule)
         .with_context(|| format!("--lr-rule {}: not a rule", args.lr_rule))?;
-    let spec = TaskSpec {
-        task_id: task_id.clone(),
-        model: args.model.clone().unwrap_or_else(|| name.clone()),
-        initial_batch_size: args.batch_size,
-        min_batch_size: args.min_batch_size.unwrap_or(0),
-        max_batch_size: args.max_batch_size.unwrap_or(0),
-        gpu_mem_request_mib: args.gpu_mem_mib.unwrap_or(0),
-        lr_rule: lr_rule as i32,
-        total_samples: args.total_samples,
-        submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
-        ..Default::default()
-    };
-    let endpoint = endpoint(placer);
-    // Settings first: a missing CA is not an unreachable placer.
-    let placer_endpoint = args.placer_tls.endpoint(&endpoint)?;
-    let channel = tokio::time::timeout(CALL_TIMEOUT, placer_endpoint.connect())
-        .await
-        .map_err(|_| anyhow::anyhow!("no answer within {CALL_TIMEOUT:?}"))
-        .and_then(|r| r.map_err(anyhow::Error::from));
-    let mut client = channel.map(PlacerClient::new).with_context(|| {
-        format!("cannot reach the placer at {endpoint}: is `iadeep up` running?")
-    })?;
+    let spec = task_spec(&args, &task_id, &name, lr_rule);
+    let mut client = connect(placer, &args.placer_tls).await?;
 
     let (placement, device) =
         match wait_for_placement(&mut client, &spec, &args, &mut signals).await {
@@ -298,6 +278,41 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
 }
 
+/// The spec `iadeep run` submits for the job, named `name` unless `--model` says.
+fn task_spec(
+    args: &RunArgs,
+    task_id: &str,
+    name: &str,
+    lr_rule: iadeep_proto::LrScalingRule,
+) -> TaskSpec {
+    TaskSpec {
+        task_id: task_id.to_owned(),
+        model: args.model.clone().unwrap_or_else(|| name.to_owned()),
+        initial_batch_size: args.batch_size,
+        min_batch_size: args.min_batch_size.unwrap_or(0),
+        max_batch_size: args.max_batch_size.unwrap_or(0),
+        gpu_mem_request_mib: args.gpu_mem_mib.unwrap_or(0),
+        lr_rule: lr_rule as i32,
+        total_samples: args.total_samples,
+        submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
+        ..Default::default()
+    }
+}
+
+/// A client of the placer at `placer` (an address or URL).
+async fn connect(placer: &str, tls: &PlacerTlsArgs) -> Result<PlacerClient<Channel>> {
+    let endpoint = endpoint(placer);
+    // Settings first: a missing CA is not an unreachable placer.
+    let placer_endpoint = tls.endpoint(&endpoint)?;
+    let channel = tokio::time::timeout(CALL_TIMEOUT, placer_endpoint.connect())
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within {CALL_TIMEOUT:?}"))
+        .and_then(|r| r.map_err(anyhow::Error::from));
+    channel
+        .map(PlacerClient::new)
+        .with_context(|| format!("cannot reach the placer at {endpoint}: is `iadeep up` running?"))
+}
+
 /// Asks the placer until it places the task, saying why it waits meanwhile.
 async fn wait_for_placement(
     client: &mut PlacerClient<Channel>,
@@ -312,46 +327,9 @@ async fn wait_for_placement(
     let mut candidates = std::collections::BTreeSet::new();
     let mut watch = QueueWatch::new();
     loop {
-        let attempt = async {
-            let statuses = call("ListDevices", client.list_devices(ListDevicesRequest {}))
-                .await?
-                .devices;
-            seen = wake::snapshot(&statuses);
-            let devices: Vec<DeviceInfo> = statuses.into_iter().filter_map(|d| d.device).collect();
-            let local: Vec<DeviceInfo> = devices
-                .iter()
-                .filter(|d| args.any_node || crate::local::is_local(&d.node, &node))
-                .cloned()
-                .collect();
-            candidates = local.iter().map(|d| d.device_id.clone()).collect();
-            let response = if local.is_empty() && !devices.is_empty() {
-                None
-            } else {
-                let request = PlaceRequest {
-                    task: Some(spec.clone()),
-                    candidate_device_ids: if args.any_node {
-                        Vec::new()
-                    } else {
-                        local.iter().map(|d| d.device_id.clone()).collect()
-                    },
-                };
-                Some(call("Place", client.place(request)).await?)
-            };
-            Ok::<_, tonic::Status>((devices, local, response))
-        };
+        let attempt = ask(client, spec, args, &node, &mut seen, &mut candidates);
         let hint = match attempt.await {
-            Ok((devices, _, None)) => {
-                bail!(
-                    "none of the placer's {} GPU(s) is on this machine ({node:?}): {}; \
-                     --any-node lets it choose another machine's",
-                    devices.len(),
-                    devices
-                        .iter()
-                        .map(|d| format!("{} on {:?}", d.device_id, d.node))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-            }
+            Ok((devices, _, None)) => return Err(none_local(&devices, &node)),
             Ok((_, local, Some(response))) => {
                 unavailable_since = None;
                 let summary = response
@@ -361,16 +339,7 @@ async fn wait_for_placement(
 
                 match response.decision {
                     Some(place_response::Decision::Placed(placement)) => {
-                        let device = match local
-                            .into_iter()
-                            .find(|d| d.device_id == placement.device_id)
-                        {
-                            Some(device) => device,
-                            None => bail!(
-                                "the placer chose {}, which it does not list among this machine's GPUs",
-                                placement.device_id
-                            ),
-                        };
+                        let device = placed_device(local, &placement)?;
                         return Ok(Waited::Placed(Box::new((placement, device))));
                     }
                     Some(place_response::Decision::Queued(queued)) => {
@@ -405,17 +374,7 @@ async fn wait_for_placement(
                     unreachable_s = since.elapsed().as_secs(), "the placer cannot answer now; asking again");
                 Duration::from_secs(2)
             }
-            Err(status) => {
-                // A transport failure's cause, e.g. the TLS alert of a placer that
-                // wants a client certificate (--placer-cert).
-                let chain = iadeep_placer::extender::kube_api::error_chain(&status);
-                let cause = chain.strip_prefix(&status.to_string()).unwrap_or_default();
-                bail!(
-                    "the placer refused the task: {} ({:?}){cause}",
-                    status.message(),
-                    status.code(),
-                )
-            }
+            Err(status) => return Err(refused(&status)),
         };
         let max_wait = args.max_wait_s.map(Duration::from_secs);
         if max_wait.is_some_and(|max| started.elapsed() >= max) {
@@ -430,6 +389,92 @@ async fn wait_for_placement(
             None => {}
         }
     }
+}
+
+/// One ask: the placer's devices, those this machine may use (noting them in
+/// `candidates`, and their room in `seen`), and the placer's answer to Place on
+/// them (`None` when it lists devices but none here).
+async fn ask(
+    client: &mut PlacerClient<Channel>,
+    spec: &TaskSpec,
+    args: &RunArgs,
+    node: &str,
+    seen: &mut wake::Snapshot,
+    candidates: &mut std::collections::BTreeSet<String>,
+) -> std::result::Result<
+    (
+        Vec<DeviceInfo>,
+        Vec<DeviceInfo>,
+        Option<iadeep_proto::PlaceResponse>,
+    ),
+    tonic::Status,
+> {
+    let statuses = call("ListDevices", client.list_devices(ListDevicesRequest {}))
+        .await?
+        .devices;
+    *seen = wake::snapshot(&statuses);
+    let devices: Vec<DeviceInfo> = statuses.into_iter().filter_map(|d| d.device).collect();
+    let local: Vec<DeviceInfo> = devices
+        .iter()
+        .filter(|d| args.any_node || crate::local::is_local(&d.node, node))
+        .cloned()
+        .collect();
+    *candidates = local.iter().map(|d| d.device_id.clone()).collect();
+    let response = if local.is_empty() && !devices.is_empty() {
+        None
+    } else {
+        let request = PlaceRequest {
+            task: Some(spec.clone()),
+            candidate_device_ids: if args.any_node {
+                Vec::new()
+            } else {
+                local.iter().map(|d| d.device_id.clone()).collect()
+            },
+        };
+        Some(call("Place", client.place(request)).await?)
+    };
+    Ok((devices, local, response))
+}
+
+/// The device of `placement` among this machine's, `local`.
+fn placed_device(local: Vec<DeviceInfo>, placement: &Placement) -> Result<DeviceInfo> {
+    match local
+        .into_iter()
+        .find(|d| d.device_id == placement.device_id)
+    {
+        Some(device) => Ok(device),
+        None => bail!(
+            "the placer chose {}, which it does not list among this machine's GPUs",
+            placement.device_id
+        ),
+    }
+}
+
+/// The error when the placer lists GPUs but none on this machine.
+fn none_local(devices: &[DeviceInfo], node: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "none of the placer's {} GPU(s) is on this machine ({node:?}): {}; \
+         --any-node lets it choose another machine's",
+        devices.len(),
+        devices
+            .iter()
+            .map(|d| format!("{} on {:?}", d.device_id, d.node))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// The error for a refusal the placer will not change its mind about, with a transport
+/// failure's cause, e.g. the TLS alert of a placer that wants a client certificate
+/// (--placer-cert).
+fn refused(status: &tonic::Status) -> anyhow::Error {
+    let chain = iadeep_placer::extender::kube_api::error_chain(status);
+    let cause = chain.strip_prefix(&status.to_string()).unwrap_or_default();
+    anyhow::anyhow!(
+        "the placer refused the task: {} ({:?}){cause}",
+        status.message(),
+        status.code(),
+    )
 }
 
 /// Waits until it is time to ask the placer again: `hint` after the ask (or sooner:
