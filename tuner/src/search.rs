@@ -870,7 +870,7 @@ impl Default for ControllerParams {
 
 /// What the controller wants the world to run next.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub enum NextRun {
     /// Searching: measure this configuration.
     Explore(Vec<usize>),
     /// Settled: keep running this configuration (and report its measurements).
@@ -910,11 +910,11 @@ impl Controller {
     }
 
     /// The next configuration to run.
-    pub fn decide(&mut self) -> Result<Decision> {
+    pub fn decide(&mut self) -> Result<NextRun> {
         if let Some((idx, _)) = &self.settled {
-            return Ok(Decision::Settle(idx.clone()));
+            return Ok(NextRun::Settle(idx.clone()));
         }
-        Ok(Decision::Explore(self.search.suggest()?))
+        Ok(NextRun::Explore(self.search.suggest()?))
     }
 
     /// Records the measurement of the configuration last decided.
@@ -1062,7 +1062,7 @@ mod tests {
             assert!(!ctl.search().feasible(&[i, j]), "({i}, {j}) still feasible");
         }
         for _ in 0..15 {
-            let (Decision::Explore(idx) | Decision::Settle(idx)) = ctl.decide().expect("decides");
+            let (NextRun::Explore(idx) | NextRun::Settle(idx)) = ctl.decide().expect("decides");
             assert!(
                 !(idx[0] >= 2 && idx[1] >= 3),
                 "decided {idx:?} above the OOM (2, 3)"
@@ -1119,7 +1119,7 @@ mod tests {
         );
         let mut rounds = 0;
         while !ctl.is_settled() {
-            let Decision::Explore(idx) = ctl.decide().expect("decides") else {
+            let NextRun::Explore(idx) = ctl.decide().expect("decides") else {
                 panic!("settled early")
             };
             let v = Bowl
@@ -1129,7 +1129,7 @@ mod tests {
             rounds += 1;
             assert!(rounds < 60, "never settled");
         }
-        let Decision::Settle(idx) = ctl.decide().expect("decides") else {
+        let NextRun::Settle(idx) = ctl.decide().expect("decides") else {
             panic!("not settled")
         };
         assert!(!ctl.worth_switching(&idx, &idx).expect("predicts"));

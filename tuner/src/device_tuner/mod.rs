@@ -54,7 +54,7 @@ use iadeep_proto::{
 use crate::error::{Result, TunerError};
 use crate::memory::MemoryModelParams;
 use crate::search::{
-    Controller, ControllerParams, Decision, GpLcb, LcbParams, MemoryConstraint, SearchSpace,
+    Controller, ControllerParams, NextRun, GpLcb, LcbParams, MemoryConstraint, SearchSpace,
 };
 pub use knowledge::{TaskKnowledge, candidate_sizes};
 use measure::{Measurement, Outcome, Purpose};
@@ -211,9 +211,10 @@ pub struct Status {
     pub counters: Counters,
 }
 
-/// A task running on the device.
+/// A task running on the device as its tuner knows it: spec, reservation, last report and
+/// current assignment.
 #[derive(Clone, Debug, PartialEq)]
-struct Resident {
+struct TunedTask {
     spec: TaskSpec,
     reserved_mib: u64,
     report: Option<TaskReport>,
@@ -276,12 +277,12 @@ pub struct DeviceTuner {
     device_kind: String,
     capacity_mib: f64,
     params: DeviceTunerParams,
-    residents: BTreeMap<String, Resident>,
+    residents: BTreeMap<String, TunedTask>,
     /// MiB held by placed tasks that do not run (see [`Input::Reserved`]).
     held: BTreeMap<String, u64>,
     /// What a resident held aside (restarting after a crash) had reported and been assigned,
     /// restored when it runs again: its first report then tells of the crash.
-    parked: BTreeMap<String, Resident>,
+    parked: BTreeMap<String, TunedTask>,
     knowledge: BTreeMap<String, TaskKnowledge>,
     search: Option<Search>,
     /// A persisted search waiting for its residents to come back.
@@ -536,7 +537,7 @@ impl DeviceTuner {
             .unwrap_or_default();
         self.residents.insert(
             spec.task_id.clone(),
-            Resident {
+            TunedTask {
                 spec,
                 reserved_mib,
                 report,
@@ -1070,8 +1071,8 @@ impl DeviceTuner {
             }
         }
         match search.controller.decide() {
-            Ok(Decision::Explore(idx)) => self.begin_round(now_ms, idx, out),
-            Ok(Decision::Settle(best)) => self.settle(now_ms, best, out),
+            Ok(NextRun::Explore(idx)) => self.begin_round(now_ms, idx, out),
+            Ok(NextRun::Settle(best)) => self.settle(now_ms, best, out),
             Err(TunerError::NoFeasibleConfiguration(why)) => {
                 self.hold(now_ms, Hold::Infeasible(why));
             }
