@@ -12,9 +12,8 @@ use clap::{Args, Subcommand};
 use iadeep_eval::SyntheticCluster;
 use iadeep_placer::extender::kube_api::KubeApiConfig;
 use iadeep_placer::extender::{DEFAULT_BIND_TIMEOUT, ExtenderConfig};
-use iadeep_placer::{
-    Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams, PredictorSlowdown,
-};
+use iadeep_placer::{Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams};
+use iadeep_predictor::{LearnerParams, OnlinePredictor};
 use iadeep_proto::placer_client::PlacerClient;
 use iadeep_proto::{ListDevicesRequest, PlaceRequest, ReleaseRequest, place_response};
 use iadeep_state::StoreUrl;
@@ -175,13 +174,14 @@ pub(crate) struct PolicyArgs {
 impl PolicyArgs {
     /// The policy, keeping released tasks' keys for `task_retention` (see [`GraceArgs`]).
     pub(crate) fn placer(&self, task_retention: Option<Duration>) -> Result<Placer> {
-        let predictor = PredictorSlowdown::cold().context("cannot start the slowdown predictor")?;
-        self.placer_with(predictor, task_retention)
+        let predictor = OnlinePredictor::new(LearnerParams::default())
+            .context("cannot start the slowdown predictor")?;
+        self.placer_with(Arc::new(predictor), task_retention)
     }
 
     fn placer_with(
         &self,
-        predictor: PredictorSlowdown,
+        predictor: Arc<OnlinePredictor>,
         task_retention: Option<Duration>,
     ) -> Result<Placer> {
         let params = PlacerParams {
@@ -194,7 +194,7 @@ impl PolicyArgs {
             max_scored_devices: self.max_scored_devices,
             ..PlacerParams::default()
         };
-        Ok(Placer::new(params, Arc::new(predictor))?)
+        Ok(Placer::new(params, predictor)?)
     }
 }
 
@@ -278,17 +278,277 @@ async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
     }
 }
 
-/// Latency percentile (nearest rank) of sorted samples.
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+/// Latency percentile (nearest rank, [`iadeep_objective::stats::quantile`]) of the
+/// samples, in milliseconds; 0 when there are none.
+fn percentile_ms(samples: &[Duration], p: f64) -> f64 {
+    let ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    iadeep_objective::stats::quantile(&ms, p / 100.0).unwrap_or(0.0)
 }
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// Writes the bundled Gavel measurements of `worker` into the store as co-location
+/// samples of a device `gavel-WORKER`; returns how many.
+async fn seed_gavel_samples(store: &dyn iadeep_state::StateStore, worker: &str) -> Result<usize> {
+    let gavel = iadeep_datasets::gavel::GavelThroughputs::bundled()
+        .context("cannot read the bundled Gavel measurements")?;
+    let measurements = gavel
+        .worker(worker)
+        .with_context(|| format!("no Gavel measurements for worker type {worker:?}"))?;
+    let samples = iadeep_eval::samples_from_gavel(measurements, worker).samples;
+    for (seq, sample) in samples.iter().enumerate() {
+        let device = format!("gavel-{worker}");
+        iadeep_state::typed::put(
+            store,
+            &iadeep_state::keys::sample(&device, seq as u64),
+            sample,
+            None,
+        )
+        .await
+        .context("cannot seed the Gavel samples")?;
+    }
+    tracing::info!(
+        samples = samples.len(),
+        worker,
+        "seeded co-location samples"
+    );
+    Ok(samples.len())
+}
+
+/// Starts a placer daemon in this process on a loopback port, with the daemon's
+/// default graces and a cold slowdown predictor; returns it and its predictor.
+async fn start_local_placer(
+    store: Arc<dyn iadeep_state::StateStore>,
+    args: &BenchArgs,
+) -> Result<(Daemon, Arc<OnlinePredictor>)> {
+    let predictor = Arc::new(
+        OnlinePredictor::new(LearnerParams::default())
+            .context("cannot start the slowdown predictor")?,
+    );
+    let forest = predictor.clone();
+    let config = DaemonConfig {
+        grpc: SocketAddr::from(([127, 0, 0, 1], 0)),
+        extender: None,
+        metrics: None,
+        // As the daemon runs by default.
+        dead_task_grace: Some(Duration::from_secs(DEFAULT_DEAD_TASK_GRACE_S)),
+        unstarted_task_grace: Some(Duration::from_secs(DEFAULT_UNSTARTED_TASK_GRACE_S)),
+        tls: None,
+    };
+    let placer = args
+        .policy
+        .placer_with(predictor, PlacerParams::default().task_retention)?;
+    let daemon = Daemon::start(store, placer, Arc::new(ModelledMemory), config)
+        .await
+        .context("cannot start the in-process placer")?;
+    Ok((daemon, forest))
+}
+
+/// Waits (up to 60 s) until the placer at `endpoint` sees at least `devices` devices
+/// and `residents` residents: the seeded cluster.
+async fn wait_for_cluster(endpoint: &str, devices: usize, residents: usize) -> Result<()> {
+    let mut probe = PlacerClient::connect(endpoint.to_owned())
+        .await
+        .with_context(|| format!("cannot connect to the placer at {endpoint}"))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = probe
+            .list_devices(ListDevicesRequest {})
+            .await
+            .context("ListDevices failed")?
+            .into_inner()
+            .devices;
+        let seen: usize = listed.iter().map(|d| d.resident_task_ids.len()).sum();
+        if listed.len() >= devices && seen >= residents {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the placer sees {} devices and {seen} residents, not the seeded cluster",
+                listed.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits (up to 120 s) until the in-process placer's predictor has fitted on the
+/// seeded samples, which the daemon learns through its watch.
+async fn wait_for_fit(predictor: &iadeep_predictor::OnlinePredictor) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while predictor.model_samples() == 0 {
+        if Instant::now() > deadline {
+            bail!("the placer's predictor did not fit on the seeded samples in 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tracing::info!(
+        model_samples = predictor.model_samples(),
+        "predictor fitted"
+    );
+    Ok(())
+}
+
+/// What the benchmark's clients measured, over all of them.
+#[derive(Default)]
+struct Latencies {
+    place: Vec<Duration>,
+    release: Vec<Duration>,
+    placed: u64,
+    queued: u64,
+}
+
+/// Runs `concurrency` clients, each on its own connection, that together send
+/// `requests` Place calls for the cluster's arrivals, releasing each placed task.
+async fn run_clients(
+    endpoint: &str,
+    cluster: &Arc<SyntheticCluster>,
+    concurrency: usize,
+    requests: u64,
+) -> Result<Latencies> {
+    let next = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..concurrency {
+        let client = PlacerClient::connect(endpoint.to_owned())
+            .await
+            .with_context(|| format!("cannot connect to the placer at {endpoint}"))?;
+        workers.push(tokio::spawn(client_loop(
+            client,
+            next.clone(),
+            cluster.clone(),
+            requests,
+        )));
+    }
+    let mut all = Latencies::default();
+    for worker in workers {
+        let one = worker
+            .await
+            .context("a benchmark client panicked")?
+            .context("a Place or Release call failed")?;
+        all.place.extend(one.place);
+        all.release.extend(one.release);
+        all.placed += one.placed;
+        all.queued += one.queued;
+    }
+    Ok(all)
+}
+
+/// One benchmark client: takes the next arrival until `requests` are taken.
+async fn client_loop(
+    mut client: PlacerClient<tonic::transport::Channel>,
+    next: Arc<AtomicU64>,
+    cluster: Arc<SyntheticCluster>,
+    requests: u64,
+) -> std::result::Result<Latencies, tonic::Status> {
+    let mut out = Latencies::default();
+    loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= requests {
+            break;
+        }
+        let task = cluster.arrival(i);
+        let task_id = task.task_id.clone();
+        let t0 = Instant::now();
+        let response = client
+            .place(PlaceRequest {
+                task: Some(task),
+                candidate_device_ids: Vec::new(),
+            })
+            .await?
+            .into_inner();
+        out.place.push(t0.elapsed());
+        match response.decision {
+            Some(place_response::Decision::Placed(_)) => {
+                out.placed += 1;
+                let t1 = Instant::now();
+                client.release(ReleaseRequest { task_id }).await?;
+                out.release.push(t1.elapsed());
+            }
+            _ => out.queued += 1,
+        }
+    }
+    Ok(out)
+}
+
+/// One finished benchmark, for its summary.
+struct BenchRun<'a> {
+    url: &'a StoreUrl,
+    residents: usize,
+    /// Sorted.
+    latencies: Latencies,
+    wall: Duration,
+    /// The in-process placer, when the benchmark started one.
+    local: Option<&'a Daemon>,
+    forest: Option<&'a iadeep_predictor::OnlinePredictor>,
+}
+
+/// Prints the benchmark's summary: one JSON object with `--json`, else a few lines.
+fn print_summary(args: &BenchArgs, run: &BenchRun<'_>) {
+    let Latencies {
+        place,
+        release,
+        placed,
+        queued,
+    } = &run.latencies;
+    let (url, wall, local, forest) = (run.url, run.wall, run.local, run.forest);
+    let decisions_per_s = place.len() as f64 / wall.as_secs_f64();
+    let summary = serde_json::json!({
+        "devices": args.devices,
+        "residents": run.residents,
+        "concurrency": args.concurrency,
+        "requests": place.len(),
+        "placed": placed,
+        "queued": queued,
+        "wall_s": wall.as_secs_f64(),
+        "decisions_per_s": decisions_per_s,
+        "place_p50_ms": percentile_ms(place, 50.0),
+        "place_p99_ms": percentile_ms(place, 99.0),
+        "place_max_ms": ms(place.last().copied().unwrap_or_default()),
+        "release_p50_ms": percentile_ms(release, 50.0),
+        "release_p99_ms": percentile_ms(release, 99.0),
+        "store": url.to_string(),
+        "cas_conflicts": local.as_ref().map(|d| d.metrics().cas_conflicts.get()),
+        "gate_waits": local.as_ref().map(|d| d.metrics().gate_waits.get()),
+        "predictor_model_samples": forest.as_ref().map(|p| p.model_samples()),
+    });
+    if args.json {
+        println!("{summary}");
+    } else {
+        println!(
+            "{} Place calls ({placed} placed, {queued} queued) from {} clients in {:.2} s over \
+             loopback gRPC, {} devices / {} residents, store {url}",
+            place.len(),
+            args.concurrency,
+            wall.as_secs_f64(),
+            args.devices,
+            run.residents
+        );
+        println!(
+            "  decisions/s {decisions_per_s:.0} (each placed task is also released, inside the same wall time)"
+        );
+        println!(
+            "  Place   p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms",
+            percentile_ms(place, 50.0),
+            percentile_ms(place, 99.0),
+            ms(place.last().copied().unwrap_or_default())
+        );
+        println!(
+            "  Release p50 {:.3} ms  p99 {:.3} ms",
+            percentile_ms(release, 50.0),
+            percentile_ms(release, 99.0)
+        );
+        if let Some(daemon) = local {
+            let m = daemon.metrics();
+            println!(
+                "  in-process placer: {} reservations lost to a concurrent request and re-decided; \
+                 {} decisions timed, see iadeep_placer_decision_seconds",
+                m.cas_conflicts.get(),
+                m.decision_latency.count()
+            );
+        }
+    }
 }
 
 async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
@@ -306,29 +566,7 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
         elapsed_ms = seeding.elapsed().as_millis() as u64, store = %url, "seeded");
     let mut seeded_samples = 0usize;
     if let Some(worker) = &args.gavel_samples {
-        let gavel = iadeep_datasets::gavel::GavelThroughputs::bundled()
-            .context("cannot read the bundled Gavel measurements")?;
-        let measurements = gavel
-            .worker(worker)
-            .with_context(|| format!("no Gavel measurements for worker type {worker:?}"))?;
-        let samples = iadeep_eval::samples_from_gavel(measurements, worker).samples;
-        for (seq, sample) in samples.iter().enumerate() {
-            let device = format!("gavel-{worker}");
-            iadeep_state::typed::put(
-                store.as_ref(),
-                &iadeep_state::keys::sample(&device, seq as u64),
-                sample,
-                None,
-            )
-            .await
-            .context("cannot seed the Gavel samples")?;
-        }
-        seeded_samples = samples.len();
-        tracing::info!(
-            samples = seeded_samples,
-            worker,
-            "seeded co-location samples"
-        );
+        seeded_samples = seed_gavel_samples(store.as_ref(), worker).await?;
     }
     if cluster.resident_count() < args.residents {
         bail!(
@@ -343,187 +581,35 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
     let addr = match args.grpc {
         Some(addr) => addr,
         None => {
-            let predictor =
-                PredictorSlowdown::cold().context("cannot start the slowdown predictor")?;
-            forest = Some(predictor.predictor().clone());
-            let config = DaemonConfig {
-                grpc: SocketAddr::from(([127, 0, 0, 1], 0)),
-                extender: None,
-                metrics: None,
-                // As the daemon runs by default.
-                dead_task_grace: Some(Duration::from_secs(DEFAULT_DEAD_TASK_GRACE_S)),
-                unstarted_task_grace: Some(Duration::from_secs(DEFAULT_UNSTARTED_TASK_GRACE_S)),
-                tls: None,
-            };
-            let placer = args
-                .policy
-                .placer_with(predictor, PlacerParams::default().task_retention)?;
-            let daemon = Daemon::start(store.clone(), placer, Arc::new(ModelledMemory), config)
-                .await
-                .context("cannot start the in-process placer")?;
+            let (daemon, predictor) = start_local_placer(store.clone(), &args).await?;
+            forest = Some(predictor);
             let addr = daemon.grpc_addr();
             local = Some(daemon);
             addr
         }
     };
     let endpoint = format!("http://{addr}");
-    let mut probe = PlacerClient::connect(endpoint.clone())
-        .await
-        .with_context(|| format!("cannot connect to the placer at {endpoint}"))?;
-    // Wait until the placer's view holds the seeded cluster.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let devices = probe
-            .list_devices(ListDevicesRequest {})
-            .await
-            .context("ListDevices failed")?
-            .into_inner()
-            .devices;
-        let residents: usize = devices.iter().map(|d| d.resident_task_ids.len()).sum();
-        if devices.len() >= args.devices && residents >= cluster.resident_count() {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the placer sees {} devices and {residents} residents, not the seeded cluster",
-                devices.len()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-
+    wait_for_cluster(&endpoint, args.devices, cluster.resident_count()).await?;
     if let Some(predictor) = &forest
         && seeded_samples > 0
     {
-        // The daemon learns the samples through its watch; wait for its forest.
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while predictor.model_samples() == 0 {
-            if Instant::now() > deadline {
-                bail!("the placer's predictor did not fit on the seeded samples in 120 s");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        tracing::info!(
-            model_samples = predictor.model_samples(),
-            "predictor fitted"
-        );
+        wait_for_fit(predictor).await?;
     }
-    let next = Arc::new(AtomicU64::new(0));
     let cluster = Arc::new(cluster);
     let started = Instant::now();
-    let mut workers = Vec::new();
-    for _ in 0..args.concurrency {
-        let mut client = PlacerClient::connect(endpoint.clone())
-            .await
-            .with_context(|| format!("cannot connect to the placer at {endpoint}"))?;
-        let next = next.clone();
-        let cluster = cluster.clone();
-        let requests = args.requests;
-        workers.push(tokio::spawn(async move {
-            let mut place = Vec::new();
-            let mut release = Vec::new();
-            let (mut placed, mut queued) = (0u64, 0u64);
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= requests {
-                    break;
-                }
-                let task = cluster.arrival(i);
-                let task_id = task.task_id.clone();
-                let t0 = Instant::now();
-                let response = client
-                    .place(PlaceRequest {
-                        task: Some(task),
-                        candidate_device_ids: Vec::new(),
-                    })
-                    .await?
-                    .into_inner();
-                place.push(t0.elapsed());
-                match response.decision {
-                    Some(place_response::Decision::Placed(_)) => {
-                        placed += 1;
-                        let t1 = Instant::now();
-                        client.release(ReleaseRequest { task_id }).await?;
-                        release.push(t1.elapsed());
-                    }
-                    _ => queued += 1,
-                }
-            }
-            Ok::<_, tonic::Status>((place, release, placed, queued))
-        }));
-    }
-    let mut place = Vec::new();
-    let mut release = Vec::new();
-    let (mut placed, mut queued) = (0, 0);
-    for worker in workers {
-        let (p, r, pl, q) = worker
-            .await
-            .context("a benchmark client panicked")?
-            .context("a Place or Release call failed")?;
-        place.extend(p);
-        release.extend(r);
-        placed += pl;
-        queued += q;
-    }
+    let mut latencies = run_clients(&endpoint, &cluster, args.concurrency, args.requests).await?;
     let wall = started.elapsed();
-    place.sort();
-    release.sort();
-    let decisions_per_s = place.len() as f64 / wall.as_secs_f64();
-    let summary = serde_json::json!({
-        "devices": args.devices,
-        "residents": cluster.resident_count(),
-        "concurrency": args.concurrency,
-        "requests": place.len(),
-        "placed": placed,
-        "queued": queued,
-        "wall_s": wall.as_secs_f64(),
-        "decisions_per_s": decisions_per_s,
-        "place_p50_ms": ms(percentile(&place, 50.0)),
-        "place_p99_ms": ms(percentile(&place, 99.0)),
-        "place_max_ms": ms(place.last().copied().unwrap_or_default()),
-        "release_p50_ms": ms(percentile(&release, 50.0)),
-        "release_p99_ms": ms(percentile(&release, 99.0)),
-        "store": url.to_string(),
-        "cas_conflicts": local.as_ref().map(|d| d.service().metrics().cas_conflicts.get()),
-        "gate_waits": local.as_ref().map(|d| d.service().metrics().gate_waits.get()),
-        "predictor_model_samples": forest.as_ref().map(|p| p.model_samples()),
-    });
-    if args.json {
-        println!("{summary}");
-    } else {
-        println!(
-            "{} Place calls ({placed} placed, {queued} queued) from {} clients in {:.2} s over \
-             loopback gRPC, {} devices / {} residents, store {url}",
-            place.len(),
-            args.concurrency,
-            wall.as_secs_f64(),
-            args.devices,
-            cluster.resident_count()
-        );
-        println!(
-            "  decisions/s {decisions_per_s:.0} (each placed task is also released, inside the same wall time)"
-        );
-        println!(
-            "  Place   p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms",
-            ms(percentile(&place, 50.0)),
-            ms(percentile(&place, 99.0)),
-            ms(place.last().copied().unwrap_or_default())
-        );
-        println!(
-            "  Release p50 {:.3} ms  p99 {:.3} ms",
-            ms(percentile(&release, 50.0)),
-            ms(percentile(&release, 99.0))
-        );
-        if let Some(daemon) = &local {
-            let m = daemon.service().metrics();
-            println!(
-                "  in-process placer: {} reservations lost to a concurrent request and re-decided; \
-                 {} decisions timed, see iadeep_placer_decision_seconds",
-                m.cas_conflicts.get(),
-                m.decision_latency.count()
-            );
-        }
-    }
+    latencies.place.sort();
+    latencies.release.sort();
+    let run = BenchRun {
+        url: &url,
+        residents: cluster.resident_count(),
+        latencies,
+        wall,
+        local: local.as_ref(),
+        forest: forest.as_deref(),
+    };
+    print_summary(&args, &run);
     if let Some(daemon) = local {
         daemon.shutdown().await;
     }

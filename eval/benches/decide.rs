@@ -11,17 +11,18 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use iadeep_datasets::gavel::GavelThroughputs;
 use iadeep_eval::{SyntheticCluster, samples_from_gavel};
-use iadeep_placer::{ModelledMemory, Placer, PlacerParams, PredictorSlowdown, SlowdownModel};
+use iadeep_placer::{ModelledMemory, Placer, PlacerParams};
+use iadeep_predictor::SlowdownModel;
 use iadeep_predictor::{LearnerParams, OnlinePredictor};
 
-fn fitted() -> PredictorSlowdown {
+fn fitted() -> Arc<OnlinePredictor> {
     let gavel = GavelThroughputs::bundled().expect("bundled Gavel data");
     let worker = gavel.worker("k80").expect("k80 measurements");
     let samples = samples_from_gavel(worker, "k80").samples;
     assert!(samples.len() > 100, "enough samples to fit a forest");
     let predictor =
         OnlinePredictor::from_samples(LearnerParams::default(), samples).expect("fit forest");
-    PredictorSlowdown::new(Arc::new(predictor))
+    Arc::new(predictor)
 }
 
 fn decide(c: &mut Criterion) {
@@ -37,9 +38,9 @@ fn decide(c: &mut Criterion) {
     let models: [(&str, Arc<dyn SlowdownModel>); 2] = [
         (
             "cold",
-            Arc::new(PredictorSlowdown::cold().expect("predictor")),
+            Arc::new(OnlinePredictor::new(LearnerParams::default()).expect("predictor")),
         ),
-        ("forest", Arc::new(fitted())),
+        ("forest", fitted()),
     ];
     for (name, model) in models {
         let placer = Placer::new(PlacerParams::default(), model).expect("default params");

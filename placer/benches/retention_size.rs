@@ -17,11 +17,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use iadeep_placer::metrics::PlacerMetrics;
 use iadeep_placer::{
-    Clock, ClusterView, ModelledMemory, PlacementService, Placer, PlacerParams, PredictorSlowdown,
-    retention,
+    Clock, ClusterView, ModelledMemory, PlacementService, Placer, PlacerParams, retention,
 };
+use iadeep_predictor::{LearnerParams, OnlinePredictor};
 use iadeep_proto::{DeviceInfo, SoloProfile, TaskReport, TaskSpec};
 use iadeep_state::{EmbeddedStore, StateStore, keys, typed};
 
@@ -98,15 +97,11 @@ fn service(
         task_retention: retention,
         ..PlacerParams::default()
     };
-    let slowdown = Arc::new(PredictorSlowdown::cold().expect("cold predictor"));
+    let slowdown =
+        Arc::new(OnlinePredictor::new(LearnerParams::default()).expect("cold predictor"));
     let placer = Placer::new(params, slowdown).expect("params");
-    PlacementService::new(
-        store,
-        Arc::new(RwLock::new(view)),
-        Arc::new(placer),
-        Arc::new(PlacerMetrics::default()),
-    )
-    .with_clock(Clock::from_fn(move || now.load(Ordering::SeqCst)))
+    PlacementService::new(store, Arc::new(RwLock::new(view)), Arc::new(placer))
+        .with_clock(Clock::from_fn(move || now.load(Ordering::SeqCst)))
 }
 
 async fn run(path: &Path, placements: u64, sweep_every: u64, retention: Option<Duration>) {

@@ -188,14 +188,72 @@ pub fn validate_sample(sample: &CoLocationSample) -> Result<(), PredictorError> 
     Ok(())
 }
 
-/// A model that predicts slowdowns; what a [`Trainer`] produces.
+/// Predicts how much a task slows down next to co-runners: what a [`Trainer`] produces,
+/// what the placer's decision asks, and what the evaluation's baselines and the
+/// simulator's oracle implement. The placer must not care *how* a slowdown is
+/// estimated; the optional methods let a model that can do better say so.
 pub trait SlowdownModel: Send + Sync + std::fmt::Debug {
+    /// IF of `task` on a device of `device_kind` shared with `corunners` (an empty slice
+    /// means "alone", which must give 1.0).
     fn predict(
         &self,
         device_kind: &str,
         task: &TaskProfile,
         corunners: &[TaskProfile],
     ) -> Prediction;
+
+    /// Learns from a measured co-location. Models that do not learn ignore it; the
+    /// placer's daemon feeds every sample the tuners write here.
+    fn observe(&self, _sample: &CoLocationSample) {}
+
+    /// Identifies the model's current state: two calls that return the same `Some(v)`
+    /// must give the same predictions for the same inputs, so the placer may reuse
+    /// them (the residents' slowdowns without a newcomer change only when the residents
+    /// or the model do). `None`, the default, means "may change at any time": nothing
+    /// is reused.
+    fn version(&self) -> Option<u64> {
+        None
+    }
+
+    /// The model as it is now, to ask for the predictions of one whole decision:
+    /// `None`, the default, means ask `self`. A decision makes ~200 predictions, and
+    /// the online predictor takes a lock and counts a reference for each; from
+    /// concurrent decisions on different cores those counters bounce between caches.
+    /// A pinned model also gives predictions and [`SlowdownModel::version`] from the
+    /// same fit.
+    fn pinned(&self) -> Option<Arc<dyn SlowdownModel>> {
+        None
+    }
+
+    /// For a model that composes several co-runners from one-co-runner predictions
+    /// (see [`compose_pairwise`]): the composition of `task`'s predictions next to each
+    /// of `corunners`. `None`, the default: the model does not compose that way, and
+    /// [`SlowdownModel::predict_extending`] is never asked.
+    ///
+    /// Why: a resident is predicted next to the other residents and a newcomer for
+    /// every newcomer; the placer keeps this prefix of the pairs among the residents
+    /// (with [`SlowdownModel::version`]) and adds only the newcomer's pair.
+    fn pairwise_prefix(
+        &self,
+        _device_kind: &str,
+        _task: &TaskProfile,
+        _corunners: &[TaskProfile],
+    ) -> Option<PairwiseFold> {
+        None
+    }
+
+    /// `predict(device_kind, task, [corunners…, extra])` from `prefix` =
+    /// `pairwise_prefix(device_kind, task, [corunners…])`, with the same result;
+    /// `None` when the model cannot (the caller then predicts the whole list).
+    fn predict_extending(
+        &self,
+        _device_kind: &str,
+        _task: &TaskProfile,
+        _prefix: &PairwiseFold,
+        _extra: &TaskProfile,
+    ) -> Option<Prediction> {
+        None
+    }
 }
 
 /// Fits a model from the samples of a window.
@@ -694,6 +752,25 @@ impl SlowdownModel for FittedModel {
                 _ => self.fold_pairwise(device_kind, task, corunners).finish(),
             },
         }
+    }
+
+    fn pairwise_prefix(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Option<PairwiseFold> {
+        FittedModel::pairwise_prefix(self, device_kind, task, corunners)
+    }
+
+    fn predict_extending(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        prefix: &PairwiseFold,
+        extra: &TaskProfile,
+    ) -> Option<Prediction> {
+        FittedModel::predict_extending(self, device_kind, task, prefix, extra)
     }
 }
 

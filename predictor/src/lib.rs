@@ -72,6 +72,9 @@ pub enum PredictionSource {
     Model,
     /// The cold-start heuristic (not enough samples yet, or no fitted model).
     ColdStart,
+    /// A model given its answers rather than fitted: the simulator's oracle (the world's
+    /// true slowdowns) and fixed models in tests.
+    Given,
 }
 
 /// A predicted slowdown of one task given its co-runners.

@@ -201,24 +201,7 @@ impl OnlinePredictor {
     /// Learns from one measured co-location. Cheap: the refit, when due, runs in
     /// the background. An invalid sample is dropped with a warning.
     pub fn observe(&self, sample: CoLocationSample) {
-        let due = match self.shared.learner().observe(sample) {
-            Ok(due) => due,
-            Err(err) => {
-                tracing::warn!(error = %err, "predictor ignored a sample");
-                return;
-            }
-        };
-        if due && let Some(wake) = &self.wake {
-            match wake.try_send(()) {
-                // Full: a refit is already pending and will see this sample too.
-                Ok(()) | Err(TrySendError::Full(())) => {}
-                Err(TrySendError::Disconnected(())) => {
-                    tracing::error!(
-                        "predictor refit thread is gone; the model will not be updated"
-                    );
-                }
-            }
-        }
+        observe_into(&self.shared, self.wake.as_ref(), sample);
     }
 
     /// Fits on the current window now, on the caller's thread, and swaps the model in.
@@ -260,6 +243,131 @@ impl OnlinePredictor {
     }
 }
 
+/// Feeds one sample to the learner and wakes the refit thread when a refit is due: what
+/// [`OnlinePredictor::observe`] and a model pinned from it ([`SlowdownModel::pinned`]) do.
+fn observe_into(shared: &Shared, wake: Option<&SyncSender<()>>, sample: CoLocationSample) {
+    let due = match shared.learner().observe(sample) {
+        Ok(due) => due,
+        Err(err) => {
+            tracing::warn!(error = %err, "predictor ignored a sample");
+            return;
+        }
+    };
+    if due && let Some(wake) = wake {
+        match wake.try_send(()) {
+            // Full: a refit is already pending and will see this sample too.
+            Ok(()) | Err(TrySendError::Full(())) => {}
+            Err(TrySendError::Disconnected(())) => {
+                tracing::error!("predictor refit thread is gone; the model will not be updated");
+            }
+        }
+    }
+}
+
+/// The online predictor as the placer's slowdown model: its forest once it has enough
+/// co-location samples, its transparent cold-start rule before. Predictions never wait
+/// for a refit; `observe` feeds the bounded window and wakes the background refit.
+impl SlowdownModel for OnlinePredictor {
+    fn predict(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Prediction {
+        OnlinePredictor::predict(self, device_kind, task, corunners)
+    }
+
+    fn observe(&self, sample: &CoLocationSample) {
+        OnlinePredictor::observe(self, sample.clone());
+    }
+
+    /// The generation: the predictor swaps its model in before counting it, so a
+    /// prediction made after reading generation `g` comes from model `g` or a newer
+    /// one, and a newer one is counted (and the reuse dropped) right after.
+    fn version(&self) -> Option<u64> {
+        Some(self.generation())
+    }
+
+    fn pinned(&self) -> Option<Arc<dyn SlowdownModel>> {
+        let (generation, model) = self.snapshot();
+        Some(Arc::new(PinnedModel {
+            shared: Arc::clone(&self.shared),
+            wake: self.wake.clone(),
+            model,
+            generation,
+        }))
+    }
+
+    fn pairwise_prefix(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Option<PairwiseFold> {
+        OnlinePredictor::pairwise_prefix(self, device_kind, task, corunners)
+    }
+
+    fn predict_extending(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        prefix: &PairwiseFold,
+        extra: &TaskProfile,
+    ) -> Option<Prediction> {
+        OnlinePredictor::predict_extending(self, device_kind, task, prefix, extra)
+    }
+}
+
+/// One fitted model of an [`OnlinePredictor`], pinned for a decision
+/// ([`SlowdownModel::pinned`]): predictions without the predictor's lock.
+#[derive(Debug)]
+struct PinnedModel {
+    /// Where samples still go: pinning a model does not stop learning.
+    shared: Arc<Shared>,
+    wake: Option<SyncSender<()>>,
+    model: Arc<FittedModel>,
+    /// The generation read just before `model` (which is that one or newer).
+    generation: u64,
+}
+
+impl SlowdownModel for PinnedModel {
+    fn predict(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Prediction {
+        self.model.predict(device_kind, task, corunners)
+    }
+
+    fn observe(&self, sample: &CoLocationSample) {
+        observe_into(&self.shared, self.wake.as_ref(), sample.clone());
+    }
+
+    fn version(&self) -> Option<u64> {
+        Some(self.generation)
+    }
+
+    fn pairwise_prefix(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        corunners: &[TaskProfile],
+    ) -> Option<PairwiseFold> {
+        FittedModel::pairwise_prefix(&self.model, device_kind, task, corunners)
+    }
+
+    fn predict_extending(
+        &self,
+        device_kind: &str,
+        task: &TaskProfile,
+        prefix: &PairwiseFold,
+        extra: &TaskProfile,
+    ) -> Option<Prediction> {
+        FittedModel::predict_extending(&self.model, device_kind, task, prefix, extra)
+    }
+}
+
 impl Drop for OnlinePredictor {
     fn drop(&mut self) {
         // Closing the channel ends the refit loop; wait so no thread outlives us.
@@ -276,6 +384,25 @@ impl Drop for OnlinePredictor {
 mod tests {
     use super::*;
     use crate::PredictionSource;
+
+    /// Through the trait (as the placer asks) the predictor answers what it answers
+    /// directly; alone a task is not slowed.
+    #[test]
+    fn the_trait_passes_predictions_through() {
+        let predictor = OnlinePredictor::new(LearnerParams::default()).expect("predictor");
+        let model: &dyn SlowdownModel = &predictor;
+        let busy = TaskProfile {
+            sm_util_pct: Some(90.0),
+            mem_bw_util_pct: Some(10.0),
+            ..Default::default()
+        };
+        assert_eq!(model.predict("v100", &busy, &[]).slowdown, 1.0);
+        let shared = model.predict("v100", &busy, std::slice::from_ref(&busy));
+        let direct = predictor.predict("v100", &busy, std::slice::from_ref(&busy));
+        assert_eq!(shared, direct);
+        assert!(shared.slowdown > 1.0);
+        assert_eq!(model.version(), Some(predictor.generation()));
+    }
 
     fn sample(i: u32) -> CoLocationSample {
         let step = 0.05 * f64::from(i % 10 + 1);

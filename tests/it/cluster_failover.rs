@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 use crate::fixtures;
 use crate::placer::place_on;
 use iadeep_agent::Agent;
-use iadeep_placer::{
-    Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams, PredictorSlowdown,
-};
+use iadeep_placer::{Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams};
+use iadeep_predictor::{LearnerParams, OnlinePredictor};
 use iadeep_proto::placer_client::PlacerClient;
 use iadeep_proto::{
     DeviceInfo, DeviceResidents, LrScalingRule, PlaceRequest, ReleaseRequest, SoloProfile,
@@ -207,7 +206,7 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader() {
     // The placer, and the two jobs it places.
     let placer = Placer::new(
         PlacerParams::default(),
-        Arc::new(PredictorSlowdown::cold().expect("predictor")),
+        Arc::new(OnlinePredictor::new(LearnerParams::default()).expect("predictor")),
     )
     .expect("placer");
     let config = DaemonConfig {

@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use iadeep_placer::extender::ExtenderConfig;
 use iadeep_placer::extender::kube_api::KubeApiConfig;
-use iadeep_placer::{
-    Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams, PredictorSlowdown,
-};
+use iadeep_placer::{Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams};
+use iadeep_predictor::{LearnerParams, OnlinePredictor};
 use iadeep_proto::placer_client::PlacerClient;
 use iadeep_proto::{
     CoLocationSample, DeviceInfo, DeviceResidents, ListDevicesRequest, LrScalingRule, PlaceRequest,
@@ -38,7 +37,7 @@ async fn etcd_store(server: &EtcdServer) -> Arc<dyn StateStore> {
 pub(crate) fn placer() -> Placer {
     Placer::new(
         PlacerParams::default(),
-        Arc::new(PredictorSlowdown::cold().expect("predictor")),
+        Arc::new(OnlinePredictor::new(LearnerParams::default()).expect("predictor")),
     )
     .expect("default params are valid")
 }
@@ -539,7 +538,7 @@ async fn reservations_of_tasks_whose_agent_died_are_released_after_the_grace() {
     let mut left = residents_of(s, "n1.gpu0").await;
     left.sort();
     assert_eq!(left, ["restarted", "unstarted"]);
-    let metrics = daemon.service().metrics();
+    let metrics = daemon.metrics();
     assert_eq!(metrics.dead_released.get(), 2);
 }
 
@@ -593,7 +592,7 @@ async fn reservations_of_tasks_whose_agent_never_started_are_released_after_thei
     // Another grace later, the started one still holds its device.
     tokio::time::sleep(UNSTARTED_GRACE).await;
     assert_eq!(residents_of(s, "n1.gpu0").await, ["started"]);
-    let metrics = daemon.service().metrics();
+    let metrics = daemon.metrics();
     assert_eq!(
         (
             metrics.unstarted_released.get(),
@@ -898,7 +897,7 @@ async fn the_view_follows_registrations_reservations_and_samples_written_by_othe
         .put(&keys::sample("late.gpu0", 2), vec![0xff, 0xff, 0xff], None)
         .await
         .expect("put garbage");
-    let metrics = service.metrics().clone();
+    let metrics = daemon.metrics().clone();
     eventually("the sample observed", async || {
         metrics.samples_observed.get() == 1
     })

@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iadeep_agent::{Agent, ChangeReason};
-use iadeep_placer::{
-    Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams, PredictorSlowdown,
-};
+use iadeep_placer::{Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams};
+use iadeep_predictor::{LearnerParams, OnlinePredictor};
 use iadeep_proto::placer_client::PlacerClient;
 use iadeep_proto::{DeviceInfo, DeviceResidents, LrScalingRule, ReleaseRequest};
 use iadeep_state::testing::EtcdServer;
@@ -38,7 +37,7 @@ async fn cluster(server: &EtcdServer, params: PlacerParams) -> (Arc<dyn StateSto
         .expect("register device");
     let placer = Placer::new(
         params,
-        Arc::new(PredictorSlowdown::cold().expect("predictor")),
+        Arc::new(OnlinePredictor::new(LearnerParams::default()).expect("predictor")),
     )
     .expect("params");
     let config = DaemonConfig {
@@ -105,7 +104,7 @@ async fn a_released_tasks_keys_are_deleted_after_its_retention_on_etcd() {
         3,
         "a placed task keeps its keys"
     );
-    assert!(daemon.service().metrics().retention_deleted.get() >= 1);
+    assert!(daemon.metrics().retention_deleted.get() >= 1);
 }
 
 /// A job whose placement is released while its agent runs: the placer admits it again
@@ -163,7 +162,7 @@ async fn a_job_released_while_it_runs_holds_a_reservation_again() {
         .expect("read")
         .expect("residents");
     assert!(residents.reservations.iter().any(|r| r.task_id == "job"));
-    assert!(daemon.service().metrics().readmitted.get() >= 1);
+    assert!(daemon.metrics().readmitted.get() >= 1);
     let mut told = None;
     eventually("the loop to hear of it", async || {
         if let Some(change) = agent.poll_change() {

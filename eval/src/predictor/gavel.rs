@@ -74,8 +74,11 @@ pub fn samples_from_gavel(worker: &WorkerThroughputs, device_kind: &str) -> Gave
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use iadeep_datasets::gavel::GavelThroughputs;
+    use iadeep_predictor::{LearnerParams, OnlinePredictor, SlowdownModel};
 
     #[test]
     fn bundled_k80_gives_both_views_of_each_pair() {
@@ -107,5 +110,42 @@ mod tests {
             .expect("sample of the pair");
         assert!((s.slowdown - solo / first).abs() < 1e-12);
         assert_eq!(s.task.as_ref().and_then(|t| t.sm_util_pct), None);
+    }
+
+    /// A pinned model predicts what the live predictor does, names the same
+    /// version, and still passes samples on to the predictor.
+    #[test]
+    fn a_pinned_predictor_is_the_live_one_without_the_lock() {
+        let gavel = iadeep_datasets::gavel::GavelThroughputs::bundled().expect("bundled Gavel");
+        let worker = gavel.worker("k80").expect("k80 measurements");
+        let samples = samples_from_gavel(worker, "k80").samples;
+        let params = LearnerParams {
+            forest: iadeep_predictor::ForestParams {
+                n_trees: 4,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let some = samples[0].clone();
+        let predictor =
+            Arc::new(OnlinePredictor::from_samples(params, samples).expect("fit a forest"));
+        let live: &dyn SlowdownModel = &*predictor;
+        let pinned = live.pinned().expect("the predictor pins its model");
+        assert_eq!(pinned.version(), live.version());
+        let task = some.task.clone().expect("task");
+        let co = &some.corunners;
+        assert!(!co.is_empty());
+        assert_eq!(
+            pinned.predict("k80", &task, co),
+            live.predict("k80", &task, co)
+        );
+        let prefix = pinned.pairwise_prefix("k80", &task, co).expect("forest");
+        assert_eq!(
+            pinned.predict_extending("k80", &task, &prefix, &co[0]),
+            live.predict_extending("k80", &task, &prefix, &co[0])
+        );
+        let observed = predictor.observed();
+        pinned.observe(&some);
+        assert_eq!(predictor.observed(), observed + 1);
     }
 }

@@ -4,7 +4,7 @@
 //! 1. **Feasibility.** The device must be registered; its residents' footprints
 //!    (each at the batch size it is *assigned*, never its smallest allowed one: the
 //!    largest of its reservation, its reported peak, its assigner's bound and the
-//!    [`MemoryEstimator`]'s bound there, see [`crate::view::Resident::footprint_mib`])
+//!    [`MemoryEstimator`](crate::MemoryEstimator)'s bound there, see [`crate::view::Resident::footprint_mib`])
 //!    plus the new task's footprint at its submitted batch size, where it starts, must
 //!    fit the device's memory less the one memory margin. When they do not, residents
 //!    that run above sizes they are known to fit at are shrunk, one candidate size at a
@@ -52,7 +52,7 @@
 //!    tasks, plus the `delay` it imposes on a task waiting ahead if the device was
 //!    promised to one. `increase₉₀` is the pessimistic increase: each slowdown it
 //!    sums at the upper end of the model's 90 % predictive interval
-//!    ([`SlowdownEstimate::upper_90`]). Why pessimistic: a placement holds for the
+//!    ([`Prediction::upper_90`]). Why pessimistic: a placement holds for the
 //!    task's whole run, while `W` comes from measured progress; where the model is
 //!    unsure (a model it has never seen, a wide interval) a co-location that merely
 //!    looks cheap should not win over a wait that is known. Waiting costs the time `W` until a device frees up *for this task*,
@@ -78,9 +78,9 @@ use std::time::Duration;
 use iadeep_proto::{Explanation, TaskSpec};
 
 use crate::error::Result;
-use crate::model::{SlowdownEstimate, SlowdownModel};
 use crate::params::PlacerParams;
 use crate::view::ClusterView;
+use iadeep_predictor::{Prediction, SlowdownModel};
 
 mod explain;
 mod feasibility;
@@ -160,7 +160,7 @@ pub struct Candidate<'v> {
     pub idle: bool,
     /// The task's own predicted slowdown there (exactly 1 on an idle device), which the
     /// tuner uses to estimate its solo step time until it runs alone.
-    pub newcomer: SlowdownEstimate,
+    pub newcomer: Prediction,
     /// The reservation is provisional: nothing was known of the task's memory, so it is
     /// granted the device's free memory until it reports its peak.
     pub provisional: bool,
@@ -211,7 +211,7 @@ pub enum Verdict {
         reserved_mem_mib: u64,
         shrinks: Vec<Shrink>,
         /// The task's own predicted slowdown there (see [`Candidate::newcomer`]).
-        newcomer: SlowdownEstimate,
+        newcomer: Prediction,
         /// `reserved_mem_mib` is a provisional grant (see [`Candidate::provisional`]).
         provisional: bool,
     },

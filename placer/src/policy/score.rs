@@ -9,13 +9,13 @@ use iadeep_proto::{TaskProfile, TaskSpec};
 use super::feasibility::Fit;
 use super::verdict::Promises;
 use super::{Assessment, Candidate, Placer, Rejection, Shrink};
-use crate::model::{SlowdownEstimate, SlowdownModel};
 use crate::view::{AloneTogether, ClusterView, DeviceState, profile_of};
+use iadeep_predictor::{Prediction, PredictionSource, SlowdownModel};
 
 /// What [`Placer::score`] says of a shared device.
 struct Score {
     /// The newcomer's own predicted slowdown.
-    newcomer: SlowdownEstimate,
+    newcomer: Prediction,
     pd_increase: f64,
     pd_increase_upper_90: f64,
     uncertainty: f64,
@@ -156,7 +156,7 @@ impl Placer {
                 reserved_mem_mib: need,
                 shrinks,
                 idle: true,
-                newcomer: SlowdownEstimate::certain(1.0),
+                newcomer: Prediction::certain(1.0, PredictionSource::Given),
                 provisional,
                 delay_s: 0.0,
                 tiebreak,
@@ -568,7 +568,7 @@ mod tests {
     }
 
     impl SlowdownModel for Counted {
-        fn predict(&self, kind: &str, task: &TaskProfile, co: &[TaskProfile]) -> SlowdownEstimate {
+        fn predict(&self, kind: &str, task: &TaskProfile, co: &[TaskProfile]) -> Prediction {
             self.calls
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             TimeShare.predict(kind, task, co)
@@ -653,8 +653,11 @@ mod tests {
     struct FixedIf(f64);
 
     impl SlowdownModel for FixedIf {
-        fn predict(&self, _: &str, _: &TaskProfile, co: &[TaskProfile]) -> SlowdownEstimate {
-            SlowdownEstimate::certain(if co.is_empty() { 1.0 } else { self.0 })
+        fn predict(&self, _: &str, _: &TaskProfile, co: &[TaskProfile]) -> Prediction {
+            Prediction::certain(
+                if co.is_empty() { 1.0 } else { self.0 },
+                PredictionSource::Given,
+            )
         }
         fn observe(&self, _: &CoLocationSample) {}
     }
@@ -719,101 +722,6 @@ mod tests {
         );
         let a = with_if(2.2).assess(&view, &new, &[], 0);
         assert!(a.candidates.iter().any(|c| c.idle && c.device_id == "idle"));
-    }
-
-    /// The fitted predictor, hiding its pairwise composition: every resident is
-    /// predicted over its whole co-runner list, as before the prefixes were reused.
-    #[derive(Debug)]
-    struct WholeLists(crate::model::PredictorSlowdown);
-
-    impl SlowdownModel for WholeLists {
-        fn predict(&self, kind: &str, task: &TaskProfile, co: &[TaskProfile]) -> SlowdownEstimate {
-            self.0.predict(kind, task, co)
-        }
-        fn observe(&self, _: &CoLocationSample) {}
-        fn version(&self) -> Option<u64> {
-            self.0.version()
-        }
-    }
-
-    /// Reusing the residents' pairwise predictions changes no decision and no
-    /// explanation, bit for bit: a forest fitted on the bundled Gavel K80
-    /// measurements, a seeded synthetic cluster, and many arrivals, each decided
-    /// twice so the second decision runs on the cached prefixes.
-    #[test]
-    fn reusing_the_residents_pairs_changes_no_decision() {
-        use crate::model::PredictorSlowdown;
-        use crate::synthetic::SyntheticCluster;
-        let gavel = iadeep_datasets::gavel::GavelThroughputs::bundled().expect("bundled Gavel");
-        let worker = gavel.worker("k80").expect("k80 measurements");
-        let samples = crate::gavel::samples_from_gavel(worker, "k80").samples;
-        let params = iadeep_predictor::LearnerParams {
-            forest: iadeep_predictor::ForestParams {
-                n_trees: 8,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let predictor = Arc::new(
-            iadeep_predictor::OnlinePredictor::from_samples(params, samples).expect("fit"),
-        );
-        assert!(predictor.model_samples() > 0, "the forest is fitted");
-        let cluster = SyntheticCluster::new(120, 300, 7);
-        let reused_view = cluster.view(Arc::new(ModelledMemory));
-        let whole_view = cluster.view(Arc::new(ModelledMemory));
-        let reused = Placer::new(
-            PlacerParams::default(),
-            Arc::new(PredictorSlowdown::new(predictor.clone())),
-        )
-        .expect("valid");
-        let whole = Placer::new(
-            PlacerParams::default(),
-            Arc::new(WholeLists(PredictorSlowdown::new(predictor.clone()))),
-        )
-        .expect("valid");
-        assert!(
-            reused_view
-                .devices()
-                .any(|(_, d)| d.summary().profiles.len() >= 3),
-            "the cluster has devices with several residents"
-        );
-        let now = 1_000;
-        for round in 0..2 {
-            for i in 0..40 {
-                let task = cluster.arrival(i);
-                let a = reused.assess(&reused_view, &task, &[], now);
-                let b = whole.assess(&whole_view, &task, &[], now);
-                fn bits<'v>(a: &Assessment<'v>) -> Vec<(&'v str, u64, u64)> {
-                    let mut c: Vec<_> = a
-                        .candidates
-                        .iter()
-                        .map(|c| {
-                            (
-                                c.device_id,
-                                c.pd_increase.to_bits(),
-                                c.uncertainty.to_bits(),
-                            )
-                        })
-                        .collect();
-                    c.sort_unstable();
-                    c
-                }
-                assert_eq!(bits(&a), bits(&b), "round {round}, arrival {i}");
-                assert_eq!(a.rejected, b.rejected, "round {round}, arrival {i}");
-                assert_eq!(
-                    reused.decide(&reused_view, &task, &[], now),
-                    whole.decide(&whole_view, &task, &[], now),
-                    "round {round}, arrival {i}"
-                );
-            }
-        }
-        // The reused path was taken: the cache holds prefixes for shared devices.
-        assert!(reused_view.devices().any(|(_, d)| {
-            d.summary().profiles.len() >= 2
-                && d.alone_together
-                    .get(predictor.generation())
-                    .is_some_and(|c| c.prefixes.len() == d.summary().profiles.len())
-        }));
     }
 
     #[test]

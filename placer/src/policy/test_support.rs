@@ -8,9 +8,10 @@ use iadeep_proto::{
 };
 
 use super::Placer;
-use crate::model::{ModelledMemory, SlowdownEstimate, SlowdownModel};
+use crate::model::ModelledMemory;
 use crate::params::PlacerParams;
 use crate::view::ClusterView;
+use iadeep_predictor::{Prediction, PredictionSource, SlowdownModel};
 
 /// A fixed rule so the expected numbers can be worked out by hand: a GPU time-slices,
 /// so IF = max(1, ΣSM / 100, ΣBW / 100) over the task and its co-runners.
@@ -18,11 +19,14 @@ use crate::view::ClusterView;
 pub(super) struct TimeShare;
 
 impl SlowdownModel for TimeShare {
-    fn predict(&self, _: &str, task: &TaskProfile, corunners: &[TaskProfile]) -> SlowdownEstimate {
+    fn predict(&self, _: &str, task: &TaskProfile, corunners: &[TaskProfile]) -> Prediction {
         let all = || std::iter::once(task).chain(corunners);
         let sm: f64 = all().map(|p| p.sm_util_pct.unwrap_or(100.0)).sum();
         let bw: f64 = all().map(|p| p.mem_bw_util_pct.unwrap_or(100.0)).sum();
-        SlowdownEstimate::certain((sm / 100.0).max(bw / 100.0).max(1.0))
+        Prediction::certain(
+            (sm / 100.0).max(bw / 100.0).max(1.0),
+            PredictionSource::Given,
+        )
     }
     fn observe(&self, _: &CoLocationSample) {}
 }

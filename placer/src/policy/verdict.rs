@@ -127,6 +127,7 @@ mod tests {
     use super::super::test_support::*;
     use super::super::*;
     use crate::model::ModelledMemory;
+    use iadeep_predictor::PredictionSource;
     use iadeep_proto::{CoLocationSample, TaskProfile, TaskReport};
 
     #[test]
@@ -180,14 +181,16 @@ mod tests {
     }
 
     impl SlowdownModel for Unsure {
-        fn predict(&self, _: &str, _: &TaskProfile, co: &[TaskProfile]) -> SlowdownEstimate {
+        fn predict(&self, _: &str, _: &TaskProfile, co: &[TaskProfile]) -> Prediction {
             if co.is_empty() {
-                return SlowdownEstimate::certain(1.0);
+                return Prediction::certain(1.0, PredictionSource::Given);
             }
-            SlowdownEstimate {
+            Prediction {
                 slowdown: 1.2,
                 uncertainty: 0.1,
+                lower_90: 1.1,
                 upper_90: self.upper,
+                source: PredictionSource::Given,
             }
         }
         fn observe(&self, _: &CoLocationSample) {}
