@@ -4,6 +4,7 @@
 //! compiled into the crate, so tests, benchmarks and the demo need no download
 //! and no path. Readers return errors for malformed input, never panic.
 
+pub mod csv_text;
 pub mod gavel;
 pub mod philly;
 pub mod pollux;
@@ -29,6 +30,12 @@ pub enum DatasetError {
         requested: String,
         available: String,
     },
+}
+
+impl From<csv_text::CsvError> for DatasetError {
+    fn from(error: csv_text::CsvError) -> Self {
+        DatasetError::Format(error.to_string())
+    }
 }
 
 impl DatasetError {

@@ -6,6 +6,7 @@
 //! burstiness and heavy-tailed durations are measured, not invented.
 
 use crate::DatasetError;
+use crate::csv_text::read_records;
 
 /// The trace shipped in the repository (`data/traces/philly.csv`, CC-BY-4.0).
 pub const BUNDLED: &str = include_str!("../../data/traces/philly.csv");
@@ -64,44 +65,35 @@ pub fn parse_timestamp(text: &str) -> Result<i64, DatasetError> {
 /// Parses the CSV text of a Philly trace (`timestamp,duration,num_gpus,gpu_time,cluster`).
 /// Rows keep the file's order (the published file is not sorted by time).
 pub fn parse(text: &str) -> Result<Vec<PhillyJob>, DatasetError> {
-    let mut lines = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty());
-    let (_, header) = lines
-        .next()
-        .ok_or_else(|| DatasetError::Format("empty file".into()))?;
-    let header: Vec<&str> = header.split(',').map(str::trim).collect();
-    let expected = ["timestamp", "duration", "num_gpus", "gpu_time", "cluster"];
-    if header != expected {
-        return Err(DatasetError::Format(format!(
-            "header {header:?}, expected {expected:?}"
-        )));
-    }
-    lines
-        .map(|(index, line)| {
-            let place = format!("line {}", index + 1);
-            let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-            let [timestamp, duration, num_gpus, gpu_time, cluster] = fields.as_slice() else {
-                return Err(DatasetError::Format(format!(
-                    "{place}: {} fields, expected 5",
-                    fields.len()
-                )));
+    let header = ["timestamp", "duration", "num_gpus", "gpu_time", "cluster"];
+    read_records(text, &header)?
+        .iter()
+        .map(|record| {
+            let seconds = |column: &str| -> Result<f64, DatasetError> {
+                let value: f64 = record.parse(column, "a number of seconds")?;
+                if value.is_finite() && value >= 0.0 {
+                    Ok(value)
+                } else {
+                    Err(record
+                        .error(
+                            column,
+                            &format!("expected a non-negative number, got {value}"),
+                        )
+                        .into())
+                }
             };
-            let number = |text: &str, what: &str| -> Result<f64, DatasetError> {
-                text.parse::<f64>()
-                    .ok()
-                    .filter(|v| v.is_finite() && *v >= 0.0)
-                    .ok_or_else(|| DatasetError::Format(format!("{place}: bad {what} {text:?}")))
-            };
+            let timestamp = record.get("timestamp")?;
             Ok(PhillyJob {
-                submit_unix_s: parse_timestamp(timestamp).map_err(|e| e.context(&place))?,
-                duration_s: number(duration, "duration")?,
-                num_gpus: num_gpus.parse().map_err(|_| {
-                    DatasetError::Format(format!("{place}: bad num_gpus {num_gpus:?}"))
+                submit_unix_s: parse_timestamp(timestamp).map_err(|_| {
+                    record.error(
+                        "timestamp",
+                        &format!("expected `YYYY-MM-DD HH:MM:SS`, got {timestamp:?}"),
+                    )
                 })?,
-                gpu_time_s: number(gpu_time, "gpu_time")?,
-                cluster: (*cluster).to_owned(),
+                duration_s: seconds("duration")?,
+                num_gpus: record.parse("num_gpus", "a GPU count")?,
+                gpu_time_s: seconds("gpu_time")?,
+                cluster: record.get("cluster")?.to_owned(),
             })
         })
         .collect()
@@ -154,6 +146,25 @@ mod tests {
                 .expect("ok")
                 .len(),
             1
+        );
+    }
+
+    #[test]
+    fn quoted_fields_are_read_whole() {
+        let header = "timestamp,duration,num_gpus,gpu_time,cluster\n";
+        let jobs = parse(&format!(
+            "{header}\"2017-10-09 07:01:55\",66.0,1,66.0,\"vc, east\"\n"
+        ))
+        .expect("ok");
+        assert_eq!(jobs[0].cluster, "vc, east");
+        assert_eq!(jobs[0].submit_unix_s, 1_507_532_515);
+        let error = parse(&format!(
+            "{header}\n2017-10-09 07:01:55,\"66,0\",1,66.0,a\n"
+        ))
+        .expect_err("66,0 is one field, not a number");
+        assert!(
+            error.to_string().contains("line 3, column duration"),
+            "{error}"
         );
     }
 }

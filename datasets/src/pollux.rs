@@ -6,6 +6,7 @@
 //! statistical efficiency from the measured gradient noise scale.
 
 use crate::DatasetError;
+use crate::csv_text::read_records;
 
 /// One single-GPU measurement: seconds per step at a local batch size.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -95,59 +96,24 @@ pub fn bundled_model(name: &str) -> Result<PolluxModel, DatasetError> {
     })
 }
 
-/// Splits a CSV with a header into rows of fields, checking the header names.
-fn rows<'a>(text: &'a str, header: &[&str]) -> Result<Vec<Vec<&'a str>>, DatasetError> {
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let found: Vec<&str> = lines
-        .next()
-        .ok_or_else(|| DatasetError::Format("empty file".into()))?
-        .split(',')
-        .map(str::trim)
-        .collect();
-    if found != header {
-        return Err(DatasetError::Format(format!(
-            "header {found:?}, expected {header:?}"
-        )));
-    }
-    lines
-        .enumerate()
-        .map(|(i, line)| {
-            let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-            if fields.len() == header.len() {
-                Ok(fields)
-            } else {
-                Err(DatasetError::Format(format!(
-                    "line {}: {} fields, expected {}",
-                    i + 2,
-                    fields.len(),
-                    header.len()
-                )))
-            }
-        })
-        .collect()
-}
-
-fn field<T: std::str::FromStr>(text: &str, what: &str) -> Result<T, DatasetError> {
-    text.parse()
-        .map_err(|_| DatasetError::Format(format!("bad {what} {text:?}")))
-}
-
 /// Single-GPU rows (placement `1`) of a `placements.csv`.
 pub fn parse_placements(text: &str) -> Result<Vec<StepTimePoint>, DatasetError> {
     let mut points = Vec::new();
-    for row in rows(text, &["placement", "local_bsz", "step_time", "sync_time"])? {
-        if row[0] != "1" {
+    for record in read_records(text, &["placement", "local_bsz", "step_time", "sync_time"])? {
+        if record.get("placement")? != "1" {
             continue;
         }
-        let step_time_s: f64 = field(row[2], "step_time")?;
+        let step_time_s: f64 = record.parse("step_time", "a number of seconds")?;
         if !(step_time_s.is_finite() && step_time_s > 0.0) {
-            return Err(DatasetError::Format(format!(
-                "non-positive step_time {}",
-                row[2]
-            )));
+            return Err(record
+                .error(
+                    "step_time",
+                    &format!("non-positive step time {step_time_s}"),
+                )
+                .into());
         }
         points.push(StepTimePoint {
-            batch_size: field(row[1], "local_bsz")?,
+            batch_size: record.parse("local_bsz", "a batch size")?,
             step_time_s,
         });
     }
@@ -157,18 +123,18 @@ pub fn parse_placements(text: &str) -> Result<Vec<StepTimePoint>, DatasetError> 
 
 /// The rows of a `validation-<batch>.csv`.
 pub fn parse_validation(text: &str) -> Result<Vec<GradientPoint>, DatasetError> {
-    rows(
+    read_records(
         text,
         &["progress", "iteration", "metric", "grad_sqr", "grad_var"],
     )?
     .into_iter()
-    .map(|row| {
+    .map(|record| {
         Ok(GradientPoint {
-            progress: field(row[0], "progress")?,
-            iteration: field(row[1], "iteration")?,
-            metric: field(row[2], "metric")?,
-            grad_sqr: field(row[3], "grad_sqr")?,
-            grad_var: field(row[4], "grad_var")?,
+            progress: record.parse("progress", "a number")?,
+            iteration: record.parse("iteration", "an iteration count")?,
+            metric: record.parse("metric", "a number")?,
+            grad_sqr: record.parse("grad_sqr", "a number")?,
+            grad_var: record.parse("grad_var", "a number")?,
         })
     })
     .collect()
@@ -240,5 +206,27 @@ mod tests {
         assert!(bundled_model("gpt5").is_err());
         assert!(parse_placements("a,b\n1,2").is_err());
         assert!(parse_validation("progress,iteration,metric,grad_sqr,grad_var\n1,2,3").is_err());
+    }
+
+    #[test]
+    fn quoted_fields_are_read_whole() {
+        let points = parse_placements(
+            "placement,local_bsz,step_time,sync_time\n\"1\",\" 8 \",\"0.5\",\"0,1\"\n",
+        )
+        .expect("parses");
+        assert_eq!(
+            points,
+            [StepTimePoint {
+                batch_size: 8,
+                step_time_s: 0.5
+            }]
+        );
+        let error =
+            parse_validation("progress,iteration,metric,grad_sqr,grad_var\n1,2,\"3,5\",4,5")
+                .expect_err("3,5 is one field, not a number");
+        assert!(
+            error.to_string().contains("line 2, column metric"),
+            "{error}"
+        );
     }
 }

@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use iadeep_datasets::csv_text::{CsvError, read_records};
 use iadeep_objective::stats::{median, quantile};
-use iadeep_tuner::{Result, TunerError};
 use iadeep_tuner::{CubicBaseline, MemoryModel, MemorySample};
+use iadeep_tuner::{Result, TunerError};
 
 /// One CSV row.
 #[derive(Clone, Debug, PartialEq)]
@@ -16,47 +17,42 @@ pub struct MemoryRow {
     pub sample: MemorySample,
 }
 
-/// Parses a `model,batch_size,memory_mib` CSV (header required, no quoted fields).
+/// Parses a `model,batch_size,memory_mib` CSV (header required; fields may be quoted).
 pub fn parse_csv(text: &str) -> Result<Vec<MemoryRow>> {
-    let mut lines = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty());
-    let Some((_, header)) = lines.next() else {
-        return Err(TunerError::InvalidInput("empty CSV".to_owned()));
-    };
-    let cols: Vec<&str> = header.split(',').map(str::trim).collect();
-    if cols != ["model", "batch_size", "memory_mib"] {
-        return Err(TunerError::InvalidInput(format!(
-            "expected the header `model,batch_size,memory_mib`, got `{}`",
-            header.trim()
-        )));
-    }
-    let mut rows = Vec::new();
-    for (n, line) in lines {
-        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-        let bad = |why: &str| TunerError::InvalidInput(format!("line {}: {why}: `{line}`", n + 1));
-        if fields.len() != 3 || fields[0].is_empty() {
-            return Err(bad("expected three fields"));
-        }
-        let batch_size: u32 = fields[1]
-            .parse()
-            .map_err(|_| bad("batch_size is not a positive integer"))?;
-        let peak_mib: f64 = fields[2]
-            .parse()
-            .map_err(|_| bad("memory_mib is not a number"))?;
-        if batch_size == 0 || !(peak_mib.is_finite() && peak_mib > 0.0) {
-            return Err(bad("batch_size and memory_mib must be positive"));
-        }
-        rows.push(MemoryRow {
-            model: fields[0].to_owned(),
-            sample: MemorySample {
-                batch_size,
-                peak_mib,
-            },
-        });
-    }
-    Ok(rows)
+    let invalid = |e: CsvError| TunerError::InvalidInput(e.to_string());
+    read_records(text, &["model", "batch_size", "memory_mib"])
+        .map_err(invalid)?
+        .iter()
+        .map(|record| {
+            let model = record.get("model").map_err(invalid)?;
+            if model.is_empty() {
+                return Err(invalid(record.error("model", "empty model name")));
+            }
+            let batch_size: u32 = record
+                .parse("batch_size", "a positive integer")
+                .map_err(invalid)?;
+            let peak_mib: f64 = record
+                .parse("memory_mib", "a number of MiB")
+                .map_err(invalid)?;
+            if batch_size == 0 {
+                return Err(invalid(
+                    record.error("batch_size", "must be positive, got 0"),
+                ));
+            }
+            if !(peak_mib.is_finite() && peak_mib > 0.0) {
+                return Err(invalid(
+                    record.error("memory_mib", &format!("must be positive, got {peak_mib}")),
+                ));
+            }
+            Ok(MemoryRow {
+                model: model.to_owned(),
+                sample: MemorySample {
+                    batch_size,
+                    peak_mib,
+                },
+            })
+        })
+        .collect()
 }
 
 /// Accuracy figures of one predictor.
@@ -166,6 +162,17 @@ mod tests {
         assert!(parse_csv("a,b,c\n").is_err());
         assert!(parse_csv("model,batch_size,memory_mib\nx,0,10\n").is_err());
         assert!(parse_csv("model,batch_size,memory_mib\nx,8\n").is_err());
+    }
+
+    #[test]
+    fn quoted_model_names_may_hold_commas() {
+        let rows =
+            parse_csv("model,batch_size,memory_mib\n\"bert, large\",8,\"1000\"\n").expect("parses");
+        assert_eq!(rows[0].model, "bert, large");
+        assert_eq!(rows[0].sample.batch_size, 8);
+        let error = parse_csv("model,batch_size,memory_mib\nr18,8,1000\n\"r18,16\",1500\n")
+            .expect_err("two fields, not three");
+        assert!(error.to_string().contains("line 3"), "{error}");
     }
 
     #[test]
