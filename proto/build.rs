@@ -1,7 +1,8 @@
 //! Compiles `proto/iadeep/v1/*.proto` with protox (a pure-Rust protobuf
 //! compiler), so building iadeep's own schema never needs a `protoc`.
 //!
-//! Three outputs: the prost messages and tonic services, serde impls following
+//! Three outputs: the prost messages (and, with the `grpc` feature, the tonic
+//! client and server stubs), serde impls following
 //! protobuf's canonical JSON mapping (pbjson), and the encoded descriptor set that
 //! the gRPC server's reflection service publishes.
 
@@ -33,6 +34,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     pbjson_build::Builder::new()
         .register_descriptors(&encoded)?
         .build(&[".iadeep"])?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    // The stubs name tonic types, so they are generated only when the crate links
+    // tonic (the `grpc` feature); the messages are the same either way.
+    let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();
+    tonic_prost_build::configure()
+        .build_client(grpc)
+        .build_server(grpc)
+        .compile_fds(descriptors)?;
     Ok(())
 }

@@ -56,6 +56,7 @@ pub struct Daemon {
     extender_addr: Option<SocketAddr>,
     metrics_addr: Option<SocketAddr>,
     service: PlacementService,
+    metrics: Arc<PlacerMetrics>,
     stop: watch::Sender<bool>,
     servers: Vec<(&'static str, JoinHandle<Result<()>>)>,
     _sync: ViewSync,
@@ -193,6 +194,7 @@ async fn serve_grpc(
 async fn serve_extender(
     extender: &ExtenderConfig,
     service: &PlacementService,
+    metrics: &Arc<PlacerMetrics>,
     tls: Option<ServerTls>,
     stop: watch::Receiver<bool>,
 ) -> Result<(SocketAddr, JoinHandle<Result<()>>)> {
@@ -209,7 +211,13 @@ async fn serve_extender(
     };
     let listener = bind("extender listener", extender.listen).await?;
     let addr = local_addr("extender listener", &listener)?;
-    let router = Arc::new(Extender::new(service.clone(), kube, extender.bind_timeout)).router();
+    let router = Arc::new(Extender::new(
+        service.clone(),
+        metrics.clone(),
+        kube,
+        extender.bind_timeout,
+    ))
+    .router();
     Ok((
         addr,
         serve_http("extender server", listener, router, tls, stop),
@@ -222,6 +230,7 @@ async fn serve_extender(
 async fn serve_metrics(
     addr: SocketAddr,
     service: &PlacementService,
+    metrics: &Arc<PlacerMetrics>,
     store: Arc<dyn StateStore>,
     tls: Option<&ServerTls>,
     stop: watch::Receiver<bool>,
@@ -229,12 +238,13 @@ async fn serve_metrics(
     let listener = bind("metrics listener", addr).await?;
     let bound = local_addr("metrics listener", &listener)?;
     let scrape_service = service.clone();
+    let metrics = metrics.clone();
     let scrape: iadeep_ops::Scrape = Arc::new(move || {
         let (devices, residents) = {
             let view = scrape_service.view();
             (view.len(), view.resident_count())
         };
-        scrape_service.metrics().render(devices, residents)
+        metrics.render(devices, residents)
     });
     let router = iadeep_ops::router(scrape, iadeep_ops::store_ready(store));
     Ok((
@@ -268,7 +278,8 @@ impl Daemon {
             metrics.clone(),
         )
         .await?;
-        let service = PlacementService::new(store.clone(), view, Arc::new(placer), metrics.clone());
+        let service = PlacementService::new(store.clone(), view, Arc::new(placer))
+            .with_events(metrics.clone());
         let (stop, stop_rx) = watch::channel(false);
         let mut servers = Vec::new();
 
@@ -280,8 +291,14 @@ impl Daemon {
         let mut extender_addr = None;
         #[cfg(feature = "kubernetes")]
         if let Some(extender) = &config.extender {
-            let (addr, server) =
-                serve_extender(extender, &service, config.tls.clone(), stop_rx.clone()).await?;
+            let (addr, server) = serve_extender(
+                extender,
+                &service,
+                &metrics,
+                config.tls.clone(),
+                stop_rx.clone(),
+            )
+            .await?;
             extender_addr = Some(addr);
             servers.push(("extender", server));
         }
@@ -291,6 +308,7 @@ impl Daemon {
             let (addr, server) = serve_metrics(
                 addr,
                 &service,
+                &metrics,
                 store.clone(),
                 config.tls.as_ref(),
                 stop_rx.clone(),
@@ -316,6 +334,7 @@ impl Daemon {
             extender_addr,
             metrics_addr,
             service,
+            metrics,
             stop,
             servers,
             _sync: sync,
@@ -340,6 +359,11 @@ impl Daemon {
     /// The service behind the front ends.
     pub fn service(&self) -> &PlacementService {
         &self.service
+    }
+
+    /// The metrics the daemon serves (what the service and the extender counted).
+    pub fn metrics(&self) -> &Arc<PlacerMetrics> {
+        &self.metrics
     }
 
     /// Resolves when any server stops on its own (an error), with that error.

@@ -9,7 +9,7 @@ pub enum PlacerError {
     #[error("invalid {field}: {reason}")]
     InvalidArgument { field: String, reason: String },
 
-    /// A parameter of the policy is out of range (see [`crate::params::PlacerParams::check`]).
+    /// A parameter of the policy is out of range (see [`PlacerParams::check`](crate::PlacerParams::check)).
     #[error("invalid placer parameter {name}: {reason}")]
     InvalidParams { name: &'static str, reason: String },
 
@@ -29,10 +29,12 @@ pub enum PlacerError {
     AlreadyPlaced { task_id: String, device_id: String },
 
     /// The Kubernetes client could not be set up.
+    #[cfg(feature = "daemon")]
     #[error("{what}: {reason}")]
     Kubernetes { what: String, reason: String },
 
     /// A network listener could not be bound or served.
+    #[cfg(feature = "daemon")]
     #[error("{what} on {addr}: {reason}")]
     Serve {
         what: &'static str,

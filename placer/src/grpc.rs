@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status};
 use iadeep_state::StateError;
 
 use crate::error::PlacerError;
+use crate::events::PlacementEvent;
 use crate::service::PlacementService;
 use crate::validate;
 
@@ -70,7 +71,7 @@ impl GrpcPlacer {
     /// Refuses an invalid request (counted as such) before the service sees it.
     fn check(&self, checked: crate::error::Result<()>) -> Result<(), Status> {
         checked.map_err(|err| {
-            self.service.metrics().invalid.inc();
+            self.service.record(PlacementEvent::Invalid);
             status_of(&err)
         })
     }
@@ -94,7 +95,7 @@ impl PlacerRpc for GrpcPlacer {
         ) {
             // Never "queued": a client would retry forever, and the task would count as
             // waiting ahead of every later one.
-            self.service.metrics().invalid.inc();
+            self.service.record(PlacementEvent::Invalid);
             return Err(Status::invalid_argument(format!(
                 "invalid task: no device it may use can ever hold it ({})",
                 never_fits_text(&reasons)

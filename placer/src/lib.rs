@@ -2,58 +2,61 @@
 //!
 //! An arriving task goes to the feasible device where it is predicted to add the
 //! least performance degradation (Σ PD) — or waits, when waiting for a device to
-//! free up is predicted to cost less. The decision ([`policy::Placer::decide`])
-//! is a pure function over an in-memory [`view::ClusterView`], shared by the
-//! daemon and the simulator; the daemon ([`daemon::Daemon`]) keeps the view
-//! fresh from the store ([`sync`]), makes each placement real with a
-//! compare-and-swap on the device's residents record ([`service`]), and serves
-//! it over gRPC ([`grpc`]) and, with the `kubernetes` feature, as a Kubernetes
-//! scheduler extender (`extender`).
+//! free up is predicted to cost less. The decision ([`Placer::decide`], described
+//! in [`policy`]) is a pure function over an in-memory [`ClusterView`], shared by
+//! the daemon and the simulator. The [`PlacementService`] makes each placement real with a
+//! compare-and-swap on the device's residents record in a state store, and reports
+//! what it does to a [`PlacementEvents`] observer; [`ViewSync`] keeps the view
+//! fresh from the store, and the [`reaper`] gives back what dead or never-started
+//! tasks hold (deleting released tasks after their [`retention`]).
 //!
-//! Slowdowns and memory footprints come through two small traits
-//! ([`model::SlowdownModel`], [`model::MemoryEstimator`]) so the policy does not
-//! depend on how they are estimated.
+//! Slowdowns come through the predictor's [`iadeep_predictor::SlowdownModel`] and
+//! memory footprints through [`MemoryEstimator`], so the policy does not depend on
+//! how they are estimated.
+//!
+//! # Features
+//!
+//! - `daemon`: what serves. `Daemon` runs the service over gRPC (with health and
+//!   reflection) and serves the operators' HTTP endpoints with the Prometheus
+//!   `PlacerMetrics`. Without it the crate is the core above and links no server,
+//!   gRPC stubs or metrics library.
+//! - `kubernetes` (implies `daemon`): the Kubernetes scheduler extender (`extender`),
+//!   served by the daemon.
 
-pub mod daemon;
-pub mod error;
-#[cfg(feature = "kubernetes")]
-pub mod extender;
-pub mod grpc;
-pub mod metrics;
-pub mod model;
-pub mod params;
+mod error;
+mod events;
+mod model;
+mod params;
 pub mod policy;
 pub mod reaper;
 pub mod retention;
-pub mod service;
-pub mod sync;
-pub mod validate;
-pub mod view;
+mod service;
+mod sync;
+mod validate;
+mod view;
 
-// The unit tests that need a realistic fitted forest and a loaded cluster use the
-// evaluation crate's Gavel converter and synthetic cluster. `iadeep-eval` depends on
-// this crate, so the tests compile those two files in rather than depend on it (a
-// second copy of this crate's types would not mix with `crate::`'s); the
-// `iadeep_placer` name lets the cluster's imports resolve here too.
-#[cfg(test)]
-extern crate self as iadeep_placer;
-#[cfg(test)]
-#[path = "../../eval/src/predictor/gavel.rs"]
-mod gavel;
-#[cfg(test)]
-#[allow(dead_code)] // the store seeding and counts are the CLI's and benchmarks'
-#[path = "../../eval/src/cluster.rs"]
-mod synthetic;
+#[cfg(feature = "daemon")]
+mod daemon;
+#[cfg(feature = "kubernetes")]
+pub mod extender;
+#[cfg(feature = "daemon")]
+mod grpc;
+#[cfg(feature = "daemon")]
+mod metrics;
 
-pub use daemon::{Daemon, DaemonConfig};
 pub use error::{PlacerError, Result};
-pub use model::{
-    MemoryEstimator, ModelledMemory, PredictorSlowdown, SlowdownEstimate, SlowdownModel,
-};
+pub use events::{NoEvents, PlacementEvent, PlacementEvents};
+pub use model::{MemoryEstimator, ModelledMemory};
 pub use params::PlacerParams;
-pub use policy::{Decision, Placer, Rejection, Verdict};
+pub use policy::{Assessment, Candidate, Decision, Placer, Rejection, Shrink, Verdict};
 pub use service::{Clock, PlaceOutcome, PlacementService};
+pub use sync::ViewSync;
 pub use view::{
-    ClusterView, DeadResident, DeviceState, Resident, UnreservedRunning, UnstartedResident,
-    WaitingTask,
+    ClusterView, DeadResident, DeviceState, DeviceSummary, Resident, UnreservedRunning,
+    UnstartedResident, WaitingTask, profile_of,
 };
+
+#[cfg(feature = "daemon")]
+pub use daemon::{Daemon, DaemonConfig};
+#[cfg(feature = "daemon")]
+pub use metrics::{Counter, Gauge, Histogram, PlacerMetrics};

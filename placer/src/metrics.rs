@@ -3,11 +3,15 @@
 //! library's text encoder.
 //!
 //! The fields keep small wrappers ([`Counter`], [`Histogram`]) so the hot path is
-//! one atomic add and callers never touch label plumbing.
+//! one atomic add and callers never touch label plumbing. The placement service
+//! counts into them through [`PlacementEvents`] (one metric per [`PlacementEvent`]);
+//! the extender counts its requests directly.
 
 use std::time::Duration;
 
 use prometheus::{HistogramOpts, IntCounterVec, IntGauge, Opts, Registry};
+
+use crate::events::{PlacementEvent, PlacementEvents};
 
 /// A monotonically increasing count.
 #[derive(Clone, Debug)]
@@ -81,11 +85,14 @@ pub struct PlacerMetrics {
     pub gate_waits: Counter,
     /// Releases that removed a reservation.
     pub released: Counter,
-    /// Reservations given back because the task's agent was gone (see [`crate::reaper`]).
+    /// Reservations given back because the task's agent was gone (see
+    /// [`DaemonConfig::dead_task_grace`](crate::DaemonConfig::dead_task_grace)).
     pub dead_released: Counter,
-    /// Reservations given back because the task's agent never started (see [`crate::reaper`]).
+    /// Reservations given back because the task's agent never started (see
+    /// [`DaemonConfig::unstarted_task_grace`](crate::DaemonConfig::unstarted_task_grace)).
     pub unstarted_released: Counter,
-    /// Released tasks whose keys were deleted after their retention (see [`crate::retention`]).
+    /// Released tasks whose keys were deleted after their retention (see
+    /// [`PlacerParams::task_retention`](crate::PlacerParams::task_retention)).
     pub retention_deleted: Counter,
     /// Tasks released while their agent kept running, admitted again on their device.
     pub readmitted: Counter,
@@ -247,6 +254,29 @@ impl PlacerMetrics {
     }
 }
 
+impl PlacementEvents for PlacerMetrics {
+    fn record(&self, event: PlacementEvent) {
+        match event {
+            PlacementEvent::Placed => self.placed.inc(),
+            PlacementEvent::Queued => self.queued.inc(),
+            PlacementEvent::Invalid => self.invalid.inc(),
+            PlacementEvent::Failed => self.failed.inc(),
+            PlacementEvent::PlaceTime(elapsed) => self.place_latency.observe(elapsed),
+            PlacementEvent::DecisionTime(elapsed) => self.decision_latency.observe(elapsed),
+            PlacementEvent::CasConflict => self.cas_conflicts.inc(),
+            PlacementEvent::GateWait => self.gate_waits.inc(),
+            PlacementEvent::Released => self.released.inc(),
+            PlacementEvent::DeadReleased => self.dead_released.inc(),
+            PlacementEvent::UnstartedReleased => self.unstarted_released.inc(),
+            PlacementEvent::RetentionDeleted => self.retention_deleted.inc(),
+            PlacementEvent::Readmitted => self.readmitted.inc(),
+            PlacementEvent::UnreservedRunning(tasks) => self.unreserved_running.set(tasks),
+            PlacementEvent::SampleObserved => self.samples_observed.inc(),
+            PlacementEvent::DecodeError => self.decode_errors.inc(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,8 +286,8 @@ mod tests {
         let m = PlacerMetrics::default();
         m.decision_latency.observe(Duration::from_micros(30));
         m.decision_latency.observe(Duration::from_millis(3));
-        m.decision_latency.observe(Duration::from_secs(10));
-        m.placed.inc();
+        m.record(PlacementEvent::DecisionTime(Duration::from_secs(10)));
+        m.record(PlacementEvent::Placed);
         let text = m.render(3, 2);
         assert!(
             text.contains("iadeep_placer_decision_seconds_bucket{le=\"0.00005\"} 1"),

@@ -26,6 +26,7 @@ use iadeep_state::keys::{self, KeyKind};
 use iadeep_state::{Expect, Txn, TxnOutcome, typed};
 
 use crate::error::Result;
+use crate::events::PlacementEvent;
 use crate::service::PlacementService;
 
 /// What one [`sweep`] did.
@@ -62,7 +63,7 @@ pub async fn sweep(service: &PlacementService, retention: Duration, batch: usize
             }
             Ok(_) => {}
             Err(err) => {
-                service.metrics().decode_errors.inc();
+                service.record(PlacementEvent::DecodeError);
                 tracing::warn!(%err, "release marker does not decode; task kept until it is fixed or deleted");
             }
         }
@@ -89,7 +90,7 @@ pub async fn sweep(service: &PlacementService, retention: Duration, batch: usize
             .delete(marker);
         match service.store().transact(txn).await? {
             TxnOutcome::Committed { .. } => {
-                service.metrics().retention_deleted.inc();
+                service.record(PlacementEvent::RetentionDeleted);
                 tracing::debug!(%task, released_s_ago = (now - released_at) / 1000,
                     "deleted a released task's keys after its retention");
                 swept.deleted.push(task);
@@ -166,6 +167,8 @@ mod tests {
     #[tokio::test]
     async fn a_released_task_is_readable_until_its_retention_ends_then_gone() {
         let (store, now, service) = world();
+        let events = Arc::new(crate::events::Recorded::default());
+        let service = service.with_events(events.clone());
         service.place(spec("a"), vec![]).await.expect("place");
         assert_eq!(
             task_keys(store.as_ref(), "a").await,
@@ -202,7 +205,7 @@ mod tests {
                 .expect("get")
                 .is_none()
         );
-        assert_eq!(service.metrics().retention_deleted.get(), 1);
+        assert_eq!(events.count(PlacementEvent::RetentionDeleted), 1);
     }
 
     #[tokio::test]

@@ -32,11 +32,11 @@ use iadeep_state::{Expect, StateStore, Txn, TxnOutcome, keys, typed};
 use prost::Message;
 
 use crate::error::{PlacerError, Result};
-use crate::metrics::PlacerMetrics;
-use crate::model::SlowdownEstimate;
+use crate::events::{NoEvents, PlacementEvent, PlacementEvents};
 use crate::policy::{Decision, Placer, Verdict};
 use crate::validate;
 use crate::view::ClusterView;
+use iadeep_predictor::Prediction;
 
 /// The outcome of a Place, as both front ends report it.
 #[derive(Clone, Debug, PartialEq)]
@@ -105,7 +105,7 @@ fn placement_assignments(
     device: Option<&crate::view::DeviceState>,
     task: &TaskSpec,
     reserved_mem_mib: u64,
-    newcomer: SlowdownEstimate,
+    newcomer: Prediction,
     shrinks: &[crate::policy::Shrink],
     now_unix_ms: i64,
 ) -> Vec<BatchSizeAssignment> {
@@ -319,7 +319,7 @@ pub struct PlacementService {
     store: Arc<dyn StateStore>,
     view: Arc<RwLock<ClusterView>>,
     placer: Arc<Placer>,
-    metrics: Arc<PlacerMetrics>,
+    events: Arc<dyn PlacementEvents>,
     gates: Arc<DeviceGates>,
     clock: Clock,
     /// Tasks running without a reservation already warned about (see
@@ -469,18 +469,18 @@ impl Drop for Gate<'_> {
 }
 
 impl PlacementService {
-    /// A service deciding with `placer` on `view`, reserving in `store`.
+    /// A service deciding with `placer` on `view`, reserving in `store`, counting
+    /// nothing (see [`PlacementService::with_events`]).
     pub fn new(
         store: Arc<dyn StateStore>,
         view: Arc<RwLock<ClusterView>>,
         placer: Arc<Placer>,
-        metrics: Arc<PlacerMetrics>,
     ) -> PlacementService {
         PlacementService {
             store,
             view,
             placer,
-            metrics,
+            events: Arc::new(NoEvents),
             gates: Arc::new(DeviceGates::default()),
             clock: Clock::wall(),
             unreserved: Arc::default(),
@@ -503,9 +503,15 @@ impl PlacementService {
         self.clock.now_unix_ms()
     }
 
-    /// The metrics this service counts into.
-    pub fn metrics(&self) -> &Arc<PlacerMetrics> {
-        &self.metrics
+    /// The same service reporting what it does to `events` (the daemon's metrics).
+    pub fn with_events(mut self, events: Arc<dyn PlacementEvents>) -> PlacementService {
+        self.events = events;
+        self
+    }
+
+    /// Takes note of `event` (see [`PlacementService::with_events`]).
+    pub(crate) fn record(&self, event: PlacementEvent) {
+        self.events.record(event);
     }
 
     /// The policy.
@@ -530,16 +536,16 @@ impl PlacementService {
     pub async fn place(&self, task: TaskSpec, restrict: Vec<String>) -> Result<PlaceOutcome> {
         let started = Instant::now();
         let result = self.place_inner(task, restrict).await;
-        self.metrics.place_latency.observe(started.elapsed());
-        match &result {
+        self.record(PlacementEvent::PlaceTime(started.elapsed()));
+        self.record(match &result {
             Ok(PlaceOutcome {
                 decision: place_response::Decision::Placed(_),
                 ..
-            }) => self.metrics.placed.inc(),
-            Ok(_) => self.metrics.queued.inc(),
-            Err(PlacerError::InvalidArgument { .. }) => self.metrics.invalid.inc(),
-            Err(_) => self.metrics.failed.inc(),
-        }
+            }) => PlacementEvent::Placed,
+            Ok(_) => PlacementEvent::Queued,
+            Err(PlacerError::InvalidArgument { .. }) => PlacementEvent::Invalid,
+            Err(_) => PlacementEvent::Failed,
+        });
         result
     }
 
@@ -568,7 +574,7 @@ impl PlacementService {
                         attempts: attempt,
                     });
                 }
-                self.metrics.gate_waits.inc();
+                self.record(PlacementEvent::GateWait);
                 tracing::debug!(task = %task.task_id, device = %plan.device_id,
                     "device being reserved by another request; deciding again after it");
                 self.gates.wait(&plan.device_id).await;
@@ -611,7 +617,7 @@ impl PlacementService {
         } = self
             .placer
             .decide(&view, task, restrict, self.clock.now_unix_ms());
-        self.metrics.decision_latency.observe(started.elapsed());
+        self.record(PlacementEvent::DecisionTime(started.elapsed()));
         match self.plan(&view, task, verdict) {
             Ok(plan) => Step::Commit(explanation, Box::new(plan)),
             Err((retry_after, reason)) => Step::Queue(explanation, retry_after, reason),
@@ -747,7 +753,7 @@ impl PlacementService {
                         "placed meanwhile by another request; answering that placement");
                     return Ok(Some(already_placed(placement)));
                 }
-                self.metrics.cas_conflicts.inc();
+                self.record(PlacementEvent::CasConflict);
                 tracing::debug!(task = %task.task_id, device = %device_id, attempt,
                     "device changed since the decision; deciding again");
                 self.absorb(&device_id, expect, residents_now);
@@ -821,7 +827,7 @@ impl PlacementService {
                     view.apply_residents(device_id, Some(record), kv.mod_revision);
                 }
                 Err(err) => {
-                    self.metrics.decode_errors.inc();
+                    self.record(PlacementEvent::DecodeError);
                     tracing::warn!(%err, "residents record does not decode; device skipped until rewritten");
                 }
             },
@@ -848,7 +854,7 @@ impl PlacementService {
                 Some(kv) => match typed::decode::<iadeep_proto::BatchSizeAssignment>(&kv) {
                     Ok(a) => view.set_assignment(a, kv.mod_revision),
                     Err(err) => {
-                        self.metrics.decode_errors.inc();
+                        self.record(PlacementEvent::DecodeError);
                         tracing::warn!(%err, "assignment does not decode; ignored");
                     }
                 },
@@ -924,7 +930,7 @@ impl PlacementService {
         // A task withdrawn while it waited no longer holds the others back.
         self.view_mut().forget_waiting(task_id);
         if had_placement {
-            self.metrics.released.inc();
+            self.record(PlacementEvent::Released);
             tracing::debug!(task = %task_id, device = ?released, "released");
         }
         Ok(released)
@@ -993,7 +999,7 @@ impl PlacementService {
                     return Ok(true);
                 }
                 TxnOutcome::Failed { mut current } => {
-                    self.metrics.cas_conflicts.inc();
+                    self.record(PlacementEvent::CasConflict);
                     match current.pop().flatten() {
                         Some(kv) => {
                             known = Some((typed::decode::<DeviceResidents>(&kv)?, kv.mod_revision))
@@ -1028,7 +1034,7 @@ impl PlacementService {
             }
             match self.release(&task.task_id).await {
                 Ok(Some(device)) => {
-                    self.metrics.dead_released.inc();
+                    self.record(PlacementEvent::DeadReleased);
                     let gone_s = (self.clock.now_unix_ms() - task.gone_since_unix_ms).max(0) / 1000;
                     tracing::info!(task = %task.task_id, %device, finished = task.finished, gone_s,
                         "released the reservation of a task whose agent is gone");
@@ -1060,7 +1066,7 @@ impl PlacementService {
             }
             match self.release(&task.task_id).await {
                 Ok(Some(device)) => {
-                    self.metrics.unstarted_released.inc();
+                    self.record(PlacementEvent::UnstartedReleased);
                     let waited_s =
                         (self.clock.now_unix_ms() - task.placed_at_unix_ms).max(0) / 1000;
                     tracing::info!(task = %task.task_id, %device, waited_s,
@@ -1090,7 +1096,7 @@ impl PlacementService {
         for task in found {
             match self.readmit(&task).await {
                 Ok(()) => {
-                    self.metrics.readmitted.inc();
+                    self.record(PlacementEvent::Readmitted);
                     tracing::info!(task = %task.task_id, device = ?task.device_id,
                         "a task released while its agent ran holds a reservation again");
                     readmitted.push(task.task_id);
@@ -1107,7 +1113,7 @@ impl PlacementService {
                 }
             }
         }
-        self.metrics.unreserved_running.set(unreserved.len());
+        self.record(PlacementEvent::UnreservedRunning(unreserved.len()));
         *self.unreserved_lock() = unreserved;
         readmitted
     }
@@ -1174,7 +1180,7 @@ impl PlacementService {
                     }
                 }
                 Ok(TxnOutcome::Failed { .. }) => {
-                    self.metrics.cas_conflicts.inc();
+                    self.record(PlacementEvent::CasConflict);
                     tracing::debug!(device = %device_id,
                         "residents or assignments changed while settling a provisional reservation; next pass");
                 }
@@ -1212,13 +1218,15 @@ impl PlacementService {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::{ModelledMemory, PredictorSlowdown};
+    use crate::events::Recorded;
+    use crate::model::ModelledMemory;
     use crate::params::PlacerParams;
+    use iadeep_predictor::{LearnerParams, OnlinePredictor};
     use iadeep_proto::{DeviceInfo, SoloProfile};
     use iadeep_state::EmbeddedStore;
 
     /// A placer process of its own over `store`: its own view (two idle devices, no
-    /// sync), policy, metrics and gates.
+    /// sync), policy and gates, counting nothing.
     pub(crate) fn service(store: Arc<dyn StateStore>) -> PlacementService {
         let mut view = ClusterView::new(Arc::new(ModelledMemory));
         for id in ["d0", "d1"] {
@@ -1230,14 +1238,10 @@ pub(crate) mod tests {
                 ..Default::default()
             });
         }
-        let slowdown = Arc::new(PredictorSlowdown::cold().expect("cold predictor"));
+        let slowdown =
+            Arc::new(OnlinePredictor::new(LearnerParams::default()).expect("cold predictor"));
         let placer = Placer::new(PlacerParams::default(), slowdown).expect("default params");
-        PlacementService::new(
-            store,
-            Arc::new(RwLock::new(view)),
-            Arc::new(placer),
-            Arc::new(PlacerMetrics::default()),
-        )
+        PlacementService::new(store, Arc::new(RwLock::new(view)), Arc::new(placer))
     }
 
     #[tokio::test]
@@ -1585,7 +1589,8 @@ pub(crate) mod tests {
     async fn a_resident_grown_after_the_decision_makes_the_placement_decide_again() {
         let store: Arc<dyn StateStore> =
             Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
-        let placer = service(store.clone());
+        let events = Arc::new(Recorded::default());
+        let placer = service(store.clone()).with_events(events.clone());
         placer
             .place(twelve_gb_job("a"), vec!["d0".into()])
             .await
@@ -1613,7 +1618,7 @@ pub(crate) mod tests {
             "{:?}",
             second.assignments
         );
-        assert!(placer.metrics().cas_conflicts.get() >= 1);
+        assert!(events.count(PlacementEvent::CasConflict) >= 1);
     }
 
     /// Task `a` placed on `device`, its agent running and reporting from there (what the
@@ -1646,6 +1651,8 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn a_task_released_while_it_runs_is_admitted_again_on_its_device() {
         let (store, placer) = released_while_it_runs("d1").await;
+        let events = Arc::new(Recorded::default());
+        let placer = placer.with_events(events.clone());
 
         assert_eq!(placer.readmit_running().await, vec!["a".to_owned()]);
         let (placement, _) = typed::get::<Placement>(store.as_ref(), &keys::task_placement("a"))
@@ -1659,8 +1666,8 @@ pub(crate) mod tests {
                 .expect("read")
                 .expect("reserved");
         assert!(record.reservations.iter().any(|r| r.task_id == "a"));
-        assert_eq!(placer.metrics().readmitted.get(), 1);
-        assert_eq!(placer.metrics().unreserved_running.get(), 0);
+        assert_eq!(events.count(PlacementEvent::Readmitted), 1);
+        assert_eq!(events.unreserved_running(), 0);
         // Holding its reservation, it is not found again.
         assert!(placer.readmit_running().await.is_empty());
     }
@@ -1669,6 +1676,8 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn a_task_running_without_room_on_its_device_is_reported() {
         let (store, placer) = released_while_it_runs("d0").await;
+        let events = Arc::new(Recorded::default());
+        let placer = placer.with_events(events.clone());
         // Its memory, no longer reserved, goes to a job that takes the whole card.
         let mut whole_card = twelve_gb_job("b");
         whole_card.min_batch_size = 256;
@@ -1687,8 +1696,8 @@ pub(crate) mod tests {
         assert_eq!(placed(&b).device_id, "d0");
 
         assert!(placer.readmit_running().await.is_empty());
-        assert_eq!(placer.metrics().unreserved_running.get(), 1);
-        assert_eq!(placer.metrics().readmitted.get(), 0);
+        assert_eq!(events.unreserved_running(), 1);
+        assert_eq!(events.count(PlacementEvent::Readmitted), 0);
         assert!(
             store
                 .get(&keys::task_placement("a"))
@@ -1704,7 +1713,7 @@ pub(crate) mod tests {
         // Once its agent is gone, it is no longer counted.
         placer.view_mut().set_not_alive("a", 0);
         placer.readmit_running().await;
-        assert_eq!(placer.metrics().unreserved_running.get(), 0);
+        assert_eq!(events.unreserved_running(), 0);
     }
 
     #[tokio::test]

@@ -21,8 +21,8 @@ use iadeep_state::{KeyValue, Revision, StateStore, WatchEvent, typed};
 use tokio::task::JoinHandle;
 
 use crate::error::Result;
-use crate::metrics::PlacerMetrics;
-use crate::model::SlowdownModel;
+use crate::events::{PlacementEvent, PlacementEvents};
+use iadeep_predictor::SlowdownModel;
 use crate::view::ClusterView;
 
 /// Pause before re-reading a prefix whose watch ended.
@@ -64,7 +64,7 @@ struct Ctx {
     store: Arc<dyn StateStore>,
     view: Arc<RwLock<ClusterView>>,
     model: Arc<dyn SlowdownModel>,
-    metrics: Arc<PlacerMetrics>,
+    events: Arc<dyn PlacementEvents>,
 }
 
 impl ViewSync {
@@ -74,13 +74,13 @@ impl ViewSync {
         store: Arc<dyn StateStore>,
         view: Arc<RwLock<ClusterView>>,
         model: Arc<dyn SlowdownModel>,
-        metrics: Arc<PlacerMetrics>,
+        events: Arc<dyn PlacementEvents>,
     ) -> Result<ViewSync> {
         let ctx = Ctx {
             store,
             view,
             model,
-            metrics,
+            events,
         };
         let mut tasks = Vec::new();
         for prefix in [Prefix::Devices, Prefix::Tasks, Prefix::Samples] {
@@ -279,7 +279,7 @@ impl Ctx {
             _ => Ok(()),
         };
         if let Err(err) = result {
-            self.metrics.decode_errors.inc();
+            self.events.record(PlacementEvent::DecodeError);
             tracing::warn!(%err, "skipping a stored value that does not decode");
         }
     }
@@ -289,10 +289,10 @@ impl Ctx {
         match typed::decode::<CoLocationSample>(kv) {
             Ok(sample) => {
                 self.model.observe(&sample);
-                self.metrics.samples_observed.inc();
+                self.events.record(PlacementEvent::SampleObserved);
             }
             Err(err) => {
-                self.metrics.decode_errors.inc();
+                self.events.record(PlacementEvent::DecodeError);
                 tracing::warn!(%err, "skipping a stored value that does not decode");
             }
         }

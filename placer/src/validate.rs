@@ -10,7 +10,9 @@
 //! decision (a batch size of 4,294,967,295 reserves a whole card) but a record
 //! that every later reader pays for.
 
-use iadeep_proto::{LrScalingRule, PlaceRequest, ReleaseRequest, SoloProfile, TaskSpec};
+use iadeep_proto::{LrScalingRule, SoloProfile, TaskSpec};
+#[cfg(feature = "daemon")]
+use iadeep_proto::{PlaceRequest, ReleaseRequest};
 use iadeep_state::keys;
 
 use crate::error::{PlacerError, Result};
@@ -35,6 +37,7 @@ pub const MAX_FUTURE_MS: i64 = 86_400_000;
 /// Largest gRPC request the placer decodes, bytes. The largest valid PlaceRequest
 /// ([`MAX_CANDIDATE_DEVICES`] ids of [`MAX_ID_BYTES`]) is about half of it; a
 /// larger request is refused by gRPC itself with OUT_OF_RANGE before it is read.
+#[cfg(feature = "daemon")]
 pub const MAX_REQUEST_BYTES: usize = 1 << 20;
 
 fn id(field: &str, kind: &'static str, value: &str) -> Result<()> {
@@ -88,6 +91,7 @@ fn batch_size(field: &str, value: u32) -> Result<()> {
 }
 
 /// Checks a Place request: the spec under `task`, the candidate list.
+#[cfg(feature = "daemon")]
 pub fn place_request(request: &PlaceRequest) -> Result<()> {
     let Some(task) = &request.task else {
         return Err(PlacerError::invalid(
@@ -100,6 +104,7 @@ pub fn place_request(request: &PlaceRequest) -> Result<()> {
 }
 
 /// Checks a Release request.
+#[cfg(feature = "daemon")]
 pub fn release_request(request: &ReleaseRequest) -> Result<()> {
     task_id("task_id", &request.task_id)
 }
@@ -437,17 +442,21 @@ mod tests {
             ..good()
         };
         task_spec("task", &spec).expect("at the limits");
-        let request = PlaceRequest {
-            task: Some(spec),
-            candidate_device_ids: vec!["d".to_owned(); MAX_CANDIDATE_DEVICES],
-        };
-        place_request(&request).expect("valid request");
-        let err = place_request(&PlaceRequest::default()).expect_err("no task");
-        assert!(err.to_string().starts_with("invalid task:"), "{err}");
-        let err = release_request(&ReleaseRequest {
-            task_id: "x".repeat(10_000),
-        })
-        .expect_err("long id");
-        assert!(err.to_string().starts_with("invalid task_id:"), "{err}");
+        // The gRPC requests' checks (the daemon's).
+        #[cfg(feature = "daemon")]
+        {
+            let request = PlaceRequest {
+                task: Some(spec),
+                candidate_device_ids: vec!["d".to_owned(); MAX_CANDIDATE_DEVICES],
+            };
+            place_request(&request).expect("valid request");
+            let err = place_request(&PlaceRequest::default()).expect_err("no task");
+            assert!(err.to_string().starts_with("invalid task:"), "{err}");
+            let err = release_request(&ReleaseRequest {
+                task_id: "x".repeat(10_000),
+            })
+            .expect_err("long id");
+            assert!(err.to_string().starts_with("invalid task_id:"), "{err}");
+        }
     }
 }

@@ -307,6 +307,16 @@ impl DeviceState {
         &self.summary
     }
 
+    /// How many residents' composed pairwise predictions the device's cache holds for
+    /// the model at `model_version`, `None` when nothing is cached for it: for the
+    /// tests (outside this crate) that decisions reuse them.
+    #[doc(hidden)]
+    pub fn cached_pairwise_prefixes(&self, model_version: u64) -> Option<usize> {
+        self.alone_together
+            .get(model_version)
+            .map(|cached| cached.prefixes.len())
+    }
+
     fn refresh(&mut self, memory: &dyn MemoryEstimator) {
         let mut summary = DeviceSummary {
             profiles: Vec::with_capacity(self.residents.len()),

@@ -4,6 +4,10 @@
 //! the state store, so a report written by an agent and read by a tuner, or a
 //! placement answered over gRPC and stored, can never drift apart.
 //!
+//! The messages are always there; the gRPC client and server stubs
+//! (`placer_client`, `placer_server`) come with the `grpc` feature, so crates that
+//! only read and write the values do not link tonic.
+//!
 //! Every message also implements serde in protobuf's canonical JSON mapping
 //! (pbjson: lowerCamelCase names, enum names, 64-bit integers as strings, default
 //! values omitted), so JSON written by `MessageToJson` in any language is read
@@ -14,7 +18,7 @@
 /// Version 1 of the schema (`package iadeep.v1`).
 #[allow(missing_docs, clippy::all, missing_debug_implementations)]
 pub mod v1 {
-    tonic::include_proto!("iadeep.v1");
+    include!(concat!(env!("OUT_DIR"), "/iadeep.v1.rs"));
     include!(concat!(env!("OUT_DIR"), "/iadeep.v1.serde.rs"));
 }
 

@@ -7,6 +7,7 @@ mod http;
 mod kube_fake;
 mod manifests;
 mod placer;
+mod placer_decide;
 mod predictor;
 mod retention;
 mod sim;

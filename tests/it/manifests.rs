@@ -291,7 +291,7 @@ fn the_tuner_runs_every_gpu_of_its_node_under_the_node_name() {
 
 /// Metric names the daemons export (histograms with their series suffixes).
 fn exported_metrics() -> BTreeSet<String> {
-    let mut text = iadeep_placer::metrics::PlacerMetrics::default().render(0, 0);
+    let mut text = iadeep_placer::PlacerMetrics::default().render(0, 0);
     text.push_str(&Arc::new(iadeep_tuner::daemon::Metrics::default()).render("d"));
     let mut names = BTreeSet::new();
     for line in text.lines() {

@@ -127,9 +127,8 @@ pub enum ApiCallError {
         reason: String,
         message: String,
     },
-    /// The call was not sent: its arguments are not valid names (see [`check_pod`]).
-    ///
-    /// [`check_pod`]: KubeApi::check_pod
+    /// The call was not sent: its arguments are not valid names (see
+    /// [`check_dns1123_label`] and [`check_dns1123_subdomain`]).
     #[error("not sent to the Kubernetes API: {0}")]
     NotSent(String),
     /// The outcome is unknown: no answer in time, a broken connection, a server

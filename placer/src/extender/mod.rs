@@ -47,6 +47,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::PlacerError;
+use crate::metrics::PlacerMetrics;
 use crate::policy::{Assessment, Rejection, Verdict};
 use crate::service::PlacementService;
 use crate::validate;
@@ -87,19 +88,23 @@ pub struct ExtenderConfig {
 #[derive(Debug)]
 pub struct Extender {
     service: PlacementService,
+    metrics: Arc<PlacerMetrics>,
     kube: Option<KubeApi>,
     bind_timeout: Duration,
 }
 
 impl Extender {
-    /// An extender answering from `service`, binding pods through `kube` when given.
+    /// An extender answering from `service`, binding pods through `kube` when given,
+    /// counting its requests in `metrics`.
     pub fn new(
         service: PlacementService,
+        metrics: Arc<PlacerMetrics>,
         kube: Option<KubeApi>,
         bind_timeout: Duration,
     ) -> Extender {
         Extender {
             service,
+            metrics,
             kube,
             bind_timeout,
         }
@@ -292,7 +297,7 @@ fn filter_nodes(
 }
 
 async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
-    ext.service.metrics().extender_filter.inc();
+    ext.metrics.extender_filter.inc();
     let (args, spec, nodes) = match parse_args(&body) {
         Ok(parsed) => parsed,
         Err((status, error)) => {
@@ -340,7 +345,7 @@ fn score(pd_increase: f64) -> i64 {
 }
 
 async fn prioritize(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
-    ext.service.metrics().extender_prioritize.inc();
+    ext.metrics.extender_prioritize.inc();
     let (_, spec, nodes) = match parse_args(&body) {
         Ok(parsed) => parsed,
         Err((_, error)) => {
@@ -373,7 +378,7 @@ async fn prioritize(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
 }
 
 async fn bind(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
-    ext.service.metrics().extender_bind.inc();
+    ext.metrics.extender_bind.inc();
     let deadline = Instant::now() + ext.bind_timeout;
     let answer = match serde_json::from_slice::<ExtenderBindingArgs>(&body) {
         Ok(args) => bind_pod(&ext, &args, deadline).await,
