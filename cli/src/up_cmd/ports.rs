@@ -202,6 +202,15 @@ fn process_tree(root: u32) -> BTreeSet<u32> {
 mod tests {
     use super::*;
     use std::process::{Command, Stdio};
+    use std::sync::{Mutex, MutexGuard};
+
+    /// Serialises the tests that open sockets: a child spawned by one of them holds, from
+    /// its fork until its exec, every descriptor of this process, the other test's
+    /// socket among them, which would then look held by another process or still bound.
+    fn sockets_alone() -> MutexGuard<'static, ()> {
+        static SOCKETS: Mutex<()> = Mutex::new(());
+        SOCKETS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 
     #[test]
     fn a_table_line_in_listen_state_on_the_port_counts() {
@@ -217,6 +226,7 @@ mod tests {
 
     #[test]
     fn a_port_this_process_listens_on_is_ours_and_anothers_is_not() {
+        let _alone = sockets_alone();
         let socket = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = socket.local_addr().expect("addr").port();
         let me = std::process::id();
@@ -241,6 +251,7 @@ mod tests {
 
     #[test]
     fn a_port_in_use_is_named_with_its_holder_and_flag() {
+        let _alone = sockets_alone();
         let socket = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = socket.local_addr().expect("addr");
         let err = ensure_free(&[Wanted {
