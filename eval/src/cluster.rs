@@ -10,30 +10,17 @@ use iadeep_state::{StateStore, keys, typed};
 
 use std::sync::Arc;
 
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
 use iadeep_placer::{ClusterView, MemoryEstimator, Result};
 
 /// GPUs per synthetic node.
 pub const GPUS_PER_NODE: usize = 8;
 
-/// SplitMix64: tiny, seedable, good enough to spread load.
-#[derive(Clone, Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `[lo, hi)`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo).max(1)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
+/// Uniform integer in `[lo, hi)` (`lo` when the range is empty).
+fn uniform(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> u64 {
+    rng.random_range(lo..hi.max(lo + 1))
 }
 
 /// A synthetic cluster: `devices` GPUs and `residents` running tasks.
@@ -46,26 +33,27 @@ pub struct SyntheticCluster {
 }
 
 /// A task spec with memory, profile and work drawn from `rng`.
-fn task(rng: &mut Rng, task_id: String, now_ms: i64) -> TaskSpec {
-    let batch = 1u32 << rng.range(4, 9);
+fn task(rng: &mut ChaCha8Rng, task_id: String, now_ms: i64) -> TaskSpec {
+    let batch = 1u32 << uniform(rng, 4, 9);
     TaskSpec {
         task_id,
-        model: ["resnet50", "bert-base", "transformer", "lstm", "vgg19"][rng.range(0, 5) as usize]
+        model: ["resnet50", "bert-base", "transformer", "lstm", "vgg19"]
+            [uniform(rng, 0, 5) as usize]
             .to_owned(),
         initial_batch_size: batch,
         min_batch_size: (batch / 4).max(1),
         max_batch_size: batch * 4,
-        gpu_mem_request_mib: rng.range(2_000, 9_000),
+        gpu_mem_request_mib: uniform(rng, 2_000, 9_000),
         profile: Some(SoloProfile {
             batch_size: batch,
-            step_time_s: Some(0.05 + 0.45 * rng.unit()),
-            sm_util_pct: Some(20.0 + 70.0 * rng.unit()),
-            mem_bw_util_pct: Some(10.0 + 60.0 * rng.unit()),
+            step_time_s: Some(0.05 + 0.45 * rng.random::<f64>()),
+            sm_util_pct: Some(20.0 + 70.0 * rng.random::<f64>()),
+            mem_bw_util_pct: Some(10.0 + 60.0 * rng.random::<f64>()),
             peak_mem_mib: None,
             device_kind: "v100".to_owned(),
             from_registry: false,
         }),
-        total_samples: Some(rng.range(1_000_000, 50_000_000)),
+        total_samples: Some(uniform(rng, 1_000_000, 50_000_000)),
         submitted_at_unix_ms: now_ms,
         ..Default::default()
     }
@@ -75,7 +63,7 @@ impl SyntheticCluster {
     /// `devices` GPUs (alternately 16 and 32 GiB) and `residents` tasks placed
     /// round-robin where they fit.
     pub fn new(devices: usize, residents: usize, seed: u64) -> SyntheticCluster {
-        let mut rng = Rng(seed);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let now = iadeep_proto::now_unix_ms();
         let infos: Vec<DeviceInfo> = (0..devices)
             .map(|i| DeviceInfo {
@@ -126,7 +114,7 @@ impl SyntheticCluster {
                 step_time_s: step * 1.3,
                 samples_per_s: f64::from(batch) / (step * 1.3),
                 peak_mem_mib: Some(mib * 9 / 10),
-                samples_done: (total as f64 * rng.unit()) as u64,
+                samples_done: (total as f64 * rng.random::<f64>()) as u64,
                 reported_at_unix_ms: now,
                 seq: 1,
                 ..Default::default()
@@ -155,7 +143,7 @@ impl SyntheticCluster {
 
     /// The `i`-th arriving task (ids `arrival-{i}`), deterministic per seed.
     pub fn arrival(&self, i: u64) -> TaskSpec {
-        let mut rng = Rng(self.seed ^ i.wrapping_mul(0xA24B_AED4_963E_E407));
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ i.wrapping_mul(0xA24B_AED4_963E_E407));
         task(
             &mut rng,
             format!("arrival-{i}"),
