@@ -26,7 +26,7 @@
 //!
 //! **Memory.** A job's peak memory at its batch size comes from the world's memory model
 //! with a fresh fragmentation draw at each allocation. A job placed with a memory fence
-//! (`Decision::Place::fence_mib`: its agent caps its own allocator there, docs/design.md,
+//! (`PlaceOrQueue::Place::fence_mib`: its agent caps its own allocator there, docs/design.md,
 //! "Memory fence"; the iadeep policies fence every job at the placer's reservation, and
 //! each assignment's memory bound moves the fence) whose run needs more than the fence
 //! fails its own allocation: a *fenced out-of-memory* ([`RunMetrics::fenced_ooms`]). It
@@ -51,8 +51,8 @@ use rand_chacha::ChaCha8Rng;
 use crate::agent::{EmulatedAgent, measured_step_time, normal};
 use crate::error::{Result, SimError};
 use crate::metrics::{RunMetrics, TaskOutcome};
-use crate::policy::{Admission, Assignment, Decision, OomAction, Policy, TuneStep};
-use crate::view::{AgentReport, ClusterView, JobInfo, Resident, SoloProfile, TaskSpec, Waiting};
+use crate::policy::{Admission, Assignment, OomAction, PlaceOrQueue, Policy, TuneStep};
+use crate::view::{JobInfo, JobReport, JobSpec, PolicyView, ResidentJob, SoloProfile, Waiting};
 use crate::workload::TaskTemplate;
 use crate::world::catalogue::Family;
 use crate::world::{TypeId, World, memory};
@@ -138,7 +138,7 @@ enum Status {
 
 #[derive(Debug)]
 struct TaskState {
-    spec: TaskSpec,
+    spec: JobSpec,
     /// The world's step time alone at m0 (the spec holds what the profiling run measured).
     true_solo_step_s: f64,
     family: usize,
@@ -153,7 +153,7 @@ struct TaskState {
     version: u64,
     /// False while restarting after a crash.
     active: bool,
-    report: AgentReport,
+    report: JobReport,
     /// Out-of-memory crashes (the card's memory ran out).
     ooms: u32,
     /// Fenced out-of-memory errors (its run needed more than its fence).
@@ -176,8 +176,9 @@ struct TaskState {
     reported_s: f64,
 }
 
+/// A simulated GPU as the engine tracks it: which tasks run on it.
 #[derive(Debug, Default)]
-struct DeviceState {
+struct GpuState {
     residents: Vec<usize>,
     /// Incremented whenever the residents change, to retire old tuning chains.
     epoch: u64,
@@ -237,7 +238,7 @@ pub struct Engine<'w> {
     world: &'w World,
     params: EngineParams,
     tasks: Vec<TaskState>,
-    devices: Vec<DeviceState>,
+    devices: Vec<GpuState>,
     queue: VecDeque<usize>,
     /// Tasks that crashed and left their device: offered before the queue, and
     /// never blocking it (a policy may keep them waiting for a GPU of their own).
@@ -259,7 +260,7 @@ struct View<'e, 'w> {
     engine: &'e Engine<'w>,
 }
 
-impl ClusterView for View<'_, '_> {
+impl PolicyView for View<'_, '_> {
     fn now_s(&self) -> f64 {
         self.engine.now
     }
@@ -272,7 +273,7 @@ impl ClusterView for View<'_, '_> {
     fn capacity_mib(&self) -> u64 {
         self.engine.world.memory.capacity_mib
     }
-    fn residents(&self, device: usize) -> Vec<Resident<'_>> {
+    fn residents(&self, device: usize) -> Vec<ResidentJob<'_>> {
         self.engine
             .devices
             .get(device)
@@ -281,7 +282,7 @@ impl ClusterView for View<'_, '_> {
                     .iter()
                     .map(|t| {
                         let task = &self.engine.tasks[*t];
-                        Resident {
+                        ResidentJob {
                             spec: &task.spec,
                             report: &task.report,
                         }
@@ -296,7 +297,7 @@ impl ClusterView for View<'_, '_> {
             .get(device)
             .map_or(0, |d| d.residents.len())
     }
-    fn waiting(&self) -> Vec<&TaskSpec> {
+    fn waiting(&self) -> Vec<&JobSpec> {
         self.engine
             .recovery
             .iter()
@@ -328,7 +329,7 @@ impl TaskState {
         solo_steps_per_s: f64,
     ) -> TaskState {
         TaskState {
-            spec: TaskSpec {
+            spec: JobSpec {
                 id: index,
                 model: family.name.clone(),
                 m0: t.m0,
@@ -349,7 +350,7 @@ impl TaskState {
             active: false,
             // Nothing measured before the first steps (`seq` 0): no step time, no
             // peak (the world's values must not reach a policy this way either).
-            report: AgentReport {
+            report: JobReport {
                 batch_size: t.m0,
                 step_time_s: 0.0,
                 samples_per_s: 0.0,
@@ -408,7 +409,7 @@ impl<'w> Engine<'w> {
             .collect();
         let mut engine = Engine {
             world,
-            devices: (0..params.gpus).map(|_| DeviceState::default()).collect(),
+            devices: (0..params.gpus).map(|_| GpuState::default()).collect(),
             rng: ChaCha8Rng::seed_from_u64(params.seed ^ 0x005e_ed0f_a6e7),
             params,
             tasks,
@@ -578,8 +579,8 @@ impl<'w> Engine<'w> {
                 continue;
             }
             match self.decide(task, policy) {
-                Decision::Queue => index += 1,
-                Decision::Place {
+                PlaceOrQueue::Queue => index += 1,
+                PlaceOrQueue::Place {
                     device,
                     batch_size,
                     shrinks,
@@ -595,8 +596,8 @@ impl<'w> Engine<'w> {
             Admission::Fifo => {
                 while let Some(&task) = self.queue.front() {
                     match self.decide(task, policy) {
-                        Decision::Queue => return Ok(()),
-                        Decision::Place {
+                        PlaceOrQueue::Queue => return Ok(()),
+                        PlaceOrQueue::Place {
                             device,
                             batch_size,
                             shrinks,
@@ -615,11 +616,11 @@ impl<'w> Engine<'w> {
                 while index < self.queue.len() && waits < MAX_CONSECUTIVE_WAITS {
                     let task = self.queue[index];
                     match self.decide(task, policy) {
-                        Decision::Queue => {
+                        PlaceOrQueue::Queue => {
                             index += 1;
                             waits += 1;
                         }
-                        Decision::Place {
+                        PlaceOrQueue::Place {
                             device,
                             batch_size,
                             shrinks,
@@ -646,7 +647,7 @@ impl<'w> Engine<'w> {
     }
 
     /// Asks the policy about one waiting task, timing the decision.
-    fn decide(&mut self, task: usize, policy: &mut dyn Policy) -> Decision {
+    fn decide(&mut self, task: usize, policy: &mut dyn Policy) -> PlaceOrQueue {
         let started = Instant::now();
         let decision = {
             let state = &self.tasks[task];
@@ -1012,7 +1013,7 @@ impl<'w> Engine<'w> {
                         .agent
                         .observe_gradients(&mut self.rng, phi, state.batch_size, steps_run);
                 state.agent.ran(state.batch_size, peak_mib);
-                state.report = AgentReport {
+                state.report = JobReport {
                     batch_size: state.batch_size,
                     step_time_s,
                     samples_per_s: f64::from(state.batch_size) / step_time_s,

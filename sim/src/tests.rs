@@ -215,16 +215,16 @@ impl policy::Policy for Unfenced {
     }
     fn place(
         &mut self,
-        view: &dyn crate::view::ClusterView,
+        view: &dyn crate::view::PolicyView,
         task: crate::view::Waiting<'_>,
-    ) -> policy::Decision {
+    ) -> policy::PlaceOrQueue {
         match self.0.place(view, task) {
-            policy::Decision::Place {
+            policy::PlaceOrQueue::Place {
                 device,
                 batch_size,
                 shrinks,
                 ..
-            } => policy::Decision::Place {
+            } => policy::PlaceOrQueue::Place {
                 device,
                 batch_size,
                 shrinks,
@@ -239,7 +239,7 @@ impl policy::Policy for Unfenced {
     fn first_tune_in_s(&self) -> Option<f64> {
         self.0.first_tune_in_s()
     }
-    fn tune(&mut self, view: &dyn crate::view::ClusterView, device: usize) -> policy::TuneStep {
+    fn tune(&mut self, view: &dyn crate::view::PolicyView, device: usize) -> policy::TuneStep {
         self.0.tune(view, device)
     }
     fn on_oom(&mut self, device: usize, task: usize, batch_size: u32) -> policy::OomAction {
@@ -308,21 +308,21 @@ impl policy::Policy for SmallestAlone {
     }
     fn place(
         &mut self,
-        view: &dyn crate::view::ClusterView,
+        view: &dyn crate::view::PolicyView,
         task: crate::view::Waiting<'_>,
-    ) -> policy::Decision {
+    ) -> policy::PlaceOrQueue {
         match (0..view.devices()).find(|d| view.resident_count(*d) == 0) {
             Some(device) => {
                 let smallest = task.spec.batch_sizes.first().copied();
-                policy::Decision::place(device, smallest.unwrap_or(task.batch_size))
+                policy::PlaceOrQueue::place(device, smallest.unwrap_or(task.batch_size))
             }
-            None => policy::Decision::Queue,
+            None => policy::PlaceOrQueue::Queue,
         }
     }
     fn tunes(&self) -> bool {
         false
     }
-    fn tune(&mut self, _: &dyn crate::view::ClusterView, _: usize) -> policy::TuneStep {
+    fn tune(&mut self, _: &dyn crate::view::PolicyView, _: usize) -> policy::TuneStep {
         policy::TuneStep::Done
     }
 }
@@ -361,7 +361,7 @@ fn efficiency_follows_progress_without_events_on_the_device() {
 struct Recording {
     inner: Box<dyn policy::Policy>,
     offers: Vec<(f64, usize, bool)>,
-    specs: std::collections::BTreeMap<usize, crate::view::TaskSpec>,
+    specs: std::collections::BTreeMap<usize, crate::view::JobSpec>,
 }
 
 impl policy::Policy for Recording {
@@ -370,14 +370,14 @@ impl policy::Policy for Recording {
     }
     fn place(
         &mut self,
-        view: &dyn crate::view::ClusterView,
+        view: &dyn crate::view::PolicyView,
         task: crate::view::Waiting<'_>,
-    ) -> policy::Decision {
+    ) -> policy::PlaceOrQueue {
         let decision = self.inner.place(view, task);
         self.offers.push((
             view.now_s(),
             task.spec.id,
-            decision == policy::Decision::Queue,
+            decision == policy::PlaceOrQueue::Queue,
         ));
         self.specs.insert(task.spec.id, task.spec.clone());
         decision
@@ -388,7 +388,7 @@ impl policy::Policy for Recording {
     fn first_tune_in_s(&self) -> Option<f64> {
         self.inner.first_tune_in_s()
     }
-    fn tune(&mut self, view: &dyn crate::view::ClusterView, device: usize) -> policy::TuneStep {
+    fn tune(&mut self, view: &dyn crate::view::PolicyView, device: usize) -> policy::TuneStep {
         self.inner.tune(view, device)
     }
     fn on_oom(&mut self, device: usize, task: usize, batch_size: u32) -> policy::OomAction {
@@ -528,11 +528,11 @@ impl policy::Policy for Together {
     }
     fn place(
         &mut self,
-        _: &dyn crate::view::ClusterView,
+        _: &dyn crate::view::PolicyView,
         task: crate::view::Waiting<'_>,
-    ) -> policy::Decision {
+    ) -> policy::PlaceOrQueue {
         let id = task.spec.id;
-        policy::Decision::Place {
+        policy::PlaceOrQueue::Place {
             device: 0,
             batch_size: self.batch_sizes[id].unwrap_or(task.batch_size),
             shrinks: Vec::new(),
@@ -545,7 +545,7 @@ impl policy::Policy for Together {
     fn first_tune_in_s(&self) -> Option<f64> {
         Some(2.0)
     }
-    fn tune(&mut self, view: &dyn crate::view::ClusterView, device: usize) -> policy::TuneStep {
+    fn tune(&mut self, view: &dyn crate::view::PolicyView, device: usize) -> policy::TuneStep {
         for r in view.residents(device) {
             self.seen.push(Seen {
                 at_s: view.now_s(),

@@ -51,9 +51,13 @@ pub struct SoloProfile {
     pub peak_mem_mib: u64,
 }
 
-/// A task as its submitter describes it.
+/// A simulated job as its submitter describes it: what a policy knows of it before
+/// any report. The simulator's counterpart of `iadeep_proto::TaskSpec`, kept apart
+/// because the simulator counts jobs by index, time in simulated seconds and work in
+/// fractional samples at m0 (the iadeep policies translate it with
+/// `policy::iadeep::placement::proto_spec`).
 #[derive(Clone, Debug, PartialEq)]
-pub struct TaskSpec {
+pub struct JobSpec {
     pub id: usize,
     /// Model family name, e.g. `ResNet-50` (a job name, as orchestrators know it).
     pub model: String,
@@ -71,13 +75,15 @@ pub struct TaskSpec {
     /// Submit time, seconds from the start.
     pub submit_s: f64,
     /// Work in samples at m0, when the submitter states it (used for remaining-time
-    /// estimates, as `TaskSpec.total_samples`).
+    /// estimates, as `iadeep_proto::TaskSpec::total_samples`).
     pub total_samples: f64,
 }
 
-/// The latest report of a task's agent (as `TaskReport`).
+/// The latest report of a simulated job's emulated agent: the simulator's counterpart
+/// of `iadeep_proto::TaskReport`, with fractional progress and a `running` flag for a
+/// job restarting after a crash.
 #[derive(Clone, Debug, PartialEq)]
-pub struct AgentReport {
+pub struct JobReport {
     /// Batch size the last steps ran at.
     pub batch_size: u32,
     /// Seconds per step at that batch size, with measurement noise.
@@ -102,22 +108,23 @@ pub struct AgentReport {
 /// A task waiting for a device.
 #[derive(Clone, Copy, Debug)]
 pub struct Waiting<'a> {
-    pub spec: &'a TaskSpec,
+    pub spec: &'a JobSpec,
     /// Batch size it will start at (m0, or smaller after out-of-memory crashes).
     pub batch_size: u32,
     /// Out-of-memory crashes so far.
     pub ooms: u32,
 }
 
-/// A task on a device, as seen through its agent.
+/// A job on a simulated device, as a policy sees it through its agent.
 #[derive(Clone, Copy, Debug)]
-pub struct Resident<'a> {
-    pub spec: &'a TaskSpec,
-    pub report: &'a AgentReport,
+pub struct ResidentJob<'a> {
+    pub spec: &'a JobSpec,
+    pub report: &'a JobReport,
 }
 
-/// Read-only view of the cluster for one decision.
-pub trait ClusterView {
+/// What a policy sees of the simulated cluster for one decision: read-only, specs and
+/// agents' reports only.
+pub trait PolicyView {
     /// Simulated time, seconds.
     fn now_s(&self) -> f64;
     /// Number of devices (ids are `0..devices()`).
@@ -127,13 +134,13 @@ pub trait ClusterView {
     /// Memory of each device, MiB.
     fn capacity_mib(&self) -> u64;
     /// The residents of a device.
-    fn residents(&self, device: usize) -> Vec<Resident<'_>>;
+    fn residents(&self, device: usize) -> Vec<ResidentJob<'_>>;
     /// Number of residents of a device (cheaper than `residents`).
     fn resident_count(&self, device: usize) -> usize;
     /// The tasks submitted and not running: the recovery list (crashed tasks waiting
     /// to restart), then the queue, each in the order the engine offers them.
-    fn waiting(&self) -> Vec<&TaskSpec>;
-    /// A number that changes whenever [`ClusterView::waiting`] does, so a policy
+    fn waiting(&self) -> Vec<&JobSpec>;
+    /// A number that changes whenever [`PolicyView::waiting`] does, so a policy
     /// can tell cheaply whether the set of waiting tasks changed.
     fn waiting_version(&self) -> u64;
 }

@@ -7,16 +7,16 @@ use iadeep_objective::PdInput;
 use std::collections::BTreeMap;
 
 use crate::policy::{Assignment, TuneStep};
-use crate::view::{ClusterView, Resident};
+use crate::view::{PolicyView, ResidentJob};
 
 /// One tuning call on `device` for policies that keep one search per device: scores
 /// the searched job's last interval with `score` (when it ran) and says what runs next.
 /// The search is dropped once it is over or its job left the device.
 pub fn tune_device(
     searches: &mut BTreeMap<usize, BatchSearch>,
-    view: &dyn ClusterView,
+    view: &dyn PolicyView,
     device: usize,
-    score: impl Fn(&Resident<'_>) -> f64,
+    score: impl Fn(&ResidentJob<'_>) -> f64,
 ) -> TuneStep {
     let Some(search) = searches.get_mut(&device) else {
         return TuneStep::Done;
@@ -42,7 +42,7 @@ pub fn tune_device(
 /// The scores of one search compare one job's sizes with each other, so a solo step
 /// time common to all of them only scales them: where it is unknown any fixed stand-in
 /// ([`UNKNOWN_SOLO_STEP_S`]) gives the same choice.
-pub fn pd_alone_or_shared(me: &Resident<'_>, solo_step_s_m0: f64) -> f64 {
+pub fn pd_alone_or_shared(me: &ResidentJob<'_>, solo_step_s_m0: f64) -> f64 {
     PdInput {
         m0: f64::from(me.spec.m0),
         solo_step_s_m0,

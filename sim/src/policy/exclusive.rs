@@ -1,8 +1,8 @@
 //! Exclusive FIFO: one job per GPU, the first idle GPU, the submitted batch size.
 //! What most clusters do today; never out of memory, never interfered with.
 
-use crate::policy::{Decision, Policy};
-use crate::view::{ClusterView, Waiting};
+use crate::policy::{PlaceOrQueue, Policy};
+use crate::view::{PolicyView, Waiting};
 
 /// One job per GPU.
 #[derive(Debug, Default)]
@@ -13,11 +13,11 @@ impl Policy for Exclusive {
         "exclusive"
     }
 
-    fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
+    fn place(&mut self, view: &dyn PolicyView, task: Waiting<'_>) -> PlaceOrQueue {
         (0..view.devices())
             .find(|d| view.resident_count(*d) == 0)
-            .map_or(Decision::Queue, |device| {
-                Decision::place(device, task.batch_size)
+            .map_or(PlaceOrQueue::Queue, |device| {
+                PlaceOrQueue::place(device, task.batch_size)
             })
     }
 }

@@ -15,8 +15,8 @@ use std::collections::BTreeSet;
 
 use crate::policy::solo::{SoloTimes, resident_mib, room_for_unknown};
 use crate::policy::util::MAX_RESIDENTS;
-use crate::policy::{Decision, OomAction, Policy};
-use crate::view::{ClusterView, Waiting};
+use crate::policy::{OomAction, PlaceOrQueue, Policy};
+use crate::view::{PolicyView, Waiting};
 
 /// Most free memory first.
 #[derive(Debug)]
@@ -43,7 +43,7 @@ impl Policy for MostMemory {
         "memory"
     }
 
-    fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
+    fn place(&mut self, view: &dyn PolicyView, task: Waiting<'_>) -> PlaceOrQueue {
         self.solo.observe(view);
         let recovering = self.recovering.contains(&task.spec.id);
         let capacity = view.capacity_mib();
@@ -69,9 +69,9 @@ impl Policy for MostMemory {
         match best {
             Some((_, device)) => {
                 self.recovering.remove(&task.spec.id);
-                Decision::place(device, task.batch_size)
+                PlaceOrQueue::place(device, task.batch_size)
             }
-            None => Decision::Queue,
+            None => PlaceOrQueue::Queue,
         }
     }
 

@@ -16,7 +16,7 @@ pub mod reference;
 pub mod solo;
 pub mod util;
 
-use crate::view::{ClusterView, Waiting};
+use crate::view::{PolicyView, Waiting};
 
 /// A batch size for a task on a device, as an assignment carries it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub struct Assignment {
     pub batch_size: u32,
     /// The assigner's bound on the task's memory at that size, MiB (the assignment's
     /// `memory_bound_mib`). A fenced task's agent moves its memory fence to it (see
-    /// [`Decision::Place`]); `None` leaves the fence where it is. Ignored for tasks
+    /// [`PlaceOrQueue::Place`]); `None` leaves the fence where it is. Ignored for tasks
     /// without a fence.
     pub memory_bound_mib: Option<u64>,
 }
@@ -43,7 +43,7 @@ impl Assignment {
 
 /// Where a waiting task goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub enum PlaceOrQueue {
     /// Start it on `device` at `batch_size`, after shrinking the residents in `shrinks`
     /// to make room for it.
     Place {
@@ -62,10 +62,10 @@ pub enum Decision {
     Queue,
 }
 
-impl Decision {
+impl PlaceOrQueue {
     /// Start on `device` at `batch_size`, shrinking nobody, without a fence.
-    pub fn place(device: usize, batch_size: u32) -> Decision {
-        Decision::Place {
+    pub fn place(device: usize, batch_size: u32) -> PlaceOrQueue {
+        PlaceOrQueue::Place {
             device,
             batch_size,
             shrinks: Vec::new(),
@@ -135,7 +135,7 @@ pub trait Policy {
     fn name(&self) -> &str;
 
     /// Decides where the task at the head of the queue goes.
-    fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision;
+    fn place(&mut self, view: &dyn PolicyView, task: Waiting<'_>) -> PlaceOrQueue;
 
     /// Whether the engine should call [`Policy::tune`] after residents change.
     fn tunes(&self) -> bool {
@@ -150,7 +150,7 @@ pub trait Policy {
     }
 
     /// One tuning round on `device`; the agents' reports reflect the previous round.
-    fn tune(&mut self, _view: &dyn ClusterView, _device: usize) -> TuneStep {
+    fn tune(&mut self, _view: &dyn PolicyView, _device: usize) -> TuneStep {
         TuneStep::Done
     }
 

@@ -7,8 +7,8 @@
 //! interference.
 
 use crate::policy::solo::{reported_peak_mib, room_for_unknown};
-use crate::policy::{Decision, Policy};
-use crate::view::{ClusterView, Waiting};
+use crate::policy::{PlaceOrQueue, Policy};
+use crate::view::{PolicyView, Waiting};
 
 /// First fit by memory.
 #[derive(Debug, Default)]
@@ -19,7 +19,7 @@ impl Policy for Packing {
         "packing"
     }
 
-    fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
+    fn place(&mut self, view: &dyn PolicyView, task: Waiting<'_>) -> PlaceOrQueue {
         let capacity = view.capacity_mib();
         (0..view.devices())
             .find(|d| {
@@ -40,8 +40,8 @@ impl Policy for Packing {
                         .is_some_and(|used| room_for_unknown(used, capacity)),
                 }
             })
-            .map_or(Decision::Queue, |device| {
-                Decision::place(device, task.batch_size)
+            .map_or(PlaceOrQueue::Queue, |device| {
+                PlaceOrQueue::place(device, task.batch_size)
             })
     }
 }

@@ -23,8 +23,8 @@ use std::collections::BTreeMap;
 use iadeep_objective::PdInput;
 
 use crate::policy::batch_search::{BatchSearch, pd_alone_or_shared};
-use crate::policy::{Assignment, Decision, Policy, TuneStep};
-use crate::view::{ClusterView, Resident, Waiting};
+use crate::policy::{Assignment, PlaceOrQueue, Policy, TuneStep};
+use crate::view::{PolicyView, ResidentJob, Waiting};
 
 /// Relative PD gain a change of batch size must promise (the iadeep tuner's hysteresis,
 /// `ControllerParams::hysteresis`).
@@ -42,7 +42,7 @@ struct Job {
 
 impl Job {
     /// The job's step time alone at m0: its profile's, else the fastest it measured.
-    fn solo_step_s_m0(&self, me: &Resident<'_>) -> Option<f64> {
+    fn solo_step_s_m0(&self, me: &ResidentJob<'_>) -> Option<f64> {
         match me.spec.profile {
             Some(profile) => Some(profile.step_time_s),
             None => self.step_s.get(&me.spec.m0).copied(),
@@ -50,7 +50,7 @@ impl Job {
     }
 
     /// PD alone at `batch_size` with noise scale `phi`, from the measured step time.
-    fn pd_at(&self, me: &Resident<'_>, batch_size: u32, phi: Option<f64>) -> Option<f64> {
+    fn pd_at(&self, me: &ResidentJob<'_>, batch_size: u32, phi: Option<f64>) -> Option<f64> {
         let step_s = *self.step_s.get(&batch_size)?;
         PdInput {
             m0: f64::from(me.spec.m0),
@@ -66,7 +66,7 @@ impl Job {
 
     /// The size to run now: the measured size of lowest PD under the current φ, if it
     /// beats the current size by [`MIN_GAIN`].
-    fn best_now(&self, me: &Resident<'_>) -> Option<u32> {
+    fn best_now(&self, me: &ResidentJob<'_>) -> Option<u32> {
         let phi = me.report.grad_noise_scale;
         let current = me.report.batch_size;
         let (best, best_pd) = self
@@ -91,9 +91,9 @@ impl Policy for Pollux {
         "pollux"
     }
 
-    fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
+    fn place(&mut self, view: &dyn PolicyView, task: Waiting<'_>) -> PlaceOrQueue {
         let Some(device) = (0..view.devices()).find(|d| view.resident_count(*d) == 0) else {
-            return Decision::Queue;
+            return PlaceOrQueue::Queue;
         };
         if task.spec.batch_sizes.len() > 1 {
             self.jobs.insert(
@@ -108,14 +108,14 @@ impl Policy for Pollux {
                 },
             );
         }
-        Decision::place(device, task.batch_size)
+        PlaceOrQueue::place(device, task.batch_size)
     }
 
     fn tunes(&self) -> bool {
         true
     }
 
-    fn tune(&mut self, view: &dyn ClusterView, device: usize) -> TuneStep {
+    fn tune(&mut self, view: &dyn PolicyView, device: usize) -> TuneStep {
         let Some(job) = self.jobs.get_mut(&device) else {
             return TuneStep::Done;
         };
@@ -163,10 +163,10 @@ impl Policy for Pollux {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::{AgentReport, SoloProfile, TaskSpec};
+    use crate::view::{JobReport, JobSpec, SoloProfile};
 
-    fn spec() -> TaskSpec {
-        TaskSpec {
+    fn spec() -> JobSpec {
+        JobSpec {
             id: 1,
             model: "Recommendation".into(),
             m0: 4096,
@@ -180,8 +180,8 @@ mod tests {
         }
     }
 
-    fn report(batch_size: u32, phi: f64) -> AgentReport {
-        AgentReport {
+    fn report(batch_size: u32, phi: f64) -> JobReport {
+        JobReport {
             batch_size,
             step_time_s: 0.1,
             samples_per_s: f64::from(batch_size) / 0.1,
@@ -213,13 +213,13 @@ mod tests {
         let spec = spec();
         let job = job();
         let early = report(4096, 10.0);
-        let me = Resident {
+        let me = ResidentJob {
             spec: &spec,
             report: &early,
         };
         assert_eq!(job.best_now(&me), Some(512));
         let late = report(512, 1e6);
-        let me = Resident {
+        let me = ResidentJob {
             spec: &spec,
             report: &late,
         };
@@ -227,7 +227,7 @@ mod tests {
         // Where it already runs the best size, or a size within the gain it asks for,
         // nothing changes.
         let settled = report(4096, 1e6);
-        let me = Resident {
+        let me = ResidentJob {
             spec: &spec,
             report: &settled,
         };
@@ -239,14 +239,14 @@ mod tests {
     /// be scored and nothing changes.
     #[test]
     fn without_a_profile_the_sweeps_own_m0_measurement_is_the_reference() {
-        let spec = TaskSpec {
+        let spec = JobSpec {
             profile: None,
             ..spec()
         };
         let job = job();
         for (phi, current, best) in [(10.0, 4096, Some(512)), (1e6, 512, Some(4096))] {
             let now = report(current, phi);
-            let me = Resident {
+            let me = ResidentJob {
                 spec: &spec,
                 report: &now,
             };
@@ -255,7 +255,7 @@ mod tests {
         let mut unmeasured = job;
         unmeasured.step_s.remove(&4096);
         let early = report(1024, 10.0);
-        let me = Resident {
+        let me = ResidentJob {
             spec: &spec,
             report: &early,
         };

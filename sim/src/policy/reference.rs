@@ -32,8 +32,8 @@ use crate::policy::batch_search::{
     BatchSearch, UNKNOWN_SOLO_STEP_S, pd_alone_or_shared, tune_device,
 };
 use crate::policy::solo::SoloTimes;
-use crate::policy::{Decision, OomAction, Policy, TuneStep};
-use crate::view::{ClusterView, Resident, Waiting};
+use crate::policy::{OomAction, PlaceOrQueue, Policy, TuneStep};
+use crate::view::{PolicyView, ResidentJob, Waiting};
 
 /// Name slots of the one-hot encoding (names beyond it share the last slot).
 const NAME_SLOTS: usize = 16;
@@ -102,7 +102,7 @@ impl Reference {
 
     /// Adds a sample for every co-located resident running at its m0 with a fresh report
     /// whose step time alone at m0 is known.
-    fn collect(&mut self, view: &dyn ClusterView) {
+    fn collect(&mut self, view: &dyn PolicyView) {
         self.solo.observe(view);
         for device in 0..view.devices() {
             if view.resident_count(device) < 2 {
@@ -152,7 +152,7 @@ impl Reference {
         }
     }
 
-    fn predict(&mut self, name: &str, residents: &[Resident<'_>]) -> f64 {
+    fn predict(&mut self, name: &str, residents: &[ResidentJob<'_>]) -> f64 {
         let others: Vec<&str> = residents.iter().map(|r| r.spec.model.as_str()).collect();
         let x = self.features(name, &others);
         match &self.forest {
@@ -176,10 +176,10 @@ impl Policy for Reference {
         }
     }
 
-    fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
+    fn place(&mut self, view: &dyn PolicyView, task: Waiting<'_>) -> PlaceOrQueue {
         self.collect(view);
         if let Some(device) = (0..view.devices()).find(|d| view.resident_count(*d) == 0) {
-            return Decision::place(device, task.batch_size);
+            return PlaceOrQueue::place(device, task.batch_size);
         }
         let mut best: Option<(f64, usize)> = None;
         for device in 0..view.devices() {
@@ -202,9 +202,9 @@ impl Policy for Reference {
                     self.searches
                         .insert(device, BatchSearch::new(task.spec.id, candidates));
                 }
-                Decision::place(device, task.batch_size)
+                PlaceOrQueue::place(device, task.batch_size)
             }
-            _ => Decision::Queue,
+            _ => PlaceOrQueue::Queue,
         }
     }
 
@@ -212,7 +212,7 @@ impl Policy for Reference {
         true
     }
 
-    fn tune(&mut self, view: &dyn ClusterView, device: usize) -> TuneStep {
+    fn tune(&mut self, view: &dyn PolicyView, device: usize) -> TuneStep {
         self.collect(view);
         // Score the configuration that just ran (the first call sees m0 or the size
         // the job started at).

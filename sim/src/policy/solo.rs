@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::view::{ClusterView, Resident, TaskSpec};
+use crate::view::{JobSpec, PolicyView, ResidentJob};
 
 /// A baseline places a job whose memory it does not know (no profile) only on a GPU
 /// whose residents all reported their peaks and leave at least this share of the card
@@ -18,14 +18,14 @@ pub fn unknown_memory_free_share() -> f64 {
 
 /// A resident's memory as its agent last reported it, MiB; `None` before its first
 /// report (nothing measured yet).
-pub fn reported_peak_mib(r: &Resident<'_>) -> Option<u64> {
+pub fn reported_peak_mib(r: &ResidentJob<'_>) -> Option<u64> {
     (r.report.seq > 0).then_some(r.report.peak_mem_mib)
 }
 
 /// The memory the baselines count a resident at: its reported peak while it runs, its
 /// profiled peak at m0 before that when it has a profile, else its last reported peak;
 /// `None` when nothing is known.
-pub fn resident_mib(r: &Resident<'_>) -> Option<u64> {
+pub fn resident_mib(r: &ResidentJob<'_>) -> Option<u64> {
     if r.report.running {
         return Some(r.report.peak_mem_mib);
     }
@@ -52,7 +52,7 @@ pub struct SoloTimes {
 
 impl SoloTimes {
     /// Looks at every GPU with one running task and records its reported step time.
-    pub fn observe(&mut self, view: &dyn ClusterView) {
+    pub fn observe(&mut self, view: &dyn PolicyView) {
         for device in 0..view.devices() {
             if view.resident_count(device) != 1 {
                 continue;
@@ -74,7 +74,7 @@ impl SoloTimes {
 
     /// Seconds per step of a task alone at `batch_size`: its profile's at m0 when it has
     /// one, else the fastest its agent reported alone; `None` when neither exists.
-    pub fn step_s(&self, spec: &TaskSpec, batch_size: u32) -> Option<f64> {
+    pub fn step_s(&self, spec: &JobSpec, batch_size: u32) -> Option<f64> {
         if batch_size == spec.m0
             && let Some(profile) = spec.profile
         {
@@ -87,7 +87,7 @@ impl SoloTimes {
     /// batch size (with a profile, over its profiled speed at m0, as under
     /// `--job-info profiled`); 1 while it has not run, or when its speed alone is unknown
     /// (a job that never ran alone counts as using the whole GPU).
-    pub fn share(&self, r: &Resident<'_>) -> f64 {
+    pub fn share(&self, r: &ResidentJob<'_>) -> f64 {
         if !r.report.running || r.report.samples_per_s <= 0.0 {
             return 1.0;
         }
@@ -110,10 +110,10 @@ impl SoloTimes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::{AgentReport, SoloProfile};
+    use crate::view::{JobReport, SoloProfile};
 
-    fn spec(profile: Option<SoloProfile>) -> TaskSpec {
-        TaskSpec {
+    fn spec(profile: Option<SoloProfile>) -> JobSpec {
+        JobSpec {
             id: 3,
             model: "ResNet-18".into(),
             m0: 64,
@@ -124,8 +124,8 @@ mod tests {
         }
     }
 
-    fn report(batch_size: u32, step_time_s: f64, seq: u64) -> AgentReport {
-        AgentReport {
+    fn report(batch_size: u32, step_time_s: f64, seq: u64) -> JobReport {
+        JobReport {
             batch_size,
             step_time_s,
             samples_per_s: f64::from(batch_size) / step_time_s,
@@ -147,13 +147,13 @@ mod tests {
         let mut solo = SoloTimes::default();
         solo.measured.insert((3, 64), 0.1);
         let shared = report(64, 0.2, 5);
-        let me = Resident {
+        let me = ResidentJob {
             spec: &unprofiled,
             report: &shared,
         };
         assert!((solo.share(&me) - 0.5).abs() < 1e-12);
         let unmeasured = report(32, 0.2, 5);
-        let me = Resident {
+        let me = ResidentJob {
             spec: &unprofiled,
             report: &unmeasured,
         };
@@ -163,7 +163,7 @@ mod tests {
             step_time_s: 0.05,
             peak_mem_mib: 1_500,
         }));
-        let me = Resident {
+        let me = ResidentJob {
             spec: &profiled,
             report: &shared,
         };
@@ -171,12 +171,12 @@ mod tests {
         assert_eq!(solo.step_s(&profiled, 64), Some(0.05));
         // Memory: a resident that has not reported counts at its profile, else unknown.
         let fresh = report(64, 0.2, 0);
-        let me = Resident {
+        let me = ResidentJob {
             spec: &profiled,
             report: &fresh,
         };
         assert_eq!(resident_mib(&me), Some(1_500));
-        let me = Resident {
+        let me = ResidentJob {
             spec: &unprofiled,
             report: &fresh,
         };

@@ -13,8 +13,8 @@
 use std::collections::BTreeSet;
 
 use crate::policy::solo::SoloTimes;
-use crate::policy::{Decision, OomAction, Policy};
-use crate::view::{ClusterView, Waiting};
+use crate::policy::{OomAction, PlaceOrQueue, Policy};
+use crate::view::{PolicyView, Waiting};
 
 /// At most this many jobs per GPU (as iadeep). Shares fall as jobs pile up, so the
 /// cap alone would let a badly contended GPU keep taking jobs.
@@ -46,7 +46,7 @@ impl Policy for LeastUtilised {
         "util"
     }
 
-    fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
+    fn place(&mut self, view: &dyn PolicyView, task: Waiting<'_>) -> PlaceOrQueue {
         self.solo.observe(view);
         let mut best: Option<(f64, usize)> = None;
         for device in 0..view.devices() {
@@ -65,8 +65,8 @@ impl Policy for LeastUtilised {
                 best = Some((used, device));
             }
         }
-        best.map_or(Decision::Queue, |(_, device)| {
-            Decision::place(device, task.batch_size)
+        best.map_or(PlaceOrQueue::Queue, |(_, device)| {
+            PlaceOrQueue::place(device, task.batch_size)
         })
     }
 

@@ -28,11 +28,11 @@ pub mod tuning;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use iadeep_placer::model::ModelledMemory;
+use iadeep_placer::ModelledMemory;
 use iadeep_proto::{BatchSizeAssignment, TaskSpec as ProtoSpec};
 
-use crate::policy::{Assignment, Decision, OomAction, Policy, TuneStep};
-use crate::view::{ClusterView, TaskSpec, Waiting};
+use crate::policy::{Assignment, OomAction, PlaceOrQueue, Policy, TuneStep};
+use crate::view::{JobSpec, PolicyView, Waiting};
 use oracle::{ORACLE_RETUNE_S, TrueMemory, TrueSlowdown, Truth};
 use placement::{SharedPredictor, SimPlacement, task_key, task_of, unix_ms};
 use predictor::SimPredictor;
@@ -153,7 +153,7 @@ impl Iadeep {
     /// Routes the assignments the placer wrote when it settled provisional reservations:
     /// to the device tuners (as `Assigned` inputs, as the daemon's watch delivers them)
     /// and to the engine at each device's next tuning call.
-    fn route_settled(&mut self, view: &dyn ClusterView) {
+    fn route_settled(&mut self, view: &dyn PolicyView) {
         for a in self.placement.take_settled() {
             let Some(task) = task_of(&a.task_id) else {
                 continue;
@@ -174,7 +174,7 @@ impl Iadeep {
     /// One oracle tuning call: the best configuration of the device by the truth, written
     /// as the tuner writes assignments (a round above every resident's, the memory bound),
     /// so the placer counts the residents at it.
-    fn tune_oracle(&mut self, view: &dyn ClusterView, device: usize, truth: &Truth) -> TuneStep {
+    fn tune_oracle(&mut self, view: &dyn PolicyView, device: usize, truth: &Truth) -> TuneStep {
         let again = TuneStep::Wait {
             again_in_s: Some(ORACLE_RETUNE_S),
         };
@@ -231,11 +231,11 @@ impl Iadeep {
     /// its m0 alone.
     /// The oracle (`truth`) submits each task with its true solo profile: it is the
     /// limit with perfect information in either `--job-info` mode.
-    fn spec(variant: Variant, spec: &TaskSpec, kind: &str, truth: Option<&Truth>) -> ProtoSpec {
+    fn spec(variant: Variant, spec: &JobSpec, kind: &str, truth: Option<&Truth>) -> ProtoSpec {
         let known;
         let spec = match truth.and_then(|t| t.solo_profile(&spec.model, spec.m0)) {
             Some(profile) => {
-                known = TaskSpec {
+                known = JobSpec {
                     profile: Some(profile),
                     ..spec.clone()
                 };
@@ -268,12 +268,12 @@ impl Policy for Iadeep {
     /// client of the daemon does, or as soon as a task finished (a device may be free); in
     /// between it keeps waiting without a new decision. Without this, every event would
     /// re-ask every waiting task, and the decisions alone would take minutes.
-    fn place(&mut self, view: &dyn ClusterView, task: Waiting<'_>) -> Decision {
+    fn place(&mut self, view: &dyn PolicyView, task: Waiting<'_>) -> PlaceOrQueue {
         if let Some((retry_at, finished)) = self.holds.get(&task.spec.id)
             && view.now_s() < *retry_at
             && *finished == self.finished
         {
-            return Decision::Queue;
+            return PlaceOrQueue::Queue;
         }
         let recorded = self.placement.audit.as_ref().map(Vec::len);
         let rounds = &self.rounds;
@@ -296,7 +296,7 @@ impl Policy for Iadeep {
         }
         let decision = match decided {
             Ok((decision, assignments)) => {
-                if let Decision::Place { .. } = &decision {
+                if let PlaceOrQueue::Place { .. } = &decision {
                     for a in &assignments {
                         if let Some(t) = task_of(&a.task_id) {
                             self.rounds.insert(t, a.round);
@@ -307,11 +307,11 @@ impl Policy for Iadeep {
             }
             Err(err) => {
                 tracing::warn!(task = task.spec.id, %err, "placement failed; the task waits");
-                Decision::Queue
+                PlaceOrQueue::Queue
             }
         };
         match (&decision, self.placement.retry_after) {
-            (Decision::Queue, Some(retry)) => {
+            (PlaceOrQueue::Queue, Some(retry)) => {
                 self.holds.insert(
                     task.spec.id,
                     (view.now_s() + retry.as_secs_f64(), self.finished),
@@ -333,7 +333,7 @@ impl Policy for Iadeep {
         Some(AGENT_REPORT_INTERVAL_S)
     }
 
-    fn tune(&mut self, view: &dyn ClusterView, device: usize) -> TuneStep {
+    fn tune(&mut self, view: &dyn PolicyView, device: usize) -> TuneStep {
         if let Some(truth) = self.truth.clone() {
             return self.tune_oracle(view, device, &truth);
         }

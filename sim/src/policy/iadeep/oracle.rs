@@ -23,7 +23,7 @@ use iadeep_objective::PdInput;
 use iadeep_placer::model::{MemoryEstimator, SlowdownEstimate, SlowdownModel};
 use iadeep_proto::{CoLocationSample, TaskProfile, TaskReport, TaskSpec as ProtoSpec};
 
-use crate::view::{Resident, SoloProfile};
+use crate::view::{ResidentJob, SoloProfile};
 use crate::world::{TypeId, World, memory};
 
 /// Seconds between two choices of a device's batch sizes: φ changes over training and
@@ -107,8 +107,9 @@ impl Truth {
     /// The configuration of `residents` (running ones only, in order) with the smallest
     /// true Σ PD whose true memory fits the card, or `None` when none of them runs or
     /// nothing fits.
-    pub fn best_sizes(&self, residents: &[Resident<'_>]) -> Option<Vec<(usize, u32)>> {
-        let running: Vec<&Resident<'_>> = residents.iter().filter(|r| r.report.running).collect();
+    pub fn best_sizes(&self, residents: &[ResidentJob<'_>]) -> Option<Vec<(usize, u32)>> {
+        let running: Vec<&ResidentJob<'_>> =
+            residents.iter().filter(|r| r.report.running).collect();
         let searched: Vec<Searched> = running
             .iter()
             .map(|r| {

@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use iadeep_placer::model::MemoryEstimator;
-use iadeep_predictor::{Prediction, PredictionSource, SlowdownModel};
 use iadeep_placer::policy::Assessment;
 use iadeep_placer::view::profile_of;
 use iadeep_placer::{Clock, PlacementService, Placer, PlacerParams, Verdict};
+use iadeep_predictor::{Prediction, PredictionSource, SlowdownModel};
 use iadeep_proto::{
     BatchSizeAssignment, CoLocationSample, DeviceInfo, ProfilePoint, SoloProfile, TaskProfile,
     TaskReport, TaskSpec as ProtoSpec, place_response,
@@ -23,9 +23,9 @@ use iadeep_proto::{
 use iadeep_state::{EmbeddedStore, StateStore, keys, typed};
 
 use crate::audit::{AuditCandidate, AuditRecord, Slowdowns};
-use crate::policy::Decision;
+use crate::policy::PlaceOrQueue;
 use crate::policy::iadeep::predictor::SimPredictor;
-use crate::view::{ClusterView, Resident, TaskSpec, Waiting};
+use crate::view::{JobSpec, PolicyView, ResidentJob, Waiting};
 
 /// The simulator's predictor as the placer's slowdown model: the very model the
 /// policy feeds co-location samples into (shared, behind a lock the single-threaded
@@ -112,7 +112,7 @@ pub fn unix_ms(now_s: f64) -> i64 {
 /// run at and its work, with its solo profile at m0 (a profiling run on this kind of GPU)
 /// only when jobs bring one (`JobInfo::Profiled`), and no memory request (the trace's
 /// requests are capped at the whole card): what `iadeep run` sends by default.
-pub fn proto_spec(spec: &TaskSpec, kind: &str) -> ProtoSpec {
+pub fn proto_spec(spec: &JobSpec, kind: &str) -> ProtoSpec {
     ProtoSpec {
         task_id: task_key(spec.id),
         model: spec.model.clone(),
@@ -139,7 +139,7 @@ pub fn proto_spec(spec: &TaskSpec, kind: &str) -> ProtoSpec {
 
 /// What the task's agent reports now, under assignment `round`: the peak memory of the
 /// batch size it runs at (the agent restarts its peak with each batch size).
-pub fn proto_report(r: &Resident<'_>, device: usize, round: u64, now_ms: i64) -> TaskReport {
+pub fn proto_report(r: &ResidentJob<'_>, device: usize, round: u64, now_ms: i64) -> TaskReport {
     TaskReport {
         task_id: task_key(r.spec.id),
         device_id: device_key(device),
@@ -258,7 +258,7 @@ impl SimPlacement {
     /// service's own pass (`PlacementService::settle_provisional`, which the daemon's
     /// reaper runs every second): the settled tasks' new assignments (their batch size,
     /// their fence at the peak plus the margin) wait in [`SimPlacement::take_settled`].
-    pub fn refresh(&mut self, view: &dyn ClusterView, round_of: &dyn Fn(usize) -> u64) {
+    pub fn refresh(&mut self, view: &dyn PolicyView, round_of: &dyn Fn(usize) -> u64) {
         self.sync(view, round_of);
         let settled = self.block_on(self.service.settle_provisional());
         self.settled.extend(settled);
@@ -272,7 +272,7 @@ impl SimPlacement {
     /// Registers new devices and puts the agents' latest reports into the view (as the
     /// daemon's watch delivers them). `round_of` is the assignment round each task runs
     /// under.
-    fn sync(&mut self, view: &dyn ClusterView, round_of: &dyn Fn(usize) -> u64) {
+    fn sync(&mut self, view: &dyn PolicyView, round_of: &dyn Fn(usize) -> u64) {
         self.now_ms.store(unix_ms(view.now_s()), Ordering::Relaxed);
         let kind = view.device_kind().to_owned();
         while self.devices < view.devices() {
@@ -317,11 +317,11 @@ impl SimPlacement {
     /// commits it. A "queue" verdict keeps the task waiting; the engine asks again.
     pub fn decide(
         &mut self,
-        view: &dyn ClusterView,
+        view: &dyn PolicyView,
         task: Waiting<'_>,
-        spec_of: &dyn Fn(&TaskSpec) -> ProtoSpec,
+        spec_of: &dyn Fn(&JobSpec) -> ProtoSpec,
         round_of: &dyn Fn(usize) -> u64,
-    ) -> crate::Result<(Decision, Vec<BatchSizeAssignment>)> {
+    ) -> crate::Result<(PlaceOrQueue, Vec<BatchSizeAssignment>)> {
         self.retry_after = None;
         self.refresh(view, round_of);
         let spec = spec_of(task.spec);
@@ -355,7 +355,7 @@ impl SimPlacement {
                     .find(|a| a.task_id == placement.task_id)
                     .and_then(super::fence_mib)
                     .or(Some(placement.reserved_mem_mib));
-                let decision = Decision::Place {
+                let decision = PlaceOrQueue::Place {
                     device,
                     batch_size: placement.batch_size,
                     shrinks,
@@ -365,7 +365,7 @@ impl SimPlacement {
             }
             place_response::Decision::Queued(q) => {
                 self.retry_after = Some(std::time::Duration::from_millis(q.retry_after_ms));
-                Ok((Decision::Queue, Vec::new()))
+                Ok((PlaceOrQueue::Queue, Vec::new()))
             }
         }
     }
@@ -429,7 +429,7 @@ impl SimPlacement {
 
     /// The audit record of the decision about to be made: the same pure assessment the
     /// service makes, on the same view at the same time.
-    fn record_audit(&mut self, view: &dyn ClusterView, task: Waiting<'_>, spec: &ProtoSpec) {
+    fn record_audit(&mut self, view: &dyn PolicyView, task: Waiting<'_>, spec: &ProtoSpec) {
         let placer_view = self.view.read().unwrap_or_else(|e| e.into_inner());
         let placer = self.service.placer();
         let assessment = placer.assess_limited(
@@ -495,7 +495,7 @@ fn slowdowns(
 fn audit_record(
     placer: &Placer,
     placer_view: &iadeep_placer::ClusterView,
-    view: &dyn ClusterView,
+    view: &dyn PolicyView,
     task: Waiting<'_>,
     spec: &ProtoSpec,
     assessment: &Assessment<'_>,

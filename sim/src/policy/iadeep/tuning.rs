@@ -15,12 +15,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use iadeep_proto::{BatchSizeAssignment, CoLocationSample, DeviceInfo, ProfilePoint, TaskReport};
-use iadeep_tuner::{
-    Action, DeviceTask, DeviceTuner, DeviceTunerParams, RunningTask, Translator,
-};
+use iadeep_tuner::{Action, DeviceTask, DeviceTuner, DeviceTunerParams, RunningTask, Translator};
 
 use crate::policy::iadeep::placement::{SimPlacement, proto_report, task_key, unix_ms};
-use crate::view::ClusterView;
+use crate::view::PolicyView;
 
 /// How often an emulated agent reports, seconds: the real agent's default
 /// (`iadeep_agent::DEFAULT_REPORT_INTERVAL`; an integration test checks they agree).
@@ -89,7 +87,7 @@ impl SimTuner {
     /// round each task runs under.
     pub fn step(
         &mut self,
-        view: &dyn ClusterView,
+        view: &dyn PolicyView,
         device: usize,
         placement: &SimPlacement,
         round_of: &dyn Fn(usize) -> u64,
