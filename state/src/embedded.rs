@@ -472,6 +472,13 @@ impl EmbeddedStore {
         Ok(store)
     }
 
+    /// Ends every open watch, as a store that lost its clients would (tests of the
+    /// watchers' recovery): each stream then ends with `None`.
+    #[cfg(test)]
+    pub(crate) fn close_watches(&self) {
+        self.lock().watchers.clear();
+    }
+
     /// The file path of the store, or `:memory:`.
     pub fn location(&self) -> &str {
         &self.inner.location
