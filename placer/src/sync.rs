@@ -1,13 +1,14 @@
 //! Keeps a [`ClusterView`] fresh from the store: range, then watch from the
-//! snapshot's revision + 1, so no change between the two is missed.
+//! snapshot's revision + 1, so no change between the two is missed (the state crate's
+//! [`Follow`], one per prefix).
 //!
 //! Three prefixes are followed, each by its own task: devices (registrations and
 //! residents records), tasks (reports, assignments and the agents' `alive` keys) and
 //! co-location samples (fed to the
 //! slowdown model so the predictor learns from what the tuners measure). A watch
-//! that ends (history compacted, store gone) is replaced by a fresh range and
-//! watch after a short pause; a value that does not decode is logged and skipped,
-//! never fatal.
+//! that ends (history compacted, store gone) is logged and replaced by a fresh range
+//! and watch after a short pause (`RESYNC_PAUSE`); a value that does not decode is
+//! logged and skipped, never fatal.
 
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
@@ -17,13 +18,15 @@ use iadeep_proto::{
     BatchSizeAssignment, CoLocationSample, DeviceInfo, DeviceResidents, TaskReport,
 };
 use iadeep_state::keys::{self, KeyKind};
-use iadeep_state::{KeyValue, Revision, StateStore, WatchEvent, typed};
+use iadeep_state::{
+    Follow, Followed, KeyValue, RangeSnapshot, Revision, StateStore, WatchEvent, typed,
+};
 use tokio::task::JoinHandle;
 
 use crate::error::Result;
 use crate::events::{PlacementEvent, PlacementEvents};
-use iadeep_predictor::SlowdownModel;
 use crate::view::ClusterView;
+use iadeep_predictor::SlowdownModel;
 
 /// Pause before re-reading a prefix whose watch ended.
 const RESYNC_PAUSE: Duration = Duration::from_millis(500);
@@ -84,11 +87,14 @@ impl ViewSync {
         };
         let mut tasks = Vec::new();
         for prefix in [Prefix::Devices, Prefix::Tasks, Prefix::Samples] {
-            let revision = ctx.load(prefix, 0).await?;
+            let snapshot = ctx.store.range(prefix.key()).await?;
+            let revision = ctx.load(prefix, snapshot, 0);
+            let follow =
+                Follow::after(Arc::clone(&ctx.store), prefix.key(), revision, RESYNC_PAUSE);
             let ctx = ctx.clone();
-            tasks.push(tokio::spawn(
-                async move { ctx.follow(prefix, revision).await },
-            ));
+            tasks.push(tokio::spawn(async move {
+                ctx.follow(prefix, follow, revision).await
+            }));
         }
         let view = ctx.view.read().unwrap_or_else(|e| e.into_inner());
         tracing::info!(
@@ -102,10 +108,10 @@ impl ViewSync {
 }
 
 impl Ctx {
-    /// Reads `prefix` whole into the view, dropping what the view holds that is gone.
-    /// Samples written at or before `seen` were already learnt from and are skipped.
-    async fn load(&self, prefix: Prefix, seen: Revision) -> Result<Revision> {
-        let snapshot = self.store.range(prefix.key()).await?;
+    /// Puts a snapshot of `prefix` whole into the view, dropping what the view holds
+    /// that is gone, and returns its revision. Samples written at or before `seen` were
+    /// already learnt from and are skipped.
+    fn load(&self, prefix: Prefix, snapshot: RangeSnapshot, seen: Revision) -> Revision {
         let revision = snapshot.revision;
         let mut view = self.view.write().unwrap_or_else(|e| e.into_inner());
         match prefix {
@@ -161,32 +167,19 @@ impl Ctx {
             }
             self.apply_put(&mut view, kv);
         }
-        Ok(revision)
+        revision
     }
 
-    async fn follow(self, prefix: Prefix, mut revision: Revision) {
+    /// Folds what `follow` yields into the view, forever; `seen` is the revision of the
+    /// last snapshot or change applied.
+    async fn follow(self, prefix: Prefix, mut follow: Follow, mut seen: Revision) {
         loop {
-            match self.store.watch(prefix.key(), Some(revision + 1)).await {
-                Ok(mut watch) => {
-                    while let Some(item) = watch.next().await {
-                        match item {
-                            Ok(event) => {
-                                revision = event.revision();
-                                self.apply(event);
-                            }
-                            Err(err) => {
-                                tracing::warn!(prefix = prefix.key(), %err, "watch ended; re-reading");
-                                break;
-                            }
-                        }
-                    }
+            match follow.next().await {
+                Followed::Snapshot(snapshot) => seen = self.load(prefix, snapshot, seen),
+                Followed::Change(event) => {
+                    seen = event.revision();
+                    self.apply(event);
                 }
-                Err(err) => tracing::warn!(prefix = prefix.key(), %err, "cannot watch; retrying"),
-            }
-            tokio::time::sleep(RESYNC_PAUSE).await;
-            match self.load(prefix, revision).await {
-                Ok(rev) => revision = rev,
-                Err(err) => tracing::warn!(prefix = prefix.key(), %err, "cannot re-read; retrying"),
             }
         }
     }

@@ -1,7 +1,8 @@
 //! What the store says about the device's tasks, kept current by watches.
 //!
-//! Two folds, each a range followed by a watch from the snapshot's revision + 1 (no gap, no
-//! duplicate), published through `tokio::sync::watch` channels:
+//! Two folds, each over a [`Follow`] of its prefix (a range followed by a watch from the
+//! snapshot's revision + 1: no gap, no duplicate), published through `tokio::sync::watch`
+//! channels:
 //! - [`TaskTable`] over `keys::TASKS`: every task's spec, placement, `alive` key, latest
 //!   report and assignment;
 //! - [`ResidentsRecord`]: the device's `residents` key, the placer's reservations. It says
@@ -18,7 +19,7 @@ use std::time::Duration;
 
 use iadeep_proto::{BatchSizeAssignment, DeviceResidents, Placement, TaskReport, TaskSpec};
 use iadeep_state::keys::KeyKind;
-use iadeep_state::{KeyValue, Revision, StateStore, WatchEvent, typed};
+use iadeep_state::{Backoff, Follow, Followed, KeyValue, Revision, StateStore, WatchEvent, typed};
 use tokio::sync::watch;
 
 /// What the store says about one task.
@@ -164,68 +165,48 @@ fn decode<M: prost::Message + Default>(kv: &KeyValue) -> Option<M> {
 /// Keeps a [`Fold`] of everything under `prefix` current in the background until every
 /// receiver is dropped.
 ///
-/// Store errors (a broken watch, a compacted revision, an unreachable store) are logged and
-/// followed by a fresh range-then-watch after a back-off: the value is then rebuilt from the
-/// snapshot, so nothing is lost, and readers keep the last value meanwhile.
+/// Store errors (a broken watch, a compacted revision, an unreachable store) are logged by
+/// the [`Follow`] and followed by a fresh range-then-watch after a back-off (100 ms,
+/// doubling to 5 s): the value is then rebuilt from the snapshot, so nothing is lost, and
+/// readers keep the last value meanwhile.
 pub fn spawn_watcher<F: Fold>(
     store: Arc<dyn StateStore>,
     prefix: String,
 ) -> (watch::Receiver<F>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(F::default());
-    let handle = tokio::spawn(async move {
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            match follow(store.as_ref(), &prefix, &tx).await {
-                Ok(()) => return, // every receiver is gone
-                Err(err) => {
-                    tracing::warn!(%err, what = F::WHAT, retry_in = ?backoff, "watch failed; reading again");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
-    });
+    let backoff = Backoff::doubling(Duration::from_millis(100), Duration::from_secs(5));
+    let follow = Follow::new(store, prefix, backoff);
+    let handle = tokio::spawn(fold(follow, tx));
     (rx, handle)
 }
 
-async fn follow<F: Fold>(
-    store: &dyn StateStore,
-    prefix: &str,
-    tx: &watch::Sender<F>,
-) -> Result<(), iadeep_state::StateError> {
-    let snapshot = store.range(prefix).await?;
-    let mut value = F::default();
-    for kv in &snapshot.kvs {
-        value.apply_put(kv);
-    }
-    value.set_revision(snapshot.revision);
-    tracing::debug!(
-        what = F::WHAT,
-        keys = snapshot.kvs.len(),
-        revision = snapshot.revision,
-        "snapshot read"
-    );
-    tx.send_replace(value);
-    let mut events = store.watch(prefix, Some(snapshot.revision + 1)).await?;
+/// Publishes the fold of what `follow` yields through `tx` until every receiver is gone.
+async fn fold<F: Fold>(mut follow: Follow, tx: watch::Sender<F>) {
     loop {
         tokio::select! {
-            event = events.next() => match event {
-                Some(Ok(WatchEvent::Put(kv))) => {
+            item = follow.next() => match item {
+                Followed::Snapshot(snapshot) => {
+                    let mut value = F::default();
+                    for kv in &snapshot.kvs {
+                        value.apply_put(kv);
+                    }
+                    value.set_revision(snapshot.revision);
+                    tracing::debug!(
+                        what = F::WHAT,
+                        keys = snapshot.kvs.len(),
+                        revision = snapshot.revision,
+                        "snapshot read"
+                    );
+                    tx.send_replace(value);
+                }
+                Followed::Change(WatchEvent::Put(kv)) => {
                     tx.send_modify(|t| t.apply_put(&kv));
                 }
-                Some(Ok(WatchEvent::Delete { key, revision })) => {
+                Followed::Change(WatchEvent::Delete { key, revision }) => {
                     tx.send_modify(|t| t.apply_delete(&key, revision));
                 }
-                Some(Err(err)) => return Err(err),
-                None => {
-                    return Err(iadeep_state::StateError::Backend {
-                        op: "watch",
-                        target: prefix.to_owned(),
-                        reason: "the store closed the watch".to_owned(),
-                    });
-                }
             },
-            () = tx.closed() => return Ok(()),
+            () = tx.closed() => return,
         }
     }
 }
