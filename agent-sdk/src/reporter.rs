@@ -216,6 +216,7 @@ impl Reporter {
         }
     }
 
+    /// Range, then watch, by hand, not a `Follow`: a failed watch must end this lease's session.
     async fn register(
         &mut self,
         store: &Arc<dyn StateStore>,
