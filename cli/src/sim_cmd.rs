@@ -6,9 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use iadeep_datasets::gavel::GavelThroughputs;
 use iadeep_datasets::philly;
-use iadeep_sim::experiment::{Experiment, ExperimentParams};
-use iadeep_sim::metrics::RunMetrics;
-use iadeep_sim::{report, store_sink};
+use iadeep_sim::{Experiment, ExperimentParams, RunMetrics, report, store_sink};
 use iadeep_state::EmbeddedStore;
 
 use crate::progress::Progress;
@@ -40,19 +38,19 @@ pub struct SimArgs {
     /// per extra co-runner; `product` multiplies the pairwise slowdowns (the rule
     /// iadeep's predictor composes with, so it favours iadeep).
     #[arg(long, default_value = "contention", value_name = "MODEL")]
-    interference: iadeep_sim::world::Interference,
+    interference: iadeep_sim::Interference,
     /// How waiting jobs are offered to every policy alike: `each-task` (every waiting
     /// job asks in submission order and one told to wait blocks nobody: per-task
     /// backfill) or `fifo` (only the head of the queue; the jobs behind it wait too).
     #[arg(long, default_value = "each-task", value_name = "RULE")]
-    admission: iadeep_sim::policy::Admission,
+    admission: iadeep_sim::Admission,
     /// What every job brings to every policy alike: `none` (what a user gives `iadeep
     /// run`: model name, submitted batch size and allowed sizes; no solo profile and no
     /// memory figure, everything else learned from the agents' reports) or `profiled`
     /// (each job also brings its solo step time and peak memory at the submitted batch
     /// size, for comparison). The oracle reads the world in both.
     #[arg(long, default_value = "none", value_name = "INFO")]
-    job_info: iadeep_sim::view::JobInfo,
+    job_info: iadeep_sim::JobInfo,
     /// Number of jobs (consecutive single-GPU Philly jobs).
     #[arg(long, default_value_t = 300, value_name = "N")]
     tasks: usize,

@@ -7,12 +7,9 @@ use crate::audit::{self, AuditRecord};
 use crate::engine::{Engine, EngineParams};
 use crate::error::{Result, SimError};
 use crate::metrics::RunMetrics;
-use crate::policy::Policy;
+use crate::policy::{POLICY_NAMES, Policy};
 use crate::workload::{self, TaskTemplate, WorkloadParams};
 use crate::world::{Interference, World};
-
-/// The policy names, in table order (defined beside [`crate::policy::build`]).
-pub use crate::policy::POLICY_NAMES;
 
 /// What to simulate.
 #[derive(Clone, Debug, PartialEq)]
@@ -68,8 +65,8 @@ impl ExperimentParams {
 #[derive(Debug)]
 pub struct Experiment {
     pub params: ExperimentParams,
-    pub world: World,
-    pub workload: Vec<TaskTemplate>,
+    pub(crate) world: World,
+    pub(crate) workload: Vec<TaskTemplate>,
 }
 
 impl Experiment {
@@ -94,8 +91,13 @@ impl Experiment {
         })
     }
 
-    /// Builds a policy by name: every policy from [`crate::policy::build`], and the
-    /// `oracle`, which reads this experiment's world.
+    /// Number of jobs in the arrival stream (`params.workload.tasks`).
+    pub fn job_count(&self) -> usize {
+        self.workload.len()
+    }
+
+    /// Builds a policy by name (one of [`POLICY_NAMES`]): the `oracle` reads this
+    /// experiment's world, the others only what the engine shows them.
     pub fn policy(&self, name: &str) -> Result<Box<dyn Policy>> {
         let seed = self.params.workload.seed;
         if name == "oracle" {
@@ -128,7 +130,7 @@ impl Experiment {
     }
 
     /// Runs one policy with the placement audit on: its decisions, with the world's
-    /// slowdowns and the real start times filled in (see [`crate::audit`]). Empty for
+    /// slowdowns and the real start times filled in (see [`AuditRecord`]). Empty for
     /// policies that do not record decisions.
     pub fn run_policy_audited(
         &self,

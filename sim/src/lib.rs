@@ -4,51 +4,66 @@
 //!
 //! Policies see what production would see: each job's spec as a user gives it to
 //! `iadeep run` (model name, m0, allowed batch sizes, submit time, work; no solo
-//! profile and no memory figure by default, [`view::JobInfo`], `--job-info`) and the
+//! profile and no memory figure by default, [`JobInfo`], `--job-info`) and the
 //! emulated agents' reports. Only the `oracle` reads the world.
 //!
-//! Module map, one idea each:
-//! - [`world`]: the ground truth (Gavel throughputs and the contention model for 3+ jobs, the
-//!   memory model fitted to Gavel's failed pairs, Pollux noise-scale curves);
-//! - [`workload`]: the arrival stream from the Philly trace (single-GPU jobs, load
+//! The API: an [`Experiment`] builds one world and one arrival stream from
+//! [`ExperimentParams`] ([`WorkloadParams`], [`EngineParams`], [`Interference`],
+//! [`Admission`], [`JobInfo`]), builds each [`Policy`] by name ([`POLICY_NAMES`]) and
+//! runs it into [`RunMetrics`]; [`report`] turns the runs into a table, JSON, CSV and
+//! plots, [`store_sink`] writes a run to a state store, and [`AuditRecord`] /
+//! [`AuditSummary`] hold iadeep's placement decisions next to the truth.
+//!
+//! Inside, one module per idea:
+//! - `world`: the ground truth (Gavel throughputs and the contention model for 3+ jobs,
+//!   the memory model fitted to Gavel's failed pairs, Pollux noise-scale curves);
+//! - `workload`: the arrival stream from the Philly trace (single-GPU jobs, load
 //!   factor, seeded job types and memory requests);
-//! - [`agent`]: what the emulated agents measure (noisy step times with stragglers, the
+//! - `agent`: what the emulated agents measure (noisy step times with stragglers, the
 //!   gradient noise scale through the production estimator) and how a fenced agent falls
 //!   back after an out-of-memory error (the real agent's rule);
-//! - [`view`]: what policies may see (specs, with a solo profile only under
-//!   [`view::JobInfo::Profiled`], and agent reports);
-//! - [`engine`]: the discrete-event engine (arrivals, completions, tuning rounds,
+//! - `view`: what policies may see (job specs, with a solo profile only under
+//!   [`JobInfo::Profiled`], and agent reports, through the `PolicyView` trait);
+//! - `engine`: the discrete-event engine (arrivals, completions, tuning rounds,
 //!   fenced out-of-memory errors, which cost one job a step, and unfenced crashes, which
 //!   restart a job at half its batch size);
-//! - [`policy`]: the [`policy::Policy`] trait and one module per policy: exclusive FIFO,
+//! - `policy`: the [`Policy`] trait and one module per policy: exclusive FIFO,
 //!   naive packing, utilisation-based, most-available-memory, the reference approach,
-//!   `pollux` (what the baselines make of specs and reports: [`policy::solo`]), and
+//!   `pollux` (what the baselines make of specs and reports: `policy::solo`), and
 //!   iadeep with its two ablations, which drive the real `iadeep_tuner` and
 //!   `iadeep_predictor` code; iadeep's placement is the placer crate's own decision
-//!   (`iadeep_placer::Placer::decide`, see [`policy::iadeep::placement`]) over a view
+//!   (`iadeep_placer::Placer::decide`, see `policy::iadeep::placement`) over a view
 //!   kept in sync with the agents' reports, and its jobs' agents are fenced at their
 //!   reservations;
-//! - [`experiment`]: one world, one stream, many policies;
-//! - [`metrics`], [`report`]: completion times, makespan, utilisation, crashes and
+//! - `experiment`: one world, one stream, many policies;
+//! - `metrics`, [`report`]: completion times, makespan, utilisation, crashes and
 //!   fenced out-of-memory errors, tuning rounds, decision latency; table, CSV, JSON, SVG
 //!   plots;
-//! - [`audit`]: iadeep's placement decisions next to the world's truth (diagnosis);
+//! - `audit`: iadeep's placement decisions next to the world's truth (diagnosis);
 //! - [`store_sink`]: a finished run written to a state store in iadeep's key layout.
 
-pub mod agent;
-pub mod audit;
-pub mod engine;
-pub mod error;
-pub mod experiment;
-pub mod metrics;
-pub mod policy;
+mod agent;
+mod audit;
+mod engine;
+mod error;
+mod experiment;
+mod metrics;
+mod policy;
 pub mod report;
 pub mod store_sink;
-pub mod view;
-pub mod workload;
-pub mod world;
+mod view;
+mod workload;
+mod world;
 
+pub use audit::{AuditCandidate, AuditRecord, AuditSummary, ErrorStats, Slowdowns};
+pub use engine::EngineParams;
 pub use error::{Result, SimError};
+pub use experiment::{Experiment, ExperimentParams};
+pub use metrics::{RunMetrics, Summary, TaskOutcome};
+pub use policy::{Admission, POLICY_NAMES, Policy};
+pub use view::JobInfo;
+pub use workload::WorkloadParams;
+pub use world::Interference;
 
 #[cfg(test)]
 mod tests;

@@ -45,7 +45,7 @@ pub struct RunMetrics {
     pub ooms: u64,
     /// Fenced out-of-memory errors: a fenced job's run needed more than its fence, so its
     /// own allocation failed and it fell back, its co-runners untouched (contained; see
-    /// [`crate::engine`]).
+    /// the engine's module docs).
     pub fenced_ooms: u64,
     /// Tuning rounds that applied a configuration.
     pub tuning_rounds: u64,

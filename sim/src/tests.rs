@@ -431,7 +431,7 @@ fn every_policy_gets_the_same_admission_and_the_same_information() {
     );
     let experiment = experiment("k80", 24, 2, 4.0, 3);
     // Every policy but the two ablations (same placer as iadeep, and slow in debug).
-    let names = crate::experiment::POLICY_NAMES
+    let names = crate::POLICY_NAMES
         .iter()
         .filter(|name| !name.starts_with("iadeep-"));
     let mut first: Option<Recording> = None;

@@ -5,9 +5,7 @@
 use iadeep_datasets::gavel::GavelThroughputs;
 use iadeep_datasets::philly;
 use iadeep_proto::{Placement, TaskReport, TaskSpec};
-use iadeep_sim::experiment::{Experiment, ExperimentParams};
-use iadeep_sim::metrics::RunMetrics;
-use iadeep_sim::store_sink;
+use iadeep_sim::{Experiment, ExperimentParams, RunMetrics, store_sink};
 use iadeep_state::testing::EtcdServer;
 use iadeep_state::{EmbeddedStore, EtcdStore, StateStore, keys, typed};
 
@@ -42,7 +40,7 @@ async fn check_recorded(store: &dyn StateStore, experiment: &Experiment, run: &R
     let (specs, _) = typed::list::<TaskSpec>(store, "/iadeep/v1/tasks/", |k| k.ends_with("/spec"))
         .await
         .expect("specs");
-    assert_eq!(specs.len(), experiment.workload.len());
+    assert_eq!(specs.len(), experiment.job_count());
     for outcome in &run.tasks {
         let id = store_sink::task_id(outcome.id);
         let (placement, _) = typed::get::<Placement>(store, &keys::task_placement(&id))
@@ -71,7 +69,7 @@ async fn iadeep_run_is_recorded_in_etcd_and_the_embedded_store() {
     let experiment = small_experiment();
     let exclusive = run(&experiment, "exclusive").summary();
     let iadeep = run(&experiment, "iadeep");
-    assert_eq!(iadeep.tasks.len(), experiment.workload.len());
+    assert_eq!(iadeep.tasks.len(), experiment.job_count());
     assert_eq!(iadeep.ooms, 0);
     assert!(iadeep.summary().avg_ct_s.is_finite() && exclusive.avg_ct_s > 0.0);
 

@@ -1,12 +1,12 @@
 //! `iadeep sim --audit`: iadeep's placement decisions next to the simulated truth,
-//! written as JSON lines and summarised on stderr (see `iadeep_sim::audit`).
+//! written as JSON lines and summarised on stderr (see `iadeep_sim::AuditRecord`).
 
 use std::io::Write;
 use std::path::Path;
 
 use anyhow::Context;
 use iadeep_placer::PlacerParams;
-use iadeep_sim::audit::{AuditRecord, AuditSummary, ErrorStats};
+use iadeep_sim::{AuditRecord, AuditSummary, ErrorStats};
 
 /// Writes `audit-<policy>.jsonl` under `out` and prints the summary on stderr.
 pub fn write(out: &Path, policy: &str, records: &[AuditRecord]) -> anyhow::Result<()> {

@@ -168,7 +168,7 @@ pub trait Policy {
     /// smaller): it waits to be placed again, as a job restarted from its checkpoint.
     fn on_left(&mut self, _device: usize, _task: usize) {}
 
-    /// Starts recording placement decisions for the audit ([`crate::audit`]); policies
+    /// Starts recording placement decisions for the audit ([`crate::AuditRecord`]); policies
     /// without a placement model to audit ignore it.
     fn enable_audit(&mut self) {}
 
@@ -184,7 +184,8 @@ pub trait Policy {
     }
 }
 
-/// The policy names, in table order: the ones [`build`] knows, and `oracle`.
+/// The policy names, in table order: the ones `policy::build` knows, and `oracle` (which
+/// [`Experiment::policy`](crate::Experiment::policy) builds from the world).
 pub const POLICY_NAMES: &[&str] = &[
     "exclusive",
     "packing",

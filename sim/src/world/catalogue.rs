@@ -213,11 +213,6 @@ impl Catalogue {
         self.types.len()
     }
 
-    /// True when there are no job types (never, once built).
-    pub fn is_empty(&self) -> bool {
-        self.types.is_empty()
-    }
-
     /// The type of `family` at `batch_size`, if that size was measured.
     pub fn type_of(&self, family: usize, batch_size: u32) -> Option<TypeId> {
         let family = self.families.get(family)?;

@@ -175,8 +175,6 @@ pub struct MemoryFit {
     per_type_parts: Vec<(f64, f64)>,
     /// Peak MiB of each job type without fragmentation, by [`TypeId`].
     per_type_mib: Vec<u64>,
-    /// `(lo, hi)` of each family, MiB.
-    pub family_range_mib: Vec<(u64, u64)>,
     agreeing: usize,
     judged: usize,
 }
@@ -235,10 +233,6 @@ impl MemoryFit {
             capacity_mib,
             per_type_parts,
             per_type_mib,
-            family_range_mib: params
-                .iter()
-                .map(|(lo, hi)| (fitter.grid[*lo] as u64, fitter.grid[*hi] as u64))
-                .collect(),
             agreeing: fitter.agreement(&params, None),
             judged: fitter.pairs.len(),
         })
@@ -284,11 +278,7 @@ mod tests {
                 Catalogue::from_gavel(worker, gavel.worker(worker).expect("worker")).expect("cat");
             let capacity = default_capacity_mib(worker).expect("known");
             let fit = MemoryFit::fit(&catalogue, capacity).expect("fit");
-            eprintln!(
-                "{worker}: agreement {:.3} ranges {:?}",
-                fit.agreement(),
-                fit.family_range_mib
-            );
+            eprintln!("{worker}: agreement {:.3}", fit.agreement());
             assert!(fit.agreement() > 0.9, "{worker}: {}", fit.agreement());
             for t in 0..catalogue.len() {
                 assert!(fit.fits([fit.mib(t)].into_iter()));
