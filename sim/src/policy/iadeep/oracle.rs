@@ -20,7 +20,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use iadeep_objective::PdInput;
-use iadeep_placer::model::{MemoryEstimator, SlowdownEstimate, SlowdownModel};
+use iadeep_placer::MemoryEstimator;
+use iadeep_predictor::{Prediction, PredictionSource, SlowdownModel};
 use iadeep_proto::{CoLocationSample, TaskProfile, TaskReport, TaskSpec as ProtoSpec};
 
 use crate::view::{ResidentJob, SoloProfile};
@@ -255,16 +256,18 @@ impl SlowdownModel for TrueSlowdown {
         _device_kind: &str,
         task: &TaskProfile,
         corunners: &[TaskProfile],
-    ) -> SlowdownEstimate {
+    ) -> Prediction {
         let job = self.0.job(&task.model, task.batch_size);
         let others: Option<Vec<TypeId>> = corunners
             .iter()
             .map(|c| self.0.job(&c.model, c.batch_size))
             .collect();
         match (job, others) {
-            (Some(job), Some(others)) => SlowdownEstimate::certain(self.0.slowdown(job, &others)),
+            (Some(job), Some(others)) => {
+                Prediction::certain(self.0.slowdown(job, &others), PredictionSource::Given)
+            }
             // Not a world job type (cannot happen for the simulator's tasks): the worst.
-            _ => SlowdownEstimate::certain(f64::MAX),
+            _ => Prediction::certain(f64::MAX, PredictionSource::Given),
         }
     }
 

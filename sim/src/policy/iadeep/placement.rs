@@ -11,11 +11,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use iadeep_placer::model::MemoryEstimator;
-use iadeep_placer::policy::Assessment;
-use iadeep_placer::view::profile_of;
+use iadeep_placer::Assessment;
+use iadeep_placer::MemoryEstimator;
+use iadeep_placer::profile_of;
 use iadeep_placer::{Clock, PlacementService, Placer, PlacerParams, Verdict};
-use iadeep_predictor::{Prediction, PredictionSource, SlowdownModel};
+use iadeep_predictor::{Prediction, SlowdownModel};
 use iadeep_proto::{
     BatchSizeAssignment, CoLocationSample, DeviceInfo, ProfilePoint, SoloProfile, TaskProfile,
     TaskReport, TaskSpec as ProtoSpec, place_response,
@@ -69,7 +69,7 @@ impl SlowdownModel for SharedPredictor {
         task: &TaskProfile,
         corunners: &[TaskProfile],
     ) -> Prediction {
-        self.lock().predict(device_kind, task, corunners).into()
+        self.lock().predict(device_kind, task, corunners)
     }
 
     /// The policy feeds samples itself ([`SharedPredictor::learn`]); the placer never
@@ -218,13 +218,8 @@ impl SimPlacement {
             let now_ms = now_ms.clone();
             Clock::from_fn(move || now_ms.load(Ordering::Relaxed))
         };
-        let service = PlacementService::new(
-            store.clone(),
-            view.clone(),
-            Arc::new(placer),
-            Arc::new(iadeep_placer::metrics::PlacerMetrics::default()),
-        )
-        .with_clock(clock);
+        let service =
+            PlacementService::new(store.clone(), view.clone(), Arc::new(placer)).with_clock(clock);
         Ok(SimPlacement {
             service,
             view,
@@ -614,7 +609,7 @@ mod tests {
                 SimPredictor::new(crate::policy::iadeep::REFIT_EVERY).expect("predictor");
             let mut placement = SimPlacement::new(
                 Arc::new(SharedPredictor::new(predictor)),
-                Arc::new(iadeep_placer::model::ModelledMemory),
+                Arc::new(iadeep_placer::ModelledMemory),
             )
             .expect("service");
             let runtime = tokio::runtime::Builder::new_current_thread()
