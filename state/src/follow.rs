@@ -228,14 +228,26 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_snapshot_then_each_change_in_order() {
         let store = memory();
-        store.put("p/a", b"1".to_vec(), None).await.unwrap();
-        store.put("q/elsewhere", b"x".to_vec(), None).await.unwrap();
+        store
+            .put("p/a", b"1".to_vec(), None)
+            .await
+            .expect("store call");
+        store
+            .put("q/elsewhere", b"x".to_vec(), None)
+            .await
+            .expect("store call");
         let mut follow = Follow::new(store.clone(), "p/", PAUSE);
         let first = snapshot(&mut follow).await;
         assert_eq!(keys_of(&first), ["p/a"]);
-        let put = store.put("p/b", b"2".to_vec(), None).await.unwrap();
-        store.delete("p/a").await.unwrap();
-        store.put("q/other", b"y".to_vec(), None).await.unwrap();
+        let put = store
+            .put("p/b", b"2".to_vec(), None)
+            .await
+            .expect("store call");
+        store.delete("p/a").await.expect("store call");
+        store
+            .put("q/other", b"y".to_vec(), None)
+            .await
+            .expect("store call");
         let event = change(&mut follow).await;
         assert_eq!((event.key(), event.revision()), ("p/b", put));
         assert!(
@@ -247,11 +259,17 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_change_between_the_read_and_the_watch_comes_once() {
         let store = memory();
-        store.put("p/a", b"1".to_vec(), None).await.unwrap();
+        store
+            .put("p/a", b"1".to_vec(), None)
+            .await
+            .expect("store call");
         let mut follow = Follow::new(store.clone(), "p/", PAUSE);
         let first = snapshot(&mut follow).await;
         // The watch opens on the next call: this write falls between the two.
-        let between = store.put("p/a", b"2".to_vec(), None).await.unwrap();
+        let between = store
+            .put("p/a", b"2".to_vec(), None)
+            .await
+            .expect("store call");
         assert_eq!(between, first.revision + 1);
         let event = change(&mut follow).await;
         assert_eq!(event.revision(), between);
@@ -259,9 +277,12 @@ mod tests {
         nothing_more(&mut follow).await;
 
         // The same for a caller that read the prefix itself.
-        let read = store.range("p/").await.unwrap();
+        let read = store.range("p/").await.expect("store call");
         let mut follow = Follow::after(store.clone(), "p/", read.revision, PAUSE);
-        let between = store.put("p/b", b"3".to_vec(), None).await.unwrap();
+        let between = store
+            .put("p/b", b"3".to_vec(), None)
+            .await
+            .expect("store call");
         assert_eq!(change(&mut follow).await.revision(), between);
         nothing_more(&mut follow).await;
     }
@@ -271,13 +292,19 @@ mod tests {
         let store = memory();
         let mut follow = Follow::new(store.clone(), "p/", PAUSE);
         assert!(snapshot(&mut follow).await.kvs.is_empty());
-        store.put("p/a", b"1".to_vec(), None).await.unwrap();
+        store
+            .put("p/a", b"1".to_vec(), None)
+            .await
+            .expect("store call");
         assert_eq!(change(&mut follow).await.key(), "p/a");
 
         store.close_watches();
         // Written while no watch is open: the fresh snapshot has them.
-        store.put("p/b", b"2".to_vec(), None).await.unwrap();
-        store.delete("p/a").await.unwrap();
+        store
+            .put("p/b", b"2".to_vec(), None)
+            .await
+            .expect("store call");
+        store.delete("p/a").await.expect("store call");
         let lost = Instant::now();
         let fresh = snapshot(&mut follow).await;
         let waited = lost.elapsed();
@@ -286,27 +313,39 @@ mod tests {
             "waited {waited:?}"
         );
         assert_eq!(keys_of(&fresh), ["p/b"]);
-        assert_eq!(fresh.revision, store.range("p/").await.unwrap().revision);
+        assert_eq!(
+            fresh.revision,
+            store.range("p/").await.expect("store call").revision
+        );
         // And the new watch goes on from it.
-        store.put("p/c", b"3".to_vec(), None).await.unwrap();
+        store
+            .put("p/c", b"3".to_vec(), None)
+            .await
+            .expect("store call");
         assert_eq!(change(&mut follow).await.key(), "p/c");
         nothing_more(&mut follow).await;
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_compacted_history_is_read_again() {
-        let store = Arc::new(EmbeddedStore::in_memory_with_history(2).unwrap());
+        let store = Arc::new(EmbeddedStore::in_memory_with_history(2).expect("in-memory store"));
         let mut follow = Follow::new(store.clone(), "p/", PAUSE);
         assert!(snapshot(&mut follow).await.kvs.is_empty());
         for key in ["p/a", "p/b", "p/c", "p/d"] {
-            store.put(key, b"1".to_vec(), None).await.unwrap();
+            store
+                .put(key, b"1".to_vec(), None)
+                .await
+                .expect("store call");
         }
         // The watch cannot start where the snapshot ended: read everything again.
         let lost = Instant::now();
         let fresh = snapshot(&mut follow).await;
         assert!(lost.elapsed() >= PAUSE);
         assert_eq!(keys_of(&fresh), ["p/a", "p/b", "p/c", "p/d"]);
-        store.put("p/e", b"1".to_vec(), None).await.unwrap();
+        store
+            .put("p/e", b"1".to_vec(), None)
+            .await
+            .expect("store call");
         assert_eq!(change(&mut follow).await.key(), "p/e");
     }
 
