@@ -76,7 +76,9 @@ enum Phase {
 }
 
 /// Follows a prefix: yields, in order, a snapshot of everything under it and then each
-/// change, forever; see the [module](self) documentation.
+/// change, forever. When the watch fails or the store closes it, it logs the prefix and
+/// the error, waits its [`Backoff`] (in tokio time, so a test under
+/// `tokio::time::pause()` waits none) and yields a fresh snapshot.
 ///
 /// [`Follow::next`] is cancel-safe: a call dropped before it returns (a `select!` that
 /// took another branch) loses no item and restarts no pause.
