@@ -321,111 +321,156 @@ pub struct AuditSummary {
     pub shared_regretted: usize,
 }
 
+/// What [`AuditSummary::of`] collects from the records before it averages.
+#[derive(Default)]
+struct Tally<'a> {
+    summary: AuditSummary,
+    fitted: Vec<(&'a Slowdowns, &'a Slowdowns)>,
+    cold: Vec<(&'a Slowdowns, &'a Slowdowns)>,
+    heuristic: Vec<(&'a Slowdowns, &'a Slowdowns)>,
+    shared_gain: Vec<f64>,
+    pd_pred: Vec<f64>,
+    pd_true: Vec<f64>,
+    w_pred: Vec<f64>,
+    w_real: Vec<f64>,
+    c_true: Vec<f64>,
+    c_pred: Vec<f64>,
+    w_done: Vec<f64>,
+    w_drained: Vec<f64>,
+}
+
+/// The true cost of joining `c`: its true Σ PD increase above 1, per second.
+fn true_cost(c: &AuditCandidate) -> Option<f64> {
+    c.truth.as_ref().map(|t| (t.pd_increase() - 1.0).max(0.0))
+}
+
+impl<'a> Tally<'a> {
+    /// The model's and the heuristic's errors on every candidate with a known truth.
+    fn model_errors(&mut self, r: &'a AuditRecord) {
+        for c in &r.candidates {
+            if let Some(t) = &c.truth {
+                if r.model_samples > 0 {
+                    self.fitted.push((&c.predicted, t));
+                    self.heuristic.push((&c.heuristic, t));
+                } else {
+                    self.cold.push((&c.predicted, t));
+                }
+            }
+        }
+    }
+
+    /// A placement on a shared device: its true gain and Σ PD increase against the
+    /// predicted, and whether waiting would truly have cost less.
+    fn shared(&mut self, r: &AuditRecord, min_gain: f64) {
+        self.summary.placed_shared += 1;
+        let best = r.candidates.first();
+        if let Some(c) = best
+            && let Some(t) = &c.truth
+        {
+            self.pd_pred.push(c.predicted.pd_increase());
+            self.pd_true.push(t.pd_increase());
+            let gain = t.throughput_gain();
+            self.shared_gain.push(gain);
+            if gain < min_gain {
+                self.summary.shared_bad_gain += 1;
+            }
+        }
+        if let (Some(w), Some(cost)) = (r.wait_s, best.and_then(true_cost))
+            && cost * r.duration_s > w
+        {
+            self.summary.shared_regretted += 1;
+        }
+    }
+
+    /// A queue decision: the wait it predicted against the real one, and whether placing
+    /// on the best candidate would truly have cost less than the wait.
+    fn queued(&mut self, r: &AuditRecord) {
+        self.summary.queued += 1;
+        if r.idle_available {
+            self.summary.queued_with_idle += 1;
+        }
+        let (Some(best), Some(started)) = (r.candidates.first(), r.started_s) else {
+            return;
+        };
+        let waited = started - r.at_s;
+        let Some(cost) = true_cost(best) else {
+            return;
+        };
+        let cost = cost * r.duration_s;
+        if cost < waited {
+            self.summary.queue_regretted += 1;
+        }
+        self.c_true.push(cost);
+        self.c_pred
+            .push((best.predicted.pd_increase() - 1.0).max(0.0) * r.duration_s);
+        self.w_real.push(waited);
+        self.w_pred.push(r.wait_s.unwrap_or(f64::NAN));
+        if let (Some(done), Some(drained)) = (r.residents_done_s, r.drained_s) {
+            self.w_done.push(done);
+            self.w_drained.push(drained);
+        }
+    }
+
+    /// A decision among two or more shared candidates, all with a known truth and no
+    /// idle device: whether the first ranked is truly the best.
+    fn ranking(&mut self, r: &AuditRecord) {
+        if r.candidates.len() < 2
+            || !r.candidates.iter().all(|c| c.truth.is_some())
+            || r.idle_available
+        {
+            return;
+        }
+        self.summary.ranked += 1;
+        let truth = |c: &AuditCandidate| {
+            c.truth
+                .as_ref()
+                .map_or(f64::INFINITY, Slowdowns::pd_increase)
+        };
+        let lowest = r.candidates.iter().map(truth).fold(f64::INFINITY, f64::min);
+        if truth(&r.candidates[0]) <= lowest + 1e-9 {
+            self.summary.ranked_best += 1;
+        }
+    }
+
+    fn finish(self) -> AuditSummary {
+        let mut s = self.summary;
+        s.model_fitted = errors(&self.fitted);
+        s.model_cold = errors(&self.cold);
+        s.heuristic_on_fitted = errors(&self.heuristic);
+        s.shared_true_gain = mean_or_nan(&self.shared_gain);
+        s.shared_pd_increase_pred = mean_or_nan(&self.pd_pred);
+        s.shared_pd_increase_true = mean_or_nan(&self.pd_true);
+        s.queue_wait_pred_s = mean_or_nan(&self.w_pred);
+        s.queue_wait_real_s = mean_or_nan(&self.w_real);
+        s.queue_place_cost_true_s = mean_or_nan(&self.c_true);
+        s.queue_place_cost_pred_s = mean_or_nan(&self.c_pred);
+        s.queue_residents_done_s = mean_or_nan(&self.w_done);
+        s.queue_drained_s = mean_or_nan(&self.w_drained);
+        s
+    }
+}
+
 impl AuditSummary {
     /// Condenses records with the truth filled in; `min_gain` is the placer's
     /// throughput-gain guard.
     pub fn of(records: &[AuditRecord], min_gain: f64) -> AuditSummary {
-        let mut s = AuditSummary {
-            decisions: records.len(),
-            ..AuditSummary::default()
+        let mut tally = Tally {
+            summary: AuditSummary {
+                decisions: records.len(),
+                ..AuditSummary::default()
+            },
+            ..Tally::default()
         };
-        let mut fitted = Vec::new();
-        let mut cold = Vec::new();
-        let mut heuristic = Vec::new();
-        let mut shared_gain = Vec::new();
-        let (mut pd_pred, mut pd_true) = (Vec::new(), Vec::new());
-        let (mut w_pred, mut w_real, mut c_true, mut c_pred) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (mut w_done, mut w_drained) = (Vec::new(), Vec::new());
         for r in records {
-            for c in &r.candidates {
-                if let Some(t) = &c.truth {
-                    if r.model_samples > 0 {
-                        fitted.push((&c.predicted, t));
-                        heuristic.push((&c.heuristic, t));
-                    } else {
-                        cold.push((&c.predicted, t));
-                    }
-                }
-            }
-            let best = r.candidates.first();
-            let true_cost =
-                |c: &AuditCandidate| c.truth.as_ref().map(|t| (t.pd_increase() - 1.0).max(0.0));
+            tally.model_errors(r);
             match (r.verdict, r.placed_idle) {
-                ("place", true) => s.placed_idle += 1,
-                ("place", false) => {
-                    s.placed_shared += 1;
-                    if let Some(c) = best
-                        && let Some(t) = &c.truth
-                    {
-                        pd_pred.push(c.predicted.pd_increase());
-                        pd_true.push(t.pd_increase());
-                        let gain = t.throughput_gain();
-                        shared_gain.push(gain);
-                        if gain < min_gain {
-                            s.shared_bad_gain += 1;
-                        }
-                    }
-                    if let (Some(w), Some(cost)) = (r.wait_s, best.and_then(true_cost))
-                        && cost * r.duration_s > w
-                    {
-                        s.shared_regretted += 1;
-                    }
-                }
-                _ => {
-                    s.queued += 1;
-                    if r.idle_available {
-                        s.queued_with_idle += 1;
-                    }
-                    if let (Some(best), Some(started)) = (best, r.started_s) {
-                        let waited = started - r.at_s;
-                        if let Some(cost) = true_cost(best) {
-                            let cost = cost * r.duration_s;
-                            if cost < waited {
-                                s.queue_regretted += 1;
-                            }
-                            c_true.push(cost);
-                            c_pred
-                                .push((best.predicted.pd_increase() - 1.0).max(0.0) * r.duration_s);
-                            w_real.push(waited);
-                            w_pred.push(r.wait_s.unwrap_or(f64::NAN));
-                            if let (Some(done), Some(drained)) = (r.residents_done_s, r.drained_s) {
-                                w_done.push(done);
-                                w_drained.push(drained);
-                            }
-                        }
-                    }
-                }
+                ("place", true) => tally.summary.placed_idle += 1,
+                ("place", false) => tally.shared(r, min_gain),
+                _ => tally.queued(r),
             }
-            if r.candidates.len() >= 2
-                && r.candidates.iter().all(|c| c.truth.is_some())
-                && !r.idle_available
-            {
-                s.ranked += 1;
-                let truth = |c: &AuditCandidate| {
-                    c.truth
-                        .as_ref()
-                        .map_or(f64::INFINITY, Slowdowns::pd_increase)
-                };
-                let lowest = r.candidates.iter().map(truth).fold(f64::INFINITY, f64::min);
-                if truth(&r.candidates[0]) <= lowest + 1e-9 {
-                    s.ranked_best += 1;
-                }
-            }
+            tally.ranking(r);
         }
-        s.model_fitted = errors(&fitted);
-        s.model_cold = errors(&cold);
-        s.heuristic_on_fitted = errors(&heuristic);
-        s.shared_true_gain = mean_or_nan(&shared_gain);
-        s.shared_pd_increase_pred = mean_or_nan(&pd_pred);
-        s.shared_pd_increase_true = mean_or_nan(&pd_true);
-        s.queue_wait_pred_s = mean_or_nan(&w_pred);
-        s.queue_wait_real_s = mean_or_nan(&w_real);
-        s.queue_place_cost_true_s = mean_or_nan(&c_true);
-        s.queue_place_cost_pred_s = mean_or_nan(&c_pred);
-        s.queue_residents_done_s = mean_or_nan(&w_done);
-        s.queue_drained_s = mean_or_nan(&w_drained);
-        s
+        tally.finish()
     }
 }
 
