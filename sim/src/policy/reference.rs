@@ -23,10 +23,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use smartcore::ensemble::random_forest_regressor::{
-    RandomForestRegressor, RandomForestRegressorParameters,
-};
-use smartcore::linalg::basic::matrix::DenseMatrix;
+use iadeep_predictor::{Forest, ForestParams};
 
 use crate::policy::batch_search::{
     BatchSearch, UNKNOWN_SOLO_STEP_S, pd_alone_or_shared, tune_device,
@@ -42,7 +39,21 @@ const REFIT_EVERY: usize = 20;
 /// Samples kept for fitting.
 const WINDOW: usize = 500;
 
-type Forest = RandomForestRegressor<f64, f64, DenseMatrix<f64>, Vec<f64>>;
+/// The published forest: 10 trees of depth at most 8, each split searching ⌊√p⌋ of the
+/// p columns, as the off-the-shelf random forest it used; fitted with the workspace's one
+/// forest (`iadeep_predictor::Forest`), on one thread (the simulator runs policies side
+/// by side).
+fn forest_params(seed: u64) -> ForestParams {
+    let columns = (2 * NAME_SLOTS) as f64;
+    ForestParams {
+        n_trees: 10,
+        max_depth: 8,
+        max_features: columns.sqrt().floor() / columns,
+        seed,
+        fit_threads: 1,
+        ..ForestParams::default()
+    }
+}
 
 /// The reference approach.
 pub struct Reference {
@@ -139,11 +150,7 @@ impl Reference {
             self.new_samples = 0;
             let rows: Vec<Vec<f64>> = self.samples.iter().map(|(x, _)| x.clone()).collect();
             let y: Vec<f64> = self.samples.iter().map(|(_, y)| *y).collect();
-            let params = RandomForestRegressorParameters::default()
-                .with_n_trees(10)
-                .with_max_depth(8)
-                .with_seed(self.seed);
-            match DenseMatrix::from_2d_vec(&rows).and_then(|x| Forest::fit(&x, &y, params)) {
+            match Forest::fit(&rows, &y, &forest_params(self.seed)) {
                 Ok(forest) => self.forest = Some(forest),
                 Err(err) => {
                     tracing::warn!(%err, "reference forest refit failed; keeping the old one")
@@ -156,11 +163,9 @@ impl Reference {
         let others: Vec<&str> = residents.iter().map(|r| r.spec.model.as_str()).collect();
         let x = self.features(name, &others);
         match &self.forest {
-            Some(forest) => DenseMatrix::from_2d_vec(&vec![x])
-                .and_then(|m| forest.predict(&m))
-                .ok()
-                .and_then(|y| y.first().copied())
-                .unwrap_or(1.0 + residents.len() as f64),
+            Some(forest) => forest
+                .predict(&x)
+                .map_or(1.0 + residents.len() as f64, |(mean, _spread)| mean),
             // Untrained: assume each co-runner costs a full share.
             None => 1.0 + residents.len() as f64,
         }
