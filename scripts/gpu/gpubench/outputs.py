@@ -1,7 +1,7 @@
 """Output folders, metadata, and the file formats iadeep's commands read.
 
 - memory CSV, ``model,batch_size,memory_mib`` (``iadeep memory eval``;
-  tuner/src/memory_eval.rs: that header exactly, no comments, no quoted fields);
+  eval/src/tuner/memory_eval.rs: that header exactly, no comments);
 - Gavel throughput JSON (``iadeep sim --gavel FILE --worker-type T``;
   datasets/src/gavel.rs): ``{T: {"('JOB', 1)": {"null": solo steps/s,
   "('OTHER', 1)": [steps/s of JOB, steps/s of OTHER]}}}``, JOB = ``model (batch size b)``,
