@@ -81,7 +81,7 @@ pub struct SimArgs {
     /// predicted slowdowns of the scored devices, the cold-start heuristic's for the
     /// same co-locations, the samples the predictor had, queue or place) next to the
     /// simulated world's true slowdowns and the real waits; writes
-    /// audit-<policy>.jsonl to --out and prints a summary per policy on stderr.
+    /// audit-POLICY.jsonl to --out and prints a summary per policy on stderr.
     #[arg(long)]
     audit: bool,
 }

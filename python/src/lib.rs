@@ -9,9 +9,9 @@
 //! (`Agent(...)`, `Agent.from_env`, `finish`, leaving a `with` block) releases it,
 //! so other Python threads (data loading) run meanwhile.
 //!
-//! - [`agent`]: the `Agent` class;
-//! - [`change`]: `BatchSizeChange`, what `poll_change` and `report_oom` return;
-//! - [`logging`]: the agent's log lines on stderr.
+//! - `agent`: the `Agent` class;
+//! - `change`: `BatchSizeChange`, what `poll_change` and `report_oom` return;
+//! - `logging`: the agent's log lines on stderr.
 
 mod agent;
 mod change;

@@ -39,9 +39,9 @@ pub const LATE_START: usize = 135;
 pub enum Approach {
     /// Our predictor ([`ProfileTrainer`]).
     Ours,
-    /// The job-name one-hot forest ([`super::reference`]).
+    /// The job-name one-hot forest (`reference.rs`).
     Reference,
-    /// A plain forest on our profile features ([`super::plain_forest`]).
+    /// A plain forest on our profile features (`plain_forest.rs`).
     PlainForest,
 }
 

@@ -1,7 +1,7 @@
 //! The conformance suite every [`StateStore`] backend must pass.
 //!
 //! Each case takes a fresh, empty store and panics (as a test assertion) when
-//! the backend deviates from the semantics of [`crate::store`]. Instantiate the
+//! the backend deviates from the semantics of [`crate::StateStore`]. Instantiate the
 //! whole suite for a backend with [`conformance_tests!`](crate::conformance_tests):
 //!
 //! ```ignore
@@ -22,7 +22,7 @@ use crate::typed;
 /// How long a case waits for an event that must come.
 const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Waits for the next event of `watch`, failing the test after [`EVENT_TIMEOUT`].
+/// Waits for the next event of `watch`, failing the test after `EVENT_TIMEOUT`.
 pub async fn next_event(watch: &mut WatchStream) -> WatchEvent {
     match tokio::time::timeout(EVENT_TIMEOUT, watch.next()).await {
         Ok(Some(Ok(event))) => event,
