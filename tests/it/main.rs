@@ -16,4 +16,3 @@ mod state_etcd;
 mod state_etcd_security;
 mod tls;
 mod tuner_daemon;
-

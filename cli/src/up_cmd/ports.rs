@@ -209,7 +209,9 @@ mod tests {
     /// socket among them, which would then look held by another process or still bound.
     fn sockets_alone() -> MutexGuard<'static, ()> {
         static SOCKETS: Mutex<()> = Mutex::new(());
-        SOCKETS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        SOCKETS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     #[test]

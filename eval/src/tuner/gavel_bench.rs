@@ -19,10 +19,10 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use iadeep_objective::stats::{mean, quantile};
 use iadeep_objective::PdInput;
-use iadeep_tuner::{Result, TunerError};
+use iadeep_objective::stats::{mean, quantile};
 use iadeep_tuner::{Evaluator, GpLcb, LcbParams, SearchSpace, at_or_above_an_oom};
+use iadeep_tuner::{Result, TunerError};
 
 /// One two-task problem: the true Σ PD over the lattice of measured batch sizes.
 #[derive(Clone, Debug, PartialEq)]

@@ -54,7 +54,7 @@ use iadeep_proto::{
 use crate::error::{Result, TunerError};
 use crate::memory::MemoryModelParams;
 use crate::search::{
-    Controller, ControllerParams, NextRun, GpLcb, LcbParams, MemoryConstraint, SearchSpace,
+    Controller, ControllerParams, GpLcb, LcbParams, MemoryConstraint, NextRun, SearchSpace,
 };
 pub use knowledge::{TaskKnowledge, candidate_sizes};
 use measure::{Measurement, Outcome, Purpose};
