@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -82,7 +82,9 @@ impl Shared {
 #[derive(Debug)]
 pub struct OnlinePredictor {
     shared: Arc<Shared>,
-    wake: Option<SyncSender<()>>,
+    /// The refit thread's wake-up channel. Held here alone (models pinned from this
+    /// predictor hold a `Weak`), so dropping the predictor closes it and ends the thread.
+    wake: Option<Arc<SyncSender<()>>>,
     worker: Option<JoinHandle<()>>,
 }
 
@@ -111,7 +113,7 @@ impl OnlinePredictor {
             .map_err(PredictorError::Thread)?;
         Ok(OnlinePredictor {
             shared,
-            wake: Some(wake),
+            wake: Some(Arc::new(wake)),
             worker: Some(worker),
         })
     }
@@ -201,7 +203,7 @@ impl OnlinePredictor {
     /// Learns from one measured co-location. Cheap: the refit, when due, runs in
     /// the background. An invalid sample is dropped with a warning.
     pub fn observe(&self, sample: CoLocationSample) {
-        observe_into(&self.shared, self.wake.as_ref(), sample);
+        observe_into(&self.shared, self.wake.as_deref(), sample);
     }
 
     /// Fits on the current window now, on the caller's thread, and swaps the model in.
@@ -292,7 +294,7 @@ impl SlowdownModel for OnlinePredictor {
         let (generation, model) = self.snapshot();
         Some(Arc::new(PinnedModel {
             shared: Arc::clone(&self.shared),
-            wake: self.wake.clone(),
+            wake: self.wake.as_ref().map_or_else(Weak::new, Arc::downgrade),
             model,
             generation,
         }))
@@ -324,7 +326,8 @@ impl SlowdownModel for OnlinePredictor {
 struct PinnedModel {
     /// Where samples still go: pinning a model does not stop learning.
     shared: Arc<Shared>,
-    wake: Option<SyncSender<()>>,
+    /// Wakes the refit thread while the predictor lives; never keeps it alive.
+    wake: Weak<SyncSender<()>>,
     model: Arc<FittedModel>,
     /// The generation read just before `model` (which is that one or newer).
     generation: u64,
@@ -341,7 +344,8 @@ impl SlowdownModel for PinnedModel {
     }
 
     fn observe(&self, sample: &CoLocationSample) {
-        observe_into(&self.shared, self.wake.as_ref(), sample.clone());
+        let wake = self.wake.upgrade();
+        observe_into(&self.shared, wake.as_deref(), sample.clone());
     }
 
     fn version(&self) -> Option<u64> {
@@ -384,6 +388,19 @@ impl Drop for OnlinePredictor {
 mod tests {
     use super::*;
     use crate::PredictionSource;
+
+    /// A model pinned from the predictor does not keep its refit thread alive: dropping
+    /// the predictor returns (it joins the thread) while the pinned model lives, and the
+    /// pinned model still answers from its fit.
+    #[test]
+    fn dropping_the_predictor_while_a_pinned_model_lives_returns() {
+        let predictor = OnlinePredictor::new(LearnerParams::default()).expect("predictor");
+        let pinned = SlowdownModel::pinned(&predictor).expect("the predictor pins");
+        drop(predictor);
+        let task = TaskProfile::default();
+        assert_eq!(pinned.predict("v100", &task, &[]).slowdown, 1.0);
+        pinned.observe(&sample(1));
+    }
 
     /// Through the trait (as the placer asks) the predictor answers what it answers
     /// directly; alone a task is not slowed.
