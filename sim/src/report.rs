@@ -308,11 +308,8 @@ fn plot_utilisation(path: &Path, runs: &[RunMetrics]) -> Result<()> {
         let color = PALETTE[index % PALETTE.len()];
         let gpus = run.gpus.max(1) as f64;
         let bins = util_bins(run, UTIL_PLOT_BINS);
-        let mean = if bins.is_empty() {
-            0.0
-        } else {
-            bins.iter().map(|b| b.busy_gpus).sum::<f64>() / bins.len() as f64 / gpus
-        };
+        let mean =
+            iadeep_objective::stats::mean(bins.iter().map(|b| b.busy_gpus)).unwrap_or(0.0) / gpus;
         let mut chart = ChartBuilder::on(panel)
             .caption(
                 format!("{} (mean {:.0} % busy)", run.policy, mean * 100.0),

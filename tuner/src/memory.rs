@@ -160,7 +160,10 @@ fn monotone_affine(samples: &[MemorySample], xs: &[f64], ys: &[f64]) -> Result<(
         } else {
             // Decreasing data (noise around a flat profile): the best monotone affine fit
             // is the constant mean.
-            (ys.iter().sum::<f64>() / ys.len() as f64, 0.0)
+            (
+                iadeep_objective::stats::mean(ys.iter().copied()).unwrap_or(f64::NAN),
+                0.0,
+            )
         }
     })
 }

@@ -476,8 +476,7 @@ impl GpLcb {
         if self.log_space {
             return Some(gp.noise_std());
         }
-        let scale = self.observations.iter().map(|(_, v)| v.abs()).sum::<f64>()
-            / self.observations.len() as f64;
+        let scale = iadeep_objective::stats::mean(self.observations.iter().map(|(_, v)| v.abs()))?;
         (scale > 0.0).then(|| gp.noise_std() / scale)
     }
 

@@ -177,8 +177,7 @@ impl Catalogue {
                 .into_iter()
                 .filter(|v| v.is_finite() && *v > 0.0)
                 .collect();
-            (!values.is_empty())
-                .then(|| (values.iter().map(|v| v.ln()).sum::<f64>() / values.len() as f64).exp())
+            iadeep_objective::stats::mean(values.iter().map(|v| v.ln())).map(f64::exp)
         };
         let everything = geo_mean(measured.clone())
             .ok_or_else(|| SimError::Data(format!("{}: no pair ran together", self.worker_type)))?;
