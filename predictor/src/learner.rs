@@ -617,7 +617,7 @@ pub fn compose_pairwise(pairwise: impl Iterator<Item = Prediction>) -> Predictio
 /// Why it is exposed: the placer predicts each resident of a device next to the
 /// other residents *and* a newcomer, for every newcomer it considers. The pairs
 /// among the residents do not change between newcomers, so it keeps this fold of
-/// them and adds only the newcomer's pair ([`FittedModel::predict_extending`]);
+/// them and adds only the newcomer's pair ([`SlowdownModel::predict_extending`]);
 /// the additions happen in the same order as [`compose_pairwise`] over the whole
 /// list would make them, so the result has the same bits.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -663,21 +663,6 @@ impl PairwiseFold {
 }
 
 impl FittedModel {
-    /// The fold of `task`'s pairwise predictions next to each of `corunners`, in
-    /// order, when this model composes several co-runners from pairs (the fitted
-    /// forest); `None` for the cold-start rule, which does not.
-    pub fn pairwise_prefix(
-        &self,
-        device_kind: &str,
-        task: &TaskProfile,
-        corunners: &[TaskProfile],
-    ) -> Option<PairwiseFold> {
-        match self {
-            FittedModel::ColdStart => None,
-            FittedModel::Forest(_) => Some(self.fold_pairwise(device_kind, task, corunners)),
-        }
-    }
-
     /// `task`'s pairwise predictions next to each of `corunners`, folded in order:
     /// the one path both a whole-list prediction and a prefix take, so extending a
     /// prefix gives the same bits as predicting the whole list.
@@ -692,29 +677,6 @@ impl FittedModel {
             fold.add(self.predict(device_kind, task, std::slice::from_ref(c)));
         }
         fold
-    }
-
-    /// `self.predict(device_kind, task, [corunners…, extra])`, given `prefix` =
-    /// `self.pairwise_prefix(device_kind, task, [corunners…])` with at least one
-    /// co-runner: one pairwise prediction instead of `prefix.count() + 1`, with the
-    /// same bits. `None` when this model does not compose pairwise or `prefix` is
-    /// empty (one co-runner alone is predicted directly, not composed).
-    pub fn predict_extending(
-        &self,
-        device_kind: &str,
-        task: &TaskProfile,
-        prefix: &PairwiseFold,
-        extra: &TaskProfile,
-    ) -> Option<Prediction> {
-        match self {
-            FittedModel::ColdStart => None,
-            FittedModel::Forest(_) if prefix.count() == 0 => None,
-            FittedModel::Forest(_) => {
-                let mut fold = *prefix;
-                fold.add(self.predict(device_kind, task, std::slice::from_ref(extra)));
-                Some(fold.finish())
-            }
-        }
     }
 
     /// Number of samples the model was fitted on (0 for cold start).
@@ -754,15 +716,26 @@ impl SlowdownModel for FittedModel {
         }
     }
 
+    /// The fold of `task`'s pairwise predictions next to each of `corunners`, in
+    /// order, when this model composes several co-runners from pairs (the fitted
+    /// forest); `None` for the cold-start rule, which does not.
     fn pairwise_prefix(
         &self,
         device_kind: &str,
         task: &TaskProfile,
         corunners: &[TaskProfile],
     ) -> Option<PairwiseFold> {
-        FittedModel::pairwise_prefix(self, device_kind, task, corunners)
+        match self {
+            FittedModel::ColdStart => None,
+            FittedModel::Forest(_) => Some(self.fold_pairwise(device_kind, task, corunners)),
+        }
     }
 
+    /// `self.predict(device_kind, task, [corunners…, extra])`, given `prefix` =
+    /// `self.pairwise_prefix(device_kind, task, [corunners…])` with at least one
+    /// co-runner: one pairwise prediction instead of `prefix.count() + 1`, with the
+    /// same bits. `None` when this model does not compose pairwise or `prefix` is
+    /// empty (one co-runner alone is predicted directly, not composed).
     fn predict_extending(
         &self,
         device_kind: &str,
@@ -770,7 +743,15 @@ impl SlowdownModel for FittedModel {
         prefix: &PairwiseFold,
         extra: &TaskProfile,
     ) -> Option<Prediction> {
-        FittedModel::predict_extending(self, device_kind, task, prefix, extra)
+        match self {
+            FittedModel::ColdStart => None,
+            FittedModel::Forest(_) if prefix.count() == 0 => None,
+            FittedModel::Forest(_) => {
+                let mut fold = *prefix;
+                fold.add(self.predict(device_kind, task, std::slice::from_ref(extra)));
+                Some(fold.finish())
+            }
+        }
     }
 }
 

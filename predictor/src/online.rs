@@ -158,28 +158,6 @@ impl OnlinePredictor {
         self.current().predict(device_kind, task, corunners)
     }
 
-    /// [`FittedModel::pairwise_prefix`] of the last fitted model.
-    pub fn pairwise_prefix(
-        &self,
-        device_kind: &str,
-        task: &TaskProfile,
-        corunners: &[TaskProfile],
-    ) -> Option<PairwiseFold> {
-        self.current().pairwise_prefix(device_kind, task, corunners)
-    }
-
-    /// [`FittedModel::predict_extending`] of the last fitted model.
-    pub fn predict_extending(
-        &self,
-        device_kind: &str,
-        task: &TaskProfile,
-        prefix: &PairwiseFold,
-        extra: &TaskProfile,
-    ) -> Option<Prediction> {
-        self.current()
-            .predict_extending(device_kind, task, prefix, extra)
-    }
-
     /// The generation and the last fitted model, to predict from one model for a
     /// while without taking the lock for every prediction (the placer asks ~200
     /// per decision, from several threads at once). The generation is read first,
@@ -306,7 +284,7 @@ impl SlowdownModel for OnlinePredictor {
         task: &TaskProfile,
         corunners: &[TaskProfile],
     ) -> Option<PairwiseFold> {
-        OnlinePredictor::pairwise_prefix(self, device_kind, task, corunners)
+        self.current().pairwise_prefix(device_kind, task, corunners)
     }
 
     fn predict_extending(
@@ -316,7 +294,8 @@ impl SlowdownModel for OnlinePredictor {
         prefix: &PairwiseFold,
         extra: &TaskProfile,
     ) -> Option<Prediction> {
-        OnlinePredictor::predict_extending(self, device_kind, task, prefix, extra)
+        self.current()
+            .predict_extending(device_kind, task, prefix, extra)
     }
 }
 
@@ -358,7 +337,7 @@ impl SlowdownModel for PinnedModel {
         task: &TaskProfile,
         corunners: &[TaskProfile],
     ) -> Option<PairwiseFold> {
-        FittedModel::pairwise_prefix(&self.model, device_kind, task, corunners)
+        self.model.pairwise_prefix(device_kind, task, corunners)
     }
 
     fn predict_extending(
@@ -368,7 +347,8 @@ impl SlowdownModel for PinnedModel {
         prefix: &PairwiseFold,
         extra: &TaskProfile,
     ) -> Option<Prediction> {
-        FittedModel::predict_extending(&self.model, device_kind, task, prefix, extra)
+        self.model
+            .predict_extending(device_kind, task, prefix, extra)
     }
 }
 
