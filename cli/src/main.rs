@@ -17,6 +17,7 @@ mod run_cmd;
 mod signals;
 mod sim_cmd;
 mod state_cmd;
+mod status_cmd;
 mod tls_args;
 mod tuner_cmd;
 mod up_cmd;
@@ -136,6 +137,8 @@ enum Command {
     Run(Box<run_cmd::RunArgs>),
     /// Read, write and watch the cluster state directly (for operators).
     State(state_cmd::StateArgs),
+    /// Every GPU and job at a glance: memory, batch sizes, PD, the tuner (`--watch`, `--json`).
+    Status(status_cmd::StatusArgs),
     /// Run the placement service (gRPC, Kubernetes scheduler extender, metrics),
     /// or benchmark it with `iadeep placer bench-client`.
     Placer(Box<placer_cmd::PlacerArgs>),
@@ -214,6 +217,7 @@ fn main() -> ExitCode {
             Command::Up(args) => up_cmd::run(*args).await,
             Command::Run(args) => run_cmd::run(*args).await,
             Command::State(args) => state_cmd::run(args).await,
+            Command::Status(args) => status_cmd::run(args).await,
             Command::Placer(args) => placer_cmd::run(*args).await,
             Command::Sim(args) => sim_cmd::run_sim(args),
             Command::Demo(args) => sim_cmd::run_demo(args).await,

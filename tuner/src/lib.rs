@@ -28,9 +28,11 @@ pub mod gp;
 mod memory;
 mod search;
 
+// `TaskKnowledge` is public so readers of a persisted `TunerState` (`iadeep status`) compute
+// a job's PD against the same solo step time the tuner divides by.
 pub use device_tuner::{
     Action, Counters, DeviceTask, DeviceTuner, DeviceTunerParams, Input, RunningTask, Status,
-    Translator, candidate_sizes,
+    TaskKnowledge, Translator, candidate_sizes,
 };
 pub use error::{Result, TunerError};
 pub use memory::{CubicBaseline, MemoryModel, MemoryModelParams, MemorySample};

@@ -255,7 +255,7 @@ impl TaskKnowledge {
             .or_else(|| estimate_solo_step(&self.solo_estimated, m0).map(|e| e.step_s))
     }
 
-    /// Step time alone at `batch_size`, measured or estimated (see [`estimate_solo_step`]).
+    /// Step time alone at `batch_size`, measured or estimated (see `estimate_solo_step`).
     pub fn solo_estimate(&self, batch_size: u32) -> Option<SoloEstimate> {
         estimate_solo_step(&self.solo, batch_size)
     }

@@ -1,0 +1,266 @@
+//! `iadeep status` as text (at most [`WIDTH`] columns) and as JSON.
+
+use serde_json::{Value, json};
+
+use super::read::{DeviceRow, JobRow, Snapshot};
+
+/// Widest line of the text output: fits a terminal split in two, and a CI log.
+pub const WIDTH: usize = 100;
+
+/// `text` cut to `width` characters, with `…` where it was cut.
+fn cut(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        text.to_owned()
+    } else {
+        let mut out: String = text.chars().take(width.saturating_sub(1)).collect();
+        out.push('…');
+        out
+    }
+}
+
+/// Seconds as `4s`, `3m`, `2h`, `5d`: how long ago, in the fewest characters.
+fn age(seconds: f64) -> String {
+    let s = seconds.max(0.0);
+    match s {
+        s if s < 120.0 => format!("{s:.0}s"),
+        s if s < 7200.0 => format!("{:.0}m", s / 60.0),
+        s if s < 172_800.0 => format!("{:.0}h", s / 3600.0),
+        s => format!("{:.0}d", s / 86_400.0),
+    }
+}
+
+fn opt<T: std::fmt::Display>(value: Option<T>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+fn age_since(now_ms: i64, at_ms: i64) -> f64 {
+    (now_ms - at_ms) as f64 / 1000.0
+}
+
+/// The text view: GPUs, then jobs, then what is missing or damaged.
+pub fn text(snapshot: &Snapshot) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{} at revision {}",
+        cut(&snapshot.store, 60),
+        snapshot.revision
+    )];
+    lines.push(String::new());
+    if snapshot.devices.is_empty() {
+        lines.push(
+            "No GPUs registered: no tuner runs against this store (start one with `iadeep up`"
+                .to_owned(),
+        );
+        lines.push("or `iadeep tuner --device ID`), or --store names another cluster.".to_owned());
+    } else {
+        lines.extend(device_lines(snapshot));
+    }
+    lines.push(String::new());
+    if snapshot.jobs.is_empty() {
+        lines.push("No jobs placed.".to_owned());
+    } else {
+        lines.extend(job_lines(snapshot));
+    }
+    if snapshot.released > 0 {
+        lines.push(format!(
+            "{} released job(s) kept for reading (`iadeep state ls {}`).",
+            snapshot.released,
+            iadeep_state::keys::TASKS
+        ));
+    }
+    lines.push(
+        "Queued jobs are not in the store: `iadeep run` and orchestrators wait for the placer."
+            .to_owned(),
+    );
+    for problem in &snapshot.problems {
+        lines.push(cut(&format!("unreadable: {problem}"), WIDTH));
+    }
+    lines
+}
+
+fn device_lines(snapshot: &Snapshot) -> Vec<String> {
+    let row = |cells: [&str; 11]| {
+        let [
+            id,
+            kind,
+            total,
+            reserved,
+            measured,
+            free,
+            jobs,
+            round,
+            tried,
+            best,
+            updated,
+        ] = cells;
+        format!(
+            "{id:<16} {kind:<7} {total:>7} {reserved:>8} {measured:>8} {free:>7} {jobs:>4} \
+             {round:>5} {tried:>5} {best:>8} {updated:>7}"
+        )
+    };
+    let mut lines = vec![row([
+        "GPU",
+        "KIND",
+        "MiB",
+        "RESERVED",
+        "MEASURED",
+        "FREE",
+        "JOBS",
+        "ROUND",
+        "TRIED",
+        "BEST ΣPD",
+        "UPDATED",
+    ])];
+    for d in &snapshot.devices {
+        let (kind, total) = match &d.info {
+            Some(info) => (cut(&info.kind, 7), info.memory_mib.to_string()),
+            // The record is leased by the device's tuner: without it, the tuner stopped.
+            None => ("gone".to_owned(), "-".to_owned()),
+        };
+        let tuner = d.tuner.as_ref();
+        let line = row([
+            &cut(&d.id, 16),
+            &kind,
+            &total,
+            &d.reserved_mib.to_string(),
+            &opt(d.measured_mib),
+            &opt(d.free_mib),
+            &d.residents.len().to_string(),
+            &opt(tuner.map(|t| t.round)),
+            &opt(tuner.map(|t| t.measured)),
+            &opt(tuner.and_then(|t| t.best_sum_pd).map(|b| format!("{b:.2}"))),
+            &opt(tuner.map(|t| age(age_since(snapshot.now_unix_ms, t.updated_at_unix_ms)))),
+        ]);
+        lines.push(cut(&line, WIDTH));
+    }
+    lines.push(
+        "RESERVED: the placer's reservations; MEASURED: the jobs' last reported peaks; FREE: MiB"
+            .to_owned(),
+    );
+    lines.push(
+        "less the larger of the two; TRIED: configurations its tuner measured (Σ PD known)."
+            .to_owned(),
+    );
+    lines
+}
+
+fn job_lines(snapshot: &Snapshot) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{:<18} {:<14} {:>5} {:>5} {:>11} {:>5} {:>5} {:>6} {:>4}  {}",
+        "JOB", "GPU", "BATCH", "M0", "BOUNDS", "LR×", "PD", "MiB", "SEEN", "TUNER"
+    )];
+    for j in &snapshot.jobs {
+        let seen = j.reported_at_unix_ms.map_or_else(
+            || "-".to_owned(),
+            |at| age(age_since(snapshot.now_unix_ms, at)),
+        );
+        let mib = j.peak_mem_mib.or(j.reserved_mib);
+        let line = format!(
+            "{:<18} {:<14} {:>5} {:>5} {:>11} {:>5} {:>5} {:>6} {:>4}  {}",
+            cut(&j.id, 18),
+            cut(&j.device, 14),
+            j.batch_size,
+            j.m0,
+            format!("{}-{}", j.min_batch_size, j.max_batch_size),
+            j.lr_factor
+                .map_or_else(|| "-".to_owned(), |f| format!("{f:.2}")),
+            j.pd.map_or_else(|| "-".to_owned(), |p| format!("{p:.2}")),
+            opt(mib),
+            seen,
+            job_state(j)
+        );
+        lines.push(cut(&line, WIDTH));
+    }
+    lines.push(
+        "MiB: the last reported peak, else the reservation; SEEN: since the last report."
+            .to_owned(),
+    );
+    lines.extend(phase_lines(snapshot));
+    lines
+}
+
+/// The job's last column: the tuner's phase, and whether its agent is gone.
+fn job_state(job: &JobRow) -> String {
+    if !job.running && !job.finished {
+        format!("{} (agent gone)", job.tuning.phase)
+    } else {
+        job.tuning.phase.to_owned()
+    }
+}
+
+/// One line per (phase, why) shown, naming its jobs: the table has no room for the why.
+fn phase_lines(snapshot: &Snapshot) -> Vec<String> {
+    let mut phases: Vec<(&str, &str, Vec<&str>)> = Vec::new();
+    for j in &snapshot.jobs {
+        let (phase, why) = (j.tuning.phase, j.tuning.why.as_str());
+        match phases.iter_mut().find(|(p, w, _)| *p == phase && *w == why) {
+            Some((_, _, ids)) => ids.push(&j.id),
+            None => phases.push((phase, why, vec![&j.id])),
+        }
+    }
+    phases
+        .into_iter()
+        .map(|(phase, why, ids)| cut(&format!("{phase}: {why} ({})", ids.join(", ")), WIDTH))
+        .collect()
+}
+
+/// The JSON view: one object, every figure unrounded, absent values as null.
+pub fn json(snapshot: &Snapshot) -> Value {
+    json!({
+        "store": snapshot.store,
+        "revision": snapshot.revision,
+        "now_unix_ms": snapshot.now_unix_ms,
+        "devices": snapshot.devices.iter().map(device_json).collect::<Vec<_>>(),
+        "jobs": snapshot.jobs.iter().map(|j| job_json(j, snapshot.now_unix_ms)).collect::<Vec<_>>(),
+        "released_jobs": snapshot.released,
+        "problems": snapshot.problems,
+    })
+}
+
+fn device_json(d: &DeviceRow) -> Value {
+    json!({
+        "id": d.id,
+        "registered": d.info.is_some(),
+        "node": d.info.as_ref().map(|i| i.node.clone()),
+        "name": d.info.as_ref().map(|i| i.name.clone()),
+        "kind": d.info.as_ref().map(|i| i.kind.clone()),
+        "memory_mib": d.info.as_ref().map(|i| i.memory_mib),
+        "reserved_mib": d.reserved_mib,
+        "measured_mib": d.measured_mib,
+        "free_mib": d.free_mib,
+        "residents": d.residents,
+        "tuner": d.tuner.as_ref().map(|t| json!({
+            "round": t.round,
+            "task_ids": t.task_ids,
+            "configurations_measured": t.measured,
+            "configurations_out_of_memory": t.out_of_memory,
+            "best_sum_pd": t.best_sum_pd,
+            "updated_at_unix_ms": t.updated_at_unix_ms,
+        })),
+    })
+}
+
+fn job_json(j: &JobRow, now_ms: i64) -> Value {
+    json!({
+        "id": j.id,
+        "model": j.model,
+        "device": j.device,
+        "running": j.running,
+        "finished": j.finished,
+        "batch_size": j.batch_size,
+        "assigned_batch_size": j.assigned_batch_size,
+        "m0": j.m0,
+        "min_batch_size": j.min_batch_size,
+        "max_batch_size": j.max_batch_size,
+        "lr_factor": j.lr_factor,
+        "lr_rule": j.lr_rule,
+        "reserved_mib": j.reserved_mib,
+        "provisional": j.provisional,
+        "peak_mem_mib": j.peak_mem_mib,
+        "step_time_s": j.step_time_s,
+        "pd": j.pd,
+        "pd_basis": j.pd_basis,
+        "reported_at_unix_ms": j.reported_at_unix_ms,
+        "report_age_s": j.reported_at_unix_ms.map(|at| age_since(now_ms, at)),
+        "tuner": {"phase": j.tuning.phase, "why": j.tuning.why, "derived": true},
+    })
+}

@@ -1,0 +1,253 @@
+//! `iadeep status` against `iadeep up --no-nvml` with two jobs running (real processes,
+//! real etcd, ports picked free): its JSON says what the store says, its text fits 100
+//! columns, and an empty or unreachable cluster is said in words, in bounded time.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{DEADLINE, LocalCluster, free_port};
+use serde_json::Value;
+
+/// `iadeep status ARGS` on the cluster.
+fn status(cluster: &LocalCluster, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .arg("status")
+        .args(args)
+        .env("IADEEP_STORE", &cluster.store)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run iadeep status")
+}
+
+fn status_json(cluster: &LocalCluster) -> Value {
+    common::succeeded_json(&status(cluster, &["--json"]))
+}
+
+/// An `iadeep run` of an emulated job, stopped (SIGTERM, as Ctrl-C would) when dropped.
+struct Job(Child);
+
+impl Job {
+    fn start(cluster: &LocalCluster, task: &str, m0: &str) -> Job {
+        let child = Command::new(env!("CARGO_BIN_EXE_iadeep"))
+            .args([
+                "run",
+                "--task-id",
+                task,
+                "--model",
+                "cifar10",
+                "--batch-size",
+                m0,
+            ])
+            .args(["--min-batch-size", "32", "--max-batch-size", "256"])
+            .args(["--gpu-mem-mib", "2000", "--"])
+            .arg(env!("CARGO_BIN_EXE_iadeep"))
+            .args(["emulate-job", "--task-id", task, "--model", "cifar10"])
+            .args(["--initial-batch-size", m0, "--min-batch-size", "32"])
+            .args(["--max-batch-size", "256", "--time-scale", "0.05"])
+            .args(["--report-interval", "0.2"])
+            .env("IADEEP_STORE", &cluster.store)
+            .env("IADEEP_PLACER", &cluster.placer)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn iadeep run");
+        Job(child)
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid"));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let started = Instant::now();
+        while matches!(self.0.try_wait(), Ok(None)) && started.elapsed() < DEADLINE {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The job of `status` with id `task`.
+fn job<'a>(status: &'a Value, task: &str) -> &'a Value {
+    status["jobs"]
+        .as_array()
+        .and_then(|jobs| jobs.iter().find(|j| j["id"] == task))
+        .unwrap_or_else(|| panic!("{task} in {status}"))
+}
+
+/// Σ reserved MiB of the device's residents record, and its task ids, as the store has them.
+fn residents(cluster: &LocalCluster, device: &str) -> (u64, Vec<String>) {
+    let record = cluster
+        .get(&format!("/iadeep/v1/devices/{device}/residents"))
+        .expect("a residents record");
+    let reservations = record["reservations"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    // Protobuf's JSON mapping writes 64-bit integers as strings.
+    let mib = |r: &Value| {
+        r["reservedMemMib"]
+            .as_str()
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let mut ids: Vec<String> = reservations
+        .iter()
+        .filter_map(|r| r["taskId"].as_str().map(str::to_owned))
+        .collect();
+    ids.sort();
+    (reservations.iter().map(mib).sum(), ids)
+}
+
+#[test]
+fn status_shows_what_the_store_holds_for_two_jobs() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cluster = LocalCluster::start(tmp.path().join("cluster"));
+
+    let empty = status_json(&cluster);
+    assert_eq!(empty["jobs"], Value::Array(vec![]), "{empty}");
+    let text = String::from_utf8_lossy(&status(&cluster, &[]).stdout).into_owned();
+    assert!(text.contains("No jobs placed."), "{text}");
+
+    let _jobs = [
+        Job::start(&cluster, "st-a", "64"),
+        Job::start(&cluster, "st-b", "32"),
+    ];
+    let started = Instant::now();
+    let reported = |task: &str| {
+        cluster
+            .get(&format!("/iadeep/v1/tasks/{task}/report"))
+            .is_some()
+    };
+    while !(reported("st-a") && reported("st-b")) {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "both jobs reported:\n{}",
+            cluster.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let shown = status_json(&cluster);
+    let device = shown["devices"][0]["id"]
+        .as_str()
+        .expect("a device id")
+        .to_owned();
+    let info = cluster
+        .get(&format!("/iadeep/v1/devices/{device}/info"))
+        .expect("its record");
+    assert_eq!(shown["devices"][0]["memory_mib"].as_u64(), Some(16384));
+    assert_eq!(info["memoryMib"], "16384", "{info}");
+    for (task, m0) in [("st-a", 64), ("st-b", 32)] {
+        let j = job(&shown, task);
+        let spec = cluster
+            .get(&format!("/iadeep/v1/tasks/{task}/spec"))
+            .expect("spec");
+        let placement = cluster
+            .get(&format!("/iadeep/v1/tasks/{task}/placement"))
+            .expect("placement");
+        assert_eq!(j["device"], placement["deviceId"], "{j}");
+        assert_eq!(j["m0"], spec["initialBatchSize"], "{j}");
+        assert_eq!(j["m0"], m0);
+        assert_eq!(j["min_batch_size"], spec["minBatchSize"]);
+        assert_eq!(j["max_batch_size"], spec["maxBatchSize"]);
+        assert_eq!(j["model"], spec["model"]);
+        assert_eq!(j["lr_rule"], "sqrt");
+        assert_eq!(j["running"], true, "its agent holds its lease: {j}");
+        let batch = j["batch_size"].as_u64().expect("a batch size");
+        assert!((32..=256).contains(&batch), "{j}");
+        assert!(
+            j["report_age_s"].as_f64().is_some_and(|age| age < 60.0),
+            "{j}"
+        );
+    }
+
+    // Reservations move when a job reports its first peak: compare when two reads of the
+    // status agree, so the store read between them saw the same state.
+    let agreed = (0..20).find_map(|_| {
+        let before = status_json(&cluster);
+        let store = residents(&cluster, &device);
+        let after = status_json(&cluster);
+        let pick = |s: &Value| {
+            (
+                s["devices"][0]["reserved_mib"].clone(),
+                s["devices"][0]["residents"].clone(),
+            )
+        };
+        (pick(&before) == pick(&after)).then(|| (pick(&after), store))
+    });
+    let ((reserved, ids), (store_reserved, store_ids)) = agreed.expect("two reads agreed");
+    assert_eq!(reserved.as_u64(), Some(store_reserved));
+    let mut shown_ids: Vec<String> = serde_json::from_value(ids).expect("ids");
+    shown_ids.sort();
+    assert_eq!(shown_ids, store_ids);
+    assert_eq!(store_ids, ["st-a", "st-b"]);
+
+    let out = status(&cluster, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    for line in text.lines() {
+        assert!(
+            line.chars().count() <= 100,
+            "{} columns:\n{line}",
+            line.chars().count()
+        );
+    }
+    eprintln!("{text}");
+    assert!(text.contains("st-a") && text.contains("st-b"), "{text}");
+    assert!(text.contains(&device), "{text}");
+}
+
+#[test]
+fn an_unreachable_store_is_said_in_words_not_waited_on() {
+    let started = Instant::now();
+    let store = format!("etcd://127.0.0.1:{}", free_port());
+    let out = Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args(["status", "--store", &store, "--timeout", "5"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run iadeep status");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("cannot reach etcd"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// A port that accepts connections but never answers (the kernel's backlog accepts them;
+/// nobody reads): the status gives up after --timeout instead of hanging.
+#[test]
+fn a_store_that_never_answers_times_out() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args([
+            "status",
+            "--store",
+            &format!("etcd://127.0.0.1:{port}"),
+            "--timeout",
+            "2",
+        ])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run iadeep status");
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("did not answer within 2 s"), "{stderr}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    drop(silent);
+}
