@@ -25,7 +25,7 @@ macro_rules! with_message_type {
                 type $ty = pb::TunerState;
                 $body
             }
-            KeyKind::TaskSpec { .. } => {
+            KeyKind::TaskSpec { .. } | KeyKind::ArchivedSpec { .. } => {
                 type $ty = pb::TaskSpec;
                 $body
             }
@@ -33,11 +33,11 @@ macro_rules! with_message_type {
                 type $ty = pb::Placement;
                 $body
             }
-            KeyKind::TaskReport { .. } => {
+            KeyKind::TaskReport { .. } | KeyKind::ArchivedReport { .. } => {
                 type $ty = pb::TaskReport;
                 $body
             }
-            KeyKind::TaskAssignment { .. } => {
+            KeyKind::TaskAssignment { .. } | KeyKind::ArchivedAssignment { .. } => {
                 type $ty = pb::BatchSizeAssignment;
                 $body
             }
@@ -86,7 +86,7 @@ pub fn from_input(key: &str, input: &str, raw: bool) -> Result<Vec<u8>> {
     if kind == KeyKind::Other && key.starts_with(keys::ROOT) {
         bail!(
             "{key} is not one of iadeep's keys (devices/ID/{{info,owner,tuner,tuner.corrupt,residents}}, \
-             tasks/ID/{{spec,placement,alive,report,assignment}}, samples/ID/SEQ, released/ID, profiles/MODEL); \
+             tasks/ID/{{spec,placement,alive,report,assignment}}, samples/ID/SEQ, released/ID, archive/ID/{{spec,report,assignment}}, profiles/MODEL); \
              use --raw to store it anyway"
         );
     }
@@ -154,6 +154,9 @@ fn check_ids(key: &str, kind: &KeyKind, message: &impl CarriesIds) -> Result<()>
         | KeyKind::TaskReport { task }
         | KeyKind::TaskAssignment { task }
         | KeyKind::TaskReleased { task }
+        | KeyKind::ArchivedSpec { task }
+        | KeyKind::ArchivedReport { task }
+        | KeyKind::ArchivedAssignment { task }
         | KeyKind::TaskAlive { task } => task,
         KeyKind::Profile { .. } | KeyKind::Other => return Ok(()),
     };

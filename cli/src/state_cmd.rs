@@ -96,29 +96,42 @@ pub async fn run(args: StateArgs) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        StateCommand::Ls { prefix, long } => {
-            codec::check_key(&prefix)?;
-            let snapshot = store.range(&prefix).await?;
-            for kv in &snapshot.kvs {
-                if long {
-                    outln!("{} {}", kv.key, codec::one_line(&kv.key, &kv.value))?;
-                } else {
-                    outln!("{}", kv.key)?;
-                }
-            }
-            tracing::debug!(
-                keys = snapshot.kvs.len(),
-                revision = snapshot.revision,
-                "listed"
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        StateCommand::Ls { prefix, long } => ls(store.as_ref(), &prefix, long).await,
         StateCommand::Watch {
             prefix,
             from_revision,
             count,
         } => watch(store.as_ref(), &prefix, from_revision, count).await,
     }
+}
+
+/// Lists the keys under `prefix` page by page, printing each page as it comes, so a
+/// prefix of millions of keys lists in bounded memory and no answer exceeds gRPC's
+/// message limit. Pages are each consistent; a key written or deleted while the
+/// listing runs may or may not be in it.
+async fn ls(store: &dyn StateStore, prefix: &str, long: bool) -> Result<ExitCode> {
+    codec::check_key(prefix)?;
+    let mut after: Option<String> = None;
+    let mut listed = 0usize;
+    loop {
+        let page = store
+            .range_page(prefix, after.as_deref(), iadeep_state::DEFAULT_PAGE_SIZE)
+            .await?;
+        for kv in &page.kvs {
+            if long {
+                outln!("{} {}", kv.key, codec::one_line(&kv.key, &kv.value))?;
+            } else {
+                outln!("{}", kv.key)?;
+            }
+        }
+        listed += page.kvs.len();
+        match page.next_after() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    tracing::debug!(keys = listed, "listed");
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn get(store: &dyn StateStore, key: &str, meta: bool) -> Result<ExitCode> {

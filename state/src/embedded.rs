@@ -42,8 +42,8 @@ use tokio::sync::mpsc;
 
 use crate::error::{Result, StateError};
 use crate::store::{
-    KeyValue, LeaseId, RangeSnapshot, Revision, StateStore, Txn, TxnOp, TxnOutcome, WatchEvent,
-    WatchStream, lease_ttl_secs,
+    KeyValue, LeaseId, RangePage, RangeSnapshot, Revision, StateStore, Txn, TxnOp, TxnOutcome,
+    WatchEvent, WatchStream, lease_ttl_secs,
 };
 
 /// key → encoded [`Record`].
@@ -1094,6 +1094,22 @@ impl StateStore for EmbeddedStore {
         contain(&self.inner.location, "reading", || self.read_range(prefix))
     }
 
+    async fn range_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<RangePage> {
+        contain(&self.inner.location, "reading", || {
+            self.read_page(prefix, after, limit.max(1))
+        })
+    }
+
+    /// Nothing to do: the store keeps its last `history_revisions` by itself.
+    async fn compact(&self, _revision: Revision) -> Result<()> {
+        Ok(())
+    }
+
     async fn watch(&self, prefix: &str, start_revision: Option<Revision>) -> Result<WatchStream> {
         contain(&self.inner.location, "replaying history", || {
             self.start_watch(prefix, start_revision)
@@ -1152,6 +1168,44 @@ impl EmbeddedStore {
             }
         }
         Ok(RangeSnapshot { kvs, revision })
+    }
+
+    fn read_page(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<RangePage> {
+        let shared = self.lock();
+        let txn = self.inner.db.begin_read().map_err(|e| self.db_err(e))?;
+        let revision = shared.revision;
+        drop(shared);
+        let table = txn.open_table(KV).map_err(|e| self.db_err(e))?;
+        let start = match after {
+            Some(after) if after >= prefix => after,
+            _ => prefix,
+        };
+        let mut kvs = Vec::new();
+        let mut more = false;
+        for entry in table.range::<&str>(start..).map_err(|e| self.db_err(e))? {
+            let (key, bytes) = entry.map_err(|e| self.db_err(e))?;
+            let key = key.value();
+            if !key.starts_with(prefix) {
+                break;
+            }
+            if after == Some(key) {
+                continue;
+            }
+            let (record, value) = Record::decode(key, bytes.value())?;
+            if !self.visible(&record) {
+                continue;
+            }
+            if kvs.len() == limit {
+                more = true;
+                break;
+            }
+            kvs.push(record.into_kv(key.to_owned(), value));
+        }
+        Ok(RangePage {
+            kvs,
+            revision,
+            more,
+        })
     }
 
     fn start_watch(&self, prefix: &str, start_revision: Option<Revision>) -> Result<WatchStream> {

@@ -13,12 +13,20 @@
 //! /iadeep/v1/tasks/{task}/assignment      BatchSizeAssignment
 //! /iadeep/v1/samples/{device}/{seq:020}   CoLocationSample; seq is per device (one tuner each)
 //! /iadeep/v1/released/{task}              when the task was released (decimal Unix ms)
+//! /iadeep/v1/archive/{task}/spec          a released task's TaskSpec, kept for its retention
+//! /iadeep/v1/archive/{task}/report        its last TaskReport
+//! /iadeep/v1/archive/{task}/assignment    its last BatchSizeAssignment
 //! /iadeep/v1/profiles/{model}             ModelProfile: the profile registry (see [`profile_key_segment`])
 //! ```
 //!
 //! The release marker lives under its own prefix, not beside the task's keys, so the
 //! placer's retention pass (see `iadeep_placer::retention`) reads only the released
-//! tasks rather than every key of every task.
+//! tasks rather than every key of every task. What a released task keeps for an
+//! operator to read (its spec, last report and assignment) moves, in the Release's
+//! transaction, from `tasks/` to `archive/`: everything that reads `tasks/` whole (the
+//! placer's start, every tuner's follow) then reads the live tasks only, however many
+//! finished in the retention period (a day of them once made `tasks/` too large for
+//! one gRPC answer).
 //!
 //! Why the device's own record is `.../info` rather than the bare
 //! `/devices/{device}` of the first design (docs/design.md, "Key layout"): a prefix
@@ -38,6 +46,8 @@ pub const TASKS: &str = "/iadeep/v1/tasks/";
 pub const SAMPLES: &str = "/iadeep/v1/samples/";
 /// Prefix of the release markers of released tasks.
 pub const RELEASED: &str = "/iadeep/v1/released/";
+/// Prefix of what released tasks keep until their retention ends.
+pub const ARCHIVE: &str = "/iadeep/v1/archive/";
 /// Prefix of the profile registry, one key per model.
 pub const PROFILES: &str = "/iadeep/v1/profiles/";
 
@@ -121,6 +131,31 @@ pub fn task_assignment(task: &str) -> String {
 pub fn task_released(task: &str) -> String {
     format!("{RELEASED}{task}")
 }
+/// `/iadeep/v1/archive/{task}/spec`: a released task's spec.
+pub fn archived_spec(task: &str) -> String {
+    format!("{ARCHIVE}{task}/spec")
+}
+/// `/iadeep/v1/archive/{task}/report`: a released task's last report.
+pub fn archived_report(task: &str) -> String {
+    format!("{ARCHIVE}{task}/report")
+}
+/// `/iadeep/v1/archive/{task}/assignment`: a released task's last assignment.
+pub fn archived_assignment(task: &str) -> String {
+    format!("{ARCHIVE}{task}/assignment")
+}
+/// `/iadeep/v1/archive/{task}/`: everything a released task keeps.
+pub fn archive_prefix(task: &str) -> String {
+    format!("{ARCHIVE}{task}/")
+}
+/// The keys of a task that its Release moves to the archive, with where each goes:
+/// (live key, archived key).
+pub fn archived_task_keys(task: &str) -> [(String, String); 3] {
+    [
+        (task_spec(task), archived_spec(task)),
+        (task_report(task), archived_report(task)),
+        (task_assignment(task), archived_assignment(task)),
+    ]
+}
 /// `/iadeep/v1/tasks/{task}/`: everything about one task.
 pub fn task_prefix(task: &str) -> String {
     format!("{TASKS}{task}/")
@@ -201,6 +236,18 @@ pub enum KeyKind {
     TaskReleased {
         task: String,
     },
+    /// A released task's spec (a TaskSpec), kept for its retention.
+    ArchivedSpec {
+        task: String,
+    },
+    /// A released task's last report (a TaskReport).
+    ArchivedReport {
+        task: String,
+    },
+    /// A released task's last assignment (a BatchSizeAssignment).
+    ArchivedAssignment {
+        task: String,
+    },
     Sample {
         device: String,
         seq: u64,
@@ -244,6 +291,17 @@ impl KeyKind {
                     "alive" => KeyKind::TaskAlive { task },
                     "report" => KeyKind::TaskReport { task },
                     "assignment" => KeyKind::TaskAssignment { task },
+                    _ => KeyKind::Other,
+                },
+                None => KeyKind::Other,
+            };
+        }
+        if let Some(rest) = key.strip_prefix(ARCHIVE) {
+            return match two_segments(rest) {
+                Some((task, leaf)) => match leaf.as_str() {
+                    "spec" => KeyKind::ArchivedSpec { task },
+                    "report" => KeyKind::ArchivedReport { task },
+                    "assignment" => KeyKind::ArchivedAssignment { task },
                     _ => KeyKind::Other,
                 },
                 None => KeyKind::Other,
@@ -331,6 +389,18 @@ mod tests {
             KeyKind::TaskReleased { task: t.clone() }
         );
         assert_eq!(
+            KeyKind::parse(&archived_spec(&t)),
+            KeyKind::ArchivedSpec { task: t.clone() }
+        );
+        assert_eq!(
+            KeyKind::parse(&archived_report(&t)),
+            KeyKind::ArchivedReport { task: t.clone() }
+        );
+        assert_eq!(
+            KeyKind::parse(&archived_assignment(&t)),
+            KeyKind::ArchivedAssignment { task: t.clone() }
+        );
+        assert_eq!(
             KeyKind::parse(&sample(&d, 7)),
             KeyKind::Sample { device: d, seq: 7 }
         );
@@ -366,6 +436,8 @@ mod tests {
             "/iadeep/v1/samples/d/notanumber",
             "/iadeep/v1/tasks//spec",
             "/iadeep/v1/released/a/b",
+            "/iadeep/v1/archive/a/placement",
+            "/iadeep/v1/archive/a",
             "/iadeep/v1/profiles/a/b",
         ] {
             assert_eq!(KeyKind::parse(key), KeyKind::Other, "{key}");

@@ -32,7 +32,7 @@ mod url;
 #[cfg(feature = "test-util")]
 pub mod testing;
 
-pub use embedded::{EmbeddedStore, data_dir as embedded_data_dir};
+pub use embedded::{DEFAULT_HISTORY_REVISIONS, EmbeddedStore, data_dir as embedded_data_dir};
 pub use error::{Result, StateError};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdStore, FAILOVER_BOUND};
@@ -41,7 +41,8 @@ pub use follow::{Backoff, Follow, Followed};
 pub use lease::{LeaseHealth, LeaseKeeper};
 pub use samples::{append_sample, load_samples};
 pub use store::{
-    CasOutcome, Expect, KeyValue, LeaseId, MIN_LEASE_TTL, RangeSnapshot, Revision, StateStore, Txn,
-    TxnCompare, TxnOp, TxnOutcome, WatchEvent, WatchStream,
+    CasOutcome, DEFAULT_PAGE_SIZE, Expect, KeyValue, LeaseId, MIN_LEASE_TTL, RangePage,
+    RangeSnapshot, Revision, StateStore, Txn, TxnCompare, TxnOp, TxnOutcome, WatchEvent,
+    WatchStream,
 };
 pub use url::StoreUrl;

@@ -163,6 +163,12 @@ impl Txn {
         self
     }
 
+    /// Adds `ops`, in order.
+    pub fn with_ops(mut self, ops: impl IntoIterator<Item = TxnOp>) -> Txn {
+        self.ops.extend(ops);
+        self
+    }
+
     /// Refuses a transaction that writes one key twice.
     pub fn check(&self) -> Result<()> {
         let mut seen = std::collections::HashSet::with_capacity(self.ops.len());
@@ -213,6 +219,37 @@ pub struct RangeSnapshot {
     /// The store revision the snapshot was read at: watch from `revision + 1` to see
     /// every later change without a gap.
     pub revision: Revision,
+}
+
+/// Most keys one page of a [`StateStore::range_page`] holds, unless asked otherwise.
+///
+/// Why a bound at all: etcd answers a range in one gRPC message, and a client refuses
+/// any message over 4 MiB, so an unbounded range over a prefix that grew (a day of
+/// released tasks once held 82,766 keys, 7.2 MB) fails outright, and with it every
+/// component that must read that prefix to start. 500 of iadeep's records (specs,
+/// reports, residents records: a few hundred bytes to a few KB each) are well under
+/// 1 MiB; a page that is still too large (huge values) is halved until it fits.
+pub const DEFAULT_PAGE_SIZE: usize = 500;
+
+/// One page of keys under a prefix, from [`StateStore::range_page`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangePage {
+    /// Keys under the prefix after the page's starting key, sorted, at most the limit.
+    pub kvs: Vec<KeyValue>,
+    /// The store revision the page was read at.
+    pub revision: Revision,
+    /// Whether keys under the prefix follow the last one of this page: ask for the
+    /// next page after that key.
+    pub more: bool,
+}
+
+impl RangePage {
+    /// The key the next page starts after, when there is one.
+    pub fn next_after(&self) -> Option<&str> {
+        self.more
+            .then(|| self.kvs.last().map(|kv| kv.key.as_str()))
+            .flatten()
+    }
 }
 
 /// A stream of [`WatchEvent`]s in revision order.
@@ -319,7 +356,32 @@ pub trait StateStore: Send + Sync + fmt::Debug {
     async fn transact(&self, txn: Txn) -> Result<TxnOutcome>;
 
     /// Every key starting with `prefix`, sorted, with the revision of the snapshot.
+    ///
+    /// One consistent snapshot whatever the prefix holds: etcd reads it in pages of
+    /// [`DEFAULT_PAGE_SIZE`] keys (or its configured page size), every page at the
+    /// first page's revision, so no answer approaches gRPC's message limit. The whole
+    /// answer is in memory: a caller that walks a prefix that may hold millions of
+    /// keys (the retention sweep, `iadeep state ls`) uses [`StateStore::range_page`].
     async fn range(&self, prefix: &str) -> Result<RangeSnapshot>;
+
+    /// At most `limit` keys (at least 1) starting with `prefix` and sorting after
+    /// `after` (from the first with `None`), sorted, read at one revision.
+    ///
+    /// Successive pages are each consistent but may be read at different revisions:
+    /// a walker that needs one snapshot uses [`StateStore::range`].
+    async fn range_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<RangePage>;
+
+    /// Forgets the history before `revision`, so the store does not grow with every
+    /// write ever made: watches from an earlier revision then fail with
+    /// [`StateError::Compacted`] (a [`crate::Follow`] reads afresh). A revision already
+    /// compacted is not an error. The embedded store bounds its own history (its last
+    /// `DEFAULT_HISTORY_REVISIONS`), so there this does nothing.
+    async fn compact(&self, revision: Revision) -> Result<()>;
 
     /// Changes to keys starting with `prefix`, from `start_revision` (inclusive) or,
     /// with `None`, from now on.

@@ -29,8 +29,8 @@ pub use members::{
 
 use crate::error::{Result, StateError};
 use crate::store::{
-    Expect, KeyValue, LeaseId, RangeSnapshot, Revision, StateStore, TxnOutcome, WatchEvent,
-    WatchStream, lease_ttl_secs,
+    Expect, KeyValue, LeaseId, RangePage, RangeSnapshot, Revision, StateStore, TxnOutcome,
+    WatchEvent, WatchStream, lease_ttl_secs,
 };
 use members::{AttemptError, Failure, Members};
 
@@ -45,6 +45,8 @@ const WATCH_RETRY_MAX: Duration = Duration::from_secs(2);
 pub struct EtcdStore {
     members: std::sync::Arc<Members>,
     config: std::sync::Arc<EtcdConfig>,
+    /// Most keys one range request asks for (see [`crate::DEFAULT_PAGE_SIZE`]).
+    page_size: usize,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -75,9 +77,89 @@ impl EtcdStore {
         let store = EtcdStore {
             members: std::sync::Arc::new(Members::new(config)?),
             config: std::sync::Arc::new(config.clone()),
+            page_size: crate::store::DEFAULT_PAGE_SIZE,
         };
         store.status(CONNECT_BUDGET).await?;
         Ok(store)
+    }
+
+    /// The same store reading ranges in pages of at most `page_size` keys (at least 1)
+    /// instead of [`crate::DEFAULT_PAGE_SIZE`]: tests page through a few hundred keys
+    /// rather than writing tens of thousands.
+    pub fn with_page_size(mut self, page_size: usize) -> EtcdStore {
+        self.page_size = page_size.max(1);
+        self
+    }
+
+    /// One range request: at most `limit` keys under `prefix` after `after`, at
+    /// `revision` (the newest with `None`). A page too large for one gRPC message
+    /// (values far larger than iadeep writes) is asked for again in halves.
+    async fn read_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        revision: Option<Revision>,
+    ) -> Result<RangePage> {
+        let start: Vec<u8> = match after {
+            Some(after) if after >= prefix => [after.as_bytes(), &[0]].concat(),
+            _ => prefix.as_bytes().to_vec(),
+        };
+        let end = prefix_end(prefix);
+        let mut limit = limit.max(1);
+        loop {
+            let mut options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+            if let Some(revision) = revision {
+                options = options.with_revision(revision);
+            }
+            let result = self
+                .request("range", READ_ATTEMPT_TIMEOUT, |client| {
+                    let (start, options) = (start.clone(), options.clone());
+                    async move { Ok(client.kv_client().get(start, Some(options)).await?) }
+                })
+                .await;
+            let resp = match result {
+                Ok(resp) => resp,
+                Err(Failure::Rejected(err)) if too_large(&err) && limit > 1 => {
+                    tracing::debug!(%prefix, limit, %err, "range page too large; halving it");
+                    limit /= 2;
+                    continue;
+                }
+                Err(Failure::Rejected(err)) if compacted(&err) => {
+                    return Err(StateError::Compacted {
+                        prefix: prefix.to_owned(),
+                        requested: revision.unwrap_or(0),
+                        oldest: 0,
+                    });
+                }
+                Err(f) => return Err(self.failed("range", prefix, f)),
+            };
+            return Ok(RangePage {
+                kvs: resp.kvs().iter().map(convert_kv).collect::<Result<_>>()?,
+                revision: header_revision(resp.header()),
+                more: resp.more(),
+            });
+        }
+    }
+
+    /// Every key under `prefix` at one revision, page by page: the first page's
+    /// revision pins the later ones.
+    async fn read_all(&self, prefix: &str) -> Result<RangeSnapshot> {
+        let first = self.read_page(prefix, None, self.page_size, None).await?;
+        let revision = first.revision;
+        let mut more = first.more;
+        let mut kvs = first.kvs;
+        while more {
+            let after = kvs.last().map(|kv| kv.key.clone());
+            let page = self
+                .read_page(prefix, after.as_deref(), self.page_size, Some(revision))
+                .await?;
+            more = page.more && !page.kvs.is_empty();
+            kvs.extend(page.kvs);
+        }
+        Ok(RangeSnapshot { kvs, revision })
     }
 
     /// The version of the etcd server answering (e.g. `3.4.23`).
@@ -162,6 +244,30 @@ fn is_auth_error(err: &etcd_client::Error) -> bool {
         || text.contains("user name is empty")
         || text.contains("invalid auth token")
         || text.contains("permission denied")
+}
+
+/// Whether a range failed because its answer exceeds the client's message limit.
+fn too_large(err: &etcd_client::Error) -> bool {
+    err.to_string().contains("message length too large")
+}
+
+/// Whether etcd refused a revision older than its compacted history.
+fn compacted(err: &etcd_client::Error) -> bool {
+    err.to_string()
+        .contains("required revision has been compacted")
+}
+
+/// The end of etcd's range of keys starting with `prefix`: the prefix with its last
+/// byte below 0xff incremented (`\0`, every key, when there is none).
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
 }
 
 fn convert_kv(kv: &etcd_client::KeyValue) -> Result<KeyValue> {
@@ -313,19 +419,42 @@ impl StateStore for EtcdStore {
     }
 
     async fn range(&self, prefix: &str) -> Result<RangeSnapshot> {
-        let resp = self
-            .request("range", READ_ATTEMPT_TIMEOUT, |client| async move {
-                Ok(client
-                    .kv_client()
-                    .get(prefix, Some(GetOptions::new().with_prefix()))
-                    .await?)
+        // A compaction past the first page's revision while the later ones are read
+        // makes that snapshot unreadable: start again at the newest revision (a few
+        // times; compactions are minutes apart).
+        let mut attempts = 0;
+        loop {
+            match self.read_all(prefix).await {
+                Err(StateError::Compacted { .. }) if attempts < 3 => {
+                    attempts += 1;
+                    tracing::debug!(%prefix, "history compacted while paging a range; reading again");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn range_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<RangePage> {
+        self.read_page(prefix, after, limit, None).await
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        let result = self
+            .request("compact", WRITE_ATTEMPT_TIMEOUT, |client| async move {
+                Ok(client.kv_client().compact(revision, None).await?)
             })
-            .await
-            .map_err(|f| self.failed("range", prefix, f))?;
-        Ok(RangeSnapshot {
-            kvs: resp.kvs().iter().map(convert_kv).collect::<Result<_>>()?,
-            revision: header_revision(resp.header()),
-        })
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            // Another placer (or etcd's own auto-compaction) got there first.
+            Err(Failure::Rejected(err)) if compacted(&err) => Ok(()),
+            Err(f) => Err(self.failed("compact", &format!("revision {revision}"), f)),
+        }
     }
 
     async fn watch(&self, prefix: &str, start_revision: Option<Revision>) -> Result<WatchStream> {

@@ -96,6 +96,55 @@ pub async fn range_is_prefix_bounded_and_sorted(store: Arc<dyn StateStore>) {
     );
 }
 
+/// Pages cover a prefix exactly once, in order, and say when more follow; a page
+/// may start after a key that is not there (deleted since) or before the prefix.
+pub async fn range_pages_cover_the_prefix(store: Arc<dyn StateStore>) {
+    let mut expected = Vec::new();
+    for i in 0..23 {
+        let key = format!("/pg/{i:03}");
+        store.put(&key, vec![1], None).await.expect("put");
+        expected.push(key);
+    }
+    for key in ["/pg", "/pg0", "/ph/a", "/pf/z"] {
+        store.put(key, vec![2], None).await.expect("put");
+    }
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let page = store
+            .range_page("/pg/", after.as_deref(), 5)
+            .await
+            .expect("page");
+        pages += 1;
+        assert!(page.kvs.len() <= 5, "{page:?}");
+        seen.extend(page.kvs.iter().map(|kv| kv.key.clone()));
+        match page.next_after() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, expected);
+    assert_eq!(pages, 5, "4 full pages and one of 3");
+    let gap = store
+        .range_page("/pg/", Some("/pg/0105"), 2)
+        .await
+        .expect("page after an absent key");
+    let keys: Vec<&str> = gap.kvs.iter().map(|kv| kv.key.as_str()).collect();
+    assert_eq!(keys, ["/pg/011", "/pg/012"]);
+    assert!(gap.more);
+    let before = store
+        .range_page("/pg/", Some("/a"), 1)
+        .await
+        .expect("page after a key before the prefix");
+    assert_eq!(before.kvs[0].key, "/pg/000");
+    let last = store
+        .range_page("/pg/", Some("/pg/022"), 5)
+        .await
+        .expect("past the end");
+    assert!(last.kvs.is_empty() && !last.more, "{last:?}");
+}
+
 /// Compare-and-swap on absence and on mod-revision.
 pub async fn compare_and_swap_semantics(store: Arc<dyn StateStore>) {
     let first = store
@@ -597,6 +646,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases $fresh;
             put_get_delete,
             range_is_prefix_bounded_and_sorted,
+            range_pages_cover_the_prefix,
             compare_and_swap_semantics,
             stale_compare_and_swap_writes_nothing,
             transaction_applies_all_at_one_revision,
