@@ -37,7 +37,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The stubs name tonic types, so they are generated only when the crate links
     // tonic (the `grpc` feature); the messages are the same either way.
     let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();
+    // The codec answers an undecodable request with INVALID_ARGUMENT, not INTERNAL
+    // (src/codec.rs).
     tonic_prost_build::configure()
+        .codec_path("crate::codec::IadeepCodec")
         .build_client(grpc)
         .build_server(grpc)
         .compile_fds(descriptors)?;

@@ -17,12 +17,22 @@ pub enum PlacerError {
     #[error("state store: {0}")]
     Store(#[from] StateError),
 
-    /// The compare-and-swap kept losing to concurrent writers.
+    /// Concurrent placements kept taking the devices this request chose: nothing was
+    /// reserved, and asking again after `retry_after_ms` is the cure (gRPC UNAVAILABLE
+    /// with that hint). `lost` counts the reservations the store refused because another
+    /// commit got there first, `waits` the times the request waited behind another
+    /// request committing on its chosen device (each means that other made progress).
     #[error(
-        "could not reserve a device for task {task_id} after {attempts} attempts: \
-         concurrent placements kept changing the chosen devices"
+        "could not reserve a device for task {task_id}: other placements kept taking the \
+         devices it chose ({lost} reservation attempts lost, {waits} waits behind other \
+         requests); nothing was reserved, retry after {retry_after_ms} ms"
     )]
-    Contention { task_id: String, attempts: u32 },
+    Contention {
+        task_id: String,
+        lost: u32,
+        waits: u32,
+        retry_after_ms: u64,
+    },
 
     /// The task already holds a reservation (place it once, release it to move it).
     #[error("task {task_id} is already placed on device {device_id}")]
@@ -51,7 +61,32 @@ impl PlacerError {
             reason: reason.into(),
         }
     }
+
+    /// [`PlacerError::Contention`] for `task_id` after `lost` lost commits and `waits` waits.
+    pub fn contention(task_id: impl Into<String>, lost: u32, waits: u32) -> PlacerError {
+        let task_id = task_id.into();
+        PlacerError::Contention {
+            retry_after_ms: contention_retry_after_ms(&task_id),
+            task_id,
+            lost,
+            waits,
+        }
+    }
 }
+
+/// How long a request that lost to concurrent placements is told to wait, ms: about
+/// the time a burst of commits on the same devices takes to clear, spread over
+/// [`CONTENTION_RETRY_MS`]..2×[`CONTENTION_RETRY_MS`] by the task id so that the
+/// requests that lost together do not all come back together.
+pub fn contention_retry_after_ms(task_id: &str) -> u64 {
+    let spread = task_id
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    CONTENTION_RETRY_MS + spread % CONTENTION_RETRY_MS
+}
+
+/// Least retry hint of [`PlacerError::Contention`], ms.
+pub const CONTENTION_RETRY_MS: u64 = 100;
 
 /// Shorthand used throughout the crate.
 pub type Result<T, E = PlacerError> = std::result::Result<T, E>;

@@ -14,10 +14,19 @@ use crate::events::PlacementEvent;
 use crate::service::PlacementService;
 use crate::validate;
 
+/// The trailer in which a server tells a client how long to wait before retrying, ms
+/// (gRPC's retry design, gRFC A6, "pushback"): gRPC clients with a retry policy honour
+/// it, and others can read it from the status's metadata.
+pub const RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
+
 /// Maps placer errors to gRPC codes a client can act on.
 ///
-/// Only UNAVAILABLE and ABORTED invite a retry, so only what a retry can cure maps
-/// to them: no store member reachable, and losing a race to concurrent placements.
+/// Only UNAVAILABLE invites a retry, so only what a retry can cure maps to it: no
+/// store member reachable, and losing races to concurrent placements (nothing was
+/// reserved; the answer carries when to come back in [`RETRY_PUSHBACK_MS`], as the
+/// message does). Not ABORTED: gRPC's guide reserves it for a conflict the client must
+/// resolve by redoing its own read-modify-write, and generic clients and retry policies
+/// do not retry it, so clients could not tell it was worth asking again.
 /// A stored value that does not decode is DATA_LOSS; a request the store refuses
 /// as too large is RESOURCE_EXHAUSTED; any other store refusal is INTERNAL.
 pub fn status_of(err: &PlacerError) -> Status {
@@ -25,7 +34,13 @@ pub fn status_of(err: &PlacerError) -> Status {
     match err {
         PlacerError::InvalidArgument { .. } => Status::invalid_argument(message),
         PlacerError::AlreadyPlaced { .. } => Status::already_exists(message),
-        PlacerError::Contention { .. } => Status::aborted(message),
+        PlacerError::Contention { retry_after_ms, .. } => {
+            let mut status = Status::unavailable(message);
+            if let Ok(value) = retry_after_ms.to_string().parse() {
+                status.metadata_mut().insert(RETRY_PUSHBACK_MS, value);
+            }
+            status
+        }
         PlacerError::Store(store) => match store {
             StateError::Unavailable { .. } => Status::unavailable(message),
             StateError::Decode { .. } | StateError::Corrupt { .. } => Status::data_loss(message),
@@ -136,5 +151,33 @@ impl PlacerRpc for GrpcPlacer {
         Ok(Response::new(ListDevicesResponse {
             devices: self.service.list_devices(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contention_is_unavailable_with_when_to_retry() {
+        let err = PlacerError::contention("job-7", 3, 12);
+        let PlacerError::Contention { retry_after_ms, .. } = &err else {
+            unreachable!("contention() builds Contention");
+        };
+        let status = status_of(&err);
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        let pushback = status
+            .metadata()
+            .get(RETRY_PUSHBACK_MS)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        assert_eq!(pushback, Some(*retry_after_ms));
+        assert!(
+            status
+                .message()
+                .contains("3 reservation attempts lost, 12 waits"),
+            "{}",
+            status.message()
+        );
     }
 }

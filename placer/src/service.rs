@@ -88,6 +88,32 @@ impl Plan {
     }
 }
 
+/// The copy of `task` its reservation carries: what the device's tuner and the placer's
+/// view read from a residents record, and nothing more.
+///
+/// Why: the record holds every resident of the device and is rewritten with each
+/// placement and release there, compared by each, and sent to the device's tuner on
+/// every change, so each byte of it is paid many times; the task's whole spec is kept
+/// once at its `spec` key. Of the allowed batch sizes, the tuner and the placer's shrink
+/// only ever use the task's [`iadeep_tuner::candidate_sizes`] (at most
+/// `MAX_CANDIDATES`, around the initial size), so the copy lists those, from which the
+/// same candidates follow; the submission time orders waiting tasks only.
+pub(crate) fn resident_spec(task: &TaskSpec) -> TaskSpec {
+    let allowed_batch_sizes = if task.allowed_batch_sizes.is_empty() {
+        Vec::new()
+    } else {
+        iadeep_tuner::candidate_sizes(task)
+    };
+    TaskSpec {
+        task_id: task.task_id.clone(),
+        model: task.model.clone(),
+        profile: task.profile.clone(),
+        allowed_batch_sizes,
+        submitted_at_unix_ms: 0,
+        ..*task
+    }
+}
+
 /// The round a placer-written assignment on a device takes: one above every round its
 /// residents' assignments have seen, so every agent applies it.
 fn next_round(residents: &[crate::view::Resident]) -> u64 {
@@ -569,10 +595,7 @@ impl PlacementService {
             let Some(_gate) = self.gates.try_enter(&plan.device_id) else {
                 waits += 1;
                 if waits > attempts.saturating_mul(WAITS_PER_ATTEMPT) {
-                    return Err(PlacerError::Contention {
-                        task_id: task.task_id,
-                        attempts: attempt,
-                    });
+                    return Err(PlacerError::contention(task.task_id, attempt, waits - 1));
                 }
                 self.record(PlacementEvent::GateWait);
                 tracing::debug!(task = %task.task_id, device = %plan.device_id,
@@ -595,10 +618,7 @@ impl PlacementService {
                 return Ok(outcome);
             }
             if attempt >= attempts {
-                return Err(PlacerError::Contention {
-                    task_id: task.task_id,
-                    attempts,
-                });
+                return Err(PlacerError::contention(task.task_id, attempt, waits));
             }
         }
     }
@@ -654,7 +674,7 @@ impl PlacementService {
             task_id: task.task_id.clone(),
             reserved_mem_mib,
             placed_at_unix_ms: now,
-            spec: Some(task.clone()),
+            spec: Some(resident_spec(task)),
             provisional,
         };
         record.reservations.push(reservation.clone());
@@ -966,19 +986,29 @@ impl PlacementService {
                     .map(|rev| (d.residents_record(device_id), rev))
             })
         };
+        // The release marker of the last transaction sent: finding it in the store
+        // after a lost comparison means that transaction committed after all.
+        let mut sent: Option<Vec<u8>> = None;
         for _ in 0..attempts {
             let (mut record, mod_revision) = match known.take() {
                 Some(known) => known,
                 None => match typed::get::<DeviceResidents>(self.store.as_ref(), &key).await? {
                     Some((record, kv)) => (record, kv.mod_revision),
-                    None => return Ok(false),
+                    None => {
+                        return self
+                            .released_earlier(device_id, task_id, sent, (None, 0))
+                            .await;
+                    }
                 },
             };
             let before = record.reservations.len();
             record.reservations.retain(|r| r.task_id != task_id);
             if record.reservations.len() == before {
-                return Ok(false);
+                let found = (Some(record), mod_revision);
+                return self.released_earlier(device_id, task_id, sent, found).await;
             }
+            // When it was released, for the retention (see `crate::retention`).
+            let marker = typed::encode_released_at(self.clock.now_unix_ms());
             let txn = Txn::new().compare(key.as_str(), Expect::ModRevision(mod_revision));
             let txn = if record.reservations.is_empty() {
                 txn.delete(key.as_str())
@@ -986,12 +1016,8 @@ impl PlacementService {
                 txn.put(key.as_str(), record.encode_to_vec(), None)
             }
             .delete(placement_key)
-            // When it was released, for the retention (see `crate::retention`).
-            .put(
-                keys::task_released(task_id),
-                typed::encode_released_at(self.clock.now_unix_ms()),
-                None,
-            );
+            .put(keys::task_released(task_id), marker.clone(), None);
+            sent = Some(marker);
             match self.store.transact(txn).await? {
                 TxnOutcome::Committed { revision } => {
                     let record = (!record.reservations.is_empty()).then_some(record);
@@ -1000,19 +1026,55 @@ impl PlacementService {
                 }
                 TxnOutcome::Failed { mut current } => {
                     self.record(PlacementEvent::CasConflict);
-                    match current.pop().flatten() {
-                        Some(kv) => {
-                            known = Some((typed::decode::<DeviceResidents>(&kv)?, kv.mod_revision))
-                        }
-                        None => return Ok(false),
-                    }
+                    let Some(kv) = current.pop().flatten() else {
+                        let deleted = (None, mod_revision);
+                        return self
+                            .released_earlier(device_id, task_id, sent, deleted)
+                            .await;
+                    };
+                    known = Some((typed::decode::<DeviceResidents>(&kv)?, kv.mod_revision));
                 }
             }
         }
-        Err(PlacerError::Contention {
-            task_id: task_id.to_owned(),
-            attempts,
-        })
+        Err(PlacerError::contention(task_id, attempts, 0))
+    }
+
+    /// Whether a Release transaction this request sent, with release marker `sent`,
+    /// committed although its answer said otherwise; if so, the view takes the device's
+    /// record as found without the task (`found` at `revision`; `None`: deleted after it).
+    ///
+    /// Why: the store re-sends a transaction whose answer was lost (an etcd member that
+    /// stopped answering, see `iadeep_state`'s failover); when the lost attempt had
+    /// committed, the re-sent one fails its comparison and finds the task already gone.
+    /// Answering "held no reservation" then would tell the client its release did
+    /// nothing. The marker that attempt wrote is this request's own (the same bytes,
+    /// since the store re-sends the transaction unchanged), so finding exactly it tells
+    /// the two apart; only a concurrent Release of the same task in the same millisecond
+    /// could leave the same marker, and it released the same reservation.
+    async fn released_earlier(
+        &self,
+        device_id: &str,
+        task_id: &str,
+        sent: Option<Vec<u8>>,
+        (found, revision): (Option<DeviceResidents>, iadeep_state::Revision),
+    ) -> Result<bool> {
+        let Some(sent) = sent else {
+            return Ok(false);
+        };
+        let marker = self.store.get(&keys::task_released(task_id)).await?;
+        let ours = marker.is_some_and(|kv| kv.value == sent);
+        if ours {
+            tracing::info!(task = %task_id,
+                "an earlier attempt of this release committed (its answer was lost); answering released");
+            match found {
+                Some(record) => {
+                    self.view_mut()
+                        .apply_residents(device_id, Some(record), revision);
+                }
+                None => self.absorb(device_id, Expect::ModRevision(revision), None),
+            }
+        }
+        Ok(ours)
     }
 
     /// Releases every resident task whose agent has been gone for `grace` (at once when
@@ -1228,6 +1290,11 @@ pub(crate) mod tests {
     /// A placer process of its own over `store`: its own view (two idle devices, no
     /// sync), policy and gates, counting nothing.
     pub(crate) fn service(store: Arc<dyn StateStore>) -> PlacementService {
+        service_with(store, PlacerParams::default())
+    }
+
+    /// [`service`] deciding with `params`.
+    fn service_with(store: Arc<dyn StateStore>, params: PlacerParams) -> PlacementService {
         let mut view = ClusterView::new(Arc::new(ModelledMemory));
         for id in ["d0", "d1"] {
             view.upsert_device(DeviceInfo {
@@ -1240,7 +1307,7 @@ pub(crate) mod tests {
         }
         let slowdown =
             Arc::new(OnlinePredictor::new(LearnerParams::default()).expect("cold predictor"));
-        let placer = Placer::new(PlacerParams::default(), slowdown).expect("default params");
+        let placer = Placer::new(params, slowdown).expect("valid params");
         PlacementService::new(store, Arc::new(RwLock::new(view)), Arc::new(placer))
     }
 
@@ -1285,6 +1352,122 @@ pub(crate) mod tests {
                 .is_none(),
             "the second request reserved d1 as well"
         );
+    }
+
+    fn resident(id: &str) -> TaskSpec {
+        TaskSpec {
+            task_id: id.into(),
+            model: "resnet50".into(),
+            initial_batch_size: 64,
+            gpu_mem_request_mib: 2_000,
+            profile: Some(SoloProfile {
+                batch_size: 64,
+                step_time_s: Some(0.2),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn losing_every_reservation_attempt_says_how_often_and_when_to_retry() {
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        let one = service_with(
+            store.clone(),
+            PlacerParams {
+                max_reserve_attempts: 1,
+                ..PlacerParams::default()
+            },
+        );
+        // Another placer reserved part of d0; this one's view has not seen it yet, so its
+        // one attempt is decided on an empty device and loses the comparison.
+        let other = DeviceResidents {
+            device_id: "d0".into(),
+            reservations: vec![Reservation {
+                task_id: "other".into(),
+                reserved_mem_mib: 1_000,
+                spec: Some(resident("other")),
+                ..Default::default()
+            }],
+        };
+        typed::put(store.as_ref(), &keys::device_residents("d0"), &other, None)
+            .await
+            .expect("seed d0");
+        let err = one
+            .place(resident("t"), vec!["d0".into()])
+            .await
+            .expect_err("the only attempt loses");
+        let PlacerError::Contention {
+            lost,
+            waits,
+            retry_after_ms,
+            ..
+        } = &err
+        else {
+            panic!("expected contention, got {err}");
+        };
+        assert_eq!((*lost, *waits), (1, 0), "{err}");
+        assert!(
+            (crate::error::CONTENTION_RETRY_MS..2 * crate::error::CONTENTION_RETRY_MS)
+                .contains(retry_after_ms),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("1 reservation attempts lost, 0 waits")
+                && text.contains(&format!("retry after {retry_after_ms} ms")),
+            "{text}"
+        );
+        // What it lost to is in the view now: asking again places it next to the other.
+        let again = one.place(resident("t"), vec!["d0".into()]).await;
+        assert_eq!(placed(&again.expect("retry")).device_id, "d0");
+    }
+
+    #[tokio::test]
+    async fn a_reservation_carries_only_the_batch_sizes_the_tuner_can_choose() {
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        let one = service(store.clone());
+        let task = TaskSpec {
+            min_batch_size: 1,
+            max_batch_size: 4096,
+            allowed_batch_sizes: (1..=validate::MAX_ALLOWED_BATCH_SIZES as u32)
+                .map(|i| i * 4)
+                .collect(),
+            submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
+            ..resident("many-sizes")
+        };
+        let outcome = one
+            .place(task.clone(), vec!["d0".into()])
+            .await
+            .expect("place");
+        assert_eq!(placed(&outcome).device_id, "d0");
+        let (record, _) =
+            typed::get::<DeviceResidents>(store.as_ref(), &keys::device_residents("d0"))
+                .await
+                .expect("read")
+                .expect("reserved");
+        let copy = record.reservations[0].spec.clone().expect("spec copy");
+        let candidates = iadeep_tuner::candidate_sizes(&task);
+        assert_eq!(copy.allowed_batch_sizes, candidates);
+        assert_eq!(iadeep_tuner::candidate_sizes(&copy), candidates);
+        assert!(candidates.len() < 20, "{candidates:?}");
+        assert_eq!(copy.submitted_at_unix_ms, 0);
+        assert_eq!(
+            copy,
+            TaskSpec {
+                allowed_batch_sizes: candidates,
+                submitted_at_unix_ms: 0,
+                ..task.clone()
+            }
+        );
+        // The task's own spec key keeps the whole spec.
+        let (kept, _) = typed::get::<TaskSpec>(store.as_ref(), &keys::task_spec("many-sizes"))
+            .await
+            .expect("read")
+            .expect("spec");
+        assert_eq!(kept, task);
     }
 
     /// A job as `iadeep run` submits it from the README's quick start: a model name and

@@ -27,6 +27,10 @@ pub const MAX_NAME_BYTES: usize = 256;
 pub const MAX_ID_BYTES: usize = keys::MAX_ID_LEN;
 /// Most candidate devices one Place may name.
 pub const MAX_CANDIDATE_DEVICES: usize = 4096;
+/// Most entries of a spec's `allowed_batch_sizes`: every power of two and the sizes
+/// between several times over, far more than a job runs at, while 300,000 entries
+/// (which passed before this limit) made a spec the store refused.
+pub const MAX_ALLOWED_BATCH_SIZES: usize = 1024;
 /// Longest solo step time taken seriously, seconds (a day).
 pub const MAX_STEP_TIME_S: f64 = 86_400.0;
 /// Earliest submission time accepted, Unix ms (2000-01-01): before it is a unit
@@ -153,6 +157,30 @@ pub fn task_spec(prefix: &str, spec: &TaskSpec) -> Result<()> {
     }
     if let Some(profile) = &spec.profile {
         solo_profile(prefix, profile)?;
+    }
+    allowed_batch_sizes(&f("allowed_batch_sizes"), &spec.allowed_batch_sizes)
+}
+
+/// Checks the batch sizes a job says it can run at: at most
+/// [`MAX_ALLOWED_BATCH_SIZES`] of them, each from 1 to [`MAX_BATCH_SIZE`].
+fn allowed_batch_sizes(field: &str, sizes: &[u32]) -> Result<()> {
+    if sizes.len() > MAX_ALLOWED_BATCH_SIZES {
+        return Err(PlacerError::invalid(
+            field,
+            format!(
+                "lists {} batch sizes; at most {MAX_ALLOWED_BATCH_SIZES} are accepted",
+                sizes.len()
+            ),
+        ));
+    }
+    for (i, &size) in sizes.iter().enumerate() {
+        if size == 0 {
+            return Err(PlacerError::invalid(
+                format!("{field}[{i}]"),
+                "must be positive",
+            ));
+        }
+        batch_size(&format!("{field}[{i}]"), size)?;
     }
     Ok(())
 }
@@ -412,6 +440,28 @@ mod tests {
                     ..good()
                 },
             ),
+            // What the hostile-input trials sent: 300,000 sizes, which etcd refused.
+            (
+                "task.allowed_batch_sizes",
+                TaskSpec {
+                    allowed_batch_sizes: vec![64; 300_000],
+                    ..good()
+                },
+            ),
+            (
+                "task.allowed_batch_sizes[1]",
+                TaskSpec {
+                    allowed_batch_sizes: vec![64, 0],
+                    ..good()
+                },
+            ),
+            (
+                "task.allowed_batch_sizes[0]",
+                TaskSpec {
+                    allowed_batch_sizes: vec![MAX_BATCH_SIZE + 1],
+                    ..good()
+                },
+            ),
         ];
         for (field, spec) in cases {
             let err = task_spec("task", &spec).expect_err(field);
@@ -439,6 +489,7 @@ mod tests {
             max_batch_size: MAX_BATCH_SIZE,
             lr_rule: LrScalingRule::Adascale as i32,
             submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
+            allowed_batch_sizes: vec![MAX_BATCH_SIZE; MAX_ALLOWED_BATCH_SIZES],
             ..good()
         };
         task_spec("task", &spec).expect("at the limits");

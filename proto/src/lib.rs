@@ -22,6 +22,10 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/iadeep.v1.serde.rs"));
 }
 
+/// The codec of the generated gRPC stubs (INVALID_ARGUMENT for an undecodable request).
+#[cfg(feature = "grpc")]
+pub mod codec;
+
 /// The encoded `FileDescriptorSet` of the schema, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/iadeep_descriptor.bin"));

@@ -670,6 +670,17 @@ async fn malformed_requests_are_invalid_argument_naming_the_field_and_write_noth
                 candidate_device_ids: vec!["../etc".into()],
             },
         ),
+        // 300,000 entries once passed, and etcd refused the spec (RESOURCE_EXHAUSTED).
+        (
+            "task.allowed_batch_sizes",
+            PlaceRequest {
+                task: Some(TaskSpec {
+                    allowed_batch_sizes: vec![64; 100_000],
+                    ..task("ok", 100, 10.0)
+                }),
+                candidate_device_ids: vec![],
+            },
+        ),
     ];
     for (field, request) in cases {
         let status = c.place(request).await.expect_err(field);
@@ -688,6 +699,14 @@ async fn malformed_requests_are_invalid_argument_naming_the_field_and_write_noth
         .expect_err("bad id");
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().contains("task_id"), "{}", status.message());
+    // Bytes that are not a PlaceRequest at all: the client's fault, not the server's.
+    let status = undecodable_place(&daemon).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("PlaceRequest does not decode"),
+        "{}",
+        status.message()
+    );
 
     let after = store.range(keys::ROOT).await.expect("range");
     assert_eq!(after.kvs, before.kvs, "malformed requests wrote nothing");
@@ -700,6 +719,35 @@ async fn malformed_requests_are_invalid_argument_naming_the_field_and_write_noth
         Some(place_response::Decision::Placed(_))
     ));
     daemon.shutdown().await;
+}
+
+/// What a client whose stubs disagree with the placer's schema might send: field 1
+/// (`task`, a TaskSpec) holding bytes that are no TaskSpec.
+#[derive(Clone, PartialEq, prost::Message)]
+struct NotAPlaceRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    task: Vec<u8>,
+}
+
+/// Sends a Place whose body does not decode; the status it is answered with.
+async fn undecodable_place(daemon: &Daemon) -> tonic::Status {
+    let channel = Channel::from_shared(format!("http://{}", daemon.grpc_addr()))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect to the placer");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let codec =
+        iadeep_proto::codec::IadeepCodec::<NotAPlaceRequest, iadeep_proto::PlaceResponse>::default(
+        );
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/iadeep.v1.Placer/Place");
+    let request = tonic::Request::new(NotAPlaceRequest {
+        task: vec![0xff; 4],
+    });
+    grpc.unary(request, path, codec)
+        .await
+        .expect_err("the placer cannot decode it")
 }
 
 /// Usable memory of a 16 GiB GPU with the default margins.
@@ -766,7 +814,7 @@ async fn concurrent_places_on_a_nearly_full_cluster_never_overpack_a_device() {
                 None => panic!("a response without a decision"),
             },
             // Losing the race too often is an honest "try again", never an over-pack.
-            Err(status) if status.code() == Code::Aborted => not_placed += 1,
+            Err(status) if status.code() == Code::Unavailable => not_placed += 1,
             Err(status) => panic!("Place failed: {status:?}"),
         }
     }
