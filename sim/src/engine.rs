@@ -50,7 +50,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::agent::{EmulatedAgent, measured_step_time, normal};
 use crate::error::{Result, SimError};
-use crate::metrics::{RunMetrics, TaskOutcome};
+use crate::metrics::{BatchPoint, RunMetrics, TaskOutcome};
 use crate::policy::{Admission, Assignment, OomAction, PlaceOrQueue, Policy, TuneStep};
 use crate::view::{JobInfo, JobReport, JobSpec, PolicyView, ResidentJob, SoloProfile, Waiting};
 use crate::workload::TaskTemplate;
@@ -1003,6 +1003,13 @@ impl<'w> Engine<'w> {
             state.rate = samples_per_s * efficiency;
             state.version += 1;
             if fresh_reports {
+                self.metrics.batch_trace.push(BatchPoint {
+                    at_s: self.now,
+                    device,
+                    task,
+                    batch_size: state.batch_size,
+                    pd: f64::from(state.spec.m0) / state.true_solo_step_s / state.rate,
+                });
                 // What the agent measured since its last report (see `crate::agent`).
                 let steps_run = ((self.now - state.reported_s) * steps).max(0.0) as u64;
                 state.reported_s = self.now;

@@ -58,6 +58,20 @@ pub struct RunMetrics {
     /// `(time s, busy devices, work rate in GPU-equivalents)` after each change.
     pub util: Vec<(f64, usize, f64)>,
     pub events: u64,
+    /// Each job's batch size and true PD from each change of its device on (a job joined
+    /// or left, or a tuning round applied): what `tuner.svg` draws per GPU.
+    pub batch_trace: Vec<BatchPoint>,
+}
+
+/// One job's batch size and PD on its device from `at_s` until its next point (or its end).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchPoint {
+    pub at_s: f64,
+    pub device: usize,
+    pub task: usize,
+    pub batch_size: u32,
+    /// The world's PD of the job then: goodput alone at m0 over its goodput now.
+    pub pd: f64,
 }
 
 impl RunMetrics {
