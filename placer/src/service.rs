@@ -1354,6 +1354,73 @@ pub(crate) mod tests {
         );
     }
 
+    /// A store that sends every transaction twice while `resend` is set and answers the
+    /// second outcome, as the etcd store does when an attempt's answer is lost (a member
+    /// that stopped answering after it committed) and it re-sends the request.
+    #[derive(Debug)]
+    struct ResendingStore {
+        inner: EmbeddedStore,
+        resend: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl StateStore for ResendingStore {
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+        async fn get(&self, key: &str) -> iadeep_state::Result<Option<iadeep_state::KeyValue>> {
+            self.inner.get(key).await
+        }
+        async fn put(
+            &self,
+            key: &str,
+            value: Vec<u8>,
+            lease: Option<iadeep_state::LeaseId>,
+        ) -> iadeep_state::Result<iadeep_state::Revision> {
+            self.inner.put(key, value, lease).await
+        }
+        async fn delete(&self, key: &str) -> iadeep_state::Result<bool> {
+            self.inner.delete(key).await
+        }
+        async fn transact(&self, txn: Txn) -> iadeep_state::Result<TxnOutcome> {
+            if self.resend.load(std::sync::atomic::Ordering::SeqCst) {
+                // The first attempt commits; its answer is lost.
+                self.inner.transact(txn.clone()).await?;
+            }
+            self.inner.transact(txn).await
+        }
+        async fn range(&self, prefix: &str) -> iadeep_state::Result<iadeep_state::RangeSnapshot> {
+            self.inner.range(prefix).await
+        }
+        async fn range_page(
+            &self,
+            prefix: &str,
+            after: Option<&str>,
+            limit: usize,
+        ) -> iadeep_state::Result<iadeep_state::RangePage> {
+            self.inner.range_page(prefix, after, limit).await
+        }
+        async fn compact(&self, revision: iadeep_state::Revision) -> iadeep_state::Result<()> {
+            self.inner.compact(revision).await
+        }
+        async fn watch(
+            &self,
+            prefix: &str,
+            start: Option<iadeep_state::Revision>,
+        ) -> iadeep_state::Result<iadeep_state::WatchStream> {
+            self.inner.watch(prefix, start).await
+        }
+        async fn grant_lease(&self, ttl: Duration) -> iadeep_state::Result<iadeep_state::LeaseId> {
+            self.inner.grant_lease(ttl).await
+        }
+        async fn keep_alive(&self, lease: iadeep_state::LeaseId) -> iadeep_state::Result<Duration> {
+            self.inner.keep_alive(lease).await
+        }
+        async fn revoke_lease(&self, lease: iadeep_state::LeaseId) -> iadeep_state::Result<()> {
+            self.inner.revoke_lease(lease).await
+        }
+    }
+
     fn resident(id: &str) -> TaskSpec {
         TaskSpec {
             task_id: id.into(),
@@ -1367,6 +1434,59 @@ pub(crate) mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[tokio::test]
+    async fn a_release_whose_first_attempt_committed_answers_released() {
+        let store = Arc::new(ResendingStore {
+            inner: EmbeddedStore::in_memory().expect("in-memory store"),
+            resend: false.into(),
+        });
+        let one = service(store.clone());
+        // Two residents (the record is rewritten) and one alone (the record is deleted).
+        for (id, device) in [("a", "d0"), ("b", "d0"), ("c", "d1")] {
+            let outcome = one
+                .place(resident(id), vec![device.into()])
+                .await
+                .expect("place");
+            assert_eq!(placed(&outcome).device_id, device);
+        }
+        store
+            .resend
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        for (id, device) in [("a", "d0"), ("c", "d1")] {
+            let released = one.release(id).await.expect("release");
+            assert_eq!(released.as_deref(), Some(device), "release of {id}");
+            assert!(
+                store
+                    .get(&keys::task_placement(id))
+                    .await
+                    .expect("read")
+                    .is_none()
+            );
+            assert_eq!(one.view().device_of(id), None, "{id} still in the view");
+        }
+        store
+            .resend
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        // A task that held nothing (released before) still answers "not released".
+        assert_eq!(one.release("a").await.expect("release again"), None);
+        // So does one released by another request: its marker is not this request's.
+        let two = service(store.clone()).with_clock(Clock::from_fn(|| 1_234));
+        two.view_mut().apply_residents(
+            "d0",
+            Some(DeviceResidents {
+                device_id: "d0".into(),
+                reservations: vec![Reservation {
+                    task_id: "b".into(),
+                    reserved_mem_mib: 2_000,
+                    ..Default::default()
+                }],
+            }),
+            1,
+        );
+        one.release("b").await.expect("release b");
+        assert_eq!(two.release("b").await.expect("stale release of b"), None);
     }
 
     #[tokio::test]

@@ -21,7 +21,8 @@
 //! overwritten), and every call into redb goes through [`contain`], which turns a
 //! panic inside redb on corrupt pages into [`StateError::Embedded`]. Read-only
 //! opens ([`EmbeddedStore::open_read_only`], for `iadeep state get/ls/watch`) never
-//! create, repair or write the file.
+//! create, repair or write the file (one not closed cleanly is repaired in memory,
+//! see [`overlay`]).
 //!
 //! Writes use group commit: concurrent transactions are queued to one writer
 //! thread that commits all of those waiting in one redb write transaction, i.e.
@@ -39,6 +40,8 @@ use redb::{
     Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, TableDefinition, TableHandle,
 };
 use tokio::sync::mpsc;
+
+mod overlay;
 
 use crate::error::{Result, StateError};
 use crate::store::{
@@ -117,12 +120,15 @@ impl Drop for Owner {
 enum Db {
     Writable(Database),
     ReadOnly(ReadOnlyDatabase),
+    /// A file that was not closed cleanly, opened read-only: redb repaired it through
+    /// an [`overlay::CopyOnWrite`], in memory; the file itself is never written.
+    Repaired(Database),
 }
 
 impl Db {
     fn begin_read(&self) -> std::result::Result<redb::ReadTransaction, redb::TransactionError> {
         match self {
-            Db::Writable(db) => db.begin_read(),
+            Db::Writable(db) | Db::Repaired(db) => db.begin_read(),
             Db::ReadOnly(db) => db.begin_read(),
         }
     }
@@ -405,8 +411,10 @@ impl EmbeddedStore {
     /// since the process that held their leases is gone (a live one would hold the
     /// file and this open would fail): reads show what a read-write open would.
     ///
-    /// A file left by a process that was killed needs a repair, which is a write:
-    /// it is refused with a message saying so.
+    /// A file left by a process that was killed (or by a commit the full disk cut
+    /// short) needs a repair, which is a write: it is repaired in memory only (see
+    /// [`overlay`]), so the file is read as the next read-write open will find it, and
+    /// it can be read when the disk is full.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<EmbeddedStore> {
         let path = path.as_ref();
         let location = path.display().to_string();
@@ -419,32 +427,30 @@ impl EmbeddedStore {
                 "no store there (read-only commands never create one; check --store)".into(),
             ));
         }
-        let db = contain(&location, "opening the file", || {
-            open_retrying_briefly(|| ReadOnlyDatabase::open(path)).map_err(|e| match e {
-                redb::DatabaseError::DatabaseAlreadyOpen => fail(
+        let opened = contain(&location, "opening the file", || {
+            match open_retrying_briefly(|| ReadOnlyDatabase::open(path)) {
+                Ok(db) => Ok(Some(db)),
+                Err(redb::DatabaseError::DatabaseAlreadyOpen) => Err(fail(
                     "the file is open in another process (an embedded store serves one process \
                      at a time; stop it, or use etcd to share state between processes)"
                         .into(),
-                ),
-                redb::DatabaseError::RepairAborted => fail(
-                    "the store was not closed cleanly and needs a repair, which a read-only \
-                     command does not do: start any iadeep component on it once (or \
-                     `iadeep state put`) to repair it"
-                        .into(),
-                ),
-                other => fail(format!(
-                    "{other} (the file is damaged or not an iadeep store)"
                 )),
-            })
+                // Not closed cleanly: repaired in memory below.
+                Err(redb::DatabaseError::RepairAborted) => Ok(None),
+                Err(other) => Err(fail(format!(
+                    "{other} (the file is damaged or not an iadeep store)"
+                ))),
+            }
         })?;
+        let db = match opened {
+            Some(db) => Db::ReadOnly(db),
+            None => contain(&location, "repairing the file in memory", || {
+                repaired_in_memory(path).map_err(&fail)
+            })?,
+        };
         // No writer: the queue is dropped and writes are refused in `submit`.
         contain(&location, "reading the store's counters", || {
-            Self::from_database(
-                Db::ReadOnly(db),
-                location.clone(),
-                DEFAULT_HISTORY_REVISIONS,
-                true,
-            )
+            Self::from_database(db, location.clone(), DEFAULT_HISTORY_REVISIONS, true)
         })
         .map(|(store, _queue)| store)
     }
@@ -486,7 +492,7 @@ impl EmbeddedStore {
 
     /// Whether the store was opened with [`EmbeddedStore::open_read_only`].
     pub fn is_read_only(&self) -> bool {
-        matches!(self.inner.db, Db::ReadOnly(_))
+        matches!(self.inner.db, Db::ReadOnly(_) | Db::Repaired(_))
     }
 
     /// How many durable commits this handle's database has made since it was opened;
@@ -940,6 +946,23 @@ fn open_retrying_briefly<D>(
             other => return other,
         }
     }
+}
+
+/// Opens the file at `path`, which needs a repair, with the repair's writes kept in
+/// memory (see [`overlay`]): the file is only read.
+fn repaired_in_memory(path: &Path) -> std::result::Result<Db, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read the file: {e}"))?;
+    let layer =
+        overlay::CopyOnWrite::new(file).map_err(|e| format!("cannot read the file: {e}"))?;
+    Database::builder()
+        .create_with_backend(layer)
+        .map(Db::Repaired)
+        .map_err(|e| {
+            format!(
+                "{e} (the store was not closed cleanly and cannot be repaired, even in memory: \
+                 the file is damaged or not an iadeep store)"
+            )
+        })
 }
 
 /// How long [`open_retrying_briefly`] keeps trying.
