@@ -107,6 +107,19 @@ pub(crate) struct GraceArgs {
     /// runs is never deleted.
     #[arg(long, value_name = "DURATION|never", default_value = "1d", value_parser = parse_retention)]
     task_retention: Retention,
+    /// How often the placer compacts the state store's history, keeping the last
+    /// `--compact-keep-revisions` revisions, so an etcd does not grow with every write
+    /// ever made (compaction frees space inside etcd's file; `etcdctl defrag` gives it
+    /// back to the disk). `never` leaves it to etcd's own `--auto-compaction-*`. The
+    /// embedded store bounds its history itself.
+    #[arg(long, value_name = "DURATION|never", default_value = "5m", value_parser = parse_retention)]
+    compact_every: Retention,
+    /// Revisions of history each compaction keeps: how far a watching tuner or placer
+    /// may fall behind before it must read its keys afresh.
+    #[arg(long, value_name = "N",
+        default_value_t = iadeep_placer::compaction::DEFAULT_COMPACT_KEEP_REVISIONS,
+        value_parser = clap::value_parser!(i64).range(1..))]
+    compact_keep_revisions: i64,
 }
 
 /// A retention as typed: a duration, or none at all.
@@ -133,9 +146,15 @@ impl GraceArgs {
         )
     }
 
-    /// How long released tasks' keys are kept (`None`: forever).
-    pub(crate) fn task_retention(&self) -> Option<Duration> {
-        self.task_retention.0
+    /// `params` with the store's upkeep as given: the retention of released tasks'
+    /// keys (`None`: forever) and the compaction of the store's history.
+    pub(crate) fn upkeep(&self, params: PlacerParams) -> PlacerParams {
+        PlacerParams {
+            task_retention: self.task_retention.0,
+            compact_every: self.compact_every.0.filter(|every| !every.is_zero()),
+            compact_keep_revisions: self.compact_keep_revisions,
+            ..params
+        }
     }
 }
 
@@ -172,27 +191,23 @@ pub(crate) struct PolicyArgs {
 }
 
 impl PolicyArgs {
-    /// The policy, keeping released tasks' keys for `task_retention` (see [`GraceArgs`]).
-    pub(crate) fn placer(&self, task_retention: Option<Duration>) -> Result<Placer> {
+    /// The policy, with the store's upkeep (retention, compaction) of `graces`.
+    pub(crate) fn placer(&self, graces: &GraceArgs) -> Result<Placer> {
         let predictor = OnlinePredictor::new(LearnerParams::default())
             .context("cannot start the slowdown predictor")?;
-        self.placer_with(Arc::new(predictor), task_retention)
+        self.placer_with(Arc::new(predictor), graces.upkeep(PlacerParams::default()))
     }
 
-    fn placer_with(
-        &self,
-        predictor: Arc<OnlinePredictor>,
-        task_retention: Option<Duration>,
-    ) -> Result<Placer> {
+    /// The policy with these flags over `base` (which gives everything they do not set).
+    fn placer_with(&self, predictor: Arc<OnlinePredictor>, base: PlacerParams) -> Result<Placer> {
         let params = PlacerParams {
-            task_retention,
             sm_util_cap_pct: self.sm_util_cap_pct,
             mem_bw_util_cap_pct: self.mem_bw_util_cap_pct,
             max_pd_increase: self.max_pd_increase,
             min_throughput_gain: self.min_throughput_gain,
             wait_cost_factor: self.wait_cost_factor,
             max_scored_devices: self.max_scored_devices,
-            ..PlacerParams::default()
+            ..base
         };
         Ok(Placer::new(params, predictor)?)
     }
@@ -243,7 +258,7 @@ pub async fn run(args: PlacerArgs) -> Result<ExitCode> {
 }
 
 async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
-    let placer = args.policy.placer(args.graces.task_retention())?;
+    let placer = args.policy.placer(&args.graces)?;
     let (dead_task_grace, unstarted_task_grace) = args.graces.durations();
     let tls = args.tls.load(args.tls_client_ca.as_deref())?;
     let store = crate::open_store(&url).await?;
@@ -339,7 +354,7 @@ async fn start_local_placer(
     };
     let placer = args
         .policy
-        .placer_with(predictor, PlacerParams::default().task_retention)?;
+        .placer_with(predictor, PlacerParams::default())?;
     let daemon = Daemon::start(store, placer, Arc::new(ModelledMemory), config)
         .await
         .context("cannot start the in-process placer")?;

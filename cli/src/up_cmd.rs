@@ -208,7 +208,7 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
     };
     let node = crate::local::node_name();
     let devices = describe_devices(&args, &node)?;
-    let placer = args.policy.placer(args.graces.task_retention())?;
+    let placer = args.policy.placer(&args.graces)?;
     let dir = ClusterDir::open(
         args.dir
             .clone()

@@ -99,6 +99,31 @@ fn state_commands_on_etcd() {
     round_trip(&server.url());
 }
 
+/// `state ls` over more than one answer can carry: 1,100 keys of 10 KB (11 MB, where
+/// gRPC refuses an answer over 4 MiB) list whole and in order, in pages (halved from
+/// the default 500 keys, 5 MB, to fit).
+#[test]
+fn state_ls_lists_a_prefix_larger_than_one_grpc_answer() {
+    let server = EtcdServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let keys: Vec<String> = (0..1_100).map(|i| format!("/big/{i:05}")).collect();
+    iadeep_state::testing::runtime().block_on(async {
+        let store = iadeep_state::EtcdStore::connect(&[server.endpoint()])
+            .await
+            .expect("connect");
+        for chunk in keys.chunks(100) {
+            let txn = chunk.iter().fold(iadeep_state::Txn::new(), |txn, key| {
+                txn.put(key.as_str(), vec![b'x'; 10 * 1024], None)
+            });
+            let written = iadeep_state::StateStore::transact(&store, txn).await;
+            assert!(written.expect("write").committed());
+        }
+    });
+    let out = iadeep(&server.url(), &["state", "ls", "/big/"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed: Vec<String> = stdout(&out).lines().map(str::to_owned).collect();
+    assert_eq!(listed, keys);
+}
+
 #[test]
 fn invalid_json_for_a_typed_key_is_refused_and_writes_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");

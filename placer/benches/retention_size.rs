@@ -137,11 +137,17 @@ async fn run(path: &Path, placements: u64, sweep_every: u64, retention: Option<D
         if let Some(retention) = retention
             && (i + 1) % sweep_every == 0
         {
-            deleted += retention::sweep(&service, retention, batch)
-                .await
-                .expect("sweep")
-                .deleted
-                .len();
+            let mut from = None;
+            loop {
+                let swept = retention::sweep(&service, retention, batch, from)
+                    .await
+                    .expect("sweep");
+                deleted += swept.deleted.len();
+                from = swept.resume_after;
+                if from.is_none() {
+                    break;
+                }
+            }
         }
     }
     let all = store.range(keys::ROOT).await.expect("range");

@@ -8,7 +8,8 @@
 //! compare-and-swap on the device's residents record in a state store, and reports
 //! what it does to a [`PlacementEvents`] observer; [`ViewSync`] keeps the view
 //! fresh from the store, and the [`reaper`] gives back what dead or never-started
-//! tasks hold (deleting released tasks after their [`retention`]).
+//! tasks hold (deleting released tasks after their [`retention`]) and keeps the
+//! store's history short ([`compaction`]).
 //!
 //! Slowdowns come through the predictor's [`iadeep_predictor::SlowdownModel`] and
 //! memory footprints through [`MemoryEstimator`], so the policy does not depend on
@@ -23,6 +24,8 @@
 //! - `kubernetes` (implies `daemon`): the Kubernetes scheduler extender (`extender`),
 //!   served by the daemon.
 
+mod archive;
+pub mod compaction;
 mod error;
 mod events;
 mod model;

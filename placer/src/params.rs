@@ -54,6 +54,12 @@ pub struct PlacerParams {
     /// on a store full of old tasks) is worked off over several passes instead of
     /// holding the store's write path for one long burst.
     pub retention_batch: usize,
+    /// How often the placer compacts the store's history (see [`crate::compaction`]);
+    /// `None` never does (an etcd compacted by its own `--auto-compaction-*`).
+    pub compact_every: Option<Duration>,
+    /// Revisions of history a compaction keeps: how far behind a watcher may fall
+    /// before it must read its prefix afresh (see [`crate::compaction`]).
+    pub compact_keep_revisions: i64,
     /// Least share of a shared card that must be free for a task nothing is known of
     /// (no request, no profile, no registry entry) to join it. Such a task is granted
     /// all the free memory *provisionally*: its agent fences its allocator there, and
@@ -82,6 +88,8 @@ impl Default for PlacerParams {
             max_scored_devices: 64,
             task_retention: Some(DEFAULT_TASK_RETENTION),
             retention_batch: 1000,
+            compact_every: Some(crate::compaction::DEFAULT_COMPACT_EVERY),
+            compact_keep_revisions: crate::compaction::DEFAULT_COMPACT_KEEP_REVISIONS,
             min_unknown_memory_share: 0.25,
         }
     }
@@ -154,6 +162,15 @@ impl PlacerParams {
         }
         if self.retention_batch == 0 {
             return Err(bad("retention_batch", "must be at least 1"));
+        }
+        if self.compact_keep_revisions < 1 {
+            return Err(bad("compact_keep_revisions", "must be at least 1"));
+        }
+        if self.compact_every.is_some_and(|every| every.is_zero()) {
+            return Err(bad(
+                "compact_every",
+                "must be positive (None never compacts)",
+            ));
         }
         Ok(())
     }

@@ -23,15 +23,16 @@
 //! [`crate::service::PlacementService::readmit_running`]), or reports them.
 //!
 //! The reaper also deletes the keys of released tasks once their retention is over
-//! (see [`crate::retention`]), so that there is one loop that cleans up after tasks.
+//! (see [`crate::retention`]), so that there is one loop that cleans up after tasks,
+//! and compacts the store's history (see [`crate::compaction`]).
 
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::retention;
 use crate::service::PlacementService;
+use crate::{compaction, retention};
 
 /// The grace periods the reaper applies; `None` turns that check off.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -75,6 +76,15 @@ pub fn spawn(
         let mut sweep_tick =
             tokio::time::interval(retention.map_or(Duration::from_secs(3600), retention::tick_for));
         sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Where the next retention pass goes on: a pass that deleted its batch stops
+        // there, and the next one runs at once, until the backlog is gone.
+        let mut sweep_from: Option<String> = None;
+        // Without a period the compaction never comes due (its branch is disabled).
+        let compact_every = params.compact_every;
+        let keep_revisions = params.compact_keep_revisions;
+        let mut compact_tick =
+            tokio::time::interval(compact_every.unwrap_or(Duration::from_secs(3600)));
+        compact_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Provisional reservations are settled within a second of the task's first
         // measured peak: tasks waiting for room ask again within seconds.
         let mut settle_tick = tokio::time::interval(SETTLE_PERIOD);
@@ -101,8 +111,19 @@ pub fn spawn(
                 }
                 _ = sweep_tick.tick(), if retention.is_some() => {
                     let retention = retention.unwrap_or_default();
-                    if let Err(err) = retention::sweep(&service, retention, retention_batch).await {
-                        tracing::warn!(%err, "cannot delete released tasks past their retention; retrying later");
+                    match retention::sweep(&service, retention, retention_batch, sweep_from.take()).await {
+                        Ok(swept) => {
+                            sweep_from = swept.resume_after;
+                            if sweep_from.is_some() {
+                                sweep_tick.reset_immediately();
+                            }
+                        }
+                        Err(err) => tracing::warn!(%err, "cannot delete released tasks past their retention; retrying later"),
+                    }
+                }
+                _ = compact_tick.tick(), if compact_every.is_some() => {
+                    if let Err(err) = compaction::compact(service.store().as_ref(), keep_revisions).await {
+                        tracing::warn!(%err, "cannot compact the store's history; retrying later");
                     }
                 }
                 changed = stop.changed() => {

@@ -1,14 +1,18 @@
 //! Deletes what released tasks leave in the store once their retention is over.
 //!
-//! A Release deletes the task's placement and gives its memory back, but keeps its
-//! spec, its last report and its assignment, so an operator can still read a finished
-//! job (`iadeep state get /iadeep/v1/tasks/ID/...`). Without an end to that, the store
+//! A Release deletes the task's placement, gives its memory back and moves its spec, its
+//! last report and its assignment from `tasks/{task}/` to `archive/{task}/` (see
+//! [`crate::archive`]), so an operator can still read a finished job (`iadeep state get
+//! /iadeep/v1/archive/ID/report`) while everything that reads `tasks/` whole (the
+//! placer's start, every tuner) reads only live tasks. Without an end to that, the store
 //! grows with every job ever run. So the Release transaction also writes a marker,
 //! `/iadeep/v1/released/{task}`, holding the release time (see
-//! [`iadeep_state::keys::task_released`]); a Place of the same id deletes it in its
-//! own transaction (the keys are the new task's then). The reaper calls [`sweep`]
-//! every [`tick_for`] and it deletes, in one transaction per task, the task's keys and
-//! its marker, for markers older than the retention — iff, at that revision:
+//! [`iadeep_state::keys::task_released`]); a Place of the same id deletes the marker and
+//! the archive in its own transaction (the id is the new task's then). The reaper calls
+//! [`sweep`] every [`tick_for`] and it deletes, in transactions of [`SWEEP_TXN_TASKS`]
+//! tasks, each task's archive, whatever its agent wrote under `tasks/` after the
+//! Release, and its marker, for markers older than the retention — iff, at that
+//! revision:
 //!
 //! - the marker is the one read (its mod revision): the id was not re-placed and
 //!   released again meanwhile, which would restart its retention;
@@ -16,50 +20,135 @@
 //! - the task has no `alive` key: its agent does not run (a task released while its
 //!   agent still runs is kept; see [`crate::service::PlacementService::readmit_running`]).
 //!
-//! A pass reads only the markers (their prefix is apart from the tasks') and deletes
-//! at most [`crate::PlacerParams::retention_batch`] tasks, the oldest first, so a
-//! backlog is worked off over several passes.
+//! A transaction whose comparisons fail (one of its tasks changed) is retried one task
+//! at a time, so one busy id never holds back the others.
+//!
+//! Why pages and a cursor: a backlog can hold millions of markers (a placer that was
+//! down, or a retention shortened), more than one read can answer. A pass reads the
+//! markers in pages of [`DEFAULT_PAGE_SIZE`] in key order, from where the last pass
+//! stopped, and stops after the page in which it deleted
+//! [`crate::PlacerParams::retention_batch`] tasks, returning where to go on
+//! ([`Swept::resume_after`]); the reaper then runs the next pass at once, so a backlog
+//! is cleared at the store's transaction rate without one pass holding the reaper for
+//! long. (Key order, not release order: release order would need every marker read.)
 
 use std::time::Duration;
 
 use iadeep_state::keys::{self, KeyKind};
-use iadeep_state::{Expect, Txn, TxnOutcome, typed};
+use iadeep_state::{DEFAULT_PAGE_SIZE, Expect, RangePage, Revision, Txn, TxnOutcome, typed};
 
 use crate::error::Result;
 use crate::events::PlacementEvent;
 use crate::service::PlacementService;
 
+/// Released tasks one sweep transaction deletes: each costs 3 comparisons and 7
+/// deletes, and etcd refuses a transaction of more than 128 operations by default
+/// (`--max-txn-ops`), so 16 (112 deletes) is the most that fits.
+pub const SWEEP_TXN_TASKS: usize = 16;
+
 /// What one [`sweep`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Swept {
-    /// Tasks whose keys were deleted, oldest release first.
+    /// Tasks whose keys were deleted, in key order.
     pub deleted: Vec<String>,
     /// Tasks past their retention left alone because their agent still runs.
     pub running: usize,
-    /// Tasks past their retention left for a later pass (the batch was full).
-    pub deferred: usize,
+    /// Where the next pass goes on (the last marker read) when this one stopped because
+    /// it had deleted its batch; `None` when it read every marker to the end.
+    pub resume_after: Option<String>,
 }
 
 /// How often the reaper sweeps for a given retention: a quarter of it, between 1 s
-/// and a minute (reading the markers costs one range over them).
+/// and a minute (a pass with nothing due costs one read per page of markers).
 pub fn tick_for(retention: Duration) -> Duration {
     (retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
 
-/// Deletes the keys of at most `batch` tasks released at least `retention` ago (by the
-/// service's clock), the oldest first.
-pub async fn sweep(service: &PlacementService, retention: Duration, batch: usize) -> Result<Swept> {
+/// Adds to `txn` the deletion of a released task's keys, on the conditions the module
+/// documentation lists; `marker_revision` is the mod revision of its marker as read.
+fn retire(txn: Txn, task: &str, marker_revision: Revision) -> Txn {
+    let marker = keys::task_released(task);
+    let mut txn = txn
+        .compare(marker.as_str(), Expect::ModRevision(marker_revision))
+        .compare(keys::task_placement(task), Expect::Absent)
+        .compare(keys::task_alive(task), Expect::Absent)
+        .delete(marker);
+    for (live, archived) in keys::archived_task_keys(task) {
+        txn = txn.delete(live).delete(archived);
+    }
+    txn
+}
+
+/// Deletes the keys of released tasks whose marker is at least `retention` old (by the
+/// service's clock), reading the markers after `from` (from the first with `None`) and
+/// stopping after the page in which `batch` tasks were deleted.
+pub async fn sweep(
+    service: &PlacementService,
+    retention: Duration,
+    batch: usize,
+    from: Option<String>,
+) -> Result<Swept> {
+    sweep_paged(service, retention, batch, from, DEFAULT_PAGE_SIZE).await
+}
+
+/// [`sweep`], reading `page_size` markers at a time.
+async fn sweep_paged(
+    service: &PlacementService,
+    retention: Duration,
+    batch: usize,
+    from: Option<String>,
+    page_size: usize,
+) -> Result<Swept> {
     let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
     let now = service.now_unix_ms();
-    let snapshot = service.store().range(keys::RELEASED).await?;
+    let mut swept = Swept::default();
+    let mut after = from;
+    loop {
+        let page = service
+            .store()
+            .range_page(keys::RELEASED, after.as_deref(), page_size)
+            .await?;
+        let due = due_in(service, &page, now.saturating_sub(retention_ms), &mut swept);
+        for chunk in due.chunks(SWEEP_TXN_TASKS) {
+            delete_chunk(service, chunk, &mut swept).await?;
+        }
+        after = page.next_after().map(str::to_owned);
+        if after.is_none() || swept.deleted.len() >= batch {
+            swept.resume_after = after;
+            break;
+        }
+    }
+    if !swept.deleted.is_empty() {
+        tracing::info!(
+            deleted = swept.deleted.len(),
+            running = swept.running,
+            more = swept.resume_after.is_some(),
+            "deleted the keys of released tasks past their retention"
+        );
+    }
+    Ok(swept)
+}
+
+/// The tasks of `page` released at or before `released_by` whose agent does not run,
+/// with their marker's revision.
+fn due_in(
+    service: &PlacementService,
+    page: &RangePage,
+    released_by: i64,
+    swept: &mut Swept,
+) -> Vec<(String, Revision)> {
     let mut due = Vec::new();
-    for kv in snapshot.kvs {
+    for kv in &page.kvs {
         let KeyKind::TaskReleased { task } = KeyKind::parse(&kv.key) else {
             continue;
         };
         match typed::decode_released_at(&kv.key, &kv.value) {
-            Ok(released_at) if released_at.saturating_add(retention_ms) <= now => {
-                due.push((released_at, task, kv.mod_revision));
+            Ok(released_at) if released_at <= released_by => {
+                if service.view().agent_alive(&task) {
+                    swept.running += 1;
+                } else {
+                    due.push((task, kv.mod_revision));
+                }
             }
             Ok(_) => {}
             Err(err) => {
@@ -68,48 +157,41 @@ pub async fn sweep(service: &PlacementService, retention: Duration, batch: usize
             }
         }
     }
-    due.sort();
-    let mut swept = Swept::default();
-    for (released_at, task, marker_revision) in due {
-        if service.view().agent_alive(&task) {
-            swept.running += 1;
-            continue;
-        }
-        if swept.deleted.len() >= batch {
-            swept.deferred += 1;
-            continue;
-        }
-        let marker = keys::task_released(&task);
-        let txn = Txn::new()
-            .compare(marker.as_str(), Expect::ModRevision(marker_revision))
-            .compare(keys::task_placement(&task), Expect::Absent)
-            .compare(keys::task_alive(&task), Expect::Absent)
-            .delete(keys::task_spec(&task))
-            .delete(keys::task_report(&task))
-            .delete(keys::task_assignment(&task))
-            .delete(marker);
-        match service.store().transact(txn).await? {
-            TxnOutcome::Committed { .. } => {
-                service.record(PlacementEvent::RetentionDeleted);
-                tracing::debug!(%task, released_s_ago = (now - released_at) / 1000,
-                    "deleted a released task's keys after its retention");
-                swept.deleted.push(task);
+    due
+}
+
+/// Deletes the tasks of `chunk` in one transaction or, when one of them changed since
+/// its marker was read, one transaction each.
+async fn delete_chunk(
+    service: &PlacementService,
+    chunk: &[(String, Revision)],
+    swept: &mut Swept,
+) -> Result<()> {
+    let all = chunk
+        .iter()
+        .fold(Txn::new(), |txn, (task, rev)| retire(txn, task, *rev));
+    let committed: Vec<&String> = match service.store().transact(all).await? {
+        TxnOutcome::Committed { .. } => chunk.iter().map(|(task, _)| task).collect(),
+        TxnOutcome::Failed { .. } if chunk.len() == 1 => Vec::new(),
+        TxnOutcome::Failed { .. } => {
+            let mut committed = Vec::new();
+            for (task, rev) in chunk {
+                let txn = retire(Txn::new(), task, *rev);
+                if service.store().transact(txn).await?.committed() {
+                    committed.push(task);
+                } else {
+                    tracing::debug!(%task,
+                        "released task changed since the marker was read (placed again, released again or its agent runs); kept");
+                }
             }
-            TxnOutcome::Failed { .. } => {
-                tracing::debug!(%task,
-                    "released task changed since the marker was read (placed again, released again or its agent runs); kept");
-            }
+            committed
         }
+    };
+    for task in committed {
+        service.record(PlacementEvent::RetentionDeleted);
+        swept.deleted.push(task.clone());
     }
-    if !swept.deleted.is_empty() || swept.deferred > 0 {
-        tracing::info!(
-            deleted = swept.deleted.len(),
-            deferred = swept.deferred,
-            running = swept.running,
-            "deleted the keys of released tasks past their retention"
-        );
-    }
-    Ok(swept)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -140,13 +222,16 @@ mod tests {
         }
     }
 
+    async fn count(store: &dyn StateStore, prefix: &str) -> usize {
+        store.range(prefix).await.expect("range").kvs.len()
+    }
+
     async fn task_keys(store: &dyn StateStore, id: &str) -> usize {
-        store
-            .range(&keys::task_prefix(id))
-            .await
-            .expect("range")
-            .kvs
-            .len()
+        count(store, &keys::task_prefix(id)).await
+    }
+
+    async fn archived_keys(store: &dyn StateStore, id: &str) -> usize {
+        count(store, &keys::archive_prefix(id)).await
     }
 
     fn world() -> (Arc<dyn StateStore>, Arc<AtomicI64>, PlacementService) {
@@ -164,8 +249,13 @@ mod tests {
         now.fetch_add(by.as_millis() as i64, Ordering::SeqCst);
     }
 
+    async fn place_and_release(service: &PlacementService, id: &str) {
+        service.place(spec(id), vec![]).await.expect("place");
+        service.release(id).await.expect("release");
+    }
+
     #[tokio::test]
-    async fn a_released_task_is_readable_until_its_retention_ends_then_gone() {
+    async fn a_released_task_moves_to_the_archive_until_its_retention_ends_then_is_gone() {
         let (store, now, service) = world();
         let events = Arc::new(crate::events::Recorded::default());
         let service = service.with_events(events.clone());
@@ -178,9 +268,19 @@ mod tests {
         service.release("a").await.expect("release");
         assert_eq!(
             task_keys(store.as_ref(), "a").await,
-            2,
-            "spec and assignment kept"
+            0,
+            "readers of tasks/ see live tasks only"
         );
+        assert_eq!(
+            archived_keys(store.as_ref(), "a").await,
+            2,
+            "spec and assignment kept in the archive"
+        );
+        let (archived, _) = typed::get::<TaskSpec>(store.as_ref(), &keys::archived_spec("a"))
+            .await
+            .expect("get")
+            .expect("archived spec");
+        assert_eq!(archived, spec("a"));
         assert!(
             store
                 .get(&keys::task_released("a"))
@@ -190,14 +290,19 @@ mod tests {
         );
 
         advance(&now, HOUR - Duration::from_secs(1));
-        let early = sweep(&service, HOUR, 10).await.expect("sweep");
+        let early = sweep(&service, HOUR, 10, None).await.expect("sweep");
         assert!(early.deleted.is_empty(), "{early:?}");
-        assert_eq!(task_keys(store.as_ref(), "a").await, 2, "still readable");
+        assert_eq!(
+            archived_keys(store.as_ref(), "a").await,
+            2,
+            "still readable"
+        );
 
         advance(&now, Duration::from_secs(1));
-        let due = sweep(&service, HOUR, 10).await.expect("sweep");
+        let due = sweep(&service, HOUR, 10, None).await.expect("sweep");
         assert_eq!(due.deleted, vec!["a".to_owned()]);
-        assert_eq!(task_keys(store.as_ref(), "a").await, 0);
+        assert_eq!(due.resume_after, None);
+        assert_eq!(archived_keys(store.as_ref(), "a").await, 0);
         assert!(
             store
                 .get(&keys::task_released("a"))
@@ -212,8 +317,7 @@ mod tests {
     async fn a_re_used_id_and_a_running_agent_keep_their_keys() {
         let (store, now, service) = world();
         for id in ["reused", "running"] {
-            service.place(spec(id), vec![]).await.expect("place");
-            service.release(id).await.expect("release");
+            place_and_release(&service, id).await;
         }
         // The id is placed again: the new task's keys are not the old one's to delete.
         service
@@ -225,23 +329,27 @@ mod tests {
             store.get(&marker).await.expect("get").is_none(),
             "Place deletes it"
         );
-        // The other's agent still runs after the Release.
+        assert_eq!(
+            archived_keys(store.as_ref(), "reused").await,
+            0,
+            "and the old task's archive"
+        );
+        // The other's agent still runs after the Release, and reports.
         store
             .put(&keys::task_alive("running"), b"pid 1".to_vec(), None)
             .await
             .expect("alive");
         advance(&now, 2 * HOUR);
-        let swept = sweep(&service, HOUR, 10).await.expect("sweep");
+        let swept = sweep(&service, HOUR, 10, None).await.expect("sweep");
         assert!(swept.deleted.is_empty(), "{swept:?}");
         assert_eq!(task_keys(store.as_ref(), "reused").await, 3);
-        assert!(task_keys(store.as_ref(), "running").await >= 2);
+        assert_eq!(archived_keys(store.as_ref(), "running").await, 2);
     }
 
     #[tokio::test]
     async fn a_marker_rewritten_after_it_was_read_is_not_acted_on() {
         let (store, now, service) = world();
-        service.place(spec("a"), vec![]).await.expect("place");
-        service.release("a").await.expect("release");
+        place_and_release(&service, "a").await;
         advance(&now, 2 * HOUR);
         // A second release (re-placed and released again by another placer) moves the
         // marker on between this placer's read and its delete: the comparison on the
@@ -252,47 +360,68 @@ mod tests {
             .put(&marker, typed::encode_released_at(0), None)
             .await
             .expect("rewrite");
-        let txn = Txn::new()
-            .compare(marker.as_str(), Expect::ModRevision(read.mod_revision))
-            .delete(keys::task_spec("a"));
+        let txn = retire(Txn::new(), "a", read.mod_revision);
         assert!(!store.transact(txn).await.expect("txn").committed());
         // Read afresh, the pass deletes it.
-        let swept = sweep(&service, HOUR, 10).await.expect("sweep");
+        let swept = sweep(&service, HOUR, 10, None).await.expect("sweep");
         assert_eq!(swept.deleted, vec!["a".to_owned()]);
     }
 
+    /// Pages of two markers and a batch of two: each pass deletes one page's tasks
+    /// and says where the next goes on, until the backlog is gone.
     #[tokio::test]
-    async fn a_backlog_is_deleted_in_batches_oldest_first() {
+    async fn a_backlog_is_deleted_in_passes_that_resume_where_the_last_stopped() {
         let (store, now, service) = world();
         for id in ["t0", "t1", "t2", "t3", "t4"] {
-            service.place(spec(id), vec![]).await.expect("place");
-            service.release(id).await.expect("release");
+            place_and_release(&service, id).await;
             advance(&now, Duration::from_secs(1));
         }
         advance(&now, HOUR);
-        let first = sweep(&service, HOUR, 2).await.expect("sweep");
+        let first = sweep_paged(&service, HOUR, 2, None, 2)
+            .await
+            .expect("sweep");
         assert_eq!(first.deleted, vec!["t0".to_owned(), "t1".to_owned()]);
-        assert_eq!(first.deferred, 3);
-        let second = sweep(&service, HOUR, 2).await.expect("sweep");
+        assert_eq!(first.resume_after, Some(keys::task_released("t1")));
+        let second = sweep_paged(&service, HOUR, 2, first.resume_after, 2)
+            .await
+            .expect("sweep");
         assert_eq!(second.deleted, vec!["t2".to_owned(), "t3".to_owned()]);
-        let third = sweep(&service, HOUR, 2).await.expect("sweep");
+        let third = sweep_paged(&service, HOUR, 2, second.resume_after, 2)
+            .await
+            .expect("sweep");
         assert_eq!(third.deleted, vec!["t4".to_owned()]);
-        assert!(
-            store
-                .range(keys::TASKS)
-                .await
-                .expect("range")
-                .kvs
-                .is_empty()
-        );
-        assert!(
-            store
-                .range(keys::RELEASED)
-                .await
-                .expect("range")
-                .kvs
-                .is_empty()
-        );
+        assert_eq!(third.resume_after, None, "read to the end");
+        for prefix in [keys::TASKS, keys::ARCHIVE, keys::RELEASED] {
+            assert_eq!(count(store.as_ref(), prefix).await, 0, "{prefix}");
+        }
+    }
+
+    /// A whole transaction of tasks fails when one of them changed; the others are
+    /// deleted one by one, and the changed one is kept.
+    #[tokio::test]
+    async fn one_changed_task_does_not_hold_back_its_transaction() {
+        let (store, now, service) = world();
+        let ids: Vec<String> = (0..SWEEP_TXN_TASKS + 3)
+            .map(|i| format!("t{i:02}"))
+            .collect();
+        for id in &ids {
+            place_and_release(&service, id).await;
+        }
+        advance(&now, 2 * HOUR);
+        // An agent came back behind the view's back (its `alive` key is in the store,
+        // not yet in the view): only the transaction's comparison can see it.
+        store
+            .put(&keys::task_alive("t03"), b"pid 7".to_vec(), None)
+            .await
+            .expect("alive");
+        let swept = sweep(&service, HOUR, 100, None).await.expect("sweep");
+        let kept: Vec<&String> = ids
+            .iter()
+            .filter(|id| !swept.deleted.contains(id))
+            .collect();
+        assert_eq!(kept, ["t03"]);
+        assert_eq!(count(store.as_ref(), keys::RELEASED).await, 1);
+        assert_eq!(archived_keys(store.as_ref(), "t03").await, 2);
     }
 
     /// The reaper's loop sweeps by the service's clock (virtual here): with the clock
@@ -303,13 +432,13 @@ mod tests {
         let (store, now, service) = world();
         let retention = service.placer().params().task_retention.expect("a default");
         assert_eq!(retention, crate::params::DEFAULT_TASK_RETENTION);
-        service.place(spec("a"), vec![]).await.expect("place");
-        service.release("a").await.expect("release");
+        place_and_release(&service, "a").await;
+        assert_eq!(archived_keys(store.as_ref(), "a").await, 2);
         advance(&now, retention);
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let reaper = crate::reaper::spawn(service.clone(), Default::default(), stopped);
         let mut polls = 0;
-        while task_keys(store.as_ref(), "a").await > 0 {
+        while archived_keys(store.as_ref(), "a").await > 0 {
             polls += 1;
             assert!(polls < 1_000, "the reaper did not sweep");
             tokio::time::sleep(Duration::from_millis(10)).await;

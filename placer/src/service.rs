@@ -80,7 +80,10 @@ impl Plan {
             .put(placement_key.as_str(), placement.encode_to_vec(), None)
             .put(keys::task_spec(&task.task_id), task.encode_to_vec(), None)
             // A re-used id: the keys are the new task's now, not a released one's.
-            .delete(keys::task_released(&task.task_id));
+            .delete(keys::task_released(&task.task_id))
+            .delete(keys::archived_spec(&task.task_id))
+            .delete(keys::archived_report(&task.task_id))
+            .delete(keys::archived_assignment(&task.task_id));
         for a in &self.assignments {
             txn = txn.put(keys::task_assignment(&a.task_id), a.encode_to_vec(), None);
         }
@@ -939,11 +942,15 @@ impl PlacementService {
             }
             if released.is_none() && had_placement {
                 // A placement without a reservation: nothing else to take it away with.
-                let txn = Txn::new().delete(placement_key.as_str()).put(
-                    keys::task_released(task_id),
-                    typed::encode_released_at(self.clock.now_unix_ms()),
-                    None,
-                );
+                let archive = crate::archive::archive_ops(self.store.as_ref(), task_id).await?;
+                let txn = Txn::new()
+                    .delete(placement_key.as_str())
+                    .put(
+                        keys::task_released(task_id),
+                        typed::encode_released_at(self.clock.now_unix_ms()),
+                        None,
+                    )
+                    .with_ops(archive);
                 self.store.transact(txn).await?;
             }
         }
@@ -986,6 +993,8 @@ impl PlacementService {
                     .map(|rev| (d.residents_record(device_id), rev))
             })
         };
+        // The spec, report and assignment move to the archive (see `crate::retention`).
+        let archive = crate::archive::archive_ops(self.store.as_ref(), task_id).await?;
         // The release marker of the last transaction sent: finding it in the store
         // after a lost comparison means that transaction committed after all.
         let mut sent: Option<Vec<u8>> = None;
@@ -1016,7 +1025,8 @@ impl PlacementService {
                 txn.put(key.as_str(), record.encode_to_vec(), None)
             }
             .delete(placement_key)
-            .put(keys::task_released(task_id), marker.clone(), None);
+            .put(keys::task_released(task_id), marker.clone(), None)
+            .with_ops(archive.iter().cloned());
             sent = Some(marker);
             match self.store.transact(txn).await? {
                 TxnOutcome::Committed { revision } => {
@@ -1186,11 +1196,21 @@ impl PlacementService {
             .device_id
             .clone()
             .ok_or("its agent has not reported which device it runs on")?;
-        let spec = typed::get::<TaskSpec>(self.store.as_ref(), &keys::task_spec(&task.task_id))
-            .await
-            .map_err(|err| err.to_string())?
-            .map(|(spec, _)| spec)
-            .ok_or("its spec is not in the store")?;
+        // Its Release moved the spec to the archive, unless the agent wrote it again.
+        let mut spec = None;
+        for key in [
+            keys::task_spec(&task.task_id),
+            keys::archived_spec(&task.task_id),
+        ] {
+            spec = typed::get::<TaskSpec>(self.store.as_ref(), &key)
+                .await
+                .map_err(|err| err.to_string())?
+                .map(|(spec, _)| spec);
+            if spec.is_some() {
+                break;
+            }
+        }
+        let spec = spec.ok_or("its spec is not in the store")?;
         match self.place(spec, vec![device]).await {
             Ok(PlaceOutcome {
                 decision: place_response::Decision::Placed(_),

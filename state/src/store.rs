@@ -369,19 +369,40 @@ pub trait StateStore: Send + Sync + fmt::Debug {
     ///
     /// Successive pages are each consistent but may be read at different revisions:
     /// a walker that needs one snapshot uses [`StateStore::range`].
+    ///
+    /// The default reads the whole prefix and keeps one page, for wrappers and test
+    /// doubles; both backends read only the page.
     async fn range_page(
         &self,
         prefix: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<RangePage>;
+    ) -> Result<RangePage> {
+        let snapshot = self.range(prefix).await?;
+        let mut kvs: Vec<KeyValue> = snapshot
+            .kvs
+            .into_iter()
+            .filter(|kv| after.is_none_or(|after| kv.key.as_str() > after))
+            .collect();
+        let more = kvs.len() > limit.max(1);
+        kvs.truncate(limit.max(1));
+        Ok(RangePage {
+            kvs,
+            revision: snapshot.revision,
+            more,
+        })
+    }
 
     /// Forgets the history before `revision`, so the store does not grow with every
     /// write ever made: watches from an earlier revision then fail with
     /// [`StateError::Compacted`] (a [`crate::Follow`] reads afresh). A revision already
     /// compacted is not an error. The embedded store bounds its own history (its last
-    /// `DEFAULT_HISTORY_REVISIONS`), so there this does nothing.
-    async fn compact(&self, revision: Revision) -> Result<()>;
+    /// `DEFAULT_HISTORY_REVISIONS`), so there this does nothing, as by default (for
+    /// wrappers and test doubles).
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        let _ = revision;
+        Ok(())
+    }
 
     /// Changes to keys starting with `prefix`, from `start_revision` (inclusive) or,
     /// with `None`, from now on.

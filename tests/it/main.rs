@@ -14,5 +14,6 @@ mod sim;
 mod state_embedded;
 mod state_etcd;
 mod state_etcd_security;
+mod store_scale;
 mod tls;
 mod tuner_daemon;

@@ -89,8 +89,15 @@ async fn a_released_tasks_keys_are_deleted_after_its_retention_on_etcd() {
     place_and_release(&mut client, "done", true).await;
     place_and_release(&mut client, "running", false).await;
     let s = store.as_ref();
-    eventually("the released task's keys to be deleted", async || {
-        task_keys(s, "done").await == 0
+    // The Release moved the task out of `tasks/` at once; the retention deletes the
+    // archive it moved to.
+    assert_eq!(task_keys(s, "done").await, 0);
+    eventually("the released task's archive to be deleted", async || {
+        s.range(&keys::archive_prefix("done"))
+            .await
+            .expect("range")
+            .kvs
+            .is_empty()
     })
     .await;
     assert!(
