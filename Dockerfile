@@ -1,6 +1,6 @@
 # The iadeep binary in a small runtime image (placer, tuner, CLI: one binary).
 #   docker build -t iadeep/iadeep:0.1.0 .
-# The image name matches deploy/kubernetes/*.yaml.
+# The image name matches deploy/kubernetes/base/*.yaml.
 
 FROM rust:1.90-bookworm AS build
 # protoc: the etcd client's build script compiles etcd's protobuf files with it.

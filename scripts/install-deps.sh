@@ -7,6 +7,8 @@
 #   etcd-server        the real etcd the tests start on a loopback port (not with --build)
 #   python3, python3-venv  the virtual environment the Python package's tests run in
 #                      (not with --build)
+#   kubernetes-client  kubectl, whose `kubectl kustomize` renders deploy/kubernetes's
+#                      overlays for their tests (not with --build; any kubectl will do)
 #
 # Usage: scripts/install-deps.sh [--build]   (--build: only what building needs)
 set -euo pipefail
@@ -18,6 +20,7 @@ command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 if ! $build_only; then
     command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need+=(etcd-server)
+    command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
     if ! command -v python3 >/dev/null 2>&1; then
         need+=(python3 python3-venv)
     elif ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then

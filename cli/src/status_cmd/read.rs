@@ -380,8 +380,7 @@ pub fn tuning(
     } else if !pd_known {
         (
             "holding",
-            "no step time at m0 known (alone, estimated or profiled): PD cannot be measured yet"
-                .to_owned(),
+            "no solo step time at m0 yet, so PD cannot be measured".to_owned(),
         )
     } else {
         let measured = tuner.map_or(0, |t| {
