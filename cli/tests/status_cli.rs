@@ -114,10 +114,8 @@ fn status_shows_what_the_store_holds_for_two_jobs() {
     let text = String::from_utf8_lossy(&status(&cluster, &[]).stdout).into_owned();
     assert!(text.contains("No jobs placed."), "{text}");
 
-    let _jobs = [
-        Job::start(&cluster, "st-a", "64"),
-        Job::start(&cluster, "st-b", "32"),
-    ];
+    let _job_a = Job::start(&cluster, "st-a", "64");
+    let job_b = Job::start(&cluster, "st-b", "32");
     let started = Instant::now();
     let reported = |task: &str| {
         cluster
@@ -205,6 +203,20 @@ fn status_shows_what_the_store_holds_for_two_jobs() {
     eprintln!("{text}");
     assert!(text.contains("st-a") && text.contains("st-b"), "{text}");
     assert!(text.contains(&device), "{text}");
+
+    // A job that ends is released: it leaves the list and counts as released.
+    drop(job_b);
+    let started = Instant::now();
+    let after = loop {
+        let shown = status_json(&cluster);
+        if shown["jobs"].as_array().is_some_and(|jobs| jobs.len() == 1) {
+            break shown;
+        }
+        assert!(started.elapsed() < DEADLINE, "st-b released: {shown}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(after["jobs"][0]["id"], "st-a", "{after}");
+    assert_eq!(after["released_jobs"], 1, "{after}");
 }
 
 #[test]

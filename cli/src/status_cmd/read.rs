@@ -44,8 +44,13 @@ pub struct Snapshot {
     pub devices: Vec<DeviceRow>,
     /// Placed tasks, by device then id.
     pub jobs: Vec<JobRow>,
-    /// Tasks whose keys remain but that hold no placement (released, kept for reading).
+    /// Released tasks whose keys are kept for reading (under `keys::ARCHIVE`), counted
+    /// up to [`RELEASED_COUNTED`]; `released_more` when there are more.
     pub released: usize,
+    pub released_more: bool,
+    /// Live task ids with no placement: a task released while its agent still runs (the
+    /// placer's reaper places it again), or one caught between two writes.
+    pub unplaced: Vec<String>,
     /// Keys that did not decode, named, so an operator can look at them.
     pub problems: Vec<String>,
 }
@@ -118,21 +123,31 @@ pub struct Tuning {
     pub why: String,
 }
 
+/// Released tasks counted at most: one page of release markers, so the status costs the
+/// same however long the retention keeps them.
+pub const RELEASED_COUNTED: usize = 1000;
+
 /// Reads the store once.
 pub async fn read(store: &dyn StateStore, now_unix_ms: i64) -> iadeep_state::Result<Snapshot> {
     let devices_range = store.range(keys::DEVICES).await?;
     let tasks_range = store.range(keys::TASKS).await?;
+    let released = store
+        .range_page(keys::RELEASED, None, RELEASED_COUNTED)
+        .await?;
     let mut problems = Vec::new();
     let devices = group_devices(&devices_range.kvs, &mut problems);
     let tasks = group_tasks(&tasks_range.kvs, &mut problems);
-    Ok(assemble(
+    let mut snapshot = assemble(
         store.describe(),
         tasks_range.revision,
         now_unix_ms,
         devices,
         tasks,
         problems,
-    ))
+    );
+    snapshot.released = released.kvs.len();
+    snapshot.released_more = released.more;
+    Ok(snapshot)
 }
 
 /// Decodes `kv` as `M`, or notes the key as a problem.
@@ -193,10 +208,10 @@ fn assemble(
     problems: Vec<String>,
 ) -> Snapshot {
     let mut jobs = Vec::new();
-    let mut released = 0;
+    let mut unplaced = Vec::new();
     for (id, task) in &tasks {
         let Some(placement) = &task.placement else {
-            released += 1;
+            unplaced.push(id.clone());
             continue;
         };
         let device = devices.get(&placement.device_id);
@@ -213,7 +228,9 @@ fn assemble(
         now_unix_ms,
         devices,
         jobs,
-        released,
+        released: 0,
+        released_more: false,
+        unplaced,
         problems,
     }
 }

@@ -60,11 +60,16 @@ pub fn text(snapshot: &Snapshot) -> Vec<String> {
     } else {
         lines.extend(job_lines(snapshot));
     }
+    if !snapshot.unplaced.is_empty() {
+        let ids = snapshot.unplaced.join(", ");
+        lines.push(cut(&format!("Running without a reservation: {ids}"), WIDTH));
+    }
     if snapshot.released > 0 {
+        let more = if snapshot.released_more { "+" } else { "" };
         lines.push(format!(
-            "{} released job(s) kept for reading (`iadeep state ls {}`).",
+            "{}{more} released job(s) kept for reading (`iadeep state ls {}`).",
             snapshot.released,
-            iadeep_state::keys::TASKS
+            iadeep_state::keys::ARCHIVE
         ));
     }
     lines.push(
@@ -212,6 +217,8 @@ pub fn json(snapshot: &Snapshot) -> Value {
         "devices": snapshot.devices.iter().map(device_json).collect::<Vec<_>>(),
         "jobs": snapshot.jobs.iter().map(|j| job_json(j, snapshot.now_unix_ms)).collect::<Vec<_>>(),
         "released_jobs": snapshot.released,
+        "released_jobs_more": snapshot.released_more,
+        "unplaced_tasks": snapshot.unplaced,
         "problems": snapshot.problems,
     })
 }

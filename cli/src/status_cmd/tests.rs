@@ -137,10 +137,25 @@ async fn two_jobs() -> Snapshot {
         .put(&keys::task_alive("a"), b"x".to_vec(), Some(lease))
         .await
         .expect("alive");
-    // A released task: its keys but no placement.
-    typed::put(&store, &keys::task_spec("old"), &spec("old", 8, 0, 0), None)
+    // A released task: its marker, its keys in the archive.
+    let marker = typed::encode_released_at(NOW_MS - 60_000);
+    store
+        .put(&keys::task_released("old"), marker, None)
+        .await
+        .expect("marker");
+    let old = spec("old", 8, 0, 0);
+    typed::put(&store, &keys::archived_spec("old"), &old, None)
         .await
         .expect("old");
+    // A live task without placement (its reservation lost while its agent runs).
+    let lease = store
+        .grant_lease(std::time::Duration::from_secs(60))
+        .await
+        .expect("lease");
+    store
+        .put(&keys::task_alive("lost"), b"x".to_vec(), Some(lease))
+        .await
+        .expect("lost");
     read::read(&store, NOW_MS).await.expect("read")
 }
 
@@ -158,9 +173,11 @@ async fn figures_come_from_the_store_and_pd_is_the_tuners() {
     assert_eq!(t.best_sum_pd, Some(2.25));
 
     assert_eq!(
-        s.released, 1,
-        "the task without placement counts as released"
+        (s.released, s.released_more),
+        (1, false),
+        "one release marker"
     );
+    assert_eq!(s.unplaced, ["lost"], "a live task without placement");
     let [a, b] = &s.jobs[..] else {
         panic!("two jobs: {:?}", s.jobs)
     };
@@ -200,6 +217,11 @@ async fn text_fits_100_columns_and_json_carries_every_figure() {
         "both PDs shown:\n{text}"
     );
     assert!(text.contains("fixed"), "{text}");
+    assert!(
+        text.contains("Running without a reservation: lost"),
+        "{text}"
+    );
+    assert!(text.contains("1 released job(s)"), "{text}");
     let json = render::json(&s);
     assert_eq!(json["jobs"][0]["pd"], 1.25);
     assert_eq!(json["jobs"][0]["report_age_s"], 3.0);
