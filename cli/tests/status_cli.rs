@@ -263,3 +263,64 @@ fn a_store_that_never_answers_times_out() {
     assert!(took < Duration::from_secs(20), "{took:?}");
     drop(silent);
 }
+
+/// `--watch` on an embedded store file: a JSON object per refresh, with what the file holds
+/// (one registered GPU), until the process is stopped.
+#[test]
+fn watch_prints_one_object_per_refresh_from_an_embedded_store() {
+    use std::io::BufRead;
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = tmp.path().join("state.redb");
+    {
+        let runtime = iadeep_state::testing::runtime();
+        let store = iadeep_state::EmbeddedStore::open(&path).expect("create the store");
+        let info = iadeep_proto::DeviceInfo {
+            device_id: "w-gpu0".into(),
+            memory_mib: 8192,
+            ..iadeep_proto::DeviceInfo::default()
+        };
+        runtime
+            .block_on(iadeep_state::typed::put(
+                &store,
+                &iadeep_state::keys::device_info("w-gpu0"),
+                &info,
+                None,
+            ))
+            .expect("put");
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args(["status", "--json", "--watch", "0.2", "--store"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn iadeep status --watch");
+    // Lines arrive through a channel, so a status that never prints fails the test
+    // after DEADLINE instead of hanging it.
+    let stdout = child.stdout.take().expect("stdout");
+    let (send, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            if line.is_err() || send.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut objects = Vec::new();
+    while objects.len() < 2 {
+        let line = lines
+            .recv_timeout(DEADLINE)
+            .expect("a refresh within the deadline");
+        objects.push(serde_json::from_str::<Value>(&line).expect("JSON"));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    for object in &objects {
+        assert_eq!(object["devices"][0]["id"], "w-gpu0", "{object}");
+        assert_eq!(object["devices"][0]["memory_mib"], 8192, "{object}");
+        assert_eq!(object["jobs"], Value::Array(vec![]), "{object}");
+    }
+    assert!(objects[1]["now_unix_ms"].as_i64() >= objects[0]["now_unix_ms"].as_i64());
+}
