@@ -128,6 +128,9 @@ impl EngineParams {
     }
 }
 
+/// The smallest relative change of a job's PD that makes a new point of the batch trace.
+const TRACE_PD_STEP: f64 = 0.01;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Status {
     NotArrived,
@@ -158,6 +161,8 @@ struct TaskState {
     ooms: u32,
     /// Fenced out-of-memory errors (its run needed more than its fence).
     fenced_ooms: u32,
+    /// The batch size and PD of its last point in the run's batch trace.
+    traced: Option<(u32, f64)>,
     /// The memory fence of its agent, MiB, when it has one (see the module docs).
     fence_mib: Option<u64>,
     /// Not before this time may the task be offered to the policy again.
@@ -347,6 +352,7 @@ impl TaskState {
             rate: 0.0,
             last_s: t.submit_s,
             version: 0,
+            traced: None,
             active: false,
             // Nothing measured before the first steps (`seq` 0): no step time, no
             // peak (the world's values must not reach a policy this way either).
@@ -1003,13 +1009,22 @@ impl<'w> Engine<'w> {
             state.rate = samples_per_s * efficiency;
             state.version += 1;
             if fresh_reports {
-                self.metrics.batch_trace.push(BatchPoint {
-                    at_s: self.now,
-                    device,
-                    task,
-                    batch_size: state.batch_size,
-                    pd: f64::from(state.spec.m0) / state.true_solo_step_s / state.rate,
+                // A point only where the batch size or the PD moved (by 1 % or more): the
+                // plot is a step function, and a long run has a change every few seconds.
+                let pd = f64::from(state.spec.m0) / state.true_solo_step_s / state.rate;
+                let moved = state.traced.is_none_or(|(batch, last)| {
+                    batch != state.batch_size || (pd / last - 1.0).abs() >= TRACE_PD_STEP
                 });
+                if moved {
+                    state.traced = Some((state.batch_size, pd));
+                    self.metrics.batch_trace.push(BatchPoint {
+                        at_s: self.now,
+                        device,
+                        task,
+                        batch_size: state.batch_size,
+                        pd,
+                    });
+                }
                 // What the agent measured since its last report (see `crate::agent`).
                 let steps_run = ((self.now - state.reported_s) * steps).max(0.0) as u64;
                 state.reported_s = self.now;
