@@ -265,3 +265,30 @@ async fn a_damaged_value_is_named_and_the_rest_still_shown() {
         s.problems
     );
 }
+
+/// The derived phase follows what the store holds, in order: a finished job, a job its
+/// bounds pin, one its GPU's tuner has not taken into a search, one whose PD cannot be
+/// measured, and one being tuned.
+#[test]
+fn the_tuner_phase_is_derived_from_what_the_store_holds() {
+    let movable = spec("j", 32, 16, 64);
+    let with_j = TunerState {
+        task_ids: vec!["j".into()],
+        ..TunerState::default()
+    };
+    let phase = |spec: &TaskSpec, finished, pd_known, tuner: Option<&TunerState>| {
+        read::tuning("j", spec, finished, pd_known, tuner).phase
+    };
+    assert_eq!(phase(&movable, true, true, Some(&with_j)), "finished");
+    assert_eq!(
+        phase(&spec("j", 32, 0, 0), false, true, Some(&with_j)),
+        "fixed"
+    );
+    assert_eq!(phase(&movable, false, true, None), "waiting");
+    assert_eq!(
+        phase(&movable, false, true, Some(&TunerState::default())),
+        "waiting"
+    );
+    assert_eq!(phase(&movable, false, false, Some(&with_j)), "holding");
+    assert_eq!(phase(&movable, false, true, Some(&with_j)), "tuning");
+}
