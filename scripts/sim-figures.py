@@ -19,9 +19,12 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+PARTS = ["oracle-prediction", "oracle-memory", "oracle-tuning", "oracle-wait"]
+
+
 def is_other(policy):
-    """A policy iadeep is compared with: neither an iadeep variant nor the oracle."""
-    return not policy.startswith("iadeep") and policy != "oracle"
+    """A policy iadeep is compared with: neither an iadeep variant nor an oracle."""
+    return not policy.startswith("iadeep") and not policy.startswith("oracle")
 
 
 def run_dir(out, worker, mode, seed):
@@ -96,6 +99,34 @@ def table(out, workers, modes, seeds):
             print(f"- {worker.upper()} `{mode}`: {listed}")
 
 
+def attribution(out, workers, modes, seeds):
+    """How much of the iadeep -> oracle gap (average completion time) each single-part
+    oracle closes, per run and as the mean of the runs' shares."""
+    print("| data | mode | seed | iadeep CT h | oracle CT h | "
+          + " | ".join(f"{p} CT h (gap closed)" for p in PARTS) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(PARTS))
+    for worker in workers:
+        for mode in modes:
+            shares = {p: [] for p in PARTS}
+            for seed in seeds:
+                rows = summary(run_dir(out, worker, mode, seed))
+                if not all(p in rows for p in PARTS):
+                    continue
+                ct, ct_oracle = hours(rows["iadeep"]), hours(rows["oracle"])
+                cells = []
+                for p in PARTS:
+                    part = hours(rows[p])
+                    share = (ct - part) / (ct - ct_oracle) if ct > ct_oracle else float("nan")
+                    shares[p].append(share)
+                    cells.append(f"{part:.2f} ({100 * share:+.0f} %)")
+                print(f"| {worker.upper()} | {mode} | {seed} | {ct:.2f} | {ct_oracle:.2f} | "
+                      + " | ".join(cells) + " |")
+            if all(shares[p] for p in PARTS):
+                means = [sum(v) / len(v) for v in (shares[p] for p in PARTS)]
+                print(f"| {worker.upper()} | {mode} | mean | | | "
+                      + " | ".join(f"{100 * m:+.0f} %" for m in means) + " |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -118,6 +149,11 @@ def main():
             for folder in pool.map(lambda t: simulate(args.bin, args.out, *t, args.extra), todo):
                 print(f"done: {folder}", file=sys.stderr)
     table(args.out, workers, modes, seeds)
+    print()
+    print("The gap attributed (share of the iadeep -> oracle gap in average completion time "
+          "that the truth for one part alone closes):")
+    print()
+    attribution(args.out, workers, modes, seeds)
 
 
 if __name__ == "__main__":

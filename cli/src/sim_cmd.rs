@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use iadeep_datasets::gavel::GavelThroughputs;
 use iadeep_datasets::philly;
-use iadeep_sim::{Experiment, ExperimentParams, RunMetrics, report, store_sink};
+use iadeep_sim::{Attribution, Experiment, ExperimentParams, RunMetrics, report, store_sink};
 use iadeep_state::EmbeddedStore;
 
 use crate::progress::Progress;
@@ -67,8 +67,11 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 24.0, value_name = "H")]
     max_duration_h: f64,
     /// Comma-separated policies to run (exclusive, packing, util, memory, reference,
-    /// reference-fixed, pollux, iadeep, iadeep-no-tuner, iadeep-no-predictor, oracle).
-    /// Default: all of them.
+    /// reference-fixed, pollux, iadeep, iadeep-no-tuner, iadeep-no-predictor, oracle,
+    /// oracle-prediction, oracle-memory, oracle-tuning, oracle-wait). Default: all of
+    /// them. The `oracle-*` policies are iadeep with one learned part replaced by the
+    /// truth; with iadeep and oracle, the output says how much of the gap between them
+    /// each closes (`gap_closed` in --json). `oracle-wait` runs iadeep once more first.
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     policies: Vec<String>,
     /// Directory for the CSV files and plots.
@@ -208,12 +211,20 @@ fn simulate(
         "CT = completion time (submit to end); util = mean fraction of GPUs busy; work = mean \
          useful work per GPU (1 = one job alone at full speed); place/tune µs = mean decision time."
     )?;
+    let attribution = Attribution::of(&summaries);
+    if let Some(a) = &attribution {
+        outln!("{}", a.text())?;
+    }
     outln!("Results and plots written to {}:", out.display())?;
     for file in &files {
         outln!("  {}", file.display())?;
     }
     if json {
-        outln!("{}", report::json(&summaries))?;
+        let mut object = report::json(&summaries);
+        if let Some(a) = &attribution {
+            object["gap_closed"] = a.json();
+        }
+        outln!("{}", object)?;
     }
     Ok((experiment, runs))
 }

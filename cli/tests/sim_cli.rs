@@ -186,3 +186,46 @@ fn sim_interference_flag_switches_the_world_model() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("contention or product"), "{stderr}");
 }
+
+/// Issue 25: the single-part oracles run beside iadeep and the oracle, and the JSON
+/// says how much of the gap between those two each closes (the same figure as the
+/// policies' own completion times give), the text too.
+#[test]
+fn sim_json_attributes_the_gap_to_the_single_part_oracles() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_arg = dir.path().join("out");
+    let out = iadeep(&[
+        "sim",
+        "--tasks",
+        "16",
+        "--gpus",
+        "2",
+        "--load",
+        "3",
+        "--seed",
+        "2",
+        "--max-duration-h",
+        "2",
+        "--policies",
+        "iadeep,oracle,oracle-memory,oracle-wait",
+        "--out",
+        out_arg.to_str().expect("utf-8 path"),
+        "--json",
+    ]);
+    let json = succeeded_json(&out);
+    let ct = |name: &str| json["policies"][name]["avg_ct_s"].as_f64().expect(name);
+    let gap = ct("iadeep") - ct("oracle");
+    for part in ["oracle-memory", "oracle-wait"] {
+        let closed = &json["gap_closed"][part];
+        if gap > 0.0 {
+            let expect = (ct("iadeep") - ct(part)) / gap;
+            let got = closed.as_f64().expect("a share");
+            assert!((got - expect).abs() < 1e-9, "{part}: {got} vs {expect}");
+        } else {
+            assert!(closed.is_null(), "{part}: {closed}");
+        }
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Gap attributed: iadeep"), "{text}");
+    assert!(text.contains("oracle-wait"), "{text}");
+}

@@ -51,7 +51,9 @@ pub use error::{PlacerError, Result};
 pub use events::{NoEvents, PlacementEvent, PlacementEvents};
 pub use model::{MemoryEstimator, ModelledMemory};
 pub use params::PlacerParams;
-pub use policy::{Assessment, Candidate, Decision, Placer, Rejection, Shrink, Verdict};
+pub use policy::{
+    Assessment, Candidate, Decision, ObservedWait, Placer, Rejection, Shrink, Verdict, WaitModel,
+};
 pub use service::{Clock, PlaceOutcome, PlacementService};
 pub use sync::ViewSync;
 pub use view::{

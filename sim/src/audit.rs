@@ -8,10 +8,11 @@
 //! the queue-or-place inputs). It never sees the ground truth: after the run,
 //! [`fill_truth`] adds the world's slowdowns for exactly those co-locations and batch
 //! sizes, the time each queued task really waited, and when the devices its wait W
-//! counted on truly freed up (their residents done, and truly empty: W assumes
-//! nobody joins a device before it frees up). [`AuditSummary`] condenses a
-//! run into the few numbers that say whether the predictions, the ranking and the
-//! queue-or-place rule were right.
+//! counted on truly freed up (their residents done, and truly empty: the order
+//! statistic W starts from assumes nobody joins a device before it frees up, which the
+//! placer corrects with the waits its queued tasks really had). [`AuditSummary`]
+//! condenses a run into the few numbers that say whether the predictions, the ranking
+//! and the queue-or-place rule were right, W's bias among them.
 //!
 //! Off by default (`iadeep sim --audit`): recording costs a few predictions per
 //! decision, and the records are only for diagnosis.
@@ -312,6 +313,9 @@ pub struct AuditSummary {
     pub queue_wait_real_s: f64,
     pub queue_place_cost_true_s: f64,
     pub queue_place_cost_pred_s: f64,
+    /// Queue decisions: the bias of W, mean predicted over mean real wait − 1
+    /// (negative: W promised shorter waits than the tasks had).
+    pub queue_wait_bias: f64,
     /// Queue decisions: mean true time until the (q+1)-th busy device's residents at
     /// the decision all finished, and until it truly became empty, s (over the
     /// decisions where both are known).
@@ -442,6 +446,7 @@ impl<'a> Tally<'a> {
         s.shared_pd_increase_true = mean_or_nan(&self.pd_true);
         s.queue_wait_pred_s = mean_or_nan(&self.w_pred);
         s.queue_wait_real_s = mean_or_nan(&self.w_real);
+        s.queue_wait_bias = s.queue_wait_pred_s / s.queue_wait_real_s - 1.0;
         s.queue_place_cost_true_s = mean_or_nan(&self.c_true);
         s.queue_place_cost_pred_s = mean_or_nan(&self.c_pred);
         s.queue_residents_done_s = mean_or_nan(&self.w_done);
@@ -625,6 +630,8 @@ mod tests {
             ),
             (50.0, 60.0, 4990.0)
         );
+        // W said 50 s where the task waited 4,990 s.
+        assert!((s.queue_wait_bias - (50.0 / 4990.0 - 1.0)).abs() < 1e-12);
         assert_eq!(s.model_fitted.n, 2);
         assert_eq!(s.model_cold.n, 1);
         assert!(s.model_fitted.own_bias < 0.0);

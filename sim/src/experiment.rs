@@ -96,15 +96,22 @@ impl Experiment {
         self.workload.len()
     }
 
-    /// Builds a policy by name (one of [`POLICY_NAMES`]): the `oracle` reads this
-    /// experiment's world, the others only what the engine shows them.
+    /// Builds a policy by name (one of [`POLICY_NAMES`]): the oracles read this
+    /// experiment's world, the others only what the engine shows them. `oracle-wait`
+    /// runs `iadeep` on the stream first, for the waits its tasks really had.
     pub fn policy(&self, name: &str) -> Result<Box<dyn Policy>> {
+        use crate::policy::iadeep::{Iadeep, Oracle, Variant, oracle::Truth};
         let seed = self.params.workload.seed;
-        if name == "oracle" {
-            let truth = crate::policy::iadeep::oracle::Truth::new(&self.world);
-            return Ok(Box::new(crate::policy::iadeep::Iadeep::oracle(
-                truth, seed,
-            )?));
+        if let Some(which) = Oracle::from_name(name) {
+            let starts = if which.wait() {
+                let mut iadeep = Iadeep::new(Variant::Full, seed)?;
+                let run = self.run_policy(&mut iadeep, &mut |_, _| {})?;
+                run.tasks.iter().map(|t| (t.id, t.start_s)).collect()
+            } else {
+                Vec::new()
+            };
+            let truth = Truth::new(&self.world);
+            return Ok(Box::new(Iadeep::oracle(truth, which, &starts, seed)?));
         }
         crate::policy::build(name, seed)
     }

@@ -31,7 +31,8 @@
 //!   naive packing, utilisation-based, most-available-memory, the reference approach,
 //!   `pollux` (what the baselines make of specs and reports: `policy::solo`), and
 //!   iadeep with its two ablations, which drive the real `iadeep_tuner` and
-//!   `iadeep_predictor` code; iadeep's placement is the placer crate's own decision
+//!   `iadeep_predictor` code, and the oracles that replace some or all of iadeep's
+//!   learned parts by the truth; iadeep's placement is the placer crate's own decision
 //!   (`iadeep_placer::Placer::decide`, see `policy::iadeep::placement`) over a view
 //!   kept in sync with the agents' reports, and its jobs' agents are fenced at their
 //!   reservations;
@@ -40,9 +41,12 @@
 //!   fenced out-of-memory errors, tuning rounds, decision latency; table, CSV, JSON, SVG
 //!   plots;
 //! - `audit`: iadeep's placement decisions next to the world's truth (diagnosis);
+//! - [`Attribution`]: how much of the gap between iadeep and the oracle each single-part
+//!   oracle (`oracle-prediction`, `-memory`, `-tuning`, `-wait`) closes;
 //! - [`store_sink`]: a finished run written to a state store in iadeep's key layout.
 
 mod agent;
+mod attribution;
 mod audit;
 mod engine;
 mod error;
@@ -55,6 +59,7 @@ mod view;
 mod workload;
 mod world;
 
+pub use attribution::{Attribution, GapShare};
 pub use audit::{AuditCandidate, AuditRecord, AuditSummary, ErrorStats, Slowdowns};
 pub use engine::EngineParams;
 pub use error::{Result, SimError};

@@ -430,10 +430,11 @@ fn every_policy_gets_the_same_admission_and_the_same_information() {
         JobInfo::None
     );
     let experiment = experiment("k80", 24, 2, 4.0, 3);
-    // Every policy but the two ablations (same placer as iadeep, and slow in debug).
+    // Every policy but the two ablations and the single-part oracles (same placer as
+    // iadeep and the oracle, and slow in debug).
     let names = crate::POLICY_NAMES
         .iter()
-        .filter(|name| !name.starts_with("iadeep-"));
+        .filter(|name| !name.starts_with("iadeep-") && !name.starts_with("oracle-"));
     let mut first: Option<Recording> = None;
     for name in names {
         let recording = recorded(&experiment, name);
@@ -728,4 +729,42 @@ fn an_unfenced_job_over_the_card_crashes_as_before() {
         seen.iter()
             .any(|s| s.task == 1 && s.running && s.batch_size == pair.fallback)
     );
+}
+
+/// The single-part oracles (the gap attributed, `policy::iadeep::Oracle`) each replace
+/// exactly their part: `oracle-tuning` runs no tuner search (and so its predictor gets
+/// no samples), `oracle-prediction` still tunes but its placer learns no sample, the
+/// others tune and learn as `iadeep` does. All keep the books and crash no card.
+#[test]
+fn each_single_part_oracle_replaces_its_part_only() {
+    let experiment = experiment("k80", 30, 3, 3.0, 5);
+    for name in [
+        "oracle-prediction",
+        "oracle-memory",
+        "oracle-tuning",
+        "oracle-wait",
+    ] {
+        let mut policy = experiment.policy(name).expect("policy");
+        assert_eq!(policy.name(), name);
+        let metrics = experiment
+            .run_policy(policy.as_mut(), &mut |_, _| {})
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_bookkeeping(&experiment, &metrics);
+        assert_eq!(metrics.ooms, 0, "{name}: memory went over the card");
+        assert!(metrics.tuning_rounds > 0, "{name}: never tuned");
+        let said = policy.diagnostics();
+        let count = |label: &str| -> u64 {
+            let rest = &said[said.find(label).unwrap_or_else(|| panic!("{said}")) + label.len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits
+                .parse()
+                .unwrap_or_else(|_| panic!("{label} in {said}"))
+        };
+        let (searches, accepted) = (count("tuning searches "), count("accepted "));
+        match name {
+            "oracle-tuning" => assert_eq!((searches, accepted), (0, 0), "{said}"),
+            "oracle-prediction" => assert!(searches > 0 && accepted == 0, "{said}"),
+            _ => assert!(searches > 0 && accepted > 0, "{said}"),
+        }
+    }
 }

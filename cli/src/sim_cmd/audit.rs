@@ -60,10 +60,12 @@ fn summary_text(policy: &str, s: &AuditSummary) -> String {
             s.ranked_best, s.ranked
         ),
         format!(
-            "  queue: mean predicted W {:.0} s, real wait {:.0} s; placing would have cost \
-             {:.0} s predicted, {:.0} s true; {} queue decisions regretted (placing truly cheaper)",
+            "  queue: mean predicted W {:.0} s, real wait {:.0} s (bias {:+.1} %); placing would \
+             have cost {:.0} s predicted, {:.0} s true; {} queue decisions regretted (placing \
+             truly cheaper)",
             s.queue_wait_pred_s,
             s.queue_wait_real_s,
+            100.0 * s.queue_wait_bias,
             s.queue_place_cost_pred_s,
             s.queue_place_cost_true_s,
             s.queue_regretted

@@ -51,12 +51,17 @@ impl fmt::Display for Rejection {
                 before,
                 after,
                 min_gain,
-            } => write!(
-                f,
-                "sharing gains too little: predicted combined normalised throughput \
-                 {before:.2} → {after:.2}, less than the required gain of {min_gain:.2} \
-                 (the task would do its work sooner later, alone)"
-            ),
+            } => {
+                // As many decimals as it takes to show the gain below the minimum.
+                let gain = after - before;
+                let d = separating_decimals(gain, *min_gain, 2);
+                write!(
+                    f,
+                    "sharing gains too little: predicted combined normalised throughput \
+                     {before:.d$} → {after:.d$}, a gain of {gain:.d$}, less than the \
+                     required {min_gain:.d$} (the task would do its work sooner later, alone)"
+                )
+            }
         }
     }
 }
@@ -133,6 +138,17 @@ impl Placer {
     }
 }
 
+/// The fewest decimals, at least `min` and at most 12, with which `smaller` prints
+/// below `larger`: a text that says one figure is less than another must show it so
+/// (a gain of −0.001 against a minimum of 0 printed with two decimals read "1.67 →
+/// 1.67, less than the required gain of 0.00").
+pub(super) fn separating_decimals(smaller: f64, larger: f64, min: usize) -> usize {
+    let rounded = |x: f64, d: usize| format!("{x:.d$}").parse::<f64>().unwrap_or(x);
+    (min..=12)
+        .find(|&d| rounded(smaller, d) < rounded(larger, d))
+        .unwrap_or(12)
+}
+
 /// "no task waits ahead", "1 task waits ahead", "3 tasks wait ahead".
 pub(super) fn waiting_ahead_text(ahead: usize) -> String {
     match ahead {
@@ -174,6 +190,48 @@ pub(super) fn rejection_counts(rejected: &[(&str, Rejection)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every number in `text` that follows `after` (up to the next space or comma).
+    fn number_after(text: &str, after: &str) -> f64 {
+        let rest = &text[text.find(after).expect(after) + after.len()..];
+        let end = rest.find([' ', ',', ')']).unwrap_or(rest.len());
+        rest[..end].parse().expect("a number")
+    }
+
+    /// Issue 26: "predicted combined normalised throughput 1.67 → 1.67, less than the
+    /// required gain of 0.00". The rejection text must show the gain below the minimum
+    /// and be the difference of the two throughputs it prints.
+    #[test]
+    fn a_throughput_rejection_shows_a_gain_below_the_minimum() {
+        for (before, after, min_gain) in [
+            (1.6712, 1.6698, 0.0),
+            (1.0, 1.0999, 0.1),
+            (2.0, 1.5, 0.1),
+            (1.0, 1.0 - 1e-9, 0.0),
+        ] {
+            let text = Rejection::ThroughputGain {
+                before,
+                after,
+                min_gain,
+            }
+            .to_string();
+            let gain = number_after(&text, "a gain of ");
+            let required = number_after(&text, "less than the required ");
+            assert!(gain < required, "{text}");
+            let shown_before = number_after(&text, "throughput ");
+            let shown_after = number_after(&text, "→ ");
+            assert!(shown_after <= shown_before + required, "{text}");
+        }
+    }
+
+    #[test]
+    fn separating_decimals_are_the_fewest_that_order_the_figures() {
+        assert_eq!(separating_decimals(0.3, 0.4, 0), 1);
+        assert_eq!(separating_decimals(10.2, 30.0, 0), 0);
+        assert_eq!(separating_decimals(-0.0014, 0.0, 2), 3);
+        // Not separable: the most decimals.
+        assert_eq!(separating_decimals(1.0, 1.0, 0), 12);
+    }
 
     #[test]
     fn ordinals_read_right() {

@@ -61,6 +61,13 @@
 //!    [`ClusterView::waiting_ahead_of`]) take the first `q` devices that free up, so
 //!    `W` is the (q+1)-th smallest predicted idle time (every resident finished, from
 //!    their reported progress) among the devices considered that have residents.
+//!    That order statistic says when devices empty *if nobody joins them*; tasks keep
+//!    joining busy devices meanwhile, and a waiting task is placed as soon as waiting
+//!    no longer looks cheaper, so on a busy cluster the real wait is longer (about
+//!    twice, in the simulator's audit). `W` is therefore the order statistic scaled by
+//!    the ratio of the real waits of the placer's recently queued tasks to the order
+//!    statistics their queue decisions weighed ([`ObservedWait`]: the placer's own
+//!    decisions and when each queued task was placed, nothing else).
 //!    The task queues, with a retry hint of `W`, when `W × wait_cost_factor` is
 //!    smaller. `W` is unknown, and the task is placed, when fewer than `q + 1` such
 //!    devices have every resident reporting its progress: either nothing says when a
@@ -68,10 +75,9 @@
 //!    than devices promise to free up, so waiting would last longer than a whole
 //!    round of the residents' work, which no co-location cost is worth predicting
 //!    against. Devices that do not report are left out of the order statistic, so
-//!    `W` is what the reporting devices promise: it can only be an over-estimate if
-//!    the others free up sooner. The tasks ahead may themselves be co-located
-//!    instead of waiting, which also makes `W` an over-estimate; both bias towards
-//!    placing, never towards an unbounded wait.
+//!    it is what the reporting devices promise. Whatever biases remain (devices that
+//!    do not report, tasks ahead that are co-located instead of waiting, tasks that
+//!    join) show in the real waits and so in the correction.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,6 +95,9 @@ mod shrink;
 #[cfg(test)]
 mod test_support;
 mod verdict;
+mod wait;
+
+pub use wait::{ObservedWait, WaitModel};
 
 /// Why a device cannot take the task.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -196,8 +205,11 @@ pub struct Assessment<'v> {
     /// Tasks waiting ahead of this one (see [`ClusterView::waiting_ahead_of`]).
     pub waiting_ahead: usize,
     /// Seconds until the (`waiting_ahead` + 1)-th considered device is predicted to be
-    /// idle: the wait `W` of the queue-or-place rule (see the module docs). `None`
-    /// when fewer devices say when they free up.
+    /// idle, from its residents' reported progress: the order statistic `W` starts
+    /// from (see the module docs). `None` when fewer devices say when they free up.
+    pub residents_done_s: Option<f64>,
+    /// The wait `W` of the queue-or-place rule: `residents_done_s` as the placer's
+    /// [`WaitModel`] corrects it for the tasks that join busy devices meanwhile.
     pub wait_s: Option<f64>,
 }
 
@@ -237,13 +249,31 @@ pub struct Decision {
 pub struct Placer {
     params: PlacerParams,
     slowdown: Arc<dyn SlowdownModel>,
+    /// Where `W` comes from: [`ObservedWait`] unless replaced ([`Placer::with_wait_model`]).
+    wait: Arc<dyn WaitModel>,
 }
 
 impl Placer {
     /// A policy with checked `params`.
     pub fn new(params: PlacerParams, slowdown: Arc<dyn SlowdownModel>) -> Result<Placer> {
         params.check()?;
-        Ok(Placer { params, slowdown })
+        Ok(Placer {
+            params,
+            slowdown,
+            wait: Arc::new(ObservedWait::default()),
+        })
+    }
+
+    /// The same policy with `W` from `wait` (the simulator's `oracle-wait` gives it the
+    /// true wait; everything else stays the production rule).
+    pub fn with_wait_model(mut self, wait: Arc<dyn WaitModel>) -> Placer {
+        self.wait = wait;
+        self
+    }
+
+    /// The model `W` comes from.
+    pub fn wait_model(&self) -> &Arc<dyn WaitModel> {
+        &self.wait
     }
 
     /// The parameters in force.
@@ -285,6 +315,18 @@ impl Placer {
         );
         let verdict = self.verdict(task, &assessment);
         let explanation = self.explain(&assessment, &verdict);
+        // What the wait model learns from: the queue decisions where `W` was weighed
+        // against a device the task could join (where it decides), over every device (a
+        // decision restricted to some devices is not a task waiting for a device).
+        if restrict.is_empty() {
+            match (&verdict, assessment.residents_done_s) {
+                (Verdict::Queue { .. }, Some(r)) if !assessment.candidates.is_empty() => {
+                    self.wait.queued(&task.task_id, r, now_unix_ms)
+                }
+                (Verdict::Place { .. }, _) => self.wait.placed(&task.task_id, now_unix_ms),
+                (Verdict::Queue { .. }, _) => {}
+            }
+        }
         Decision {
             verdict,
             explanation,

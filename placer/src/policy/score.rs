@@ -107,7 +107,8 @@ impl Placer {
         } = survey;
         out.earliest_idle_s = idle_in_s.iter().map(|(s, _)| *s).reduce(f64::min);
         let promises = Promises::new(&mut idle_in_s, out.waiting_ahead);
-        out.wait_s = promises.wait_s();
+        out.residents_done_s = promises.wait_s();
+        out.wait_s = self.wait.wait_s(task, out.residents_done_s, now_unix_ms);
         // At least a second: the delay is priced per second of it.
         let duration_s = self.expected_duration_s(task).max(1.0);
         out.unscored = prescreen(&mut shared, limit);
@@ -291,7 +292,9 @@ impl Placer {
                 cap: self.params.max_pd_increase,
             });
         }
-        if after - before < self.params.min_throughput_gain {
+        // A gain within rounding noise of the minimum meets it: a rejection must be
+        // one its text can show (see `separating_decimals`).
+        if after - before < self.params.min_throughput_gain - 1e-9 {
             return Err(Rejection::ThroughputGain {
                 before,
                 after,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use iadeep_proto::TaskSpec;
 
-use super::explain::{ordinal, rejection_counts, waiting_ahead_text};
+use super::explain::{ordinal, rejection_counts, separating_decimals, waiting_ahead_text};
 use super::{Assessment, Placer, Verdict};
 
 /// Orders devices by when they free up, then by id.
@@ -102,23 +102,70 @@ impl Placer {
         match wait {
             Some(w) if w * self.params.wait_cost_factor < cost_place_s => Verdict::Queue {
                 retry_after: self.retry_hint(Some(w)),
-                reason: format!(
-                    "waiting about {w:.0} s for a device to become idle ({}, so it waits \
-                     for the {} device to free up) costs less than running now on {} \
-                     (predicted summed PD +{:.2}, up to +{:.2} at the upper ends of the \
-                     90 % intervals: {excess:.2} × {duration_s:.0} s of solo-speed \
-                     progress lost, plus {:.0} s of delay to a task waiting ahead that \
-                     counts on that device)",
-                    waiting_ahead_text(ahead),
-                    ordinal(ahead + 1),
-                    best.device_id,
-                    best.pd_increase,
-                    best.pd_increase_upper_90,
-                    best.delay_s
-                ),
+                reason: QueueReason {
+                    wait_s: w,
+                    residents_done_s: assessment.residents_done_s.unwrap_or(w),
+                    wait_cost_s: w * self.params.wait_cost_factor,
+                    ahead,
+                    device_id: best.device_id,
+                    pd_increase: best.pd_increase,
+                    pd_increase_upper_90: best.pd_increase_upper_90,
+                    excess,
+                    duration_s,
+                    delay_s: best.delay_s,
+                    cost_place_s,
+                }
+                .to_string(),
             },
             _ => place,
         }
+    }
+}
+
+/// Why a task queues: the two costs the rule compared, each with its parts.
+struct QueueReason<'a> {
+    wait_s: f64,
+    residents_done_s: f64,
+    /// `wait_s × wait_cost_factor`.
+    wait_cost_s: f64,
+    ahead: usize,
+    device_id: &'a str,
+    pd_increase: f64,
+    pd_increase_upper_90: f64,
+    excess: f64,
+    duration_s: f64,
+    delay_s: f64,
+    /// `excess × duration_s + delay_s`, more than `wait_cost_s`.
+    cost_place_s: f64,
+}
+
+impl std::fmt::Display for QueueReason<'_> {
+    /// The compared costs are printed with as many decimals as it takes to show the
+    /// smaller one smaller (at least none): a reason never reads "waiting costs 0 s,
+    /// less than 0 s".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let d = separating_decimals(self.wait_cost_s, self.cost_place_s, 0);
+        write!(
+            f,
+            "waiting about {:.d$} s for a device to become idle ({}, so it waits for the \
+             {} device to free up: its residents finish in about {:.0} s, and tasks join \
+             busy devices meanwhile) costs {:.d$} s, less than the {:.d$} s that running \
+             now on {} costs (predicted summed PD +{:.2}, up to +{:.2} at the upper ends \
+             of the 90 % intervals: {:.2} × {:.0} s of solo-speed progress lost, plus {:.0} \
+             s of delay to a task waiting ahead that counts on that device)",
+            self.wait_s,
+            waiting_ahead_text(self.ahead),
+            ordinal(self.ahead + 1),
+            self.residents_done_s,
+            self.wait_cost_s,
+            self.cost_place_s,
+            self.device_id,
+            self.pd_increase,
+            self.pd_increase_upper_90,
+            self.excess,
+            self.duration_s,
+            self.delay_s,
+        )
     }
 }
 
@@ -171,6 +218,89 @@ mod tests {
             "{:?}",
             d.verdict
         );
+    }
+
+    /// Issue 26, queue reasons that never contradict themselves: with costs below a
+    /// second, the reason shows the wait's cost below placing's.
+    #[test]
+    fn a_queue_reason_shows_the_smaller_cost_smaller() {
+        let reason = super::QueueReason {
+            wait_s: 0.3,
+            residents_done_s: 0.3,
+            wait_cost_s: 0.3,
+            ahead: 0,
+            device_id: "d0",
+            pd_increase: 1.0001,
+            pd_increase_upper_90: 1.0001,
+            excess: 0.0001,
+            duration_s: 4000.0,
+            delay_s: 0.0,
+            cost_place_s: 0.4,
+        }
+        .to_string();
+        assert!(
+            reason.contains("costs 0.3 s, less than the 0.4 s that running now on d0"),
+            "{reason}"
+        );
+    }
+
+    /// Issue 25: `W` is the order statistic scaled by the waits the placer's queued
+    /// tasks really had. Tasks told to queue when a device was to free up in 10 s were
+    /// placed 40 s later: a later task is told to expect 40 s.
+    #[test]
+    fn the_wait_is_the_order_statistic_scaled_by_the_real_waits_of_queued_tasks() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        let resident = spec("r1", 4000, 95.0, Some(10_000));
+        device(&mut view, "d0", 32_000, std::slice::from_ref(&resident));
+        // 9,000 samples left at 900/s: free in 10 s.
+        let report = TaskReport {
+            task_id: "r1".into(),
+            samples_done: 1000,
+            samples_per_s: 900.0,
+            reported_at_unix_ms: 0,
+            ..Default::default()
+        };
+        let placer = queue_rule_placer();
+        let heavy = |id: &str| spec(id, 4000, 95.0, Some(1_000_000));
+        for k in 0..super::super::wait::WAIT_MIN_COMPLETED {
+            let task = heavy(&format!("new{k}"));
+            view.set_report(report.clone());
+            let d = placer.decide(&view, &task, &[], 0);
+            assert!(
+                matches!(d.verdict, Verdict::Queue { .. }),
+                "{:?}",
+                d.verdict
+            );
+            // Nobody reports any more: W is unknown and the task is placed, 40 s later.
+            view.remove_report("r1");
+            let d = placer.decide(&view, &task, &[], 40_000);
+            assert!(
+                matches!(d.verdict, Verdict::Place { .. }),
+                "{:?}",
+                d.verdict
+            );
+        }
+        view.set_report(report);
+        let a = placer.assess(&view, &heavy("late"), &[], 0);
+        assert_eq!(a.residents_done_s, Some(10.0));
+        let w = a.wait_s.expect("a wait");
+        assert!((w - 40.0).abs() < 1e-9, "{w}");
+        let d = placer.decide(&view, &heavy("late"), &[], 0);
+        let Verdict::Queue {
+            reason,
+            retry_after,
+        } = &d.verdict
+        else {
+            panic!("expected queue, got {:?}", d.verdict);
+        };
+        assert_eq!(*retry_after, Duration::from_secs(40));
+        assert!(
+            reason.contains("waiting about 40 s") && reason.contains("finish in about 10 s"),
+            "{reason}"
+        );
+        // A placer of its own has seen no wait: the order statistic as it is.
+        let fresh = queue_rule_placer().assess(&view, &heavy("late"), &[], 0);
+        assert_eq!(fresh.wait_s, Some(10.0));
     }
 
     /// Every task next to company slows down 1.2×, but the model is unsure: the

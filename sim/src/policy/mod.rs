@@ -184,8 +184,8 @@ pub trait Policy {
     }
 }
 
-/// The policy names, in table order: the ones `policy::build` knows, and `oracle` (which
-/// [`Experiment::policy`](crate::Experiment::policy) builds from the world).
+/// The policy names, in table order: the ones `policy::build` knows, and the oracles
+/// (which [`Experiment::policy`](crate::Experiment::policy) builds from the world).
 pub const POLICY_NAMES: &[&str] = &[
     "exclusive",
     "packing",
@@ -198,10 +198,14 @@ pub const POLICY_NAMES: &[&str] = &[
     "iadeep-no-tuner",
     "iadeep-no-predictor",
     "oracle",
+    "oracle-prediction",
+    "oracle-memory",
+    "oracle-tuning",
+    "oracle-wait",
 ];
 
-/// Builds a policy by name (see [`POLICY_NAMES`]); the `oracle`
-/// needs the world and is built by [`crate::experiment::Experiment::policy`].
+/// Builds a policy by name (see [`POLICY_NAMES`]); the oracles
+/// need the world and are built by [`crate::experiment::Experiment::policy`].
 pub fn build(name: &str, seed: u64) -> crate::Result<Box<dyn Policy>> {
     Ok(match name {
         "exclusive" => Box::new(exclusive::Exclusive),
@@ -214,10 +218,10 @@ pub fn build(name: &str, seed: u64) -> crate::Result<Box<dyn Policy>> {
         "iadeep" => Box::new(iadeep::Iadeep::new(iadeep::Variant::Full, seed)?),
         "iadeep-no-tuner" => Box::new(iadeep::Iadeep::new(iadeep::Variant::NoTuner, seed)?),
         "iadeep-no-predictor" => Box::new(iadeep::Iadeep::new(iadeep::Variant::NoPredictor, seed)?),
-        "oracle" => {
+        _ if iadeep::Oracle::from_name(name).is_some() => {
             return Err(crate::SimError::InvalidParam {
                 field: "policy",
-                reason: "the oracle is built from the world (Experiment::policy)".into(),
+                reason: "the oracles are built from the world (Experiment::policy)".into(),
             });
         }
         _ => {

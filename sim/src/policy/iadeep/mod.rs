@@ -11,7 +11,10 @@
 //! - `iadeep-no-predictor`: the placer scoring with a predictor that never learns
 //!   (the predictor's cold-start heuristic only), with tuning;
 //! - `oracle`: the same placer with the world's true slowdowns and memory, and the true
-//!   Σ PD searched exhaustively instead of the tuner ([`oracle`]): the limit.
+//!   Σ PD searched exhaustively instead of the tuner ([`oracle`]): the limit;
+//! - `oracle-prediction`, `oracle-memory`, `oracle-tuning`, `oracle-wait`: `iadeep` with
+//!   exactly one learned part replaced by the truth ([`Oracle`]), to attribute the gap
+//!   between `iadeep` and `oracle` to its parts.
 //!
 //! Every job's agent is fenced (docs/design.md, "Memory fence"): at the placer's reservation,
 //! which its starting assignment carries as its memory bound, then at each later
@@ -28,12 +31,14 @@ pub mod tuning;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use iadeep_placer::ModelledMemory;
+use iadeep_placer::{MemoryEstimator, ModelledMemory, WaitModel};
+use iadeep_predictor::SlowdownModel;
 use iadeep_proto::{BatchSizeAssignment, TaskSpec as ProtoSpec};
 
 use crate::policy::{Assignment, OomAction, PlaceOrQueue, Policy, TuneStep};
 use crate::view::{JobSpec, PolicyView, Waiting};
-use oracle::{ORACLE_RETUNE_S, TrueMemory, TrueSlowdown, Truth};
+pub use oracle::Oracle;
+use oracle::{ORACLE_RETUNE_S, TrueMemory, TrueSlowdown, TrueWait, Truth};
 use placement::{SharedPredictor, SimPlacement, task_key, task_of, unix_ms};
 use predictor::SimPredictor;
 use tuning::{AGENT_REPORT_INTERVAL_S, SimTuner};
@@ -89,8 +94,8 @@ pub struct Iadeep {
     finished: u64,
     /// Samples the tuners emitted.
     samples: u64,
-    /// The world's truth: set for the oracle only, which it makes.
-    truth: Option<Arc<Truth>>,
+    /// The world's truth and which parts it replaces: set for the oracles only.
+    truth: Option<(Arc<Truth>, Oracle)>,
     /// Per device, the assignments of settled provisional reservations (each moves a
     /// task's fence), applied at the device's next tuning call.
     settled: HashMap<usize, Vec<Assignment>>,
@@ -103,26 +108,44 @@ impl Iadeep {
         // Without the predictor the placer still scores, with a model that is never
         // fed samples: the predictor's cold-start heuristic.
         let predictor = (variant != Variant::NoPredictor).then(|| model.clone());
-        let placement = SimPlacement::new(model.clone(), Arc::new(ModelledMemory))?;
+        let placement = SimPlacement::new(model.clone(), Arc::new(ModelledMemory), None)?;
         Ok(Self::with(variant, seed, predictor, placement, model, None))
     }
 
-    /// The oracle (see [`oracle`]): the full policy's placer on the world's truth, with the
-    /// true Σ PD searched exhaustively on each device instead of the tuners.
-    pub fn oracle(truth: Arc<Truth>, seed: u64) -> crate::Result<Iadeep> {
-        let placement = SimPlacement::new(
-            Arc::new(TrueSlowdown(truth.clone())),
-            Arc::new(TrueMemory(truth.clone())),
-        )?;
-        // Only for the audit's sample counts (always 0): the oracle learns nothing.
-        let unused = Arc::new(SharedPredictor::new(SimPredictor::new(REFIT_EVERY)?));
+    /// The full policy with the parts `which` names replaced by the world's truth (see
+    /// [`Oracle`]); the others learn as in `iadeep`. `starts` (task, start s) are the
+    /// start times of an `iadeep` run of the same stream, for [`Oracle::Wait`].
+    pub fn oracle(
+        truth: Arc<Truth>,
+        which: Oracle,
+        starts: &[(usize, f64)],
+        seed: u64,
+    ) -> crate::Result<Iadeep> {
+        let learned = Arc::new(SharedPredictor::new(SimPredictor::new(REFIT_EVERY)?));
+        let slowdown: Arc<dyn SlowdownModel> = if which.prediction() {
+            Arc::new(TrueSlowdown(truth.clone()))
+        } else {
+            learned.clone()
+        };
+        let memory: Arc<dyn MemoryEstimator> = if which.memory() {
+            Arc::new(TrueMemory(truth.clone()))
+        } else {
+            Arc::new(ModelledMemory)
+        };
+        let wait = which
+            .wait()
+            .then(|| Arc::new(TrueWait::new(starts)) as Arc<dyn WaitModel>);
+        let placement = SimPlacement::new(slowdown, memory, wait)?;
+        // The learned predictor gets the tuners' samples unless the truth predicts (then
+        // it only serves the audit's sample counts).
+        let predictor = (!which.prediction()).then(|| learned.clone());
         Ok(Self::with(
             Variant::Full,
             seed,
-            None,
+            predictor,
             placement,
-            unused,
-            Some(truth),
+            learned,
+            Some((truth, which)),
         ))
     }
 
@@ -132,7 +155,7 @@ impl Iadeep {
         predictor: Option<Arc<SharedPredictor>>,
         placement: SimPlacement,
         scoring: Arc<SharedPredictor>,
-        truth: Option<Arc<Truth>>,
+        truth: Option<(Arc<Truth>, Oracle)>,
     ) -> Iadeep {
         Iadeep {
             variant,
@@ -229,7 +252,7 @@ impl Iadeep {
 
     /// A task as this variant submits it: without the tuner, its batch-size range is
     /// its m0 alone.
-    /// The oracle (`truth`) submits each task with its true solo profile: it is the
+    /// The full oracle (`truth`) submits each task with its true solo profile: it is the
     /// limit with perfect information in either `--job-info` mode.
     fn spec(variant: Variant, spec: &JobSpec, kind: &str, truth: Option<&Truth>) -> ProtoSpec {
         let known;
@@ -254,8 +277,8 @@ impl Iadeep {
 
 impl Policy for Iadeep {
     fn name(&self) -> &str {
-        if self.truth.is_some() {
-            return "oracle";
+        if let Some((_, which)) = &self.truth {
+            return which.name();
         }
         match self.variant {
             Variant::Full => "iadeep",
@@ -279,7 +302,10 @@ impl Policy for Iadeep {
         let rounds = &self.rounds;
         let variant = self.variant;
         let kind = view.device_kind().to_owned();
-        let truth = self.truth.as_deref();
+        let truth = match &self.truth {
+            Some((truth, which)) if which.profiles() => Some(truth.as_ref()),
+            _ => None,
+        };
         let decided = self.placement.decide(
             view,
             task,
@@ -334,7 +360,9 @@ impl Policy for Iadeep {
     }
 
     fn tune(&mut self, view: &dyn PolicyView, device: usize) -> TuneStep {
-        if let Some(truth) = self.truth.clone() {
+        if let Some((truth, which)) = self.truth.clone()
+            && which.tuning()
+        {
             return self.tune_oracle(view, device, &truth);
         }
         // The reports that arrived settle provisional reservations first, as the daemon's

@@ -15,15 +15,22 @@
 //! Its agents still report (with noise); it ignores them for every decision it can take
 //! from the truth. The gap between iadeep and the oracle is what imperfect prediction,
 //! memory modelling and search cost.
+//!
+//! **The gap attributed** ([`Oracle`]): four more policies replace exactly one learned
+//! part of `iadeep` by the truth and keep the rest, through the same code: the placer's
+//! slowdown model (`oracle-prediction`), its memory estimator (`oracle-memory`), the
+//! tuners (`oracle-tuning`), and the queue rule's wait `W` (`oracle-wait`, [`TrueWait`]).
+//! What each closes of the `iadeep` → `oracle` gap is in `iadeep sim`'s output.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use iadeep_objective::PdInput;
-use iadeep_placer::MemoryEstimator;
+use iadeep_placer::{MemoryEstimator, ObservedWait, WaitModel};
 use iadeep_predictor::{Prediction, PredictionSource, SlowdownModel};
 use iadeep_proto::{CoLocationSample, TaskProfile, TaskReport, TaskSpec as ProtoSpec};
 
+use crate::policy::iadeep::placement::{task_key, unix_ms};
 use crate::view::{ResidentJob, SoloProfile};
 use crate::world::{TypeId, World, memory};
 
@@ -37,6 +44,125 @@ pub const ORACLE_RETUNE_S: f64 = 60.0;
 /// Largest joint lattice searched exhaustively; larger ones (five or more tasks with many
 /// sizes each) fall back to coordinate descent from what runs.
 pub const MAX_EXHAUSTIVE_CONFIGURATIONS: usize = 50_000;
+
+/// Which learned parts of iadeep an oracle policy replaces by the world's truth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Oracle {
+    /// `oracle`: true slowdowns, true memory, the true Σ PD searched exhaustively, and
+    /// every task submitted with its true solo profile (the limit). The queue rule's
+    /// wait stays the production one: what it weighs is the future traffic, which the
+    /// limit does not claim to know.
+    All,
+    /// `oracle-prediction`: the placer scores with the world's slowdowns; the tuners'
+    /// samples go nowhere.
+    Prediction,
+    /// `oracle-memory`: the placer sizes reservations, shrinks and the bounds it writes
+    /// with the world's memory (the tuners keep their own memory models).
+    Memory,
+    /// `oracle-tuning`: each GPU's batch sizes by the true Σ PD searched exhaustively,
+    /// instead of the tuners. No tuner runs, so the predictor gets no samples: its
+    /// measured rounds are what feed it.
+    Tuning,
+    /// `oracle-wait`: the queue rule's `W` is the wait the task really had ([`TrueWait`]).
+    Wait,
+}
+
+impl Oracle {
+    /// Every oracle, in table order.
+    pub const ALL: [Oracle; 5] = [
+        Oracle::All,
+        Oracle::Prediction,
+        Oracle::Memory,
+        Oracle::Tuning,
+        Oracle::Wait,
+    ];
+
+    /// The policy's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Oracle::All => "oracle",
+            Oracle::Prediction => "oracle-prediction",
+            Oracle::Memory => "oracle-memory",
+            Oracle::Tuning => "oracle-tuning",
+            Oracle::Wait => "oracle-wait",
+        }
+    }
+
+    /// The oracle named `name`, if it is one.
+    pub fn from_name(name: &str) -> Option<Oracle> {
+        Oracle::ALL.into_iter().find(|o| o.name() == name)
+    }
+
+    pub fn prediction(self) -> bool {
+        matches!(self, Oracle::All | Oracle::Prediction)
+    }
+
+    pub fn memory(self) -> bool {
+        matches!(self, Oracle::All | Oracle::Memory)
+    }
+
+    pub fn tuning(self) -> bool {
+        matches!(self, Oracle::All | Oracle::Tuning)
+    }
+
+    pub fn wait(self) -> bool {
+        self == Oracle::Wait
+    }
+
+    /// Tasks are submitted with their true solo profile.
+    pub fn profiles(self) -> bool {
+        self == Oracle::All
+    }
+}
+
+/// The true wait for `oracle-wait`: how long each task really waited until it started in
+/// an `iadeep` run of the same stream, counted down from the decision. What a queued task
+/// waits depends on what every later decision does, so no state of the world at the
+/// decision holds it; hindsight on the run being improved does. Once a task waits past
+/// the start it had there (this run went differently), the truth is spent and the
+/// production estimate answers.
+#[derive(Debug)]
+pub struct TrueWait {
+    /// Each task's start in the `iadeep` run, Unix ms as the placer's clock reads it.
+    starts_ms: HashMap<String, i64>,
+    production: ObservedWait,
+}
+
+impl TrueWait {
+    /// From the (task, start s) of an `iadeep` run.
+    pub fn new(starts: &[(usize, f64)]) -> TrueWait {
+        TrueWait {
+            starts_ms: starts
+                .iter()
+                .map(|&(task, start_s)| (task_key(task), unix_ms(start_s)))
+                .collect(),
+            production: ObservedWait::default(),
+        }
+    }
+}
+
+impl WaitModel for TrueWait {
+    fn wait_s(
+        &self,
+        task: &ProtoSpec,
+        residents_done_s: Option<f64>,
+        now_unix_ms: i64,
+    ) -> Option<f64> {
+        match self.starts_ms.get(&task.task_id) {
+            Some(&start) if start > now_unix_ms => Some((start - now_unix_ms) as f64 / 1000.0),
+            _ => self.production.wait_s(task, residents_done_s, now_unix_ms),
+        }
+    }
+
+    fn queued(&self, task_id: &str, residents_done_s: f64, now_unix_ms: i64) {
+        self.production
+            .queued(task_id, residents_done_s, now_unix_ms);
+    }
+
+    fn placed(&self, task_id: &str, now_unix_ms: i64) {
+        self.production.placed(task_id, now_unix_ms);
+    }
+}
 
 /// The world's truth as the oracle reads it.
 #[derive(Debug)]
@@ -292,5 +418,47 @@ impl MemoryEstimator for TrueMemory {
         batch_size: u32,
     ) -> Option<u64> {
         self.0.bound_mib(&spec.model, batch_size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(task: usize) -> ProtoSpec {
+        ProtoSpec {
+            task_id: task_key(task),
+            ..ProtoSpec::default()
+        }
+    }
+
+    /// The true wait counts down to the task's start in the `iadeep` run, then (and for
+    /// tasks it does not know) the production estimate answers.
+    #[test]
+    fn the_true_wait_is_hindsight_until_it_is_spent() {
+        let wait = TrueWait::new(&[(1, 500.0)]);
+        assert_eq!(
+            wait.wait_s(&spec(1), Some(20.0), unix_ms(100.0)),
+            Some(400.0)
+        );
+        // Known even where no device says when it frees up.
+        assert_eq!(wait.wait_s(&spec(1), None, unix_ms(499.0)), Some(1.0));
+        assert_eq!(
+            wait.wait_s(&spec(1), Some(20.0), unix_ms(500.0)),
+            Some(20.0)
+        );
+        assert_eq!(wait.wait_s(&spec(2), Some(20.0), unix_ms(0.0)), Some(20.0));
+        assert_eq!(wait.wait_s(&spec(2), None, unix_ms(0.0)), None);
+    }
+
+    #[test]
+    fn each_single_part_oracle_names_one_part_and_the_oracle_three() {
+        let parts = |o: Oracle| [o.prediction(), o.memory(), o.tuning(), o.wait()];
+        assert_eq!(parts(Oracle::All), [true, true, true, false]);
+        for o in &Oracle::ALL[1..] {
+            assert_eq!(parts(*o).iter().filter(|p| **p).count(), 1, "{o:?}");
+            assert!(!o.profiles());
+            assert_eq!(Oracle::from_name(o.name()), Some(*o));
+        }
     }
 }

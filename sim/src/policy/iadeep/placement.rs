@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use iadeep_placer::Assessment;
-use iadeep_placer::MemoryEstimator;
 use iadeep_placer::profile_of;
 use iadeep_placer::{Clock, PlacementService, Placer, PlacerParams, Verdict};
+use iadeep_placer::{MemoryEstimator, WaitModel};
 use iadeep_predictor::{Prediction, SlowdownModel};
 use iadeep_proto::{
     BatchSizeAssignment, CoLocationSample, DeviceInfo, ProfilePoint, SoloProfile, TaskProfile,
@@ -204,12 +204,19 @@ fn policy_error(reason: impl std::fmt::Display) -> crate::SimError {
 impl SimPlacement {
     /// A placement service deciding with `slowdown`, sizing memory with `memory` (the
     /// production `ModelledMemory` for iadeep), and the production parameters.
+    ///
+    /// `wait` replaces the placer's wait model (`oracle-wait`); `None` keeps the
+    /// production one.
     pub fn new(
         slowdown: Arc<dyn SlowdownModel>,
         memory: Arc<dyn MemoryEstimator>,
+        wait: Option<Arc<dyn WaitModel>>,
     ) -> crate::Result<SimPlacement> {
-        let placer = Placer::new(PlacerParams::default(), slowdown)
+        let mut placer = Placer::new(PlacerParams::default(), slowdown)
             .map_err(|e| policy_error(format!("placer parameters: {e}")))?;
+        if let Some(wait) = wait {
+            placer = placer.with_wait_model(wait);
+        }
         let store: Arc<dyn StateStore> =
             Arc::new(EmbeddedStore::in_memory().map_err(|e| policy_error(format!("store: {e}")))?);
         let view = Arc::new(RwLock::new(iadeep_placer::ClusterView::new(memory)));
@@ -610,6 +617,7 @@ mod tests {
             let mut placement = SimPlacement::new(
                 Arc::new(SharedPredictor::new(predictor)),
                 Arc::new(iadeep_placer::ModelledMemory),
+                None,
             )
             .expect("service");
             let runtime = tokio::runtime::Builder::new_current_thread()
