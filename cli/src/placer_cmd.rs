@@ -107,15 +107,15 @@ pub(crate) struct GraceArgs {
     /// runs is never deleted.
     #[arg(long, value_name = "DURATION|never", default_value = "1d", value_parser = parse_retention)]
     task_retention: Retention,
-    /// How often the placer compacts the state store's history, keeping the last
-    /// `--compact-keep-revisions` revisions, so an etcd does not grow with every write
-    /// ever made (compaction frees space inside etcd's file; `etcdctl defrag` gives it
+    /// How often the placer compacts the state store's history, keeping what was
+    /// written since the previous compaction but at most `--compact-keep-revisions`
+    /// revisions, so an etcd does not grow with every write ever made (compaction frees space inside etcd's file; `etcdctl defrag` gives it
     /// back to the disk). `never` leaves it to etcd's own `--auto-compaction-*`. The
     /// embedded store bounds its history itself.
     #[arg(long, value_name = "DURATION|never", default_value = "5m", value_parser = parse_retention)]
     compact_every: Retention,
-    /// Revisions of history each compaction keeps: how far a watching tuner or placer
-    /// may fall behind before it must read its keys afresh.
+    /// Most revisions of history a compaction keeps: how far a watching tuner or placer
+    /// may fall behind (at most) before it must read its keys afresh.
     #[arg(long, value_name = "N",
         default_value_t = iadeep_placer::compaction::DEFAULT_COMPACT_KEEP_REVISIONS,
         value_parser = clap::value_parser!(i64).range(1..))]

@@ -57,8 +57,8 @@ pub struct PlacerParams {
     /// How often the placer compacts the store's history (see [`crate::compaction`]);
     /// `None` never does (an etcd compacted by its own `--auto-compaction-*`).
     pub compact_every: Option<Duration>,
-    /// Revisions of history a compaction keeps: how far behind a watcher may fall
-    /// before it must read its prefix afresh (see [`crate::compaction`]).
+    /// Most revisions of history a compaction keeps (it keeps at most one
+    /// `compact_every` of it either way; see [`crate::compaction`]).
     pub compact_keep_revisions: i64,
     /// Least share of a shared card that must be free for a task nothing is known of
     /// (no request, no profile, no registry entry) to join it. Such a task is granted

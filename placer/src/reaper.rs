@@ -81,7 +81,7 @@ pub fn spawn(
         let mut sweep_from: Option<String> = None;
         // Without a period the compaction never comes due (its branch is disabled).
         let compact_every = params.compact_every;
-        let keep_revisions = params.compact_keep_revisions;
+        let mut compactor = compaction::Compactor::new(params.compact_keep_revisions);
         let mut compact_tick =
             tokio::time::interval(compact_every.unwrap_or(Duration::from_secs(3600)));
         compact_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -122,7 +122,7 @@ pub fn spawn(
                     }
                 }
                 _ = compact_tick.tick(), if compact_every.is_some() => {
-                    if let Err(err) = compaction::compact(service.store().as_ref(), keep_revisions).await {
+                    if let Err(err) = compactor.tick(service.store().as_ref()).await {
                         tracing::warn!(%err, "cannot compact the store's history; retrying later");
                     }
                 }

@@ -183,6 +183,19 @@ async fn a_backlog_of_released_tasks_is_swept_to_nothing() {
     }
 }
 
+/// Whether a watch from `from` fails because that history was compacted (etcd says so
+/// when the watch is created or as its first item).
+async fn compacted(store: &dyn StateStore, from: i64) -> bool {
+    match store.watch(keys::ROOT, Some(from)).await {
+        Err(StateError::Compacted { .. }) => true,
+        Err(err) => panic!("{err}"),
+        Ok(mut stream) => matches!(
+            tokio::time::timeout(Duration::from_millis(200), stream.next()).await,
+            Ok(Some(Err(StateError::Compacted { .. })))
+        ),
+    }
+}
+
 /// The placer compacts etcd's history to its last `compact_keep_revisions`, at start
 /// and then every `compact_every`: a watch from before that fails as compacted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,17 +224,7 @@ async fn the_placer_compacts_etcds_history() {
     .expect("start the placer");
     eventually(
         "the history before the last 10 revisions to be compacted",
-        async || {
-            let watch = store.watch(keys::ROOT, Some(last - 12)).await;
-            match watch {
-                Err(StateError::Compacted { .. }) => true,
-                Err(err) => panic!("{err}"),
-                Ok(mut stream) => matches!(
-                    tokio::time::timeout(Duration::from_millis(200), stream.next()).await,
-                    Ok(Some(Err(StateError::Compacted { .. })))
-                ),
-            }
-        },
+        async || compacted(store.as_ref(), last - 12).await,
     )
     .await;
     // Within the kept revisions, a watch resumes.
@@ -230,12 +233,19 @@ async fn the_placer_compacts_etcds_history() {
         .await
         .expect("watch within the kept history");
     assert!(matches!(recent.next().await, Some(Ok(_))));
-    // Compacting again to a revision already compacted is not an error.
-    assert!(
-        compaction::compact(store.as_ref(), 10)
-            .await
-            .expect("compact again")
-            .is_some()
+    // Compacting again to a revision already compacted is not an error; the second
+    // tick compacts to the first one's revision, leaving no history before it.
+    let mut compactor = compaction::Compactor::new(1_000);
+    assert_eq!(
+        compactor.tick(store.as_ref()).await.expect("first tick"),
+        None
     );
+    let now = store
+        .put("/iadeep/v1/profiles/m", vec![0], None)
+        .await
+        .expect("put");
+    let to = compactor.tick(store.as_ref()).await.expect("second tick");
+    assert_eq!(to, Some(now - 1), "one period behind");
+    assert!(compacted(store.as_ref(), now - 2).await);
     daemon.shutdown().await;
 }
