@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use iadeep_eval::tuner::memory_eval;
+use iadeep_eval::tuner::memory_eval::{self, EvalOptions};
 
 #[derive(Debug, Args)]
 pub struct MemoryArgs {
@@ -16,7 +16,7 @@ pub struct MemoryArgs {
 #[derive(Debug, Subcommand)]
 enum MemoryCommand {
     /// Test how well the memory model extrapolates: for each model in FILE, fit on the rows
-    /// with batch_size ≤ N and predict the rows above N. Prints the underestimate rate
+    /// with batch_size ≤ N and predict the rows above N, up to the horizon. Prints the underestimate rate
     /// (prediction below 0.98 × measured: the dangerous error, an OOM), the median absolute
     /// relative error and the 90th percentile of the overestimate, for iadeep's conservative
     /// model and for a plain least-squares cubic, side by side.
@@ -26,6 +26,14 @@ enum MemoryCommand {
         /// Largest batch size used for fitting.
         #[arg(long, value_name = "N")]
         fit_upto: u32,
+        /// Predict rows up to R × a model's largest fitted size (2: one doubling, as far as
+        /// the tuner lets a bound run ahead of its measurements).
+        #[arg(long, value_name = "R", default_value_t = 2.0)]
+        horizon: f64,
+        /// Override the model's curvature safety factor (how many times faster than the
+        /// task's own measured curvature the bound grows past the data).
+        #[arg(long, value_name = "X")]
+        curvature_safety: Option<f64>,
         /// Also print one JSON object on the last line of stdout.
         #[arg(long)]
         json: bool,
@@ -37,6 +45,8 @@ pub fn run(args: MemoryArgs) -> Result<ExitCode> {
         MemoryCommand::Eval {
             file,
             fit_upto,
+            horizon,
+            curvature_safety,
             json,
         } => {
             let text = std::fs::read_to_string(&file)
@@ -44,10 +54,18 @@ pub fn run(args: MemoryArgs) -> Result<ExitCode> {
             let rows =
                 memory_eval::parse_csv(&text).with_context(|| format!("in {}", file.display()))?;
             tracing::info!(rows = rows.len(), fit_upto, file = %file.display(), "evaluating the memory model");
-            let report = memory_eval::evaluate(&rows, fit_upto)?;
+            let mut options = EvalOptions {
+                horizon,
+                ..EvalOptions::new(fit_upto)
+            };
+            if let Some(x) = curvature_safety {
+                options.params.curvature_safety = x;
+            }
+            let report = memory_eval::evaluate(&rows, options)?;
             let c = &report.cubic_baseline;
             println!(
-                "models evaluated: {} ({} predictions above batch size {fit_upto})",
+                "models evaluated: {} ({} predictions above batch size {fit_upto}, up to \
+                 {horizon}x the largest fitted)",
                 report.models, report.predictions
             );
             println!("{:<28} {:>12} {:>12}", "", "iadeep", "cubic");

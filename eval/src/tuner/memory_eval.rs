@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use iadeep_datasets::csv_text::{CsvError, read_records};
 use iadeep_objective::stats::{median, quantile};
-use iadeep_tuner::{CubicBaseline, MemoryModel, MemorySample};
+use iadeep_tuner::{CubicBaseline, MemoryModel, MemoryModelParams, MemorySample};
 use iadeep_tuner::{Result, TunerError};
 
 /// One CSV row.
@@ -70,10 +70,37 @@ pub struct EvalFigures {
     pub refused: usize,
 }
 
+/// What [`evaluate`] tests.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EvalOptions {
+    /// Fit on each model's rows with batch size ≤ this.
+    pub fit_upto: u32,
+    /// Predict the rows above the fit up to this many times the model's largest fitted
+    /// size: 2, one doubling, is as far as the tuner lets a bound run ahead of the data
+    /// (it grows a task by at most `max_step_past_measured`, or to the next size it may
+    /// take), so rows further out test a use the bound is not put to.
+    pub horizon: f64,
+    /// The memory model's parameters.
+    pub params: MemoryModelParams,
+}
+
+impl EvalOptions {
+    /// Fit up to `fit_upto`, predict one doubling past it, with the default model.
+    pub fn new(fit_upto: u32) -> EvalOptions {
+        EvalOptions {
+            fit_upto,
+            horizon: 2.0,
+            params: MemoryModelParams::default(),
+        }
+    }
+}
+
 /// Both predictors side by side.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct EvalReport {
     pub models: usize,
+    /// Rows up to this many times a model's largest fitted size were predicted.
+    pub horizon: f64,
     pub underestimate_rate: f64,
     pub median_abs_rel_err: f64,
     pub p90_over: f64,
@@ -100,9 +127,18 @@ fn figures(models: usize, rel: &[f64], refused: usize) -> EvalFigures {
     }
 }
 
-/// For each model: fit on rows with batch size ≤ `fit_upto`, predict the rows above.
-/// Models with fewer than two fitting rows or nothing above are skipped (logged).
-pub fn evaluate(rows: &[MemoryRow], fit_upto: u32) -> Result<EvalReport> {
+/// For each model: fit on rows with batch size ≤ `fit_upto`, predict the rows above it up
+/// to `horizon` × the largest fitted size. Models with fewer than two fitting rows or
+/// nothing to predict are skipped (logged).
+pub fn evaluate(rows: &[MemoryRow], options: EvalOptions) -> Result<EvalReport> {
+    options.params.check()?;
+    if !(options.horizon.is_finite() && options.horizon > 1.0) {
+        return Err(TunerError::InvalidInput(format!(
+            "the horizon must be a factor above 1, got {}",
+            options.horizon
+        )));
+    }
+    let fit_upto = options.fit_upto;
     let mut by_model: BTreeMap<&str, Vec<MemorySample>> = BTreeMap::new();
     for row in rows {
         by_model.entry(&row.model).or_default().push(row.sample);
@@ -110,19 +146,27 @@ pub fn evaluate(rows: &[MemoryRow], fit_upto: u32) -> Result<EvalReport> {
     let (mut ours, mut cubic) = (Vec::new(), Vec::new());
     let (mut models, mut refused) = (0, 0);
     for (name, samples) in &by_model {
-        let (fit, test): (Vec<MemorySample>, Vec<MemorySample>) =
+        let (fit, above): (Vec<MemorySample>, Vec<MemorySample>) =
             samples.iter().partition(|s| s.batch_size <= fit_upto);
+        let largest_fitted = fit
+            .iter()
+            .map(|s| f64::from(s.batch_size))
+            .fold(0.0, f64::max);
+        let test: Vec<MemorySample> = above
+            .into_iter()
+            .filter(|s| f64::from(s.batch_size) <= options.horizon * largest_fitted)
+            .collect();
         if fit.len() < 2 || test.is_empty() {
             tracing::info!(
                 model = name,
                 fit = fit.len(),
                 test = test.len(),
-                "skipped: needs ≥ 2 rows to fit and ≥ 1 above"
+                "skipped: needs ≥ 2 rows to fit and ≥ 1 within the horizon above"
             );
             continue;
         }
         models += 1;
-        let model = MemoryModel::fit(&fit)?;
+        let model = MemoryModel::fit_with(&fit, &[], options.params)?;
         let baseline = CubicBaseline::fit(&fit)?;
         for s in &test {
             match model.upper_bound_mib(s.batch_size) {
@@ -134,12 +178,15 @@ pub fn evaluate(rows: &[MemoryRow], fit_upto: u32) -> Result<EvalReport> {
     }
     if models == 0 {
         return Err(TunerError::InvalidInput(format!(
-            "no model has ≥ 2 rows with batch_size ≤ {fit_upto} and ≥ 1 row above it"
+            "no model has ≥ 2 rows with batch_size ≤ {fit_upto} and ≥ 1 row above it within \
+             {}× its largest fitted size",
+            options.horizon
         )));
     }
     let f = figures(models, &ours, refused);
     Ok(EvalReport {
         models,
+        horizon: options.horizon,
         underestimate_rate: f.underestimate_rate,
         median_abs_rel_err: f.median_abs_rel_err,
         p90_over: f.p90_over,
@@ -181,10 +228,17 @@ mod tests {
         for b in [4, 8, 16, 32, 64, 128] {
             text.push_str(&format!("m,{b},{}\n", 900 + 7 * b));
         }
-        let report = evaluate(&parse_csv(&text).expect("parses"), 32).expect("evaluates");
+        let rows = parse_csv(&text).expect("parses");
+        let report = evaluate(&rows, EvalOptions::new(32)).expect("evaluates");
         assert_eq!(report.models, 1);
+        assert_eq!(report.predictions, 1, "one doubling past 32: only 64");
         assert_eq!(report.underestimate_rate, 0.0);
         assert!(report.p90_over > 0.0, "extrapolation is padded");
-        assert!(evaluate(&parse_csv(&text).expect("parses"), 1000).is_err());
+        let far = EvalOptions {
+            horizon: 4.0,
+            ..EvalOptions::new(32)
+        };
+        assert_eq!(evaluate(&rows, far).expect("evaluates").predictions, 2);
+        assert!(evaluate(&rows, EvalOptions::new(1000)).is_err());
     }
 }

@@ -169,6 +169,27 @@ impl TaskKnowledge {
         }
     }
 
+    /// An out-of-memory report of the task alone at `batch_size`. Past its largest measured
+    /// size the bound there was an extrapolation, and the agent fences its allocator at it:
+    /// the failure may say only that the extrapolation was too tight, not that the card is
+    /// too small. The first such failure lifts the bound at that size and above to the
+    /// prior's ([`MemoryModel::prior_bound_mib`]), so the size may be tried again under a
+    /// wider fence; a failure where the prior's bound held already, or within the measured
+    /// sizes, makes the size the task's limit ([`TaskKnowledge::smallest_oom`]). Returns
+    /// whether that changed what is known.
+    pub fn learn_oom_alone_past(&mut self, batch_size: u32, params: MemoryModelParams) -> bool {
+        let lifted = self.memory_model(params).and_then(|model| {
+            let past_data = batch_size > model.largest_observed();
+            let prior = model.prior_bound_mib(batch_size)?;
+            let tight = model.upper_bound_mib(batch_size)?;
+            (past_data && prior > tight).then_some(prior)
+        });
+        match lifted {
+            Some(prior) => self.learn_oom_floor(batch_size, prior),
+            None => self.learn_oom_alone(batch_size),
+        }
+    }
+
     /// Records that the task ran out of memory at `batch_size` next to co-runners that left
     /// it `left_mib`. Returns whether that raised what is known.
     pub fn learn_oom_floor(&mut self, batch_size: u32, left_mib: f64) -> bool {
@@ -215,6 +236,11 @@ impl TaskKnowledge {
 
     /// Conservative MiB at each candidate size; `None` = infeasible.
     ///
+    /// Past the largest size with a memory sample only sizes within
+    /// [`MemoryModelParams::max_step_past_measured`] of it are allowed, or the next
+    /// candidate size when none lies that close: the task approaches unmeasured sizes in
+    /// small steps, so no bound is extrapolated far before a report measures it.
+    ///
     /// Without any memory sample the only sizes allowed are those ≤ m0, bounded by what the
     /// placer reserved for the task at m0 (`reserved_mib`): the placement was made for m0, and
     /// growing past it without a measurement could take the card down with every task on it.
@@ -231,7 +257,15 @@ impl TaskKnowledge {
                     Some(b) => model.with_oom(b),
                     None => model,
                 };
-                sizes.iter().map(|&b| model.upper_bound_mib(b)).collect()
+                let reach = step_reach(
+                    sizes,
+                    model.largest_observed(),
+                    params.max_step_past_measured,
+                );
+                sizes
+                    .iter()
+                    .map(|&b| (b <= reach).then(|| model.upper_bound_mib(b)).flatten())
+                    .collect()
             }
             None => sizes
                 .iter()
@@ -259,6 +293,14 @@ impl TaskKnowledge {
     pub fn solo_estimate(&self, batch_size: u32) -> Option<SoloEstimate> {
         estimate_solo_step(&self.solo, batch_size)
     }
+}
+
+/// The largest size a task whose memory was measured up to `largest` may take next:
+/// `step` × `largest`, or the smallest of `sizes` above `largest` when that is further.
+fn step_reach(sizes: &[u32], largest: u32, step: f64) -> u32 {
+    let within = (f64::from(largest) * step).floor().min(f64::from(u32::MAX)) as u32;
+    let next = sizes.iter().copied().filter(|&b| b > largest).min();
+    next.map_or(within, |n| n.max(within))
 }
 
 /// Solo step times in their persisted form.
@@ -559,6 +601,51 @@ mod tests {
         let back = TaskKnowledge::from_proto(&k.to_proto("t"));
         assert_eq!(back.memory, k.memory);
         assert_eq!(back.smallest_oom, Some(64));
+    }
+
+    /// A task measured at 32 and 64 may grow to 90 (within 1.5×) but not to 128 on a √2
+    /// grid; where its sizes double, 128 is its next size and is allowed, 256 is not.
+    #[test]
+    fn unmeasured_sizes_are_approached_in_small_steps() {
+        let mut k = TaskKnowledge::default();
+        k.memory.insert(32, 1320.0);
+        k.memory.insert(64, 1640.0);
+        let p = MemoryModelParams::default();
+        let fine = k.upper_bounds(&[32, 45, 64, 90, 128, 181], 32, 0.0, p);
+        assert!(fine[..4].iter().all(Option::is_some), "{fine:?}");
+        assert_eq!(&fine[4..], &[None, None]);
+        let coarse = k.upper_bounds(&[32, 64, 128, 256], 32, 0.0, p);
+        assert!(coarse[2].is_some(), "{coarse:?}");
+        assert_eq!(coarse[3], None);
+        let far = MemoryModelParams {
+            max_step_past_measured: 8.0,
+            ..p
+        };
+        assert!(k.upper_bounds(&[256], 32, 0.0, far)[0].is_some());
+    }
+
+    /// Alone past its measured sizes, the first failure under the curvature's bound lifts
+    /// the bound to the prior's; a second makes the size the task's limit.
+    #[test]
+    fn an_oom_alone_past_the_data_first_widens_the_bound() {
+        let p = MemoryModelParams::default();
+        let mut k = TaskKnowledge::default();
+        for (b, mib) in [(16, 1160.0), (32, 1320.0), (64, 1640.0)] {
+            k.memory.insert(b, mib);
+        }
+        let tight = k.upper_bounds(&[128], 32, 0.0, p)[0].expect("feasible");
+        assert!(k.learn_oom_alone_past(128, p));
+        assert_eq!(k.smallest_oom, None);
+        let wider = k.upper_bounds(&[128], 32, 0.0, p)[0].expect("still feasible");
+        assert!(wider > tight, "{wider} ≤ {tight}");
+        assert!(k.learn_oom_alone_past(128, p));
+        assert_eq!(k.smallest_oom, Some(128));
+        // Within the measured sizes an out-of-memory report is the task's limit at once.
+        let mut measured = TaskKnowledge::default();
+        measured.memory.insert(32, 1320.0);
+        measured.memory.insert(64, 1640.0);
+        assert!(measured.learn_oom_alone_past(64, p));
+        assert_eq!(measured.smallest_oom, Some(64));
     }
 
     fn points(p: &[(u32, f64)]) -> BTreeMap<u32, f64> {

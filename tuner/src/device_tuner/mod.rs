@@ -1348,9 +1348,10 @@ impl DeviceTuner {
         match outcome {
             Outcome::OutOfMemory(tasks) => {
                 self.counters.out_of_memory += 1;
+                let params = self.params.memory;
                 for &i in &tasks {
                     if lone && let Some(k) = self.knowledge.get_mut(&task_ids[i]) {
-                        k.learn_oom_alone(m.batch_sizes[i]);
+                        k.learn_oom_alone_past(m.batch_sizes[i], params);
                     }
                 }
                 tracing::warn!(device = %self.device_id, rounds = ?m.rounds, batch_sizes = ?m.batch_sizes,

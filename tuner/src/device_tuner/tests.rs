@@ -372,8 +372,26 @@ proptest! {
     }
 }
 
-/// Memory that grows faster than the affine model past the measured sizes makes a lone task
-/// run out of memory once; it is never assigned that size or a larger one again.
+/// The tuner's parameters with a memory bound that extrapolates the fitted line as it is
+/// (no safety factor, no curvature) a doubling ahead of the data, so that memory bending
+/// past the data crashes before the search settles.
+fn plain_extrapolation() -> DeviceTunerParams {
+    DeviceTunerParams {
+        memory: MemoryModelParams {
+            extrapolation_slope_factor: 1.0,
+            curvature_safety: 1.0,
+            max_curvature: 1.0,
+            max_step_past_measured: 2.0,
+            ..MemoryModelParams::default()
+        },
+        ..params()
+    }
+}
+
+/// Memory that grows faster than the bound past the measured sizes makes a lone task run
+/// out of memory once (with the plain extrapolation, so that it does: the default bound
+/// follows this curve's bend and never tries the size that fails); it is never assigned
+/// that size or a larger one again.
 #[test]
 fn never_raises_a_task_above_a_size_that_failed_alone() {
     let mut t = Task::new("a", 32, 8, 1024);
@@ -381,7 +399,7 @@ fn never_raises_a_task_above_a_size_that_failed_alone() {
     t.per_sample_mib = 1e-4;
     t.mem_exponent = 3.0; // 128 → 710 MiB; 256 → 2178; 362 → 5243; 512 → 13921
     t.overhead_s = 0.2; // large batches are much better: the search wants to grow
-    let mut w = World::new(12_000.0, vec![t], params());
+    let mut w = World::new(12_000.0, vec![t], plain_extrapolation());
     w.join_all();
     w.run(1800);
     let Some(&(at, _, oom_size, alone)) = w.ooms.first() else {
@@ -459,14 +477,7 @@ fn a_shared_oom_leaves_a_floor_that_fresh_searches_keep() {
     let mut b = Task::new("b", 64, 64, 64); // pinned: 3720 + 20 · 64 = 5000 MiB
     b.fixed_mib = 3_720.0;
     let co_runner = b.clone();
-    let plain_extrapolation = DeviceTunerParams {
-        memory: MemoryModelParams {
-            extrapolation_slope_factor: 1.0,
-            ..MemoryModelParams::default()
-        },
-        ..params()
-    };
-    let mut w = World::new(7_000.0, vec![a, b], plain_extrapolation);
+    let mut w = World::new(7_000.0, vec![a, b], plain_extrapolation());
     w.join_all();
     w.run(1800);
     let Some((at, id, size, alone)) = w.ooms.first().cloned() else {
