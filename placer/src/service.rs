@@ -442,6 +442,16 @@ impl DeviceGates {
         self.busy.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether another request holds the device's gate.
+    fn is_shut(&self, device_id: &str) -> bool {
+        self.lock().contains_key(device_id)
+    }
+
+    /// The devices whose gates are held.
+    fn shut(&self) -> std::collections::HashSet<String> {
+        self.lock().keys().cloned().collect()
+    }
+
     /// Takes the device's gate, or `None` when another request holds it.
     fn try_enter(&self, device_id: &str) -> Option<Gate<'_>> {
         let mut busy = self.lock();
@@ -593,6 +603,12 @@ impl PlacementService {
                 }
                 Step::Commit(explanation, plan) => (explanation, plan),
             };
+            let (explanation, plan) = if self.gates.is_shut(&plan.device_id) {
+                self.decide_elsewhere(&task, &restrict)
+                    .unwrap_or((explanation, plan))
+            } else {
+                (explanation, plan)
+            };
             // One commit at a time per device from this process: a second one, decided
             // on the same revision, could only lose (see `DeviceGates`).
             let Some(_gate) = self.gates.try_enter(&plan.device_id) else {
@@ -623,6 +639,45 @@ impl PlacementService {
             if attempt >= attempts {
                 return Err(PlacerError::contention(task.task_id, attempt, waits));
             }
+        }
+    }
+
+    /// The placement `task` gets among the devices no other request of this process is
+    /// committing on (within `restrict`, when not empty), when it gets one there.
+    ///
+    /// Why: concurrent requests decide on the same view, so requests for similar tasks
+    /// choose the same best device; waiting at its gate and deciding again after each
+    /// commit made them commit one at a time, each a store round trip (on etcd, a raft
+    /// commit), whatever the concurrency. Deciding among the devices not being written
+    /// lets their commits proceed side by side. The choice is the policy's own among
+    /// those devices (the same feasibility, scores and thresholds); `None` when it would
+    /// rather queue there, and the request then waits for the busy device after all.
+    fn decide_elsewhere(
+        &self,
+        task: &TaskSpec,
+        restrict: &[String],
+    ) -> Option<(Explanation, Box<Plan>)> {
+        let busy = self.gates.shut();
+        let open: Vec<String> = if restrict.is_empty() {
+            self.view()
+                .devices()
+                .map(|(id, _)| id)
+                .filter(|id| !busy.contains(*id))
+                .map(str::to_owned)
+                .collect()
+        } else {
+            restrict
+                .iter()
+                .filter(|id| !busy.contains(id.as_str()))
+                .cloned()
+                .collect()
+        };
+        if open.is_empty() {
+            return None;
+        }
+        match self.decide_step(task, &open) {
+            Step::Commit(explanation, plan) => Some((explanation, plan)),
+            Step::Answer(_) | Step::Queue(..) => None,
         }
     }
 
@@ -2037,6 +2092,49 @@ pub(crate) mod tests {
         placer.view_mut().set_not_alive("a", 0);
         placer.readmit_running().await;
         assert_eq!(events.unreserved_running(), 0);
+    }
+
+    /// Concurrent requests for similar tasks choose the same device; one committing
+    /// there must not make the others queue behind it while another device takes them.
+    #[tokio::test]
+    async fn a_device_being_reserved_by_another_request_is_passed_over() {
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        let one = service(store);
+        let task = resident("t");
+        let Verdict::Place { device_id, .. } =
+            one.placer().decide(&one.view(), &task, &[], 0).verdict
+        else {
+            panic!("an idle cluster places the task");
+        };
+        let other = if device_id == "d0" { "d1" } else { "d0" };
+        let _held = one.gates.try_enter(&device_id).expect("open gate");
+        // The gate stays shut for the whole test: a request waiting at it never returns
+        // (the timeout only keeps a failing test from hanging).
+        let outcome = tokio::time::timeout(Duration::from_secs(30), one.place(task, vec![]))
+            .await
+            .expect("placed without waiting for the busy device")
+            .expect("place");
+        assert_eq!(placed(&outcome).device_id, other);
+        // Restricted to the busy device, a request still waits for it.
+        let waiting = one.place(resident("u"), vec![device_id.clone()]);
+        tokio::pin!(waiting);
+        assert!(
+            futures_poll_once(waiting.as_mut()).await.is_none(),
+            "a request that may only use the busy device waits for it"
+        );
+    }
+
+    /// Polls `future` once: `Some` with its output when it was ready.
+    async fn futures_poll_once<F: std::future::Future + Unpin>(future: F) -> Option<F::Output> {
+        let mut future = future;
+        std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(match std::pin::Pin::new(&mut future).poll(cx) {
+                std::task::Poll::Ready(out) => Some(out),
+                std::task::Poll::Pending => None,
+            })
+        })
+        .await
     }
 
     #[tokio::test]

@@ -95,6 +95,24 @@ impl Resident {
         .unwrap_or(0)
     }
 
+    /// The sizes the task could be shrunk to, each with the MiB it would be counted at
+    /// there: first the size it runs at with its footprint ([`Resident::footprint_mib`]),
+    /// then its smaller candidate sizes ([`iadeep_tuner::candidate_sizes`], the tuner's
+    /// lattice) downwards at the estimator's bound, as far as the estimator gives one.
+    pub fn shrink_steps(&self, memory: &dyn MemoryEstimator) -> Vec<(u32, u64)> {
+        let current = self.batch_size();
+        let mut steps = vec![(current, self.footprint_mib(memory))];
+        let mut sizes = iadeep_tuner::candidate_sizes(self.spec());
+        sizes.retain(|&b| b < current);
+        for b in sizes.into_iter().rev() {
+            match memory.bound_mib(self.spec(), self.report.as_ref(), b) {
+                Some(mib) => steps.push((b, mib)),
+                None => break,
+            }
+        }
+        steps
+    }
+
     /// Whether nothing measured is known of the task's memory yet: its reservation is a
     /// provisional grant (see [`crate::policy`]) and it has not reported a peak.
     pub fn memory_unmeasured(&self) -> bool {
@@ -215,6 +233,11 @@ pub struct DeviceSummary {
     pub idle_at_unix_ms: Option<i64>,
     /// The residents' profiles, contiguous, in resident order.
     pub profiles: Vec<TaskProfile>,
+    /// Each resident's [`Resident::shrink_steps`], in resident order: a decision on a
+    /// full cluster asks every device that lacks room whether shrinking its residents
+    /// makes room, and each step is a fit of the memory model, which made shrink plans
+    /// most of a decision's time.
+    pub shrink_steps: Vec<Vec<(u32, u64)>>,
 }
 
 /// One device: its registration and its reservations.
@@ -320,6 +343,7 @@ impl DeviceState {
     fn refresh(&mut self, memory: &dyn MemoryEstimator) {
         let mut summary = DeviceSummary {
             profiles: Vec::with_capacity(self.residents.len()),
+            shrink_steps: Vec::with_capacity(self.residents.len()),
             ..DeviceSummary::default()
         };
         let mut idle_at = Some(i64::MIN);
@@ -328,7 +352,9 @@ impl DeviceState {
                 (Some(a), Some(b)) => Some(a.max(b)),
                 _ => None,
             };
-            summary.used_mib += r.footprint_mib(memory);
+            let steps = r.shrink_steps(memory);
+            summary.used_mib += steps[0].1;
+            summary.shrink_steps.push(steps);
             summary.sm_util_pct += r.profile.sm_util_pct.unwrap_or(0.0);
             summary.mem_bw_util_pct += r.profile.mem_bw_util_pct.unwrap_or(0.0);
             summary.profiles.push(r.profile.clone());
@@ -810,6 +836,67 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    /// The shrink steps decisions read are those of the residents as they are now: after
+    /// a report (a measured peak) and after an assignment (a grown batch size).
+    #[test]
+    fn cached_shrink_steps_follow_reports_and_assignments() {
+        let memory = crate::model::ModelledMemory;
+        let mut view = ClusterView::new(Arc::new(memory));
+        let spec = TaskSpec {
+            task_id: "t".into(),
+            initial_batch_size: 64,
+            min_batch_size: 8,
+            max_batch_size: 256,
+            profile: Some(iadeep_proto::SoloProfile {
+                batch_size: 64,
+                peak_mem_mib: Some(6_000),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let record = DeviceResidents {
+            device_id: "d0".into(),
+            reservations: vec![Reservation {
+                task_id: "t".into(),
+                reserved_mem_mib: 6_000,
+                spec: Some(spec),
+                ..Default::default()
+            }],
+        };
+        view.apply_residents("d0", Some(record), 1);
+        let check = |view: &ClusterView, what: &str| {
+            let device = view.device("d0").expect("device");
+            let fresh: Vec<_> = device
+                .residents
+                .iter()
+                .map(|r| r.shrink_steps(&memory))
+                .collect();
+            assert_eq!(device.summary().shrink_steps, fresh, "{what}");
+            fresh
+        };
+        let placed = check(&view, "placed");
+        assert!(placed[0].len() > 1, "64 can step down: {placed:?}");
+        view.set_assignment(
+            BatchSizeAssignment {
+                task_id: "t".into(),
+                batch_size: 128,
+                ..Default::default()
+            },
+            2,
+        );
+        let grown = check(&view, "grown");
+        assert_eq!(grown[0][0].0, 128);
+        view.set_report(TaskReport {
+            task_id: "t".into(),
+            batch_size: 128,
+            peak_mem_mib: Some(11_000),
+            peak_mem_batch_size: 128,
+            ..Default::default()
+        });
+        let measured = check(&view, "measured");
+        assert_ne!(measured, grown, "a measured peak changes the bounds");
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The shrink plan: which residents give back memory, and how much, so that a
 //! newcomer fits a shared device (see [`shrink_plan`]).
+use std::borrow::Cow;
+
 use super::Shrink;
 use crate::model::MemoryEstimator;
 use crate::view::DeviceState;
@@ -19,25 +21,22 @@ pub(super) fn shrink_plan(
     usable: u64,
     need: u64,
 ) -> Option<Vec<Shrink>> {
-    pub(super) struct Steps {
+    pub(super) struct Steps<'d> {
         /// (batch size, MiB) from the current size downwards; the first is what it uses now.
-        steps: Vec<(u32, u64)>,
+        steps: Cow<'d, [(u32, u64)]>,
         at: usize,
     }
+    // Computed once per change of the device (see `DeviceSummary::shrink_steps`).
+    let cached = &device.summary().shrink_steps;
     let mut options: Vec<Steps> = device
         .residents
         .iter()
-        .map(|r| {
-            let current = r.batch_size();
-            let mut steps = vec![(current, r.footprint_mib(memory))];
-            let mut sizes = iadeep_tuner::candidate_sizes(r.spec());
-            sizes.retain(|&b| b < current);
-            for b in sizes.into_iter().rev() {
-                match memory.bound_mib(r.spec(), r.report.as_ref(), b) {
-                    Some(mib) => steps.push((b, mib)),
-                    None => break,
-                }
-            }
+        .enumerate()
+        .map(|(i, r)| {
+            let steps = match cached.get(i) {
+                Some(steps) if cached.len() == device.residents.len() => Cow::Borrowed(&steps[..]),
+                _ => Cow::Owned(r.shrink_steps(memory)),
+            };
             Steps { steps, at: 0 }
         })
         .collect();
