@@ -105,6 +105,12 @@ pub async fn run(args: StateArgs) -> Result<ExitCode> {
     }
 }
 
+/// Keys one page of `state ls` asks for: ten times the store's default, because etcd
+/// answers each page at the cost of counting the rest of the prefix (see
+/// `iadeep_state::DEFAULT_PAGE_SIZE`), so a listing of millions needs few pages; a page
+/// too large for one answer is halved by the store.
+const LS_PAGE: usize = 5_000;
+
 /// Lists the keys under `prefix` page by page, printing each page as it comes, so a
 /// prefix of millions of keys lists in bounded memory and no answer exceeds gRPC's
 /// message limit. Pages are each consistent; a key written or deleted while the
@@ -114,9 +120,7 @@ async fn ls(store: &dyn StateStore, prefix: &str, long: bool) -> Result<ExitCode
     let mut after: Option<String> = None;
     let mut listed = 0usize;
     loop {
-        let page = store
-            .range_page(prefix, after.as_deref(), iadeep_state::DEFAULT_PAGE_SIZE)
-            .await?;
+        let page = store.range_page(prefix, after.as_deref(), LS_PAGE).await?;
         for kv in &page.kvs {
             if long {
                 outln!("{} {}", kv.key, codec::one_line(&kv.key, &kv.value))?;

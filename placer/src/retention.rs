@@ -25,7 +25,7 @@
 //!
 //! Why pages and a cursor: a backlog can hold millions of markers (a placer that was
 //! down, or a retention shortened), more than one read can answer. A pass reads the
-//! markers in pages of [`DEFAULT_PAGE_SIZE`] in key order, from where the last pass
+//! markers in pages of [`MARKER_PAGE`] in key order, from where the last pass
 //! stopped, and stops after the page in which it deleted
 //! [`crate::PlacerParams::retention_batch`] tasks, returning where to go on
 //! ([`Swept::resume_after`]); the reaper then runs the next pass at once, so a backlog
@@ -35,11 +35,17 @@
 use std::time::Duration;
 
 use iadeep_state::keys::{self, KeyKind};
-use iadeep_state::{DEFAULT_PAGE_SIZE, Expect, RangePage, Revision, Txn, TxnOutcome, typed};
+use iadeep_state::{Expect, RangePage, Revision, Txn, TxnOutcome, typed};
 
 use crate::error::Result;
 use crate::events::PlacementEvent;
 use crate::service::PlacementService;
+
+/// Release markers one page of a [`sweep`] reads: a marker is at most about 200 bytes
+/// (a 147-byte key, a 13-digit time), so a page stays under 2 MB, and a pass over a
+/// million markers is 100 pages, each of which etcd 3.4 answers at the cost of counting
+/// the rest of the prefix (see [`iadeep_state::DEFAULT_PAGE_SIZE`]).
+pub const MARKER_PAGE: usize = 10_000;
 
 /// Released tasks one sweep transaction deletes: each costs 3 comparisons and 7
 /// deletes, and etcd refuses a transaction of more than 128 operations by default
@@ -88,11 +94,12 @@ pub async fn sweep(
     batch: usize,
     from: Option<String>,
 ) -> Result<Swept> {
-    sweep_paged(service, retention, batch, from, DEFAULT_PAGE_SIZE).await
+    sweep_paged(service, retention, batch, from, MARKER_PAGE).await
 }
 
-/// [`sweep`], reading `page_size` markers at a time.
-async fn sweep_paged(
+/// [`sweep`], reading `page_size` markers at a time (tests walk small backlogs in
+/// many pages).
+pub async fn sweep_paged(
     service: &PlacementService,
     retention: Duration,
     batch: usize,

@@ -229,6 +229,13 @@ pub struct RangeSnapshot {
 /// component that must read that prefix to start. 500 of iadeep's records (specs,
 /// reports, residents records: a few hundred bytes to a few KB each) are well under
 /// 1 MiB; a page that is still too large (huge values) is halved until it fits.
+///
+/// Why not much larger, and when to ask for more: etcd 3.4 counts every key from a
+/// page's start to the prefix's end to answer it (its `count`), so a page costs the
+/// whole rest of the range (0.1 to 0.4 s for a page at the start of 100,000 keys on a
+/// loaded 2-core machine, measured) and walking n keys costs n²/page. Walkers of
+/// prefixes that can hold millions of small values (release markers, `state ls`) ask
+/// for pages of thousands.
 pub const DEFAULT_PAGE_SIZE: usize = 500;
 
 /// One page of keys under a prefix, from [`StateStore::range_page`].

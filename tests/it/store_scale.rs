@@ -136,8 +136,9 @@ async fn the_placer_and_a_follower_read_prefixes_many_pages_long() {
 }
 
 /// 1,000 released tasks past their retention, each with its marker and archive: the
-/// sweep reads the markers in pages and deletes in transactions of 16 tasks, in passes
-/// that resume where the last stopped, until nothing is left.
+/// sweep reads the markers in pages (of 100 here) and deletes in transactions of 16
+/// tasks, in passes (of 300 tasks) that resume where the last stopped, until nothing is
+/// left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_of_released_tasks_is_swept_to_nothing() {
     const BACKLOG: usize = 1_000;
@@ -163,7 +164,7 @@ async fn a_backlog_of_released_tasks_is_swept_to_nothing() {
     .with_events(Arc::new(NoEvents));
     let (mut deleted, mut passes, mut from) = (0, 0, None);
     loop {
-        let swept = retention::sweep(&service, Duration::from_secs(3600), 300, from)
+        let swept = retention::sweep_paged(&service, Duration::from_secs(3600), 300, from, 100)
             .await
             .expect("sweep");
         deleted += swept.deleted.len();
@@ -248,4 +249,25 @@ async fn the_placer_compacts_etcds_history() {
     assert_eq!(to, Some(now - 1), "one period behind");
     assert!(compacted(store.as_ref(), now - 2).await);
     daemon.shutdown().await;
+}
+
+/// A page of values too large for one gRPC answer (600 values of 10 KB asked for at
+/// once: 6 MB, over the 4 MiB limit) is read in halves, whole and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_too_large_for_one_answer_is_read_in_halves() {
+    let server = start_etcd();
+    let store: Arc<dyn StateStore> = Arc::new(
+        EtcdStore::connect(&[server.endpoint()])
+            .await
+            .expect("connect to etcd")
+            .with_page_size(600),
+    );
+    let kvs: Vec<(String, Vec<u8>)> = (0..600)
+        .map(|i| (format!("/large/{i:04}"), vec![b'v'; 10 * 1024]))
+        .collect();
+    put_all(store.as_ref(), kvs.clone()).await;
+    let read = store.range("/large/").await.expect("range in halves");
+    let keys: Vec<&str> = read.kvs.iter().map(|kv| kv.key.as_str()).collect();
+    let written: Vec<&str> = kvs.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, written);
 }

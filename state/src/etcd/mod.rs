@@ -91,14 +91,15 @@ impl EtcdStore {
         self
     }
 
-    /// One range request: at most `limit` keys under `prefix` after `after`, at
+    /// One range request: at most `*limit` keys under `prefix` after `after`, at
     /// `revision` (the newest with `None`). A page too large for one gRPC message
-    /// (values far larger than iadeep writes) is asked for again in halves.
+    /// (values far larger than iadeep writes) is asked for again in halves, and
+    /// `*limit` keeps the halved size for the caller's next page.
     async fn read_page(
         &self,
         prefix: &str,
         after: Option<&str>,
-        limit: usize,
+        limit: &mut usize,
         revision: Option<Revision>,
     ) -> Result<RangePage> {
         let start: Vec<u8> = match after {
@@ -106,11 +107,11 @@ impl EtcdStore {
             _ => prefix.as_bytes().to_vec(),
         };
         let end = prefix_end(prefix);
-        let mut limit = limit.max(1);
+        *limit = (*limit).max(1);
         loop {
             let mut options = GetOptions::new()
                 .with_range(end.clone())
-                .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+                .with_limit(i64::try_from(*limit).unwrap_or(i64::MAX));
             if let Some(revision) = revision {
                 options = options.with_revision(revision);
             }
@@ -122,9 +123,9 @@ impl EtcdStore {
                 .await;
             let resp = match result {
                 Ok(resp) => resp,
-                Err(Failure::Rejected(err)) if too_large(&err) && limit > 1 => {
-                    tracing::debug!(%prefix, limit, %err, "range page too large; halving it");
-                    limit /= 2;
+                Err(Failure::Rejected(err)) if too_large(&err) && *limit > 1 => {
+                    tracing::debug!(%prefix, limit = *limit, %err, "range page too large; halving it");
+                    *limit /= 2;
                     continue;
                 }
                 Err(Failure::Rejected(err)) if compacted(&err) => {
@@ -147,14 +148,15 @@ impl EtcdStore {
     /// Every key under `prefix` at one revision, page by page: the first page's
     /// revision pins the later ones.
     async fn read_all(&self, prefix: &str) -> Result<RangeSnapshot> {
-        let first = self.read_page(prefix, None, self.page_size, None).await?;
+        let mut limit = self.page_size;
+        let first = self.read_page(prefix, None, &mut limit, None).await?;
         let revision = first.revision;
         let mut more = first.more;
         let mut kvs = first.kvs;
         while more {
             let after = kvs.last().map(|kv| kv.key.clone());
             let page = self
-                .read_page(prefix, after.as_deref(), self.page_size, Some(revision))
+                .read_page(prefix, after.as_deref(), &mut limit, Some(revision))
                 .await?;
             more = page.more && !page.kvs.is_empty();
             kvs.extend(page.kvs);
@@ -440,7 +442,7 @@ impl StateStore for EtcdStore {
         after: Option<&str>,
         limit: usize,
     ) -> Result<RangePage> {
-        self.read_page(prefix, after, limit, None).await
+        self.read_page(prefix, after, &mut { limit }, None).await
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {
