@@ -107,16 +107,44 @@ pub const NOT_IN_BASE: [&str; 14] = [
     "rel.log2_co_batch_size_over_task",
 ];
 
+/// The columns whose value changes when the same jobs run on a faster or slower GPU:
+/// absolute step times and samples per second. Everything else is a batch size, a
+/// utilisation, a memory figure, a count or a ratio between the task and its
+/// co-runners, which a uniformly faster card leaves as it is. With
+/// [`crate::LearnerParams::speed_free`] the model does not see these, so what it
+/// learned on one GPU kind is not keyed by that kind's speed.
+pub const SPEED_DEPENDENT: [&str; 7] = [
+    "task.log2_solo_step_time_s",
+    "task.log2_samples_per_s",
+    "co.sum_solo_step_time_s",
+    "co.max_solo_step_time_s",
+    "co.log2_sum_samples_per_s",
+    "co.log2_max_samples_per_s",
+    "co.log2_sum_solo_step_time_s",
+];
+
+/// Sets the [`SPEED_DEPENDENT`] columns of `row` to 0, a constant no split or
+/// coefficient can use.
+pub fn mask_speed_dependent(row: &mut [f64]) {
+    for (value, name) in row.iter_mut().zip(FEATURE_NAMES) {
+        if SPEED_DEPENDENT.contains(&name) {
+            *value = 0.0;
+        }
+    }
+}
+
 /// The column of the feature called `name`.
 #[cfg(test)]
 fn column(name: &str) -> Option<usize> {
     FEATURE_NAMES.iter().position(|n| *n == name)
 }
 
-/// The columns of the linear base: every column but [`NOT_IN_BASE`].
-pub fn base_columns() -> Vec<usize> {
+/// The columns of the linear base: every column but [`NOT_IN_BASE`] (and, with
+/// `speed_free`, but [`SPEED_DEPENDENT`]).
+pub fn base_columns(speed_free: bool) -> Vec<usize> {
     (0..N_FEATURES)
         .filter(|&c| !NOT_IN_BASE.contains(&FEATURE_NAMES[c]))
+        .filter(|&c| !(speed_free && SPEED_DEPENDENT.contains(&FEATURE_NAMES[c])))
         .collect()
 }
 
@@ -305,7 +333,24 @@ mod tests {
     #[test]
     fn every_column_left_out_of_the_base_is_a_feature() {
         assert!(NOT_IN_BASE.iter().all(|n| column(n).is_some()));
-        assert_eq!(base_columns().len(), N_FEATURES - NOT_IN_BASE.len());
+        assert!(SPEED_DEPENDENT.iter().all(|n| column(n).is_some()));
+        assert_eq!(base_columns(false).len(), N_FEATURES - NOT_IN_BASE.len());
+        assert!(base_columns(true).len() < base_columns(false).len());
+    }
+
+    /// The same pair on a card twice as fast (every step time halved) has the same
+    /// row once the speed-dependent columns are masked, and a different one before.
+    #[test]
+    fn a_masked_row_does_not_depend_on_the_gpus_speed() {
+        let slow = feature_row("k80", &profile("a", 32, 0.3), &[profile("b", 8, 0.12)]);
+        let fast = feature_row("k80", &profile("a", 32, 0.15), &[profile("b", 8, 0.06)]);
+        assert_ne!(slow, fast);
+        let (mut slow, mut fast) = (slow, fast);
+        mask_speed_dependent(&mut slow);
+        mask_speed_dependent(&mut fast);
+        for (i, (a, b)) in slow.iter().zip(&fast).enumerate() {
+            assert!((a - b).abs() < 1e-9, "{}: {a} vs {b}", FEATURE_NAMES[i]);
+        }
     }
 
     #[test]

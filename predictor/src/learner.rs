@@ -14,7 +14,9 @@ use prost::Message;
 use crate::calibration::Calibration;
 use crate::effects::JobEffects;
 use crate::error::PredictorError;
-use crate::features::{N_FEATURES, base_columns, feature_row, feature_row_into};
+use crate::features::{
+    N_FEATURES, base_columns, feature_row, feature_row_into, mask_speed_dependent,
+};
 use crate::forest::{Forest, ForestParams};
 use crate::heuristic;
 use crate::linear::Ridge;
@@ -69,6 +71,19 @@ pub struct LearnerParams {
     /// docs/predictor-experiments.md, "How the defaults were chosen").
     #[serde(default)]
     pub job_effects_prior: Option<f64>,
+    /// Shrinkage prior, in samples, of the per-family level of the effects (see
+    /// `effects.rs`): every batch size of a model shares its family's effect, each
+    /// job's own effect is shrunk towards it by `job_effects_prior`, and the
+    /// family's towards 0, the population. A job seen at a new batch size starts
+    /// from its family's effect rather than from nothing. `None`: one level.
+    #[serde(default)]
+    pub family_effects_prior: Option<f64>,
+    /// Whether the model leaves out the columns that depend on the GPU's speed
+    /// (absolute step times and samples per second, see
+    /// `features::SPEED_DEPENDENT`), keeping batch sizes, utilisations, memory and
+    /// the task-to-co-runner ratios, which mean the same on any card.
+    #[serde(default)]
+    pub speed_free: bool,
     /// Which columns the linear base is fitted on.
     #[serde(default)]
     pub base_features: BaseFeatures,
@@ -108,7 +123,9 @@ impl Default for LearnerParams {
             log_target: true,
             target_floor: DEFAULT_TARGET_FLOOR,
             ridge_lambda: Some(1.0),
-            job_effects_prior: Some(1.0),
+            job_effects_prior: Some(3.0),
+            family_effects_prior: Some(1.0),
+            speed_free: false,
             base_features: BaseFeatures::default(),
             forest_on_new_models: true,
             forest: ForestParams::default(),
@@ -155,6 +172,11 @@ impl LearnerParams {
             && !(prior.is_finite() && prior >= 0.0)
         {
             return bad("job_effects_prior", "must be a non-negative number");
+        }
+        if let Some(prior) = self.family_effects_prior
+            && !(prior.is_finite() && prior >= 0.0)
+        {
+            return bad("family_effects_prior", "must be a non-negative number");
         }
         self.forest.check()
     }
@@ -296,6 +318,8 @@ pub struct Staged {
     known_models: HashSet<u64>,
     /// [`LearnerParams::forest_on_new_models`].
     forest_on_new_models: bool,
+    /// [`LearnerParams::speed_free`].
+    speed_free: bool,
     calibration: Calibration,
 }
 
@@ -365,7 +389,7 @@ struct Rows {
 }
 
 impl Rows {
-    fn of(samples: &[Arc<CoLocationSample>], target: Target) -> Rows {
+    fn of(samples: &[Arc<CoLocationSample>], target: Target, speed_free: bool) -> Rows {
         let mut kept = Rows {
             target,
             samples: Vec::with_capacity(samples.len()),
@@ -377,8 +401,11 @@ impl Rows {
                 continue;
             };
             kept.samples.push(Arc::clone(s));
-            kept.rows
-                .push(feature_row(&s.device_kind, task, &s.corunners));
+            let mut row = feature_row(&s.device_kind, task, &s.corunners);
+            if speed_free {
+                mask_speed_dependent(&mut row);
+            }
+            kept.rows.push(row);
             kept.targets.push(target.encode(s.slowdown));
         }
         kept
@@ -399,7 +426,7 @@ impl Staged {
         let base = match params.ridge_lambda {
             Some(lambda) => {
                 let columns = match params.base_features {
-                    BaseFeatures::Generalising => base_columns(),
+                    BaseFeatures::Generalising => base_columns(params.speed_free),
                     BaseFeatures::All => (0..N_FEATURES).collect(),
                 };
                 let base = Ridge::fit(&rows.rows, &residuals, lambda, &columns)?;
@@ -411,7 +438,12 @@ impl Staged {
             None => None,
         };
         let effects = params.job_effects_prior.map(|prior| {
-            let fx = JobEffects::fit(&rows.samples, &residuals, prior);
+            let fx = JobEffects::fit(
+                &rows.samples,
+                &residuals,
+                prior,
+                params.family_effects_prior,
+            );
             for (t, s) in residuals.iter_mut().zip(&rows.samples) {
                 if let Some(task) = s.task.as_ref() {
                     *t -= fx.predict(task, &s.corunners);
@@ -435,6 +467,7 @@ impl Staged {
             forest,
             known_models,
             forest_on_new_models: params.forest_on_new_models,
+            speed_free: params.speed_free,
             calibration: Calibration::default(),
         };
         if calibrate {
@@ -469,6 +502,9 @@ impl Staged {
         let corunners = std::slice::from_ref(corunner);
         let mut row = [0.0; N_FEATURES];
         feature_row_into(device_kind, task, corunners, &mut row);
+        if self.speed_free {
+            mask_speed_dependent(&mut row);
+        }
         let offset = self.base.as_ref().map_or(0.0, |b| b.predict(&row))
             + self
                 .effects
@@ -569,7 +605,12 @@ fn new_model_residuals(
             continue;
         }
         let kept: Vec<Arc<CoLocationSample>> = kept.into_iter().cloned().collect();
-        let model = Staged::fit(&Rows::of(&kept, rows.target), params, &small, false)?;
+        let model = Staged::fit(
+            &Rows::of(&kept, rows.target, params.speed_free),
+            params,
+            &small,
+            false,
+        )?;
         for s in held_out {
             let Some(task) = s.task.as_ref() else {
                 continue;
@@ -772,7 +813,11 @@ impl Trainer for ProfileTrainer {
         if samples.len() < self.params.min_samples {
             return Ok(FittedModel::ColdStart);
         }
-        let rows = Rows::of(samples, Target::for_window(&self.params, samples));
+        let rows = Rows::of(
+            samples,
+            Target::for_window(&self.params, samples),
+            self.params.speed_free,
+        );
         let staged = Staged::fit(&rows, &self.params, &self.params.forest, true)?;
         let (known, new_model) = staged.calibration.counts();
         tracing::debug!(
