@@ -1011,6 +1011,7 @@ impl PlacementService {
         }
         // A task withdrawn while it waited no longer holds the others back.
         self.view_mut().forget_waiting(task_id);
+        self.placer.wait_model().forget(task_id);
         if had_placement {
             self.record(PlacementEvent::Released);
             tracing::debug!(task = %task_id, device = ?released, "released");

@@ -326,6 +326,9 @@ impl Placer {
                 (Verdict::Place { .. }, _) => self.wait.placed(&task.task_id, now_unix_ms),
                 (Verdict::Queue { .. }, _) => {}
             }
+        } else if matches!(verdict, Verdict::Place { .. }) {
+            // Its wait, if it waited, ends by a decision that was not over every device.
+            self.wait.forget(&task.task_id);
         }
         Decision {
             verdict,

@@ -40,6 +40,10 @@ pub trait WaitModel: Send + Sync + fmt::Debug {
 
     /// The placer placed `task_id` (its wait, if it was waiting, is over).
     fn placed(&self, _task_id: &str, _now_unix_ms: i64) {}
+
+    /// `task_id` no longer waits, and its wait says nothing of the traffic: it was
+    /// withdrawn (Release), or placed by a decision not over every device.
+    fn forget(&self, _task_id: &str) {}
 }
 
 /// How many completed waits the correction remembers: each completed task's weight
@@ -83,6 +87,8 @@ struct Observed {
     completed: u64,
     /// Size of `pending` after its last pruning.
     pruned_len: usize,
+    /// When the last pruning ran (Unix ms).
+    pruned_at_ms: i64,
 }
 
 /// Pending tasks not queued again for this long are forgotten (withdrawn, or placed by
@@ -90,6 +96,12 @@ struct Observed {
 const PENDING_EXPIRY_MS: i64 = 4 * 600 * 1000;
 
 impl Pending {
+    /// Not queued again for [`PENDING_EXPIRY_MS`]: presumably withdrawn or placed by
+    /// another placer, so its wait says nothing (and would grow without limit).
+    fn expired(&self, now_ms: i64) -> bool {
+        now_ms.saturating_sub(self.last_ms) >= PENDING_EXPIRY_MS
+    }
+
     /// Σ over the task's queue decisions of the time waited since each, at `now_ms`.
     fn waited_s(&self, now_ms: i64) -> f64 {
         let now_s = now_ms.saturating_sub(self.first_ms) as f64 / 1000.0;
@@ -103,11 +115,11 @@ impl Observed {
     /// growing queue (the long waits are the ones not over yet), and a burst of
     /// arrivals is when `W` matters most; a task still waiting past its prediction is
     /// known to have been under-estimated by at least that much. Tasks still within
-    /// their prediction say nothing yet.
+    /// their prediction say nothing yet, nor do expired ones (see [`Pending::expired`]).
     fn ratio(&self, now_ms: i64) -> f64 {
         let (mut real, mut predicted) = (self.real_s, self.predicted_s);
         let mut overdue = 0u64;
-        for p in self.pending.values() {
+        for p in self.pending.values().filter(|p| !p.expired(now_ms)) {
             let waited = p.waited_s(now_ms);
             if waited > p.sum_predicted_s {
                 real += waited;
@@ -122,14 +134,17 @@ impl Observed {
     }
 
     /// Drops tasks not queued again for [`PENDING_EXPIRY_MS`], whenever the map has
-    /// doubled since the last pass, so the cost stays linear in the decisions.
+    /// doubled since the last pass (so the cost stays linear in the decisions) or an
+    /// expiry has passed since it (so a small map does not keep stale tasks either).
     fn prune(&mut self, now_unix_ms: i64) {
-        if self.pending.len() <= 2 * self.pruned_len + 64 {
+        let grown = self.pending.len() > 2 * self.pruned_len + 64;
+        let due = now_unix_ms.saturating_sub(self.pruned_at_ms) >= PENDING_EXPIRY_MS;
+        if !grown && !due {
             return;
         }
-        self.pending
-            .retain(|_, p| now_unix_ms.saturating_sub(p.last_ms) < PENDING_EXPIRY_MS);
+        self.pending.retain(|_, p| !p.expired(now_unix_ms));
         self.pruned_len = self.pending.len();
+        self.pruned_at_ms = now_unix_ms;
     }
 }
 
@@ -189,6 +204,10 @@ impl WaitModel for ObservedWait {
         observed.real_s = observed.real_s * keep + real;
         observed.predicted_s = observed.predicted_s * keep + p.sum_predicted_s;
         observed.completed += 1;
+    }
+
+    fn forget(&self, task_id: &str) {
+        self.lock().pending.remove(task_id);
     }
 }
 
@@ -272,6 +291,32 @@ mod tests {
         );
         let scaled = w.wait_s(&task("new"), Some(10.0), 300_000).expect("a wait");
         assert!((scaled - 30.0).abs() < 1e-9, "{scaled}");
+    }
+
+    /// Five tasks that stop asking (withdrawn, placed elsewhere) must not hold the
+    /// correction at its bound: past the expiry they no longer count, and a withdrawn
+    /// task never again.
+    #[test]
+    fn expired_and_withdrawn_tasks_do_not_move_the_ratio() {
+        let w = ObservedWait::default();
+        for k in 0..WAIT_MIN_COMPLETED {
+            w.queued(&format!("gone{k}"), 1.0, 0);
+        }
+        assert_eq!(w.ratio(PENDING_EXPIRY_MS - 1), WAIT_RATIO_BOUNDS.1);
+        assert_eq!(w.ratio(PENDING_EXPIRY_MS), 1.0);
+        // A later decision prunes them although the map is small.
+        w.queued("new", 1.0, PENDING_EXPIRY_MS);
+        assert_eq!(w.lock().pending.len(), 1);
+
+        let w = ObservedWait::default();
+        for k in 0..WAIT_MIN_COMPLETED {
+            w.queued(&format!("t{k}"), 1.0, 0);
+        }
+        assert_eq!(w.ratio(100_000), WAIT_RATIO_BOUNDS.1);
+        w.forget("t0");
+        assert_eq!(w.ratio(100_000), 1.0, "a withdrawn task does not count");
+        w.placed("t0", 100_000);
+        assert_eq!(w.completed(), 0, "nor completes a wait");
     }
 
     #[test]
