@@ -26,16 +26,16 @@
 //! Why pages and a cursor: a backlog can hold millions of markers (a placer that was
 //! down, or a retention shortened), more than one read can answer. A pass reads the
 //! markers in pages of [`MARKER_PAGE`] in key order, from where the last pass
-//! stopped, and stops after the page in which it deleted
-//! [`crate::PlacerParams::retention_batch`] tasks, returning where to go on
-//! ([`Swept::resume_after`]); the reaper then runs the next pass at once, so a backlog
+//! stopped, and stops once it has deleted [`crate::PlacerParams::retention_batch`]
+//! tasks (within a page if need be, the last transaction cut to fit), returning where to
+//! go on ([`Swept::resume_after`]: the last marker it handled); the reaper then runs the next pass at once, so a backlog
 //! is cleared at the store's transaction rate without one pass holding the reaper for
 //! long. (Key order, not release order: release order would need every marker read.)
 
 use std::time::Duration;
 
 use iadeep_state::keys::{self, KeyKind};
-use iadeep_state::{Expect, RangePage, Revision, Txn, TxnOutcome, typed};
+use iadeep_state::{typed, Expect, RangePage, Revision, Txn, TxnOutcome};
 
 use crate::error::Result;
 use crate::events::PlacementEvent;
@@ -59,8 +59,8 @@ pub struct Swept {
     pub deleted: Vec<String>,
     /// Tasks past their retention left alone because their agent still runs.
     pub running: usize,
-    /// Where the next pass goes on (the last marker read) when this one stopped because
-    /// it had deleted its batch; `None` when it read every marker to the end.
+    /// Where the next pass goes on (the last marker handled) when this one stopped
+    /// because it had deleted its batch; `None` when it read every marker to the end.
     pub resume_after: Option<String>,
 }
 
@@ -87,7 +87,7 @@ fn retire(txn: Txn, task: &str, marker_revision: Revision) -> Txn {
 
 /// Deletes the keys of released tasks whose marker is at least `retention` old (by the
 /// service's clock), reading the markers after `from` (from the first with `None`) and
-/// stopping after the page in which `batch` tasks were deleted.
+/// stopping once `batch` tasks were deleted, within a page if need be.
 pub async fn sweep(
     service: &PlacementService,
     retention: Duration,
@@ -108,6 +108,7 @@ pub async fn sweep_paged(
 ) -> Result<Swept> {
     let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
     let now = service.now_unix_ms();
+    let batch = batch.max(1);
     let mut swept = Swept::default();
     let mut after = from;
     loop {
@@ -115,10 +116,16 @@ pub async fn sweep_paged(
             .store()
             .range_page(keys::RELEASED, after.as_deref(), page_size)
             .await?;
-        let due = due_in(service, &page, now.saturating_sub(retention_ms), &mut swept);
-        for chunk in due.chunks(SWEEP_TXN_TASKS) {
-            delete_chunk(service, chunk, &mut swept).await?;
+        let (due, running) = due_in(service, &page, now.saturating_sub(retention_ms));
+        if let Some(stop) = delete_due(service, &due, batch, &mut swept).await? {
+            // The batch ended within the page: the next pass reads from after the last
+            // marker handled, so what follows it is neither deleted nor counted here.
+            let marker = keys::task_released(stop);
+            swept.running += running.iter().filter(|key| **key <= marker).count();
+            swept.resume_after = Some(marker);
+            break;
         }
+        swept.running += running.len();
         after = page.next_after().map(str::to_owned);
         if after.is_none() || swept.deleted.len() >= batch {
             swept.resume_after = after;
@@ -136,15 +143,36 @@ pub async fn sweep_paged(
     Ok(swept)
 }
 
+/// Deletes the `due` tasks of one page in transactions of up to [`SWEEP_TXN_TASKS`],
+/// none of which takes the pass past `batch` deletions. When the batch is reached
+/// before the last of them, returns the last task handled (the pass stops after it).
+async fn delete_due<'a>(
+    service: &PlacementService,
+    due: &'a [(String, Revision)],
+    batch: usize,
+    swept: &mut Swept,
+) -> Result<Option<&'a str>> {
+    let mut done = 0;
+    while done < due.len() {
+        let room = batch.saturating_sub(swept.deleted.len());
+        if room == 0 {
+            return Ok(Some(due[done - 1].0.as_str()));
+        }
+        let chunk = &due[done..due.len().min(done + room.min(SWEEP_TXN_TASKS))];
+        delete_chunk(service, chunk, swept).await?;
+        done += chunk.len();
+    }
+    Ok(None)
+}
+
 /// The tasks of `page` released at or before `released_by` whose agent does not run,
-/// with their marker's revision.
+/// with their marker's revision, and the markers of those whose agent runs.
 fn due_in(
     service: &PlacementService,
     page: &RangePage,
     released_by: i64,
-    swept: &mut Swept,
-) -> Vec<(String, Revision)> {
-    let mut due = Vec::new();
+) -> (Vec<(String, Revision)>, Vec<String>) {
+    let (mut due, mut running) = (Vec::new(), Vec::new());
     for kv in &page.kvs {
         let KeyKind::TaskReleased { task } = KeyKind::parse(&kv.key) else {
             continue;
@@ -152,7 +180,7 @@ fn due_in(
         match typed::decode_released_at(&kv.key, &kv.value) {
             Ok(released_at) if released_at <= released_by => {
                 if service.view().agent_alive(&task) {
-                    swept.running += 1;
+                    running.push(kv.key.clone());
                 } else {
                     due.push((task, kv.mod_revision));
                 }
@@ -164,7 +192,7 @@ fn due_in(
             }
         }
     }
-    due
+    (due, running)
 }
 
 /// Deletes the tasks of `chunk` in one transaction or, when one of them changed since
@@ -203,8 +231,8 @@ async fn delete_chunk(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::Arc;
 
     use iadeep_proto::{SoloProfile, TaskSpec};
     use iadeep_state::{EmbeddedStore, StateStore};
@@ -288,13 +316,11 @@ mod tests {
             .expect("get")
             .expect("archived spec");
         assert_eq!(archived, spec("a"));
-        assert!(
-            store
-                .get(&keys::task_released("a"))
-                .await
-                .expect("get")
-                .is_some()
-        );
+        assert!(store
+            .get(&keys::task_released("a"))
+            .await
+            .expect("get")
+            .is_some());
 
         advance(&now, HOUR - Duration::from_secs(1));
         let early = sweep(&service, HOUR, 10, None).await.expect("sweep");
@@ -310,13 +336,11 @@ mod tests {
         assert_eq!(due.deleted, vec!["a".to_owned()]);
         assert_eq!(due.resume_after, None);
         assert_eq!(archived_keys(store.as_ref(), "a").await, 0);
-        assert!(
-            store
-                .get(&keys::task_released("a"))
-                .await
-                .expect("get")
-                .is_none()
-        );
+        assert!(store
+            .get(&keys::task_released("a"))
+            .await
+            .expect("get")
+            .is_none());
         assert_eq!(events.count(PlacementEvent::RetentionDeleted), 1);
     }
 
@@ -401,6 +425,37 @@ mod tests {
         for prefix in [keys::TASKS, keys::ARCHIVE, keys::RELEASED] {
             assert_eq!(count(store.as_ref(), prefix).await, 0, "{prefix}");
         }
+    }
+
+    /// One page of 40 due markers and a batch of 20 (a transaction of 16, then one cut
+    /// to 4): the pass stops at the batch within the page, says it stopped after the
+    /// 20th marker, and the next pass goes on from there; a batch of 5 cuts the first
+    /// transaction itself.
+    #[tokio::test]
+    async fn a_pass_over_a_page_larger_than_its_batch_stops_at_the_batch() {
+        let (store, now, service) = world();
+        let ids: Vec<String> = (0..40).map(|i| format!("t{i:02}")).collect();
+        for id in &ids {
+            place_and_release(&service, id).await;
+        }
+        advance(&now, 2 * HOUR);
+        let first = sweep_paged(&service, HOUR, 20, None, 100)
+            .await
+            .expect("sweep");
+        assert_eq!(first.deleted, ids[..20]);
+        assert_eq!(first.resume_after, Some(keys::task_released("t19")));
+        assert_eq!(count(store.as_ref(), keys::RELEASED).await, 20);
+        let second = sweep_paged(&service, HOUR, 5, first.resume_after, 100)
+            .await
+            .expect("sweep");
+        assert_eq!(second.deleted, ids[20..25]);
+        assert_eq!(second.resume_after, Some(keys::task_released("t24")));
+        let last = sweep_paged(&service, HOUR, 20, second.resume_after, 100)
+            .await
+            .expect("sweep");
+        assert_eq!(last.deleted, ids[25..40]);
+        assert_eq!(last.resume_after, None, "read to the end");
+        assert_eq!(count(store.as_ref(), keys::RELEASED).await, 0);
     }
 
     /// A whole transaction of tasks fails when one of them changed; the others are
