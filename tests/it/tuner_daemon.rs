@@ -479,6 +479,52 @@ fn a_device_has_one_live_tuner_which_keeps_its_record_published() {
     }
 }
 
+/// A tuner whose watch on its quiet device record breaks after the history was compacted
+/// past the record's last change (the placer compacts every few minutes, and the record is
+/// written once) still sees the record deleted afterwards and publishes it again: it
+/// resumes from a fresh read, not from a compacted revision it could never watch from.
+#[test]
+fn a_tuner_keeps_its_record_after_its_watch_breaks_past_a_compaction() {
+    let mut etcd = EtcdServer::start().unwrap_or_else(|err| panic!("{err}"));
+    let rt = runtime();
+    let store = connect(&rt, &etcd);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let owner = rt.spawn(
+        Daemon::new(store.clone(), device(), params())
+            .expect("valid")
+            .run(async {
+                let _ = stopped.await;
+            }),
+    );
+    let info_key = keys::device_info(DEVICE);
+    wait_key(&rt, &store, &info_key, Duration::from_secs(20), |v| {
+        v.is_some()
+    });
+    rt.block_on(async {
+        for i in 0..20 {
+            store
+                .put(&format!("/iadeep-test/filler/{i}"), vec![1], None)
+                .await
+                .expect("filler");
+        }
+        let revision = store.range("/iadeep-test/").await.expect("read").revision;
+        store.compact(revision).await.expect("compact");
+    });
+    etcd.restart().unwrap_or_else(|err| panic!("{err}"));
+    rt.block_on(store.delete(&info_key))
+        .expect("delete the record");
+    wait_key(&rt, &store, &info_key, Duration::from_secs(30), |v| {
+        v.is_some()
+    });
+    assert_eq!(
+        registered_memory(&rt, &store),
+        Some(CARD_MIB),
+        "published again"
+    );
+    stop.send(()).expect("the owner runs");
+    rt.block_on(owner).expect("join").expect("a clean stop");
+}
+
 /// A tuner state that does not decode is kept aside under `tuner.corrupt`, byte for byte,
 /// and the tuner starts fresh instead of refusing to start.
 #[test]

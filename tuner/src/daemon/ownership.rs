@@ -161,10 +161,11 @@ async fn hold(store: &Arc<dyn StateStore>, info: &DeviceInfo, ttl: Duration, own
         let mut events = match store.watch(&info_key, Some(from)).await {
             Ok(events) => events,
             Err(err) => {
-                tracing::debug!(%err, "cannot watch the device record; trying again");
-                tokio::select! {
-                    () = keeper.lost() => return Held::LeaseLost,
-                    () = tokio::time::sleep(OWNER_POLL) => continue,
+                tracing::debug!(%err, "cannot watch the device record; reading it again");
+                match pause_then_catch_up(store, &mut keeper, info, &record, owned, &mut from).await
+                {
+                    Some(held) => return held,
+                    None => continue,
                 }
             }
         };
@@ -184,7 +185,7 @@ async fn hold(store: &Arc<dyn StateStore>, info: &DeviceInfo, ttl: Duration, own
                 }
                 Some(Ok(_)) => false,
                 Some(Err(err)) => {
-                    tracing::debug!(%err, "the device record's watch failed; watching again");
+                    tracing::debug!(%err, "the device record's watch failed; reading it again");
                     break;
                 }
                 None => break,
@@ -193,7 +194,49 @@ async fn hold(store: &Arc<dyn StateStore>, info: &DeviceInfo, ttl: Duration, own
                 return Held::Taken;
             }
         }
+        if let Some(held) =
+            pause_then_catch_up(store, &mut keeper, info, &record, owned, &mut from).await
+        {
+            return held;
+        }
     }
+}
+
+/// After a failed watch: waits a poll, then reads the record afresh and resumes from
+/// that read's revision rather than from the last event seen.
+///
+/// Why: the device record is written once and then stays quiet, so the revision of its
+/// last event soon falls behind the placer's compaction (`--compact-every`); a watch
+/// re-created from there would be refused as compacted on every try, and the tuner would
+/// never again see its record taken. A change the lost watch missed shows in the read.
+/// `Some` when the tuner no longer holds the device.
+async fn pause_then_catch_up(
+    store: &dyn StateStore,
+    keeper: &mut LeaseKeeper,
+    info: &DeviceInfo,
+    record: &[u8],
+    owned: Owned,
+    from: &mut Revision,
+) -> Option<Held> {
+    tokio::select! {
+        () = keeper.lost() => return Some(Held::LeaseLost),
+        () = tokio::time::sleep(OWNER_POLL) => {}
+    }
+    let info_key = keys::device_info(&info.device_id);
+    let snapshot = match store.range(&info_key).await {
+        Ok(snapshot) => snapshot,
+        Err(err) => {
+            tracing::debug!(%err, "cannot read the device record; trying again");
+            return None;
+        }
+    };
+    *from = snapshot.revision + 1;
+    let current = snapshot.kvs.iter().find(|kv| kv.key == info_key);
+    let changed = current.is_none_or(|kv| kv.value != record);
+    if changed && !republish(store, info, record, owned).await {
+        return Some(Held::Taken);
+    }
+    None
 }
 
 /// Writes the record back under the owner's lease; false when the owner key is no longer
