@@ -27,7 +27,8 @@ pub trait MemoryEstimator: Send + Sync + fmt::Debug {
 /// what the placer knows of the task: its solo profile (peak memory at its size) and its
 /// latest report (the peak at the batch size the agent names with it). Below the smallest
 /// measured size the model keeps its bound there (weights and optimiser state do not
-/// shrink), above the largest it grows proportionally to the batch with a padding and
+/// shrink), above the largest it extrapolates as the tuner does (by the task's own measured
+/// curvature times a safety factor, or twice the top slope with fewer than three sizes) and
 /// refuses to guess past 8×. Never below the user's request (`gpu_mem_request_mib`);
 /// `None` when nothing is known.
 #[derive(Clone, Copy, Debug, Default)]

@@ -1,6 +1,7 @@
 //! One read of the cluster's state, gathered into what `iadeep status` shows.
 //!
-//! Two prefix ranges (devices, tasks) and nothing else: the status must not load the
+//! Three reads (the devices and tasks prefixes, and one page of release markers) and
+//! nothing else: the status must not load the
 //! store it describes, and every figure it prints is one the placer, the tuners or the
 //! agents wrote. A value that does not decode is reported as a problem and skipped, so one
 //! damaged key does not hide the rest of the cluster.
