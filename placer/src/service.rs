@@ -998,16 +998,7 @@ impl PlacementService {
             }
             if released.is_none() && had_placement {
                 // A placement without a reservation: nothing else to take it away with.
-                let archive = crate::archive::archive_ops(self.store.as_ref(), task_id).await?;
-                let txn = Txn::new()
-                    .delete(placement_key.as_str())
-                    .put(
-                        keys::task_released(task_id),
-                        typed::encode_released_at(self.clock.now_unix_ms()),
-                        None,
-                    )
-                    .with_ops(archive);
-                self.store.transact(txn).await?;
+                self.release_placement_only(task_id, &placement_key).await?;
             }
         }
         // A task withdrawn while it waited no longer holds the others back.
@@ -1020,6 +1011,25 @@ impl PlacementService {
         Ok(released)
     }
 
+    /// Deletes `placement_key` (a placement without a reservation) with the task's
+    /// archive moves, reading the task's keys again while one changed since the read.
+    async fn release_placement_only(&self, task_id: &str, placement_key: &str) -> Result<()> {
+        let attempts = self.placer.params().max_reserve_attempts;
+        for _ in 0..attempts {
+            let archive = crate::archive::archive_ops(self.store.as_ref(), task_id).await?;
+            let txn = Txn::new().delete(placement_key).put(
+                keys::task_released(task_id),
+                typed::encode_released_at(self.clock.now_unix_ms()),
+                None,
+            );
+            if self.store.transact(archive.add_to(txn)).await?.committed() {
+                return Ok(());
+            }
+            self.record(PlacementEvent::CasConflict);
+        }
+        Err(PlacerError::contention(task_id, attempts, 0))
+    }
+
     /// Removes one task from a device's residents record and deletes `placement_key`
     /// in the same transaction; true when the task was there.
     ///
@@ -1027,6 +1037,10 @@ impl PlacementService {
     /// store); a lost comparison returns the record as it is now, which the next
     /// attempt uses. The store is read only when the view does not list the task
     /// there (another placer may have placed it and this view not caught up yet).
+    ///
+    /// The task's archived keys are compared as read too (after the record's compare,
+    /// whose current value comes first in a failed outcome); a lost comparison reads
+    /// them again, so a report written meanwhile is archived, not deleted.
     async fn remove_reservation(
         &self,
         device_id: &str,
@@ -1050,8 +1064,8 @@ impl PlacementService {
                     .map(|rev| (d.residents_record(device_id), rev))
             })
         };
-        // The spec, report and assignment move to the archive (see `crate::retention`).
-        let archive = crate::archive::archive_ops(self.store.as_ref(), task_id).await?;
+        // The spec, report and assignment move to the archive (see `crate::archive`).
+        let mut archive = crate::archive::archive_ops(self.store.as_ref(), task_id).await?;
         // The release marker of the last transaction sent: finding it in the store
         // after a lost comparison means that transaction committed after all.
         let mut sent: Option<Vec<u8>> = None;
@@ -1082,8 +1096,8 @@ impl PlacementService {
                 txn.put(key.as_str(), record.encode_to_vec(), None)
             }
             .delete(placement_key)
-            .put(keys::task_released(task_id), marker.clone(), None)
-            .with_ops(archive.iter().cloned());
+            .put(keys::task_released(task_id), marker.clone(), None);
+            let txn = archive.add_to(txn);
             sent = Some(marker);
             match self.store.transact(txn).await? {
                 TxnOutcome::Committed { revision } => {
@@ -1091,15 +1105,16 @@ impl PlacementService {
                     self.view_mut().apply_residents(device_id, record, revision);
                     return Ok(true);
                 }
-                TxnOutcome::Failed { mut current } => {
+                TxnOutcome::Failed { current } => {
                     self.record(PlacementEvent::CasConflict);
-                    let Some(kv) = current.pop().flatten() else {
+                    let Some(kv) = current.into_iter().next().flatten() else {
                         let deleted = (None, mod_revision);
                         return self
                             .released_earlier(device_id, task_id, sent, deleted)
                             .await;
                     };
                     known = Some((typed::decode::<DeviceResidents>(&kv)?, kv.mod_revision));
+                    archive = crate::archive::archive_ops(self.store.as_ref(), task_id).await?;
                 }
             }
         }
@@ -1438,6 +1453,9 @@ pub(crate) mod tests {
     struct ResendingStore {
         inner: EmbeddedStore,
         resend: std::sync::atomic::AtomicBool,
+        /// A put made just before the next transaction (once): a write that lands
+        /// between a request's reads and its commit.
+        put_first: std::sync::Mutex<Option<(String, Vec<u8>)>>,
     }
 
     #[async_trait::async_trait]
@@ -1460,6 +1478,10 @@ pub(crate) mod tests {
             self.inner.delete(key).await
         }
         async fn transact(&self, txn: Txn) -> iadeep_state::Result<TxnOutcome> {
+            let put_first = self.put_first.lock().expect("lock").take();
+            if let Some((key, value)) = put_first {
+                self.inner.put(&key, value, None).await?;
+            }
             if self.resend.load(std::sync::atomic::Ordering::SeqCst) {
                 // The first attempt commits; its answer is lost.
                 self.inner.transact(txn.clone()).await?;
@@ -1513,11 +1535,53 @@ pub(crate) mod tests {
         }
     }
 
+    /// The agent's last report, written between Release's read of the task's keys and
+    /// its commit, is the one archived, and nothing of the task stays under `tasks/`.
+    #[tokio::test]
+    async fn a_report_written_during_a_release_is_archived_not_lost() {
+        let store = Arc::new(ResendingStore {
+            inner: EmbeddedStore::in_memory().expect("in-memory store"),
+            resend: false.into(),
+            put_first: Default::default(),
+        });
+        let one = service(store.clone());
+        for (id, device) in [("a", "d0"), ("b", "d0"), ("c", "d1")] {
+            let outcome = one
+                .place(resident(id), vec![device.into()])
+                .await
+                .expect("place");
+            assert_eq!(placed(&outcome).device_id, device);
+        }
+        store
+            .put(&keys::task_report("a"), b"old".to_vec(), None)
+            .await
+            .expect("report");
+        // `a`: the report is rewritten; `c`: one appears that the read did not see.
+        for id in ["a", "c"] {
+            *store.put_first.lock().expect("lock") =
+                Some((keys::task_report(id), b"last".to_vec()));
+            one.release(id).await.expect("release");
+            let archived = store.get(&keys::archived_report(id)).await.expect("read");
+            assert_eq!(archived.map(|kv| kv.value), Some(b"last".to_vec()), "{id}");
+            let live = store
+                .range(&keys::task_prefix(id))
+                .await
+                .expect("range")
+                .kvs;
+            let left: Vec<_> = live.iter().map(|kv| kv.key.as_str()).collect();
+            assert!(
+                !left.contains(&keys::task_report(id).as_str()),
+                "{id}: {left:?}"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn a_release_whose_first_attempt_committed_answers_released() {
         let store = Arc::new(ResendingStore {
             inner: EmbeddedStore::in_memory().expect("in-memory store"),
             resend: false.into(),
+            put_first: Default::default(),
         });
         let one = service(store.clone());
         // Two residents (the record is rewritten) and one alone (the record is deleted).
