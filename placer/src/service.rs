@@ -2182,25 +2182,23 @@ pub(crate) mod tests {
             .expect("placed without waiting for the busy device")
             .expect("place");
         assert_eq!(placed(&outcome).device_id, other);
-        // Restricted to the busy device, a request still waits for it.
+        // Restricted to the busy device, a request still waits for it: driven for a
+        // while (its store reads and writes included), it neither answers nor reserves
+        // the other device.
         let waiting = one.place(resident("u"), vec![device_id.clone()]);
-        tokio::pin!(waiting);
-        assert!(
-            futures_poll_once(waiting.as_mut()).await.is_none(),
-            "a request that may only use the busy device waits for it"
-        );
-    }
-
-    /// Polls `future` once: `Some` with its output when it was ready.
-    async fn futures_poll_once<F: std::future::Future + Unpin>(future: F) -> Option<F::Output> {
-        let mut future = future;
-        std::future::poll_fn(|cx| {
-            std::task::Poll::Ready(match std::pin::Pin::new(&mut future).poll(cx) {
-                std::task::Poll::Ready(out) => Some(out),
-                std::task::Poll::Pending => None,
-            })
-        })
-        .await
+        if let Ok(answered) = tokio::time::timeout(Duration::from_millis(300), waiting).await {
+            panic!("a request that may only use the busy device answered: {answered:?}");
+        }
+        let record = one
+            .store
+            .get(&keys::device_residents(other))
+            .await
+            .expect("read");
+        let record = record.map(|kv| typed::decode::<DeviceResidents>(&kv).expect("decode"));
+        let holds_u = record.is_some_and(|r| r.reservations.iter().any(|r| r.task_id == "u"));
+        assert!(!holds_u, "the restricted request reserved the other device");
+        let placement = one.store.get(&keys::task_placement("u")).await;
+        assert!(placement.expect("read").is_none(), "u was placed");
     }
 
     #[tokio::test]
