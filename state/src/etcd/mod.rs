@@ -29,8 +29,8 @@ pub use members::{
 
 use crate::error::{Result, StateError};
 use crate::store::{
-    Expect, KeyValue, LeaseId, RangePage, RangeSnapshot, Revision, StateStore, TxnOutcome,
-    WatchEvent, WatchStream, lease_ttl_secs,
+    lease_ttl_secs, Expect, KeyValue, LeaseId, RangePage, RangeSnapshot, Revision, StateStore,
+    TxnOutcome, WatchEvent, WatchStream,
 };
 use members::{AttemptError, Failure, Members};
 
@@ -47,6 +47,10 @@ pub struct EtcdStore {
     config: std::sync::Arc<EtcdConfig>,
     /// Most keys one range request asks for (see [`crate::DEFAULT_PAGE_SIZE`]).
     page_size: usize,
+    /// Per prefix, the page size [`StateStore::range_page`] learned by halving a page
+    /// too large for one answer: later pages of that prefix (a paged reader's next
+    /// call) ask for at most that many keys instead of learning it again.
+    page_limits: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -78,6 +82,7 @@ impl EtcdStore {
             members: std::sync::Arc::new(Members::new(config)?),
             config: std::sync::Arc::new(config.clone()),
             page_size: crate::store::DEFAULT_PAGE_SIZE,
+            page_limits: std::sync::Arc::default(),
         };
         store.status(CONNECT_BUDGET).await?;
         Ok(store)
@@ -162,6 +167,13 @@ impl EtcdStore {
             kvs.extend(page.kvs);
         }
         Ok(RangeSnapshot { kvs, revision })
+    }
+
+    /// The page sizes [`StateStore::range_page`] learned, per prefix.
+    fn page_limits(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, usize>> {
+        self.page_limits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The version of the etcd server answering (e.g. `3.4.23`).
@@ -442,7 +454,14 @@ impl StateStore for EtcdStore {
         after: Option<&str>,
         limit: usize,
     ) -> Result<RangePage> {
-        self.read_page(prefix, after, &mut { limit }, None).await
+        let learned = self.page_limits().get(prefix).copied();
+        let asked = learned.map_or(limit, |learned| limit.min(learned));
+        let mut limit = asked;
+        let page = self.read_page(prefix, after, &mut limit, None).await?;
+        if limit < asked {
+            self.page_limits().insert(prefix.to_owned(), limit);
+        }
+        Ok(page)
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {
@@ -672,5 +691,51 @@ impl WatchSession {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{runtime, start_etcd};
+
+    /// 500 values of 10 KB, then 400 small ones: a first page of 1,200 keys (5 MB) is
+    /// too large for one answer, and so is one of 600; it is halved to 300. The next
+    /// page asks for those 300 too (asked afresh, 600 keys would fit in one answer), on
+    /// this prefix only.
+    #[test]
+    fn a_page_size_halved_for_one_page_carries_over_to_the_next() {
+        let server = start_etcd();
+        runtime().block_on(async {
+            let store = EtcdStore::connect(&[server.endpoint()])
+                .await
+                .expect("connect to etcd");
+            for i in 0..900 {
+                let value = if i < 500 {
+                    vec![b'v'; 10 * 1024]
+                } else {
+                    vec![b's']
+                };
+                store
+                    .put(&format!("/large/{i:04}"), value, None)
+                    .await
+                    .expect("put");
+            }
+            let first = store
+                .range_page("/large/", None, 1_200)
+                .await
+                .expect("first");
+            assert_eq!(first.kvs.len(), 300, "1,200 and 600 keys were too large");
+            let second = store
+                .range_page("/large/", first.next_after(), 1_200)
+                .await
+                .expect("second");
+            assert_eq!(second.kvs.len(), 300, "the learned size carried over");
+            let other = store
+                .range_page("/large/0", Some("/large/0499"), 1_200)
+                .await
+                .expect("other");
+            assert_eq!(other.kvs.len(), 400, "another prefix learns its own");
+        });
     }
 }
