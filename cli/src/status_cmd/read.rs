@@ -8,10 +8,10 @@
 
 use std::collections::BTreeMap;
 
+use iadeep_tuner::daemon::tasks::TaskEntry;
+
 use iadeep_objective::PdInput;
-use iadeep_proto::{
-    BatchSizeAssignment, DeviceInfo, DeviceResidents, Placement, TaskReport, TaskSpec, TunerState,
-};
+use iadeep_proto::{DeviceInfo, DeviceResidents, Placement, TaskReport, TaskSpec, TunerState};
 use iadeep_state::keys::{self, KeyKind};
 use iadeep_state::{KeyValue, StateStore, typed};
 use iadeep_tuner::{TaskKnowledge, candidate_sizes};
@@ -22,16 +22,6 @@ struct DeviceKeys {
     info: Option<DeviceInfo>,
     residents: Option<DeviceResidents>,
     tuner: Option<TunerState>,
-}
-
-/// Everything the store says about one task.
-#[derive(Debug, Default)]
-struct TaskKeys {
-    spec: Option<TaskSpec>,
-    placement: Option<Placement>,
-    alive: bool,
-    report: Option<TaskReport>,
-    assignment: Option<BatchSizeAssignment>,
 }
 
 /// The cluster as `iadeep status` shows it.
@@ -177,8 +167,8 @@ fn group_devices(kvs: &[KeyValue], problems: &mut Vec<String>) -> BTreeMap<Strin
     devices
 }
 
-fn group_tasks(kvs: &[KeyValue], problems: &mut Vec<String>) -> BTreeMap<String, TaskKeys> {
-    let mut tasks: BTreeMap<String, TaskKeys> = BTreeMap::new();
+fn group_tasks(kvs: &[KeyValue], problems: &mut Vec<String>) -> BTreeMap<String, TaskEntry> {
+    let mut tasks: BTreeMap<String, TaskEntry> = BTreeMap::new();
     for kv in kvs {
         match KeyKind::parse(&kv.key) {
             KeyKind::TaskSpec { task } => {
@@ -205,7 +195,7 @@ fn assemble(
     revision: i64,
     now_unix_ms: i64,
     devices: BTreeMap<String, DeviceKeys>,
-    tasks: BTreeMap<String, TaskKeys>,
+    tasks: BTreeMap<String, TaskEntry>,
     problems: Vec<String>,
 ) -> Snapshot {
     let mut jobs = Vec::new();
@@ -236,7 +226,7 @@ fn assemble(
     }
 }
 
-fn device_row(id: String, keys: DeviceKeys, tasks: &BTreeMap<String, TaskKeys>) -> DeviceRow {
+fn device_row(id: String, keys: DeviceKeys, tasks: &BTreeMap<String, TaskEntry>) -> DeviceRow {
     let reservations = keys.residents.map(|r| r.reservations).unwrap_or_default();
     let reserved_mib: u64 = reservations.iter().map(|r| r.reserved_mem_mib).sum();
     let residents: Vec<String> = reservations.into_iter().map(|r| r.task_id).collect();
@@ -282,7 +272,7 @@ fn device_row(id: String, keys: DeviceKeys, tasks: &BTreeMap<String, TaskKeys>) 
 
 fn job_row(
     id: &str,
-    task: &TaskKeys,
+    task: &TaskEntry,
     placement: &Placement,
     device: Option<&DeviceKeys>,
 ) -> JobRow {
