@@ -35,7 +35,7 @@
 use std::time::Duration;
 
 use iadeep_state::keys::{self, KeyKind};
-use iadeep_state::{typed, Expect, RangePage, Revision, Txn, TxnOutcome};
+use iadeep_state::{Expect, RangePage, Revision, Txn, TxnOutcome, typed};
 
 use crate::error::Result;
 use crate::events::PlacementEvent;
@@ -231,8 +231,8 @@ async fn delete_chunk(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicI64, Ordering};
     use std::sync::Arc;
+    use std::sync::atomic::{AtomicI64, Ordering};
 
     use iadeep_proto::{SoloProfile, TaskSpec};
     use iadeep_state::{EmbeddedStore, StateStore};
@@ -316,11 +316,13 @@ mod tests {
             .expect("get")
             .expect("archived spec");
         assert_eq!(archived, spec("a"));
-        assert!(store
-            .get(&keys::task_released("a"))
-            .await
-            .expect("get")
-            .is_some());
+        assert!(
+            store
+                .get(&keys::task_released("a"))
+                .await
+                .expect("get")
+                .is_some()
+        );
 
         advance(&now, HOUR - Duration::from_secs(1));
         let early = sweep(&service, HOUR, 10, None).await.expect("sweep");
@@ -336,11 +338,13 @@ mod tests {
         assert_eq!(due.deleted, vec!["a".to_owned()]);
         assert_eq!(due.resume_after, None);
         assert_eq!(archived_keys(store.as_ref(), "a").await, 0);
-        assert!(store
-            .get(&keys::task_released("a"))
-            .await
-            .expect("get")
-            .is_none());
+        assert!(
+            store
+                .get(&keys::task_released("a"))
+                .await
+                .expect("get")
+                .is_none()
+        );
         assert_eq!(events.count(PlacementEvent::RetentionDeleted), 1);
     }
 
