@@ -8,13 +8,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use iadeep_placer::{
-    compaction, retention, ClusterView, Daemon, DaemonConfig, ModelledMemory, NoEvents,
-    PlacementService, Placer, PlacerParams,
+    ClusterView, Daemon, DaemonConfig, ModelledMemory, NoEvents, PlacementService, Placer,
+    PlacerParams, compaction, retention,
 };
 use iadeep_predictor::{LearnerParams, OnlinePredictor};
 use iadeep_proto::{DeviceInfo, TaskReport};
-use iadeep_state::testing::{start_etcd, EtcdServer};
-use iadeep_state::{keys, typed, EtcdStore, Follow, Followed, StateError, StateStore, Txn};
+use iadeep_state::testing::{EtcdServer, start_etcd};
+use iadeep_state::{EtcdStore, Follow, Followed, StateError, StateStore, Txn, keys, typed};
 use prost::Message;
 
 use crate::placer::eventually;

@@ -29,8 +29,8 @@ pub use members::{
 
 use crate::error::{Result, StateError};
 use crate::store::{
-    lease_ttl_secs, Expect, KeyValue, LeaseId, RangePage, RangeSnapshot, Revision, StateStore,
-    TxnOutcome, WatchEvent, WatchStream,
+    Expect, KeyValue, LeaseId, RangePage, RangeSnapshot, Revision, StateStore, TxnOutcome,
+    WatchEvent, WatchStream, lease_ttl_secs,
 };
 use members::{AttemptError, Failure, Members};
 
