@@ -252,9 +252,10 @@ fn iadeep_run_defaults_to_the_sqrt_learning_rate_rule() {
         );
         let env_rule = std::fs::read_to_string(&seen).expect("the job ran");
         assert_eq!(env_rule, expected, "IADEEP_LR_RULE of {task}");
+        // The job ended, so `iadeep run` released it: its spec moved to the archive.
         let spec = cluster
-            .get(&format!("/iadeep/v1/tasks/{task}/spec"))
-            .unwrap_or_else(|| panic!("the spec of {task} is stored"));
+            .get(&format!("/iadeep/v1/archive/{task}/spec"))
+            .unwrap_or_else(|| panic!("the spec of {task} is archived"));
         let stored = format!("LR_SCALING_RULE_{}", expected.to_ascii_uppercase());
         assert_eq!(spec["lrRule"], stored.as_str(), "{task}'s spec: {spec}");
     }
