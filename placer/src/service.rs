@@ -1535,10 +1535,10 @@ pub(crate) mod tests {
         }
     }
 
-    /// The agent's last report, written between Release's read of the task's keys and
-    /// its commit, is the one archived, and nothing of the task stays under `tasks/`.
-    #[tokio::test]
-    async fn a_report_written_during_a_release_is_archived_not_lost() {
+    /// A service over a [`ResendingStore`] (resending off) with `a` and `b` placed on `d0`
+    /// (a Release rewrites its residents record) and `c` alone on `d1` (a Release deletes
+    /// it).
+    async fn three_placed_over_a_resending_store() -> (Arc<ResendingStore>, PlacementService) {
         let store = Arc::new(ResendingStore {
             inner: EmbeddedStore::in_memory().expect("in-memory store"),
             resend: false.into(),
@@ -1552,6 +1552,14 @@ pub(crate) mod tests {
                 .expect("place");
             assert_eq!(placed(&outcome).device_id, device);
         }
+        (store, one)
+    }
+
+    /// The agent's last report, written between Release's read of the task's keys and
+    /// its commit, is the one archived, and nothing of the task stays under `tasks/`.
+    #[tokio::test]
+    async fn a_report_written_during_a_release_is_archived_not_lost() {
+        let (store, one) = three_placed_over_a_resending_store().await;
         store
             .put(&keys::task_report("a"), b"old".to_vec(), None)
             .await
@@ -1578,20 +1586,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn a_release_whose_first_attempt_committed_answers_released() {
-        let store = Arc::new(ResendingStore {
-            inner: EmbeddedStore::in_memory().expect("in-memory store"),
-            resend: false.into(),
-            put_first: Default::default(),
-        });
-        let one = service(store.clone());
-        // Two residents (the record is rewritten) and one alone (the record is deleted).
-        for (id, device) in [("a", "d0"), ("b", "d0"), ("c", "d1")] {
-            let outcome = one
-                .place(resident(id), vec![device.into()])
-                .await
-                .expect("place");
-            assert_eq!(placed(&outcome).device_id, device);
-        }
+        let (store, one) = three_placed_over_a_resending_store().await;
         store
             .resend
             .store(true, std::sync::atomic::Ordering::SeqCst);

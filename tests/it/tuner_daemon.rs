@@ -419,14 +419,15 @@ fn registered_memory(rt: &tokio::runtime::Runtime, store: &Arc<dyn StateStore>) 
     .map(|(info, _)| info.memory_mib)
 }
 
-/// One tuner per device: a second daemon for a device that a live one owns refuses to start,
-/// naming the owner, and leaves the owner's record alone; the owner publishes its record
-/// again when it is deleted; a clean stop takes the owner key and the record with the lease.
-#[test]
-fn a_device_has_one_live_tuner_which_keeps_its_record_published() {
-    let etcd = EtcdServer::start().unwrap_or_else(|err| panic!("{err}"));
-    let rt = runtime();
-    let store = connect(&rt, &etcd);
+/// A tuner daemon for `DEVICE`, started and waited for until it has published its record;
+/// a send on the returned channel stops it cleanly.
+fn start_owner(
+    rt: &tokio::runtime::Runtime,
+    store: &Arc<dyn StateStore>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<iadeep_tuner::Result<()>>,
+) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let owner = rt.spawn(
         Daemon::new(store.clone(), device(), params())
@@ -435,10 +436,44 @@ fn a_device_has_one_live_tuner_which_keeps_its_record_published() {
                 let _ = stopped.await;
             }),
     );
+    wait_key(
+        rt,
+        store,
+        &keys::device_info(DEVICE),
+        Duration::from_secs(20),
+        |v| v.is_some(),
+    );
+    (stop, owner)
+}
+
+/// Deletes the device record and waits, up to `within`, for its owner to publish it
+/// again with the card's memory.
+fn delete_record_and_wait_republished(
+    rt: &tokio::runtime::Runtime,
+    store: &Arc<dyn StateStore>,
+    within: Duration,
+) {
     let info_key = keys::device_info(DEVICE);
-    wait_key(&rt, &store, &info_key, Duration::from_secs(20), |v| {
-        v.is_some()
-    });
+    rt.block_on(store.delete(&info_key))
+        .expect("delete the record");
+    wait_key(rt, store, &info_key, within, |v| v.is_some());
+    assert_eq!(
+        registered_memory(rt, store),
+        Some(CARD_MIB),
+        "published again"
+    );
+}
+
+/// One tuner per device: a second daemon for a device that a live one owns refuses to start,
+/// naming the owner, and leaves the owner's record alone; the owner publishes its record
+/// again when it is deleted; a clean stop takes the owner key and the record with the lease.
+#[test]
+fn a_device_has_one_live_tuner_which_keeps_its_record_published() {
+    let etcd = EtcdServer::start().unwrap_or_else(|err| panic!("{err}"));
+    let rt = runtime();
+    let store = connect(&rt, &etcd);
+    let (stop, owner) = start_owner(&rt, &store);
+    let info_key = keys::device_info(DEVICE);
 
     let mut smaller = device();
     smaller.memory_mib = CARD_MIB / 2;
@@ -460,16 +495,7 @@ fn a_device_has_one_live_tuner_which_keeps_its_record_published() {
         "the owner's record stays"
     );
 
-    rt.block_on(store.delete(&info_key))
-        .expect("delete the record");
-    wait_key(&rt, &store, &info_key, Duration::from_secs(20), |v| {
-        v.is_some()
-    });
-    assert_eq!(
-        registered_memory(&rt, &store),
-        Some(CARD_MIB),
-        "published again"
-    );
+    delete_record_and_wait_republished(&rt, &store, Duration::from_secs(20));
 
     stop.send(()).expect("the owner runs");
     rt.block_on(owner).expect("join").expect("a clean stop");
@@ -488,18 +514,7 @@ fn a_tuner_keeps_its_record_after_its_watch_breaks_past_a_compaction() {
     let mut etcd = EtcdServer::start().unwrap_or_else(|err| panic!("{err}"));
     let rt = runtime();
     let store = connect(&rt, &etcd);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let owner = rt.spawn(
-        Daemon::new(store.clone(), device(), params())
-            .expect("valid")
-            .run(async {
-                let _ = stopped.await;
-            }),
-    );
-    let info_key = keys::device_info(DEVICE);
-    wait_key(&rt, &store, &info_key, Duration::from_secs(20), |v| {
-        v.is_some()
-    });
+    let (stop, owner) = start_owner(&rt, &store);
     rt.block_on(async {
         for i in 0..20 {
             store
@@ -511,16 +526,7 @@ fn a_tuner_keeps_its_record_after_its_watch_breaks_past_a_compaction() {
         store.compact(revision).await.expect("compact");
     });
     etcd.restart().unwrap_or_else(|err| panic!("{err}"));
-    rt.block_on(store.delete(&info_key))
-        .expect("delete the record");
-    wait_key(&rt, &store, &info_key, Duration::from_secs(30), |v| {
-        v.is_some()
-    });
-    assert_eq!(
-        registered_memory(&rt, &store),
-        Some(CARD_MIB),
-        "published again"
-    );
+    delete_record_and_wait_republished(&rt, &store, Duration::from_secs(30));
     stop.send(()).expect("the owner runs");
     rt.block_on(owner).expect("join").expect("a clean stop");
 }
