@@ -57,6 +57,8 @@ fn task_spec(c: &AgentConfig) -> TaskSpec {
         total_samples: c.total_samples,
         submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
         allowed_batch_sizes: Vec::new(),
+        priority_class: iadeep_proto::PriorityClass::Unspecified as i32,
+        max_slowdown: None,
     }
 }
 

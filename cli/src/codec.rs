@@ -49,6 +49,14 @@ macro_rules! with_message_type {
                 type $ty = pb::ModelProfile;
                 $body
             }
+            KeyKind::DeviceBreach { .. } => {
+                type $ty = pb::CapBreach;
+                $body
+            }
+            KeyKind::AvoidPairing { .. } => {
+                type $ty = pb::AvoidPairing;
+                $body
+            }
             _ => $other,
         }
     };
@@ -85,8 +93,8 @@ pub fn from_input(key: &str, input: &str, raw: bool) -> Result<Vec<u8>> {
     let kind = KeyKind::parse(key);
     if kind == KeyKind::Other && key.starts_with(keys::ROOT) {
         bail!(
-            "{key} is not one of iadeep's keys (devices/ID/{{info,owner,tuner,tuner.corrupt,residents}}, \
-             tasks/ID/{{spec,placement,alive,report,assignment}}, samples/ID/SEQ, released/ID, archive/ID/{{spec,report,assignment}}, profiles/MODEL); \
+            "{key} is not one of iadeep's keys (devices/ID/{{info,owner,tuner,tuner.corrupt,residents,breach}}, \
+             tasks/ID/{{spec,placement,alive,report,assignment}}, samples/ID/SEQ, released/ID, archive/ID/{{spec,report,assignment}}, profiles/MODEL, avoid/ID/ID); \
              use --raw to store it anyway"
         );
     }
@@ -129,6 +137,8 @@ carries_ids! {
     pb::TaskReport => task_id;
     pb::BatchSizeAssignment => task_id;
     pb::CoLocationSample => device_id;
+    pb::CapBreach => device_id;
+    pb::AvoidPairing => production_task_id, evicted_task_id;
 }
 
 /// A registry entry names its model, which its key holds in sanitised form (checked in
@@ -148,6 +158,7 @@ fn check_ids(key: &str, kind: &KeyKind, message: &impl CarriesIds) -> Result<()>
         | KeyKind::DeviceOwner { device }
         | KeyKind::DeviceTunerCorrupt { device }
         | KeyKind::DeviceResidents { device }
+        | KeyKind::DeviceBreach { device }
         | KeyKind::Sample { device, .. } => device,
         KeyKind::TaskSpec { task }
         | KeyKind::TaskPlacement { task }
@@ -158,6 +169,18 @@ fn check_ids(key: &str, kind: &KeyKind, message: &impl CarriesIds) -> Result<()>
         | KeyKind::ArchivedReport { task }
         | KeyKind::ArchivedAssignment { task }
         | KeyKind::TaskAlive { task } => task,
+        KeyKind::AvoidPairing {
+            production,
+            evicted,
+        } => {
+            let pairing: Vec<(&'static str, &str)> = message.ids();
+            for ((field, value), expected) in pairing.into_iter().zip([production, evicted]) {
+                if value != expected {
+                    bail!("{field} is {value:?} but the key {key} names {expected:?}");
+                }
+            }
+            return Ok(());
+        }
         KeyKind::Profile { .. } | KeyKind::Other => return Ok(()),
     };
     for (field, value) in message.ids() {

@@ -151,6 +151,8 @@ fn placement_assignments(
         memory_bound_mib: Some(reserved_mem_mib as f64),
         predicted_slowdown: Some(newcomer.slowdown),
         predicted_slowdown_upper_90: Some(newcomer.upper_90.max(newcomer.slowdown)),
+        evict: false,
+        evict_reason: String::new(),
     }];
     for shrink in shrinks {
         let Some(r) = residents

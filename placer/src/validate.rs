@@ -10,7 +10,7 @@
 //! decision (a batch size of 4,294,967,295 reserves a whole card) but a record
 //! that every later reader pays for.
 
-use iadeep_proto::{LrScalingRule, SoloProfile, TaskSpec};
+use iadeep_proto::{LrScalingRule, PriorityClass, SoloProfile, TaskSpec};
 #[cfg(feature = "daemon")]
 use iadeep_proto::{PlaceRequest, ReleaseRequest};
 use iadeep_state::keys;
@@ -158,7 +158,44 @@ pub fn task_spec(prefix: &str, spec: &TaskSpec) -> Result<()> {
     if let Some(profile) = &spec.profile {
         solo_profile(prefix, profile)?;
     }
+    priority(prefix, spec)?;
     allowed_batch_sizes(&f("allowed_batch_sizes"), &spec.allowed_batch_sizes)
+}
+
+/// Most slowdown cap a production job may name: a job that accepts running ten
+/// times slower than alone has no reason to be production.
+pub const MAX_SLOWDOWN_CAP: f64 = 10.0;
+
+/// Checks the priority class and the slowdown cap, which only production jobs have.
+fn priority(prefix: &str, spec: &TaskSpec) -> Result<()> {
+    let f = |name: &str| format!("{prefix}.{name}");
+    if PriorityClass::try_from(spec.priority_class).is_err() {
+        return Err(PlacerError::invalid(
+            f("priority_class"),
+            format!(
+                "{} is not a known PriorityClass (0 unspecified, 1 opportunistic, 2 production)",
+                spec.priority_class
+            ),
+        ));
+    }
+    let Some(cap) = spec.max_slowdown else {
+        return Ok(());
+    };
+    if !spec.is_production() {
+        return Err(PlacerError::invalid(
+            f("max_slowdown"),
+            "applies to production jobs only (set priority_class to production, or leave it out)",
+        ));
+    }
+    if !(cap.is_finite() && cap > 1.0 && cap <= MAX_SLOWDOWN_CAP) {
+        return Err(PlacerError::invalid(
+            f("max_slowdown"),
+            format!(
+                "{cap} is not a slowdown cap: it must be greater than 1 (1.10 means at most 10 % slower than alone) and at most {MAX_SLOWDOWN_CAP}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks the batch sizes a job says it can run at: at most
@@ -414,6 +451,44 @@ mod tests {
                 },
             ),
             (
+                "task.priority_class",
+                TaskSpec {
+                    priority_class: 7,
+                    ..good()
+                },
+            ),
+            (
+                "task.max_slowdown",
+                TaskSpec {
+                    max_slowdown: Some(1.2),
+                    ..good()
+                },
+            ),
+            (
+                "task.max_slowdown",
+                TaskSpec {
+                    priority_class: PriorityClass::Production as i32,
+                    max_slowdown: Some(1.0),
+                    ..good()
+                },
+            ),
+            (
+                "task.max_slowdown",
+                TaskSpec {
+                    priority_class: PriorityClass::Production as i32,
+                    max_slowdown: Some(f64::NAN),
+                    ..good()
+                },
+            ),
+            (
+                "task.max_slowdown",
+                TaskSpec {
+                    priority_class: PriorityClass::Production as i32,
+                    max_slowdown: Some(MAX_SLOWDOWN_CAP + 0.5),
+                    ..good()
+                },
+            ),
+            (
                 "task.profile.device_kind",
                 TaskSpec {
                     profile: Some(SoloProfile {
@@ -490,6 +565,8 @@ mod tests {
             lr_rule: LrScalingRule::Adascale as i32,
             submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
             allowed_batch_sizes: vec![MAX_BATCH_SIZE; MAX_ALLOWED_BATCH_SIZES],
+            priority_class: PriorityClass::Production as i32,
+            max_slowdown: Some(MAX_SLOWDOWN_CAP),
             ..good()
         };
         task_spec("task", &spec).expect("at the limits");

@@ -43,6 +43,34 @@ impl From<LrScalingRule> for iadeep_objective::LrScalingRule {
     }
 }
 
+/// The slowdown cap of a production job that names none (TGS's production jobs run
+/// within a few percent of alone; 10 % leaves room for measurement noise).
+pub const DEFAULT_MAX_SLOWDOWN: f64 = 1.10;
+
+impl TaskSpec {
+    /// Whether the job is production (anything else, unspecified included, is
+    /// opportunistic).
+    pub fn is_production(&self) -> bool {
+        self.priority_class == PriorityClass::Production as i32
+    }
+
+    /// The most PD the job accepts: its `max_slowdown` (or [`DEFAULT_MAX_SLOWDOWN`]) when
+    /// it is production, `None` for an opportunistic job, which has no cap.
+    pub fn slowdown_cap(&self) -> Option<f64> {
+        self.is_production()
+            .then(|| self.max_slowdown.unwrap_or(DEFAULT_MAX_SLOWDOWN))
+    }
+
+    /// The class's name as operators and metrics labels spell it.
+    pub fn class_name(&self) -> &'static str {
+        if self.is_production() {
+            "production"
+        } else {
+            "opportunistic"
+        }
+    }
+}
+
 /// Milliseconds since the Unix epoch, the unit of every `*_unix_ms` field.
 ///
 /// A clock before 1970 (a broken host) gives 0 rather than a panic.

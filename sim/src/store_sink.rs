@@ -76,6 +76,10 @@ pub async fn record_run(
             total_samples: Some(template.work_samples.round() as u64),
             submitted_at_unix_ms: ms(outcome.submit_s),
             allowed_batch_sizes: family.batch_sizes.clone(),
+            // The workload's class mix is written with the specs once the simulator
+            // draws classes (issue 27); until then every job is opportunistic.
+            priority_class: 0,
+            max_slowdown: None,
         };
         typed::put(store, &keys::task_spec(&id), &spec, None).await?;
         let device = device_id(outcome.device);

@@ -6,6 +6,7 @@
 //! /iadeep/v1/devices/{device}/tuner       tuner state (observations), so a restarted tuner resumes
 //! /iadeep/v1/devices/{device}/tuner.corrupt  the bytes of a tuner state that did not decode
 //! /iadeep/v1/devices/{device}/residents   the placer's reservations on the device (compare-and-swap)
+//! /iadeep/v1/devices/{device}/breach      CapBreach: a production job above its cap (tuner → placer)
 //! /iadeep/v1/tasks/{task}/spec            TaskSpec
 //! /iadeep/v1/tasks/{task}/placement       Placement (device id and reserved memory)
 //! /iadeep/v1/tasks/{task}/alive           leased by the task's agent: the task is running
@@ -17,6 +18,7 @@
 //! /iadeep/v1/archive/{task}/report        its last TaskReport
 //! /iadeep/v1/archive/{task}/assignment    its last BatchSizeAssignment
 //! /iadeep/v1/profiles/{model}             ModelProfile: the profile registry (see [`profile_key_segment`])
+//! /iadeep/v1/avoid/{production}/{evicted} AvoidPairing: not co-located again until it expires
 //! ```
 //!
 //! The release marker lives under its own prefix, not beside the task's keys, so the
@@ -50,6 +52,8 @@ pub const RELEASED: &str = "/iadeep/v1/released/";
 pub const ARCHIVE: &str = "/iadeep/v1/archive/";
 /// Prefix of the profile registry, one key per model.
 pub const PROFILES: &str = "/iadeep/v1/profiles/";
+/// Prefix of the pairings the placer avoids after evictions.
+pub const AVOID: &str = "/iadeep/v1/avoid/";
 
 /// Longest id accepted, so keys stay readable and bounded.
 pub const MAX_ID_LEN: usize = 128;
@@ -106,6 +110,15 @@ pub fn device_residents(device: &str) -> String {
 /// `/iadeep/v1/devices/{device}/`: everything about one device.
 pub fn device_prefix(device: &str) -> String {
     format!("{DEVICES}{device}/")
+}
+/// `/iadeep/v1/devices/{device}/breach`: a production job above its slowdown cap with
+/// every opportunistic co-runner at its floor (a CapBreach), written by the tuner.
+pub fn device_breach(device: &str) -> String {
+    format!("{DEVICES}{device}/breach")
+}
+/// `/iadeep/v1/avoid/{production}/{evicted}`: an AvoidPairing.
+pub fn avoid_pairing(production: &str, evicted: &str) -> String {
+    format!("{AVOID}{production}/{evicted}")
 }
 /// `/iadeep/v1/tasks/{task}/spec`
 pub fn task_spec(task: &str) -> String {
@@ -217,6 +230,10 @@ pub enum KeyKind {
     DeviceResidents {
         device: String,
     },
+    /// A CapBreach written by the device's tuner.
+    DeviceBreach {
+        device: String,
+    },
     TaskSpec {
         task: String,
     },
@@ -256,6 +273,11 @@ pub enum KeyKind {
     Profile {
         model: String,
     },
+    /// An AvoidPairing: the evicted task is not placed beside the production task.
+    AvoidPairing {
+        production: String,
+        evicted: String,
+    },
     /// Not part of iadeep's layout.
     Other,
 }
@@ -278,6 +300,7 @@ impl KeyKind {
                     "owner" => KeyKind::DeviceOwner { device },
                     "tuner.corrupt" => KeyKind::DeviceTunerCorrupt { device },
                     "residents" => KeyKind::DeviceResidents { device },
+                    "breach" => KeyKind::DeviceBreach { device },
                     _ => KeyKind::Other,
                 },
                 None => KeyKind::Other,
@@ -305,6 +328,17 @@ impl KeyKind {
                     _ => KeyKind::Other,
                 },
                 None => KeyKind::Other,
+            };
+        }
+        if let Some(rest) = key.strip_prefix(AVOID) {
+            return match two_segments(rest) {
+                Some((production, evicted)) if validate_id("key", &evicted).is_ok() => {
+                    KeyKind::AvoidPairing {
+                        production,
+                        evicted,
+                    }
+                }
+                _ => KeyKind::Other,
             };
         }
         if let Some(task) = key.strip_prefix(RELEASED) {
@@ -363,6 +397,17 @@ mod tests {
         assert_eq!(
             KeyKind::parse(&device_residents(&d)),
             KeyKind::DeviceResidents { device: d.clone() }
+        );
+        assert_eq!(
+            KeyKind::parse(&device_breach(&d)),
+            KeyKind::DeviceBreach { device: d.clone() }
+        );
+        assert_eq!(
+            KeyKind::parse(&avoid_pairing(&t, &d)),
+            KeyKind::AvoidPairing {
+                production: t.clone(),
+                evicted: d.clone()
+            }
         );
         assert_eq!(
             KeyKind::parse(&task_spec(&t)),

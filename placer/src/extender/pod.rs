@@ -170,6 +170,10 @@ pub fn task_spec(pod: &Pod) -> Result<TaskSpec> {
         total_samples: annotation(pod, "total-samples")?,
         submitted_at_unix_ms,
         allowed_batch_sizes: Vec::new(),
+        // The pod's priority class and cap are mapped by the extender's priority rule
+        // (see `priority_from_pod`); unspecified is opportunistic.
+        priority_class: iadeep_proto::PriorityClass::Unspecified as i32,
+        max_slowdown: None,
     })
 }
 
