@@ -81,6 +81,7 @@ impl SyntheticCluster {
             .map(|d| DeviceResidents {
                 device_id: d.device_id.clone(),
                 reservations: Vec::new(),
+                ..Default::default()
             })
             .collect();
         let mut used = vec![0u64; devices];

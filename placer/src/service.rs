@@ -209,6 +209,7 @@ fn shrunk_record(
         .unwrap_or_else(|| DeviceResidents {
             device_id: device_id.to_owned(),
             reservations: Vec::new(),
+            ..Default::default()
         });
     // A shrunk resident is reserved at its bound at the new size.
     for shrink in shrinks {
@@ -1620,6 +1621,7 @@ pub(crate) mod tests {
                     reserved_mem_mib: 2_000,
                     ..Default::default()
                 }],
+                ..Default::default()
             }),
             1,
         );
@@ -1648,6 +1650,7 @@ pub(crate) mod tests {
                 spec: Some(resident("other")),
                 ..Default::default()
             }],
+            ..Default::default()
         };
         typed::put(store.as_ref(), &keys::device_residents("d0"), &other, None)
             .await

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use iadeep_objective::MemoryMargin;
 use iadeep_proto::{
-    BatchSizeAssignment, DeviceInfo, DeviceResidents, Reservation, TaskProfile, TaskReport,
+    BatchSizeAssignment, Claim, DeviceInfo, DeviceResidents, Reservation, TaskProfile, TaskReport,
     TaskSpec,
 };
 use iadeep_state::Revision;
@@ -250,6 +250,10 @@ pub struct DeviceState {
     /// Mod-revision of the device's residents record, `None` when there is none: what
     /// a reservation's compare-and-swap expects.
     pub residents_revision: Option<Revision>,
+    /// The room claims of the device's residents record (expired ones included until
+    /// the record is rewritten): memory held for a production task whose room eviction
+    /// is under way, which other tasks' placements count as taken (see [`crate::policy`]).
+    pub claims: Vec<Claim>,
     /// Revision of the last residents event applied (a put or a delete), to ignore older ones.
     seen_revision: Revision,
     /// Hash of the device id, for cheap per-task tie-breaking.
@@ -381,6 +385,7 @@ impl DeviceState {
                 .iter()
                 .map(|r| r.reservation.clone())
                 .collect(),
+            claims: self.claims.clone(),
         }
     }
 }
@@ -737,6 +742,7 @@ impl ClusterView {
         match record {
             Some(record) => {
                 device.residents_revision = Some(revision);
+                device.claims = record.claims;
                 for reservation in record.reservations {
                     let report = self.reports.get(&reservation.task_id).cloned();
                     let assignment = self.assignments.get(&reservation.task_id).cloned();
@@ -747,7 +753,10 @@ impl ClusterView {
                         .push(Resident::new(reservation, report, assignment));
                 }
             }
-            None => device.residents_revision = None,
+            None => {
+                device.residents_revision = None;
+                device.claims.clear();
+            }
         }
         device.refresh(self.memory.as_ref());
         if device.info.is_none() && device.residents.is_empty() {
@@ -864,6 +873,7 @@ mod tests {
                 spec: Some(spec),
                 ..Default::default()
             }],
+            ..Default::default()
         };
         view.apply_residents("d0", Some(record), 1);
         let check = |view: &ClusterView, what: &str| {
@@ -910,6 +920,7 @@ mod tests {
         let two = DeviceResidents {
             device_id: "d0".into(),
             reservations: vec![reservation("a", 100), reservation("b", 200)],
+            ..Default::default()
         };
         assert!(view.apply_residents("d0", Some(two), 10));
         assert_eq!(view.device_of("b"), Some("d0"));
@@ -920,6 +931,7 @@ mod tests {
         let one = DeviceResidents {
             device_id: "d0".into(),
             reservations: vec![reservation("a", 100)],
+            ..Default::default()
         };
         assert!(
             !view.apply_residents("d0", Some(one.clone()), 9),
@@ -977,6 +989,7 @@ mod tests {
                 .into_iter()
                 .map(|t| reservation(t, 100))
                 .collect(),
+            ..Default::default()
         };
         view.apply_residents("d0", Some(record), 1);
         for task in ["crashed", "restarted", "done"] {
@@ -1019,6 +1032,7 @@ mod tests {
         let record = DeviceResidents {
             device_id: "d0".into(),
             reservations: vec![reservation("restarted", 100), reservation("unstarted", 100)],
+            ..Default::default()
         };
         view.apply_residents("d0", Some(record), 2);
         assert!(view.dead_residents(60_000, 5_000).is_empty());
@@ -1042,6 +1056,7 @@ mod tests {
                 placed("crashed", 1_000),
                 placed("reported", 1_000),
             ],
+            ..Default::default()
         };
         view.apply_residents("d0", Some(record), 1);
         view.set_alive("running");
@@ -1086,6 +1101,7 @@ mod tests {
         let record = DeviceResidents {
             device_id: "d0".into(),
             reservations: vec![reservation("a", 100)],
+            ..Default::default()
         };
         view.apply_residents("d0", Some(record), 5);
         let resident = &view.device("d0").expect("device").residents[0];

@@ -774,6 +774,7 @@ async fn concurrent_places_on_a_nearly_full_cluster_never_overpack_a_device() {
                 spec: Some(task(&format!("filler-{d}"), filler, 10.0)),
                 ..Default::default()
             }],
+            ..Default::default()
         };
         typed::put(store.as_ref(), &keys::device_residents(&id), &record, None)
             .await
@@ -909,6 +910,7 @@ async fn the_view_follows_registrations_reservations_and_samples_written_by_othe
             reserved_mem_mib: 7_000,
             ..Default::default()
         }],
+        ..Default::default()
     };
     typed::put(
         store.as_ref(),
@@ -1102,6 +1104,7 @@ async fn extender_filters_prioritizes_and_binds_kube_scheduler_payloads() {
             spec: Some(task("heavy", 4_000, 95.0)),
             ..Default::default()
         }],
+        ..Default::default()
     };
     typed::put(
         store.as_ref(),

@@ -85,6 +85,7 @@ async fn place(store: &dyn StateStore, task: &str) -> Result<(), iadeep_state::S
         .unwrap_or_else(|| DeviceResidents {
             device_id: DEVICE.into(),
             reservations: Vec::new(),
+            ..Default::default()
         });
     record.reservations.push(Reservation {
         task_id: task.into(),

@@ -82,6 +82,7 @@ async fn two_jobs() -> Snapshot {
     let residents = DeviceResidents {
         device_id: "gpu-0".into(),
         reservations: vec![reservation("a", 5000), reservation("b", 4000)],
+        ..Default::default()
     };
     typed::put(&store, &keys::device_residents("gpu-0"), &residents, None)
         .await

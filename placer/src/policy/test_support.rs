@@ -83,6 +83,7 @@ pub(super) fn device(view: &mut ClusterView, id: &str, mib: u64, residents: &[Ta
                     ..Default::default()
                 })
                 .collect(),
+            ..Default::default()
         };
         view.apply_residents(id, Some(record), 1);
     }

@@ -275,6 +275,7 @@ mod tests {
         let record = DeviceResidents {
             device_id: "gpu0".into(),
             reservations: Vec::new(),
+            ..Default::default()
         };
         r.apply_put(&kv(
             keys::device_residents("gpu0"),
