@@ -10,7 +10,7 @@
 //! decision (a batch size of 4,294,967,295 reserves a whole card) but a record
 //! that every later reader pays for.
 
-use iadeep_proto::{LrScalingRule, PriorityClass, SoloProfile, TaskSpec};
+use iadeep_proto::{LrScalingRule, SoloProfile, TaskSpec};
 #[cfg(feature = "daemon")]
 use iadeep_proto::{PlaceRequest, ReleaseRequest};
 use iadeep_state::keys;
@@ -162,40 +162,15 @@ pub fn task_spec(prefix: &str, spec: &TaskSpec) -> Result<()> {
     allowed_batch_sizes(&f("allowed_batch_sizes"), &spec.allowed_batch_sizes)
 }
 
-/// Most slowdown cap a production job may name: a job that accepts running ten
-/// times slower than alone has no reason to be production.
-pub const MAX_SLOWDOWN_CAP: f64 = 10.0;
+/// Most slowdown cap a production job may name (defined once, in iadeep-proto, for
+/// every entry point that checks it).
+pub use iadeep_proto::MAX_SLOWDOWN_CAP;
 
-/// Checks the priority class and the slowdown cap, which only production jobs have.
+/// Checks the priority class and the slowdown cap, which only production jobs have
+/// ([`iadeep_proto::check_priority`], shared with `iadeep run` and the agent).
 fn priority(prefix: &str, spec: &TaskSpec) -> Result<()> {
-    let f = |name: &str| format!("{prefix}.{name}");
-    if PriorityClass::try_from(spec.priority_class).is_err() {
-        return Err(PlacerError::invalid(
-            f("priority_class"),
-            format!(
-                "{} is not a known PriorityClass (0 unspecified, 1 opportunistic, 2 production)",
-                spec.priority_class
-            ),
-        ));
-    }
-    let Some(cap) = spec.max_slowdown else {
-        return Ok(());
-    };
-    if !spec.is_production() {
-        return Err(PlacerError::invalid(
-            f("max_slowdown"),
-            "applies to production jobs only (set priority_class to production, or leave it out)",
-        ));
-    }
-    if !(cap.is_finite() && cap > 1.0 && cap <= MAX_SLOWDOWN_CAP) {
-        return Err(PlacerError::invalid(
-            f("max_slowdown"),
-            format!(
-                "{cap} is not a slowdown cap: it must be greater than 1 (1.10 means at most 10 % slower than alone) and at most {MAX_SLOWDOWN_CAP}"
-            ),
-        ));
-    }
-    Ok(())
+    iadeep_proto::check_priority(spec.priority_class, spec.max_slowdown)
+        .map_err(|(field, why)| PlacerError::invalid(format!("{prefix}.{field}"), why))
 }
 
 /// Checks the batch sizes a job says it can run at: at most
@@ -323,7 +298,7 @@ pub fn task_id(field: &str, task: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use iadeep_proto::SoloProfile;
+    use iadeep_proto::{PriorityClass, SoloProfile};
 
     fn good() -> TaskSpec {
         TaskSpec {

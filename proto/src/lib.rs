@@ -71,6 +71,60 @@ impl TaskSpec {
     }
 }
 
+/// Most slowdown cap a production job may name: a job that accepts running ten
+/// times slower than alone has no reason to be production.
+pub const MAX_SLOWDOWN_CAP: f64 = 10.0;
+
+/// The names of the priority classes as users write them (`iadeep run --class`, the
+/// Python agent's `priority_class=`), in [`PriorityClass`] order.
+pub const PRIORITY_CLASS_NAMES: [&str; 2] = ["opportunistic", "production"];
+
+/// The class a name of [`PRIORITY_CLASS_NAMES`] means (any case).
+pub fn priority_class_from_name(name: &str) -> Option<PriorityClass> {
+    match name.to_ascii_lowercase().as_str() {
+        "opportunistic" => Some(PriorityClass::Opportunistic),
+        "production" => Some(PriorityClass::Production),
+        _ => None,
+    }
+}
+
+/// Checks a priority class (as its wire number) and slowdown cap together, as every
+/// entry point takes them (the placer's request validation, `iadeep run`, the agent's
+/// configuration): on a problem, the field at fault (`priority_class` or
+/// `max_slowdown`) and why. One definition, so they all refuse the same values.
+pub fn check_priority(
+    priority_class: i32,
+    max_slowdown: Option<f64>,
+) -> Result<(), (&'static str, String)> {
+    if PriorityClass::try_from(priority_class).is_err() {
+        return Err((
+            "priority_class",
+            format!(
+                "{priority_class} is not a known PriorityClass (0 unspecified, 1 opportunistic, 2 production)"
+            ),
+        ));
+    }
+    let Some(cap) = max_slowdown else {
+        return Ok(());
+    };
+    if priority_class != PriorityClass::Production as i32 {
+        return Err((
+            "max_slowdown",
+            "applies to production jobs only (set priority_class to production, or leave it out)"
+                .to_owned(),
+        ));
+    }
+    if !(cap.is_finite() && cap > 1.0 && cap <= MAX_SLOWDOWN_CAP) {
+        return Err((
+            "max_slowdown",
+            format!(
+                "{cap} is not a slowdown cap: it must be greater than 1 (1.10 means at most 10 % slower than alone) and at most {MAX_SLOWDOWN_CAP}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Milliseconds since the Unix epoch, the unit of every `*_unix_ms` field.
 ///
 /// A clock before 1970 (a broken host) gives 0 rather than a panic.
