@@ -2,10 +2,11 @@
 //! snapshot's revision + 1, so no change between the two is missed (the state crate's
 //! [`Follow`], one per prefix).
 //!
-//! Three prefixes are followed, each by its own task: devices (registrations and
-//! residents records), tasks (reports, assignments and the agents' `alive` keys) and
-//! co-location samples (fed to the
-//! slowdown model so the predictor learns from what the tuners measure). A watch
+//! Four prefixes are followed, each by its own task: devices (registrations,
+//! residents records and the tuners' CapBreach records), tasks (reports, assignments
+//! and the agents' `alive` keys), co-location samples (fed to the slowdown model so
+//! the predictor learns from what the tuners measure) and the AvoidPairings the
+//! evictions wrote (see [`crate::eviction`]). A watch
 //! that ends (history compacted, store gone) is logged and replaced by a fresh range
 //! and watch after a short pause (`RESYNC_PAUSE`); a value that does not decode is
 //! logged and skipped, never fatal.
@@ -15,7 +16,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use iadeep_proto::{
-    BatchSizeAssignment, CoLocationSample, DeviceInfo, DeviceResidents, TaskReport,
+    AvoidPairing, BatchSizeAssignment, CapBreach, CoLocationSample, DeviceInfo, DeviceResidents,
+    TaskReport,
 };
 use iadeep_state::keys::{self, KeyKind};
 use iadeep_state::{
@@ -50,6 +52,7 @@ enum Prefix {
     Devices,
     Tasks,
     Samples,
+    Avoid,
 }
 
 impl Prefix {
@@ -58,6 +61,7 @@ impl Prefix {
             Prefix::Devices => keys::DEVICES,
             Prefix::Tasks => keys::TASKS,
             Prefix::Samples => keys::SAMPLES,
+            Prefix::Avoid => keys::AVOID,
         }
     }
 }
@@ -86,7 +90,12 @@ impl ViewSync {
             events,
         };
         let mut tasks = Vec::new();
-        for prefix in [Prefix::Devices, Prefix::Tasks, Prefix::Samples] {
+        for prefix in [
+            Prefix::Devices,
+            Prefix::Tasks,
+            Prefix::Samples,
+            Prefix::Avoid,
+        ] {
             let snapshot = ctx.store.range(prefix.key()).await?;
             let revision = ctx.load(prefix, snapshot, 0);
             let follow =
@@ -118,6 +127,7 @@ impl Ctx {
             Prefix::Devices => {
                 let mut registered = HashSet::new();
                 let mut with_residents = HashSet::new();
+                let mut breached = HashSet::new();
                 for kv in &snapshot.kvs {
                     match KeyKind::parse(&kv.key) {
                         KeyKind::DeviceInfo { device } => {
@@ -126,8 +136,20 @@ impl Ctx {
                         KeyKind::DeviceResidents { device } => {
                             with_residents.insert(device);
                         }
+                        KeyKind::DeviceBreach { device } => {
+                            breached.insert(device);
+                        }
                         _ => {}
                     }
+                }
+                // Breaches that ended (or were acted on) while the watch was down.
+                let ended: Vec<String> = view
+                    .breaches()
+                    .filter(|(id, _, _)| !breached.contains(*id))
+                    .map(|(id, _, _)| id.to_owned())
+                    .collect();
+                for id in ended {
+                    view.remove_breach(&id, revision);
                 }
                 let known: Vec<String> = view.devices().map(|(id, _)| id.to_owned()).collect();
                 for id in known {
@@ -160,6 +182,27 @@ impl Ctx {
                 }
             }
             Prefix::Samples => {}
+            Prefix::Avoid => {
+                let present: HashSet<(String, String)> = snapshot
+                    .kvs
+                    .iter()
+                    .filter_map(|kv| match KeyKind::parse(&kv.key) {
+                        KeyKind::AvoidPairing {
+                            production,
+                            evicted,
+                        } => Some((production, evicted)),
+                        _ => None,
+                    })
+                    .collect();
+                let gone: Vec<(String, String)> = view
+                    .avoid_pairings()
+                    .map(|(p, _)| (p.production_task_id.clone(), p.evicted_task_id.clone()))
+                    .filter(|pair| !present.contains(pair))
+                    .collect();
+                for (production, evicted) in gone {
+                    view.remove_avoid(&production, &evicted);
+                }
+            }
         }
         for kv in snapshot.kvs {
             if prefix == Prefix::Samples && kv.mod_revision <= seen {
@@ -208,6 +251,8 @@ impl Ctx {
                 }
             }
             KeyKind::DeviceInfo { .. }
+            | KeyKind::DeviceBreach { .. }
+            | KeyKind::AvoidPairing { .. }
             | KeyKind::TaskReport { .. }
             | KeyKind::TaskAlive { .. }
             | KeyKind::TaskAssignment { .. } => {}
@@ -227,6 +272,11 @@ impl Ctx {
                 KeyKind::DeviceResidents { device } => {
                     view.apply_residents(&device, None, revision);
                 }
+                KeyKind::DeviceBreach { device } => view.remove_breach(&device, revision),
+                KeyKind::AvoidPairing {
+                    production,
+                    evicted,
+                } => view.remove_avoid(&production, &evicted),
                 KeyKind::TaskReport { task } => view.remove_report(&task),
                 KeyKind::TaskAssignment { task } => view.remove_assignment(&task),
                 KeyKind::TaskAlive { task } => {
@@ -250,6 +300,21 @@ impl Ctx {
                     view.apply_residents(&device, Some(record), kv.mod_revision);
                 })
             }
+            KeyKind::DeviceBreach { device } => {
+                typed::decode::<CapBreach>(&kv).map(|mut breach| {
+                    breach.device_id = device.clone();
+                    view.set_breach(&device, breach, kv.mod_revision);
+                })
+            }
+            // The key is authoritative, as for the other records.
+            KeyKind::AvoidPairing {
+                production,
+                evicted,
+            } => typed::decode::<AvoidPairing>(&kv).map(|mut pairing| {
+                pairing.production_task_id = production;
+                pairing.evicted_task_id = evicted;
+                view.set_avoid(pairing, kv.mod_revision);
+            }),
             KeyKind::TaskReport { task } => typed::decode::<TaskReport>(&kv).map(|mut report| {
                 report.task_id = task;
                 view.set_report(report);

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use iadeep_objective::MemoryMargin;
 use iadeep_proto::{
-    BatchSizeAssignment, Claim, DeviceInfo, DeviceResidents, Reservation, TaskProfile, TaskReport,
-    TaskSpec,
+    AvoidPairing, BatchSizeAssignment, CapBreach, Claim, DeviceInfo, DeviceResidents, Reservation,
+    TaskProfile, TaskReport, TaskSpec,
 };
 use iadeep_state::Revision;
 
@@ -411,6 +411,15 @@ pub struct ClusterView {
     /// Resident tasks noticed without an `alive` key after their agent had run, and
     /// since when (Unix ms); see [`ClusterView::dead_residents`].
     gone_since: HashMap<String, i64>,
+    /// Each device's pending CapBreach (written by its tuner, acted on by
+    /// [`crate::eviction`]) with its key's mod-revision, which the eviction compares.
+    breaches: BTreeMap<String, (CapBreach, Revision)>,
+    /// The AvoidPairing records by (production, evicted) task, with their mod-revisions.
+    avoid_records: BTreeMap<(String, String), (AvoidPairing, Revision)>,
+    /// Each task named by an avoid record, with the other task and until when (Unix
+    /// ms): both directions, so [`ClusterView::avoids`] is one lookup of a task that
+    /// has none (every newcomer but the evicted ones) and allocates nothing.
+    avoid_index: HashMap<String, Vec<(String, i64)>>,
 }
 
 /// A resident task whose agent is gone, as [`ClusterView::dead_residents`] reports it.
@@ -469,7 +478,130 @@ impl ClusterView {
             waiting: HashMap::new(),
             alive: HashSet::new(),
             gone_since: HashMap::new(),
+            breaches: BTreeMap::new(),
+            avoid_records: BTreeMap::new(),
+            avoid_index: HashMap::new(),
         }
+    }
+
+    /// Records `device`'s CapBreach as stored at `revision` (its key's mod-revision); an
+    /// older one than the view holds is ignored.
+    pub fn set_breach(&mut self, device_id: &str, breach: CapBreach, revision: Revision) {
+        if self
+            .breaches
+            .get(device_id)
+            .is_some_and(|(_, seen)| *seen > revision)
+        {
+            return;
+        }
+        self.breaches
+            .insert(device_id.to_owned(), (breach, revision));
+    }
+
+    /// Forgets `device`'s CapBreach, deleted at `revision`: a breach written after
+    /// that (the tuner's next one, reaching the view before the deletion's echo) stays.
+    pub fn remove_breach(&mut self, device_id: &str, revision: Revision) {
+        if self
+            .breaches
+            .get(device_id)
+            .is_some_and(|(_, seen)| *seen < revision)
+        {
+            self.breaches.remove(device_id);
+        }
+    }
+
+    /// The pending CapBreach records, by device id, each with its key's mod-revision:
+    /// what [`crate::eviction`] acts on.
+    pub fn breaches(&self) -> impl Iterator<Item = (&str, &CapBreach, Revision)> {
+        self.breaches
+            .iter()
+            .map(|(id, (breach, rev))| (id.as_str(), breach, *rev))
+    }
+
+    /// `device`'s pending CapBreach and its key's mod-revision.
+    pub fn breach(&self, device_id: &str) -> Option<(&CapBreach, Revision)> {
+        self.breaches.get(device_id).map(|(b, rev)| (b, *rev))
+    }
+
+    /// Records an AvoidPairing as stored at `revision`, keyed by its two task ids; an
+    /// older one than the view holds is ignored.
+    pub fn set_avoid(&mut self, pairing: AvoidPairing, revision: Revision) {
+        let key = (
+            pairing.production_task_id.clone(),
+            pairing.evicted_task_id.clone(),
+        );
+        if self
+            .avoid_records
+            .get(&key)
+            .is_some_and(|(_, seen)| *seen > revision)
+        {
+            return;
+        }
+        self.unindex_avoid(&key.0, &key.1);
+        for (one, other) in [(&key.0, &key.1), (&key.1, &key.0)] {
+            self.avoid_index
+                .entry(one.clone())
+                .or_default()
+                .push((other.clone(), pairing.until_unix_ms));
+        }
+        self.avoid_records.insert(key, (pairing, revision));
+    }
+
+    /// Forgets the AvoidPairing of `production` and `evicted` (its key was deleted).
+    pub fn remove_avoid(&mut self, production: &str, evicted: &str) {
+        let key = (production.to_owned(), evicted.to_owned());
+        if self.avoid_records.remove(&key).is_some() {
+            self.unindex_avoid(production, evicted);
+        }
+    }
+
+    /// Drops the index entries of the pairing of `production` and `evicted` (both ways).
+    fn unindex_avoid(&mut self, production: &str, evicted: &str) {
+        for (one, other) in [(production, evicted), (evicted, production)] {
+            if let Some(list) = self.avoid_index.get_mut(one) {
+                list.retain(|(t, _)| t != other);
+                if list.is_empty() {
+                    self.avoid_index.remove(one);
+                }
+            }
+        }
+        // A record naming the two the other way round keeps its entries.
+        let reverse = (evicted.to_owned(), production.to_owned());
+        if let Some((p, _)) = self.avoid_records.get(&reverse) {
+            let until = p.until_unix_ms;
+            for (one, other) in [(&reverse.0, &reverse.1), (&reverse.1, &reverse.0)] {
+                self.avoid_index
+                    .entry(one.clone())
+                    .or_default()
+                    .push((other.clone(), until));
+            }
+        }
+    }
+
+    /// Whether tasks `a` and `b` must not share a device at `now_unix_ms`: an
+    /// AvoidPairing names the two (in either order: which of them is the production
+    /// job does not matter to placement) and has not expired. An expired record
+    /// counts for nothing even before the retention sweep deletes it.
+    pub fn avoids(&self, a: &str, b: &str, now_unix_ms: i64) -> bool {
+        self.avoid_index.get(a).is_some_and(|list| {
+            list.iter()
+                .any(|(other, until)| other == b && *until > now_unix_ms)
+        })
+    }
+
+    /// The AvoidPairing records the view holds (expired ones included until they are
+    /// deleted), each with its key's mod-revision.
+    pub fn avoid_pairings(&self) -> impl Iterator<Item = (&AvoidPairing, Revision)> {
+        self.avoid_records.values().map(|(p, rev)| (p, *rev))
+    }
+
+    /// How many AvoidPairings are in force at `now_unix_ms` (the
+    /// `iadeep_placer_avoided_pairings` gauge).
+    pub fn avoided_pairings(&self, now_unix_ms: i64) -> usize {
+        self.avoid_records
+            .values()
+            .filter(|(p, _)| p.until_unix_ms > now_unix_ms)
+            .count()
     }
 
     /// The task's `alive` key exists: its agent runs (again).
@@ -907,6 +1039,61 @@ mod tests {
         });
         let measured = check(&view, "measured");
         assert_ne!(measured, grown, "a measured peak changes the bounds");
+    }
+
+    fn pairing(production: &str, evicted: &str, until: i64) -> AvoidPairing {
+        AvoidPairing {
+            production_task_id: production.into(),
+            evicted_task_id: evicted.into(),
+            until_unix_ms: until,
+            reason: String::new(),
+        }
+    }
+
+    /// A pairing is avoided in either order until it expires, and an older record
+    /// arriving late does not move its expiry back.
+    #[test]
+    fn avoids_names_the_two_tasks_either_way_until_the_pairing_expires() {
+        let mut view = ClusterView::new(Arc::new(crate::model::ModelledMemory));
+        assert!(!view.avoids("prod", "opp", 0));
+        view.set_avoid(pairing("prod", "opp", 2_000), 5);
+        assert!(view.avoids("prod", "opp", 1_999));
+        assert!(view.avoids("opp", "prod", 1_999), "either order");
+        assert!(!view.avoids("prod", "other", 1_999));
+        assert!(!view.avoids("prod", "opp", 2_000), "expired");
+        assert_eq!(view.avoided_pairings(1_999), 1);
+        assert_eq!(view.avoided_pairings(2_000), 0);
+        // Renewed by a later eviction; a stale copy of the first record changes nothing.
+        view.set_avoid(pairing("prod", "opp", 9_000), 8);
+        view.set_avoid(pairing("prod", "opp", 2_000), 5);
+        assert!(view.avoids("opp", "prod", 8_999));
+        // The reverse record (its own pairing) survives the first's deletion.
+        view.set_avoid(pairing("opp", "prod", 4_000), 9);
+        view.remove_avoid("prod", "opp");
+        assert!(view.avoids("prod", "opp", 3_999));
+        assert!(!view.avoids("prod", "opp", 4_000));
+        view.remove_avoid("opp", "prod");
+        assert!(!view.avoids("prod", "opp", 0));
+        assert!(view.avoid_index.is_empty(), "{:?}", view.avoid_index);
+    }
+
+    /// A breach's deletion removes only the breach it came after: a new one the tuner
+    /// wrote later stays pending.
+    #[test]
+    fn a_breach_deleted_before_a_newer_one_leaves_the_newer_one() {
+        let mut view = ClusterView::new(Arc::new(crate::model::ModelledMemory));
+        let breach = CapBreach {
+            device_id: "d0".into(),
+            task_id: "prod".into(),
+            ..Default::default()
+        };
+        view.set_breach("d0", breach.clone(), 7);
+        view.set_breach("d0", CapBreach::default(), 6);
+        assert_eq!(view.breach("d0"), Some((&breach, 7)), "older ignored");
+        view.remove_breach("d0", 7);
+        assert!(view.breach("d0").is_some(), "deleted at or before it");
+        view.remove_breach("d0", 8);
+        assert_eq!(view.breaches().count(), 0);
     }
 
     #[test]
