@@ -239,6 +239,8 @@ impl Driver {
                     }
                 }
                 Action::Persist(state) => persist = Some(state),
+                Action::CapBreached(breach) => self.breached(breach).await,
+                Action::CapRestored { task_id } => self.restored(&task_id).await,
                 Action::Profile {
                     model,
                     device_kind,
@@ -297,6 +299,61 @@ impl Driver {
             Err(err) => {
                 Metrics::inc(&self.metrics.errors);
                 tracing::warn!(%err, "cannot write the round's assignments; the round will time out and be tried again");
+            }
+        }
+    }
+
+    /// Publishes a breach for the placer (it evicts one of the opportunistic co-runners and
+    /// deletes the record in the same transaction). A failed write is logged and counted;
+    /// the tuner does not repeat the action, so the record appears only with the next
+    /// breach (the daemon's state store errors are rare and the job stays protected by
+    /// shrinking meanwhile).
+    async fn breached(&mut self, breach: iadeep_proto::CapBreach) {
+        Metrics::inc(&self.metrics.cap_breaches);
+        tracing::warn!(device = %self.info.device_id, task = %breach.task_id,
+            measured_pd = breach.measured_pd, max_slowdown = breach.max_slowdown,
+            rounds_above = breach.rounds_above, opportunistic = ?breach.opportunistic_task_ids,
+            round = breach.round,
+            "production job above its slowdown cap with every opportunistic co-runner at its smallest size; asking the placer to evict one");
+        let key = keys::device_breach(&self.info.device_id);
+        if let Err(err) = typed::put(self.store.as_ref(), &key, &breach, None).await {
+            Metrics::inc(&self.metrics.errors);
+            tracing::warn!(%err, %key, "cannot write the breach record");
+        }
+    }
+
+    /// The breach of `task_id` is over: deletes the device's breach record if it still
+    /// names that job (compared on its revision, so a newer breach of another job, or the
+    /// placer's deletion, is never undone).
+    async fn restored(&mut self, task_id: &str) {
+        tracing::info!(device = %self.info.device_id, task = %task_id,
+            "production job back under its slowdown cap (or gone); breach over");
+        let key = keys::device_breach(&self.info.device_id);
+        let found = match typed::get::<iadeep_proto::CapBreach>(self.store.as_ref(), &key).await {
+            Ok(found) => found,
+            Err(err) => {
+                Metrics::inc(&self.metrics.errors);
+                tracing::warn!(%err, %key, "cannot read the breach record to delete it");
+                return;
+            }
+        };
+        let Some((breach, kv)) = found else {
+            return;
+        };
+        if breach.task_id != task_id {
+            return;
+        }
+        let txn = Txn::new()
+            .compare(key.as_str(), Expect::ModRevision(kv.mod_revision))
+            .delete(key.as_str());
+        match self.store.transact(txn).await {
+            Ok(TxnOutcome::Committed { .. }) => {}
+            Ok(TxnOutcome::Failed { .. }) => {
+                tracing::debug!(%key, "breach record changed meanwhile; left as it is");
+            }
+            Err(err) => {
+                Metrics::inc(&self.metrics.errors);
+                tracing::warn!(%err, %key, "cannot delete the breach record");
             }
         }
     }

@@ -39,6 +39,11 @@ pub struct Metrics {
     sum_pd_bits: AtomicU64,
     /// 1 when the search has settled.
     pub settled: AtomicU64,
+    /// Breaches reported to the placer ([`crate::Action::CapBreached`]).
+    pub cap_breaches: AtomicU64,
+    /// Milliseconds production jobs ran measured above their caps (job-time: two jobs
+    /// above their caps for a second add two).
+    pub above_cap_ms: AtomicU64,
 }
 
 impl Metrics {

@@ -47,8 +47,8 @@ use std::time::Duration;
 
 use iadeep_objective::{MemoryMargin, PdInput, lr_factor};
 use iadeep_proto::{
-    BatchSizeAssignment, CoLocationSample, DeviceInfo, LrScalingRule, ProfilePoint, TaskReport,
-    TaskSpec, TunerObservation, TunerState,
+    BatchSizeAssignment, CapBreach, CoLocationSample, DeviceInfo, LrScalingRule, ProfilePoint,
+    TaskReport, TaskSpec, TunerObservation, TunerState,
 };
 
 use crate::error::{Result, TunerError};
@@ -81,6 +81,12 @@ pub struct DeviceTunerParams {
     pub max_observations: usize,
     /// Seed of the searches' sampling (reproducible runs).
     pub seed: u64,
+    /// Consecutive measured rounds a production job must stay above its slowdown cap,
+    /// with every opportunistic co-runner at its smallest size, before the tuner reports
+    /// the breach ([`Action::CapBreached`]) for the placer to evict one. At least 1. Three
+    /// rounds (about half a minute at the default report interval) tell a lasting breach
+    /// from one noisy round.
+    pub breach_rounds: u32,
 }
 
 impl Default for DeviceTunerParams {
@@ -97,6 +103,7 @@ impl Default for DeviceTunerParams {
             settled_interval: Duration::from_secs(60),
             max_observations: 24,
             seed: 0,
+            breach_rounds: 3,
         }
     }
 }
@@ -121,6 +128,9 @@ impl DeviceTunerParams {
                 "max_observations must be at least 2, got {}",
                 self.max_observations
             ));
+        }
+        if self.breach_rounds < 1 {
+            return bad("breach_rounds must be at least 1".to_owned());
         }
         if !(self.controller.drift > 0.0 && self.controller.hysteresis >= 0.0) {
             return bad(format!(
@@ -169,6 +179,17 @@ pub enum Action {
         device_kind: String,
         points: Vec<ProfilePoint>,
     },
+    /// A production job stayed above its slowdown cap for
+    /// [`DeviceTunerParams::breach_rounds`] measured rounds with every opportunistic
+    /// co-runner at its smallest size: shrinking cannot help any more. The daemon writes it
+    /// at `keys::device_breach(device)` for the placer to evict one of
+    /// `opportunistic_task_ids`; the simulator evicts at once. Emitted once per breach (again
+    /// only when the co-runners at the floor change, e.g. after an eviction).
+    CapBreached(CapBreach),
+    /// The job of an earlier [`Action::CapBreached`] was measured back under its cap or left
+    /// the device: the breach is over (the daemon deletes its record if it still names the
+    /// job).
+    CapRestored { task_id: String },
 }
 
 /// Running totals, for metrics and logs.

@@ -136,6 +136,8 @@ impl SimTuner {
                 Action::Assign(round) => step.assignments.extend(round),
                 Action::Sample { sample, .. } => step.samples.push(sample),
                 Action::Persist(_) => {}
+                // issue 27: the simulator's eviction handles these
+                Action::CapBreached(_) | Action::CapRestored { .. } => {}
                 Action::Profile {
                     model,
                     device_kind,
