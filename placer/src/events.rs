@@ -47,6 +47,36 @@ pub enum PlacementEvent {
     SampleObserved,
     /// A stored value could not be decoded (and was skipped).
     DecodeError,
+    /// One decision refused this many devices because, with the task there, the upper
+    /// end of a predicted slowdown's 90 % interval would exceed a production job's cap
+    /// (`iadeep_placer_cap_refusals_total`); recorded only when non-zero.
+    CapRefusals(usize),
+    /// The placer wrote this many evict assignments, for `trigger`
+    /// (`iadeep_placer_evictions_total{trigger}`).
+    Evicted {
+        trigger: EvictionTrigger,
+        tasks: usize,
+    },
+}
+
+/// Why the placer evicted an opportunistic task: the `trigger` label of
+/// `iadeep_placer_evictions_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EvictionTrigger {
+    /// A production job stayed above its slowdown cap (the tuner's CapBreach).
+    Cap,
+    /// A production job fitted no device under the caps, and evicting made room for it.
+    Room,
+}
+
+impl EvictionTrigger {
+    /// The metric label: "cap" or "room".
+    pub fn label(self) -> &'static str {
+        match self {
+            EvictionTrigger::Cap => "cap",
+            EvictionTrigger::Room => "room",
+        }
+    }
 }
 
 /// Receives the service's [`PlacementEvent`]s; called on the hot path, so it should

@@ -48,7 +48,7 @@ mod grpc;
 mod metrics;
 
 pub use error::{PlacerError, Result};
-pub use events::{NoEvents, PlacementEvent, PlacementEvents};
+pub use events::{EvictionTrigger, NoEvents, PlacementEvent, PlacementEvents};
 pub use model::{MemoryEstimator, ModelledMemory};
 pub use params::PlacerParams;
 pub use policy::{
