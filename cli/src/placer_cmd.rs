@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use iadeep_eval::SyntheticCluster;
 use iadeep_placer::extender::kube_api::KubeApiConfig;
+use iadeep_placer::extender::pod::PriorityRule;
 use iadeep_placer::extender::{DEFAULT_BIND_TIMEOUT, ExtenderConfig};
 use iadeep_placer::{Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams};
 use iadeep_predictor::{LearnerParams, OnlinePredictor};
@@ -69,6 +70,17 @@ struct DaemonArgs {
     /// extender's `httpTimeout` in the scheduler configuration (5 s in deploy/).
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_BIND_TIMEOUT.as_millis() as u64)]
     bind_timeout_ms: u64,
+    /// Kubernetes PriorityClass names whose pods the extender treats as production
+    /// (slowdown cap 1.10 unless the pod's `iadeep.io/max-slowdown` says otherwise),
+    /// comma-separated. A pod's `iadeep.io/priority-class` annotation overrides this;
+    /// every other pod is opportunistic.
+    #[arg(
+        long,
+        value_name = "NAME,...",
+        value_delimiter = ',',
+        requires = "extender"
+    )]
+    production_priority_classes: Vec<String>,
     #[command(flatten)]
     tls: ServerTlsArgs,
     /// Verify clients of the gRPC API and the extender: each must present a
@@ -274,6 +286,12 @@ async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
             listen,
             kube_api: args.kube_api.clone(),
             bind_timeout: Duration::from_millis(args.bind_timeout_ms),
+            priority_rule: PriorityRule::new(
+                args.production_priority_classes
+                    .iter()
+                    .map(|name| name.trim())
+                    .filter(|name| !name.is_empty()),
+            ),
         }),
         metrics: args.metrics,
         dead_task_grace,

@@ -69,6 +69,7 @@ async fn daemon_with(
             listen: loopback(),
             kube_api: kube.map(|k| KubeApiConfig::Url(k.url.clone())),
             bind_timeout: BIND_TIMEOUT,
+            priority_rule: Default::default(),
         }),
         metrics: Some(loopback()),
         dead_task_grace: Some(DEAD_TASK_GRACE),

@@ -39,6 +39,7 @@ async fn tls_placer(store: Arc<dyn StateStore>, tls: ServerTls) -> Daemon {
             listen: loopback(),
             kube_api: None,
             bind_timeout: DEFAULT_BIND_TIMEOUT,
+            priority_rule: Default::default(),
         }),
         metrics: Some(loopback()),
         dead_task_grace: None,

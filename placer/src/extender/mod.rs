@@ -21,6 +21,9 @@
 //! when empty) fail it in `FailedAndUnresolvableNodes`, and such a pod does not
 //! count as waiting ahead of others.
 //!
+//! A pod's priority class and slowdown cap come from its annotations, or from its
+//! Kubernetes PriorityClass through [`ExtenderConfig::priority_rule`] (see [`pod`]).
+//!
 //! Malformed bodies get HTTP 400 with the result shape and `Error` set; problems
 //! with the pod itself (a missing annotation, an unparsable quantity) are answered
 //! with `Error` naming the annotation or resource, as kube-scheduler expects.
@@ -53,6 +56,7 @@ use crate::service::PlacementService;
 use crate::validate;
 use crate::view::ClusterView;
 use kube_api::{ApiCallError, KubeApi, KubeApiConfig};
+use pod::PriorityRule;
 use types::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
     node_name,
@@ -82,6 +86,8 @@ pub struct ExtenderConfig {
     /// Longest a `bind` may take, Kubernetes API calls included; must stay below the
     /// scheduler's `httpTimeout` for the extender.
     pub bind_timeout: Duration,
+    /// Which pods without an `iadeep.io/priority-class` annotation are production.
+    pub priority_rule: PriorityRule,
 }
 
 /// The extender's state.
@@ -91,11 +97,14 @@ pub struct Extender {
     metrics: Arc<PlacerMetrics>,
     kube: Option<KubeApi>,
     bind_timeout: Duration,
+    priority_rule: PriorityRule,
 }
 
 impl Extender {
     /// An extender answering from `service`, binding pods through `kube` when given,
-    /// counting its requests in `metrics`.
+    /// counting its requests in `metrics`. Every pod is opportunistic unless annotated
+    /// otherwise until [`Extender::with_priority_rule`] says which PriorityClasses count
+    /// as production.
     pub fn new(
         service: PlacementService,
         metrics: Arc<PlacerMetrics>,
@@ -107,7 +116,15 @@ impl Extender {
             metrics,
             kube,
             bind_timeout,
+            priority_rule: PriorityRule::default(),
         }
+    }
+
+    /// The extender, reading pods' priority classes by `rule`
+    /// ([`ExtenderConfig::priority_rule`]).
+    pub fn with_priority_rule(mut self, rule: PriorityRule) -> Extender {
+        self.priority_rule = rule;
+        self
     }
 
     /// The HTTP routes: `POST /filter`, `POST /prioritize`, `POST /bind`.
@@ -124,15 +141,19 @@ fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-/// The pod's spec from a pod object, checked, or the error to answer.
-fn spec_of(pod: &Pod) -> Result<TaskSpec, String> {
-    pod::task_spec(pod)
+/// The pod's spec from a pod object under the priority `rule`, checked, or the error
+/// to answer.
+fn spec_of(pod: &Pod, rule: &PriorityRule) -> Result<TaskSpec, String> {
+    pod::task_spec(pod, rule)
         .and_then(|spec| validate::task_spec("pod", &spec).map(|()| spec))
         .map_err(|e| e.to_string())
 }
 
 /// The pod's spec and the candidate node names of a filter or prioritize request.
-fn parse_args(body: &[u8]) -> Result<(ExtenderArgs, TaskSpec, Vec<String>), (StatusCode, String)> {
+fn parse_args(
+    body: &[u8],
+    rule: &PriorityRule,
+) -> Result<(ExtenderArgs, TaskSpec, Vec<String>), (StatusCode, String)> {
     let args: ExtenderArgs = serde_json::from_slice(body).map_err(|e| {
         (
             StatusCode::BAD_REQUEST,
@@ -143,7 +164,7 @@ fn parse_args(body: &[u8]) -> Result<(ExtenderArgs, TaskSpec, Vec<String>), (Sta
         .pod
         .as_ref()
         .ok_or((StatusCode::BAD_REQUEST, "invalid Pod: missing".to_owned()))?;
-    let spec = spec_of(pod).map_err(|e| (StatusCode::OK, e))?;
+    let spec = spec_of(pod, rule).map_err(|e| (StatusCode::OK, e))?;
     let nodes: Vec<String> = match (&args.nodes, &args.node_names) {
         (Some(list), _) => list
             .items
@@ -298,7 +319,7 @@ fn filter_nodes(
 
 async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
     ext.metrics.extender_filter.inc();
-    let (args, spec, nodes) = match parse_args(&body) {
+    let (args, spec, nodes) = match parse_args(&body, &ext.priority_rule) {
         Ok(parsed) => parsed,
         Err((status, error)) => {
             tracing::info!(%error, "extender filter: request refused");
@@ -346,7 +367,7 @@ fn score(pd_increase: f64) -> i64 {
 
 async fn prioritize(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
     ext.metrics.extender_prioritize.inc();
-    let (_, spec, nodes) = match parse_args(&body) {
+    let (_, spec, nodes) = match parse_args(&body, &ext.priority_rule) {
         Ok(parsed) => parsed,
         Err((_, error)) => {
             // HostPriorityList has no error field: a bad request is answered with a
@@ -436,7 +457,7 @@ async fn bind_pod(
     } = pod;
     let calls_until = deadline - read_back_reserve(ext.bind_timeout);
 
-    let Some((uid, spec)) = unbound_pod(kube, pod, &args.pod_uid, calls_until)
+    let Some((uid, spec)) = unbound_pod(kube, pod, &args.pod_uid, &ext.priority_rule, calls_until)
         .await
         .map_err(refuse)?
     else {
@@ -518,6 +539,7 @@ async fn unbound_pod(
     kube: &KubeApi,
     pod: Target<'_>,
     want_uid: &str,
+    rule: &PriorityRule,
     calls_until: Instant,
 ) -> Result<Option<(String, TaskSpec)>, String> {
     let Target {
@@ -535,7 +557,7 @@ async fn unbound_pod(
             "pod {namespace}/{name} has UID {uid}, not {want_uid}: it was re-created since it was scheduled"
         ));
     }
-    let spec = spec_of(&pod)?;
+    let spec = spec_of(&pod, rule)?;
     let already = pod.spec.as_ref().and_then(|s| s.node_name.clone());
     if let Some(bound) = already.as_deref().filter(|n| !n.is_empty()) {
         return if bound == node {

@@ -20,11 +20,22 @@
 //! | `iadeep.io/peak-mem-mib` | solo peak memory at m0 | profile |
 //! | `iadeep.io/device-kind` | kind the profile was measured on | profile |
 //! | `iadeep.io/lr-rule` | `linear`, `sqrt` or `adascale` | |
+//! | `iadeep.io/priority-class` | `production` or `opportunistic` | see below |
+//! | `iadeep.io/max-slowdown` | a production job's slowdown cap, e.g. `"1.10"` | default 1.10 |
+//!
+//! The priority class is the `iadeep.io/priority-class` annotation when the pod has
+//! one. Without it, a pod whose `spec.priorityClassName` is one of the Kubernetes
+//! PriorityClasses the placer was told count as production
+//! (`--production-priority-classes`, see [`PriorityRule`]) is production, and every
+//! other pod is opportunistic. The name, not `spec.priority`, decides: a number's
+//! meaning differs between clusters, while a class name is what the cluster's
+//! operators chose to mean "must not slow down". `iadeep.io/max-slowdown` is refused on
+//! a pod that turns out opportunistic, so a cap is never silently ignored.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
 
-use iadeep_proto::{LrScalingRule, SoloProfile, TaskSpec};
+use iadeep_proto::{LrScalingRule, PriorityClass, SoloProfile, TaskSpec};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::quantity;
@@ -116,8 +127,77 @@ pub fn namespace_and_name(pod: &Pod) -> (&str, &str) {
     (namespace, pod.metadata.name.as_deref().unwrap_or(""))
 }
 
-/// The task spec of `pod`, or an error naming the annotation or resource at fault.
-pub fn task_spec(pod: &Pod) -> Result<TaskSpec> {
+/// Which pods without an `iadeep.io/priority-class` annotation are production: those
+/// whose `spec.priorityClassName` is one of `production_classes`. Empty (the default),
+/// only the annotation makes a pod production.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PriorityRule {
+    /// Names of Kubernetes PriorityClass objects whose pods count as production.
+    pub production_classes: BTreeSet<String>,
+}
+
+impl PriorityRule {
+    /// The rule counting pods of the PriorityClasses named in `names` as production.
+    pub fn new<S: Into<String>>(names: impl IntoIterator<Item = S>) -> PriorityRule {
+        PriorityRule {
+            production_classes: names.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+/// The pod's priority class and slowdown cap (`None`: the class's default), by the rule
+/// in the module's documentation; an error names the annotation at fault.
+pub fn priority_from_pod(pod: &Pod, rule: &PriorityRule) -> Result<(PriorityClass, Option<f64>)> {
+    let class_field = format!("metadata.annotations[{ANNOTATION_PREFIX}priority-class]");
+    let cap_field = format!("metadata.annotations[{ANNOTATION_PREFIX}max-slowdown]");
+    let class = match annotation::<String>(pod, "priority-class")? {
+        Some(text) => iadeep_proto::priority_class_from_name(&text).ok_or_else(|| {
+            PlacerError::invalid(
+                &class_field,
+                format!(
+                    "{text:?} is not one of {}",
+                    iadeep_proto::PRIORITY_CLASS_NAMES.join(", ")
+                ),
+            )
+        })?,
+        None => {
+            let named = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.priority_class_name.as_deref());
+            if named.is_some_and(|n| rule.production_classes.contains(n)) {
+                PriorityClass::Production
+            } else {
+                PriorityClass::Opportunistic
+            }
+        }
+    };
+    let cap: Option<f64> = annotation(pod, "max-slowdown")?;
+    if cap.is_some() && class != PriorityClass::Production {
+        return Err(PlacerError::invalid(
+            cap_field,
+            format!(
+                "applies to production pods only, and this pod is opportunistic (set \
+                 {ANNOTATION_PREFIX}priority-class: production, or give it a \
+                 PriorityClass the placer counts as production)"
+            ),
+        ));
+    }
+    // The same check as every other entry point's, named by the annotation.
+    iadeep_proto::check_priority(class as i32, cap).map_err(|(field, why)| {
+        let at = if field == "max_slowdown" {
+            cap_field
+        } else {
+            class_field
+        };
+        PlacerError::invalid(at, why)
+    })?;
+    Ok((class, cap))
+}
+
+/// The task spec of `pod` under the priority `rule`, or an error naming the annotation
+/// or resource at fault.
+pub fn task_spec(pod: &Pod, rule: &PriorityRule) -> Result<TaskSpec> {
     let (namespace, name) = namespace_and_name(pod);
     if name.is_empty() {
         return Err(PlacerError::invalid("Pod.metadata.name", "missing"));
@@ -158,6 +238,7 @@ pub fn task_spec(pod: &Pod) -> Result<TaskSpec> {
         .creation_timestamp
         .as_ref()
         .map_or_else(iadeep_proto::now_unix_ms, |t| t.0.as_millisecond());
+    let (priority_class, max_slowdown) = priority_from_pod(pod, rule)?;
     Ok(TaskSpec {
         task_id,
         model: annotation::<String>(pod, "model")?.unwrap_or_default(),
@@ -170,10 +251,8 @@ pub fn task_spec(pod: &Pod) -> Result<TaskSpec> {
         total_samples: annotation(pod, "total-samples")?,
         submitted_at_unix_ms,
         allowed_batch_sizes: Vec::new(),
-        // The pod's priority class and cap are mapped by the extender's priority rule
-        // (see `priority_from_pod`); unspecified is opportunistic.
-        priority_class: iadeep_proto::PriorityClass::Unspecified as i32,
-        max_slowdown: None,
+        priority_class: priority_class as i32,
+        max_slowdown,
     })
 }
 
@@ -194,7 +273,7 @@ mod tests {
         }))
         .expect("pod");
         assert_eq!(gpumem_request_mib(&pod).expect("request"), 20_000);
-        let spec = task_spec(&pod).expect("spec");
+        let spec = task_spec(&pod, &PriorityRule::default()).expect("spec");
         assert_eq!(spec.task_id, "default.p");
     }
 
@@ -209,7 +288,7 @@ mod tests {
                 {"name": "b", "resources": {"requests": {"nvidia.com/gpumem": "1Gi"}}}]}
         }))
         .expect("pod");
-        let spec = task_spec(&pod).expect("spec");
+        let spec = task_spec(&pod, &PriorityRule::default()).expect("spec");
         assert_eq!(spec.task_id, "ml.train");
         assert_eq!(
             (
@@ -228,10 +307,111 @@ mod tests {
             .annotations
             .get_or_insert_default()
             .insert("iadeep.io/batch-size".into(), "many".into());
-        let err = task_spec(&bad).expect_err("bad batch size");
+        let err = task_spec(&bad, &PriorityRule::default()).expect_err("bad batch size");
         assert!(err.to_string().contains("iadeep.io/batch-size"), "{err}");
         bad.metadata.annotations = None;
-        let err = task_spec(&bad).expect_err("missing batch size");
+        let err = task_spec(&bad, &PriorityRule::default()).expect_err("missing batch size");
         assert!(err.to_string().contains("missing"), "{err}");
+    }
+
+    /// A pod with `annotations` (besides its batch size) and `spec.priorityClassName`.
+    fn pod_with(annotations: &[(&str, &str)], priority_class_name: Option<&str>) -> Pod {
+        let mut all: BTreeMap<String, String> = annotations
+            .iter()
+            .map(|(k, v)| (format!("{ANNOTATION_PREFIX}{k}"), (*v).to_owned()))
+            .collect();
+        all.insert(format!("{ANNOTATION_PREFIX}batch-size"), "32".into());
+        serde_json::from_value(json!({
+            "metadata": {"name": "job", "annotations": all},
+            "spec": {"priorityClassName": priority_class_name, "containers": [{"name": "c"}]}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn the_annotation_decides_the_class_and_carries_the_cap() {
+        let rule = PriorityRule::default();
+        let class = |pod: &Pod| {
+            let spec = task_spec(pod, &rule).expect("spec");
+            (spec.class_name(), spec.max_slowdown, spec.slowdown_cap())
+        };
+        assert_eq!(
+            class(&pod_with(&[("priority-class", "production")], None)),
+            ("production", None, Some(iadeep_proto::DEFAULT_MAX_SLOWDOWN))
+        );
+        assert_eq!(
+            class(&pod_with(
+                &[("priority-class", "Production"), ("max-slowdown", " 1.25 ")],
+                None
+            )),
+            ("production", Some(1.25), Some(1.25))
+        );
+        assert_eq!(
+            class(&pod_with(&[("priority-class", "opportunistic")], None)),
+            ("opportunistic", None, None)
+        );
+        let spec = task_spec(&pod_with(&[], None), &rule).expect("spec");
+        assert_eq!(spec.priority_class, PriorityClass::Opportunistic as i32);
+        // The annotation wins over the PriorityClass mapping, both ways.
+        let mapped = PriorityRule::new(["prod-critical"]);
+        let spec = task_spec(
+            &pod_with(
+                &[("priority-class", "opportunistic")],
+                Some("prod-critical"),
+            ),
+            &mapped,
+        )
+        .expect("spec");
+        assert!(!spec.is_production());
+    }
+
+    #[test]
+    fn without_the_annotation_configured_priority_class_names_are_production() {
+        let rule = PriorityRule::new(["prod-critical", "prod"]);
+        let is_production = |name: Option<&str>, rule: &PriorityRule| {
+            task_spec(&pod_with(&[], name), rule)
+                .expect("spec")
+                .is_production()
+        };
+        assert!(is_production(Some("prod-critical"), &rule));
+        assert!(is_production(Some("prod"), &rule));
+        assert!(!is_production(Some("batch-low"), &rule));
+        assert!(!is_production(None, &rule));
+        // Empty by default: no PriorityClass makes a pod production by itself.
+        assert!(!is_production(Some("prod"), &PriorityRule::default()));
+        // A cap on a pod its PriorityClass makes production is kept.
+        let spec =
+            task_spec(&pod_with(&[("max-slowdown", "1.05")], Some("prod")), &rule).expect("spec");
+        assert_eq!(spec.slowdown_cap(), Some(1.05));
+    }
+
+    #[test]
+    fn bad_priority_annotations_are_refused_naming_the_annotation() {
+        let rule = PriorityRule::new(["prod"]);
+        let refused = |annotations: &[(&str, &str)], name: Option<&str>| {
+            task_spec(&pod_with(annotations, name), &rule)
+                .expect_err("refused")
+                .to_string()
+        };
+        let err = refused(&[("priority-class", "urgent")], None);
+        assert!(
+            err.contains("iadeep.io/priority-class") && err.contains("urgent"),
+            "{err}"
+        );
+        for bad in ["fast", "1.0", "0.9", "11", "NaN", "inf"] {
+            let err = refused(
+                &[("priority-class", "production"), ("max-slowdown", bad)],
+                None,
+            );
+            assert!(err.contains("iadeep.io/max-slowdown"), "{bad}: {err}");
+        }
+        // A cap on an opportunistic pod, said or mapped, would be ignored: refused instead.
+        let err = refused(&[("max-slowdown", "1.2")], None);
+        assert!(
+            err.contains("iadeep.io/max-slowdown") && err.contains("opportunistic"),
+            "{err}"
+        );
+        let err = refused(&[("max-slowdown", "1.2")], Some("batch-low"));
+        assert!(err.contains("iadeep.io/max-slowdown"), "{err}");
     }
 }
