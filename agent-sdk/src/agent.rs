@@ -245,7 +245,20 @@ impl Agent {
     /// The agent's batch size switches here, not behind the loop's back, so the
     /// data loader, the learning rate and the reported measurements all change at
     /// the same step boundary. Costs one relaxed load when nothing is pending.
+    ///
+    /// After an eviction, the next call returns a change with
+    /// [`ChangeReason::Evicted`] (once; the batch size is unchanged), whatever else is
+    /// pending: checkpoint, then [`Agent::leave`].
     pub fn poll_change(&self) -> Option<BatchSizeChange> {
+        if self.shared.take_evict_notice() {
+            return Some(BatchSizeChange {
+                batch_size: self.shared.batch_size(),
+                lr_factor: self.shared.lr_factor(),
+                round: self.shared.round(),
+                reason: ChangeReason::Evicted,
+                memory_bound_mib: None,
+            });
+        }
         let change = self.shared.take_pending()?;
         let previous = self.shared.batch_size();
         self.shared.apply(&change);
@@ -304,6 +317,16 @@ impl Agent {
             .map(|mib| iadeep_objective::MemoryMargin::DEFAULT.fence_mib(mib as f64))
     }
 
+    /// Why the placer evicted the task, once its evict assignment reached the agent
+    /// (`None` until then). The agent keeps the task's lease and reports meanwhile, so
+    /// its reservation stays counted while the job checkpoints; the job then ends the
+    /// agent with [`Agent::leave`] (a final report, not finished, and the lease revoked),
+    /// and its launcher releases the placement when the process exits. The agent never
+    /// releases the placement itself: the process holds its GPU memory until it exits.
+    pub fn evicted(&self) -> Option<String> {
+        self.shared.evicted()
+    }
+
     /// The learning-rate factor of the current batch size (1 until a change).
     pub fn lr_factor(&self) -> f64 {
         self.shared.lr_factor()
@@ -358,9 +381,23 @@ impl Agent {
     /// Marks the task finished (a final report with `finished = true`) and
     /// revokes the lease, so the device frees at once. If the store cannot be
     /// reached, the error says so and the lease expires by itself.
+    ///
+    /// After an eviction ([`Agent::evicted`]) call [`Agent::leave`] instead, unless the
+    /// job's work is done: a finished report tells `iadeep run` not to start it again.
     pub fn finish(mut self) -> Result<()> {
         let timeout = self.config.op_timeout * 2 + FINISH_SLACK;
         self.stop(Control::Finish)
+            .map_err(|reason| AgentError::FinishIncomplete { timeout, reason })
+    }
+
+    /// Ends the agent without claiming the task finished: a final report with
+    /// `finished = false`, then the lease revoked, so the placer's reaper sees the task
+    /// gone. What a loop does after an eviction, once its checkpoint is written (its
+    /// launcher releases the placement and, with `--requeue-on-evict`, places the job
+    /// again). Dropping the agent does the same, without the outcome.
+    pub fn leave(mut self) -> Result<()> {
+        let timeout = self.config.op_timeout * 2 + FINISH_SLACK;
+        self.stop(Control::Abandon)
             .map_err(|reason| AgentError::FinishIncomplete { timeout, reason })
     }
 

@@ -5,7 +5,7 @@ use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iadeep_proto::LrScalingRule;
+use iadeep_proto::{LrScalingRule, PriorityClass};
 use iadeep_state::{StateStore, StoreUrl, keys};
 
 use crate::error::{AgentError, Result};
@@ -52,6 +52,8 @@ pub struct AgentConfig {
     pub gns_smoothing: f64,
     pub stop_signals: StopSignals,
     pub model_replaces_placed: bool,
+    pub priority_class: PriorityClass,
+    pub max_slowdown: Option<f64>,
 }
 
 /// Report every 2 s: a tuner round needs a few reports, and etcd barely notices.
@@ -91,6 +93,11 @@ impl AgentConfig {
         if self.op_timeout.is_zero() || self.connect_timeout.is_zero() {
             return bad("timeouts must be positive".into());
         }
+        if let Err((field, why)) =
+            iadeep_proto::check_priority(self.priority_class as i32, self.max_slowdown)
+        {
+            return bad(format!("{field}: {why}"));
+        }
         if !(self.gns_smoothing > 0.0 && self.gns_smoothing <= 1.0) {
             return bad(format!(
                 "gradient-noise smoothing {} must be in (0, 1]",
@@ -125,6 +132,8 @@ pub struct AgentBuilder {
     pub(crate) gns_smoothing: f64,
     pub(crate) stop_signals: StopSignals,
     pub(crate) model_replaces_placed: bool,
+    pub(crate) priority_class: PriorityClass,
+    pub(crate) max_slowdown: Option<f64>,
     pub(crate) memory_probe: Option<Box<dyn MemoryProbe>>,
     pub(crate) store_error: Option<iadeep_state::StateError>,
 }
@@ -160,6 +169,8 @@ impl Default for AgentBuilder {
             gns_smoothing: 0.05,
             stop_signals: StopSignals::default(),
             model_replaces_placed: false,
+            priority_class: PriorityClass::Unspecified,
+            max_slowdown: None,
             memory_probe: None,
             store_error: None,
         }
@@ -276,6 +287,22 @@ impl AgentBuilder {
         self
     }
 
+    /// The job's priority class, written into the TaskSpec the agent registers when no
+    /// spec is there yet (`iadeep run --class` writes the placer's): production jobs keep
+    /// their slowdown under [`AgentBuilder::max_slowdown`]; opportunistic jobs (the
+    /// default) use what production jobs leave, and may be shrunk and evicted.
+    pub fn priority_class(mut self, class: PriorityClass) -> Self {
+        self.priority_class = class;
+        self
+    }
+    /// A production job's slowdown cap, the most PD it accepts (greater than 1, at most
+    /// [`iadeep_proto::MAX_SLOWDOWN_CAP`]; default [`iadeep_proto::DEFAULT_MAX_SLOWDOWN`]).
+    /// Refused for any other class, as the placer refuses it.
+    pub fn max_slowdown(mut self, cap: f64) -> Self {
+        self.max_slowdown = Some(cap);
+        self
+    }
+
     /// Which signals make the agent finish the task (final report, lease revoked) and then
     /// end the process as the signal would have (default SIGTERM and SIGINT; see
     /// [`StopSignals`]). Leave out a signal the program handles itself.
@@ -313,6 +340,8 @@ impl AgentBuilder {
             gns_smoothing: self.gns_smoothing,
             stop_signals: self.stop_signals,
             model_replaces_placed: self.model_replaces_placed,
+            priority_class: self.priority_class,
+            max_slowdown: self.max_slowdown,
         };
         config.check()?;
         Ok((config, self.memory_probe))

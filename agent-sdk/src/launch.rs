@@ -5,9 +5,11 @@
 //! agent (Rust, or Python's `iadeep.Agent.from_env`) reads [`Launch::from_env`].
 //! Besides where to report (task id, store), the launcher passes what it asked the
 //! placer for (model, batch sizes, learning-rate rule), so the agent registers the
-//! same task the placer reserved memory for.
+//! same task the placer reserved memory for. A job that `iadeep run --requeue-on-evict`
+//! started again after an eviction is told so ([`REQUEUED`], [`EVICTED_REASON`]), so it
+//! resumes from its checkpoint.
 
-use iadeep_proto::LrScalingRule;
+use iadeep_proto::{LrScalingRule, PriorityClass};
 
 use crate::error::{AgentError, Result};
 
@@ -27,6 +29,16 @@ pub const MIN_BATCH_SIZE: &str = "IADEEP_MIN_BATCH_SIZE";
 pub const MAX_BATCH_SIZE: &str = "IADEEP_MAX_BATCH_SIZE";
 /// Learning-rate rule, by its short name (see [`lr_rule_from_name`]).
 pub const LR_RULE: &str = "IADEEP_LR_RULE";
+/// Priority class, by name (`production` or `opportunistic`, see
+/// [`iadeep_proto::PRIORITY_CLASS_NAMES`]).
+pub const PRIORITY_CLASS: &str = "IADEEP_PRIORITY_CLASS";
+/// A production job's slowdown cap (the most PD it accepts, e.g. `1.1`).
+pub const MAX_SLOWDOWN: &str = "IADEEP_MAX_SLOWDOWN";
+/// How many times `iadeep run` started the job again after an eviction (absent on the
+/// first run): a job that sees it resumes from its checkpoint.
+pub const REQUEUED: &str = "IADEEP_REQUEUED";
+/// Why the job's previous run was evicted (with [`REQUEUED`]).
+pub const EVICTED_REASON: &str = "IADEEP_EVICTED_REASON";
 
 /// The launch settings found in the environment. Only the task id and the store
 /// are required; the rest is `None` when the launcher did not say.
@@ -40,6 +52,12 @@ pub struct Launch {
     pub min_batch_size: Option<u32>,
     pub max_batch_size: Option<u32>,
     pub lr_rule: Option<LrScalingRule>,
+    pub priority_class: Option<PriorityClass>,
+    pub max_slowdown: Option<f64>,
+    /// Runs of the job `iadeep run` started again after an eviction (0: the first run).
+    pub requeued: u32,
+    /// Why the previous run was evicted, when [`Launch::requeued`] > 0.
+    pub evicted_reason: Option<String>,
 }
 
 impl Launch {
@@ -85,6 +103,37 @@ impl Launch {
                 })
             })
             .transpose()?;
+        let priority_class = get(PRIORITY_CLASS)
+            .map(|v| {
+                iadeep_proto::priority_class_from_name(v.trim()).ok_or_else(|| {
+                    AgentError::InvalidConfig(format!(
+                        "{PRIORITY_CLASS}={v:?} is not one of {}",
+                        iadeep_proto::PRIORITY_CLASS_NAMES.join(", ")
+                    ))
+                })
+            })
+            .transpose()?;
+        let max_slowdown = get(MAX_SLOWDOWN)
+            .map(|v| {
+                v.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|cap| cap.is_finite())
+                    .ok_or_else(|| {
+                        AgentError::InvalidConfig(format!(
+                            "{MAX_SLOWDOWN}={v:?} is not a slowdown cap (a number such as 1.1)"
+                        ))
+                    })
+            })
+            .transpose()?;
+        let requeued = get(REQUEUED)
+            .map(|v| {
+                v.trim().parse::<u32>().map_err(|_| {
+                    AgentError::InvalidConfig(format!("{REQUEUED}={v:?} is not a count"))
+                })
+            })
+            .transpose()?
+            .unwrap_or(0);
         Ok(Launch {
             task_id: required(TASK_ID)?,
             store: required(STORE)?,
@@ -94,6 +143,10 @@ impl Launch {
             min_batch_size: size(MIN_BATCH_SIZE)?,
             max_batch_size: size(MAX_BATCH_SIZE)?,
             lr_rule,
+            priority_class,
+            max_slowdown,
+            requeued,
+            evicted_reason: get(EVICTED_REASON),
         })
     }
 
@@ -107,6 +160,19 @@ impl Launch {
             (MIN_BATCH_SIZE, self.min_batch_size.map(|b| b.to_string())),
             (MAX_BATCH_SIZE, self.max_batch_size.map(|b| b.to_string())),
             (LR_RULE, self.lr_rule.map(|r| lr_rule_name(r).to_owned())),
+            (
+                PRIORITY_CLASS,
+                self.priority_class
+                    .map(|c| priority_class_name(c).to_owned()),
+            ),
+            (MAX_SLOWDOWN, self.max_slowdown.map(|cap| cap.to_string())),
+            (
+                REQUEUED,
+                Some(self.requeued)
+                    .filter(|&n| n > 0)
+                    .map(|n| n.to_string()),
+            ),
+            (EVICTED_REASON, self.evicted_reason.clone()),
         ];
         vars.extend(
             optional
@@ -114,6 +180,14 @@ impl Launch {
                 .filter_map(|(name, value)| Some((name, value?))),
         );
         vars
+    }
+}
+
+/// The name of a class as users write it (`unspecified` is opportunistic).
+pub fn priority_class_name(class: PriorityClass) -> &'static str {
+    match class {
+        PriorityClass::Production => "production",
+        PriorityClass::Unspecified | PriorityClass::Opportunistic => "opportunistic",
     }
 }
 
@@ -166,6 +240,10 @@ mod tests {
             min_batch_size: Some(16),
             max_batch_size: Some(256),
             lr_rule: Some(LrScalingRule::Adascale),
+            priority_class: Some(PriorityClass::Production),
+            max_slowdown: Some(1.25),
+            requeued: 2,
+            evicted_reason: Some("job-2 ran at PD 1.31 above its cap 1.10".into()),
         };
         let vars = launch.vars();
         let pairs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -189,6 +267,9 @@ mod tests {
             (BATCH_SIZE, "big"),
             (MAX_BATCH_SIZE, "0"),
             (LR_RULE, "cubic"),
+            (PRIORITY_CLASS, "urgent"),
+            (MAX_SLOWDOWN, "fast"),
+            (REQUEUED, "-1"),
         ] {
             let err = Launch::from_lookup(lookup(&[(TASK_ID, "t"), (STORE, "s"), (name, value)]))
                 .expect_err(name)

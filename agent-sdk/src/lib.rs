@@ -2,7 +2,8 @@
 //! the tuner assigns and reports how the task is doing.
 //!
 //! - [`Agent`]: `batch_size()` / `record_step()` on the hot path (atomics only),
-//!   `poll_change()` between steps, `report_oom()`, `finish()`.
+//!   `poll_change()` between steps, `report_oom()`, `finish()`; after the placer
+//!   evicts the task, `evicted()` says why and `leave()` ends the agent unfinished.
 //! - A background reporter thread registers the task (TaskSpec if absent, a
 //!   leased alive key), publishes [`iadeep_proto::TaskReport`]s, watches the
 //!   task's assignment and rides out store outages with back-off.

@@ -57,8 +57,8 @@ fn task_spec(c: &AgentConfig) -> TaskSpec {
         total_samples: c.total_samples,
         submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
         allowed_batch_sizes: Vec::new(),
-        priority_class: iadeep_proto::PriorityClass::Unspecified as i32,
-        max_slowdown: None,
+        priority_class: c.priority_class as i32,
+        max_slowdown: c.max_slowdown,
     }
 }
 
@@ -588,6 +588,23 @@ impl Reporter {
 
     fn on_assignment(&mut self, a: BatchSizeAssignment) {
         let c = &self.config;
+        // Before the round check: an eviction counts whatever round it carries.
+        if a.evict {
+            let reason = Some(a.evict_reason.trim())
+                .filter(|r| !r.is_empty())
+                .unwrap_or("evicted by the placer")
+                .to_owned();
+            if self.shared.set_evicted(reason.clone()) {
+                tracing::warn!(task = %c.task_id, round = a.round, %reason,
+                    "evicted: the training loop hears of it at its next poll_change(); \
+                     it should checkpoint and leave");
+            }
+            return;
+        }
+        if self.shared.evicted().is_some() {
+            tracing::debug!(round = a.round, "evicted; ignoring a later assignment");
+            return;
+        }
         if self.last_round.is_some_and(|seen| a.round <= seen) {
             tracing::debug!(round = a.round, "ignoring an assignment of an old round");
             return;

@@ -28,6 +28,13 @@ pub enum ChangeReason {
     ReservationLost,
     /// The task holds a reservation again after [`ChangeReason::ReservationLost`].
     ReservationRestored,
+    /// The placer evicted the task (its assignment says `evict`): a production job on
+    /// its device stayed above its slowdown cap with this job at its smallest size, and
+    /// the measurements blame it most. The batch size is unchanged; the loop should
+    /// checkpoint, end the agent with [`crate::Agent::leave`] and exit (the reason is
+    /// [`crate::Agent::evicted`]). `iadeep run --requeue-on-evict` places the job again
+    /// and restarts it. Delivered once, and never replaced by a later assignment.
+    Evicted,
 }
 
 /// A batch-size change for the trainer to apply between steps.
@@ -105,6 +112,11 @@ pub(crate) struct Shared {
     limit_mib: AtomicU64,
     pending_flag: AtomicBool,
     pending: Mutex<Option<BatchSizeChange>>,
+    /// Set once, when the reporter sees an evict assignment; the reason is `evict_reason`.
+    evicted_flag: AtomicBool,
+    /// The eviction is set and the loop has not been told through `poll_change` yet.
+    evict_unseen: AtomicBool,
+    evict_reason: Mutex<Option<String>>,
     /// Peak MiB measured at each batch size the loop ran (the reporter fills it), and the
     /// card's memory when known (0 = unknown): what the out-of-memory fall-back weighs.
     fits: Mutex<FitMemory>,
@@ -141,6 +153,9 @@ impl Shared {
             limit_mib: AtomicU64::new(0),
             pending_flag: AtomicBool::new(false),
             pending: Mutex::new(None),
+            evicted_flag: AtomicBool::new(false),
+            evict_unseen: AtomicBool::new(false),
+            evict_reason: Mutex::new(None),
             fits: Mutex::new(FitMemory::default()),
             gns: Mutex::new(GnsEstimator::new(gns_smoothing)),
             registered: AtomicBool::new(false),
@@ -258,6 +273,39 @@ impl Shared {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()
+    }
+
+    /// Records the task's eviction (the first one only: an eviction is final); returns
+    /// whether this call set it.
+    pub(crate) fn set_evicted(&self, reason: String) -> bool {
+        let mut slot = self
+            .evict_reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some(reason);
+        self.evicted_flag.store(true, Ordering::Release);
+        self.evict_unseen.store(true, Ordering::Release);
+        true
+    }
+
+    /// Why the task was evicted, once it was (one relaxed load before that).
+    pub(crate) fn evicted(&self) -> Option<String> {
+        if !self.evicted_flag.load(Ordering::Acquire) {
+            return None;
+        }
+        self.evict_reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Whether the loop is yet to be told of the eviction; true once (one relaxed load
+    /// when not evicted).
+    pub(crate) fn take_evict_notice(&self) -> bool {
+        self.evict_unseen.load(Ordering::Relaxed) && self.evict_unseen.swap(false, Ordering::AcqRel)
     }
 
     /// Makes `change` the configuration the loop trains under.

@@ -9,7 +9,8 @@ use pyo3::prelude::*;
 /// `lr_factor` multiplies the learning rate *at the submitted batch size*; `reason`
 /// is `"assignment"` (the tuner), `"out_of_memory"` (the agent fell back),
 /// `"reservation_lost"` (the job's GPU memory is no longer reserved while it runs:
-/// the batch size is unchanged) or `"reservation_restored"` (reserved again).
+/// the batch size is unchanged), `"reservation_restored"` (reserved again) or
+/// `"evicted"` (only from `poll_change(raise_evicted=False)`: the placer evicted the job).
 /// `memory_bound_mib` is the assignment's bound on the task's GPU memory at the new
 /// size (`None` when the change brings none): the agent's memory limit from then on.
 #[pyclass(frozen, eq, module = "iadeep", get_all)]
@@ -21,7 +22,8 @@ pub struct BatchSizeChange {
     pub lr_factor: f64,
     /// The tuner's round (unchanged by an out-of-memory fall-back).
     pub round: u64,
-    /// `"assignment"`, `"out_of_memory"`, `"reservation_lost"` or `"reservation_restored"`.
+    /// `"assignment"`, `"out_of_memory"`, `"reservation_lost"`, `"reservation_restored"`
+    /// or `"evicted"`.
     pub reason: &'static str,
     /// The assigner's bound on the task's GPU memory at `batch_size`, MiB, if any.
     pub memory_bound_mib: Option<f64>,
@@ -51,6 +53,7 @@ impl From<iadeep_agent::BatchSizeChange> for BatchSizeChange {
                 ChangeReason::OutOfMemory => "out_of_memory",
                 ChangeReason::ReservationLost => "reservation_lost",
                 ChangeReason::ReservationRestored => "reservation_restored",
+                ChangeReason::Evicted => "evicted",
             },
             memory_bound_mib: change.memory_bound_mib,
         }

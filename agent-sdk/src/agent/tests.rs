@@ -516,3 +516,167 @@ fn a_lost_and_restored_reservation_is_a_change_for_the_loop() {
     assert_eq!(restored.reason, ChangeReason::ReservationRestored);
     agent.finish().expect("finish");
 }
+
+/// The placer's evict assignment, on a real etcd: the loop hears of it once through
+/// `poll_change` (before any later assignment, whatever round it carries), `evicted()`
+/// says why, the agent keeps its lease and reports while the job checkpoints, and
+/// `leave()` ends it with a final report that does not claim the task finished and the
+/// lease revoked. The placement is the launcher's to release: the agent leaves it.
+#[test]
+fn an_evict_assignment_reaches_the_loop_once_and_leave_ends_the_task_unfinished() {
+    let etcd = iadeep_state::testing::start_etcd();
+    let rt = runtime();
+    let store: Arc<dyn StateStore> = rt
+        .block_on(
+            etcd.url()
+                .parse::<iadeep_state::StoreUrl>()
+                .expect("url")
+                .open(),
+        )
+        .expect("open etcd");
+    let task = "evict-1";
+    let placement = Placement {
+        task_id: task.into(),
+        device_id: "gpu0".into(),
+        reserved_mem_mib: 2_000,
+        ..Default::default()
+    };
+    rt.block_on(typed::put(
+        store.as_ref(),
+        &keys::task_placement(task),
+        &placement,
+        None,
+    ))
+    .expect("put placement");
+    let agent = Agent::builder()
+        .task_id(task)
+        .store(&etcd.url())
+        .model("test-model")
+        .initial_batch_size(64)
+        .batch_size_bounds(16..=256)
+        .use_nvml(false)
+        .report_interval(Duration::from_millis(100))
+        .connect()
+        .expect("connect");
+    let assign = |a: BatchSizeAssignment| {
+        rt.block_on(typed::put(
+            store.as_ref(),
+            &keys::task_assignment(task),
+            &a,
+            None,
+        ))
+        .expect("put assignment");
+    };
+    let shrink = BatchSizeAssignment {
+        task_id: task.into(),
+        batch_size: 16,
+        lr_factor: 0.5,
+        round: 3,
+        ..Default::default()
+    };
+    assign(shrink.clone());
+    agent.record_step(64, Duration::from_millis(5));
+    let change = wait_for(Duration::from_secs(5), || agent.poll_change()).expect("the shrink");
+    assert_eq!(change.batch_size, 16);
+    assert_eq!(agent.evicted(), None);
+
+    // The placer's eviction repeats the last assignment, in the same round.
+    assign(BatchSizeAssignment {
+        evict: true,
+        evict_reason: "prod-1 ran at PD 1.31 above its cap 1.10".into(),
+        ..shrink.clone()
+    });
+    let reason = wait_for(Duration::from_secs(5), || agent.evicted()).expect("evicted");
+    assert_eq!(reason, "prod-1 ran at PD 1.31 above its cap 1.10");
+    // A later assignment (a tuner that has not heard yet) neither hides nor undoes it.
+    assign(BatchSizeAssignment {
+        batch_size: 32,
+        round: 4,
+        ..shrink
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let told = agent.poll_change().expect("the eviction, for the loop");
+    assert_eq!(
+        (told.reason, told.batch_size, told.round),
+        (ChangeReason::Evicted, 16, 3)
+    );
+    assert_eq!(agent.poll_change(), None, "told once");
+    assert_eq!(
+        agent.batch_size(),
+        16,
+        "the later assignment is not applied"
+    );
+    assert_eq!(agent.evicted().as_deref(), Some(reason.as_str()));
+    // While the job checkpoints, the task is still alive: its reservation stays counted.
+    assert!(agent.is_registered());
+    let seq = wait_for(Duration::from_secs(5), || report(&rt, &store, task))
+        .expect("a report")
+        .seq;
+
+    agent.leave().expect("leave");
+    let last = report(&rt, &store, task).expect("final report");
+    assert!(
+        last.seq > seq && !last.finished,
+        "a final report, not finished: {last:?}"
+    );
+    let alive = rt
+        .block_on(store.get(&keys::task_alive(task)))
+        .expect("get");
+    assert!(alive.is_none(), "leave revokes the lease at once");
+    let kept = rt
+        .block_on(typed::get::<Placement>(
+            store.as_ref(),
+            &keys::task_placement(task),
+        ))
+        .expect("get");
+    assert_eq!(
+        kept.map(|(p, _)| p),
+        Some(placement),
+        "the launcher releases it"
+    );
+}
+
+/// The class and the slowdown cap go into the spec the agent registers, and are
+/// checked as the placer checks them.
+#[test]
+fn the_priority_class_and_cap_reach_the_spec_and_are_validated() {
+    let rt = runtime();
+    let store = memory_store();
+    let agent = builder(&store, "prod-1")
+        .priority_class(iadeep_proto::PriorityClass::Production)
+        .max_slowdown(1.2)
+        .connect()
+        .expect("connect");
+    let (spec, _) = rt
+        .block_on(typed::get::<TaskSpec>(
+            store.as_ref(),
+            &keys::task_spec("prod-1"),
+        ))
+        .expect("get")
+        .expect("spec");
+    assert!(spec.is_production());
+    assert_eq!(spec.slowdown_cap(), Some(1.2));
+    agent.finish().expect("finish");
+
+    for (builder, needle) in [
+        (
+            builder(&store, "t").max_slowdown(1.2),
+            "max_slowdown: applies to production jobs only",
+        ),
+        (
+            builder(&store, "t")
+                .priority_class(iadeep_proto::PriorityClass::Production)
+                .max_slowdown(1.0),
+            "max_slowdown: 1 is not a slowdown cap",
+        ),
+        (
+            builder(&store, "t")
+                .priority_class(iadeep_proto::PriorityClass::Production)
+                .max_slowdown(f64::INFINITY),
+            "is not a slowdown cap",
+        ),
+    ] {
+        let err = builder.connect().expect_err(needle).to_string();
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+}
