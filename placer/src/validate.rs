@@ -162,10 +162,6 @@ pub fn task_spec(prefix: &str, spec: &TaskSpec) -> Result<()> {
     allowed_batch_sizes(&f("allowed_batch_sizes"), &spec.allowed_batch_sizes)
 }
 
-/// Most slowdown cap a production job may name (defined once, in iadeep-proto, for
-/// every entry point that checks it).
-pub use iadeep_proto::MAX_SLOWDOWN_CAP;
-
 /// Checks the priority class and the slowdown cap, which only production jobs have
 /// ([`iadeep_proto::check_priority`], shared with `iadeep run` and the agent).
 fn priority(prefix: &str, spec: &TaskSpec) -> Result<()> {
@@ -298,7 +294,7 @@ pub fn task_id(field: &str, task: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use iadeep_proto::{PriorityClass, SoloProfile};
+    use iadeep_proto::{MAX_SLOWDOWN_CAP, PriorityClass, SoloProfile};
 
     fn good() -> TaskSpec {
         TaskSpec {
