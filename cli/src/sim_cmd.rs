@@ -66,7 +66,21 @@ pub struct SimArgs {
     /// Jobs longer than this many hours are capped to it.
     #[arg(long, default_value_t = 24.0, value_name = "H")]
     max_duration_h: f64,
-    /// Comma-separated policies to run (exclusive, packing, util, memory, reference,
+    /// Share of production jobs: each job is production with this probability (seeded),
+    /// opportunistic otherwise. 0.5 is TGS's job stream; the default 0 keeps every job
+    /// opportunistic, as before classes existed. Every policy then reports each class
+    /// apart (`classes` in --json).
+    #[arg(long, default_value_t = 0.0, value_name = "F")]
+    production_fraction: f64,
+    /// The slowdown cap of every production job: the most PD it accepts (1.10 = at most
+    /// 10 % slower than alone).
+    #[arg(long, default_value_t = iadeep_proto::DEFAULT_MAX_SLOWDOWN, value_name = "X")]
+    max_slowdown: f64,
+    /// Seconds of running between two checkpoints of a job: an evicted job loses the
+    /// progress since its last one.
+    #[arg(long, default_value_t = 600.0, value_name = "S")]
+    checkpoint_every: f64,
+    /// Comma-separated policies to run (exclusive, priority, packing, util, memory, reference,
     /// reference-fixed, pollux, iadeep, iadeep-no-tuner, iadeep-no-predictor, oracle,
     /// oracle-prediction, oracle-memory, oracle-tuning, oracle-wait). Default: all of
     /// them. The `oracle-*` policies are iadeep with one learned part replaced by the
@@ -119,6 +133,9 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     params.workload.load = args.load;
     params.workload.seed = args.seed;
     params.workload.max_duration_s = args.max_duration_h * 3600.0;
+    params.workload.production_fraction = args.production_fraction;
+    params.workload.max_slowdown = args.max_slowdown;
+    params.engine.checkpoint_every_s = args.checkpoint_every;
     params.engine.gpus = args.gpus;
     params.engine.seed = args.seed;
     params.engine.admission = args.admission;
@@ -207,10 +224,19 @@ fn simulate(
         "simulation finished"
     );
     crate::output::text(&report::table(&summaries))?;
+    crate::output::text(&report::class_table(&summaries))?;
     outln!(
         "CT = completion time (submit to end); util = mean fraction of GPUs busy; work = mean \
          useful work per GPU (1 = one job alone at full speed); place/tune µs = mean decision time."
     )?;
+    if summaries.iter().any(|s| s.classes.production.tasks > 0) {
+        outln!(
+            "above cap = share of running time with a job's true PD above its cap (opportunistic \
+             jobs: above the production default {}); lost work = progress alone at m0 lost to \
+             evictions since the last checkpoints.",
+            iadeep_proto::DEFAULT_MAX_SLOWDOWN
+        )?;
+    }
     let attribution = Attribution::of(&summaries);
     if let Some(a) = &attribution {
         outln!("{}", a.text())?;

@@ -229,3 +229,73 @@ fn sim_json_attributes_the_gap_to_the_single_part_oracles() {
     assert!(text.contains("Gap attributed: iadeep"), "{text}");
     assert!(text.contains("oracle-wait"), "{text}");
 }
+
+/// Issue 27: with a class mix every policy reports each class apart, `priority` is a
+/// policy, the text output has the per-class table, and a bad fraction is refused.
+#[test]
+fn sim_json_reports_each_class_and_lists_the_priority_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_arg = dir.path().join("out");
+    let out = iadeep(&[
+        "sim",
+        "--tasks",
+        "16",
+        "--gpus",
+        "2",
+        "--load",
+        "3",
+        "--seed",
+        "2",
+        "--max-duration-h",
+        "1",
+        "--production-fraction",
+        "0.5",
+        "--max-slowdown",
+        "1.2",
+        "--checkpoint-every",
+        "300",
+        "--policies",
+        "exclusive,priority,iadeep",
+        "--out",
+        out_arg.to_str().expect("utf-8 path"),
+        "--json",
+    ]);
+    let json = succeeded_json(&out);
+    let policies = json["policies"].as_object().expect("policies");
+    assert_eq!(policies.len(), 3);
+    for name in ["exclusive", "priority", "iadeep"] {
+        let classes = &policies[name]["classes"];
+        let jobs = |class: &str| classes[class]["tasks"].as_u64().expect("tasks");
+        assert_eq!(jobs("production") + jobs("opportunistic"), 16, "{name}");
+        assert!(jobs("production") > 0, "{name}: no production job drawn");
+        for class in ["production", "opportunistic"] {
+            for key in [
+                "avg_ct_s",
+                "p99_ct_s",
+                "above_cap_frac",
+                "evictions",
+                "evicted_work_s",
+            ] {
+                assert!(classes[class][key].is_number(), "{name} {class} {key}");
+            }
+        }
+    }
+    // Exclusive GPUs: no job is ever slowed, so none runs above a cap.
+    for name in ["exclusive", "priority"] {
+        assert_eq!(
+            policies[name]["classes"]["production"]["above_cap_frac"], 0.0,
+            "{name}"
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("priority") && l.contains("production")),
+        "the per-class table: {stdout}"
+    );
+    let out = iadeep(&["sim", "--tasks", "2", "--production-fraction", "1.5"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("production fraction"), "{stderr}");
+}

@@ -119,6 +119,7 @@ mod tests {
             decision_latency_us: 0.0,
             decision_latency_p99_us: 0.0,
             tune_latency_us: 0.0,
+            classes: Default::default(),
         }
     }
 

@@ -497,6 +497,11 @@ mod tests {
             done_samples: 1.0,
             device,
             final_batch_size: 1,
+            max_slowdown: None,
+            running_s: finish_s - start_s,
+            above_cap_s: 0.0,
+            evictions: 0,
+            evicted_work_s: 0.0,
         }
     }
 

@@ -36,10 +36,30 @@
 //! ([`RunMetrics::ooms`]) and restarts after [`EngineParams::restart_s`] at half its batch
 //! size, or leaves the card when the policy says so: how jobs without a fence fail.
 //!
+//! **Evictions.** A policy may take running tasks off their devices
+//! ([`Policy::take_evictions`], asked right after each placement decision and each tuning
+//! call): the victim leaves its device, waits in the recovery list for
+//! [`EngineParams::restart_s`] (its launcher re-queues it, as `iadeep run
+//! --requeue-on-evict` does) and restarts from its last checkpoint. A task checkpoints
+//! after every [`EngineParams::checkpoint_every_s`] seconds it ran (counted across
+//! placements, from its last checkpoint or restart), so an eviction loses exactly the
+//! progress since then; a crash restart loses nothing, as before evictions existed. Each
+//! eviction is counted with the work it cost, in seconds of progress alone at m0
+//! ([`TaskOutcome::evicted_work_s`]).
+//!
+//! **Time above the cap.** While a task runs, the engine adds up its running time and the
+//! part of it during which its true PD (the world's, as the batch trace records it: its
+//! goodput alone at m0 over its goodput now) is above its slowdown cap; an opportunistic
+//! task, which has no cap, is measured against the production default
+//! ([`iadeep_proto::DEFAULT_MAX_SLOWDOWN`]), which says how often it ran slower than a
+//! production job may ([`TaskOutcome::above_cap_s`]).
+//!
 //! With [`Admission::EachTask`] one pass stops after [`MAX_CONSECUTIVE_WAITS`]
 //! tasks in a row were told to wait: when every card is full, the tasks further back
 //! would be told the same, and asking all of them at every event would make a pass
-//! cost the whole queue.
+//! cost the whole queue. The production jobs further back are still offered: a policy
+//! that puts them first (`priority`) holds the opportunistic jobs ahead of them back, and
+//! without this they would wait for a pass that never reaches them.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
@@ -87,6 +107,10 @@ pub struct EngineParams {
     /// nothing ([`JobInfo::None`]), as a job started with `iadeep run`; with
     /// [`JobInfo::Profiled`] its solo profile at m0 (`iadeep sim --job-info`).
     pub job_info: JobInfo,
+    /// Seconds of running between two checkpoints of a job: an evicted job loses the
+    /// progress since its last one (see the module docs). The default, 10 minutes, is a
+    /// common epoch-or-time checkpoint interval of training scripts.
+    pub checkpoint_every_s: f64,
 }
 
 impl Default for EngineParams {
@@ -101,6 +125,7 @@ impl Default for EngineParams {
             max_events: 50_000_000,
             progress_refresh_s: 10.0,
             job_info: JobInfo::None,
+            checkpoint_every_s: 600.0,
         }
     }
 }
@@ -124,12 +149,23 @@ impl EngineParams {
         if !(self.progress_refresh_s.is_finite() && self.progress_refresh_s > 0.0) {
             return bad("progress refresh", format!("{} s", self.progress_refresh_s));
         }
+        if !(self.checkpoint_every_s.is_finite() && self.checkpoint_every_s > 0.0) {
+            return bad(
+                "checkpoint interval",
+                format!("{} s", self.checkpoint_every_s),
+            );
+        }
         Ok(())
     }
 }
 
 /// The smallest relative change of a job's PD that makes a new point of the batch trace.
 const TRACE_PD_STEP: f64 = 0.01;
+
+/// A running task's true PD: its goodput alone at m0 over its goodput now.
+fn true_pd(state: &TaskState) -> f64 {
+    f64::from(state.spec.m0) / state.true_solo_step_s / state.rate
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Status {
@@ -179,6 +215,17 @@ struct TaskState {
     agent: EmulatedAgent,
     /// When its agent last reported, simulated s.
     reported_s: f64,
+    /// Samples at m0 done at its last checkpoint (what an eviction goes back to).
+    checkpoint_done: f64,
+    /// Seconds it ran since its last checkpoint (or restart from one).
+    since_checkpoint_s: f64,
+    /// Seconds it ran (active on a device), and the part of them above its cap (see the
+    /// module docs).
+    running_s: f64,
+    above_cap_s: f64,
+    /// Times it was evicted, and the samples at m0 those evictions cost.
+    evictions: u32,
+    evicted_samples: f64,
 }
 
 /// A simulated GPU as the engine tracks it: which tasks run on it.
@@ -313,6 +360,9 @@ impl PolicyView for View<'_, '_> {
     fn waiting_version(&self) -> u64 {
         self.engine.waiting_version
     }
+    fn admission(&self) -> Admission {
+        self.engine.params.admission
+    }
 }
 
 /// What became of an event (see [`Engine::dispatch`]).
@@ -342,6 +392,7 @@ impl TaskState {
                 profile,
                 submit_s: t.submit_s,
                 total_samples: t.work_samples,
+                max_slowdown: t.max_slowdown,
             },
             true_solo_step_s: 1.0 / solo_steps_per_s,
             family: t.family,
@@ -379,6 +430,12 @@ impl TaskState {
             allocations: 0,
             agent: EmulatedAgent::default(),
             reported_s: t.submit_s,
+            checkpoint_done: 0.0,
+            since_checkpoint_s: 0.0,
+            running_s: 0.0,
+            above_cap_s: 0.0,
+            evictions: 0,
+            evicted_samples: 0.0,
         }
     }
 }
@@ -569,6 +626,11 @@ impl<'w> Engine<'w> {
                 done_samples: t.done,
                 device: t.last_device,
                 final_batch_size: t.batch_size,
+                max_slowdown: t.spec.max_slowdown,
+                running_s: t.running_s,
+                above_cap_s: t.above_cap_s,
+                evictions: t.evictions,
+                evicted_work_s: t.evicted_samples * t.true_solo_step_s / f64::from(t.spec.m0),
             })
             .collect()
     }
@@ -639,6 +701,27 @@ impl<'w> Engine<'w> {
                         }
                     }
                 }
+                // Production jobs past the cut still ask (see the module docs).
+                while index < self.queue.len() {
+                    let task = self.queue[index];
+                    if !self.tasks[task].spec.is_production() {
+                        index += 1;
+                        continue;
+                    }
+                    match self.decide(task, policy) {
+                        PlaceOrQueue::Queue => index += 1,
+                        PlaceOrQueue::Place {
+                            device,
+                            batch_size,
+                            shrinks,
+                            fence_mib,
+                        } => {
+                            self.queue.remove(index);
+                            self.waiting_version += 1;
+                            self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
+                        }
+                    }
+                }
             }
         }
         Ok(())
@@ -667,6 +750,9 @@ impl<'w> Engine<'w> {
         self.metrics
             .decision_latency_us
             .push(started.elapsed().as_secs_f64() * 1e6);
+        // Room made for this task (or any other the policy chose to evict) is made before
+        // it starts.
+        self.apply_evictions(policy);
         decision
     }
 
@@ -799,14 +885,63 @@ impl<'w> Engine<'w> {
         self.world.memory.peak_mib(state.job, state.fragmentation)
     }
 
-    /// Brings every resident of `device` to the current time at its current rate.
+    /// Brings every resident of `device` to the current time at its current rate, with
+    /// its checkpoints and its time above its cap on the way (the rate is constant since
+    /// `last_s`, so both are exact).
     fn advance(&mut self, device: usize) {
         let now = self.now;
+        let every = self.params.checkpoint_every_s;
         for &t in &self.devices[device].residents {
             let state = &mut self.tasks[t];
+            let ran_s = now - state.last_s;
+            if state.active && ran_s > 0.0 {
+                let since = state.since_checkpoint_s + ran_s;
+                if since >= every {
+                    // The last checkpoint in this stretch, `since % every` before now.
+                    let taken = (since / every).floor() * every;
+                    let at_s = ran_s - (since - taken);
+                    state.checkpoint_done = (state.done + state.rate * at_s)
+                        .min(state.spec.total_samples)
+                        .max(state.checkpoint_done);
+                    state.since_checkpoint_s = since - taken;
+                } else {
+                    state.since_checkpoint_s = since;
+                }
+                state.running_s += ran_s;
+                let cap = state
+                    .spec
+                    .max_slowdown
+                    .unwrap_or(iadeep_proto::DEFAULT_MAX_SLOWDOWN);
+                if state.rate > 0.0 && true_pd(state) > cap {
+                    state.above_cap_s += ran_s;
+                }
+            }
             state.done =
                 (state.done + state.rate * (now - state.last_s)).min(state.spec.total_samples);
             state.last_s = now;
+        }
+    }
+
+    /// Takes the tasks the policy evicted off their devices (see the module docs).
+    fn apply_evictions(&mut self, policy: &mut dyn Policy) {
+        for task in policy.take_evictions() {
+            let Some(Status::Running(device)) = self.tasks.get(task).map(|t| t.status) else {
+                // Finished (or gone) since the policy decided: nothing to evict.
+                tracing::debug!(task, "eviction of a task not running ignored");
+                continue;
+            };
+            self.advance(device);
+            let state = &mut self.tasks[task];
+            let lost = (state.done - state.checkpoint_done).max(0.0);
+            state.done = state.checkpoint_done;
+            state.report.samples_done = state.done;
+            state.since_checkpoint_s = 0.0;
+            state.evictions += 1;
+            state.evicted_samples += lost;
+            state.version += 1;
+            self.metrics.evictions += 1;
+            tracing::debug!(task, device, lost, now = self.now, "evicted");
+            self.leave(device, task, policy);
         }
     }
 
@@ -1011,7 +1146,7 @@ impl<'w> Engine<'w> {
             if fresh_reports {
                 // A point only where the batch size or the PD moved (by 1 % or more): the
                 // plot is a step function, and a long run has a change every few seconds.
-                let pd = f64::from(state.spec.m0) / state.true_solo_step_s / state.rate;
+                let pd = true_pd(state);
                 let moved = state.traced.is_none_or(|(batch, last)| {
                     batch != state.batch_size || (pd / last - 1.0).abs() >= TRACE_PD_STEP
                 });
@@ -1150,6 +1285,9 @@ impl<'w> Engine<'w> {
                 EventKind::Tune { device, epoch },
             );
         }
+        // After the next call is scheduled: an eviction changes the residents, which
+        // retires that call and schedules the first of the new residents'.
+        self.apply_evictions(policy);
         Ok(())
     }
 }

@@ -23,6 +23,16 @@ pub struct TaskOutcome {
     pub device: usize,
     /// Batch size it finished at.
     pub final_batch_size: u32,
+    /// Its slowdown cap when it is production; `None` for an opportunistic job.
+    pub max_slowdown: Option<f64>,
+    /// Seconds it ran on a device, and the part of them during which its true PD was above
+    /// its cap (the production default for an opportunistic job; see `crate::engine`).
+    pub running_s: f64,
+    pub above_cap_s: f64,
+    /// Times it was evicted, and the work those evictions cost: seconds of progress alone
+    /// at m0 lost since its last checkpoints.
+    pub evictions: u32,
+    pub evicted_work_s: f64,
 }
 
 impl TaskOutcome {
@@ -47,6 +57,8 @@ pub struct RunMetrics {
     /// own allocation failed and it fell back, its co-runners untouched (contained; see
     /// the engine's module docs).
     pub fenced_ooms: u64,
+    /// Evictions of running tasks by the policy (see `crate::engine`).
+    pub evictions: u64,
     /// Tuning rounds that applied a configuration.
     pub tuning_rounds: u64,
     /// Batch-size changes applied by tuning.
@@ -114,6 +126,14 @@ impl RunMetrics {
             decision_latency_us: mean_or_zero(&self.decision_latency_us),
             decision_latency_p99_us: quantile_or_zero(&self.decision_latency_us, 0.99),
             tune_latency_us: mean_or_zero(&self.tune_latency_us),
+            classes: Classes {
+                production: ClassSummary::of(
+                    self.tasks.iter().filter(|t| t.max_slowdown.is_some()),
+                ),
+                opportunistic: ClassSummary::of(
+                    self.tasks.iter().filter(|t| t.max_slowdown.is_none()),
+                ),
+            },
         }
     }
 
@@ -228,6 +248,50 @@ pub struct Summary {
     pub decision_latency_us: f64,
     pub decision_latency_p99_us: f64,
     pub tune_latency_us: f64,
+    /// The same jobs by class.
+    pub classes: Classes,
+}
+
+/// A run's results per job class (`classes` in `--json`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Classes {
+    pub production: ClassSummary,
+    pub opportunistic: ClassSummary,
+}
+
+/// The results of one class of jobs in a run; all zero for a class without jobs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ClassSummary {
+    pub tasks: usize,
+    pub avg_ct_s: f64,
+    pub p99_ct_s: f64,
+    /// Share of the class's running time during which a job's true PD was above its cap
+    /// (for opportunistic jobs, which have none, above the production default: how often
+    /// they ran slower than a production job may).
+    pub above_cap_frac: f64,
+    /// Evictions of the class's jobs, and the work they cost (seconds of progress alone
+    /// at m0).
+    pub evictions: u64,
+    pub evicted_work_s: f64,
+}
+
+impl ClassSummary {
+    /// The summary of `tasks`.
+    pub fn of<'a>(tasks: impl Iterator<Item = &'a TaskOutcome>) -> ClassSummary {
+        let tasks: Vec<&TaskOutcome> = tasks.collect();
+        let mut completion: Vec<f64> = tasks.iter().map(|t| t.completion_s()).collect();
+        completion.sort_by(f64::total_cmp);
+        let running: f64 = tasks.iter().map(|t| t.running_s).sum();
+        let above: f64 = tasks.iter().map(|t| t.above_cap_s).sum();
+        ClassSummary {
+            tasks: tasks.len(),
+            avg_ct_s: mean_or_zero(&completion),
+            p99_ct_s: quantile_or_zero(&completion, 0.99),
+            above_cap_frac: if running > 0.0 { above / running } else { 0.0 },
+            evictions: tasks.iter().map(|t| u64::from(t.evictions)).sum(),
+            evicted_work_s: tasks.iter().map(|t| t.evicted_work_s).sum(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -68,10 +68,48 @@ pub fn table(summaries: &[Summary]) -> String {
     out
 }
 
+/// The per-class table, one row per policy and class: only when some run has production
+/// jobs (`--production-fraction` above 0), since otherwise every job is opportunistic and
+/// the main table says it all. Empty otherwise.
+pub fn class_table(summaries: &[Summary]) -> String {
+    let mut out = String::new();
+    if summaries.iter().all(|s| s.classes.production.tasks == 0) {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{:<20} {:<14} {:>6} {:>10} {:>10} {:>10} {:>10} {:>12}",
+        "policy", "class", "jobs", "avg CT h", "p99 CT h", "above cap", "evictions", "lost work h"
+    );
+    for s in summaries {
+        for (name, c) in [
+            ("production", &s.classes.production),
+            ("opportunistic", &s.classes.opportunistic),
+        ] {
+            let _ = writeln!(
+                out,
+                "{:<20} {:<14} {:>6} {:>10.2} {:>10.2} {:>9.2}% {:>10} {:>12.2}",
+                s.policy,
+                name,
+                c.tasks,
+                c.avg_ct_s / 3600.0,
+                c.p99_ct_s / 3600.0,
+                c.above_cap_frac * 100.0,
+                c.evictions,
+                c.evicted_work_s / 3600.0,
+            );
+        }
+    }
+    out
+}
+
 /// The `--json` object: `{"policies": {"<name>": {avg_ct_s, p99_ct_s, makespan_s, ooms,
 /// fenced_ooms, avg_util, ...}}}`: `ooms` are the crashes of a card's memory running out
 /// (they can hit any job on it), `fenced_ooms` the out-of-memory errors a fence kept to
-/// their own job.
+/// their own job. `classes` holds `production` and `opportunistic`, each with `tasks`,
+/// `avg_ct_s`, `p99_ct_s`, `above_cap_frac` (share of the class's running time with a
+/// job's true PD above its cap; opportunistic jobs against the production default),
+/// `evictions` and `evicted_work_s` (seconds of progress alone at m0 lost).
 pub fn json(summaries: &[Summary]) -> serde_json::Value {
     let mut policies = serde_json::Map::new();
     for s in summaries {
@@ -87,6 +125,7 @@ pub fn json(summaries: &[Summary]) -> serde_json::Value {
                 "avg_util": s.avg_util,
                 "avg_work_rate": s.avg_work_rate,
                 "tuning_rounds": s.tuning_rounds,
+                "classes": s.classes,
             }),
         );
     }
@@ -185,13 +224,13 @@ fn summary_csv(summaries: &[Summary]) -> String {
 /// `tasks.csv`: one row per task of every run.
 fn tasks_csv(runs: &[RunMetrics]) -> String {
     let mut csv = String::from(
-        "policy,task,model,m0,submit_s,start_s,finish_s,completion_s,ooms,fenced_ooms\n",
+        "policy,task,model,m0,submit_s,start_s,finish_s,completion_s,ooms,fenced_ooms,class,max_slowdown,running_s,above_cap_s,evictions,evicted_work_s\n",
     );
     for run in runs {
         for t in &run.tasks {
             let _ = writeln!(
                 csv,
-                "{},{},{},{},{:.3},{:.3},{:.3},{:.3},{},{}",
+                "{},{},{},{},{:.3},{:.3},{:.3},{:.3},{},{},{},{},{:.3},{:.3},{},{:.3}",
                 run.policy,
                 t.id,
                 t.model,
@@ -201,7 +240,17 @@ fn tasks_csv(runs: &[RunMetrics]) -> String {
                 t.finish_s,
                 t.completion_s(),
                 t.ooms,
-                t.fenced_ooms
+                t.fenced_ooms,
+                if t.max_slowdown.is_some() {
+                    "production"
+                } else {
+                    "opportunistic"
+                },
+                t.max_slowdown.map(|c| c.to_string()).unwrap_or_default(),
+                t.running_s,
+                t.above_cap_s,
+                t.evictions,
+                t.evicted_work_s,
             );
         }
     }

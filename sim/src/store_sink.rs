@@ -3,7 +3,7 @@
 //! tools, e.g. `iadeep state ls --store out/state.redb /iadeep/v1/`, exactly like a
 //! live cluster.
 
-use iadeep_proto::{DeviceInfo, Placement, SoloProfile, TaskReport, TaskSpec};
+use iadeep_proto::{DeviceInfo, Placement, PriorityClass, SoloProfile, TaskReport, TaskSpec};
 use iadeep_state::{StateStore, keys, typed};
 
 use crate::error::Result;
@@ -76,10 +76,13 @@ pub async fn record_run(
             total_samples: Some(template.work_samples.round() as u64),
             submitted_at_unix_ms: ms(outcome.submit_s),
             allowed_batch_sizes: family.batch_sizes.clone(),
-            // The workload's class mix is written with the specs once the simulator
-            // draws classes (issue 27); until then every job is opportunistic.
-            priority_class: 0,
-            max_slowdown: None,
+            // The job's class as the workload drew it, with a production job's cap.
+            priority_class: if template.max_slowdown.is_some() {
+                PriorityClass::Production
+            } else {
+                PriorityClass::Opportunistic
+            } as i32,
+            max_slowdown: template.max_slowdown,
         };
         typed::put(store, &keys::task_spec(&id), &spec, None).await?;
         let device = device_id(outcome.device);

@@ -251,6 +251,9 @@ impl policy::Policy for Unfenced {
     fn on_left(&mut self, device: usize, task: usize) {
         self.0.on_left(device, task)
     }
+    fn take_evictions(&mut self) -> Vec<usize> {
+        self.0.take_evictions()
+    }
 }
 
 /// A stream on which the tuner crashed two tasks when it grew them one doubling past the one
@@ -396,6 +399,12 @@ impl policy::Policy for Recording {
     }
     fn on_finish(&mut self, device: usize, task: usize) {
         self.inner.on_finish(device, task)
+    }
+    fn on_left(&mut self, device: usize, task: usize) {
+        self.inner.on_left(device, task)
+    }
+    fn take_evictions(&mut self) -> Vec<usize> {
+        self.inner.take_evictions()
     }
 }
 
@@ -612,6 +621,7 @@ fn pair() -> Pair {
             work_samples: solo_duration_s * info.solo_steps_per_s * f64::from(info.batch_size),
             solo_duration_s,
             mem_request_mib: 0,
+            max_slowdown: None,
         }
     };
     let tasks = vec![template(0, b, 0.0), template(1, a, 1.0)];

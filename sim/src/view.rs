@@ -77,6 +77,16 @@ pub struct JobSpec {
     /// Work in samples at m0, when the submitter states it (used for remaining-time
     /// estimates, as `iadeep_proto::TaskSpec::total_samples`).
     pub total_samples: f64,
+    /// A production job's slowdown cap (the most PD it accepts, as
+    /// `iadeep_proto::TaskSpec::slowdown_cap`); `None` for an opportunistic job.
+    pub max_slowdown: Option<f64>,
+}
+
+impl JobSpec {
+    /// Whether the job is production (it has a slowdown cap).
+    pub fn is_production(&self) -> bool {
+        self.max_slowdown.is_some()
+    }
 }
 
 /// The latest report of a simulated job's emulated agent: the simulator's counterpart
@@ -143,4 +153,8 @@ pub trait PolicyView {
     /// A number that changes whenever [`PolicyView::waiting`] does, so a policy
     /// can tell cheaply whether the set of waiting tasks changed.
     fn waiting_version(&self) -> u64;
+    /// How the engine offers waiting tasks in this run (the same for every policy): a
+    /// policy that holds some tasks back for others must know whether the others will
+    /// be offered at all.
+    fn admission(&self) -> crate::policy::Admission;
 }

@@ -15,6 +15,13 @@
 //! writes in a job file, is the job's true peak memory at its batch size times a
 //! seeded factor in [0.8, 1.25], rounded up to a whole GiB (at most the card): users ask roughly,
 //! some too little.
+//!
+//! **Classes.** Each job is *production* with probability
+//! [`WorkloadParams::production_fraction`] (TGS's job stream is half and half), with the
+//! slowdown cap [`WorkloadParams::max_slowdown`], and *opportunistic* otherwise. The draws
+//! come from their own stream of the experiment's seed, one per job whatever the fraction,
+//! so the jobs themselves (window, types, requests) are the same at every fraction and the
+//! default fraction 0 leaves the stream exactly as it was before classes existed.
 
 use iadeep_datasets::philly::PhillyJob;
 use rand::{Rng, SeedableRng};
@@ -34,6 +41,11 @@ pub struct WorkloadParams {
     pub min_duration_s: f64,
     /// Durations are capped at this, seconds.
     pub max_duration_s: f64,
+    /// Probability that a job is production (see the module docs); 0 (the default) makes
+    /// every job opportunistic, as every job was before classes existed.
+    pub production_fraction: f64,
+    /// The slowdown cap (most PD) of every production job.
+    pub max_slowdown: f64,
 }
 
 impl Default for WorkloadParams {
@@ -44,6 +56,8 @@ impl Default for WorkloadParams {
             seed: 1,
             min_duration_s: 60.0,
             max_duration_s: 86_400.0,
+            production_fraction: 0.0,
+            max_slowdown: iadeep_proto::DEFAULT_MAX_SLOWDOWN,
         }
     }
 }
@@ -67,9 +81,25 @@ impl WorkloadParams {
                 ),
             );
         }
+        if !(0.0..=1.0).contains(&self.production_fraction) {
+            return bad(
+                "production fraction",
+                format!("{} is not in [0, 1]", self.production_fraction),
+            );
+        }
+        // The caps every entry point accepts (`iadeep run --max-slowdown`, the placer).
+        if let Err((_, reason)) = iadeep_proto::check_priority(
+            iadeep_proto::PriorityClass::Production as i32,
+            Some(self.max_slowdown),
+        ) {
+            return bad("max slowdown", reason);
+        }
         Ok(())
     }
 }
+
+/// Salt of the class draws' stream (see the module docs).
+const CLASS_SALT: u64 = 0x0c1a_55e5;
 
 /// One submitted job.
 #[derive(Clone, Debug, PartialEq)]
@@ -88,6 +118,8 @@ pub struct TaskTemplate {
     pub solo_duration_s: f64,
     /// What the user asked for, MiB (whole GiB).
     pub mem_request_mib: u64,
+    /// The slowdown cap of a production job; `None` for an opportunistic one.
+    pub max_slowdown: Option<f64>,
 }
 
 /// Builds the arrival stream from Philly jobs.
@@ -129,10 +161,13 @@ pub fn build(
         solo_gpu_hours = format!("{:.1}", gpu_seconds / 3600.0),
         "built the arrival stream from the Philly trace"
     );
+    let mut classes = ChaCha8Rng::seed_from_u64(params.seed ^ CLASS_SALT);
     window
         .iter()
         .enumerate()
         .map(|(id, job)| {
+            // One draw per job at every fraction (see the module docs).
+            let production = classes.random_bool(params.production_fraction);
             let t = rng.random_range(0..catalogue.len());
             let info = &catalogue.types[t];
             let duration = job.duration_s.min(params.max_duration_s);
@@ -151,6 +186,7 @@ pub fn build(
                 solo_duration_s: duration,
                 // Nobody can ask for more than the card.
                 mem_request_mib: (request_gib as u64 * 1024).min(world.memory.capacity_mib),
+                max_slowdown: production.then_some(params.max_slowdown),
             })
         })
         .collect()

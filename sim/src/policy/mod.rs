@@ -12,6 +12,7 @@ pub mod iadeep;
 pub mod memory;
 pub mod packing;
 pub mod pollux;
+pub mod priority;
 pub mod reference;
 pub mod solo;
 pub mod util;
@@ -165,8 +166,18 @@ pub trait Policy {
     fn on_finish(&mut self, _device: usize, _task: usize) {}
 
     /// A task left `device` without finishing (out of memory where it could not run
-    /// smaller): it waits to be placed again, as a job restarted from its checkpoint.
+    /// smaller, or evicted): it waits to be placed again, as a job restarted from its
+    /// checkpoint.
     fn on_left(&mut self, _device: usize, _task: usize) {}
+
+    /// The running tasks this policy evicted since it was last asked (a production job's
+    /// room, a breach of its cap): the engine asks right after each [`Policy::place`] and
+    /// [`Policy::tune`] call, takes each victim off its device (it loses its work since
+    /// its last checkpoint and waits to be placed again, see `crate::engine`), and tells
+    /// the policy with [`Policy::on_left`]. Tasks no longer running are ignored.
+    fn take_evictions(&mut self) -> Vec<usize> {
+        Vec::new()
+    }
 
     /// Starts recording placement decisions for the audit ([`crate::AuditRecord`]); policies
     /// without a placement model to audit ignore it.
@@ -188,6 +199,7 @@ pub trait Policy {
 /// (which [`Experiment::policy`](crate::Experiment::policy) builds from the world).
 pub const POLICY_NAMES: &[&str] = &[
     "exclusive",
+    "priority",
     "packing",
     "util",
     "memory",
@@ -209,6 +221,7 @@ pub const POLICY_NAMES: &[&str] = &[
 pub fn build(name: &str, seed: u64) -> crate::Result<Box<dyn Policy>> {
     Ok(match name {
         "exclusive" => Box::new(exclusive::Exclusive),
+        "priority" => Box::new(priority::Priority::default()),
         "packing" => Box::new(packing::Packing),
         "util" => Box::new(util::LeastUtilised::default()),
         "memory" => Box::new(memory::MostMemory::default()),

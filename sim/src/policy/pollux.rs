@@ -177,6 +177,7 @@ mod tests {
             }),
             submit_s: 0.0,
             total_samples: 1e9,
+            max_slowdown: None,
         }
     }
 

@@ -121,6 +121,7 @@ mod tests {
             profile,
             submit_s: 0.0,
             total_samples: 1e6,
+            max_slowdown: None,
         }
     }
 

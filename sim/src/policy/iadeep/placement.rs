@@ -17,8 +17,8 @@ use iadeep_placer::{Clock, PlacementService, Placer, PlacerParams, Verdict};
 use iadeep_placer::{MemoryEstimator, WaitModel};
 use iadeep_predictor::{Prediction, SlowdownModel};
 use iadeep_proto::{
-    BatchSizeAssignment, CoLocationSample, DeviceInfo, ProfilePoint, SoloProfile, TaskProfile,
-    TaskReport, TaskSpec as ProtoSpec, place_response,
+    BatchSizeAssignment, CoLocationSample, DeviceInfo, PriorityClass, ProfilePoint, SoloProfile,
+    TaskProfile, TaskReport, TaskSpec as ProtoSpec, place_response,
 };
 use iadeep_state::{EmbeddedStore, StateStore, keys, typed};
 
@@ -111,7 +111,8 @@ pub fn unix_ms(now_s: f64) -> i64 {
 /// A task as its submitter sends it to the placer: its model, m0, the batch sizes it can
 /// run at and its work, with its solo profile at m0 (a profiling run on this kind of GPU)
 /// only when jobs bring one (`JobInfo::Profiled`), and no memory request (the trace's
-/// requests are capped at the whole card): what `iadeep run` sends by default.
+/// requests are capped at the whole card): what `iadeep run` sends by default. Its class
+/// and cap are the workload's (`iadeep run --class --max-slowdown`).
 pub fn proto_spec(spec: &JobSpec, kind: &str) -> ProtoSpec {
     ProtoSpec {
         task_id: task_key(spec.id),
@@ -133,6 +134,12 @@ pub fn proto_spec(spec: &JobSpec, kind: &str) -> ProtoSpec {
         submitted_at_unix_ms: unix_ms(spec.submit_s),
         // The sizes the world has measurements for, as a job states the sizes it can run.
         allowed_batch_sizes: spec.batch_sizes.clone(),
+        priority_class: if spec.is_production() {
+            PriorityClass::Production
+        } else {
+            PriorityClass::Opportunistic
+        } as i32,
+        max_slowdown: spec.max_slowdown,
         ..ProtoSpec::default()
     }
 }
