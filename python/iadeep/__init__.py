@@ -21,8 +21,45 @@ stops the loop. It wraps the Rust agent (``iadeep-agent``)::
 ``iadeep.torch`` does the loader, learning rate and out-of-memory handling for
 PyTorch in a few lines. Start the job with ``iadeep run -- python train.py`` on a
 cluster started by ``iadeep up``.
+
+Eviction: an opportunistic job that the placer evicts (a production job on its GPU
+stayed above its slowdown cap) sees ``agent.evicted`` set; ``agent.poll_change()`` then
+raises :class:`Evicted` after ending the agent. Write a checkpoint before it::
+
+    if agent.evicted:
+        save_checkpoint(path)
+    change = agent.poll_change()   # raises iadeep.Evicted
+
+``iadeep run`` (``--requeue-on-evict``, the default for opportunistic jobs) places the
+job again and restarts it with ``iadeep.requeued() > 0``, so it resumes from ``path``.
+What the job did since its last checkpoint is lost; a job without one starts over.
 """
 
-from ._native import LR_RULES, Agent, AgentError, BatchSizeChange, __version__
+from ._native import (
+    LR_RULES,
+    PRIORITY_CLASSES,
+    Agent,
+    AgentError,
+    BatchSizeChange,
+    Evicted,
+    __version__,
+    evicted_reason,
+    requeued,
+)
 
-__all__ = ["Agent", "AgentError", "BatchSizeChange", "LR_RULES", "__version__"]
+Evicted.reason = property(  # type: ignore[attr-defined]
+    lambda self: str(self.args[0]) if self.args else "",
+    doc="Why the placer evicted the job: which production job, its measured slowdown and its cap.",
+)
+
+__all__ = [
+    "Agent",
+    "AgentError",
+    "BatchSizeChange",
+    "Evicted",
+    "LR_RULES",
+    "PRIORITY_CLASSES",
+    "__version__",
+    "evicted_reason",
+    "requeued",
+]

@@ -4,11 +4,30 @@ from typing import Final, List, Literal, Optional, Type
 
 __version__: Final[str]
 LR_RULES: Final[List[str]]
+PRIORITY_CLASSES: Final[List[str]]
+
+def requeued() -> int:
+    """How many times `iadeep run` started this job again after an eviction
+    (IADEEP_REQUEUED; 0 on the first run): above 0, resume from the checkpoint."""
+
+def evicted_reason() -> Optional[str]:
+    """Why the previous run was evicted (IADEEP_EVICTED_REASON), or None."""
 
 class AgentError(Exception):
     """The agent could not start or finish (bad configuration, a malformed store URL,
     a finish the store did not confirm). An unreachable store while training is never
     an error."""
+
+class Evicted(Exception):
+    """The placer evicted the job (a production job on its GPU stayed above its
+    slowdown cap, and the measurements blame this job most). Raised by
+    `Agent.poll_change()` once the agent has ended (a final report, not finished; the
+    lease revoked). Work since the last checkpoint is lost; a job without one starts
+    over when `iadeep run --requeue-on-evict` restarts it."""
+
+    @property
+    def reason(self) -> str:
+        """Why: which production job, its measured slowdown and its cap."""
 
 class BatchSizeChange:
     """A batch-size change to apply before the next step."""
@@ -23,7 +42,7 @@ class BatchSizeChange:
     @property
     def reason(
         self,
-    ) -> Literal["assignment", "out_of_memory", "reservation_lost", "reservation_restored"]: ...
+    ) -> Literal["assignment", "out_of_memory", "reservation_lost", "reservation_restored", "evicted"]: ...
     @property
     def memory_bound_mib(self) -> Optional[float]:
         """The assignment's bound on the task's GPU memory at `batch_size`, MiB (None
@@ -48,6 +67,8 @@ class Agent:
         lease_ttl_s: float = 10.0,
         connect_timeout_s: float = 5.0,
         use_nvml: bool = True,
+        priority_class: Optional[Literal["production", "opportunistic"]] = None,
+        max_slowdown: Optional[float] = None,
     ) -> None: ...
     @classmethod
     def from_env(
@@ -64,6 +85,8 @@ class Agent:
         lease_ttl_s: float = 10.0,
         connect_timeout_s: float = 5.0,
         use_nvml: bool = True,
+        priority_class: Optional[Literal["production", "opportunistic"]] = None,
+        max_slowdown: Optional[float] = None,
     ) -> "Agent":
         """The agent of the task `iadeep run` launched (IADEEP_TASK_ID, IADEEP_STORE).
 
@@ -71,14 +94,22 @@ class Agent:
         --lr-rule) takes precedence over the arguments, which are the defaults for what
         it was not given. `model` replaces the script's file name, under which `iadeep
         run` without --model submitted the task. The learning-rate rule is "sqrt" when
-        neither names one."""
+        neither names one. `priority_class` and `max_slowdown` (production only, a PD
+        cap such as 1.1) likewise yield to --class and --max-slowdown."""
     @property
     def batch_size(self) -> int:
         """The batch size to train the next step at."""
     def record_step(self, batch_size: int, seconds: float) -> None:
         """Records one finished step: its batch size and wall time in seconds."""
-    def poll_change(self) -> Optional[BatchSizeChange]:
-        """A batch-size change to apply before the next step, or None."""
+    def poll_change(self, *, raise_evicted: bool = True) -> Optional[BatchSizeChange]:
+        """A batch-size change to apply before the next step, or None.
+
+        Raises Evicted once the placer evicted the task (after ending the agent); with
+        raise_evicted=False it returns the change with reason "evicted" instead (once),
+        so the loop can checkpoint first, then call poll_change() to raise."""
+    @property
+    def evicted(self) -> Optional[str]:
+        """Why the placer evicted the task, or None. Never raises."""
     def record_gradient_norms(
         self, small_batch: int, small_sq_norm: float, big_batch: int, big_sq_norm: float
     ) -> None:
@@ -112,6 +143,9 @@ class Agent:
     def finished(self) -> bool: ...
     def finish(self) -> None:
         """Marks the task finished and frees its GPU at once."""
+    def leave(self) -> None:
+        """Ends the agent without claiming the task finished (final report, lease
+        revoked)."""
     def __enter__(self) -> "Agent": ...
     def __exit__(
         self,

@@ -16,6 +16,13 @@
   gradient accumulation (a micro-batch's and the accumulated gradient's norms).
 - :class:`IadeepCallback` does the same for PyTorch Lightning (``lightning`` or
   ``pytorch_lightning`` must be installed).
+- Eviction: when the placer evicts the job (a production job on its GPU stayed above
+  its slowdown cap), the loader calls its ``on_evict(reason)`` hook (write the
+  checkpoint there) and then raises :class:`iadeep.Evicted` from the loop's next batch;
+  :class:`IadeepCallback` saves a Lightning checkpoint to ``checkpoint_path`` and stops
+  ``fit`` with :class:`iadeep.Evicted`. ``iadeep run`` places the job again and
+  restarts it (``iadeep.requeued() > 0``), so it resumes from the checkpoint; a job
+  without one starts over.
 
 A loop::
 
@@ -48,7 +55,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optiona
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from . import Agent, BatchSizeChange
+from . import Agent, BatchSizeChange, Evicted, requeued
 
 __all__ = [
     "AdaptiveDataLoader",
@@ -212,6 +219,13 @@ class AdaptiveDataLoader:
     assignment that keeps it, such as the placer's starting assignment, is applied
     silently) and on ``reservation_lost`` / ``reservation_restored``.
 
+    ``on_evict(reason)``: the checkpoint hook. When the placer evicts the job, the
+    loader calls it after the step the loop just trained (the task still holds its
+    reservation meanwhile), then ends the agent and raises :class:`iadeep.Evicted` from
+    the loop's next batch. Save what resuming needs there (model, optimizer, and
+    ``loader.epoch`` / ``loader.position`` if you resume mid-epoch); without a hook the
+    job loses everything since its last checkpoint of its own.
+
     ``memory_fence`` (default on): caps PyTorch's CUDA caching allocator at the memory
     iadeep holds for the job and moves the cap with every assignment (see
     :class:`MemoryFence`; off with ``memory_fence=False`` or ``IADEEP_MEMORY_FENCE=0``).
@@ -232,6 +246,7 @@ class AdaptiveDataLoader:
         optimizer: Optional[torch.optim.Optimizer] = None,
         record_steps: bool = True,
         on_change: Optional[Callable[[BatchSizeChange], None]] = None,
+        on_evict: Optional[Callable[[str], None]] = None,
         memory_fence: bool = True,
         **loader_kwargs: Any,
     ) -> None:
@@ -245,6 +260,7 @@ class AdaptiveDataLoader:
         self.seed = seed
         self.record_steps = record_steps
         self.on_change = on_change
+        self.on_evict = on_evict
         self.loader_kwargs = loader_kwargs
         self.epoch = 0
         #: Samples of the current epoch the loop has trained on.
@@ -257,6 +273,9 @@ class AdaptiveDataLoader:
         self.fence: Optional[MemoryFence] = MemoryFence(agent) if _fence_enabled(memory_fence) else None
         self._scalers: List[LRScaler] = []
         self._retry = False
+        # Under IadeepCallback the callback checkpoints and raises after the step: the
+        # loader runs ahead of the step under Lightning, inside its data fetching.
+        self._evict_in_callback = False
         # Sizes of the batches handed out and not yet taken by IadeepCallback (Lightning
         # fetches ahead, so last_batch_size may be the next batch's).
         self._handed_out: Deque[int] = deque(maxlen=16)
@@ -304,6 +323,17 @@ class AdaptiveDataLoader:
             self.on_change(change)
         return resized
 
+    def _evicted(self) -> None:
+        """The placer evicted the job: the hook, then the agent ends and Evicted is raised."""
+        if self._evict_in_callback:
+            return
+        reason = self.agent.evicted or ""
+        _log.warning("task %s evicted (%s); checkpointing and stopping", self.agent.task_id, reason)
+        if self.on_evict is not None:
+            self.on_evict(reason)
+        self.agent.poll_change()  # ends the agent and raises iadeep.Evicted
+        raise Evicted(reason)  # not reached: poll_change raised
+
     def __iter__(self) -> Iterator[Any]:
         order = self._order()
         self.position = 0
@@ -337,8 +367,10 @@ class AdaptiveDataLoader:
                     self.position += size
                     if self.fence is not None and self.fence.fraction is None:
                         self.fence.update()  # not fenced yet: CUDA may have started with this step
-                    change = self.agent.poll_change()
-                    if change is not None:
+                    change = self.agent.poll_change(raise_evicted=False)
+                    if change is not None and change.reason == "evicted":
+                        self._evicted()
+                    elif change is not None:
                         # Same size (e.g. the starting assignment): keep the batches.
                         rebuild = self._apply(change)
                 del batches
@@ -445,6 +477,13 @@ class IadeepCallback(_lightning_callback_base()):  # type: ignore[misc]
     loop. Out-of-memory recovery needs a plain loop (Lightning ends ``fit`` on the
     error).
 
+    Eviction: after the step during which the agent learnt of it, the callback saves a
+    checkpoint to ``checkpoint_path`` (``trainer.save_checkpoint``) if given, calls
+    ``on_evict(reason)`` if given, and stops ``fit`` by raising :class:`iadeep.Evicted`
+    (the agent ends first). When ``iadeep run`` restarts the job, :attr:`resume_path`
+    is that checkpoint: ``trainer.fit(module, ckpt_path=callback.resume_path)``. Without
+    ``checkpoint_path`` the restarted job starts over.
+
     During ``fit`` the agent's loaders have no length, as an iterable dataset has none:
     an epoch ends when its samples are used up, whatever the batch sizes were on the
     way, so every sample is seen once per epoch. Hence, as for any loader without a
@@ -452,17 +491,35 @@ class IadeepCallback(_lightning_callback_base()):  # type: ignore[misc]
     learning-rate schedule that needs the total number of steps needs ``max_steps``.
     """
 
-    def __init__(self, agent: Agent, *, finish_on_end: bool = True) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        finish_on_end: bool = True,
+        checkpoint_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+        on_evict: Optional[Callable[[str], None]] = None,
+    ) -> None:
         if _lightning_callback_base() is object:
             raise ImportError("IadeepCallback needs PyTorch Lightning: pip install lightning")
         super().__init__()
         self.agent = agent
         self.finish_on_end = finish_on_end
+        self.checkpoint_path = None if checkpoint_path is None else os.fspath(checkpoint_path)
+        self.on_evict = on_evict
         self._loader: Optional[AdaptiveDataLoader] = None
         self._started = 0.0
         self._size = 0
         self._warned = False
         self._registered = False
+
+    @property
+    def resume_path(self) -> Optional[str]:
+        """The checkpoint to resume from: ``checkpoint_path`` when ``iadeep run`` restarted
+        the job after an eviction (``iadeep.requeued() > 0``) and the file exists, else
+        None (a fresh start)."""
+        if self.checkpoint_path is None or requeued() == 0 or not os.path.exists(self.checkpoint_path):
+            return None
+        return self.checkpoint_path
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # Before Lightning asks the train loader for its length (FitLoop.setup_data).
@@ -486,6 +543,7 @@ class IadeepCallback(_lightning_callback_base()):  # type: ignore[misc]
         if self._loader is not None:
             # The callback times the steps: the loader would time the fetches.
             self._loader.record_steps = False
+            self._loader._evict_in_callback = True
             for optimizer in trainer.optimizers:
                 self._loader.scale_optimizer(optimizer)
         elif not self._warned:
@@ -513,6 +571,20 @@ class IadeepCallback(_lightning_callback_base()):  # type: ignore[misc]
     ) -> None:
         if self._loader is not None:
             self.agent.record_step(self._size, time.perf_counter() - self._started)
+        reason = self.agent.evicted
+        if reason is not None:
+            self._evicted(trainer, reason)
+
+    def _evicted(self, trainer: Any, reason: str) -> None:
+        """Checkpoint, the hook, then stop fit with Evicted (the agent ends first)."""
+        _log.warning("task %s evicted (%s); checkpointing and stopping fit", self.agent.task_id, reason)
+        if self.checkpoint_path is not None:
+            trainer.save_checkpoint(self.checkpoint_path)
+        if self.on_evict is not None:
+            self.on_evict(reason)
+        trainer.should_stop = True
+        self.agent.poll_change()  # ends the agent and raises iadeep.Evicted
+        raise Evicted(reason)  # not reached: poll_change raised
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self.finish_on_end:

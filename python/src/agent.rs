@@ -1,7 +1,7 @@
 //! `iadeep.Agent`: the Rust agent behind a Python class.
 
 use std::fmt::Display;
-use std::sync::{PoisonError, RwLock};
+use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use iadeep_agent::launch::{self, Launch};
@@ -9,9 +9,9 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
-use crate::AgentError;
 use crate::change::BatchSizeChange;
 use crate::logging;
+use crate::{AgentError, Evicted};
 
 /// The learning-rate rule when neither the script nor `iadeep run` names one: the
 /// square-root rule suits the Adam family and is safe for SGD.
@@ -26,6 +26,9 @@ pub struct Agent {
     /// `None` once finished (or abandoned on leaving a `with` block by an exception).
     inner: RwLock<Option<iadeep_agent::Agent>>,
     task_id: String,
+    /// Why the placer evicted the task, once `poll_change` raised `Evicted` (and ended
+    /// the agent): every later call raises it again.
+    evicted: OnceLock<String>,
 }
 
 /// The settings both constructors take as keyword arguments.
@@ -36,6 +39,33 @@ struct Options {
     lease_ttl_s: f64,
     connect_timeout_s: f64,
     use_nvml: bool,
+}
+
+/// The job's class and cap, by name as the user wrote them.
+struct Class {
+    priority_class: Option<String>,
+    max_slowdown: Option<f64>,
+}
+
+impl Class {
+    /// Sets them on `builder`; an unknown class name is a `ValueError`, the pair is
+    /// checked with the rest of the configuration (`AgentError`).
+    fn apply(self, builder: iadeep_agent::AgentBuilder) -> PyResult<iadeep_agent::AgentBuilder> {
+        let mut builder = builder;
+        if let Some(name) = self.priority_class {
+            let class = iadeep_proto::priority_class_from_name(&name).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "priority_class={name:?} is not one of {}",
+                    iadeep_proto::PRIORITY_CLASS_NAMES.join(", ")
+                ))
+            })?;
+            builder = builder.priority_class(class);
+        }
+        if let Some(cap) = self.max_slowdown {
+            builder = builder.max_slowdown(cap);
+        }
+        Ok(builder)
+    }
 }
 
 /// What the task is: from the constructor's arguments, or the environment.
@@ -92,7 +122,7 @@ fn launched_or_given<T: PartialEq + Display>(
 impl Agent {
     /// Builds and connects the agent with the GIL released: the first registration
     /// waits on the store (at most the connect timeout).
-    fn connect(py: Python<'_>, task: Task, options: Options) -> PyResult<Agent> {
+    fn connect(py: Python<'_>, task: Task, class: Class, options: Options) -> PyResult<Agent> {
         let rule = launch::lr_rule_from_name(&task.lr_rule).ok_or_else(|| {
             PyValueError::new_err(format!(
                 "lr_rule={:?} is not one of {}",
@@ -118,6 +148,7 @@ impl Agent {
             // finishes the task; SIGTERM (Kubernetes, systemd) would kill the interpreter
             // at once, so the agent finishes the task first.
             .stop_signals(iadeep_agent::StopSignals::Terminate);
+        builder = class.apply(builder)?;
         if let Some(device) = task.device_id {
             builder = builder.device_id(device);
         }
@@ -131,6 +162,7 @@ impl Agent {
         Ok(Agent {
             inner: RwLock::new(Some(agent)),
             task_id: task.task_id,
+            evicted: OnceLock::new(),
         })
     }
 
@@ -141,11 +173,29 @@ impl Agent {
         let guard = self.inner.read().unwrap_or_else(PoisonError::into_inner);
         match guard.as_ref() {
             Some(agent) => Ok(f(agent)),
-            None => Err(PyRuntimeError::new_err(format!(
-                "the agent of task {} has finished",
-                self.task_id
-            ))),
+            None => Err(match self.evicted.get() {
+                Some(reason) => Evicted::new_err(reason.clone()),
+                None => PyRuntimeError::new_err(format!(
+                    "the agent of task {} has finished",
+                    self.task_id
+                )),
+            }),
         }
+    }
+
+    /// Ends the agent of an evicted task (a final report, not finished; the lease
+    /// revoked, with the GIL released) and returns the `Evicted` to raise.
+    fn leave_evicted(&self, py: Python<'_>, reason: String) -> PyErr {
+        let reason = self.evicted.get_or_init(|| reason).clone();
+        if let Some(agent) = self.take() {
+            tracing::warn!(target: "iadeep", task = %self.task_id, %reason,
+                "evicted by the placer; the agent leaves (iadeep run --requeue-on-evict starts the job again)");
+            if let Err(err) = py.detach(|| agent.leave()) {
+                tracing::warn!(target: "iadeep", task = %self.task_id, %err,
+                    "the store did not confirm the agent's end; its lease expires by itself");
+            }
+        }
+        Evicted::new_err(reason)
     }
 
     fn take(&self) -> Option<iadeep_agent::Agent> {
@@ -168,7 +218,8 @@ impl Agent {
     #[pyo3(signature = (
         task_id, store, model, initial_batch_size, min_batch_size=None, max_batch_size=None,
         lr_rule=DEFAULT_LR_RULE, *, gpu_mem_request_mib=None, total_samples=None,
-        report_interval_s=2.0, lease_ttl_s=10.0, connect_timeout_s=5.0, use_nvml=true
+        report_interval_s=2.0, lease_ttl_s=10.0, connect_timeout_s=5.0, use_nvml=true,
+        priority_class=None, max_slowdown=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -186,8 +237,14 @@ impl Agent {
         lease_ttl_s: f64,
         connect_timeout_s: f64,
         use_nvml: bool,
+        priority_class: Option<String>,
+        max_slowdown: Option<f64>,
     ) -> PyResult<Agent> {
         logging::init();
+        let class = Class {
+            priority_class,
+            max_slowdown,
+        };
         let task = Task {
             task_id,
             store,
@@ -207,7 +264,7 @@ impl Agent {
             connect_timeout_s,
             use_nvml,
         };
-        Agent::connect(py, task, options)
+        Agent::connect(py, task, class, options)
     }
 
     /// Starts the agent of the task `iadeep run` launched: `IADEEP_TASK_ID` and
@@ -222,7 +279,8 @@ impl Agent {
     #[pyo3(signature = (
         model=None, initial_batch_size=None, min_batch_size=None, max_batch_size=None,
         lr_rule=None, *, gpu_mem_request_mib=None, total_samples=None,
-        report_interval_s=2.0, lease_ttl_s=10.0, connect_timeout_s=5.0, use_nvml=true
+        report_interval_s=2.0, lease_ttl_s=10.0, connect_timeout_s=5.0, use_nvml=true,
+        priority_class=None, max_slowdown=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn from_env(
@@ -239,9 +297,20 @@ impl Agent {
         lease_ttl_s: f64,
         connect_timeout_s: f64,
         use_nvml: bool,
+        priority_class: Option<String>,
+        max_slowdown: Option<f64>,
     ) -> PyResult<Agent> {
         logging::init();
         let env = Launch::from_env().map_err(agent_error)?;
+        let class = Class {
+            priority_class: launched_or_given(
+                "priority_class",
+                env.priority_class
+                    .map(|c| launch::priority_class_name(c).to_owned()),
+                priority_class,
+            ),
+            max_slowdown: launched_or_given("max_slowdown", env.max_slowdown, max_slowdown),
+        };
         let initial_batch_size = launched_or_given(
             "initial_batch_size",
             env.initial_batch_size,
@@ -281,7 +350,7 @@ impl Agent {
             connect_timeout_s,
             use_nvml,
         };
-        Agent::connect(py, task, options)
+        Agent::connect(py, task, class, options)
     }
 
     /// The batch size to train the next step at. One atomic load.
@@ -301,8 +370,42 @@ impl Agent {
     /// A batch-size change to apply before the next step, or `None` (one atomic load
     /// when nothing is pending). The agent's batch size switches here, so the data
     /// loader, the learning rate and the measurements change at the same step.
-    fn poll_change(&self) -> PyResult<Option<BatchSizeChange>> {
-        self.with(|a| a.poll_change().map(BatchSizeChange::from))
+    ///
+    /// Once the placer has evicted the task, raises `iadeep.Evicted` (with its
+    /// `reason`) after ending the agent (a final report, not finished; the lease
+    /// revoked); every later call raises it too. Write the checkpoint before: when
+    /// `agent.evicted` is set, or when `poll_change(raise_evicted=False)` returns the
+    /// change with reason `"evicted"` (once), then call `poll_change()` to raise.
+    #[pyo3(signature = (*, raise_evicted=true))]
+    fn poll_change(
+        &self,
+        py: Python<'_>,
+        raise_evicted: bool,
+    ) -> PyResult<Option<BatchSizeChange>> {
+        let (change, evicted) = self.with(|a| {
+            let change = a.poll_change();
+            let evicted = if raise_evicted { a.evicted() } else { None };
+            (change, evicted)
+        })?;
+        match evicted {
+            Some(reason) => Err(self.leave_evicted(py, reason)),
+            None => Ok(change.map(BatchSizeChange::from)),
+        }
+    }
+
+    /// Why the placer evicted the task (its assignment said so), or `None`. Never
+    /// raises: a loop checks it between steps to write its checkpoint while the task
+    /// still holds its reservation, then calls `poll_change()`, which raises `Evicted`.
+    #[getter]
+    fn evicted(&self) -> Option<String> {
+        if let Some(reason) = self.evicted.get() {
+            return Some(reason.clone());
+        }
+        self.inner
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(iadeep_agent::Agent::evicted)
     }
 
     /// Records the squared gradient norms over `small_batch` and `big_batch` samples
@@ -399,6 +502,18 @@ impl Agent {
     fn finish(&self, py: Python<'_>) -> PyResult<()> {
         match self.take() {
             Some(agent) => py.detach(|| agent.finish()).map_err(agent_error),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends the agent without claiming the task finished (a final report with
+    /// `finished` false, the lease revoked; GIL released meanwhile): what a job does
+    /// when it stops before its work is done, e.g. after an eviction when it raises
+    /// its own exception instead of `poll_change()`'s `Evicted`. A second call, or
+    /// one after `finish()`, does nothing.
+    fn leave(&self, py: Python<'_>) -> PyResult<()> {
+        match self.take() {
+            Some(agent) => py.detach(|| agent.leave()).map_err(agent_error),
             None => Ok(()),
         }
     }

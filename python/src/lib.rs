@@ -27,12 +27,51 @@ pyo3::create_exception!(
      finish the store did not confirm. An unreachable store while training is never an error."
 );
 
+pyo3::create_exception!(
+    iadeep,
+    Evicted,
+    pyo3::exceptions::PyException,
+    "The placer evicted the job: a production job on its GPU stayed above its slowdown cap \
+     with this job at its smallest batch size, and the measurements blame this job most. \
+     Raised by `Agent.poll_change()` (the agent has ended by then: a final report, not \
+     finished, and its lease revoked); `reason` says why. Checkpoint before it (see \
+     `Agent.evicted`, `iadeep.torch`), let it end the process, and \
+     `iadeep run --requeue-on-evict` places the job again and restarts it with \
+     IADEEP_REQUEUED set, so it resumes from the checkpoint. Work since the last \
+     checkpoint is lost; a job without one starts over."
+);
+
+/// How many times `iadeep run` started this job again after an eviction (the
+/// environment's IADEEP_REQUEUED; 0 on the first run): a job that sees more than 0
+/// resumes from its checkpoint.
+#[pyfunction]
+fn requeued() -> PyResult<u32> {
+    iadeep_agent::launch::requeue_from_env()
+        .map(|(count, _)| count)
+        .map_err(|err| AgentError::new_err(err.to_string()))
+}
+
+/// Why the job's previous run was evicted (IADEEP_EVICTED_REASON), or None.
+#[pyfunction]
+fn evicted_reason() -> PyResult<Option<String>> {
+    iadeep_agent::launch::requeue_from_env()
+        .map(|(_, reason)| reason)
+        .map_err(|err| AgentError::new_err(err.to_string()))
+}
+
 /// The module the `iadeep` package imports.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<agent::Agent>()?;
     m.add_class::<change::BatchSizeChange>()?;
     m.add("AgentError", m.py().get_type::<AgentError>())?;
+    m.add("Evicted", m.py().get_type::<Evicted>())?;
+    m.add_function(wrap_pyfunction!(requeued, m)?)?;
+    m.add_function(wrap_pyfunction!(evicted_reason, m)?)?;
+    m.add(
+        "PRIORITY_CLASSES",
+        iadeep_proto::PRIORITY_CLASS_NAMES.to_vec(),
+    )?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LR_RULES", iadeep_agent::launch::LR_RULE_NAMES.to_vec())?;
     Ok(())
