@@ -1270,6 +1270,64 @@ async fn pods_that_can_never_fit_are_unresolvable_and_wait_for_nothing() {
     daemon.shutdown().await;
 }
 
+/// A production pod whose slowdown cap every node's GPU would break (a heavy
+/// opportunistic resident there) is not failed everywhere: the node where evicting
+/// opportunistic residents makes room passes the filter, so the bind reaches the
+/// placer, which evicts them and answers "queued" until they are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_production_pod_makes_room_through_bind_by_evicting() {
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    register(store.as_ref(), "n1.gpu0", "n1", 32_768).await;
+    let heavy = DeviceResidents {
+        device_id: "n1.gpu0".into(),
+        reservations: vec![iadeep_proto::Reservation {
+            task_id: "opp".into(),
+            reserved_mem_mib: 4_000,
+            spec: Some(task("opp", 4_000, 95.0)),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    typed::put(
+        store.as_ref(),
+        &keys::device_residents("n1.gpu0"),
+        &heavy,
+        None,
+    )
+    .await
+    .expect("put residents");
+    let kube = FakeKube::start().await;
+    let daemon = daemon(store.clone(), Some(&kube)).await;
+    let ext = daemon.extender_addr().expect("extender").to_string();
+    let annotations = json!({"iadeep.io/batch-size": "64", "iadeep.io/sm-util-pct": "95",
+                             "iadeep.io/mem-bw-util-pct": "50", "iadeep.io/step-time-s": "0.2",
+                             "iadeep.io/priority-class": "production"});
+    let p = pod("prod", "4000", annotations);
+    kube.add_pod(&p);
+    let (_, result) = post(&ext, "/filter", &json!({"Pod": p, "NodeNames": ["n1"]})).await;
+    assert_eq!(result["NodeNames"], json!(["n1"]), "{result}");
+
+    let (_, result) = post(&ext, "/bind", &bind_args("prod", "n1")).await;
+    let error = result["Error"].as_str().expect("not bound yet");
+    assert!(error.contains("queued"), "{error}");
+    assert!(
+        kube.bindings().is_empty(),
+        "no Binding while the victim runs"
+    );
+    let (evicted, _) = typed::get::<iadeep_proto::BatchSizeAssignment>(
+        store.as_ref(),
+        &keys::task_assignment("opp"),
+    )
+    .await
+    .expect("get")
+    .expect("the victim's assignment");
+    assert!(evicted.evict, "{evicted:?}");
+    assert!(placement_of(store.as_ref(), "ml.prod").await.is_none());
+
+    daemon.shutdown().await;
+}
+
 async fn extender_with_pod(
     store: &Arc<dyn StateStore>,
     kube: &FakeKube,

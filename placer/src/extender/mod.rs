@@ -273,6 +273,12 @@ fn filter_nodes(
         placer.assess(view, spec, &restrict, iadeep_proto::now_unix_ms())
     };
     let verdict = placer.verdict(spec, &assessment);
+    let room_on = match &verdict {
+        Verdict::Queue { .. } if placed_on.is_none() => {
+            room_node(ext, view, spec, &assessment, &restrict, &by_node)
+        }
+        _ => None,
+    };
     let (best, why) = per_node(&assessment, &by_node);
     for node in nodes {
         let has_gpus = by_node.get(node).is_some_and(|d| !d.is_empty());
@@ -294,6 +300,8 @@ fn filter_nodes(
             result
                 .failed_and_unresolvable_nodes
                 .insert(node.clone(), reason.clone());
+        } else if room_on.as_deref() == Some(node.as_str()) {
+            passed.push(node.clone());
         } else if let Verdict::Queue { reason, .. } = &verdict {
             result
                 .failed_nodes
@@ -308,13 +316,46 @@ fn filter_nodes(
             result.failed_nodes.insert(node.clone(), reason);
         }
     }
-    // Only a pod that some node could take one day waits ahead of later pods.
+    // Only a pod that some node could take one day waits ahead of later pods; one that
+    // passes a node to make room there is not told to wait by the filter.
     match verdict {
-        Verdict::Queue { retry_after, .. } if placed_on.is_none() && !restrict.is_empty() => {
+        Verdict::Queue { retry_after, .. }
+            if placed_on.is_none() && !restrict.is_empty() && room_on.is_none() =>
+        {
             Some(retry_after)
         }
         _ => None,
     }
+}
+
+/// The node where a production pod that fits no node under the slowdown caps would
+/// make room by evicting opportunistic residents of one GPU ([`Verdict::Evict`]), if
+/// any. That node passes the filter, so kube-scheduler binds the pod there: the bind
+/// asks the placer, which writes the evictions (and its claim on the room) and answers
+/// "queued" until the evicted jobs are gone, and kube-scheduler's retry places the pod.
+/// A filter that failed every node would never reach the placer's eviction.
+fn room_node(
+    ext: &Extender,
+    view: &ClusterView,
+    spec: &TaskSpec,
+    assessment: &Assessment<'_>,
+    restrict: &[String],
+    by_node: &BTreeMap<String, Vec<String>>,
+) -> Option<String> {
+    if !spec.is_production() || !assessment.candidates.is_empty() || restrict.is_empty() {
+        return None;
+    }
+    let decision = ext
+        .service
+        .placer()
+        .decide(view, spec, restrict, iadeep_proto::now_unix_ms());
+    let Verdict::Evict { device_id, .. } = decision.verdict else {
+        return None;
+    };
+    by_node
+        .iter()
+        .find(|(_, devices)| devices.contains(&device_id))
+        .map(|(node, _)| node.clone())
 }
 
 async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
