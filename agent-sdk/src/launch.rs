@@ -126,14 +126,7 @@ impl Launch {
                     })
             })
             .transpose()?;
-        let requeued = get(REQUEUED)
-            .map(|v| {
-                v.trim().parse::<u32>().map_err(|_| {
-                    AgentError::InvalidConfig(format!("{REQUEUED}={v:?} is not a count"))
-                })
-            })
-            .transpose()?
-            .unwrap_or(0);
+        let (requeued, evicted_reason) = requeue_from_lookup(&lookup)?;
         Ok(Launch {
             task_id: required(TASK_ID)?,
             store: required(STORE)?,
@@ -146,7 +139,7 @@ impl Launch {
             priority_class,
             max_slowdown,
             requeued,
-            evicted_reason: get(EVICTED_REASON),
+            evicted_reason,
         })
     }
 
@@ -181,6 +174,27 @@ impl Launch {
         );
         vars
     }
+}
+
+/// Whether `iadeep run` started this job again after an eviction: how many times
+/// ([`REQUEUED`], 0 on the first run) and why the previous run was evicted
+/// ([`EVICTED_REASON`]). Read from the process environment; a malformed count is an
+/// error naming the variable.
+pub fn requeue_from_env() -> Result<(u32, Option<String>)> {
+    requeue_from_lookup(&|name: &str| std::env::var(name).ok())
+}
+
+fn requeue_from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<(u32, Option<String>)> {
+    let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+    let count = get(REQUEUED)
+        .map(|v| {
+            v.trim()
+                .parse::<u32>()
+                .map_err(|_| AgentError::InvalidConfig(format!("{REQUEUED}={v:?} is not a count")))
+        })
+        .transpose()?
+        .unwrap_or(0);
+    Ok((count, get(EVICTED_REASON)))
 }
 
 /// The name of a class as users write it (`unspecified` is opportunistic).
