@@ -31,8 +31,8 @@ mod search;
 // `TaskKnowledge` is public so readers of a persisted `TunerState` (`iadeep status`) compute
 // a job's PD against the same solo step time the tuner divides by.
 pub use device_tuner::{
-    Action, Counters, DeviceTask, DeviceTuner, DeviceTunerParams, Input, RunningTask, Status,
-    TaskKnowledge, Translator, candidate_sizes,
+    Action, Counters, DeviceTask, DeviceTuner, DeviceTunerParams, Input, MeasuredPd, RunningTask,
+    Status, TaskKnowledge, Translator, candidate_sizes,
 };
 pub use error::{Result, TunerError};
 pub use memory::{CubicBaseline, MemoryModel, MemoryModelParams, MemorySample};

@@ -284,6 +284,9 @@ pub struct GpLcb {
     params: LcbParams,
     observations: Vec<(Vec<usize>, f64)>,
     out_of_memory: Vec<Vec<usize>>,
+    /// Configurations measured with a production job above its slowdown cap, and what
+    /// else they rule out (see [`OverCap`]).
+    over_cap: OverCap,
     /// P(runs) learned from the probes (see [`LcbParams::feasibility`]).
     feasibility: Option<Feasibility>,
     hyper: Option<nalgebra::DVector<f64>>,
@@ -305,6 +308,7 @@ impl GpLcb {
             params,
             observations: Vec::new(),
             out_of_memory: Vec::new(),
+            over_cap: OverCap::default(),
             feasibility: params.feasibility.map(Feasibility::new).transpose()?,
             hyper: None,
             fitted_at: 0,
@@ -352,10 +356,60 @@ impl GpLcb {
         &self.out_of_memory
     }
 
-    /// Feasible = fits the memory model and is not at or above (in every task) a
-    /// configuration that ran out of memory: memory grows with every task's batch size.
+    /// Feasible = fits the memory model, is not at or above (in every task) a
+    /// configuration that ran out of memory (memory grows with every task's batch size),
+    /// and is not ruled out by a configuration measured with a production job above its
+    /// slowdown cap (see [`GpLcb::rule_out_over_cap`]).
     pub fn feasible(&self, idx: &[usize]) -> bool {
-        feasible(&self.space, &self.out_of_memory, idx)
+        feasible(&self.space, &self.out_of_memory, &self.over_cap, idx)
+    }
+
+    /// Says which tasks are opportunistic (may be shrunk for a production job's cap), in the
+    /// space's order; the others are production. Until it is called every task counts as
+    /// production, so a configuration over a cap rules out only itself.
+    pub fn set_opportunistic(&mut self, opportunistic: Vec<bool>) -> Result<()> {
+        if opportunistic.len() != self.space.sizes.len() {
+            return Err(TunerError::InvalidInput(format!(
+                "{} class flags for {} tasks",
+                opportunistic.len(),
+                self.space.sizes.len()
+            )));
+        }
+        self.over_cap.opportunistic = opportunistic;
+        Ok(())
+    }
+
+    /// Records that `idx` was measured with a production job's PD above its cap: it is
+    /// infeasible from now on, and so is every configuration with the same production
+    /// sizes and opportunistic sizes at least as large (see [`OverCap`]). Its Σ PD, if it
+    /// was observed, stays in the model: it is a true measurement, only not a choice.
+    pub fn rule_out_over_cap(&mut self, idx: &[usize]) -> Result<()> {
+        if idx.len() != self.space.sizes.len()
+            || idx
+                .iter()
+                .zip(&self.space.sizes)
+                .any(|(&i, s)| i >= s.len())
+        {
+            return Err(TunerError::InvalidInput(format!(
+                "configuration {idx:?} is not in the search space"
+            )));
+        }
+        if !self.over_cap.rules_out(idx) {
+            tracing::info!(config = ?self.space.batch_sizes(idx),
+                "a production job ran above its slowdown cap here; it and larger opportunistic sizes beside the same production sizes are now infeasible");
+            self.over_cap.configs.push(idx.to_vec());
+        }
+        Ok(())
+    }
+
+    /// The configurations measured above a production job's cap.
+    pub fn over_cap(&self) -> &[Vec<usize>] {
+        &self.over_cap.configs
+    }
+
+    /// Whether a configuration measured above a production job's cap rules `idx` out.
+    pub fn over_cap_rules_out(&self, idx: &[usize]) -> bool {
+        self.over_cap.rules_out(idx)
     }
 
     /// Records a measurement (`None` = out of memory).
@@ -551,6 +605,7 @@ impl GpLcb {
         let gp = self.model.as_ref()?;
         let space = &self.space;
         let out_of_memory = &self.out_of_memory;
+        let over_cap = &self.over_cap;
         let rng = &mut self.rng;
         let log2: Vec<Vec<f64>> = space
             .sizes
@@ -573,7 +628,7 @@ impl GpLcb {
         };
         let log2 = &reach.log2;
         let allowed = |idx: &[usize]| {
-            feasible(space, out_of_memory, idx)
+            feasible(space, out_of_memory, over_cap, idx)
                 && reach.contains(idx)
                 && (exclude.is_empty() || !exclude.contains(idx))
         };
@@ -613,9 +668,15 @@ impl GpLcb {
     }
 
     /// The observed configuration with the lowest posterior mean (robust to one lucky noisy
-    /// measurement), or `None` before any observation.
+    /// measurement), or `None` before any observation. A configuration measured above a
+    /// production job's cap is never the incumbent, however low its Σ PD.
     pub fn incumbent(&mut self) -> Result<Option<(Vec<usize>, f64)>> {
-        let configs: Vec<Vec<usize>> = self.observations.iter().map(|(i, _)| i.clone()).collect();
+        let configs: Vec<Vec<usize>> = self
+            .observations
+            .iter()
+            .map(|(i, _)| i.clone())
+            .filter(|i| !self.over_cap.rules_out(i))
+            .collect();
         let mut best: Option<(Vec<usize>, f64)> = None;
         for idx in configs {
             if let Some(p) = self.predict(&idx)?
@@ -793,8 +854,46 @@ fn coordinate_descent(
     s
 }
 
-fn feasible(space: &SearchSpace, out_of_memory: &[Vec<usize>], idx: &[usize]) -> bool {
-    space.fits_memory(idx) && !at_or_above_an_oom(out_of_memory, idx)
+fn feasible(
+    space: &SearchSpace,
+    out_of_memory: &[Vec<usize>],
+    over_cap: &OverCap,
+    idx: &[usize],
+) -> bool {
+    space.fits_memory(idx) && !at_or_above_an_oom(out_of_memory, idx) && !over_cap.rules_out(idx)
+}
+
+/// Configurations measured with a production job's PD above its slowdown cap, and the
+/// rule of what else each one rules out.
+///
+/// The assumption: a co-runner's interference does not fall as its batch size grows
+/// (larger batches run longer kernels that occupy the SMs and memory bandwidth for longer,
+/// the usual finding of co-location studies, and the shape the predictor learns). A
+/// production job's PD = IF·DT/E at its own fixed batch size changes only through IF, so
+/// beside the same production sizes, opportunistic sizes at least as large in every
+/// opportunistic task are at least as bad. Nothing is assumed across production sizes: a
+/// production job's own size changes its DT and E, and so its PD, either way.
+#[derive(Clone, Debug, Default)]
+struct OverCap {
+    configs: Vec<Vec<usize>>,
+    /// Per task, in the space's order: opportunistic (true) or production; empty = all
+    /// production (only the configuration itself is ruled out).
+    opportunistic: Vec<bool>,
+}
+
+impl OverCap {
+    fn rules_out(&self, idx: &[usize]) -> bool {
+        self.configs.iter().any(|c| {
+            c.len() == idx.len()
+                && c.iter().zip(idx).enumerate().all(|(t, (&c, &i))| {
+                    if self.opportunistic.get(t).copied().unwrap_or(false) {
+                        i >= c
+                    } else {
+                        i == c
+                    }
+                })
+        })
+    }
 }
 
 /// Whether `idx` is at least as large, in every task's batch size, as some configuration in
@@ -898,6 +997,16 @@ impl Controller {
         }
     }
 
+    /// The search space (immutably, unlike [`Controller::search`]).
+    pub fn space(&self) -> &SearchSpace {
+        self.search.space()
+    }
+
+    /// Whether a configuration measured above a production job's cap rules `idx` out.
+    pub fn over_cap_rules_out(&self, idx: &[usize]) -> bool {
+        self.search.over_cap_rules_out(idx)
+    }
+
     /// The underlying search.
     pub fn search(&mut self) -> &mut GpLcb {
         &mut self.search
@@ -935,6 +1044,9 @@ impl Controller {
             return Ok(());
         }
         self.search.observe(idx, value)?;
+        // A value measured above a production job's cap (ruled out before it is recorded)
+        // is no improvement: the search cannot settle there.
+        let value = value.filter(|_| !self.search.over_cap.rules_out(idx));
         match (value, self.best) {
             (Some(v), Some(b)) if v < b * (1.0 - self.params.min_improvement) => {
                 self.best = Some(v);
@@ -974,6 +1086,19 @@ impl Controller {
             (Some(a), Some(b)) => Ok(b.mean < a.mean * (1.0 - self.params.hysteresis)),
             _ => Ok(true),
         }
+    }
+
+    /// Records a configuration measured above a production job's cap (see
+    /// [`GpLcb::rule_out_over_cap`]); a settled configuration it rules out is given up
+    /// (the search re-opens, keeping its observations).
+    pub fn rule_out_over_cap(&mut self, idx: &[usize]) -> Result<()> {
+        self.search.rule_out_over_cap(idx)?;
+        if let Some((settled, _)) = &self.settled
+            && !self.search.feasible(settled)
+        {
+            self.reopen();
+        }
+        Ok(())
     }
 
     /// Re-opens the search (measured drift), keeping the observations.
@@ -1071,6 +1196,38 @@ mod tests {
                 .expect("evaluates");
             ctl.record(&idx, v).expect("records");
         }
+    }
+
+    /// Task 1 is opportunistic: a cap violation at (2, 3) rules out (2, ≥ 3), nothing at
+    /// another production size, nothing below; such a configuration is never the incumbent
+    /// (however low its Σ PD) nor suggested again.
+    #[test]
+    fn a_cap_violation_rules_out_larger_opportunistic_sizes_beside_the_same_production_sizes() {
+        let mut search = GpLcb::new(space(None), LcbParams::default(), 3).expect("valid");
+        search
+            .set_opportunistic(vec![false, true])
+            .expect("two tasks");
+        assert!(search.set_opportunistic(vec![true]).is_err());
+        search.observe(&[2, 4], Some(1.0)).expect("valid");
+        search.observe(&[2, 1], Some(3.0)).expect("valid");
+        search.rule_out_over_cap(&[2, 3]).expect("valid");
+        for ruled_out in [[2, 3], [2, 4], [2, 6]] {
+            assert!(!search.feasible(&ruled_out), "{ruled_out:?}");
+        }
+        for allowed in [[2, 2], [1, 3], [3, 6], [0, 0]] {
+            assert!(search.feasible(&allowed), "{allowed:?}");
+        }
+        let (incumbent, _) = search.incumbent().expect("fits").expect("observed");
+        assert_eq!(incumbent, [2, 1]);
+        for _ in 0..15 {
+            let (idx, _) = search.step(&mut Bowl).expect("round");
+            assert!(!(idx[0] == 2 && idx[1] >= 3), "suggested {idx:?}");
+        }
+        // Every task production: only the configuration itself.
+        let mut search = GpLcb::new(space(None), LcbParams::default(), 3).expect("valid");
+        search.rule_out_over_cap(&[2, 3]).expect("valid");
+        assert!(!search.feasible(&[2, 3]));
+        assert!(search.feasible(&[2, 4]));
     }
 
     #[test]

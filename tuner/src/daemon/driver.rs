@@ -55,6 +55,9 @@ pub(crate) struct Driver {
     /// The residents record did not decode when last looked at (logged once).
     warned_undecodable: bool,
     counters: Counters,
+    /// When the metrics were last brought up to the tuner's status, and how many production
+    /// jobs were above their caps then (what the time since counts for).
+    above_cap_since: Option<(i64, usize)>,
 }
 
 /// Wakes at least this often while waiting, to notice a stop.
@@ -82,6 +85,7 @@ impl Driver {
             told_revision: None,
             warned_undecodable: false,
             counters: Counters::default(),
+            above_cap_since: None,
         }
     }
 
@@ -176,7 +180,7 @@ impl Driver {
                 });
             }
             self.execute(actions, revision).await;
-            self.update_metrics(&tuner);
+            self.update_metrics(&tuner, now_ms);
         }
     }
 
@@ -359,7 +363,7 @@ impl Driver {
     }
 
     /// Brings the metrics up to the tuner's status.
-    fn update_metrics(&mut self, tuner: &DeviceTuner) {
+    fn update_metrics(&mut self, tuner: &DeviceTuner, now_ms: i64) {
         use std::sync::atomic::Ordering;
         let status = tuner.status();
         let m = &self.metrics;
@@ -389,6 +393,21 @@ impl Driver {
         if let Some(v) = status.last_sum_pd {
             m.set_sum_pd(v);
         }
+        // A job counts as above its cap from the step that measured it there until the
+        // step that measured it back under (or saw it leave).
+        if let Some((since_ms, above)) = self.above_cap_since {
+            let elapsed = u64::try_from(now_ms.saturating_sub(since_ms)).unwrap_or(0);
+            m.above_cap_ms
+                .fetch_add(elapsed * above as u64, Ordering::Relaxed);
+        }
+        self.above_cap_since = Some((now_ms, status.above_cap));
+        m.set_task_pds(
+            tuner
+                .measured_pds()
+                .into_iter()
+                .map(|p| (p.task_id, p.class, p.pd))
+                .collect(),
+        );
     }
 }
 

@@ -7,8 +7,8 @@
 //! GPU) under its `device` label, next to the process and build-info metrics.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
@@ -44,6 +44,9 @@ pub struct Metrics {
     /// Milliseconds production jobs ran measured above their caps (job-time: two jobs
     /// above their caps for a second add two).
     pub above_cap_ms: AtomicU64,
+    /// Each resident's last measured PD: (task, class, PD). Replaced whole after every
+    /// step, so a task that left has no series.
+    task_pds: Mutex<Vec<(String, &'static str, f64)>>,
 }
 
 impl Metrics {
@@ -60,6 +63,20 @@ impl Metrics {
         } else {
             f64::from_bits(bits)
         }
+    }
+
+    /// Replaces the residents' last measured PDs (task, class, PD).
+    pub fn set_task_pds(&self, pds: Vec<(String, &'static str, f64)>) {
+        // A poisoned lock only means a panic elsewhere mid-write of plain data.
+        *self.task_pds.lock().unwrap_or_else(|e| e.into_inner()) = pds;
+    }
+
+    /// The residents' last measured PDs (task, class, PD).
+    pub fn task_pds(&self) -> Vec<(String, &'static str, f64)> {
+        self.task_pds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Adds one to a counter.
@@ -88,7 +105,7 @@ enum Kind {
 type Read = fn(&Metrics) -> f64;
 
 /// Every exported metric: name, kind, help, how to read it.
-const ROWS: [(&str, Kind, &str, Read); 10] = [
+const ROWS: [(&str, Kind, &str, Read); 12] = [
     (
         "iadeep_tuner_rounds_total",
         Kind::Counter,
@@ -149,7 +166,32 @@ const ROWS: [(&str, Kind, &str, Read); 10] = [
         "1 when the search has settled on a configuration.",
         |m| load(&m.settled),
     ),
+    (
+        "iadeep_tuner_above_cap_seconds_total",
+        Kind::Counter,
+        "Seconds production jobs on the device ran measured above their slowdown caps (job-seconds).",
+        |m| load(&m.above_cap_ms) / 1000.0,
+    ),
+    (
+        "iadeep_tuner_cap_breaches_total",
+        Kind::Counter,
+        "Breaches reported to the placer: a production job above its cap with every opportunistic co-runner at its smallest size.",
+        |m| load(&m.cap_breaches),
+    ),
 ];
+
+/// The per-task family: each resident's last measured PD.
+const TASK_PD: (&str, &str) = (
+    "iadeep_tuner_task_pd",
+    "Last measured performance degradation (PD = IF·DT/E) of each resident task, by priority class.",
+);
+
+fn task_pd_family() -> prometheus::Result<GaugeVec> {
+    GaugeVec::new(
+        Opts::new(TASK_PD.0, TASK_PD.1),
+        &["device", "task", "class"],
+    )
+}
 
 fn load(a: &AtomicU64) -> f64 {
     a.load(Ordering::Relaxed) as f64
@@ -185,6 +227,7 @@ pub struct TunerCollector {
     devices: Vec<(String, Arc<Metrics>)>,
     /// Templates: their descriptions are what this collector declares.
     templates: Vec<Family>,
+    task_pd: Option<GaugeVec>,
 }
 
 impl TunerCollector {
@@ -194,7 +237,11 @@ impl TunerCollector {
             .iter()
             .filter_map(|&(name, kind, help, _)| Family::new(name, kind, help).ok())
             .collect();
-        TunerCollector { devices, templates }
+        TunerCollector {
+            devices,
+            templates,
+            task_pd: task_pd_family().ok(),
+        }
     }
 }
 
@@ -203,6 +250,7 @@ impl Collector for TunerCollector {
         self.templates
             .iter()
             .flat_map(|f| f.collector().desc())
+            .chain(self.task_pd.iter().flat_map(|g| g.desc()))
             .collect()
     }
 
@@ -220,6 +268,14 @@ impl Collector for TunerCollector {
                 }
             }
             out.extend(family.collector().collect());
+        }
+        if let Ok(family) = task_pd_family() {
+            for (device, metrics) in &self.devices {
+                for (task, class, pd) in metrics.task_pds() {
+                    family.with_label_values(&[device, &task, class]).set(pd);
+                }
+            }
+            out.extend(family.collect());
         }
         out
     }
@@ -274,6 +330,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn per_task_pd_series_follow_the_residents() {
+        let m = Arc::new(Metrics::default());
+        m.set_task_pds(vec![
+            ("p".into(), "production", 1.25),
+            ("o".into(), "opportunistic", 1.5),
+        ]);
+        m.above_cap_ms.store(2500, Ordering::Relaxed);
+        Metrics::inc(&m.cap_breaches);
+        let text = m.render("d");
+        for line in [
+            "iadeep_tuner_task_pd{class=\"production\",device=\"d\",task=\"p\"} 1.25",
+            "iadeep_tuner_task_pd{class=\"opportunistic\",device=\"d\",task=\"o\"} 1.5",
+            "iadeep_tuner_above_cap_seconds_total{device=\"d\"} 2.5",
+            "iadeep_tuner_cap_breaches_total{device=\"d\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from {text}");
+        }
+        // The task that left has no series any more.
+        m.set_task_pds(vec![("p".into(), "production", 1.0)]);
+        let text = m.render("d");
+        assert!(!text.contains("task=\"o\""), "{text}");
+        assert!(text.contains("task=\"p\"} 1\n"), "{text}");
+    }
+
+    #[test]
     fn renders_every_metric_with_the_device_label() {
         let m = Arc::new(Metrics::default());
         Metrics::inc(&m.rounds);
@@ -287,7 +368,9 @@ mod tests {
             text.contains("iadeep_tuner_sum_pd{device=\"gpu\\\"0\"} 2.5"),
             "{text}"
         );
-        assert_eq!(text.matches("# TYPE").count(), 10);
+        assert_eq!(text.matches("# TYPE").count(), 12, "{text}");
+        // No resident measured: no per-task series.
+        assert!(!text.contains("iadeep_tuner_task_pd{"), "{text}");
         assert!(
             Arc::new(Metrics::default())
                 .render("d")

@@ -17,6 +17,11 @@ pub(crate) enum Purpose {
     Explore,
     /// A check of the settled configuration (drift): compared, not observed.
     Check,
+    /// A production job is above its slowdown cap: a round that shrinks its opportunistic
+    /// co-runners once the search holds its most observations, or that measures again what
+    /// runs with nothing left to shrink (counting rounds towards a breach). Its PDs are
+    /// checked against the caps, its Σ PD is not observed.
+    Guard,
 }
 
 /// The reports of one task under the round.

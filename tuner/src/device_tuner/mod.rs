@@ -36,6 +36,7 @@
 //!
 //! The Gaussian process therefore never holds more than `max_observations` points.
 
+mod caps;
 mod knowledge;
 mod measure;
 mod persist;
@@ -56,6 +57,7 @@ use crate::memory::MemoryModelParams;
 use crate::search::{
     Controller, ControllerParams, GpLcb, LcbParams, MemoryConstraint, NextRun, SearchSpace,
 };
+use caps::{CapWatch, Verdict};
 pub use knowledge::{TaskKnowledge, candidate_sizes};
 use measure::{Measurement, Outcome, Purpose};
 pub use persist::{Persisted, Session};
@@ -229,7 +231,22 @@ pub struct Status {
     pub observations: usize,
     /// Σ PD of the last measured round.
     pub last_sum_pd: Option<f64>,
+    /// Production jobs whose PD was above their slowdown caps in the last measured round.
+    pub above_cap: usize,
     pub counters: Counters,
+}
+
+/// A resident's PD in the last measured round, with its class and cap (metrics, logs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MeasuredPd {
+    pub task_id: String,
+    /// "production" or "opportunistic" (`TaskSpec::class_name`).
+    pub class: &'static str,
+    pub pd: f64,
+    /// The slowdown cap of a production job.
+    pub cap: Option<f64>,
+    /// A production job measured above its cap in the last measured round.
+    pub above_cap: bool,
 }
 
 /// A task running on the device as its tuner knows it: spec, reservation, last report and
@@ -244,6 +261,9 @@ struct TunedTask {
     /// The assignment round of the last out-of-memory crash learned from (the agent keeps
     /// reporting its out-of-memory size after the crash).
     oom_learned_round: Option<u64>,
+    /// The placer evicts the task (an assignment with `evict` set, and its reason): every
+    /// later round repeats the flag, so a round of the tuner never cancels an eviction.
+    evict: Option<String>,
 }
 
 /// Why the search holds the batch sizes.
@@ -287,6 +307,10 @@ struct Search {
     phase: Phase,
     /// The configuration running now and the round each task runs it under, when known.
     applied: Option<(Vec<usize>, Vec<u64>)>,
+    /// The configuration of the last measured round.
+    measured: Option<Vec<usize>>,
+    /// Per task: opportunistic (may be shrunk for a production job's cap).
+    opportunistic: Vec<bool>,
     /// The hold reason last logged, so a hold is logged once, not every step.
     logged_hold: Option<Hold>,
 }
@@ -317,6 +341,12 @@ pub struct DeviceTuner {
     next_sample_seq: u64,
     last_sum_pd: Option<f64>,
     counters: Counters,
+    /// The production residents' caps as measured (see the module documentation).
+    caps: BTreeMap<String, CapWatch>,
+    /// Each resident's PD in the last measured round it was part of.
+    measured_pd: BTreeMap<String, f64>,
+    /// Actions decided while taking in inputs (a breach over because its job left).
+    pending: Vec<Action>,
 }
 
 /// Iterations of one step's state transitions at most; each one either waits for input or
@@ -360,6 +390,9 @@ impl DeviceTuner {
             next_sample_seq: 0,
             last_sum_pd: None,
             counters: Counters::default(),
+            caps: BTreeMap::new(),
+            measured_pd: BTreeMap::new(),
+            pending: Vec::new(),
         };
         if let Some(state) = persisted {
             if !state.device_id.is_empty() && state.device_id != device.device_id {
@@ -386,6 +419,7 @@ impl DeviceTuner {
         for input in inputs {
             self.apply(input);
         }
+        out.append(&mut self.pending);
         self.advance(now_ms, &mut out);
         self.offer_profiles(now_ms, &mut out);
         out
@@ -467,8 +501,26 @@ impl DeviceTuner {
             holding: search.is_some_and(|s| matches!(s.phase, Phase::Holding { .. })),
             observations: search.map_or(0, |s| s.observations.len()),
             last_sum_pd: self.last_sum_pd,
+            above_cap: self.caps.values().filter(|w| w.above).count(),
             counters: self.counters,
         }
+    }
+
+    /// Every resident's PD in the last measured round it was part of, with its class and
+    /// cap, in task order.
+    pub fn measured_pds(&self) -> Vec<MeasuredPd> {
+        self.residents
+            .iter()
+            .filter_map(|(id, r)| {
+                Some(MeasuredPd {
+                    task_id: id.clone(),
+                    class: r.spec.class_name(),
+                    pd: *self.measured_pd.get(id)?,
+                    cap: r.spec.slowdown_cap(),
+                    above_cap: self.caps.get(id).is_some_and(|w| w.above),
+                })
+            })
+            .collect()
     }
 
     /// Makes sure the next sample's sequence is at least `floor` (the driver found samples
@@ -514,6 +566,8 @@ impl DeviceTuner {
                 }
             }
             Input::Left { task_id } => {
+                self.forget_cap(&task_id);
+                self.measured_pd.remove(&task_id);
                 self.parked.remove(&task_id);
                 self.memory_changed |= self.held.remove(&task_id).is_some();
                 if self.residents.remove(&task_id).is_some() {
@@ -527,9 +581,23 @@ impl DeviceTuner {
         }
     }
 
+    /// A task left, or is no longer production: a breach reported for it is over.
+    fn forget_cap(&mut self, task_id: &str) {
+        if let Some(watch) = self.caps.remove(task_id)
+            && watch.breached.is_some()
+        {
+            self.pending.push(Action::CapRestored {
+                task_id: task_id.to_owned(),
+            });
+        }
+    }
+
     /// A task runs here with `spec`, `reserved_mib` reserved for it.
     fn on_joined(&mut self, spec: TaskSpec, reserved_mib: u64) {
         self.held.remove(&spec.task_id);
+        if !spec.is_production() {
+            self.forget_cap(&spec.task_id);
+        }
         if let Some(r) = self.residents.get_mut(&spec.task_id)
             && r.spec == spec
         {
@@ -550,11 +618,11 @@ impl DeviceTuner {
                 "solo profile measured on another device kind; not used here");
         }
         // The same task again with another spec keeps what it reported and was assigned.
-        let (report, assigned, oom_learned_round) = self
+        let (report, assigned, oom_learned_round, evict) = self
             .residents
             .remove(&spec.task_id)
             .or_else(|| self.parked.remove(&spec.task_id))
-            .map(|r| (r.report, r.assigned, r.oom_learned_round))
+            .map(|r| (r.report, r.assigned, r.oom_learned_round, r.evict))
             .unwrap_or_default();
         self.residents.insert(
             spec.task_id.clone(),
@@ -564,6 +632,7 @@ impl DeviceTuner {
                 report,
                 assigned,
                 oom_learned_round,
+                evict,
             },
         );
         self.residents_changed = true;
@@ -606,6 +675,11 @@ impl DeviceTuner {
         let Some(resident) = self.residents.get_mut(&a.task_id) else {
             return;
         };
+        if a.evict && resident.evict.is_none() {
+            tracing::info!(device = %self.device_id, task = %a.task_id, reason = %a.evict_reason,
+                "the placer evicts the task; later rounds keep the flag");
+            resident.evict = Some(a.evict_reason.clone());
+        }
         resident.assigned = Some((a.batch_size, a.round));
         if a.round > self.round {
             self.round = a.round;
@@ -750,6 +824,9 @@ impl DeviceTuner {
 
     /// A new search over the current residents (see the module documentation, step 1).
     fn start_search(&mut self, now_ms: i64, out: &mut Vec<Action>) {
+        for watch in self.caps.values_mut() {
+            watch.residents_changed();
+        }
         if self.residents.is_empty() {
             if self.search.take().is_some() {
                 tracing::info!(device = %self.device_id, "no tasks left on the device");
@@ -841,7 +918,16 @@ impl DeviceTuner {
         // sample the same candidates.
         let seed = self.params.seed ^ self.counters.searches.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         self.counters.searches += 1;
-        let search = GpLcb::new(space, self.params.lcb, seed)?;
+        let mut search = GpLcb::new(space, self.params.lcb, seed)?;
+        let opportunistic: Vec<bool> = task_ids
+            .iter()
+            .map(|id| {
+                self.residents
+                    .get(id)
+                    .is_none_or(|r| !r.spec.is_production())
+            })
+            .collect();
+        search.set_opportunistic(opportunistic.clone())?;
         Ok(Search {
             task_ids,
             sizes,
@@ -850,6 +936,8 @@ impl DeviceTuner {
             sampled: HashSet::new(),
             phase: Phase::Idle,
             applied: None,
+            measured: None,
+            opportunistic,
             logged_hold: None,
         })
     }
@@ -902,9 +990,17 @@ impl DeviceTuner {
             Ok(fresh) => {
                 let mut fresh = Search {
                     applied: old.applied,
+                    measured: old.measured,
                     sampled: old.sampled,
                     ..fresh
                 };
+                // Measured cap violations are facts about these tasks at these sizes,
+                // whatever else drifted: the fresh search keeps them.
+                for config in old.controller.search().over_cap().to_vec() {
+                    if let Err(err) = fresh.controller.rule_out_over_cap(&config) {
+                        tracing::warn!(%err, "cap violation not carried over");
+                    }
+                }
                 if let Some((config, value)) = first {
                     if let Err(err) = fresh.controller.record(&config, Some(value)) {
                         tracing::warn!(%err, "drift observation refused");
@@ -1034,6 +1130,9 @@ impl DeviceTuner {
             self.hold(now_ms, Hold::Infeasible(err.to_string()));
             return;
         }
+        if self.guard_caps(now_ms, out) {
+            return;
+        }
         let Some(search) = &self.search else {
             return;
         };
@@ -1073,7 +1172,7 @@ impl DeviceTuner {
             if assign_afresh && let Some(search) = &mut self.search {
                 search.applied = None;
             }
-            self.begin_round(now_ms, config, out);
+            self.begin_round(now_ms, config, Purpose::Explore, out);
             return;
         }
         let max_observations = self.params.max_observations;
@@ -1092,7 +1191,7 @@ impl DeviceTuner {
             }
         }
         match search.controller.decide() {
-            Ok(NextRun::Explore(idx)) => self.begin_round(now_ms, idx, out),
+            Ok(NextRun::Explore(idx)) => self.begin_round(now_ms, idx, Purpose::Explore, out),
             Ok(NextRun::Settle(best)) => self.settle(now_ms, best, out),
             Err(TunerError::NoFeasibleConfiguration(why)) => {
                 self.hold(now_ms, Hold::Infeasible(why));
@@ -1180,6 +1279,8 @@ impl DeviceTuner {
                 round,
                 assigned_at_unix_ms: now_ms,
                 memory_bound_mib,
+                evict: r.evict.is_some(),
+                evict_reason: r.evict.clone().unwrap_or_default(),
                 ..BatchSizeAssignment::default()
             });
             r.assigned = Some((b, round));
@@ -1207,8 +1308,14 @@ impl DeviceTuner {
             .collect()
     }
 
-    /// Assigns `config` (unless it runs already) and starts measuring it.
-    fn begin_round(&mut self, now_ms: i64, config: Vec<usize>, out: &mut Vec<Action>) {
+    /// Assigns `config` (unless it runs already) and starts measuring it for `purpose`.
+    fn begin_round(
+        &mut self,
+        now_ms: i64,
+        config: Vec<usize>,
+        purpose: Purpose,
+        out: &mut Vec<Action>,
+    ) {
         let running = self
             .search
             .as_ref()
@@ -1229,7 +1336,7 @@ impl DeviceTuner {
         };
         let seen = self.seen_seq(&search.task_ids);
         let batch_sizes = search.batch_sizes(&config);
-        let m = Measurement::new(rounds, config, batch_sizes, Purpose::Explore, now_ms, &seen);
+        let m = Measurement::new(rounds, config, batch_sizes, purpose, now_ms, &seen);
         if let Some(search) = &mut self.search {
             search.phase = Phase::Measuring(m);
         }
@@ -1278,7 +1385,7 @@ impl DeviceTuner {
         self.counters.dropped += 1;
         // What was assigned may never have reached the agents (a round whose write lost to
         // a placement): the configuration is assigned afresh, not assumed to run.
-        if m.purpose == Purpose::Explore {
+        if m.purpose != Purpose::Check {
             search.applied = None;
         }
         let missing: Vec<&String> = m
@@ -1313,16 +1420,16 @@ impl DeviceTuner {
             .filter(|m| m.is_finite() && *m > 0.0)
     }
 
-    /// Σ PD of a measured round, or the tasks it cannot be computed for.
-    fn sum_pd(
+    /// Each task's PD in a measured round (`None` where it cannot be computed: no solo
+    /// step time at m0).
+    fn task_pds(
         &self,
         task_ids: &[String],
         batch_sizes: &[u32],
         step_times: &[f64],
         noise_scales: &[Option<f64>],
-    ) -> std::result::Result<f64, Vec<String>> {
-        let mut sum = 0.0;
-        let mut unknown = Vec::new();
+    ) -> Vec<Option<f64>> {
+        let mut pds = Vec::with_capacity(task_ids.len());
         for (i, id) in task_ids.iter().enumerate() {
             let m0 = self
                 .residents
@@ -1344,16 +1451,9 @@ impl DeviceTuner {
                     .pd()
                     .map_err(|err| tracing::warn!(task = %id, %err, "cannot compute PD"))
                 });
-            match pd {
-                Ok(pd) => sum += pd,
-                Err(()) => unknown.push(id.clone()),
-            }
+            pds.push(pd.ok());
         }
-        if unknown.is_empty() {
-            Ok(sum)
-        } else {
-            Err(unknown)
-        }
+        pds
     }
 
     /// A complete round (see the module documentation, steps 2, 3 and 5).
@@ -1391,17 +1491,28 @@ impl DeviceTuner {
                 } else if !lone {
                     self.estimate_missing_solos(&task_ids, &m.batch_sizes, &step_times);
                 }
-                let value = match self.sum_pd(&task_ids, &m.batch_sizes, &step_times, &noise_scales)
-                {
-                    Ok(v) => v,
-                    Err(unknown) => {
-                        self.counters.dropped += 1;
-                        self.hold(now_ms, Hold::Unmeasurable(unknown));
-                        return;
-                    }
-                };
+                let pds = self.task_pds(&task_ids, &m.batch_sizes, &step_times, &noise_scales);
+                let over_cap = self.watch_caps(now_ms, &m, &pds, out);
+                let unknown: Vec<String> = task_ids
+                    .iter()
+                    .zip(&pds)
+                    .filter(|(_, pd)| pd.is_none())
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                if !unknown.is_empty() {
+                    self.counters.dropped += 1;
+                    self.hold(now_ms, Hold::Unmeasurable(unknown));
+                    return;
+                }
+                let value: f64 = pds.iter().flatten().sum();
                 self.last_sum_pd = Some(value);
                 self.emit_samples(now_ms, &m, &step_times, out);
+                if let Some(search) = &mut self.search {
+                    search.measured = Some(m.config.clone());
+                }
+                if over_cap && m.purpose != Purpose::Check {
+                    self.rule_out_over_cap(&m.config);
+                }
                 match m.purpose {
                     Purpose::Explore => {
                         self.counters.measured += 1;
@@ -1409,11 +1520,212 @@ impl DeviceTuner {
                             batch_sizes = ?m.batch_sizes, sum_pd = value, "round measured");
                         self.observe(&m, Some(value));
                     }
-                    Purpose::Check => self.check(now_ms, m, value, out),
+                    Purpose::Check => self.check(now_ms, m, value, over_cap, out),
+                    Purpose::Guard => {
+                        tracing::info!(device = %self.device_id, rounds = ?m.rounds,
+                            batch_sizes = ?m.batch_sizes, sum_pd = value, over_cap,
+                            "cap round measured");
+                    }
                 }
                 out.push(Action::Persist(self.persisted(now_ms)));
             }
         }
+    }
+
+    /// Checks a measured round's PDs against the production jobs' caps (see the module
+    /// documentation, step 6): records each resident's PD, reports a breach or its end, and
+    /// says whether a production job was above its cap.
+    fn watch_caps(
+        &mut self,
+        now_ms: i64,
+        m: &Measurement,
+        pds: &[Option<f64>],
+        out: &mut Vec<Action>,
+    ) -> bool {
+        let Some(search) = &self.search else {
+            return false;
+        };
+        let task_ids = search.task_ids.clone();
+        let opportunistic = search.opportunistic.clone();
+        let homes = self.home_indices(search);
+        for (id, pd) in task_ids.iter().zip(pds) {
+            if let Some(pd) = pd {
+                self.measured_pd.insert(id.clone(), *pd);
+            }
+        }
+        // The opportunistic co-runners when every one runs at its smallest size.
+        let opportunistic_ids: Vec<String> = task_ids
+            .iter()
+            .zip(&opportunistic)
+            .filter(|(_, o)| **o)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let all_at_floor = opportunistic
+            .iter()
+            .zip(&m.config)
+            .all(|(&o, &i)| !o || i == 0);
+        let floor = (all_at_floor && !opportunistic_ids.is_empty()).then_some(opportunistic_ids);
+        let round = m.rounds.iter().copied().max().unwrap_or(self.round);
+        let mut over_cap = false;
+        for (i, id) in task_ids.iter().enumerate() {
+            let (Some(pd), Some(cap)) = (
+                pds[i],
+                self.residents.get(id).and_then(|r| r.spec.slowdown_cap()),
+            ) else {
+                continue;
+            };
+            // Only at its own submitted size is a job's PD its interference alone.
+            let at_home = homes[i].is_none_or(|h| h == m.config[i]);
+            let at_floor = floor.clone().filter(|_| at_home);
+            let watch = self.caps.entry(id.clone()).or_default();
+            let verdict = watch.measured(pd, cap, at_floor, self.params.breach_rounds);
+            if watch.above {
+                over_cap = true;
+                tracing::info!(device = %self.device_id, task = %id, pd, cap,
+                    batch_sizes = ?m.batch_sizes, rounds_at_floor = watch.rounds_at_floor,
+                    "production job measured above its slowdown cap");
+            }
+            match verdict {
+                Verdict::Nothing => {}
+                Verdict::Breach => {
+                    out.push(Action::CapBreached(CapBreach {
+                        device_id: self.device_id.clone(),
+                        task_id: id.clone(),
+                        measured_pd: pd,
+                        max_slowdown: cap,
+                        rounds_above: watch.rounds_at_floor,
+                        opportunistic_task_ids: watch.floor_set.clone(),
+                        round,
+                        at_unix_ms: now_ms,
+                    }));
+                }
+                Verdict::Restored => {
+                    tracing::info!(device = %self.device_id, task = %id, pd, cap,
+                        "production job measured back under its slowdown cap");
+                    out.push(Action::CapRestored {
+                        task_id: id.clone(),
+                    });
+                }
+            }
+        }
+        over_cap
+    }
+
+    /// Rules `config` out of the search: a production job ran above its cap there.
+    fn rule_out_over_cap(&mut self, config: &[usize]) {
+        if let Some(search) = &mut self.search
+            && let Err(err) = search.controller.rule_out_over_cap(config)
+        {
+            tracing::warn!(%err, "cap violation refused by the search");
+        }
+    }
+
+    /// While a production job is above its cap, decides the next round instead of the
+    /// search (see the module documentation, step 6): a production job above its cap away
+    /// from its submitted size m0 goes back to m0 first (its own size may be the cause);
+    /// then every opportunistic co-runner goes one candidate size down from what runs a
+    /// round, production jobs staying as they are; with nothing left to change, what runs
+    /// is measured again (the rounds that count towards a breach). False when no
+    /// production job is above its cap, or when no co-runner is opportunistic (nothing to
+    /// shrink or evict: the search itself moves away from the configurations it measured
+    /// over a cap, which are infeasible).
+    fn guard_caps(&mut self, now_ms: i64, out: &mut Vec<Action>) -> bool {
+        let max_observations = self.params.max_observations;
+        let Some(search) = &self.search else {
+            return false;
+        };
+        let above: Vec<bool> = search
+            .task_ids
+            .iter()
+            .map(|id| self.caps.get(id).is_some_and(|w| w.above))
+            .collect();
+        if !above.contains(&true) || !search.opportunistic.contains(&true) {
+            return false;
+        }
+        let Some(base) = search
+            .applied
+            .as_ref()
+            .map(|(c, _)| c.clone())
+            .or_else(|| self.running_config(search))
+            .or_else(|| search.measured.clone())
+        else {
+            return false;
+        };
+        let mut next = base.clone();
+        for ((i, home), &above) in next.iter_mut().zip(self.home_indices(search)).zip(&above) {
+            if let Some(home) = home.filter(|_| above) {
+                *i = home;
+            }
+        }
+        let why = if next != base && search.controller.space().fits_memory(&next) {
+            "a production job is above its slowdown cap away from its submitted size: back to it"
+        } else {
+            next = base
+                .iter()
+                .zip(&search.opportunistic)
+                .map(|(&i, &o)| if o { i.saturating_sub(1) } else { i })
+                .collect();
+            "a production job is above its slowdown cap: shrinking the opportunistic co-runners"
+        };
+        // Past what is known to be above a cap already: shrinking on.
+        while search.controller.over_cap_rules_out(&next)
+            && next
+                .iter()
+                .zip(&search.opportunistic)
+                .any(|(&i, &o)| o && i > 0)
+        {
+            for (i, &o) in next.iter_mut().zip(&search.opportunistic) {
+                if o {
+                    *i = i.saturating_sub(1);
+                }
+            }
+        }
+        if next == base {
+            self.begin_round(now_ms, base, Purpose::Guard, out);
+            return true;
+        }
+        // Observed while the search has room for it: a true measurement of a configuration
+        // the search may want to know later.
+        let purpose = if search.observations.len() < max_observations {
+            Purpose::Explore
+        } else {
+            Purpose::Guard
+        };
+        tracing::info!(device = %self.device_id, from = ?search.batch_sizes(&base),
+            to = ?search.batch_sizes(&next), "{why}");
+        self.begin_round(now_ms, next, purpose, out);
+        true
+    }
+
+    /// Each task's submitted size m0 as an index into its candidate sizes.
+    fn home_indices(&self, search: &Search) -> Vec<Option<usize>> {
+        search
+            .task_ids
+            .iter()
+            .zip(&search.sizes)
+            .map(|(id, sizes)| {
+                let m0 = self.residents.get(id)?.spec.initial_batch_size.max(1);
+                sizes.iter().position(|&b| b == m0)
+            })
+            .collect()
+    }
+
+    /// The configuration the tasks run now by their latest assignments (or reports), when
+    /// every one is a candidate size.
+    fn running_config(&self, search: &Search) -> Option<Vec<usize>> {
+        search
+            .task_ids
+            .iter()
+            .zip(&search.sizes)
+            .map(|(id, sizes)| {
+                let r = self.residents.get(id)?;
+                let b = r
+                    .assigned
+                    .map(|(b, _)| b)
+                    .or_else(|| r.report.as_ref().map(|r| r.batch_size).filter(|&b| b > 0))?;
+                sizes.iter().position(|&x| x == b)
+            })
+            .collect()
     }
 
     /// Estimates the solo step time of every task of a co-located round that has none at
@@ -1467,12 +1779,33 @@ impl DeviceTuner {
         });
     }
 
-    /// A settled check: stay, or start a fresh search on drift.
-    fn check(&mut self, now_ms: i64, m: Measurement, value: f64, out: &mut Vec<Action>) {
+    /// A settled check: stay, or start a fresh search on drift. A check that finds a
+    /// production job above its cap rules the configuration out (and so un-settles the
+    /// search), drifted or not.
+    fn check(
+        &mut self,
+        now_ms: i64,
+        m: Measurement,
+        value: f64,
+        over_cap: bool,
+        out: &mut Vec<Action>,
+    ) {
         self.counters.checks += 1;
         let drift = self.params.controller.drift;
         let settled_interval = millis(self.params.settled_interval);
-        let Some(expected) = self.expected_of(&m.config) else {
+        let expected = self.expected_of(&m.config);
+        let drifted = expected.is_none_or(|e| (value - e).abs() > drift * e);
+        if over_cap {
+            if drifted {
+                self.counters.drifts += 1;
+                tracing::info!(device = %self.device_id, measured = value, ?expected,
+                    batch_sizes = ?m.batch_sizes, "measured Σ PD drifted; fresh search from what runs");
+                self.restart_search(now_ms, Some((m.config.clone(), value)), out);
+            }
+            self.rule_out_over_cap(&m.config);
+            return;
+        }
+        let Some(expected) = expected else {
             return;
         };
         if (value - expected).abs() <= drift * expected {

@@ -1,7 +1,7 @@
 //! The device tuner driven by scripted events in virtual time: an emulated device whose
 //! agents follow the tuner's assignments and report like the real agent does.
 
-use iadeep_proto::{DeviceInfo, ProfilePoint, SoloProfile, TaskReport, TaskSpec};
+use iadeep_proto::{DeviceInfo, PriorityClass, ProfilePoint, SoloProfile, TaskReport, TaskSpec};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -25,6 +25,9 @@ struct Task {
     noise_scale: Option<f64>,
     /// Whether the spec carries a solo profile at m0 measured on the device's kind.
     profiled: bool,
+    class: PriorityClass,
+    /// A production job's slowdown cap (`TaskSpec::max_slowdown`).
+    cap: Option<f64>,
     // The agent.
     batch: u32,
     round: u64,
@@ -47,6 +50,8 @@ impl Task {
             mem_exponent: 1.0,
             noise_scale: None,
             profiled: true,
+            class: PriorityClass::Unspecified,
+            cap: None,
             batch: m0,
             round: 0,
             seq: 0,
@@ -78,6 +83,8 @@ impl Task {
                 device_kind: kind.to_owned(),
                 ..Default::default()
             }),
+            priority_class: self.class as i32,
+            max_slowdown: self.cap,
             ..Default::default()
         }
     }
@@ -213,19 +220,22 @@ impl World {
     fn true_sum_pd(&self) -> f64 {
         (0..self.tasks.len())
             .filter(|&i| self.tasks[i].running)
-            .map(|i| {
-                let t = &self.tasks[i];
-                PdInput {
-                    m0: f64::from(t.m0),
-                    solo_step_s_m0: t.solo_s(t.m0),
-                    m: f64::from(t.batch),
-                    co_step_s: self.co_step_s(i),
-                    noise_scale: t.noise_scale,
-                }
-                .pd()
-                .expect("valid")
-            })
+            .map(|i| self.true_pd(i))
             .sum()
+    }
+
+    /// Task `i`'s PD as it runs now, from the world's truth.
+    fn true_pd(&self, i: usize) -> f64 {
+        let t = &self.tasks[i];
+        PdInput {
+            m0: f64::from(t.m0),
+            solo_step_s_m0: t.solo_s(t.m0),
+            m: f64::from(t.batch),
+            co_step_s: self.co_step_s(i),
+            noise_scale: t.noise_scale,
+        }
+        .pd()
+        .expect("valid")
     }
 
     fn reports(&mut self) -> Vec<Input> {
@@ -1075,6 +1085,10 @@ fn parameters_are_checked() {
             round_timeout: Duration::ZERO,
             ..params()
         },
+        DeviceTunerParams {
+            breach_rounds: 0,
+            ..params()
+        },
     ] {
         assert!(bad.check().is_err(), "{bad:?}");
     }
@@ -1105,4 +1119,375 @@ fn what_runs_is_measured_under_each_tasks_own_round() {
     let after = w.tuner.status().counters;
     assert_eq!(after.dropped, before.dropped, "{after:?}");
     assert!(after.measured > before.measured, "{after:?}");
+}
+
+// Slowdown caps (issue 27). The world: a production job `p` (m0 32) beside an opportunistic
+// `o` (m0 64), both 8..=256. At its m0 `p`'s PD is its interference alone, 1 + 0.6·o/(20 + o)
+// for `o` at batch size o: 1.46 at 64, 1.41 at 45, 1.37 at 32, 1.32 at 23, 1.27 at 16, 1.21
+// at 11 and 1.17 at 8, the smallest size. Σ PD favours a large `o`: only the cap stops it.
+
+/// `p` with slowdown cap `cap` and `o`, on a 16 GiB card.
+fn capped_world(cap: f64, params: DeviceTunerParams) -> World {
+    let mut p = Task::new("p", 32, 8, 256);
+    p.class = PriorityClass::Production;
+    p.cap = Some(cap);
+    let mut o = Task::new("o", 64, 8, 256);
+    o.class = PriorityClass::Opportunistic;
+    World::new(16_384.0, vec![p, o], params)
+}
+
+/// The cap breaches and ends the world's tuner reported, with when.
+fn cap_actions(w: &World) -> Vec<(i64, Action)> {
+    w.actions
+        .iter()
+        .filter(|(_, a)| matches!(a, Action::CapBreached(_) | Action::CapRestored { .. }))
+        .cloned()
+        .collect()
+}
+
+/// Runs `seconds` as [`World::run`] does, checking after every step that while the tuner
+/// has a production job measured above its cap, the round it assigns grows no
+/// opportunistic job and moves a production job only back to its m0. Returns how many
+/// rounds were assigned while above the cap.
+fn run_checking_the_guard(w: &mut World, seconds: i64) -> usize {
+    let end = w.now_ms + seconds * 1000;
+    let mut next_report = w.now_ms + w.report_ms;
+    let mut guarded = 0;
+    while w.now_ms < end {
+        let wake = w.tuner.next_wakeup_ms().filter(|&t| t > w.now_ms);
+        w.now_ms = wake.map_or(next_report, |t| t.min(next_report)).min(end);
+        let inputs = if w.now_ms == next_report {
+            next_report += w.report_ms;
+            w.reports()
+        } else {
+            vec![Input::Tick]
+        };
+        let before: Vec<u32> = w.tasks.iter().map(|t| t.batch).collect();
+        let from = w.actions.len();
+        w.step(inputs);
+        if w.tuner.status().above_cap == 0 {
+            continue;
+        }
+        for (_, action) in &w.actions[from..] {
+            let Action::Assign(round) = action else {
+                continue;
+            };
+            guarded += 1;
+            for a in round {
+                let i = w
+                    .tasks
+                    .iter()
+                    .position(|t| t.id == a.task_id)
+                    .expect("a task");
+                match w.tasks[i].class {
+                    PriorityClass::Production => assert!(
+                        a.batch_size == before[i] || a.batch_size == w.tasks[i].m0,
+                        "at {} ms: production job {} moved {} → {} while above its cap",
+                        w.now_ms,
+                        a.task_id,
+                        before[i],
+                        a.batch_size
+                    ),
+                    _ => assert!(
+                        a.batch_size <= before[i],
+                        "at {} ms: opportunistic {} grown {} → {} while a production job is above its cap",
+                        w.now_ms,
+                        a.task_id,
+                        before[i],
+                        a.batch_size
+                    ),
+                }
+            }
+        }
+    }
+    guarded
+}
+
+/// Above its cap, `p` is protected by shrinking `o` one size a round, never by growing
+/// `o` or moving `p`, until `p` is under its cap (at `o` = 16); no breach, since shrinking
+/// was enough.
+#[test]
+fn above_a_cap_opportunistic_co_runners_shrink_first_and_never_grow() {
+    for seed in 0..4 {
+        let mut w = capped_world(1.3, DeviceTunerParams { seed, ..params() });
+        w.join_all();
+        let guarded = run_checking_the_guard(&mut w, 900);
+        assert!(
+            guarded >= 4,
+            "seed {seed}: {guarded} guarded rounds (64 → 45 → 32 → 23 → 16)"
+        );
+        // The first round assigns what runs (m0, m0).
+        let first: Vec<u32> = w
+            .assignments()
+            .skip(1)
+            .take(4)
+            .map(|(_, round)| {
+                round
+                    .iter()
+                    .find(|a| a.task_id == "o")
+                    .expect("o")
+                    .batch_size
+            })
+            .collect();
+        assert_eq!(
+            first,
+            [45, 32, 23, 16],
+            "seed {seed}: one size down a round"
+        );
+        assert!(
+            w.true_pd(0) <= 1.3,
+            "seed {seed}: p ends at PD {}",
+            w.true_pd(0)
+        );
+        assert!(
+            cap_actions(&w).is_empty(),
+            "seed {seed}: {:?}",
+            cap_actions(&w)
+        );
+    }
+}
+
+/// A configuration measured with `p` above its cap is infeasible, and so is every larger
+/// `o` beside the same `p`: although Σ PD is lower there, the search never goes back, and
+/// it settles under the cap.
+#[test]
+fn configurations_measured_above_a_cap_are_infeasible() {
+    for seed in 0..4 {
+        let mut w = capped_world(1.3, DeviceTunerParams { seed, ..params() });
+        w.join_all();
+        w.run(1200);
+        // p at 32 with o at 23 or more is above the cap (see the world above); after the
+        // guard's shrinking (the four rounds after the first) no round goes there again.
+        let size = |round: &[BatchSizeAssignment], task: &str| {
+            round
+                .iter()
+                .find(|a| a.task_id == task)
+                .expect("every task")
+                .batch_size
+        };
+        let back: Vec<(i64, u32, u32)> = w
+            .assignments()
+            .skip(5)
+            .map(|(at, round)| (at, size(round, "p"), size(round, "o")))
+            .filter(|&(_, p, o)| p == 32 && o >= 23)
+            .collect();
+        assert!(
+            back.is_empty(),
+            "seed {seed}: back above the cap at {back:?}"
+        );
+        let search = w.tuner.search.as_mut().expect("a search");
+        assert!(!search.controller.search().over_cap().is_empty());
+        assert!(
+            w.tuner.status().settled,
+            "seed {seed}: {:?}",
+            w.tuner.status()
+        );
+        assert!(
+            w.true_pd(0) <= 1.3,
+            "seed {seed}: settled with p at PD {}",
+            w.true_pd(0)
+        );
+    }
+}
+
+/// With `o` at its smallest size `p` is still above its cap: after exactly `breach_rounds`
+/// measured rounds there the breach is reported, once, naming `o`.
+#[test]
+fn a_breach_is_reported_after_breach_rounds_at_the_floor_and_only_once() {
+    for breach_rounds in [1, 3, 5] {
+        let mut w = capped_world(
+            1.1,
+            DeviceTunerParams {
+                breach_rounds,
+                ..params()
+            },
+        );
+        w.join_all();
+        run_checking_the_guard(&mut w, 900);
+        let breaches: Vec<(i64, CapBreach)> = cap_actions(&w)
+            .into_iter()
+            .filter_map(|(at, a)| match a {
+                Action::CapBreached(b) => Some((at, b)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(breaches.len(), 1, "{breaches:?}");
+        let (at, breach) = &breaches[0];
+        assert_eq!(breach.device_id, "gpu0");
+        assert_eq!(breach.task_id, "p");
+        assert_eq!(breach.opportunistic_task_ids, ["o"]);
+        assert_eq!(breach.rounds_above, breach_rounds);
+        assert_eq!(breach.max_slowdown, 1.1);
+        assert!((breach.measured_pd - 1.17).abs() < 0.03, "{breach:?}");
+        assert_eq!(breach.at_unix_ms, *at);
+        assert!(breach.round > 0 && breach.round <= w.tuner.status().round);
+        // Rounds measured with o at its floor before the breach: each measured round
+        // persists the state once.
+        let (floor_at, _) = w
+            .assignments()
+            .find(|(_, round)| round.iter().any(|a| a.task_id == "o" && a.batch_size == 8))
+            .expect("o reaches its floor");
+        let measured_at_floor = w
+            .actions
+            .iter()
+            .filter(|(t, a)| *t > floor_at && *t <= *at && matches!(a, Action::Persist(_)))
+            .count();
+        assert_eq!(
+            measured_at_floor, breach_rounds as usize,
+            "breach_rounds {breach_rounds}"
+        );
+        assert!(
+            w.tasks
+                .iter()
+                .all(|t| t.batch == if t.id == "o" { 8 } else { 32 })
+        );
+    }
+}
+
+/// The breach ends when `p` is measured back under its cap, or when it leaves.
+#[test]
+fn a_breach_ends_under_the_cap_or_when_the_job_leaves() {
+    let restored = |w: &World, from: usize| {
+        w.actions[from..]
+            .iter()
+            .filter(|(_, a)| matches!(a, Action::CapRestored { task_id } if task_id == "p"))
+            .count()
+    };
+    // The interference falls (o's data loader now starves it): measured under the cap.
+    let mut w = capped_world(1.1, params());
+    w.join_all();
+    w.run(300);
+    assert_eq!(cap_actions(&w).len(), 1, "{:?}", cap_actions(&w));
+    let from = w.actions.len();
+    w.contention = 0.1;
+    w.run(120);
+    assert_eq!(restored(&w, from), 1, "{:?}", cap_actions(&w));
+    assert_eq!(w.tuner.status().above_cap, 0);
+    // o evicted: p alone is measured at PD 1.
+    let mut w = capped_world(1.1, params());
+    w.join_all();
+    w.run(300);
+    let from = w.actions.len();
+    w.tasks[1].running = false;
+    w.step(vec![Input::Left {
+        task_id: "o".into(),
+    }]);
+    assert_eq!(restored(&w, from), 0, "not before p is measured");
+    w.run(60);
+    assert_eq!(restored(&w, from), 1, "{:?}", cap_actions(&w));
+    // p leaves: over at once.
+    let mut w = capped_world(1.1, params());
+    w.join_all();
+    w.run(300);
+    let from = w.actions.len();
+    w.tasks[0].running = false;
+    w.step(vec![Input::Left {
+        task_id: "p".into(),
+    }]);
+    assert_eq!(restored(&w, from), 1, "{:?}", &w.actions[from..]);
+    w.run(300);
+    assert_eq!(restored(&w, from), 1, "once");
+}
+
+/// An eviction the placer wrote is repeated by every later round of the tuner, so no
+/// round cancels it.
+#[test]
+fn later_rounds_keep_the_placers_evict_flag() {
+    let mut w = capped_world(1.1, params());
+    w.join_all();
+    w.run(300);
+    let round = w.tuner.status().round;
+    w.step(vec![Input::Assigned(BatchSizeAssignment {
+        task_id: "o".into(),
+        batch_size: 8,
+        round: round + 1,
+        evict: true,
+        evict_reason: "p above its cap".into(),
+        ..Default::default()
+    })]);
+    w.tasks[1].round = round + 1;
+    // The interference falls: the search resumes and assigns new rounds.
+    w.contention = 0.05;
+    w.run(300);
+    let later: Vec<&BatchSizeAssignment> = w
+        .assignments()
+        .flat_map(|(_, r)| r)
+        .filter(|a| a.task_id == "o" && a.round > round + 1)
+        .collect();
+    assert!(!later.is_empty(), "the search goes on");
+    assert!(
+        later
+            .iter()
+            .all(|a| a.evict && a.evict_reason == "p above its cap"),
+        "{later:?}"
+    );
+}
+
+/// A device with only opportunistic jobs has no caps: however slowed down its jobs are,
+/// no cap round, no breach, and the same decisions as jobs that name no class.
+#[test]
+fn opportunistic_jobs_have_no_cap() {
+    let run = |class: PriorityClass| {
+        let mut tasks = two_tasks();
+        for t in &mut tasks {
+            t.class = class;
+        }
+        let mut w = World::new(16_384.0, tasks, params());
+        w.contention = 2.0;
+        w.join_all();
+        w.run(900);
+        assert!(cap_actions(&w).is_empty(), "{:?}", cap_actions(&w));
+        assert_eq!(w.tuner.status().above_cap, 0);
+        let pds = w.tuner.measured_pds();
+        assert!(
+            pds.iter()
+                .all(|p| p.class == "opportunistic" && p.cap.is_none() && p.pd > 1.5)
+        );
+        w.assignments()
+            .map(|(at, r)| (at, r.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        run(PriorityClass::Opportunistic),
+        run(PriorityClass::Unspecified)
+    );
+}
+
+/// A production job above its cap away from its m0 (the placer shrank it to make room)
+/// goes back to m0 before any opportunistic co-runner is shrunk: its own size, not its
+/// co-runner, slows it down here.
+#[test]
+fn a_production_job_above_its_cap_away_from_m0_goes_back_first() {
+    let mut w = capped_world(1.1, params());
+    w.contention = 0.05;
+    // p runs at 16 (PD 1.44 by its own size alone), o at its m0, both under round 1.
+    w.tasks[0].batch = 16;
+    for t in &mut w.tasks {
+        t.round = 1;
+    }
+    let mut inputs: Vec<Input> = w
+        .tasks
+        .iter()
+        .map(|t| Input::Joined {
+            spec: t.spec(KIND),
+            reserved_mib: 0,
+        })
+        .collect();
+    inputs.extend(w.tasks.iter().map(|t| {
+        Input::Assigned(BatchSizeAssignment {
+            task_id: t.id.clone(),
+            batch_size: t.batch,
+            round: 1,
+            ..Default::default()
+        })
+    }));
+    w.step(inputs);
+    run_checking_the_guard(&mut w, 300);
+    let (_, first) = w.assignments().next().expect("a round");
+    let sizes: Vec<(&str, u32)> = first
+        .iter()
+        .map(|a| (a.task_id.as_str(), a.batch_size))
+        .collect();
+    assert_eq!(sizes, [("o", 64), ("p", 32)]);
+    assert!(cap_actions(&w).is_empty(), "{:?}", cap_actions(&w));
 }
