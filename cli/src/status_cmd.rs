@@ -4,7 +4,8 @@
 //! What the tuner is doing with a job is derived, not read: the tuner persists its
 //! observations, not its phase (see `read::tuning`). Queued jobs are not in the store
 //! (the placer answers "queue" to whoever asked, who waits), so the view says so rather
-//! than showing an empty queue.
+//! than showing an empty queue. A job's priority class and cap are its spec's; whether
+//! it is above its cap is the tuner's test (measured PD > cap) on the PD shown.
 
 mod read;
 mod render;
@@ -19,9 +20,11 @@ use iadeep_state::StateStore;
 
 use crate::StoreArgs;
 
-/// Show every GPU (memory reserved, measured and free; its jobs; its tuner) and every
-/// placed job (batch size now, m0 and bounds; learning-rate factor; measured PD; what
-/// the tuner does with it; when it last reported). Reads only.
+/// Show every GPU (memory reserved, measured and free; its jobs; its tuner; a production
+/// job's cap breach its tuner recorded) and every placed job (batch size now, m0 and
+/// bounds; learning-rate factor; priority class and slowdown cap; measured PD, marked
+/// when above the cap; what the tuner does with it; whether the placer evicted it, and
+/// why; when it last reported). Reads only.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]

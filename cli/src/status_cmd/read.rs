@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use iadeep_tuner::daemon::tasks::TaskEntry;
 
 use iadeep_objective::PdInput;
-use iadeep_proto::{DeviceInfo, DeviceResidents, Placement, TaskReport, TaskSpec, TunerState};
+use iadeep_proto::{
+    CapBreach, DeviceInfo, DeviceResidents, Placement, TaskReport, TaskSpec, TunerState,
+};
 use iadeep_state::keys::{self, KeyKind};
 use iadeep_state::{KeyValue, StateStore, typed};
 use iadeep_tuner::{TaskKnowledge, candidate_sizes};
@@ -22,6 +24,7 @@ struct DeviceKeys {
     info: Option<DeviceInfo>,
     residents: Option<DeviceResidents>,
     tuner: Option<TunerState>,
+    breach: Option<CapBreach>,
 }
 
 /// The cluster as `iadeep status` shows it.
@@ -61,6 +64,9 @@ pub struct DeviceRow {
     pub free_mib: Option<u64>,
     pub residents: Vec<String>,
     pub tuner: Option<TunerSummary>,
+    /// The tuner's record of a production job staying above its cap with every
+    /// opportunistic co-runner at its floor: the placer is about to evict one of them.
+    pub breach: Option<CapBreach>,
 }
 
 /// What the device's persisted tuner state says.
@@ -103,6 +109,16 @@ pub struct JobRow {
     pub pd_basis: Option<&'static str>,
     pub reported_at_unix_ms: Option<i64>,
     pub tuning: Tuning,
+    /// `production` or `opportunistic` ([`TaskSpec::class_name`]).
+    pub class: &'static str,
+    /// A production job's slowdown cap (its own, else the default); `None` for an
+    /// opportunistic job, which has none.
+    pub cap: Option<f64>,
+    /// Whether `pd` is above `cap`: the tuner's measured test, not a prediction. `None`
+    /// when the job has no cap or no measured PD.
+    pub above_cap: Option<bool>,
+    /// Why the placer evicted the job (its assignment says evict), if it did.
+    pub evicted: Option<String>,
 }
 
 /// The tuner's state for one job, as far as the store tells it. The tuner persists its
@@ -160,6 +176,9 @@ fn group_devices(kvs: &[KeyValue], problems: &mut Vec<String>) -> BTreeMap<Strin
             }
             KeyKind::DeviceTuner { device } => {
                 devices.entry(device).or_default().tuner = decoded(kv, problems);
+            }
+            KeyKind::DeviceBreach { device } => {
+                devices.entry(device).or_default().breach = decoded(kv, problems);
             }
             _ => {}
         }
@@ -267,6 +286,7 @@ fn device_row(id: String, keys: DeviceKeys, tasks: &BTreeMap<String, TaskEntry>)
         free_mib,
         residents,
         tuner,
+        breach: keys.breach,
     }
 }
 
@@ -289,6 +309,12 @@ fn job_row(
     let (pd, pd_basis) = measured_pd(&spec, report, knowledge.as_ref());
     let tuner = device.and_then(|d| d.tuner.as_ref());
     let finished = report.is_some_and(|r| r.finished);
+    let cap = spec.slowdown_cap();
+    let evicted = task
+        .assignment
+        .as_ref()
+        .filter(|a| a.evict)
+        .map(|a| a.evict_reason.clone());
     JobRow {
         id: id.to_owned(),
         model: spec.model.clone(),
@@ -313,7 +339,17 @@ fn job_row(
         pd_basis,
         reported_at_unix_ms: report.map(|r| r.reported_at_unix_ms),
         tuning: tuning(id, &spec, finished, pd.is_some(), tuner),
+        class: spec.class_name(),
+        cap,
+        above_cap: above_cap(pd, cap),
+        evicted,
     }
+}
+
+/// Whether a measured `pd` is above a production job's `cap`, as the tuner decides it
+/// (strictly above: a job exactly at its cap is within it).
+pub fn above_cap(pd: Option<f64>, cap: Option<f64>) -> Option<bool> {
+    Some(pd? > cap?)
 }
 
 /// A spec's bound, where 0 means m0 (`TaskSpec`'s convention).

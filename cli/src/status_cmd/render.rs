@@ -145,50 +145,112 @@ fn device_lines(snapshot: &Snapshot) -> Vec<String> {
         "less the larger of the two; TRIED: configurations its tuner measured (Σ PD known)."
             .to_owned(),
     );
+    lines.extend(breach_lines(snapshot));
     lines
 }
 
+/// One line per device whose tuner recorded a cap breach: the placer's next eviction.
+fn breach_lines(snapshot: &Snapshot) -> Vec<String> {
+    snapshot
+        .devices
+        .iter()
+        .filter_map(|d| {
+            let b = d.breach.as_ref()?;
+            let ago = age(age_since(snapshot.now_unix_ms, b.at_unix_ms));
+            let line = format!(
+                "BREACH on {} ({ago} ago): {} PD {:.2} > cap {:.2} for {} rounds; to evict \
+                 one of: {}",
+                d.id,
+                b.task_id,
+                b.measured_pd,
+                b.max_slowdown,
+                b.rounds_above,
+                b.opportunistic_task_ids.join(", ")
+            );
+            Some(cut(&line, WIDTH))
+        })
+        .collect()
+}
+
 fn job_lines(snapshot: &Snapshot) -> Vec<String> {
-    let mut lines = vec![format!(
-        "{:<18} {:<14} {:>5} {:>5} {:>11} {:>5} {:>5} {:>6} {:>4}  {}",
-        "JOB", "GPU", "BATCH", "M0", "BOUNDS", "LR×", "PD", "MiB", "SEEN", "TUNER"
-    )];
+    let row = |cells: [&str; 11]| {
+        let [id, gpu, batch, m0, bounds, lr, cap, pd, mib, seen, state] = cells;
+        format!(
+            "{id:<16} {gpu:<12} {batch:>5} {m0:>5} {bounds:>9} {lr:>4} {cap:>4} {pd:>5} \
+             {mib:>5} {seen:>4} {state}"
+        )
+    };
+    let mut lines = vec![row([
+        "JOB", "GPU", "BATCH", "M0", "BOUNDS", "LR×", "CAP", "PD", "MiB", "SEEN", "TUNER",
+    ])];
     for j in &snapshot.jobs {
         let seen = j.reported_at_unix_ms.map_or_else(
             || "-".to_owned(),
             |at| age(age_since(snapshot.now_unix_ms, at)),
         );
         let mib = j.peak_mem_mib.or(j.reserved_mib);
-        let line = format!(
-            "{:<18} {:<14} {:>5} {:>5} {:>11} {:>5} {:>5} {:>6} {:>4}  {}",
-            cut(&j.id, 18),
-            cut(&j.device, 14),
-            j.batch_size,
-            j.m0,
-            format!("{}-{}", j.min_batch_size, j.max_batch_size),
-            j.lr_factor
+        // A production job measured above its cap is marked where its PD is read.
+        let mark = if j.above_cap == Some(true) { "!" } else { "" };
+        let line = row([
+            &cut(&j.id, 16),
+            &cut(&j.device, 12),
+            &j.batch_size.to_string(),
+            &j.m0.to_string(),
+            &format!("{}-{}", j.min_batch_size, j.max_batch_size),
+            &j.lr_factor
                 .map_or_else(|| "-".to_owned(), |f| format!("{f:.2}")),
-            j.pd.map_or_else(|| "-".to_owned(), |p| format!("{p:.2}")),
-            opt(mib),
-            seen,
-            job_state(j)
-        );
+            &j.cap.map_or_else(|| "-".to_owned(), |c| format!("{c:.2}")),
+            &j.pd
+                .map_or_else(|| "-".to_owned(), |p| format!("{p:.2}{mark}")),
+            &opt(mib),
+            &seen,
+            &job_state(j),
+        ]);
         lines.push(cut(&line, WIDTH));
     }
     lines.push(
         "MiB: the last reported peak, else the reservation; SEEN: since the last report."
             .to_owned(),
     );
+    lines.push(
+        "CAP: a production job's slowdown cap (- for opportunistic); PD!: measured above it."
+            .to_owned(),
+    );
+    let above: Vec<String> = snapshot
+        .jobs
+        .iter()
+        .filter(|j| j.above_cap == Some(true))
+        .filter_map(|j| Some(format!("{} ({:.2} > {:.2})", j.id, j.pd?, j.cap?)))
+        .collect();
+    if !above.is_empty() {
+        lines.push(cut(&format!("ABOVE CAP: {}", above.join(", ")), WIDTH));
+    }
+    for j in snapshot.jobs.iter() {
+        if let Some(reason) = &j.evicted {
+            let reason = if reason.is_empty() {
+                "no reason given"
+            } else {
+                reason
+            };
+            lines.push(cut(&format!("EVICTED {}: {reason}", j.id), WIDTH));
+        }
+    }
     lines.extend(phase_lines(snapshot));
     lines
 }
 
-/// The job's last column: the tuner's phase, and whether its agent is gone.
+/// The job's last column: the tuner's phase (or that the placer evicted it), and
+/// whether its agent is gone.
 fn job_state(job: &JobRow) -> String {
-    if !job.running && !job.finished {
-        format!("{} (agent gone)", job.tuning.phase)
+    let phase = if job.evicted.is_some() {
+        "evicted"
     } else {
-        job.tuning.phase.to_owned()
+        job.tuning.phase
+    };
+    if !job.running && !job.finished {
+        format!("{phase} (agent gone)")
+    } else {
+        phase.to_owned()
     }
 }
 
@@ -235,6 +297,15 @@ fn device_json(d: &DeviceRow) -> Value {
         "measured_mib": d.measured_mib,
         "free_mib": d.free_mib,
         "residents": d.residents,
+        "breach": d.breach.as_ref().map(|b| json!({
+            "task_id": b.task_id,
+            "measured_pd": b.measured_pd,
+            "max_slowdown": b.max_slowdown,
+            "rounds_above": b.rounds_above,
+            "opportunistic_task_ids": b.opportunistic_task_ids,
+            "round": b.round,
+            "at_unix_ms": b.at_unix_ms,
+        })),
         "tuner": d.tuner.as_ref().map(|t| json!({
             "round": t.round,
             "task_ids": t.task_ids,
@@ -269,5 +340,10 @@ fn job_json(j: &JobRow, now_ms: i64) -> Value {
         "reported_at_unix_ms": j.reported_at_unix_ms,
         "report_age_s": j.reported_at_unix_ms.map(|at| age_since(now_ms, at)),
         "tuner": {"phase": j.tuning.phase, "why": j.tuning.why, "derived": true},
+        "class": j.class,
+        "max_slowdown": j.cap,
+        "above_cap": j.above_cap,
+        "evict": j.evicted.is_some(),
+        "evict_reason": j.evicted,
     })
 }

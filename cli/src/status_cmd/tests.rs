@@ -1,8 +1,9 @@
 //! `iadeep status` on a store written by hand: what it computes and how it lays it out.
 
 use iadeep_proto::{
-    BatchSizeAssignment, DeviceInfo, DeviceResidents, Placement, Reservation, SoloProfile,
-    TaskReport, TaskSpec, TunerObservation, TunerSoloTime, TunerState, TunerTaskKnowledge,
+    BatchSizeAssignment, CapBreach, DeviceInfo, DeviceResidents, Placement, PriorityClass,
+    Reservation, SoloProfile, TaskReport, TaskSpec, TunerObservation, TunerSoloTime, TunerState,
+    TunerTaskKnowledge,
 };
 use iadeep_state::{EmbeddedStore, StateStore, keys, typed};
 
@@ -292,4 +293,163 @@ fn the_tuner_phase_is_derived_from_what_the_store_holds() {
     );
     assert_eq!(phase(&movable, false, false, Some(&with_j)), "holding");
     assert_eq!(phase(&movable, false, true, Some(&with_j)), "tuning");
+}
+
+/// A job pinned at m0 = 32 with a solo profile of 0.1 s per step, in `class` with `cap`.
+fn classed(id: &str, class: PriorityClass, cap: Option<f64>) -> TaskSpec {
+    TaskSpec {
+        priority_class: class as i32,
+        max_slowdown: cap,
+        profile: Some(SoloProfile {
+            batch_size: 32,
+            step_time_s: Some(0.1),
+            ..SoloProfile::default()
+        }),
+        ..spec(id, 32, 0, 0)
+    }
+}
+
+/// One GPU shared by `p` (production, cap 1.20, measured at PD 1.30), `q` (production,
+/// default cap 1.10, PD 1.05) and `o` (opportunistic, PD 1.50, evicted by the placer),
+/// with the breach its tuner recorded for `p`.
+async fn classes_and_eviction() -> Snapshot {
+    let store = EmbeddedStore::in_memory().expect("store");
+    let info = DeviceInfo {
+        device_id: "gpu-0".into(),
+        memory_mib: 16_384,
+        ..DeviceInfo::default()
+    };
+    typed::put(&store, &keys::device_info("gpu-0"), &info, None)
+        .await
+        .expect("info");
+    let production = PriorityClass::Production;
+    put_task(&store, &classed("p", production, Some(1.2)), 32, 0.13, 3000).await;
+    put_task(&store, &classed("q", production, None), 32, 0.105, 3000).await;
+    put_task(
+        &store,
+        &classed("o", PriorityClass::Opportunistic, None),
+        32,
+        0.15,
+        3000,
+    )
+    .await;
+    let reason = "p on gpu-0 stayed above its cap (PD 1.30 > 1.20) for 3 rounds";
+    let evict = BatchSizeAssignment {
+        task_id: "o".into(),
+        batch_size: 32,
+        lr_factor: 1.0,
+        round: 5,
+        evict: true,
+        evict_reason: reason.into(),
+        ..BatchSizeAssignment::default()
+    };
+    typed::put(&store, &keys::task_assignment("o"), &evict, None)
+        .await
+        .expect("evict");
+    let breach = CapBreach {
+        device_id: "gpu-0".into(),
+        task_id: "p".into(),
+        measured_pd: 1.3,
+        max_slowdown: 1.2,
+        rounds_above: 3,
+        opportunistic_task_ids: vec!["o".into()],
+        round: 5,
+        at_unix_ms: NOW_MS - 4_000,
+    };
+    typed::put(&store, &keys::device_breach("gpu-0"), &breach, None)
+        .await
+        .expect("breach");
+    read::read(&store, NOW_MS).await.expect("read")
+}
+
+#[tokio::test]
+async fn class_cap_breach_and_eviction_are_shown_and_above_cap_is_flagged() {
+    let s = classes_and_eviction().await;
+    let job = |id: &str| s.jobs.iter().find(|j| j.id == id).expect("job");
+    let (p, q, o) = (job("p"), job("q"), job("o"));
+    assert_eq!(
+        (p.class, p.cap, p.above_cap),
+        ("production", Some(1.2), Some(true))
+    );
+    assert_eq!(
+        (q.class, q.cap, q.above_cap),
+        (
+            "production",
+            Some(iadeep_proto::DEFAULT_MAX_SLOWDOWN),
+            Some(false)
+        ),
+        "the default cap, and a PD under it"
+    );
+    assert_eq!((o.class, o.cap, o.above_cap), ("opportunistic", None, None));
+    assert!(
+        o.evicted
+            .as_deref()
+            .is_some_and(|r| r.contains("above its cap"))
+    );
+    assert_eq!((p.evicted.as_deref(), q.evicted.as_deref()), (None, None));
+    let breach = s.devices[0].breach.as_ref().expect("the breach record");
+    assert_eq!((breach.task_id.as_str(), breach.rounds_above), ("p", 3));
+
+    let lines = render::text(&s);
+    for line in &lines {
+        assert!(
+            line.chars().count() <= render::WIDTH,
+            "{} columns: {line}",
+            line.chars().count()
+        );
+    }
+    let text = lines.join("\n");
+    let row = |id: &str| {
+        lines
+            .iter()
+            .find(|l| l.starts_with(&format!("{id} ")))
+            .unwrap_or_else(|| panic!("a row for {id}:\n{text}"))
+    };
+    assert!(
+        row("p").contains(" 1.20 ") && row("p").contains(" 1.30! "),
+        "{text}"
+    );
+    assert!(
+        row("q").contains(" 1.10 ") && row("q").contains(" 1.05 "),
+        "{text}"
+    );
+    assert!(
+        !row("q").contains('!') && row("o").contains(" - "),
+        "{text}"
+    );
+    assert!(row("o").contains("evicted"), "{text}");
+    assert!(text.contains("ABOVE CAP: p (1.30 > 1.20)"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "EVICTED o: {}",
+            o.evicted.as_deref().unwrap_or("")
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("BREACH on gpu-0 (4s ago): p PD 1.30 > cap 1.20 for 3 rounds"),
+        "{text}"
+    );
+
+    let json = render::json(&s);
+    let jobs = json["jobs"].as_array().expect("jobs");
+    let job = |id: &str| jobs.iter().find(|j| j["id"] == id).expect("job");
+    assert_eq!(job("p")["class"], "production");
+    assert_eq!(job("p")["max_slowdown"], 1.2);
+    assert_eq!(job("p")["above_cap"], true);
+    assert_eq!(job("q")["above_cap"], false);
+    assert_eq!(job("o")["class"], "opportunistic");
+    assert!(job("o")["max_slowdown"].is_null() && job("o")["above_cap"].is_null());
+    assert_eq!(job("o")["evict"], true);
+    assert!(
+        job("o")["evict_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("PD 1.30"))
+    );
+    assert_eq!(job("p")["evict"], false);
+    assert!(job("p")["evict_reason"].is_null());
+    let breach = &json["devices"][0]["breach"];
+    assert_eq!(breach["task_id"], "p");
+    assert_eq!(breach["opportunistic_task_ids"][0], "o");
+    assert_eq!(breach["measured_pd"], 1.3);
 }
