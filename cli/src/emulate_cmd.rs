@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use iadeep_agent::{Agent, DEFAULT_LEASE_TTL, DEFAULT_REPORT_INTERVAL};
+use iadeep_agent::{Agent, ChangeReason, DEFAULT_LEASE_TTL, DEFAULT_REPORT_INTERVAL};
 use iadeep_eval::EmulatedJob;
 use iadeep_proto::LrScalingRule;
 
@@ -22,7 +22,8 @@ use crate::StoreArgs;
 /// bundled Pollux traces (interpolated between measured sizes), so a tuner can be
 /// smoke-tested without a GPU. Stops after --steps steps (default: until Ctrl-C or
 /// SIGTERM) and marks the task finished; on a signal the agent finishes the task and the
-/// process ends as the signal ends it.
+/// process ends as the signal ends it. Evicted by the placer, it leaves the task
+/// unfinished and exits with status 75.
 #[derive(Debug, Args)]
 pub struct EmulateArgs {
     /// Task id (letters, digits, '.', '_', '-', ':').
@@ -58,6 +59,10 @@ pub struct EmulateArgs {
     #[command(flatten)]
     store: StoreArgs,
 }
+
+/// Exit status after an eviction (EX_TEMPFAIL: `iadeep run --requeue-on-evict` starts
+/// the job again).
+pub const EVICTED_EXIT: u8 = 75;
 
 pub async fn run(args: EmulateArgs) -> anyhow::Result<ExitCode> {
     if !(args.time_scale.is_finite() && args.time_scale > 0.0) {
@@ -115,6 +120,16 @@ pub async fn run(args: EmulateArgs) -> anyhow::Result<ExitCode> {
             agent.record_gradient_norms(b, gb, big, gbig);
         }
         if let Some(change) = agent.poll_change() {
+            if change.reason == ChangeReason::Evicted {
+                // What a trainer does: checkpoint (nothing to save here), leave, exit.
+                let reason = agent.evicted().unwrap_or_default();
+                println!("step {step}: evicted ({reason}); leaving");
+                tokio::task::spawn_blocking(move || agent.leave())
+                    .await
+                    .context("leaving the task")?
+                    .context("leaving the task")?;
+                return Ok(ExitCode::from(EVICTED_EXIT));
+            }
             println!(
                 "step {step}: batch size {bs} -> {} (lr x{:.3}, round {})",
                 change.batch_size, change.lr_factor, change.round

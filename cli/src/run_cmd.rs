@@ -8,9 +8,17 @@
 //! released before `iadeep run` exits with the job's exit code (128 + N for a job
 //! killed by signal N). If `iadeep run` itself is killed, the placer releases the GPU
 //! once the job's agent is gone for the grace period.
+//!
+//! Eviction: when the job exits, `iadeep run` reads the task's assignment (the live key,
+//! else the archived one, whichever was written since this run was placed); if the
+//! placer evicted it and its last report does not say finished, it is released, placed
+//! again under the same task id through the usual queue, and the same command started
+//! again with IADEEP_REQUEUED and IADEEP_EVICTED_REASON set (`--requeue-on-evict`, on by
+//! default for opportunistic jobs), at most `--max-requeues` times.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitCode, ExitStatus};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -19,10 +27,10 @@ use clap::builder::PossibleValuesParser;
 use iadeep_agent::launch::{self, Launch};
 use iadeep_proto::placer_client::PlacerClient;
 use iadeep_proto::{
-    DeviceInfo, ListDevicesRequest, PlaceRequest, Placement, ReleaseRequest, TaskSpec,
-    place_response,
+    BatchSizeAssignment, DeviceInfo, ListDevicesRequest, PlaceRequest, Placement, PriorityClass,
+    ReleaseRequest, TaskReport, TaskSpec, place_response,
 };
-use iadeep_state::StoreUrl;
+use iadeep_state::{StateStore, StoreUrl, keys, typed};
 
 use crate::tls_args::PlacerTlsArgs;
 use nix::sys::signal::{Signal, kill};
@@ -40,6 +48,13 @@ mod wake;
 /// CUDA_VISIBLE_DEVICES set (the job's `iadeep.Agent.from_env()` reads them, together
 /// with the batch sizes given here), releases the placement when CMD exits (also
 /// after Ctrl-C, SIGTERM or a crash), and exits with CMD's exit code.
+///
+/// Production jobs (`--class production`) keep their slowdown under `--max-slowdown`;
+/// opportunistic ones (the default) use what production jobs leave and may be evicted.
+/// After an eviction `iadeep run` places the job again and restarts CMD with
+/// IADEEP_REQUEUED=N and IADEEP_EVICTED_REASON set (`--requeue-on-evict`), so the job
+/// resumes from its checkpoint. A job that writes no checkpoint loses all its progress
+/// when evicted: it starts over.
 ///
 /// Example: `source ~/.local/share/iadeep/cluster/cluster.env;
 /// iadeep run --batch-size 64 --max-batch-size 256 -- python train.py`
@@ -93,6 +108,33 @@ pub struct RunArgs {
     /// still runs here: only for a cluster whose machines share this one's GPUs).
     #[arg(long)]
     any_node: bool,
+    /// The job's priority class. `production`: must run nearly as fast as alone;
+    /// placement, batch-size tuning and eviction keep its slowdown (PD) at or under
+    /// --max-slowdown. `opportunistic`: uses what production jobs leave; shrunk first,
+    /// and evicted when a production job on its GPU stays above its cap.
+    #[arg(long = "class", value_name = "CLASS", default_value = "opportunistic",
+        value_parser = PossibleValuesParser::new(iadeep_proto::PRIORITY_CLASS_NAMES))]
+    class: String,
+    /// Production jobs only: the most slowdown the job accepts, as PD (its time per
+    /// sample relative to running alone at M0), greater than 1 and at most 10; 1.1
+    /// means at most 10 % slower. Default: 1.10.
+    #[arg(long, value_name = "X")]
+    max_slowdown: Option<f64>,
+    /// When the placer evicts the job: release it, queue it again (same task id) and
+    /// restart CMD once placed, with IADEEP_REQUEUED=N (the restart's number) and
+    /// IADEEP_EVICTED_REASON set, so it resumes from its checkpoint (`iadeep.torch`'s
+    /// `on_evict` hook, or the Lightning callback's `checkpoint_path`). A job without a
+    /// checkpoint loses all its progress: it starts over. Default: on for opportunistic
+    /// jobs, off for production ones.
+    #[arg(long, overrides_with = "no_requeue_on_evict")]
+    requeue_on_evict: bool,
+    /// After an eviction, exit with the job's exit code instead of starting it again.
+    #[arg(long, overrides_with = "requeue_on_evict")]
+    no_requeue_on_evict: bool,
+    /// The most restarts after evictions; after that, an eviction ends `iadeep run` with
+    /// the job's exit code.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_REQUEUES)]
+    max_requeues: u32,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -107,6 +149,11 @@ const QUEUE_TIMEOUT_EXIT: u8 = 75;
 const FREED_POLL: Duration = Duration::from_secs(2);
 /// Deadline of each call to the placer.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Restarts after evictions when --max-requeues is not given: enough for a job that
+/// meets a few busy production jobs, bounded so a job evicted over and over stops.
+const DEFAULT_MAX_REQUEUES: u32 = 10;
+/// Deadline of each store read after the job exits (is it evicted?).
+const STORE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The signals `iadeep run` handles, registered before anything can be interrupted.
 struct Signals {
@@ -206,6 +253,34 @@ enum Waited {
     TimedOut,
 }
 
+/// The job's class and cap as given, checked as the placer checks them.
+fn class_of(args: &RunArgs) -> Result<(PriorityClass, Option<f64>)> {
+    let class = iadeep_proto::priority_class_from_name(&args.class)
+        .with_context(|| format!("--class {}: not a class", args.class))?;
+    if let Err((field, why)) = iadeep_proto::check_priority(class as i32, args.max_slowdown) {
+        match (field, args.max_slowdown) {
+            ("max_slowdown", Some(_)) if class != PriorityClass::Production => {
+                bail!(
+                    "--max-slowdown applies to --class production only (this job is {})",
+                    args.class
+                )
+            }
+            ("max_slowdown", Some(cap)) => bail!("--max-slowdown {cap}: {why}"),
+            _ => bail!("--class {}: {why}", args.class),
+        }
+    }
+    Ok((class, args.max_slowdown))
+}
+
+/// Whether an evicted job is placed again and restarted: as asked, else by its class.
+fn requeues(args: &RunArgs, class: PriorityClass) -> bool {
+    match (args.requeue_on_evict, args.no_requeue_on_evict) {
+        (true, _) => true,
+        (_, true) => false,
+        _ => class != PriorityClass::Production,
+    }
+}
+
 pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let mut signals = Signals::install()?;
     let placer = args.placer.as_deref().context(
@@ -220,6 +295,8 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
              must share an etcd store (the embedded store serves one process); start one with `iadeep up`"
         );
     }
+    let (class, max_slowdown) = class_of(&args)?;
+    let requeue = requeues(&args, class);
     let name = job_name(&args.command);
     let task_id = args
         .task_id
@@ -227,55 +304,301 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         .unwrap_or_else(|| default_task_id(&name));
     let lr_rule = launch::lr_rule_from_name(&args.lr_rule)
         .with_context(|| format!("--lr-rule {}: not a rule", args.lr_rule))?;
-    let spec = task_spec(&args, &task_id, &name, lr_rule);
+    let spec = task_spec(&args, &task_id, &name, lr_rule, class);
     let mut client = connect(placer, &args.placer_tls).await?;
+    let mut evictions = Evictions::new(store.clone(), &task_id);
+    let mut requeued = 0u32;
+    let mut evicted_reason: Option<String> = None;
 
-    let (placement, device) =
-        match wait_for_placement(&mut client, &spec, &args, &mut signals).await {
-            Ok(Waited::Placed(placed)) => *placed,
-            Ok(Waited::Interrupted(sig)) => {
-                tracing::info!(signal = %sig, "interrupted while queued");
-                release(&mut client, &task_id).await;
-                return Ok(ExitCode::from(128 + sig as i32 as u8));
-            }
-            Ok(Waited::TimedOut) => {
-                release(&mut client, &task_id).await;
-                eprintln!(
-                    "iadeep run: still queued after --max-wait-s {}; giving up",
-                    args.max_wait_s.unwrap_or(0)
-                );
-                return Ok(ExitCode::from(QUEUE_TIMEOUT_EXIT));
-            }
-            Err(err) => {
-                // A Place may have committed before the failure: give it back.
-                release(&mut client, &task_id).await;
-                return Err(err);
-            }
+    loop {
+        let (placement, device) =
+            match wait_for_placement(&mut client, &spec, &args, &mut signals).await {
+                Ok(Waited::Placed(placed)) => *placed,
+                Ok(Waited::Interrupted(sig)) => {
+                    tracing::info!(signal = %sig, "interrupted while queued");
+                    release(&mut client, &task_id).await;
+                    return Ok(ExitCode::from(128 + sig as i32 as u8));
+                }
+                Ok(Waited::TimedOut) => {
+                    release(&mut client, &task_id).await;
+                    eprintln!(
+                        "iadeep run: still queued after --max-wait-s {}; giving up",
+                        args.max_wait_s.unwrap_or(0)
+                    );
+                    return Ok(ExitCode::from(QUEUE_TIMEOUT_EXIT));
+                }
+                Err(err) => {
+                    // A Place may have committed before the failure: give it back.
+                    release(&mut client, &task_id).await;
+                    return Err(err);
+                }
+            };
+        // What the store holds from here on is this run's: an eviction written later.
+        evictions.placed().await;
+
+        let launch = Launch {
+            task_id: task_id.clone(),
+            store: store.to_string(),
+            device_id: Some(placement.device_id.clone()),
+            // Only a name the user gave: the script's own name for itself is as good as ours.
+            model: args.model.clone(),
+            initial_batch_size: Some(args.batch_size),
+            min_batch_size: args.min_batch_size,
+            max_batch_size: args.max_batch_size,
+            lr_rule: Some(lr_rule),
+            priority_class: Some(class),
+            max_slowdown,
+            requeued,
+            evicted_reason: evicted_reason.clone(),
         };
+        tracing::info!(task = %task_id, device = %placement.device_id, gpu_index = device.index,
+            reserved_mib = placement.reserved_mem_mib, class = %args.class, requeued,
+            command = ?args.command, "placed; starting the job");
+        let ran = run_job(&args.command, &launch, &device, &mut signals).await;
+        // Read before the Release, which moves the keys to the archive (read there too,
+        // for a task the reaper released first, once its agent had left).
+        let evicted = match &ran {
+            Ok((_, None)) => evictions.evicted().await,
+            // A signal stopped it, or it could not be waited for: not an eviction.
+            _ => None,
+        };
+        release(&mut client, &task_id).await;
+        let (status, _) = ran?;
+        tracing::info!(task = %task_id, %status, "job exited");
+        if let Some(reason) = evicted {
+            if !requeue {
+                tracing::warn!(task = %task_id, %reason,
+                    "the placer evicted the job; not restarting it (--no-requeue-on-evict)");
+            } else if requeued >= args.max_requeues {
+                tracing::warn!(task = %task_id, %reason, requeued,
+                    "the placer evicted the job again; not restarting it (--max-requeues {})",
+                    args.max_requeues);
+            } else {
+                requeued += 1;
+                tracing::warn!(task = %task_id, %reason, requeued,
+                    "the placer evicted the job; queueing it again, to restart it with IADEEP_REQUEUED={requeued} \
+                     (it resumes from its checkpoint, if it wrote one)");
+                evicted_reason = Some(reason);
+                continue;
+            }
+        }
+        return Ok(exit_code(status));
+    }
+}
 
-    let launch = Launch {
-        task_id: task_id.clone(),
-        store: store.to_string(),
-        device_id: Some(placement.device_id.clone()),
-        // Only a name the user gave: the script's own name for itself is as good as ours.
-        model: args.model.clone(),
-        initial_batch_size: Some(args.batch_size),
-        min_batch_size: args.min_batch_size,
-        max_batch_size: args.max_batch_size,
-        lr_rule: Some(lr_rule),
-    };
-    tracing::info!(task = %task_id, device = %placement.device_id, gpu_index = device.index,
-        reserved_mib = placement.reserved_mem_mib, command = ?args.command, "placed; starting the job");
-    let status = run_job(&args.command, &launch, &device, &mut signals).await;
-    release(&mut client, &task_id).await;
-    let status = status?;
+/// `iadeep run`'s exit code for the job's: its code, or 128 + N when killed by signal N.
+fn exit_code(status: ExitStatus) -> ExitCode {
     let code = match (status.code(), status.signal()) {
         (Some(code), _) => code,
         (None, Some(sig)) => 128 + sig,
         (None, None) => 1,
     };
-    tracing::info!(task = %task_id, %status, "job exited");
-    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// Whether the placer evicted this run of the task.
+///
+/// While the job runs, a watch of the task's assignment remembers an evict assignment,
+/// even one a tuner overwrote before the job exited; after it exits, the assignment is
+/// read too (the live key, else the archived one: the reaper may have released the
+/// task once its agent left). Only what was written after this run was placed counts
+/// (compared by the store's revision, no clock): an eviction archived by an earlier
+/// run's Release is not this run's. A job whose last report says it finished its work
+/// is not evicted, whatever the assignment says. The store is opened on first use; a
+/// store that cannot be read is logged and counts as no eviction (the job's exit code
+/// is then the answer).
+struct Evictions {
+    url: StoreUrl,
+    task_id: String,
+    store: Option<Arc<dyn StateStore>>,
+    /// The store's revision just after this run was placed.
+    since: i64,
+    /// The reason of an evict assignment the watch saw during this run.
+    seen: Arc<Mutex<Option<String>>>,
+    watch: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Evictions {
+    fn drop(&mut self) {
+        if let Some(watch) = self.watch.take() {
+            watch.abort();
+        }
+    }
+}
+
+/// An operation on the store with [`STORE_TIMEOUT`].
+async fn timed<T>(
+    what: &str,
+    fut: impl Future<Output = std::result::Result<T, iadeep_state::StateError>>,
+) -> Result<T> {
+    match tokio::time::timeout(STORE_TIMEOUT, fut).await {
+        Ok(result) => result.with_context(|| what.to_owned()),
+        Err(_) => bail!("{what}: no answer within {STORE_TIMEOUT:?}"),
+    }
+}
+
+/// The reason an evict assignment gives, or a plain one when it gives none.
+fn evict_reason(a: BatchSizeAssignment) -> String {
+    Some(a.evict_reason)
+        .filter(|r| !r.trim().is_empty())
+        .unwrap_or_else(|| "evicted by the placer".to_owned())
+}
+
+impl Evictions {
+    fn new(url: StoreUrl, task_id: &str) -> Evictions {
+        Evictions {
+            url,
+            task_id: task_id.to_owned(),
+            store: None,
+            since: 0,
+            seen: Arc::default(),
+            watch: None,
+        }
+    }
+
+    async fn open(&mut self) -> Result<Arc<dyn StateStore>> {
+        if let Some(store) = &self.store {
+            return Ok(store.clone());
+        }
+        let store = timed("opening the state store", self.url.open()).await?;
+        self.store = Some(store.clone());
+        Ok(store)
+    }
+
+    /// Notes the store's revision now (the task was just placed) and watches the task's
+    /// assignment from there.
+    async fn placed(&mut self) {
+        if let Some(watch) = self.watch.take() {
+            watch.abort();
+        }
+        self.seen = Arc::default();
+        let key = keys::task_assignment(&self.task_id);
+        let prefix = keys::task_prefix(&self.task_id);
+        let start = async {
+            let store = self.open().await?;
+            let snapshot = timed("reading the task", store.range(&prefix)).await?;
+            let watch = timed(
+                "watching the task's assignment",
+                store.watch(&key, Some(snapshot.revision + 1)),
+            )
+            .await?;
+            anyhow::Ok((snapshot.revision, watch))
+        };
+        match start.await {
+            Ok((revision, watch)) => {
+                self.since = revision;
+                self.watch = Some(tokio::spawn(remember_eviction(
+                    watch,
+                    key,
+                    self.seen.clone(),
+                )));
+            }
+            Err(err) => tracing::warn!(task = %self.task_id, err = format!("{err:#}"),
+                "cannot read the state store; an eviction of this run may go unseen"),
+        }
+    }
+
+    /// The eviction's reason when the placer evicted this run and the job did not
+    /// finish its work anyway.
+    async fn evicted(&mut self) -> Option<String> {
+        if let Some(watch) = self.watch.take() {
+            watch.abort();
+        }
+        match self.read().await {
+            Ok(evicted) => evicted,
+            Err(err) => {
+                tracing::warn!(task = %self.task_id, err = format!("{err:#}"),
+                    "cannot read whether the placer evicted the job; taking its exit as final");
+                None
+            }
+        }
+    }
+
+    async fn read(&mut self) -> Result<Option<String>> {
+        let store = self.open().await?;
+        let task = self.task_id.clone();
+        let seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let reason = match seen {
+            Some(reason) => reason,
+            None => {
+                let assignment: Option<BatchSizeAssignment> = self
+                    .latest(
+                        &*store,
+                        &keys::task_assignment(&task),
+                        &keys::archived_assignment(&task),
+                    )
+                    .await?;
+                match assignment.filter(|a| a.evict) {
+                    Some(a) => evict_reason(a),
+                    None => return Ok(None),
+                }
+            }
+        };
+        let report: Option<TaskReport> = self
+            .latest(
+                &*store,
+                &keys::task_report(&task),
+                &keys::archived_report(&task),
+            )
+            .await?;
+        if report.is_some_and(|r| r.finished) {
+            tracing::info!(task = %task, %reason,
+                "the placer evicted the job as it finished its work; nothing to restart");
+            return Ok(None);
+        }
+        Ok(Some(reason))
+    }
+
+    /// The value at `live`, else at `archived`, when written since this run was placed.
+    async fn latest<M: prost::Message + Default>(
+        &self,
+        store: &dyn StateStore,
+        live: &str,
+        archived: &str,
+    ) -> Result<Option<M>> {
+        for key in [live, archived] {
+            if let Some((value, kv)) = timed(key, typed::get::<M>(store, key)).await?
+                && kv.mod_revision > self.since
+            {
+                return Ok(Some(value));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Follows the task's assignment at `key` and keeps the reason of the first evict
+/// assignment in `seen`; ends with the watch (a failed watch leaves the read after the
+/// job's exit to tell).
+async fn remember_eviction(
+    mut watch: iadeep_state::WatchStream,
+    key: String,
+    seen: Arc<Mutex<Option<String>>>,
+) {
+    while let Some(event) = watch.next().await {
+        let kv = match event {
+            Ok(iadeep_state::WatchEvent::Put(kv)) if kv.key == key => kv,
+            Ok(_) => continue,
+            Err(err) => {
+                tracing::debug!(%err, "the watch of the task's assignment ended");
+                return;
+            }
+        };
+        match typed::decode::<BatchSizeAssignment>(&kv) {
+            Ok(a) if a.evict => {
+                let reason = evict_reason(a);
+                tracing::info!(%reason, "the placer evicts the job; it should checkpoint and exit");
+                *seen.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
+                return;
+            }
+            Ok(_) => {}
+            Err(err) => tracing::debug!(%err, "an assignment that does not decode"),
+        }
+    }
 }
 
 /// The spec `iadeep run` submits for the job, named `name` unless `--model` says.
@@ -284,6 +607,7 @@ fn task_spec(
     task_id: &str,
     name: &str,
     lr_rule: iadeep_proto::LrScalingRule,
+    class: PriorityClass,
 ) -> TaskSpec {
     TaskSpec {
         task_id: task_id.to_owned(),
@@ -295,6 +619,8 @@ fn task_spec(
         lr_rule: lr_rule as i32,
         total_samples: args.total_samples,
         submitted_at_unix_ms: iadeep_proto::now_unix_ms(),
+        priority_class: class as i32,
+        max_slowdown: args.max_slowdown,
         ..Default::default()
     }
 }
@@ -519,13 +845,15 @@ async fn wait_or_woken(
     }
 }
 
-/// Runs the job on `device` and waits for it, forwarding SIGTERM and SIGHUP.
+/// Runs the job on `device` and waits for it, forwarding SIGTERM and SIGHUP; returns its
+/// exit status and the last signal `iadeep run` got meanwhile (a job stopped by one is
+/// not restarted).
 async fn run_job(
     command: &[String],
     launch: &Launch,
     device: &DeviceInfo,
     signals: &mut Signals,
-) -> Result<ExitStatus> {
+) -> Result<(ExitStatus, Option<Signal>)> {
     let (program, args) = command.split_first().context("no command to run")?;
     let mut job = tokio::process::Command::new(program);
     job.args(args)
@@ -537,21 +865,28 @@ async fn run_job(
         .spawn()
         .with_context(|| format!("cannot start {program:?}"))?;
     let pid = child.id();
+    let mut stopped_by = None;
     loop {
         tokio::select! {
-            status = child.wait() => return status.with_context(|| format!("cannot wait for {program:?}")),
-            sig = signals.next() => match (sig, pid) {
-                (Signal::SIGINT, _) => {
-                    tracing::info!("Ctrl-C: the job got it too; waiting for it to exit");
-                }
-                (sig, Some(pid)) => {
-                    tracing::info!(signal = %sig, pid, "forwarding to the job");
-                    if let Err(err) = kill(Pid::from_raw(pid as i32), sig) {
-                        tracing::warn!(%err, "cannot forward the signal");
+            status = child.wait() => {
+                let status = status.with_context(|| format!("cannot wait for {program:?}"))?;
+                return Ok((status, stopped_by));
+            }
+            sig = signals.next() => {
+                stopped_by = Some(sig);
+                match (sig, pid) {
+                    (Signal::SIGINT, _) => {
+                        tracing::info!("Ctrl-C: the job got it too; waiting for it to exit");
                     }
+                    (sig, Some(pid)) => {
+                        tracing::info!(signal = %sig, pid, "forwarding to the job");
+                        if let Err(err) = kill(Pid::from_raw(pid as i32), sig) {
+                            tracing::warn!(%err, "cannot forward the signal");
+                        }
+                    }
+                    (_, None) => {}
                 }
-                (_, None) => {}
-            },
+            }
         }
     }
 }
@@ -604,6 +939,87 @@ mod tests {
         let id = default_task_id("my job/1");
         assert!(id.starts_with("my-job-1-"), "{id}");
         assert!(iadeep_state::keys::validate_id("task", &id).is_ok(), "{id}");
+    }
+
+    /// Evictions over an in-memory store, placed (its revision noted, its watch started).
+    async fn placed(store: &Arc<dyn StateStore>, task: &str) -> Evictions {
+        let url: StoreUrl = "etcd://127.0.0.1:1".parse().expect("url");
+        let mut evictions = Evictions::new(url, task);
+        evictions.store = Some(store.clone());
+        evictions.placed().await;
+        evictions
+    }
+
+    async fn put_assignment(store: &Arc<dyn StateStore>, key: &str, round: u64, evict: bool) {
+        let a = BatchSizeAssignment {
+            task_id: "t".into(),
+            batch_size: 64,
+            lr_factor: 1.0,
+            round,
+            evict,
+            evict_reason: if evict {
+                "prod-1 above its cap".into()
+            } else {
+                String::new()
+            },
+            ..Default::default()
+        };
+        typed::put(store.as_ref(), key, &a, None)
+            .await
+            .expect("put");
+    }
+
+    /// Only an eviction written since this run was placed is this run's (not one an
+    /// earlier run left archived); one a tuner overwrote before the job exited still
+    /// counts (the watch saw it); a job that finished its work is not restarted.
+    #[tokio::test]
+    async fn only_this_runs_eviction_counts_even_one_overwritten_and_not_once_finished() {
+        let store: Arc<dyn StateStore> =
+            Arc::new(iadeep_state::EmbeddedStore::in_memory().expect("store"));
+        let task = "t";
+        put_assignment(&store, &keys::archived_assignment(task), 3, true).await;
+        let mut evictions = placed(&store, task).await;
+        assert_eq!(evictions.evicted().await, None, "an earlier run's eviction");
+
+        let mut evictions = placed(&store, task).await;
+        put_assignment(&store, &keys::task_assignment(task), 4, true).await;
+        put_assignment(&store, &keys::task_assignment(task), 5, false).await;
+        for _ in 0..500 {
+            if evictions.seen.lock().expect("lock").is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            evictions.evicted().await.as_deref(),
+            Some("prod-1 above its cap")
+        );
+
+        let mut evictions = placed(&store, task).await;
+        put_assignment(&store, &keys::archived_assignment(task), 6, true).await;
+        let finished = TaskReport {
+            task_id: task.into(),
+            finished: true,
+            ..Default::default()
+        };
+        typed::put(
+            store.as_ref(),
+            &keys::archived_report(task),
+            &finished,
+            None,
+        )
+        .await
+        .expect("put");
+        assert_eq!(evictions.evicted().await, None, "it finished its work");
+        typed::put(
+            store.as_ref(),
+            &keys::archived_report(task),
+            &TaskReport::default(),
+            None,
+        )
+        .await
+        .expect("put");
+        assert!(evictions.evicted().await.is_some(), "read from the archive");
     }
 
     #[test]

@@ -1,0 +1,232 @@
+//! `iadeep run` after an eviction, against `iadeep up --no-nvml` (real processes, real
+//! etcd, ports picked free): the test writes the placer's evict assignment for a
+//! running job; the job (an emulated one with the real agent) leaves and exits, `iadeep
+//! run` releases it, places it again under the same id and restarts the command with
+//! IADEEP_REQUEUED=1 and the reason, and the restarted job finishes. The task is never
+//! placed twice at once. A production job is not restarted (its default), and a cap on
+//! an opportunistic job is refused before anything is placed.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{DEADLINE, LocalCluster};
+use serde_json::Value;
+
+const REASON: &str = "prod-1 ran at PD 1.31 above its cap 1.10 for 3 rounds";
+
+/// A job script: notes each start (its IADEEP_REQUEUED, class and eviction reason) in
+/// `$RUNS`, then runs an emulated job: until stopped on its first run, 20 steps after a
+/// restart.
+const JOB: &str = r#"
+echo "run ${IADEEP_REQUEUED:-0} ${IADEEP_PRIORITY_CLASS} ${IADEEP_EVICTED_REASON}" >> "$RUNS"
+if [ -z "$IADEEP_REQUEUED" ]; then steps=100000000; else steps=20; fi
+exec "$IADEEP_BIN" emulate-job --task-id "$IADEEP_TASK_ID" --model cifar10 \
+    --initial-batch-size 64 --min-batch-size 32 --max-batch-size 256 \
+    --time-scale 0.05 --report-interval 0.2 --lease-ttl 2 --steps "$steps"
+"#;
+
+/// `iadeep run ARGS -- sh JOB` in the background, its output in `dir`/run.log.
+fn start_run(cluster: &LocalCluster, dir: &Path, task: &str, args: &[&str]) -> Child {
+    let script = dir.join("job.sh");
+    std::fs::write(&script, JOB).expect("write the job script");
+    let log = std::fs::File::create(dir.join(format!("{task}.log"))).expect("log");
+    Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args([
+            "run",
+            "--task-id",
+            task,
+            "--model",
+            "cifar10",
+            "--batch-size",
+            "64",
+        ])
+        .args(["--min-batch-size", "32", "--max-batch-size", "256"])
+        .args(["--gpu-mem-mib", "2000"])
+        .args(args)
+        .arg("--")
+        .arg("sh")
+        .arg(&script)
+        .env("IADEEP_STORE", &cluster.store)
+        .env("IADEEP_PLACER", &cluster.placer)
+        .env("IADEEP_BIN", env!("CARGO_BIN_EXE_iadeep"))
+        .env("RUNS", dir.join(format!("{task}.runs")))
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("spawn iadeep run")
+}
+
+/// How many times `task` is among the residents of the cluster's devices now.
+fn residencies(cluster: &LocalCluster, task: &str) -> usize {
+    cluster
+        .device_infos()
+        .iter()
+        .filter_map(|info| cluster.get(&info.replace("/info", "/residents")))
+        .map(|record| {
+            record["reservations"]
+                .as_array()
+                .map_or(0, |r| r.iter().filter(|r| r["taskId"] == task).count())
+        })
+        .sum()
+}
+
+/// Writes the placer's eviction of `task`: its assignment repeated, with evict set.
+fn evict(cluster: &LocalCluster, task: &str) {
+    let key = format!("/iadeep/v1/tasks/{task}/assignment");
+    let mut assignment = cluster.get(&key).unwrap_or_else(
+        || serde_json::json!({"taskId": task, "batchSize": 64, "lrFactor": 1.0, "round": "1"}),
+    );
+    assignment["evict"] = Value::Bool(true);
+    assignment["evictReason"] = Value::String(REASON.into());
+    let out = common::iadeep(&[
+        "state",
+        "put",
+        &key,
+        &assignment.to_string(),
+        "--store",
+        &cluster.store,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Waits until `task` has reported steps, checking it is placed at most once meanwhile.
+fn wait_for_steps(cluster: &LocalCluster, dir: &Path, task: &str) {
+    let started = Instant::now();
+    loop {
+        assert!(residencies(cluster, task) <= 1, "placed twice");
+        let steps = cluster
+            .get(&format!("/iadeep/v1/tasks/{task}/report"))
+            .and_then(|r| r["stepsDone"].as_str().and_then(|s| s.parse::<u64>().ok()));
+        if steps.is_some_and(|s| s > 0) {
+            return;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "{task} reported no steps:\n{}\n{}",
+            read(&dir.join(format!("{task}.log"))),
+            cluster.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits for `iadeep run` to exit, checking the task is placed at most once meanwhile.
+fn wait_for_exit(cluster: &LocalCluster, dir: &Path, task: &str, run: &mut Child) -> i32 {
+    let started = Instant::now();
+    loop {
+        assert!(residencies(cluster, task) <= 1, "placed twice");
+        if let Some(status) = run.try_wait().expect("wait") {
+            return status.code().expect("an exit code");
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = run.kill();
+            panic!(
+                "iadeep run did not exit:\n{}\n{}",
+                read(&dir.join(format!("{task}.log"))),
+                cluster.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[test]
+fn an_evicted_job_is_released_placed_again_and_restarted_until_it_finishes() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cluster = LocalCluster::start(tmp.path().join("cluster"));
+    let dir = tmp.path();
+    let task = "rq-1";
+    let mut run = start_run(&cluster, dir, task, &[]);
+    wait_for_steps(&cluster, dir, task);
+    evict(&cluster, task);
+    let code = wait_for_exit(&cluster, dir, task, &mut run);
+    let log = read(&dir.join(format!("{task}.log")));
+    assert_eq!(code, 0, "the restarted job's exit code:\n{log}");
+    assert_eq!(
+        read(&dir.join(format!("{task}.runs"))),
+        format!("run 0 opportunistic \nrun 1 opportunistic {REASON}\n"),
+        "started twice, the second time told it was re-queued and why:\n{log}"
+    );
+    assert!(log.contains("evicted"), "{log}");
+    // The second run finished its work; nothing of the task is placed any more.
+    let report = cluster
+        .get(&format!("/iadeep/v1/archive/{task}/report"))
+        .expect("the archived report");
+    assert_eq!(report["finished"], true, "{report}");
+    assert_eq!(report["stepsDone"], "20", "{report}");
+    assert_eq!(residencies(&cluster, task), 0);
+    assert!(
+        cluster
+            .get(&format!("/iadeep/v1/tasks/{task}/placement"))
+            .is_none()
+    );
+}
+
+#[test]
+fn a_production_job_is_not_restarted_and_a_cap_needs_the_production_class() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cluster = LocalCluster::start(tmp.path().join("cluster"));
+    let dir = tmp.path();
+
+    // A cap on an opportunistic job: refused before anything is placed.
+    let out = cluster.run(&["--batch-size", "64", "--max-slowdown", "1.2", "--", "true"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--max-slowdown applies to --class production only"),
+        "{err}"
+    );
+    let out = cluster.run(&[
+        "--batch-size",
+        "64",
+        "--class",
+        "production",
+        "--max-slowdown",
+        "0.9",
+        "--",
+        "true",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("not a slowdown cap"),
+        "{err}"
+    );
+
+    let task = "prod-rq";
+    let mut run = start_run(
+        &cluster,
+        dir,
+        task,
+        &["--class", "production", "--max-slowdown", "1.25"],
+    );
+    wait_for_steps(&cluster, dir, task);
+    let spec = cluster
+        .get(&format!("/iadeep/v1/tasks/{task}/spec"))
+        .expect("spec");
+    assert_eq!(spec["priorityClass"], "PRIORITY_CLASS_PRODUCTION", "{spec}");
+    assert_eq!(spec["maxSlowdown"], 1.25, "{spec}");
+    evict(&cluster, task);
+    let code = wait_for_exit(&cluster, dir, task, &mut run);
+    let log = read(&dir.join(format!("{task}.log")));
+    assert_eq!(code, 75, "the evicted job's own exit code:\n{log}");
+    assert_eq!(
+        read(&dir.join(format!("{task}.runs"))),
+        "run 0 production \n",
+        "{log}"
+    );
+    assert!(log.contains("not restarting it"), "{log}");
+    assert_eq!(residencies(&cluster, task), 0, "released");
+}
