@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{DEADLINE, LocalCluster, free_port};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// `iadeep status ARGS` on the cluster.
 fn status(cluster: &LocalCluster, args: &[&str]) -> Output {
@@ -29,7 +29,8 @@ fn status_json(cluster: &LocalCluster) -> Value {
 struct Job(Child);
 
 impl Job {
-    fn start(cluster: &LocalCluster, task: &str, m0: &str) -> Job {
+    /// `class` is `iadeep run`'s class flags (none: opportunistic).
+    fn start(cluster: &LocalCluster, task: &str, m0: &str, class: &[&str]) -> Job {
         let child = Command::new(env!("CARGO_BIN_EXE_iadeep"))
             .args([
                 "run",
@@ -41,6 +42,7 @@ impl Job {
                 m0,
             ])
             .args(["--min-batch-size", "32", "--max-batch-size", "256"])
+            .args(class)
             .args(["--gpu-mem-mib", "2000", "--"])
             .arg(env!("CARGO_BIN_EXE_iadeep"))
             .args(["emulate-job", "--task-id", task, "--model", "cifar10"])
@@ -114,8 +116,14 @@ fn status_shows_what_the_store_holds_for_two_jobs() {
     let text = String::from_utf8_lossy(&status(&cluster, &[]).stdout).into_owned();
     assert!(text.contains("No jobs placed."), "{text}");
 
-    let _job_a = Job::start(&cluster, "st-a", "64");
-    let job_b = Job::start(&cluster, "st-b", "32");
+    // st-a is production with the loosest cap there is, so st-b still shares its GPU.
+    let _job_a = Job::start(
+        &cluster,
+        "st-a",
+        "64",
+        &["--class", "production", "--max-slowdown", "10"],
+    );
+    let job_b = Job::start(&cluster, "st-b", "32", &[]);
     let started = Instant::now();
     let reported = |task: &str| {
         cluster
@@ -163,7 +171,27 @@ fn status_shows_what_the_store_holds_for_two_jobs() {
             j["report_age_s"].as_f64().is_some_and(|age| age < 60.0),
             "{j}"
         );
+        assert_eq!(j["evict"], false, "{j}");
+        assert!(j["evict_reason"].is_null(), "{j}");
     }
+    // The class and cap are the spec's; above_cap is the tuner's test on the PD shown.
+    let a = job(&shown, "st-a");
+    assert_eq!(
+        (&a["class"], &a["max_slowdown"]),
+        (&json!("production"), &json!(10.0)),
+        "{a}"
+    );
+    match a["pd"].as_f64() {
+        Some(pd) => assert_eq!(a["above_cap"], json!(pd > 10.0), "{a}"),
+        None => assert!(a["above_cap"].is_null(), "{a}"),
+    }
+    let b = job(&shown, "st-b");
+    assert_eq!(b["class"], "opportunistic", "{b}");
+    assert!(
+        b["max_slowdown"].is_null() && b["above_cap"].is_null(),
+        "{b}"
+    );
+    assert!(shown["devices"][0]["breach"].is_null(), "{shown}");
 
     // Reservations move when a job reports its first peak: compare when two reads of the
     // status agree, so the store read between them saw the same state.
@@ -202,6 +230,13 @@ fn status_shows_what_the_store_holds_for_two_jobs() {
     }
     eprintln!("{text}");
     assert!(text.contains("st-a") && text.contains("st-b"), "{text}");
+    let row = |id: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{id} ")))
+            .unwrap_or_else(|| panic!("a row for {id}:\n{text}"))
+    };
+    assert!(row("st-a").contains(" 10.00 "), "st-a's cap:\n{text}");
+    assert!(row("st-b").contains(" - "), "st-b has no cap:\n{text}");
     assert!(text.contains(&device), "{text}");
 
     // A job that ends is released: it leaves the list and counts as released.
