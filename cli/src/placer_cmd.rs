@@ -200,6 +200,21 @@ pub(crate) struct PolicyArgs {
     /// first (bounds decision time on large clusters); 0 scores every feasible GPU.
     #[arg(long, default_value_t = PlacerParams::default().max_scored_devices)]
     max_scored_devices: usize,
+    /// After a production job's slowdown cap breach evicted an opportunistic job, how
+    /// long the placer keeps the two apart (the evicted job, re-queued, is not placed on
+    /// the production job's GPU, nor the other way round). A duration such as `30m` or
+    /// `2h`.
+    #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_positive_duration)]
+    avoid_pairing_for: Duration,
+}
+
+/// Parses a positive duration as `humantime` reads it (`30m`, `2h`, `90s`).
+fn parse_positive_duration(text: &str) -> std::result::Result<Duration, String> {
+    match humantime::parse_duration(text.trim()) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("must be positive".to_owned()),
+        Err(err) => Err(format!("{err}: give a duration such as 30m, 2h or 90s")),
+    }
 }
 
 impl PolicyArgs {
@@ -219,6 +234,7 @@ impl PolicyArgs {
             min_throughput_gain: self.min_throughput_gain,
             wait_cost_factor: self.wait_cost_factor,
             max_scored_devices: self.max_scored_devices,
+            avoid_pairing_for: self.avoid_pairing_for,
             ..base
         };
         Ok(Placer::new(params, predictor)?)
@@ -662,5 +678,24 @@ mod tests {
         assert_eq!(parse("never"), Ok(None));
         let err = parse("a while").expect_err("not a duration");
         assert!(err.contains("such as 1d"), "{err}");
+    }
+
+    #[test]
+    fn avoid_pairing_for_defaults_to_half_an_hour_and_must_be_positive() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            policy: PolicyArgs,
+        }
+        let parsed = Cli::try_parse_from(["iadeep"]).expect("defaults");
+        assert_eq!(parsed.policy.avoid_pairing_for, Duration::from_secs(1_800));
+        assert_eq!(
+            iadeep_placer::PlacerParams::default().avoid_pairing_for,
+            parsed.policy.avoid_pairing_for
+        );
+        let parsed = Cli::try_parse_from(["iadeep", "--avoid-pairing-for", "2h"]).expect("2h");
+        assert_eq!(parsed.policy.avoid_pairing_for, Duration::from_secs(7_200));
+        assert!(Cli::try_parse_from(["iadeep", "--avoid-pairing-for", "0s"]).is_err());
     }
 }

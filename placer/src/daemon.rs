@@ -1,6 +1,8 @@
 //! The placer daemon: view sync, gRPC (with `grpc.health.v1` and server
 //! reflection), the Kubernetes extender and the operators' HTTP endpoints
-//! (`/metrics`, `/healthz`, `/readyz`), each on its own listener, stopped together.
+//! (`/metrics`, `/healthz`, `/readyz`), each on its own listener, and the loops that
+//! keep the store in order (the [`crate::reaper`] and the [`crate::eviction`] loop that
+//! acts on the tuners' cap breaches), stopped together.
 //!
 //! Every listener is created by [`bind`] and every HTTP server started by
 //! [`serve_http`]. With [`DaemonConfig::tls`] every listener speaks TLS with the
@@ -326,6 +328,11 @@ impl Daemon {
         servers.push((
             "dead-task reaper",
             crate::reaper::spawn(service.clone(), graces, stop_rx.clone()),
+        ));
+        // Acts on the tuners' cap breaches: evicts the opportunistic job blamed most.
+        servers.push((
+            "eviction loop",
+            crate::eviction::spawn(service.clone(), stop_rx.clone()),
         ));
         tracing::info!(grpc = %grpc_addr, extender = ?extender_addr, metrics = ?metrics_addr,
             tls = ?config.tls, "placer serving");

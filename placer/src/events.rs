@@ -43,34 +43,33 @@ pub enum PlacementEvent {
     /// Tasks whose agent runs without a reservation and that could not be admitted
     /// again (their device has no room), as the last reaper pass found them.
     UnreservedRunning(usize),
+    /// An opportunistic job was told to leave its device (its assignment says evict):
+    /// `Cap` for a production job's measured cap breach ([`crate::eviction`]), `Room`
+    /// for a production job's placement that made room.
+    Evicted(EvictionTrigger),
+    /// A placement refused a device because a production job's slowdown cap (the
+    /// newcomer's or a resident's) would be exceeded there.
+    CapRefusal,
+    /// AvoidPairings in force (unexpired), as the last eviction pass counted them.
+    AvoidedPairings(usize),
     /// A co-location sample was handed to the slowdown model.
     SampleObserved,
     /// A stored value could not be decoded (and was skipped).
     DecodeError,
-    /// One decision refused this many devices because, with the task there, the upper
-    /// end of a predicted slowdown's 90 % interval would exceed a production job's cap
-    /// (`iadeep_placer_cap_refusals_total`); recorded only when non-zero.
-    CapRefusals(usize),
-    /// The placer wrote this many evict assignments, for `trigger`
-    /// (`iadeep_placer_evictions_total{trigger}`).
-    Evicted {
-        trigger: EvictionTrigger,
-        tasks: usize,
-    },
 }
 
-/// Why the placer evicted an opportunistic task: the `trigger` label of
-/// `iadeep_placer_evictions_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Why an opportunistic job was evicted (the `trigger` label of
+/// `iadeep_placer_evictions_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EvictionTrigger {
-    /// A production job stayed above its slowdown cap (the tuner's CapBreach).
+    /// A production job stayed measured above its cap on the victim's device.
     Cap,
-    /// A production job fitted no device under the caps, and evicting made room for it.
+    /// A production job's placement evicted it to make room.
     Room,
 }
 
 impl EvictionTrigger {
-    /// The metric label: "cap" or "room".
+    /// The metrics label.
     pub fn label(self) -> &'static str {
         match self {
             EvictionTrigger::Cap => "cap",

@@ -28,6 +28,7 @@ mod archive;
 pub mod compaction;
 mod error;
 mod events;
+pub mod eviction;
 mod model;
 mod params;
 pub mod policy;
@@ -50,7 +51,8 @@ mod metrics;
 pub use error::{PlacerError, Result};
 pub use events::{EvictionTrigger, NoEvents, PlacementEvent, PlacementEvents};
 pub use model::{MemoryEstimator, ModelledMemory};
-pub use params::PlacerParams;
+pub use params::{DEFAULT_AVOID_PAIRING_FOR, PlacerParams};
+pub use policy::evict::{Victim, blame, choose_victim};
 pub use policy::{
     Assessment, Candidate, Decision, ObservedWait, Placer, Rejection, Shrink, Verdict, WaitModel,
 };

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use prometheus::{HistogramOpts, IntCounterVec, IntGauge, Opts, Registry};
 
-use crate::events::{PlacementEvent, PlacementEvents};
+use crate::events::{EvictionTrigger, PlacementEvent, PlacementEvents};
 
 /// A monotonically increasing count.
 #[derive(Clone, Debug)]
@@ -99,6 +99,15 @@ pub struct PlacerMetrics {
     /// Tasks whose agent runs without a reservation that could not be admitted again
     /// (their device has no room), as the last reaper pass found them.
     pub unreserved_running: Gauge,
+    /// Opportunistic jobs evicted because a production job on their device stayed
+    /// measured above its slowdown cap (see [`crate::eviction`]).
+    pub cap_evictions: Counter,
+    /// Opportunistic jobs evicted to make room for a production job's placement.
+    pub room_evictions: Counter,
+    /// Placements that refused a device because a production job's cap would be exceeded.
+    pub cap_refusals: Counter,
+    /// AvoidPairings in force, as the last eviction pass counted them.
+    pub avoided_pairings: Gauge,
     /// Co-location samples handed to the slowdown model.
     pub samples_observed: Counter,
     /// Stored values that could not be decoded (skipped).
@@ -171,6 +180,11 @@ impl PlacerMetrics {
             "Kubernetes extender requests by verb.",
             "verb",
         );
+        let evictions = vec(
+            "iadeep_placer_evictions_total",
+            "Opportunistic jobs told to leave their GPU, by trigger: cap (a production job stayed measured above its slowdown cap) or room (a production job's placement).",
+            "trigger",
+        );
         let gauge = |name: &str, help: &str| registered(&registry, IntGauge::new(name, help));
         PlacerMetrics {
             placed: labelled(&decisions, "placed"),
@@ -215,6 +229,17 @@ impl PlacerMetrics {
             unreserved_running: Gauge(gauge(
                 "iadeep_placer_unreserved_running_tasks",
                 "Tasks whose agent runs without a reservation and could not be admitted again.",
+            )),
+            cap_evictions: labelled(&evictions, EvictionTrigger::Cap.label()),
+            room_evictions: labelled(&evictions, EvictionTrigger::Room.label()),
+            cap_refusals: counter(
+                &registry,
+                "iadeep_placer_cap_refusals_total",
+                "Placements that refused a GPU because a production job's slowdown cap would be exceeded there.",
+            ),
+            avoided_pairings: Gauge(gauge(
+                "iadeep_placer_avoided_pairings",
+                "Pairings of a production job and a job evicted for it that placement keeps apart (unexpired).",
             )),
             samples_observed: counter(
                 &registry,
@@ -271,10 +296,12 @@ impl PlacementEvents for PlacerMetrics {
             PlacementEvent::RetentionDeleted => self.retention_deleted.inc(),
             PlacementEvent::Readmitted => self.readmitted.inc(),
             PlacementEvent::UnreservedRunning(tasks) => self.unreserved_running.set(tasks),
+            PlacementEvent::Evicted(EvictionTrigger::Cap) => self.cap_evictions.inc(),
+            PlacementEvent::Evicted(EvictionTrigger::Room) => self.room_evictions.inc(),
+            PlacementEvent::CapRefusal => self.cap_refusals.inc(),
+            PlacementEvent::AvoidedPairings(n) => self.avoided_pairings.set(n),
             PlacementEvent::SampleObserved => self.samples_observed.inc(),
             PlacementEvent::DecodeError => self.decode_errors.inc(),
-            // Counted once the eviction executor's counters land (issue 27).
-            PlacementEvent::CapRefusals(_) | PlacementEvent::Evicted { .. } => {}
         }
     }
 }
@@ -303,5 +330,35 @@ mod tests {
         assert!(text.contains("iadeep_placer_devices 3"));
         assert!(text.contains("iadeep_build_info{component=\"placer\""));
         assert_eq!(m.decision_latency.count(), 3);
+    }
+
+    /// The issue's metric names, both eviction triggers listed from the start (a
+    /// dashboard's rate() needs the series before the first eviction).
+    #[test]
+    fn eviction_metrics_are_exposed_by_their_fixed_names() {
+        let m = PlacerMetrics::default();
+        let text = m.render(0, 0);
+        for series in [
+            "iadeep_placer_evictions_total{trigger=\"cap\"} 0",
+            "iadeep_placer_evictions_total{trigger=\"room\"} 0",
+            "iadeep_placer_cap_refusals_total 0",
+            "iadeep_placer_avoided_pairings 0",
+        ] {
+            assert!(text.contains(series), "{series} missing from:\n{text}");
+        }
+        m.record(PlacementEvent::Evicted(EvictionTrigger::Cap));
+        m.record(PlacementEvent::Evicted(EvictionTrigger::Room));
+        m.record(PlacementEvent::Evicted(EvictionTrigger::Room));
+        m.record(PlacementEvent::CapRefusal);
+        m.record(PlacementEvent::AvoidedPairings(3));
+        let text = m.render(0, 0);
+        for series in [
+            "iadeep_placer_evictions_total{trigger=\"cap\"} 1",
+            "iadeep_placer_evictions_total{trigger=\"room\"} 2",
+            "iadeep_placer_cap_refusals_total 1",
+            "iadeep_placer_avoided_pairings 3",
+        ] {
+            assert!(text.contains(series), "{series} missing from:\n{text}");
+        }
     }
 }

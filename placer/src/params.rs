@@ -66,10 +66,19 @@ pub struct PlacerParams {
     /// the placer replaces the grant with the measured peak as soon as the task reports
     /// one (see [`crate::policy`], "Memory of a task nothing is known of"). In (0, 1].
     pub min_unknown_memory_share: f64,
+    /// How long, after a cap breach evicted an opportunistic job, the placer keeps it off
+    /// the device of the production job it slowed (the AvoidPairing the eviction writes,
+    /// see [`crate::eviction`]): long enough that the re-queued job lands elsewhere or
+    /// after the production job has moved on, short enough that a pairing that only
+    /// clashed in one phase of training is tried again. Positive.
+    pub avoid_pairing_for: Duration,
 }
 
 /// Default of [`PlacerParams::task_retention`]: a day to look at a finished job.
 pub const DEFAULT_TASK_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// Default of [`PlacerParams::avoid_pairing_for`]: half an hour.
+pub const DEFAULT_AVOID_PAIRING_FOR: Duration = Duration::from_secs(30 * 60);
 
 impl Default for PlacerParams {
     fn default() -> Self {
@@ -91,6 +100,7 @@ impl Default for PlacerParams {
             compact_every: Some(crate::compaction::DEFAULT_COMPACT_EVERY),
             compact_keep_revisions: crate::compaction::DEFAULT_COMPACT_KEEP_REVISIONS,
             min_unknown_memory_share: 0.25,
+            avoid_pairing_for: DEFAULT_AVOID_PAIRING_FOR,
         }
     }
 }
@@ -159,6 +169,9 @@ impl PlacerParams {
                 "min_unknown_memory_share",
                 format!("{} is not in (0, 1]", self.min_unknown_memory_share),
             ));
+        }
+        if self.avoid_pairing_for.is_zero() {
+            return Err(bad("avoid_pairing_for", "must be positive"));
         }
         if self.retention_batch == 0 {
             return Err(bad("retention_batch", "must be at least 1"));

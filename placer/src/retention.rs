@@ -31,9 +31,18 @@
 //! go on ([`Swept::resume_after`]: the last marker it handled); the reaper then runs the next pass at once, so a backlog
 //! is cleared at the store's transaction rate without one pass holding the reaper for
 //! long. (Key order, not release order: release order would need every marker read.)
+//!
+//! **Avoid records.** Each pass that starts from the first marker also deletes the
+//! AvoidPairings ([`iadeep_state::keys::avoid_pairing`], written with each cap eviction,
+//! see [`crate::eviction`]) whose `until` has passed by the service's clock, at most
+//! `retention_batch` of them, [`AVOID_TXN_RECORDS`] a transaction, each compared on the
+//! mod revision read (a pairing renewed by a later eviction meanwhile is kept).
+//! Placement ignores an expired record already ([`crate::ClusterView::avoids`]); the
+//! sweep only keeps the prefix from growing with every eviction ever made.
 
 use std::time::Duration;
 
+use iadeep_proto::AvoidPairing;
 use iadeep_state::keys::{self, KeyKind};
 use iadeep_state::{Expect, RangePage, Revision, Txn, TxnOutcome, typed};
 
@@ -52,9 +61,15 @@ pub const MARKER_PAGE: usize = 10_000;
 /// (`--max-txn-ops`), so 16 (112 deletes) is the most that fits.
 pub const SWEEP_TXN_TASKS: usize = 16;
 
+/// Expired avoid records one sweep transaction deletes: each costs a comparison and a
+/// delete, well under etcd's default limit of 128 operations per transaction.
+pub const AVOID_TXN_RECORDS: usize = 64;
+
 /// What one [`sweep`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Swept {
+    /// Expired AvoidPairings deleted (by a pass that started from the first marker).
+    pub avoid_deleted: usize,
     /// Tasks whose keys were deleted, in key order.
     pub deleted: Vec<String>,
     /// Tasks past their retention left alone because their agent still runs.
@@ -110,6 +125,9 @@ pub async fn sweep_paged(
     let now = service.now_unix_ms();
     let batch = batch.max(1);
     let mut swept = Swept::default();
+    if from.is_none() {
+        swept.avoid_deleted = sweep_avoid_paged(service, batch, page_size).await?;
+    }
     let mut after = from;
     loop {
         let page = service
@@ -141,6 +159,101 @@ pub async fn sweep_paged(
         );
     }
     Ok(swept)
+}
+
+/// Deletes the AvoidPairings whose `until` has passed by the service's clock, at most
+/// `batch` of them (see the module docs). Returns how many were deleted.
+pub async fn sweep_avoid(service: &PlacementService, batch: usize) -> Result<usize> {
+    sweep_avoid_paged(service, batch, MARKER_PAGE).await
+}
+
+/// [`sweep_avoid`], reading `page_size` records at a time.
+async fn sweep_avoid_paged(
+    service: &PlacementService,
+    batch: usize,
+    page_size: usize,
+) -> Result<usize> {
+    let now = service.now_unix_ms();
+    let batch = batch.max(1);
+    let mut deleted = 0;
+    let mut after: Option<String> = None;
+    loop {
+        let page = service
+            .store()
+            .range_page(keys::AVOID, after.as_deref(), page_size)
+            .await?;
+        let mut due = Vec::new();
+        for kv in &page.kvs {
+            let KeyKind::AvoidPairing {
+                production,
+                evicted,
+            } = KeyKind::parse(&kv.key)
+            else {
+                continue;
+            };
+            match typed::decode::<AvoidPairing>(kv) {
+                Ok(pairing) if pairing.until_unix_ms <= now => {
+                    due.push((production, evicted, kv.mod_revision));
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    service.record(PlacementEvent::DecodeError);
+                    tracing::warn!(%err, key = %kv.key,
+                        "avoid record does not decode; kept until it is fixed or deleted");
+                }
+            }
+        }
+        due.truncate(batch - deleted);
+        for chunk in due.chunks(AVOID_TXN_RECORDS) {
+            deleted += delete_avoid_chunk(service, chunk).await?;
+        }
+        after = page.next_after().map(str::to_owned);
+        if after.is_none() || deleted >= batch {
+            break;
+        }
+    }
+    if deleted > 0 {
+        tracing::info!(deleted, "deleted expired avoid records");
+    }
+    Ok(deleted)
+}
+
+/// Deletes the avoid records of `chunk` (production, evicted, mod revision read) in one
+/// transaction or, when one of them changed since it was read, one transaction each.
+/// Returns how many were deleted.
+async fn delete_avoid_chunk(
+    service: &PlacementService,
+    chunk: &[(String, String, Revision)],
+) -> Result<usize> {
+    let retire = |txn: Txn, (production, evicted, rev): &(String, String, Revision)| {
+        let key = keys::avoid_pairing(production, evicted);
+        txn.compare(key.as_str(), Expect::ModRevision(*rev))
+            .delete(key)
+    };
+    let all = chunk.iter().fold(Txn::new(), retire);
+    // Each deleted record with the revision it was deleted at.
+    let committed: Vec<(&(String, String, Revision), Revision)> =
+        match service.store().transact(all).await? {
+            TxnOutcome::Committed { revision } => chunk.iter().map(|r| (r, revision)).collect(),
+            TxnOutcome::Failed { .. } if chunk.len() == 1 => Vec::new(),
+            TxnOutcome::Failed { .. } => {
+                let mut committed = Vec::new();
+                for record in chunk {
+                    let txn = retire(Txn::new(), record);
+                    if let TxnOutcome::Committed { revision } =
+                        service.store().transact(txn).await?
+                    {
+                        committed.push((record, revision));
+                    }
+                }
+                committed
+            }
+        };
+    let mut view = service.view_mut();
+    for ((production, evicted, _), revision) in &committed {
+        view.remove_avoid(production, evicted, *revision);
+    }
+    Ok(committed.len())
 }
 
 /// Deletes the `due` tasks of one page in transactions of up to [`SWEEP_TXN_TASKS`],
@@ -514,6 +627,73 @@ mod tests {
             .await
             .expect("reaper task")
             .expect("reaper ends cleanly");
+    }
+
+    fn pairing(production: &str, evicted: &str, until: i64) -> AvoidPairing {
+        AvoidPairing {
+            production_task_id: production.into(),
+            evicted_task_id: evicted.into(),
+            until_unix_ms: until,
+            reason: String::new(),
+        }
+    }
+
+    /// Avoid records whose `until` has passed are deleted by the sweep (in the store and
+    /// the view), at most a batch a pass; one still in force stays.
+    #[tokio::test]
+    async fn expired_avoid_records_are_swept_in_batches() {
+        let (store, now, service) = world();
+        let t = now.load(Ordering::SeqCst);
+        let records = [
+            ("p", "e1", t - 1),
+            ("p", "e2", t),
+            ("p", "e3", t - 5_000),
+            ("p", "kept", t + 1),
+        ];
+        for (production, evicted, until) in records {
+            let record = pairing(production, evicted, until);
+            let key = keys::avoid_pairing(production, evicted);
+            let rev = typed::put(store.as_ref(), &key, &record, None)
+                .await
+                .expect("avoid");
+            service.view_mut().set_avoid(record, rev);
+        }
+        let first = sweep(&service, HOUR, 2, None).await.expect("sweep");
+        assert_eq!(first.avoid_deleted, 2, "{first:?}");
+        assert_eq!(count(store.as_ref(), keys::AVOID).await, 2);
+        let second = sweep(&service, HOUR, 2, None).await.expect("sweep");
+        assert_eq!(second.avoid_deleted, 1, "{second:?}");
+        let left = store.range(keys::AVOID).await.expect("range").kvs;
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].key, keys::avoid_pairing("p", "kept"));
+        let view = service.view();
+        assert_eq!(view.avoid_pairings().count(), 1, "the view follows");
+        assert!(view.avoids("kept", "p", t));
+    }
+
+    /// A record renewed (by a later eviction) after the sweep read it is not deleted.
+    #[tokio::test]
+    async fn a_renewed_avoid_record_is_not_swept() {
+        let (store, now, service) = world();
+        let t = now.load(Ordering::SeqCst);
+        let key = keys::avoid_pairing("p", "e");
+        let read = typed::put(store.as_ref(), &key, &pairing("p", "e", t - 1), None)
+            .await
+            .expect("avoid");
+        typed::put(
+            store.as_ref(),
+            &key,
+            &pairing("p", "e", t + HOUR.as_millis() as i64),
+            None,
+        )
+        .await
+        .expect("renewed");
+        let chunk = [("p".to_owned(), "e".to_owned(), read)];
+        assert_eq!(
+            delete_avoid_chunk(&service, &chunk).await.expect("delete"),
+            0
+        );
+        assert_eq!(count(store.as_ref(), keys::AVOID).await, 1);
     }
 
     #[test]

@@ -119,7 +119,7 @@ pub(crate) fn resident_spec(task: &TaskSpec) -> TaskSpec {
 
 /// The round a placer-written assignment on a device takes: one above every round its
 /// residents' assignments have seen, so every agent applies it.
-fn next_round(residents: &[crate::view::Resident]) -> u64 {
+pub(crate) fn next_round(residents: &[crate::view::Resident]) -> u64 {
     residents
         .iter()
         .filter_map(|r| r.assignment.as_ref().map(|(a, _)| a.round))
@@ -567,7 +567,7 @@ impl PlacementService {
         self.view.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn view_mut(&self) -> RwLockWriteGuard<'_, ClusterView> {
+    pub(crate) fn view_mut(&self) -> RwLockWriteGuard<'_, ClusterView> {
         self.view.write().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -200,7 +200,7 @@ impl Ctx {
                     .filter(|pair| !present.contains(pair))
                     .collect();
                 for (production, evicted) in gone {
-                    view.remove_avoid(&production, &evicted);
+                    view.remove_avoid(&production, &evicted, revision);
                 }
             }
         }
@@ -276,7 +276,7 @@ impl Ctx {
                 KeyKind::AvoidPairing {
                     production,
                     evicted,
-                } => view.remove_avoid(&production, &evicted),
+                } => view.remove_avoid(&production, &evicted, revision),
                 KeyKind::TaskReport { task } => view.remove_report(&task),
                 KeyKind::TaskAssignment { task } => view.remove_assignment(&task),
                 KeyKind::TaskAlive { task } => {

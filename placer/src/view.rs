@@ -547,10 +547,17 @@ impl ClusterView {
         self.avoid_records.insert(key, (pairing, revision));
     }
 
-    /// Forgets the AvoidPairing of `production` and `evicted` (its key was deleted).
-    pub fn remove_avoid(&mut self, production: &str, evicted: &str) {
+    /// Forgets the AvoidPairing of `production` and `evicted`, deleted at `revision`: a
+    /// record written after that (a later eviction's, reaching the view before the
+    /// deletion's echo) stays.
+    pub fn remove_avoid(&mut self, production: &str, evicted: &str, revision: Revision) {
         let key = (production.to_owned(), evicted.to_owned());
-        if self.avoid_records.remove(&key).is_some() {
+        if self
+            .avoid_records
+            .get(&key)
+            .is_some_and(|(_, seen)| *seen < revision)
+        {
+            self.avoid_records.remove(&key);
             self.unindex_avoid(production, evicted);
         }
     }
@@ -1069,10 +1076,15 @@ mod tests {
         assert!(view.avoids("opp", "prod", 8_999));
         // The reverse record (its own pairing) survives the first's deletion.
         view.set_avoid(pairing("opp", "prod", 4_000), 9);
-        view.remove_avoid("prod", "opp");
+        view.remove_avoid("prod", "opp", 8);
+        assert!(
+            view.avoids("opp", "prod", 8_999),
+            "renewed after that deletion"
+        );
+        view.remove_avoid("prod", "opp", 10);
         assert!(view.avoids("prod", "opp", 3_999));
         assert!(!view.avoids("prod", "opp", 4_000));
-        view.remove_avoid("opp", "prod");
+        view.remove_avoid("opp", "prod", 11);
         assert!(!view.avoids("prod", "opp", 0));
         assert!(view.avoid_index.is_empty(), "{:?}", view.avoid_index);
     }

@@ -88,6 +88,7 @@ use crate::params::PlacerParams;
 use crate::view::ClusterView;
 use iadeep_predictor::{Prediction, SlowdownModel};
 
+pub mod evict;
 mod explain;
 mod feasibility;
 mod score;
