@@ -72,6 +72,11 @@ pub struct PlacerParams {
     /// after the production job has moved on, short enough that a pairing that only
     /// clashed in one phase of training is tried again. Positive.
     pub avoid_pairing_for: Duration,
+    /// How long a room eviction's claim holds the room it makes for the production
+    /// task (see [`crate::policy`], "Room evictions"): long enough for the evicted jobs
+    /// to checkpoint, exit and release, and for the task to ask again; after it the
+    /// claim counts for nothing, so a task that never comes back holds nothing.
+    pub room_claim_ttl: Duration,
 }
 
 /// Default of [`PlacerParams::task_retention`]: a day to look at a finished job.
@@ -101,6 +106,7 @@ impl Default for PlacerParams {
             compact_keep_revisions: crate::compaction::DEFAULT_COMPACT_KEEP_REVISIONS,
             min_unknown_memory_share: 0.25,
             avoid_pairing_for: DEFAULT_AVOID_PAIRING_FOR,
+            room_claim_ttl: Duration::from_secs(60),
         }
     }
 }
@@ -169,6 +175,9 @@ impl PlacerParams {
                 "min_unknown_memory_share",
                 format!("{} is not in (0, 1]", self.min_unknown_memory_share),
             ));
+        }
+        if self.room_claim_ttl.is_zero() {
+            return Err(bad("room_claim_ttl", "must be positive"));
         }
         if self.avoid_pairing_for.is_zero() {
             return Err(bad("avoid_pairing_for", "must be positive"));

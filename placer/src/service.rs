@@ -25,15 +25,15 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use iadeep_proto::{
-    BatchSizeAssignment, DeviceInfo, DeviceResidents, DeviceStatus, Explanation, LrScalingRule,
-    Placement, QueueDecision, Reservation, TaskSpec, place_response,
+    BatchSizeAssignment, Claim, DeviceInfo, DeviceResidents, DeviceStatus, Explanation,
+    LrScalingRule, Placement, QueueDecision, Reservation, TaskSpec, place_response,
 };
 use iadeep_state::{Expect, StateStore, Txn, TxnOutcome, keys, typed};
 use prost::Message;
 
 use crate::error::{PlacerError, Result};
-use crate::events::{NoEvents, PlacementEvent, PlacementEvents};
-use crate::policy::{Decision, Placer, Verdict};
+use crate::events::{EvictionTrigger, NoEvents, PlacementEvent, PlacementEvents};
+use crate::policy::{Decision, Placer, Verdict, claim_holds};
 use crate::validate;
 use crate::view::ClusterView;
 use iadeep_predictor::Prediction;
@@ -191,10 +191,104 @@ fn placement_assignments(
 enum Step {
     /// The task holds a placement already: answer it.
     Answer(PlaceOutcome),
-    /// Commit this placement.
-    Commit(Explanation, Box<Plan>),
+    /// Commit this placement, or this room eviction.
+    Commit(Explanation, Work),
     /// Tell the caller to ask again after this long, and why.
     Queue(Explanation, Duration, String),
+}
+
+/// What a Place commits on one device.
+enum Work {
+    Place(Box<Plan>),
+    Evict(Box<EvictPlan>),
+}
+
+impl Work {
+    fn device_id(&self) -> &str {
+        match self {
+            Work::Place(p) => &p.device_id,
+            Work::Evict(e) => &e.device_id,
+        }
+    }
+
+    /// The residents record's revision the decision saw.
+    fn expect(&self) -> Expect {
+        match self {
+            Work::Place(p) => p.expect,
+            Work::Evict(e) => e.expect,
+        }
+    }
+}
+
+/// A room eviction to commit (see [`crate::policy`], "Room evictions"): the device's
+/// record with the production task's claim, and the victims' evict assignments.
+struct EvictPlan {
+    device_id: String,
+    record: DeviceResidents,
+    expect: Expect,
+    /// Each victim's assignment key and what the decision saw there.
+    assignment_compares: Vec<(String, Expect)>,
+    /// The victims' assignments, evict set.
+    assignments: Vec<BatchSizeAssignment>,
+    retry_after: Duration,
+    reason: String,
+}
+
+impl EvictPlan {
+    /// One transaction: the residents record is as the decision saw it, the task holds
+    /// no placement (one made meanwhile needs no room), and each victim's assignment is
+    /// as the decision saw it (a tuner's newer one is repeated, not overwritten); then
+    /// the record with the claim and the victims' evict assignments. The victims'
+    /// reservations stay: their memory counts until they release it.
+    fn txn(&self, task: &TaskSpec) -> Txn {
+        let key = keys::device_residents(&self.device_id);
+        let mut txn = Txn::new()
+            .compare(key.as_str(), self.expect)
+            .compare(keys::task_placement(&task.task_id), Expect::Absent);
+        for (assignment_key, expect) in &self.assignment_compares {
+            txn = txn.compare(assignment_key.as_str(), *expect);
+        }
+        txn = txn.put(key.as_str(), self.record.encode_to_vec(), None);
+        for a in &self.assignments {
+            txn = txn.put(keys::task_assignment(&a.task_id), a.encode_to_vec(), None);
+        }
+        txn
+    }
+}
+
+/// The evict assignment of `device`'s resident `task_id` (see [`BatchSizeAssignment`]'s
+/// `evict`): its last assignment (batch size and learning rate repeated) with `evict`
+/// set, `reason`, and the next round of the device, with what its key held; a fresh
+/// one at the size it runs at when it has none. `None` when it is not resident there.
+pub(crate) fn evict_assignment(
+    device: &crate::view::DeviceState,
+    task_id: &str,
+    reason: &str,
+    now_unix_ms: i64,
+) -> Option<(BatchSizeAssignment, Expect)> {
+    let resident = device
+        .residents
+        .iter()
+        .find(|r| r.reservation.task_id == task_id)?;
+    let (mut assignment, expect) = match &resident.assignment {
+        Some((a, rev)) => (a.clone(), Expect::ModRevision(*rev)),
+        None => (
+            BatchSizeAssignment {
+                task_id: task_id.to_owned(),
+                batch_size: resident.batch_size(),
+                lr_factor: 1.0,
+                lr_rule: resident.spec().lr_rule,
+                ..BatchSizeAssignment::default()
+            },
+            Expect::Absent,
+        ),
+    };
+    assignment.task_id = task_id.to_owned();
+    assignment.round = next_round(&device.residents);
+    assignment.assigned_at_unix_ms = now_unix_ms;
+    assignment.evict = true;
+    assignment.evict_reason = reason.to_owned();
+    Some((assignment, expect))
 }
 
 /// `device`'s residents record as the view holds it (an empty one for a device without
@@ -343,6 +437,55 @@ fn settlement_txn(
         }
     }
     txn
+}
+
+/// The record, compares and assignments of a room eviction decided on `view`: the
+/// device's record with the claim of `task` (replacing an earlier one of it, expired
+/// claims dropped), each victim's key and what the decision saw there, and its evict
+/// assignment, whose reason names the task. `None` when a victim is not resident there
+/// (the view changed under the decision).
+#[allow(clippy::type_complexity)]
+fn evict_plan(
+    view: &ClusterView,
+    task: &TaskSpec,
+    device_id: &str,
+    victims: &[String],
+    claim_mib: u64,
+    claim_until_unix_ms: i64,
+    now: i64,
+) -> Option<(
+    DeviceResidents,
+    Expect,
+    Vec<(String, Expect)>,
+    Vec<BatchSizeAssignment>,
+)> {
+    let device = view.device(device_id)?;
+    let reason = format!(
+        "evicted to make room for production job {} on {device_id}",
+        task.task_id
+    );
+    let mut compares = Vec::with_capacity(victims.len());
+    let mut assignments = Vec::with_capacity(victims.len());
+    for victim in victims {
+        let (assignment, expect) = evict_assignment(device, victim, &reason, now)?;
+        compares.push((keys::task_assignment(victim), expect));
+        assignments.push(assignment);
+    }
+    let mut record = device.residents_record(device_id);
+    record
+        .claims
+        .retain(|c| c.task_id != task.task_id && claim_holds(c, now));
+    record.claims.push(Claim {
+        task_id: task.task_id.clone(),
+        mem_mib: claim_mib,
+        until_unix_ms: claim_until_unix_ms,
+        evicting: victims.to_vec(),
+    });
+    let expect = match device.residents_revision {
+        Some(rev) => Expect::ModRevision(rev),
+        None => Expect::Absent,
+    };
+    Some((record, expect, compares, assignments))
 }
 
 /// The placement service: policy, view and store.
@@ -599,44 +742,49 @@ impl PlacementService {
         let mut attempt = 0;
         let mut waits = 0;
         loop {
-            let (explanation, plan) = match self.decide_step(&task, &restrict) {
+            let (explanation, work) = match self.decide_step(&task, &restrict) {
                 Step::Answer(outcome) => return Ok(outcome),
                 Step::Queue(explanation, retry_after, reason) => {
                     return Ok(self.queued(&task, retry_after, reason, explanation));
                 }
-                Step::Commit(explanation, plan) => (explanation, plan),
+                Step::Commit(explanation, work) => (explanation, work),
             };
-            let (explanation, plan) = if self.gates.is_shut(&plan.device_id) {
-                self.decide_elsewhere(&task, &restrict)
-                    .unwrap_or((explanation, plan))
-            } else {
-                (explanation, plan)
-            };
+            let (explanation, work) =
+                if matches!(work, Work::Place(_)) && self.gates.is_shut(work.device_id()) {
+                    self.decide_elsewhere(&task, &restrict)
+                        .unwrap_or((explanation, work))
+                } else {
+                    (explanation, work)
+                };
             // One commit at a time per device from this process: a second one, decided
             // on the same revision, could only lose (see `DeviceGates`).
-            let Some(_gate) = self.gates.try_enter(&plan.device_id) else {
+            let Some(_gate) = self.gates.try_enter(work.device_id()) else {
                 waits += 1;
                 if waits > attempts.saturating_mul(WAITS_PER_ATTEMPT) {
                     return Err(PlacerError::contention(task.task_id, attempt, waits - 1));
                 }
                 self.record(PlacementEvent::GateWait);
-                tracing::debug!(task = %task.task_id, device = %plan.device_id,
+                tracing::debug!(task = %task.task_id, device = %work.device_id(),
                     "device being reserved by another request; deciding again after it");
-                self.gates.wait(&plan.device_id).await;
+                self.gates.wait(work.device_id()).await;
                 continue;
             };
             if self
                 .view()
-                .device(&plan.device_id)
+                .device(work.device_id())
                 .and_then(|d| d.residents_revision)
-                != expected_revision(plan.expect)
+                != expected_revision(work.expect())
             {
                 // A commit landed between the decision and the gate: decide on it.
                 waits += 1;
                 continue;
             }
             attempt += 1;
-            if let Some(outcome) = self.commit(&task, plan, explanation, attempt).await? {
+            let outcome = match work {
+                Work::Place(plan) => self.commit(&task, plan, explanation, attempt).await?,
+                Work::Evict(plan) => self.commit_evict(&task, plan, explanation, attempt).await?,
+            };
+            if let Some(outcome) = outcome {
                 return Ok(outcome);
             }
             if attempt >= attempts {
@@ -659,7 +807,7 @@ impl PlacementService {
         &self,
         task: &TaskSpec,
         restrict: &[String],
-    ) -> Option<(Explanation, Box<Plan>)> {
+    ) -> Option<(Explanation, Work)> {
         let busy = self.gates.shut();
         let open: Vec<String> = if restrict.is_empty() {
             self.view()
@@ -679,8 +827,8 @@ impl PlacementService {
             return None;
         }
         match self.decide_step(task, &open) {
-            Step::Commit(explanation, plan) => Some((explanation, plan)),
-            Step::Answer(_) | Step::Queue(..) => None,
+            Step::Commit(explanation, work @ Work::Place(_)) => Some((explanation, work)),
+            Step::Commit(_, Work::Evict(_)) | Step::Answer(_) | Step::Queue(..) => None,
         }
     }
 
@@ -692,15 +840,51 @@ impl PlacementService {
             return Step::Answer(self.existing(&view, &task.task_id, device_id));
         }
         let started = Instant::now();
+        let now = self.clock.now_unix_ms();
         let Decision {
             verdict,
             explanation,
-        } = self
-            .placer
-            .decide(&view, task, restrict, self.clock.now_unix_ms());
+            cap_refusals,
+        } = self.placer.decide(&view, task, restrict, now);
         self.record(PlacementEvent::DecisionTime(started.elapsed()));
+        for _ in 0..cap_refusals {
+            self.record(PlacementEvent::CapRefusal);
+        }
+        if let Verdict::Evict {
+            device_id,
+            victims,
+            claim_mib,
+            claim_until_unix_ms,
+            retry_after,
+            reason,
+        } = verdict
+        {
+            return match evict_plan(
+                &view,
+                task,
+                &device_id,
+                &victims,
+                claim_mib,
+                claim_until_unix_ms,
+                now,
+            ) {
+                Some((record, expect, assignment_compares, assignments)) => Step::Commit(
+                    explanation,
+                    Work::Evict(Box::new(EvictPlan {
+                        device_id,
+                        record,
+                        expect,
+                        assignment_compares,
+                        assignments,
+                        retry_after,
+                        reason,
+                    })),
+                ),
+                None => Step::Queue(explanation, retry_after, reason),
+            };
+        }
         match self.plan(&view, task, verdict) {
-            Ok(plan) => Step::Commit(explanation, Box::new(plan)),
+            Ok(plan) => Step::Commit(explanation, Work::Place(Box::new(plan))),
             Err((retry_after, reason)) => Step::Queue(explanation, retry_after, reason),
         }
     }
@@ -726,11 +910,21 @@ impl PlacementService {
             Verdict::Queue {
                 retry_after,
                 reason,
+            }
+            | Verdict::Evict {
+                retry_after,
+                reason,
+                ..
             } => return Err((retry_after, reason)),
         };
         let device = view.device(&device_id);
         let now = self.clock.now_unix_ms();
         let mut record = shrunk_record(device, &device_id, &shrinks);
+        // The task's own claim is spent, and expired ones hold nothing: the record
+        // carries neither further.
+        record
+            .claims
+            .retain(|c| c.task_id != task.task_id && claim_holds(c, now));
         let reservation = Reservation {
             task_id: task.task_id.clone(),
             reserved_mem_mib,
@@ -837,6 +1031,63 @@ impl PlacementService {
                 self.record(PlacementEvent::CasConflict);
                 tracing::debug!(task = %task.task_id, device = %device_id, attempt,
                     "device changed since the decision; deciding again");
+                self.absorb(&device_id, expect, residents_now);
+                self.absorb_assignments(assignment_compares.iter().zip(current));
+                Ok(None)
+            }
+        }
+    }
+
+    /// Makes a room eviction real in one transaction ([`EvictPlan::txn`]). The answer
+    /// to the Place ("queued", with the plan's retry hint and reason), or `None` when the
+    /// device or a victim's assignment changed since the decision: what the transaction
+    /// found is in the view then, for the next decision.
+    async fn commit_evict(
+        &self,
+        task: &TaskSpec,
+        plan: Box<EvictPlan>,
+        explanation: Explanation,
+        attempt: u32,
+    ) -> Result<Option<PlaceOutcome>> {
+        let txn = plan.txn(task);
+        let EvictPlan {
+            device_id,
+            record,
+            expect,
+            assignment_compares,
+            assignments,
+            retry_after,
+            reason,
+        } = *plan;
+        match self.store.transact(txn).await? {
+            TxnOutcome::Committed { revision } => {
+                {
+                    let mut view = self.view_mut();
+                    view.apply_residents(&device_id, Some(record), revision);
+                    for a in &assignments {
+                        view.set_assignment(a.clone(), revision);
+                    }
+                }
+                for a in &assignments {
+                    self.record(PlacementEvent::Evicted(EvictionTrigger::Room));
+                    tracing::info!(task = %task.task_id, device = %device_id,
+                        victim = %a.task_id, attempt, reason = %a.evict_reason,
+                        "evicting an opportunistic job to make room for a production job");
+                }
+                Ok(Some(self.queued(task, retry_after, reason, explanation)))
+            }
+            TxnOutcome::Failed { current } => {
+                let mut current = current.into_iter();
+                let residents_now = current.next().flatten();
+                if let Some(existing) = current.next().flatten() {
+                    let placement = typed::decode::<Placement>(&existing)?;
+                    tracing::info!(task = %task.task_id, device = %placement.device_id,
+                        "placed meanwhile by another request; answering that placement");
+                    return Ok(Some(already_placed(placement)));
+                }
+                self.record(PlacementEvent::CasConflict);
+                tracing::debug!(task = %task.task_id, device = %device_id, attempt,
+                    "device changed since the room eviction was decided; deciding again");
                 self.absorb(&device_id, expect, residents_now);
                 self.absorb_assignments(assignment_compares.iter().zip(current));
                 Ok(None)
@@ -1091,9 +1342,14 @@ impl PlacementService {
                 return self.released_earlier(device_id, task_id, sent, found).await;
             }
             // When it was released, for the retention (see `crate::retention`).
-            let marker = typed::encode_released_at(self.clock.now_unix_ms());
+            let now = self.clock.now_unix_ms();
+            let marker = typed::encode_released_at(now);
+            // A room claim outlives the residents it evicted (the claimant comes back for
+            // the room): the record goes only with the last reservation and live claim.
+            record.claims.retain(|c| claim_holds(c, now));
+            let keep = !(record.reservations.is_empty() && record.claims.is_empty());
             let txn = Txn::new().compare(key.as_str(), Expect::ModRevision(mod_revision));
-            let txn = if record.reservations.is_empty() {
+            let txn = if !keep {
                 txn.delete(key.as_str())
             } else {
                 txn.put(key.as_str(), record.encode_to_vec(), None)
@@ -1104,7 +1360,7 @@ impl PlacementService {
             sent = Some(marker);
             match self.store.transact(txn).await? {
                 TxnOutcome::Committed { revision } => {
-                    let record = (!record.reservations.is_empty()).then_some(record);
+                    let record = keep.then_some(record);
                     self.view_mut().apply_residents(device_id, record, revision);
                     return Ok(true);
                 }
@@ -2226,5 +2482,283 @@ pub(crate) mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(1), gates.wait("d0"))
             .await
             .expect("no wait on an open gate");
+    }
+
+    /// Every task with company slows down by 0.1 per co-runner (certain): a
+    /// production job with a cap of 1.1 shares its card with one job, not two.
+    #[derive(Debug)]
+    struct PerCoRunner;
+
+    impl iadeep_predictor::SlowdownModel for PerCoRunner {
+        fn predict(
+            &self,
+            _: &str,
+            _: &iadeep_proto::TaskProfile,
+            co: &[iadeep_proto::TaskProfile],
+        ) -> Prediction {
+            Prediction::certain(
+                1.0 + 0.1 * co.len() as f64,
+                iadeep_predictor::PredictionSource::Given,
+            )
+        }
+        fn observe(&self, _: &iadeep_proto::CoLocationSample) {}
+    }
+
+    /// A service over `store` deciding with [`PerCoRunner`] on the two idle devices
+    /// of [`service`], reading the time from `now` and recording its events.
+    fn capped_service(
+        store: Arc<dyn StateStore>,
+        now: Arc<std::sync::atomic::AtomicI64>,
+    ) -> (PlacementService, Arc<Recorded>) {
+        let base = service(store.clone());
+        let view = base.view().clone();
+        let placer = Placer::new(PlacerParams::default(), Arc::new(PerCoRunner)).expect("valid");
+        let events = Arc::new(Recorded::default());
+        let service = PlacementService::new(store, Arc::new(RwLock::new(view)), Arc::new(placer))
+            .with_clock(Clock::from_fn(move || {
+                now.load(std::sync::atomic::Ordering::SeqCst)
+            }))
+            .with_events(events.clone());
+        (service, events)
+    }
+
+    /// A task of `mib` MiB (its request), production with a cap of 1.1 when `production`.
+    fn job(id: &str, mib: u64, production: bool) -> TaskSpec {
+        TaskSpec {
+            task_id: id.into(),
+            initial_batch_size: 32,
+            gpu_mem_request_mib: mib,
+            priority_class: if production {
+                iadeep_proto::PriorityClass::Production as i32
+            } else {
+                iadeep_proto::PriorityClass::Opportunistic as i32
+            },
+            max_slowdown: production.then_some(1.1),
+            profile: Some(SoloProfile {
+                batch_size: 32,
+                step_time_s: Some(0.1),
+                sm_util_pct: Some(10.0),
+                mem_bw_util_pct: Some(5.0),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn queued(outcome: &PlaceOutcome) -> &QueueDecision {
+        match &outcome.decision {
+            place_response::Decision::Queued(q) => q,
+            other => panic!("expected queued, got {other:?}"),
+        }
+    }
+
+    async fn stored_record(store: &dyn StateStore, device: &str) -> (DeviceResidents, i64) {
+        let kv = store
+            .get(&keys::device_residents(device))
+            .await
+            .expect("read")
+            .expect("a residents record");
+        (
+            typed::decode::<DeviceResidents>(&kv).expect("decode"),
+            kv.mod_revision,
+        )
+    }
+
+    /// Issue 27, room evictions: a production job that fits no device under the caps
+    /// evicts the opportunistic job that ran least, in one transaction with its claim,
+    /// and is told to come back; until the victim releases, nothing is placed on its
+    /// memory (the claimant waits, without evicting again, and others find the room
+    /// claimed), and once it has, the claimant takes the room and the claim is gone.
+    #[tokio::test]
+    async fn a_room_eviction_evicts_claims_and_places_the_claimant_after_the_victim_leaves() {
+        use std::sync::atomic::{AtomicI64, Ordering};
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        let now = Arc::new(AtomicI64::new(1_000));
+        let (placer, events) = capped_service(store.clone(), now.clone());
+        let d0 = || vec!["d0".to_owned()];
+        placer
+            .place(job("old", 6_000, false), d0())
+            .await
+            .expect("old");
+        now.store(2_000, Ordering::SeqCst);
+        placer
+            .place(job("young", 6_000, false), d0())
+            .await
+            .expect("young");
+        now.store(10_000, Ordering::SeqCst);
+        // 12,000 MiB of 16,384 are taken: 6,000 more do not fit with the margin.
+        let first = placer
+            .place(job("prod", 6_000, true), d0())
+            .await
+            .expect("prod");
+        let q = queued(&first);
+        assert!(
+            q.reason.contains("evicting opportunistic young on d0"),
+            "{}",
+            q.reason
+        );
+        assert_eq!(q.retry_after_ms, 5_000);
+        assert_eq!(
+            events.count(PlacementEvent::Evicted(EvictionTrigger::Room)),
+            1
+        );
+        // One transaction: the record with the claim and the victim's evict assignment.
+        let (record, record_rev) = stored_record(store.as_ref(), "d0").await;
+        assert_eq!(
+            record.reservations.len(),
+            2,
+            "the victim's memory still counts"
+        );
+        assert_eq!(
+            record.claims,
+            vec![Claim {
+                task_id: "prod".into(),
+                mem_mib: 6_000,
+                until_unix_ms: 70_000,
+                evicting: vec!["young".into()],
+            }]
+        );
+        let kv = store
+            .get(&keys::task_assignment("young"))
+            .await
+            .expect("read")
+            .expect("young's assignment");
+        assert_eq!(
+            kv.mod_revision, record_rev,
+            "written in the same transaction"
+        );
+        let evict = typed::decode::<BatchSizeAssignment>(&kv).expect("decode");
+        assert!(evict.evict, "{evict:?}");
+        assert!(
+            evict.evict_reason.contains("production job prod"),
+            "{evict:?}"
+        );
+        assert_eq!(evict.batch_size, 32, "its size repeated");
+        let old = typed::get::<BatchSizeAssignment>(store.as_ref(), &keys::task_assignment("old"))
+            .await
+            .expect("read")
+            .expect("old's assignment");
+        assert!(!old.0.evict);
+
+        // The victim has not left: the claimant waits for it, evicting nobody else.
+        now.store(15_000, Ordering::SeqCst);
+        let again = placer
+            .place(job("prod", 6_000, true), d0())
+            .await
+            .expect("retry");
+        assert!(
+            queued(&again).reason.contains("waiting for young to leave"),
+            "{:?}",
+            again
+        );
+        assert_eq!(
+            events.count(PlacementEvent::Evicted(EvictionTrigger::Room)),
+            1
+        );
+
+        // The victim releases: the record keeps the claim.
+        placer.release("young").await.expect("release");
+        let (record, _) = stored_record(store.as_ref(), "d0").await;
+        assert_eq!(record.claims.len(), 1);
+        // Another job of the same size finds the room claimed.
+        let other = placer
+            .place(job("other", 6_000, false), d0())
+            .await
+            .expect("other");
+        assert!(queued(&other).reason.contains("claimed: 1"), "{other:?}");
+        // The claimant takes it, and its claim is spent.
+        now.store(20_000, Ordering::SeqCst);
+        let placed_prod = placer
+            .place(job("prod", 6_000, true), d0())
+            .await
+            .expect("prod placed");
+        assert_eq!(placed(&placed_prod).device_id, "d0");
+        let (record, _) = stored_record(store.as_ref(), "d0").await;
+        assert!(record.claims.is_empty(), "{record:?}");
+        assert_eq!(record.reservations.len(), 2);
+    }
+
+    /// A claim whose claimant does not come back holds its room only until it expires,
+    /// also on a device its victims left empty; a production job that fits does not
+    /// evict, and an opportunistic one never does.
+    #[tokio::test]
+    async fn a_room_claim_expires_and_only_production_jobs_evict() {
+        use std::sync::atomic::{AtomicI64, Ordering};
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        let now = Arc::new(AtomicI64::new(1_000));
+        let (placer, events) = capped_service(store.clone(), now.clone());
+        let d0 = || vec!["d0".to_owned()];
+        placer
+            .place(job("opp", 12_000, false), d0())
+            .await
+            .expect("opp");
+        // An opportunistic job that does not fit just queues.
+        let q = placer
+            .place(job("opp2", 6_000, false), d0())
+            .await
+            .expect("opp2");
+        assert!(!queued(&q).reason.contains("evicting"), "{q:?}");
+        // A production job evicts the only resident.
+        let q = placer
+            .place(job("prod", 6_000, true), d0())
+            .await
+            .expect("prod");
+        assert!(
+            queued(&q)
+                .reason
+                .contains("evicting opportunistic opp on d0"),
+            "{q:?}"
+        );
+        assert_eq!(
+            events.count(PlacementEvent::Evicted(EvictionTrigger::Room)),
+            1
+        );
+        placer.release("opp").await.expect("release");
+        // The record stays for the claim, although nobody is resident.
+        let (record, _) = stored_record(store.as_ref(), "d0").await;
+        assert!(record.reservations.is_empty());
+        assert_eq!(record.claims.len(), 1);
+        // Before expiry the claimed room is not another's (6,000 + 12,000 > usable) ...
+        now.store(60_000, Ordering::SeqCst);
+        let q = placer
+            .place(job("big", 12_000, false), d0())
+            .await
+            .expect("big");
+        assert!(queued(&q).reason.contains("claimed: 1"), "{q:?}");
+        // ... after it, it is, and the expired claim is dropped with the rewrite.
+        now.store(61_001, Ordering::SeqCst);
+        let p = placer
+            .place(job("big", 12_000, false), d0())
+            .await
+            .expect("big later");
+        assert_eq!(placed(&p).device_id, "d0");
+        let (record, _) = stored_record(store.as_ref(), "d0").await;
+        assert!(record.claims.is_empty(), "{record:?}");
+    }
+
+    /// The cap rule over the store: a production resident with a cap of 1.1 takes one
+    /// co-runner (1.1) but not a second (1.2), and the refusals are counted.
+    #[tokio::test]
+    async fn a_production_resident_is_protected_and_refusals_are_counted() {
+        use std::sync::atomic::AtomicI64;
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        let (placer, events) = capped_service(store, Arc::new(AtomicI64::new(1_000)));
+        let d0 = || vec!["d0".to_owned()];
+        placer
+            .place(job("prod", 2_000, true), d0())
+            .await
+            .expect("prod");
+        let one = placer.place(job("a", 2_000, false), d0()).await.expect("a");
+        assert_eq!(placed(&one).device_id, "d0");
+        let two = placer.place(job("b", 2_000, false), d0()).await.expect("b");
+        let reason = &queued(&two).reason;
+        assert!(
+            reason.contains("slowdown caps refused d0 (production job prod up to 1.20 > cap 1.10)"),
+            "{reason}"
+        );
+        assert_eq!(events.count(PlacementEvent::CapRefusal), 1);
     }
 }

@@ -62,6 +62,41 @@ impl fmt::Display for Rejection {
                      required {min_gain:.d$} (the task would do its work sooner later, alone)"
                 )
             }
+            Rejection::SlowdownCap {
+                task_id,
+                newcomer,
+                predicted_upper,
+                cap,
+            } => {
+                // As many decimals as it takes to show the prediction above the cap.
+                let d = separating_decimals(*cap, *predicted_upper, 2);
+                let whose = if *newcomer {
+                    format!("the task's own (production job {task_id})")
+                } else {
+                    format!("production job {task_id}'s")
+                };
+                write!(
+                    f,
+                    "slowdown cap: with the task here, {whose} predicted slowdown could reach \
+                     {predicted_upper:.d$} (upper end of the 90 % interval), over its cap of {cap:.d$}"
+                )
+            }
+            Rejection::Avoided { task_id } => write!(
+                f,
+                "avoided pairing: the task must not share a GPU with {task_id} for a while \
+                 (one of the two was evicted to protect the other)"
+            ),
+            Rejection::Claimed {
+                task_id,
+                claimed_mib,
+                need_mib,
+                free_mib,
+            } => write!(
+                f,
+                "claimed: {claimed_mib} MiB are held for production task {task_id}, which evicted \
+                 jobs to make room here; the task needs {need_mib} MiB, {free_mib} MiB are free \
+                 besides"
+            ),
         }
     }
 }
@@ -110,6 +145,14 @@ impl Placer {
             } => {
                 format!("queued, retry after {} s: {reason}", retry_after.as_secs())
             }
+            Verdict::Evict {
+                retry_after,
+                reason,
+                ..
+            } => format!(
+                "queued while room is made, retry after {} s: {reason}",
+                retry_after.as_secs()
+            ),
         };
         let rejected = if assessment.rejected.is_empty() {
             "none rejected".to_owned()
@@ -168,6 +211,52 @@ pub(super) fn ordinal(n: usize) -> String {
         _ => "th",
     };
     format!("{n}{suffix}")
+}
+
+/// Which production job's slowdown cap refused which device, for a queue reason: "d0
+/// (production job r1 up to 1.32 > cap 1.10), d3 (…)", at most `k` devices (and how
+/// many more); `None` when no cap refused any.
+pub(super) fn cap_refusals_text(rejected: &[(&str, Rejection)], k: usize) -> Option<String> {
+    let refusals: Vec<String> = rejected
+        .iter()
+        .filter_map(|(device, why)| match why {
+            Rejection::SlowdownCap {
+                task_id,
+                newcomer,
+                predicted_upper,
+                cap,
+            } => {
+                let d = separating_decimals(*cap, *predicted_upper, 2);
+                let whose = if *newcomer { "the task itself, " } else { "" };
+                Some(format!(
+                    "{device} ({whose}production job {task_id} up to {predicted_upper:.d$} > cap {cap:.d$})"
+                ))
+            }
+            _ => None,
+        })
+        .collect();
+    if refusals.is_empty() {
+        return None;
+    }
+    let more = refusals.len().saturating_sub(k.max(1));
+    let mut text = refusals
+        .into_iter()
+        .take(k.max(1))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
+    }
+    Some(format!("slowdown caps refused {text}"))
+}
+
+/// How many devices a production job's slowdown cap refused (the
+/// [`crate::PlacementEvent::CapRefusal`] count, one per device).
+pub fn cap_refusals(rejected: &[(&str, Rejection)]) -> usize {
+    rejected
+        .iter()
+        .filter(|(_, why)| matches!(why, Rejection::SlowdownCap { .. }))
+        .count()
 }
 
 /// "memory: 12, sm_cap: 3", in a stable order.

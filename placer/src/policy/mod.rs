@@ -21,7 +21,26 @@
 //!    its co-runners their run; its first measured peak settles the reservation
 //!    ([`crate::PlacementService::settle_provisional`]). A grant is never made while a
 //!    resident's own grant is unmeasured: two guesses on one card could over-pack it.
-//! 2. **Score.** The predicted increase of the device's Σ PD if the task joins:
+//!    **Room claims** of other tasks on the device (see "Room evictions" below) count
+//!    as reserved memory until they expire ([`Rejection::Claimed`] when the task would
+//!    fit but for them); the claimant's own claim does not count for it.
+//!    **Avoided pairings.** A device where a resident (or a claim's holder) is a task
+//!    the newcomer must not share a device with ([`ClusterView::avoids`]: an unexpired
+//!    avoid record names the two, in either order, written when one was evicted to
+//!    protect the other) is infeasible ([`Rejection::Avoided`]).
+//! 2. **Slowdown caps.** A production job promises its owner a PD of at most its cap
+//!    (`TaskSpec::slowdown_cap`, 1.10 by default). A shared device is infeasible
+//!    ([`Rejection::SlowdownCap`], naming the job, the predicted slowdown and the cap)
+//!    when, with the task there, the upper end of the 90 % interval of the predicted
+//!    slowdown ([`Prediction::upper_90`]) of any production resident, or of the task
+//!    itself if it is production, exceeds that job's cap. At the submitted batch sizes
+//!    DT = E = 1, so PD = IF; the upper end, not the point prediction, because the
+//!    cap is a promise and the tuner can only shrink the opportunistic co-runners
+//!    afterwards. Checked first among the model's rules (before the Σ PD cap and the
+//!    throughput guard). Devices where only opportunistic jobs would run are not
+//!    affected; an idle device always meets every cap (the task alone: IF 1).
+//!
+//!    **Score.** The predicted increase of the device's Σ PD if the task joins:
 //!    Σ over residents of (predicted IF with the task − predicted IF without it),
 //!    plus the new task's own predicted IF. The placer does not change batch sizes,
 //!    so at the submitted batch sizes DT = E = 1 and PD = IF; the tuner then
@@ -78,6 +97,35 @@
 //!    it is what the reporting devices promise. Whatever biases remain (devices that
 //!    do not report, tasks ahead that are co-located instead of waiting, tasks that
 //!    join) show in the real waits and so in the correction.
+//!    When no device can take the task, the queue reason counts the rejections by
+//!    kind and names which production job's cap refused which device.
+//!
+//! **Room evictions.** A production task that no considered device can take (every
+//! device assessed, none feasible: memory, caps or anything else) may make room by
+//! evicting opportunistic residents of one device ([`Placer::room_eviction`]). A device
+//! qualifies when, without the victims, the task fits its memory (the usable memory
+//! less the one margin next to the residents that stay, the whole card when none
+//! does) and the utilisation caps, and its own and every staying production
+//! resident's predicted slowdown stays under its cap at the upper end of the 90 %
+//! interval. Production residents are never victims; opportunistic residents the task
+//! must avoid always are (a production one rules the device out); a device another
+//! task holds a claim on is not considered. The choice, in order: fewest victims;
+//! then least work lost, the victims' summed time since they were placed (all a job
+//! without a checkpoint loses, a bound for one with); then the task's least predicted
+//! slowdown there (among equal losses, the co-runner that would slow it most goes);
+//! then a per-task hash of the device. The verdict is [`Verdict::Evict`]; the caller
+//! ([`crate::PlacementService`], or the simulator) then, in one transaction compared
+//! on the device's residents record, writes each victim's assignment with `evict` set
+//! and a reason naming the task, and a **claim** in the record: the task's footprint
+//! held for it until `room_claim_ttl` ([`PlacerParams::room_claim_ttl`], 60 s) from
+//! now. The task is answered "queued" with a short retry hint
+//! ([`PlacerParams::min_retry_after`]). Memory safety first: the victims' reservations
+//! count until their `iadeep run` (or the reaper) releases them, so the retry is told
+//! to wait for them while any is resident (never a second eviction); once they are
+//! gone, the claimed device is a candidate and the task is placed there whatever the
+//! queue rule says (the victims left for it), which spends the claim. Other tasks
+//! count the claimed memory as taken until then, so nobody takes the room meanwhile;
+//! a claimant that never comes back holds nothing after the claim expires.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,6 +139,7 @@ use iadeep_predictor::{Prediction, SlowdownModel};
 pub mod evict;
 mod explain;
 mod feasibility;
+mod room;
 mod score;
 mod shrink;
 #[cfg(test)]
@@ -98,10 +147,12 @@ mod test_support;
 mod verdict;
 mod wait;
 
+pub use explain::cap_refusals;
+pub use room::{RoomPlan, claim_holds};
 pub use wait::{ObservedWait, WaitModel};
 
 /// Why a device cannot take the task.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Rejection {
     /// The caller named a device the placer does not know.
     UnknownDevice,
@@ -130,6 +181,26 @@ pub enum Rejection {
         after: f64,
         min_gain: f64,
     },
+    /// With the task there, the upper end of the 90 % interval of the predicted
+    /// slowdown of production job `task_id` (a resident, or the task itself when
+    /// `newcomer`) would exceed that job's cap (`TaskSpec::slowdown_cap`).
+    SlowdownCap {
+        task_id: String,
+        newcomer: bool,
+        predicted_upper: f64,
+        cap: f64,
+    },
+    /// The task must not share the device with `task_id` (a resident, or the holder of
+    /// a room claim there): an eviction separated the two ([`ClusterView::avoids`]).
+    Avoided { task_id: String },
+    /// The task would fit but for the memory claimed there by production task
+    /// `task_id`, whose room eviction is under way (see the module docs).
+    Claimed {
+        task_id: String,
+        claimed_mib: u64,
+        need_mib: u64,
+        free_mib: u64,
+    },
 }
 
 impl Rejection {
@@ -145,6 +216,9 @@ impl Rejection {
             Rejection::MemBwCap { .. } => "mem_bw_cap",
             Rejection::PdCap { .. } => "pd_cap",
             Rejection::ThroughputGain { .. } => "throughput_gain",
+            Rejection::SlowdownCap { .. } => "slowdown_cap",
+            Rejection::Avoided { .. } => "avoided_pairing",
+            Rejection::Claimed { .. } => "claimed",
         }
     }
 }
@@ -233,6 +307,20 @@ pub enum Verdict {
         retry_after: Duration,
         reason: String,
     },
+    /// A room eviction (see the module docs): the production task fits no device
+    /// under the caps, but would fit `device_id` without the opportunistic residents
+    /// `victims`. Write their evict assignments and hold `claim_mib` there for the task
+    /// until `claim_until_unix_ms` (one transaction), and tell the task to ask again
+    /// after `retry_after`: it is placed once the victims have released their
+    /// reservations (until then their memory still counts).
+    Evict {
+        device_id: String,
+        victims: Vec<String>,
+        claim_mib: u64,
+        claim_until_unix_ms: i64,
+        retry_after: Duration,
+        reason: String,
+    },
 }
 
 /// A verdict with its explanation.
@@ -240,6 +328,9 @@ pub enum Verdict {
 pub struct Decision {
     pub verdict: Verdict,
     pub explanation: Explanation,
+    /// Devices refused because a production job's slowdown cap would be exceeded
+    /// there ([`Rejection::SlowdownCap`]), for `iadeep_placer_cap_refusals_total`.
+    pub cap_refusals: usize,
 }
 
 /// The placement policy. Cheap to share: decisions take `&self`.
@@ -315,6 +406,23 @@ impl Placer {
             self.params.max_scored_devices,
         );
         let verdict = self.verdict(task, &assessment);
+        // A task holding a room claim is placed there, or waits for its victims; a
+        // production task that fits no device under the caps (every considered device
+        // was assessed and none took it) may make room by evicting.
+        let verdict = match self.claimant_verdict(view, task, &assessment, &verdict, now_unix_ms) {
+            Some(claimed) => claimed,
+            None if matches!(verdict, Verdict::Queue { .. })
+                && task.is_production()
+                && assessment.candidates.is_empty()
+                && assessment.unscored == 0 =>
+            {
+                match self.room_eviction(view, task, restrict, now_unix_ms) {
+                    Some(plan) => self.evict_verdict(task, &plan, &assessment, now_unix_ms),
+                    None => verdict,
+                }
+            }
+            None => verdict,
+        };
         let explanation = self.explain(&assessment, &verdict);
         // What the wait model learns from: the queue decisions where `W` was weighed
         // against a device the task could join (where it decides), over every device (a
@@ -325,7 +433,7 @@ impl Placer {
                     self.wait.queued(&task.task_id, r, now_unix_ms)
                 }
                 (Verdict::Place { .. }, _) => self.wait.placed(&task.task_id, now_unix_ms),
-                (Verdict::Queue { .. }, _) => {}
+                (Verdict::Queue { .. } | Verdict::Evict { .. }, _) => {}
             }
         } else if matches!(verdict, Verdict::Place { .. }) {
             // Its wait, if it waited, ends by a decision that was not over every device.
@@ -334,6 +442,7 @@ impl Placer {
         Decision {
             verdict,
             explanation,
+            cap_refusals: cap_refusals(&assessment.rejected),
         }
     }
 

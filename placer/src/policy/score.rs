@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use iadeep_proto::{TaskProfile, TaskSpec};
 
-use super::feasibility::Fit;
+use super::feasibility::{Fit, claimed_by_others};
 use super::verdict::Promises;
 use super::{Assessment, Candidate, Placer, Rejection, Shrink};
 use crate::view::{AloneTogether, ClusterView, DeviceState, profile_of};
@@ -37,7 +37,13 @@ struct Shared<'v> {
 }
 
 /// The task being assessed, as every device sees it.
-struct Newcomer {
+struct Newcomer<'t> {
+    task_id: &'t str,
+    /// Its slowdown cap when it is production (`TaskSpec::slowdown_cap`).
+    cap: Option<f64>,
+    /// The tasks it must not share a device with now (unexpired avoid pairings; almost
+    /// always none, so checking a device costs nothing).
+    avoid: Vec<String>,
     profile: TaskProfile,
     /// Its footprint at the batch size it starts at; `None` when nothing is known of
     /// its memory.
@@ -74,6 +80,9 @@ impl Placer {
         limit: usize,
     ) -> Assessment<'v> {
         let newcomer = Newcomer {
+            task_id: &task.task_id,
+            cap: task.slowdown_cap(),
+            avoid: avoided_partners(view, &task.task_id, now_unix_ms),
             profile: profile_of(task, None),
             // The task starts at its submitted batch size (its starting assignment).
             footprint: view
@@ -112,7 +121,7 @@ impl Placer {
         // At least a second: the delay is priced per second of it.
         let duration_s = self.expected_duration_s(task).max(1.0);
         out.unscored = prescreen(&mut shared, limit);
-        self.score_shared(shared, &newcomer.profile, &promises, duration_s, &mut out);
+        self.score_shared(shared, &newcomer, &promises, duration_s, &mut out);
         sort_head(&mut out.candidates, self.params.explain_top_k);
         out
     }
@@ -123,7 +132,7 @@ impl Placer {
     fn consider<'v>(
         &self,
         view: &'v ClusterView,
-        newcomer: &Newcomer,
+        newcomer: &Newcomer<'_>,
         id: &'v str,
         device: Option<&'v DeviceState>,
         survey: &mut Survey<'v>,
@@ -132,6 +141,15 @@ impl Placer {
             survey.out.rejected.push((id, Rejection::UnknownDevice));
             return;
         };
+        if let Some(other) = avoided_on(device, &newcomer.avoid) {
+            survey.out.rejected.push((
+                id,
+                Rejection::Avoided {
+                    task_id: other.to_owned(),
+                },
+            ));
+            return;
+        }
         let idle_in = device
             .summary()
             .idle_at_unix_ms
@@ -142,7 +160,14 @@ impl Placer {
             survey.idle_in_s.push((s, id));
         }
         let tiebreak = tiebreak(newcomer.hash, device.id_hash);
-        match self.feasible(device, &newcomer.profile, newcomer.footprint, view.memory()) {
+        let claimed = claimed_by_others(device, newcomer.task_id, survey.now_unix_ms);
+        match self.feasible(
+            device,
+            &newcomer.profile,
+            newcomer.footprint,
+            view.memory(),
+            claimed,
+        ) {
             Ok(Fit {
                 need,
                 provisional,
@@ -188,7 +213,7 @@ impl Placer {
     fn score_shared<'v>(
         &self,
         shared: Vec<Shared<'v>>,
-        new_profile: &TaskProfile,
+        newcomer: &Newcomer<'_>,
         promises: &Promises<'v>,
         duration_s: f64,
         out: &mut Assessment<'v>,
@@ -207,7 +232,7 @@ impl Placer {
             ..
         } in shared
         {
-            match self.score(model, device, new_profile, &mut scratch) {
+            match self.score(model, device, newcomer, &mut scratch) {
                 Ok(Score {
                     newcomer,
                     pd_increase,
@@ -241,17 +266,23 @@ impl Placer {
     }
 
     /// Predicted Σ PD increase of a shared device, pessimistic and not, and its
-    /// uncertainty.
+    /// uncertainty; or why the device is refused: a production job's slowdown cap
+    /// (checked first: it is a promise, the others are thresholds), the Σ PD cap or
+    /// the throughput guard.
     fn score(
         &self,
         model: &dyn SlowdownModel,
         device: &DeviceState,
-        new_profile: &TaskProfile,
+        newcomer: &Newcomer<'_>,
         scratch: &mut Vec<TaskProfile>,
     ) -> Result<Score, Rejection> {
+        let new_profile = &newcomer.profile;
         let kind = device.info.as_ref().map_or("", |i| i.kind.as_str());
         let profiles = &device.summary().profiles;
         let own = model.predict(kind, new_profile, profiles);
+        if let Some(cap) = newcomer.cap {
+            cap_holds(newcomer.task_id, true, &own, cap)?;
+        }
         let mut increase = own.slowdown;
         let mut increase_upper = own.upper_90.max(own.slowdown);
         // Combined normalised throughput Σ 1/IF, with the newcomer and without it.
@@ -280,6 +311,11 @@ impl Placer {
                     model.predict(kind, me, scratch)
                 }
             };
+            if let Some(resident) = device.residents.get(i)
+                && let Some(cap) = resident.spec().slowdown_cap()
+            {
+                cap_holds(&resident.reservation.task_id, false, &with, cap)?;
+            }
             increase += with.slowdown - without[i];
             increase_upper += with.upper_90.max(with.slowdown) - without[i];
             variance += with.uncertainty * with.uncertainty;
@@ -308,6 +344,63 @@ impl Placer {
             uncertainty: variance.sqrt(),
         })
     }
+}
+
+/// Whether production job `task_id`'s predicted slowdown keeps under its `cap` at the
+/// upper end of its 90 % interval (the cap rule, see the module docs of [`super`]).
+pub(super) fn cap_holds(
+    task_id: &str,
+    newcomer: bool,
+    predicted: &Prediction,
+    cap: f64,
+) -> Result<(), Rejection> {
+    let upper = predicted.upper_90.max(predicted.slowdown);
+    if upper > cap {
+        return Err(Rejection::SlowdownCap {
+            task_id: task_id.to_owned(),
+            newcomer,
+            predicted_upper: upper,
+            cap,
+        });
+    }
+    Ok(())
+}
+
+/// The tasks `task_id` must not share a device with at `now_unix_ms`: the other task
+/// of each avoid pairing naming it that [`ClusterView::avoids`] says still holds.
+pub(super) fn avoided_partners(view: &ClusterView, task_id: &str, now_unix_ms: i64) -> Vec<String> {
+    let mut partners: Vec<String> = view
+        .avoid_pairings()
+        .filter_map(|(p, _)| {
+            if p.production_task_id == task_id {
+                Some(&p.evicted_task_id)
+            } else if p.evicted_task_id == task_id {
+                Some(&p.production_task_id)
+            } else {
+                None
+            }
+        })
+        .filter(|other| view.avoids(task_id, other, now_unix_ms))
+        .cloned()
+        .collect();
+    partners.sort();
+    partners.dedup();
+    partners
+}
+
+/// The first task on `device` (a resident or the holder of a room claim) that is in
+/// `avoid`.
+pub(super) fn avoided_on<'d>(device: &'d DeviceState, avoid: &[String]) -> Option<&'d str> {
+    if avoid.is_empty() {
+        return None;
+    }
+    let avoided = |id: &str| avoid.iter().any(|a| a == id);
+    device
+        .residents
+        .iter()
+        .map(|r| r.reservation.task_id.as_str())
+        .chain(device.claims.iter().map(|c| c.task_id.as_str()))
+        .find(|id| avoided(id))
 }
 
 /// Each resident's slowdown among the residents alone, and its pairwise prefix when
@@ -443,7 +536,7 @@ fn sort_head(candidates: &mut [Candidate<'_>], top_k: usize) {
 
 /// Mixes the task's and the device's id hashes (SplitMix64 finaliser), so each task
 /// orders equally good devices differently.
-fn tiebreak(task_hash: u64, device_hash: u64) -> u64 {
+pub(super) fn tiebreak(task_hash: u64, device_hash: u64) -> u64 {
     let mut z = task_hash ^ device_hash.rotate_left(29);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use iadeep_proto::TaskSpec;
 
-use super::explain::{ordinal, rejection_counts, separating_decimals, waiting_ahead_text};
+use super::explain::{
+    cap_refusals_text, ordinal, rejection_counts, separating_decimals, waiting_ahead_text,
+};
 use super::{Assessment, Placer, Verdict};
 
 /// Orders devices by when they free up, then by id.
@@ -75,8 +77,11 @@ impl Placer {
             let reason = if assessment.rejected.is_empty() {
                 "no device is registered".to_owned()
             } else {
+                let caps = cap_refusals_text(&assessment.rejected, self.params.explain_top_k)
+                    .map(|t| format!("; {t}"))
+                    .unwrap_or_default();
                 format!(
-                    "no device can take the task now ({})",
+                    "no device can take the task now ({}){caps}",
                     rejection_counts(&assessment.rejected)
                 )
             };
