@@ -607,7 +607,10 @@ fn the_service_monitors_find_the_daemons_metrics() {
 /// Metric names the daemons export (histograms with their series suffixes).
 fn exported_metrics() -> BTreeSet<String> {
     let mut text = iadeep_placer::PlacerMetrics::default().render(0, 0);
-    text.push_str(&Arc::new(iadeep_tuner::daemon::Metrics::default()).render("d"));
+    // Per-task families have no series (and no TYPE line) until a task is resident.
+    let tuner = Arc::new(iadeep_tuner::daemon::Metrics::default());
+    tuner.set_task_pds(vec![("t".into(), "production", 1.0)]);
+    text.push_str(&tuner.render("d"));
     let mut names = BTreeSet::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("# TYPE ") else {
