@@ -908,6 +908,34 @@ mod tests {
         assert_eq!(avoids[0].1.version, 1, "written once");
     }
 
+    /// The daemon's loop acts on a breach at its first tick, and stops when told.
+    #[tokio::test]
+    async fn the_eviction_loop_acts_on_breaches_and_stops() {
+        let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
+        seed(store.as_ref()).await;
+        let one = placer_over(store.clone()).await;
+        let (stop, stopped) = watch::channel(false);
+        let evictor = spawn(one.service.clone(), stopped);
+        let mut polls = 0;
+        while store
+            .get(&keys::device_breach("d0"))
+            .await
+            .expect("read")
+            .is_some()
+        {
+            polls += 1;
+            assert!(polls < 1_000, "the loop did not act on the breach");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.send(true).expect("loop listening");
+        evictor
+            .await
+            .expect("loop task")
+            .expect("loop ends cleanly");
+        assert_eq!(evictions(&one.events), 1);
+        assert!(assignment(store.as_ref(), "b").await.expect("b").0.evict);
+    }
+
     /// The view follows breach and avoid records through the store's watch, and a
     /// pass counts the avoid records in force.
     #[tokio::test]
