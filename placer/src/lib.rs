@@ -9,7 +9,9 @@
 //! what it does to a [`PlacementEvents`] observer; [`ViewSync`] keeps the view
 //! fresh from the store, and the [`reaper`] gives back what dead or never-started
 //! tasks hold (deleting released tasks after their [`retention`]) and keeps the
-//! store's history short ([`compaction`]).
+//! store's history short ([`compaction`]). The [`eviction`] loop acts on the tuners'
+//! cap breaches: it evicts the opportunistic co-runner a production job's slowdown is
+//! blamed on most ([`choose_victim`], pure, shared with the simulator).
 //!
 //! Slowdowns come through the predictor's [`iadeep_predictor::SlowdownModel`] and
 //! memory footprints through [`MemoryEstimator`], so the policy does not depend on
