@@ -89,6 +89,17 @@ impl fmt::Display for Rejection {
             Rejection::Claimed {
                 task_id,
                 claimed_mib,
+                need_mib: 0,
+                ..
+            } => write!(
+                f,
+                "claimed: {claimed_mib} MiB are held for production task {task_id}, which evicted \
+                 jobs to make room here, and nothing is known of the task's memory to fit it \
+                 beside them"
+            ),
+            Rejection::Claimed {
+                task_id,
+                claimed_mib,
                 need_mib,
                 free_mib,
             } => write!(

@@ -17,6 +17,24 @@ pub fn claim_holds(claim: &Claim, now_unix_ms: i64) -> bool {
     claim.until_unix_ms > now_unix_ms
 }
 
+/// The device on which production `task` holds a live room claim, with the claim
+/// (`None` for an opportunistic task, which never claims).
+pub(super) fn own_claim<'v>(
+    view: &'v ClusterView,
+    task: &TaskSpec,
+    now_unix_ms: i64,
+) -> Option<(&'v str, &'v DeviceState, &'v Claim)> {
+    if !task.is_production() {
+        return None;
+    }
+    view.devices().find_map(|(id, d)| {
+        d.claims
+            .iter()
+            .find(|c| c.task_id == task.task_id && claim_holds(c, now_unix_ms))
+            .map(|c| (id, d, c))
+    })
+}
+
 /// Most opportunistic residents of one device whose subsets a room eviction tries
 /// (the largest by footprint, besides those the task must not share the device with):
 /// the subsets double with each, and a device rarely has more than a few.
@@ -130,15 +148,7 @@ impl Placer {
         verdict: &Verdict,
         now_unix_ms: i64,
     ) -> Option<Verdict> {
-        if !task.is_production() {
-            return None;
-        }
-        let (device_id, device, claim) = view.devices().find_map(|(id, d)| {
-            d.claims
-                .iter()
-                .find(|c| c.task_id == task.task_id && claim_holds(c, now_unix_ms))
-                .map(|c| (id, d, c))
-        })?;
+        let (device_id, device, claim) = own_claim(view, task, now_unix_ms)?;
         if let Some(c) = assessment
             .candidates
             .iter()
@@ -798,6 +808,39 @@ mod tests {
         assert_eq!(
             placed_on(&placer().decide(&view, &other, &[], 70_000)),
             "d0"
+        );
+    }
+
+    /// Every task with company slows down 2.2×: two tasks do less work together
+    /// than one alone, so the throughput guard refuses every shared device.
+    #[derive(Debug)]
+    struct Crowded;
+
+    impl SlowdownModel for Crowded {
+        fn predict(&self, _: &str, _: &TaskProfile, co: &[TaskProfile]) -> Prediction {
+            let slowdown = if co.is_empty() { 1.0 } else { 2.2 };
+            Prediction::certain(slowdown, PredictionSource::Given)
+        }
+        fn observe(&self, _: &CoLocationSample) {}
+    }
+
+    /// On the device it claimed, after its victims left, the claimant is held to the
+    /// caps only: the throughput guard that refuses anyone else there does not turn it
+    /// away (to evict again elsewhere).
+    #[test]
+    fn on_its_claimed_device_only_the_caps_hold_the_claimant_back() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        device(&mut view, "d0", 32_000, &[spec("stay", 4000, 10.0, None)]);
+        claimed(&mut view, "urgent", &["gone"], 70_000);
+        let p = Placer::new(PlacerParams::default(), Arc::new(Crowded)).expect("valid");
+        let urgent = production(spec("urgent", 4000, 10.0, None), 3.0);
+        let d = p.decide(&view, &urgent, &[], 10_000);
+        assert_eq!(placed_on(&d), "d0");
+        let other = production(spec("other", 4000, 10.0, None), 3.0);
+        let a = p.assess(&view, &other, &[], 10_000);
+        assert!(
+            matches!(a.rejected[0].1, Rejection::ThroughputGain { .. }),
+            "{a:?}"
         );
     }
 

@@ -44,6 +44,9 @@ struct Newcomer<'t> {
     /// The tasks it must not share a device with now (unexpired avoid pairings; almost
     /// always none, so checking a device costs nothing).
     avoid: Vec<String>,
+    /// The device it holds a live room claim on, if any: there the residents it
+    /// evicted left for it, and only the slowdown caps hold it back.
+    claimed_on: Option<String>,
     profile: TaskProfile,
     /// Its footprint at the batch size it starts at; `None` when nothing is known of
     /// its memory.
@@ -83,6 +86,8 @@ impl Placer {
             task_id: &task.task_id,
             cap: task.slowdown_cap(),
             avoid: avoided_partners(view, &task.task_id, now_unix_ms),
+            claimed_on: super::room::own_claim(view, task, now_unix_ms)
+                .map(|(id, _, _)| id.to_owned()),
             profile: profile_of(task, None),
             // The task starts at its submitted batch size (its starting assignment).
             footprint: view
@@ -232,7 +237,8 @@ impl Placer {
             ..
         } in shared
         {
-            match self.score(model, device, newcomer, &mut scratch) {
+            let claimed = newcomer.claimed_on.as_deref() == Some(id);
+            match self.score(model, device, newcomer, claimed, &mut scratch) {
                 Ok(Score {
                     newcomer,
                     pd_increase,
@@ -268,12 +274,15 @@ impl Placer {
     /// Predicted Σ PD increase of a shared device, pessimistic and not, and its
     /// uncertainty; or why the device is refused: a production job's slowdown cap
     /// (checked first: it is a promise, the others are thresholds), the Σ PD cap or
-    /// the throughput guard.
+    /// the throughput guard. On the device the newcomer `claimed` by a room eviction
+    /// only the caps hold: the evicted jobs left for it, and a threshold turning it
+    /// away there would only make it evict again elsewhere.
     fn score(
         &self,
         model: &dyn SlowdownModel,
         device: &DeviceState,
         newcomer: &Newcomer<'_>,
+        claimed: bool,
         scratch: &mut Vec<TaskProfile>,
     ) -> Result<Score, Rejection> {
         let new_profile = &newcomer.profile;
@@ -322,7 +331,7 @@ impl Placer {
             after += throughput(with.slowdown);
             before += throughput(without[i]);
         }
-        if increase > self.params.max_pd_increase {
+        if increase > self.params.max_pd_increase && !claimed {
             return Err(Rejection::PdCap {
                 predicted: increase,
                 cap: self.params.max_pd_increase,
@@ -330,7 +339,7 @@ impl Placer {
         }
         // A gain within rounding noise of the minimum meets it: a rejection must be
         // one its text can show (see `separating_decimals`).
-        if after - before < self.params.min_throughput_gain - 1e-9 {
+        if after - before < self.params.min_throughput_gain - 1e-9 && !claimed {
             return Err(Rejection::ThroughputGain {
                 before,
                 after,
