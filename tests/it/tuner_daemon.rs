@@ -19,8 +19,8 @@ use crate::fixtures;
 use iadeep_agent::Agent;
 use iadeep_objective::MemoryMargin;
 use iadeep_proto::{
-    DeviceInfo, DeviceResidents, LrScalingRule, Placement, Reservation, SoloProfile, TaskSpec,
-    TunerState,
+    BatchSizeAssignment, CapBreach, DeviceInfo, DeviceResidents, LrScalingRule, Placement,
+    PriorityClass, Reservation, SoloProfile, TaskSpec, TunerState,
 };
 use iadeep_state::testing::EtcdServer;
 use iadeep_state::testing::runtime;
@@ -75,9 +75,10 @@ fn spec(task: &str) -> TaskSpec {
     }
 }
 
-/// Places `task` on the device as the placer does: the reservation in the device's
+/// Places `spec`'s task on the device as the placer does: the reservation in the device's
 /// residents record, the placement and the spec.
-async fn place(store: &dyn StateStore, task: &str) -> Result<(), iadeep_state::StateError> {
+async fn place(store: &dyn StateStore, spec: &TaskSpec) -> Result<(), iadeep_state::StateError> {
+    let task = spec.task_id.as_str();
     let key = keys::device_residents(DEVICE);
     let mut record = typed::get::<DeviceResidents>(store, &key)
         .await?
@@ -91,7 +92,7 @@ async fn place(store: &dyn StateStore, task: &str) -> Result<(), iadeep_state::S
         task_id: task.into(),
         reserved_mem_mib: memory_mib(M0),
         placed_at_unix_ms: iadeep_proto::now_unix_ms(),
-        spec: Some(spec(task)),
+        spec: Some(spec.clone()),
         provisional: false,
     });
     typed::put(store, &key, &record, None).await?;
@@ -102,7 +103,7 @@ async fn place(store: &dyn StateStore, task: &str) -> Result<(), iadeep_state::S
         ..Default::default()
     };
     typed::put(store, &keys::task_placement(task), &placement, None).await?;
-    typed::put(store, &keys::task_spec(task), &spec(task), None).await?;
+    typed::put(store, &keys::task_spec(task), spec, None).await?;
     Ok(())
 }
 
@@ -119,8 +120,19 @@ impl Job {
         url: &str,
         task: &str,
     ) -> Job {
-        rt.block_on(place(store.as_ref(), task))
+        Job::start_spec(rt, store, url, spec(task))
+    }
+
+    /// A job of `spec` (this file's synthetic model, with another class, say).
+    fn start_spec(
+        rt: &tokio::runtime::Runtime,
+        store: &Arc<dyn StateStore>,
+        url: &str,
+        spec: TaskSpec,
+    ) -> Job {
+        rt.block_on(place(store.as_ref(), &spec))
             .expect("the placer's writes");
+        let task = spec.task_id.as_str();
         let current = Arc::new(AtomicU32::new(M0));
         let probe_size = current.clone();
         let agent = Agent::builder()
@@ -558,4 +570,92 @@ fn an_undecodable_tuner_state_is_kept_aside_and_the_tuner_starts_fresh() {
     rt.block_on(tuner).expect("join").expect("a clean stop");
     let fresh = tuner_state(&rt, &store).expect("the fresh state is saved on the way out");
     assert!(fresh.observations.is_empty(), "{fresh:?}");
+}
+
+/// A production job above its slowdown cap (the surface slows every job by IF = 1.25,
+/// whatever its co-runner runs; the cap is 1.10) beside an opportunistic one: the tuner
+/// shrinks the opportunistic job to its smallest size, then writes the device's breach
+/// record for the placer; when the production job leaves, the tuner deletes the record.
+#[test]
+fn a_cap_breach_is_written_for_the_placer_and_deleted_when_it_ends() {
+    let etcd = EtcdServer::start().unwrap_or_else(|err| panic!("{err}"));
+    let rt = runtime();
+    let store = connect(&rt, &etcd);
+    let production = Job::start_spec(
+        &rt,
+        &store,
+        &etcd.url(),
+        TaskSpec {
+            priority_class: PriorityClass::Production as i32,
+            max_slowdown: Some(1.10),
+            ..spec("job-p")
+        },
+    );
+    let opportunistic = Job::start_spec(
+        &rt,
+        &store,
+        &etcd.url(),
+        TaskSpec {
+            priority_class: PriorityClass::Opportunistic as i32,
+            ..spec("job-o")
+        },
+    );
+    let daemon = Daemon::new(store.clone(), device(), params()).expect("valid daemon");
+    let metrics = daemon.metrics();
+    let running = rt.spawn(daemon.run(std::future::pending()));
+    let key = keys::device_breach(DEVICE);
+    wait_key(&rt, &store, &key, Duration::from_secs(120), |v| v.is_some());
+    let (breach, _) = rt
+        .block_on(typed::get::<CapBreach>(store.as_ref(), &key))
+        .expect("read the breach")
+        .expect("written");
+    assert_eq!(
+        (breach.device_id.as_str(), breach.task_id.as_str()),
+        (DEVICE, "job-p")
+    );
+    assert_eq!(breach.opportunistic_task_ids, ["job-o"]);
+    assert_eq!(breach.rounds_above, params().tuner.breach_rounds);
+    assert_eq!(breach.max_slowdown, 1.10);
+    assert!((breach.measured_pd - IF).abs() < 0.05, "{breach:?}");
+    assert!(breach.round > 0 && breach.at_unix_ms > 0, "{breach:?}");
+    let assigned = |task: &str| {
+        rt.block_on(typed::get::<BatchSizeAssignment>(
+            store.as_ref(),
+            &keys::task_assignment(task),
+        ))
+        .expect("read an assignment")
+        .map(|(a, _)| a.batch_size)
+    };
+    assert_eq!(
+        assigned("job-o"),
+        Some(8),
+        "the opportunistic job at its floor"
+    );
+    assert_eq!(
+        assigned("job-p"),
+        Some(M0),
+        "the production job as submitted"
+    );
+    assert_eq!(metrics.cap_breaches.load(Ordering::Relaxed), 1);
+    assert!(metrics.above_cap_ms.load(Ordering::Relaxed) > 0);
+
+    // The production job ends and the placer releases it: the breach is over.
+    drop(production);
+    rt.block_on(async {
+        let key = keys::device_residents(DEVICE);
+        let (mut record, _) = typed::get::<DeviceResidents>(store.as_ref(), &key)
+            .await?
+            .expect("record");
+        record.reservations.retain(|r| r.task_id != "job-p");
+        typed::put(store.as_ref(), &key, &record, None).await
+    })
+    .expect("release");
+    wait_key(&rt, &store, &key, Duration::from_secs(60), |v| v.is_none());
+    assert_eq!(
+        metrics.cap_breaches.load(Ordering::Relaxed),
+        1,
+        "reported once"
+    );
+    running.abort();
+    drop(opportunistic);
 }

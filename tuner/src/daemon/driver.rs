@@ -460,18 +460,15 @@ mod tests {
 
     use super::*;
 
-    /// Writing sample `seq` deletes sample `seq - samples_kept`: the device's samples
-    /// stay at the newest `samples_kept`, however long the tuner runs.
-    #[tokio::test]
-    async fn only_the_newest_samples_are_kept() {
-        let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
+    /// A driver of device d0 over `store`, keeping 3 samples.
+    fn driver(store: &Arc<dyn StateStore>) -> Driver {
         let info = DeviceInfo {
             device_id: "d0".into(),
             ..Default::default()
         };
         let (_tasks_tx, tasks_rx) = watch::channel(TaskTable::default());
         let (_residents_tx, residents_rx) = watch::channel(ResidentsRecord::default());
-        let mut driver = Driver::new(
+        Driver::new(
             store.clone(),
             info,
             tasks_rx,
@@ -479,7 +476,83 @@ mod tests {
             Arc::new(Metrics::default()),
             None,
             3,
+        )
+    }
+
+    /// A breach's end deletes the device's breach record only while it names that job: a
+    /// newer breach of another job stays for the placer.
+    #[tokio::test]
+    async fn a_breach_ends_only_its_own_record() {
+        let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
+        let mut driver = driver(&store);
+        let key = keys::device_breach("d0");
+        let breach = |task: &str| iadeep_proto::CapBreach {
+            device_id: "d0".into(),
+            task_id: task.into(),
+            ..Default::default()
+        };
+        driver
+            .execute(vec![Action::CapBreached(breach("p1"))], None)
+            .await;
+        assert_eq!(
+            driver
+                .metrics
+                .cap_breaches
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
         );
+        driver
+            .execute(vec![Action::CapBreached(breach("p2"))], None)
+            .await;
+        let read = || async {
+            typed::get::<iadeep_proto::CapBreach>(store.as_ref(), &key)
+                .await
+                .expect("read")
+                .map(|(b, _)| b.task_id)
+        };
+        assert_eq!(read().await.as_deref(), Some("p2"));
+        driver
+            .execute(
+                vec![Action::CapRestored {
+                    task_id: "p1".into(),
+                }],
+                None,
+            )
+            .await;
+        assert_eq!(read().await.as_deref(), Some("p2"), "not p1's record");
+        driver
+            .execute(
+                vec![Action::CapRestored {
+                    task_id: "p2".into(),
+                }],
+                None,
+            )
+            .await;
+        assert_eq!(read().await, None);
+        // Nothing to delete: nothing happens.
+        driver
+            .execute(
+                vec![Action::CapRestored {
+                    task_id: "p2".into(),
+                }],
+                None,
+            )
+            .await;
+        assert_eq!(
+            driver
+                .metrics
+                .errors
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+    }
+
+    /// Writing sample `seq` deletes sample `seq - samples_kept`: the device's samples
+    /// stay at the newest `samples_kept`, however long the tuner runs.
+    #[tokio::test]
+    async fn only_the_newest_samples_are_kept() {
+        let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
+        let mut driver = driver(&store);
         let actions = (0..10)
             .map(|seq| Action::Sample {
                 seq,
