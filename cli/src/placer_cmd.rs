@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use iadeep_eval::SyntheticCluster;
 use iadeep_placer::extender::kube_api::KubeApiConfig;
-use iadeep_placer::extender::pod::PriorityRule;
+use iadeep_placer::extender::PriorityRule;
 use iadeep_placer::extender::{DEFAULT_BIND_TIMEOUT, ExtenderConfig};
 use iadeep_placer::{Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams};
 use iadeep_predictor::{LearnerParams, OnlinePredictor};

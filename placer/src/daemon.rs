@@ -213,12 +213,15 @@ async fn serve_extender(
     };
     let listener = bind("extender listener", extender.listen).await?;
     let addr = local_addr("extender listener", &listener)?;
-    let router = Arc::new(Extender::new(
-        service.clone(),
-        metrics.clone(),
-        kube,
-        extender.bind_timeout,
-    ))
+    let router = Arc::new(
+        Extender::new(
+            service.clone(),
+            metrics.clone(),
+            kube,
+            extender.bind_timeout,
+        )
+        .with_priority_rule(extender.priority_rule.clone()),
+    )
     .router();
     Ok((
         addr,

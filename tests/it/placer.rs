@@ -54,14 +54,16 @@ pub(crate) fn loopback() -> SocketAddr {
 const BIND_TIMEOUT: Duration = Duration::from_secs(3);
 
 async fn daemon(store: Arc<dyn StateStore>, kube: Option<&FakeKube>) -> Daemon {
-    daemon_with(store, kube, None).await
+    daemon_with(store, kube, None, Default::default()).await
 }
 
-/// A daemon that also releases tasks whose agent never started after `unstarted`.
+/// A daemon that also releases tasks whose agent never started after `unstarted`, and
+/// whose extender counts pods by `priority_rule`.
 async fn daemon_with(
     store: Arc<dyn StateStore>,
     kube: Option<&FakeKube>,
     unstarted: Option<Duration>,
+    priority_rule: iadeep_placer::extender::PriorityRule,
 ) -> Daemon {
     let config = DaemonConfig {
         grpc: loopback(),
@@ -69,7 +71,7 @@ async fn daemon_with(
             listen: loopback(),
             kube_api: kube.map(|k| KubeApiConfig::Url(k.url.clone())),
             bind_timeout: BIND_TIMEOUT,
-            priority_rule: Default::default(),
+            priority_rule,
         }),
         metrics: Some(loopback()),
         dead_task_grace: Some(DEAD_TASK_GRACE),
@@ -552,7 +554,13 @@ async fn reservations_of_tasks_whose_agent_never_started_are_released_after_thei
     let server = start_etcd();
     let store = etcd_store(&server).await;
     register(store.as_ref(), "n1.gpu0", "n1", 32_768).await;
-    let daemon = daemon_with(store.clone(), None, Some(UNSTARTED_GRACE)).await;
+    let daemon = daemon_with(
+        store.clone(),
+        None,
+        Some(UNSTARTED_GRACE),
+        Default::default(),
+    )
+    .await;
     let mut c = client(&daemon).await;
     let placed_before = std::time::Instant::now();
     for id in ["never", "started"] {
@@ -1298,12 +1306,15 @@ async fn a_production_pod_makes_room_through_bind_by_evicting() {
     .await
     .expect("put residents");
     let kube = FakeKube::start().await;
-    let daemon = daemon(store.clone(), Some(&kube)).await;
+    // Production by its Kubernetes PriorityClass, through the daemon's rule (the
+    // annotation's path is the extender's unit tests').
+    let rule = iadeep_placer::extender::PriorityRule::new(["prod-critical"]);
+    let daemon = daemon_with(store.clone(), Some(&kube), None, rule).await;
     let ext = daemon.extender_addr().expect("extender").to_string();
     let annotations = json!({"iadeep.io/batch-size": "64", "iadeep.io/sm-util-pct": "95",
-                             "iadeep.io/mem-bw-util-pct": "50", "iadeep.io/step-time-s": "0.2",
-                             "iadeep.io/priority-class": "production"});
-    let p = pod("prod", "4000", annotations);
+                             "iadeep.io/mem-bw-util-pct": "50", "iadeep.io/step-time-s": "0.2"});
+    let mut p = pod("prod", "4000", annotations);
+    p["spec"]["priorityClassName"] = json!("prod-critical");
     kube.add_pod(&p);
     let (_, result) = post(&ext, "/filter", &json!({"Pod": p, "NodeNames": ["n1"]})).await;
     assert_eq!(result["NodeNames"], json!(["n1"]), "{result}");
@@ -1460,7 +1471,7 @@ async fn an_ambiguous_binding_keeps_the_reservation_and_settles_against_the_pod(
     // kube-scheduler retries. A second placer replica, which never saw this pod's
     // filter, answers: filter passes only the reserved node, bind keeps the reservation
     // it finds and creates the Binding.
-    let replica = daemon_with(store.clone(), Some(&kube), None).await;
+    let replica = daemon_with(store.clone(), Some(&kube), None, Default::default()).await;
     let ext2 = replica.extender_addr().expect("extender").to_string();
     kube.answer_bindings(BindAnswer::Create);
     eventually("the replica sees the reservation", async || {

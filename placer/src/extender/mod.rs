@@ -56,7 +56,7 @@ use crate::service::PlacementService;
 use crate::validate;
 use crate::view::ClusterView;
 use kube_api::{ApiCallError, KubeApi, KubeApiConfig};
-use pod::PriorityRule;
+pub use pod::PriorityRule;
 use types::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
     node_name,
