@@ -81,7 +81,8 @@ pub struct AuditRecord {
     pub task: usize,
     /// Batch size the task would start at.
     pub batch_size: u32,
-    /// `place` or `queue`.
+    /// `place`, `queue`, or `evict` (a production job making room by evicting
+    /// opportunistic residents, which it then waits for).
     pub verdict: &'static str,
     /// Where it was placed.
     pub device: Option<usize>,

@@ -273,3 +273,40 @@ fn priority_places_waiting_production_jobs_first() {
         assert_eq!(summary.classes.opportunistic.above_cap_frac, 0.0);
     }
 }
+
+/// iadeep and the oracle with half the jobs production: every job finishes with all its
+/// work (an evicted one redoes what it lost), only opportunistic jobs are evicted, and the
+/// placer's evictions reach the engine (a burst on few GPUs makes production jobs evict
+/// for room).
+#[test]
+fn iadeep_with_production_jobs_evicts_opportunistic_ones_and_keeps_the_books() {
+    let gavel = GavelThroughputs::bundled().expect("bundled gavel");
+    let trace = philly::bundled().expect("bundled philly");
+    let mut params = ExperimentParams::default();
+    params.workload.tasks = 60;
+    params.workload.load = 3.0;
+    params.workload.max_duration_s = 4.0 * 3600.0;
+    params.workload.production_fraction = 0.5;
+    params.engine.gpus = 4;
+    let experiment = Experiment::new(params, &gavel, &trace).expect("experiment");
+    for name in ["iadeep", "oracle"] {
+        let mut policy = experiment.policy(name).expect("policy");
+        let metrics = experiment
+            .run_policy(policy.as_mut(), &mut |_, _| {})
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        crate::tests::assert_bookkeeping_of(&experiment.workload, &metrics);
+        let summary = metrics.summary();
+        let classes = &summary.classes;
+        assert_eq!(classes.production.evictions, 0, "{name}: {classes:?}");
+        assert!(classes.opportunistic.evictions > 0, "{name}: {classes:?}");
+        assert_eq!(
+            classes.opportunistic.evictions, metrics.evictions,
+            "{name}: {classes:?}"
+        );
+        assert!(
+            policy.diagnostics().contains("evictions for room"),
+            "{}",
+            policy.diagnostics()
+        );
+    }
+}

@@ -52,7 +52,10 @@ fn assert_bookkeeping(experiment: &Experiment, metrics: &RunMetrics) {
 }
 
 /// [`assert_bookkeeping`] of a run over `workload`.
-fn assert_bookkeeping_of(workload: &[crate::workload::TaskTemplate], metrics: &RunMetrics) {
+pub(crate) fn assert_bookkeeping_of(
+    workload: &[crate::workload::TaskTemplate],
+    metrics: &RunMetrics,
+) {
     let name = &metrics.policy;
     assert_eq!(metrics.tasks.len(), workload.len(), "{name}: tasks lost");
     for (task, template) in metrics.tasks.iter().zip(workload) {

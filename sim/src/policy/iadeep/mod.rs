@@ -16,6 +16,16 @@
 //!   exactly one learned part replaced by the truth ([`Oracle`]), to attribute the gap
 //!   between `iadeep` and `oracle` to its parts.
 //!
+//! Priority classes (issue 27) take the same paths as in production: each task's spec
+//! carries its class and cap, so the placer refuses devices where a production job's
+//! predicted PD would pass its cap and may evict opportunistic residents to make room
+//! (room evictions), and each device tuner keeps production jobs under their caps and
+//! declares a breach when it cannot; the breach goes to the placer's eviction executor
+//! ([`placement::SimPlacement::breach`]), which chooses the victim by blame and records
+//! the avoid pairing. Every resident whose assignment then says "evict" is handed to the
+//! engine ([`Policy::take_evictions`]), which takes it off its device; it is released
+//! and placed again like a job that `iadeep run --requeue-on-evict` re-queues.
+//!
 //! Every job's agent is fenced (docs/design.md, "Memory fence"): at the placer's reservation,
 //! which its starting assignment carries as its memory bound, then at each later
 //! assignment's bound (the tuners', the oracle's, and those the placer writes when it
@@ -28,12 +38,12 @@ pub mod placement;
 pub mod predictor;
 pub mod tuning;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use iadeep_placer::{MemoryEstimator, ModelledMemory, WaitModel};
 use iadeep_predictor::SlowdownModel;
-use iadeep_proto::{BatchSizeAssignment, TaskSpec as ProtoSpec};
+use iadeep_proto::{BatchSizeAssignment, CapBreach, TaskSpec as ProtoSpec};
 
 use crate::policy::{Assignment, OomAction, PlaceOrQueue, Policy, TuneStep};
 use crate::view::{JobSpec, PolicyView, Waiting};
@@ -99,6 +109,13 @@ pub struct Iadeep {
     /// Per device, the assignments of settled provisional reservations (each moves a
     /// task's fence), applied at the device's next tuning call.
     settled: HashMap<usize, Vec<Assignment>>,
+    /// Residents told to leave (see the module docs), until they have left.
+    evicting: HashSet<usize>,
+    /// Of those, the ones the engine has not been handed yet.
+    evictions: Vec<usize>,
+    /// Evictions ordered by placements (room for a production job) and by cap breaches.
+    room_evictions: u64,
+    cap_evictions: u64,
 }
 
 impl Iadeep {
@@ -170,7 +187,24 @@ impl Iadeep {
             samples: 0,
             truth,
             settled: HashMap::new(),
+            evicting: HashSet::new(),
+            evictions: Vec::new(),
+            room_evictions: 0,
+            cap_evictions: 0,
         }
+    }
+
+    /// Hands the engine every resident the placer told to leave and it was not handed yet;
+    /// returns how many.
+    fn collect_evictions(&mut self) -> u64 {
+        let mut new = 0;
+        for task in self.placement.evict_orders() {
+            if self.evicting.insert(task) {
+                self.evictions.push(task);
+                new += 1;
+            }
+        }
+        new
     }
 
     /// Routes the assignments the placer wrote when it settled provisional reservations:
@@ -205,7 +239,11 @@ impl Iadeep {
         let Some(best) = truth.best_sizes(&residents) else {
             return again;
         };
+        if let Some((task, pd, cap)) = best.over_cap {
+            self.oracle_breach(view, device, task, pd, cap);
+        }
         let changes: Vec<(usize, u32)> = best
+            .sizes
             .into_iter()
             .filter(|(task, size)| {
                 residents
@@ -248,6 +286,43 @@ impl Iadeep {
             assignments,
             again_in_s: Some(ORACLE_RETUNE_S),
         }
+    }
+
+    /// The oracle's cap breach: even its best configuration of the device puts production
+    /// job `task` at true PD `pd` above its cap. Handed to the placer's eviction executor
+    /// as a tuner's breach is (the victim chosen by blame among the opportunistic
+    /// residents that run), unless there is no opportunistic resident to evict.
+    fn oracle_breach(
+        &mut self,
+        view: &dyn PolicyView,
+        device: usize,
+        task: usize,
+        pd: f64,
+        cap: f64,
+    ) {
+        let opportunistic: Vec<String> = view
+            .residents(device)
+            .iter()
+            .filter(|r| r.report.running && !r.spec.is_production())
+            .map(|r| task_key(r.spec.id))
+            .collect();
+        if opportunistic.is_empty() {
+            return;
+        }
+        let breach = CapBreach {
+            device_id: placement::device_key(device),
+            task_id: task_key(task),
+            measured_pd: pd,
+            max_slowdown: cap,
+            rounds_above: 1,
+            opportunistic_task_ids: opportunistic,
+            round: self.rounds.get(&task).copied().unwrap_or(0),
+            at_unix_ms: unix_ms(view.now_s()),
+        };
+        if let Err(err) = self.placement.breach(breach) {
+            tracing::warn!(%err, device, "cannot act on the oracle's cap breach");
+        }
+        self.cap_evictions += self.collect_evictions();
     }
 
     /// A task as this variant submits it: without the tuner, its batch-size range is
@@ -313,6 +388,7 @@ impl Policy for Iadeep {
             &|t| rounds.get(&t).copied().unwrap_or(0),
         );
         self.route_settled(view);
+        self.room_evictions += self.collect_evictions();
         if let Some(audit) = self.placement.audit.as_mut()
             && Some(audit.len()) != recorded
             && let Some(record) = audit.last_mut()
@@ -393,6 +469,17 @@ impl Policy for Iadeep {
             self.placement
                 .record_profile(&p.model, &p.device_kind, &p.points);
         }
+        for breach in step.breaches {
+            if let Err(err) = self.placement.breach(breach) {
+                tracing::warn!(%err, device, "cannot act on a cap breach");
+            }
+        }
+        for task_id in &step.restored {
+            if let Err(err) = self.placement.restored(device, task_id) {
+                tracing::warn!(%err, device, "cannot withdraw a cap breach");
+            }
+        }
+        self.cap_evictions += self.collect_evictions();
         self.samples += step.samples.len() as u64;
         if let Some(predictor) = &self.predictor {
             for sample in step.samples {
@@ -437,13 +524,23 @@ impl Policy for Iadeep {
         OomAction::RestartHalf
     }
 
-    /// A task that could not run within its fence at any size left its device: its
-    /// launcher releases the placement as it exits, and it is placed afresh.
+    /// A task that could not run within its fence at any size, or that was evicted, left
+    /// its device: its launcher releases the placement as it exits, and it is placed
+    /// afresh.
     fn on_left(&mut self, _device: usize, task: usize) {
+        self.evicting.remove(&task);
         self.rounds.remove(&task);
+        // A settled reservation's assignment it has not applied yet is void.
+        for pending in self.settled.values_mut() {
+            pending.retain(|a| a.task != task);
+        }
         if let Err(err) = self.placement.release(task) {
             tracing::warn!(%err, task, "cannot release a task that left its device");
         }
+    }
+
+    fn take_evictions(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.evictions)
     }
 
     fn enable_audit(&mut self) {
@@ -473,14 +570,16 @@ impl Policy for Iadeep {
         format!(
             "predictor samples {} from the tuners, accepted {accepted}, refits {refits}; \
              tuning searches {}, rounds measured {}, dropped {}, out of memory {}, \
-             settled checks {}, re-opened on drift {}",
+             settled checks {}, re-opened on drift {}; evictions for room {}, for caps {}",
             self.samples,
             tuners.searches,
             tuners.measured,
             tuners.dropped,
             tuners.out_of_memory,
             tuners.checks,
-            tuners.drifts
+            tuners.drifts,
+            self.room_evictions,
+            self.cap_evictions
         )
     }
 

@@ -11,6 +11,11 @@
 //!   [`Truth::best_sizes`]: the joint configuration with the smallest true Σ PD (the
 //!   tuner's objective with the world's step times and φ), searched exhaustively, among
 //!   those whose true memory fits the card; re-chosen every [`ORACLE_RETUNE_S`] as φ moves.
+//!   Production jobs' caps bind it as they bind the tuner: a configuration that puts a
+//!   production job's true PD above its cap is chosen only when every configuration does,
+//!   and then the one that passes the caps least; the oracle then declares a cap breach,
+//!   which the placer's eviction executor acts on as it does on a tuner's
+//!   ([`BestSizes::over_cap`]).
 //!
 //! Its agents still report (with noise); it ignores them for every decision it can take
 //! from the truth. The gap between iadeep and the oracle is what imperfect prediction,
@@ -177,6 +182,26 @@ struct Searched {
     m0: u32,
     sizes: Vec<u32>,
     phi: Option<f64>,
+    /// A production job's slowdown cap.
+    cap: Option<f64>,
+}
+
+/// A configuration's value: how far it puts production jobs above their caps (the most
+/// any is, 0 when none is), then Σ PD. Smaller is better, in that order.
+type Value = (f64, f64);
+
+fn better(a: Value, b: Value) -> bool {
+    a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)).is_lt()
+}
+
+/// The oracle's choice for a device (see [`Truth::best_sizes`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BestSizes {
+    /// (task, batch size) of each running resident.
+    pub sizes: Vec<(usize, u32)>,
+    /// The production job furthest above its cap in that configuration, with its true PD
+    /// and cap, when even the best configuration passes a cap.
+    pub over_cap: Option<(usize, f64, f64)>,
 }
 
 impl Truth {
@@ -232,9 +257,10 @@ impl Truth {
     }
 
     /// The configuration of `residents` (running ones only, in order) with the smallest
-    /// true Σ PD whose true memory fits the card, or `None` when none of them runs or
-    /// nothing fits.
-    pub fn best_sizes(&self, residents: &[ResidentJob<'_>]) -> Option<Vec<(usize, u32)>> {
+    /// true Σ PD whose true memory fits the card, among those that keep every production
+    /// job under its cap if any does (else the one passing the caps least), or `None` when
+    /// none of them runs or nothing fits.
+    pub fn best_sizes(&self, residents: &[ResidentJob<'_>]) -> Option<BestSizes> {
         let running: Vec<&ResidentJob<'_>> =
             residents.iter().filter(|r| r.report.running).collect();
         let searched: Vec<Searched> = running
@@ -251,6 +277,7 @@ impl Truth {
                     m0: r.spec.m0,
                     sizes: r.spec.batch_sizes.clone(),
                     phi: self.world.phi(family, fraction),
+                    cap: r.spec.max_slowdown,
                 })
             })
             .collect::<Option<_>>()?;
@@ -277,19 +304,44 @@ impl Truth {
         } else {
             self.descent(&searched, current)
         }?;
-        Some(
+        let over_cap = self.pds(&searched, &best).and_then(|pds| {
             running
+                .iter()
+                .zip(&searched)
+                .zip(pds)
+                .filter_map(|((r, s), pd)| s.cap.filter(|c| pd > *c).map(|c| (r.spec.id, pd, c)))
+                .max_by(|a, b| (a.1 - a.2).total_cmp(&(b.1 - b.2)))
+        });
+        Some(BestSizes {
+            sizes: running
                 .iter()
                 .zip(&searched)
                 .zip(best)
                 .map(|((r, s), i)| (r.spec.id, s.sizes[i]))
                 .collect(),
-        )
+            over_cap,
+        })
     }
 
-    /// Σ PD of a configuration (indices into each task's sizes), `None` when it does not
-    /// fit the card or a size is not a world job type.
-    fn sum_pd(&self, searched: &[Searched], config: &[usize]) -> Option<f64> {
+    /// The value of a configuration (indices into each task's sizes, see [`Value`]),
+    /// `None` when it does not fit the card or a size is not a world job type.
+    fn value(&self, searched: &[Searched], config: &[usize]) -> Option<Value> {
+        let pds = self.pds(searched, config)?;
+        let over = searched
+            .iter()
+            .zip(&pds)
+            .filter_map(|(s, pd)| s.cap.map(|c| (pd - c).max(0.0)))
+            .fold(0.0, f64::max);
+        let mut sum = 0.0;
+        for pd in pds {
+            sum += pd;
+        }
+        Some((over, sum))
+    }
+
+    /// Each task's true PD in a configuration (indices into each task's sizes), `None`
+    /// when it does not fit the card or a size is not a world job type.
+    fn pds(&self, searched: &[Searched], config: &[usize]) -> Option<Vec<f64>> {
         let jobs: Vec<TypeId> = searched
             .iter()
             .zip(config)
@@ -299,7 +351,7 @@ impl Truth {
         if memory > self.world.memory.capacity_mib {
             return None;
         }
-        let mut sum = 0.0;
+        let mut pds = Vec::with_capacity(searched.len());
         for (k, s) in searched.iter().enumerate() {
             let others: Vec<TypeId> = (0..jobs.len())
                 .filter(|&j| j != k)
@@ -308,25 +360,27 @@ impl Truth {
             let at_m0 = self.world.catalogue.type_of(s.family, s.m0)?;
             let co_steps = self.world.steps_per_s(jobs[k], others.iter().copied());
             let solo_steps_m0 = self.world.steps_per_s(at_m0, std::iter::empty());
-            sum += PdInput {
-                m0: f64::from(s.m0),
-                solo_step_s_m0: 1.0 / solo_steps_m0,
-                m: f64::from(s.sizes[config[k]]),
-                co_step_s: 1.0 / co_steps,
-                noise_scale: s.phi,
-            }
-            .pd()
-            .ok()?;
+            pds.push(
+                PdInput {
+                    m0: f64::from(s.m0),
+                    solo_step_s_m0: 1.0 / solo_steps_m0,
+                    m: f64::from(s.sizes[config[k]]),
+                    co_step_s: 1.0 / co_steps,
+                    noise_scale: s.phi,
+                }
+                .pd()
+                .ok()?,
+            );
         }
-        Some(sum)
+        Some(pds)
     }
 
     fn exhaustive(&self, searched: &[Searched]) -> Option<Vec<usize>> {
         let mut config = vec![0usize; searched.len()];
-        let mut best: Option<(f64, Vec<usize>)> = None;
+        let mut best: Option<(Value, Vec<usize>)> = None;
         loop {
-            if let Some(v) = self.sum_pd(searched, &config)
-                && best.as_ref().is_none_or(|(b, _)| v < *b)
+            if let Some(v) = self.value(searched, &config)
+                && best.as_ref().is_none_or(|(b, _)| better(v, *b))
             {
                 best = Some((v, config.clone()));
             }
@@ -350,15 +404,17 @@ impl Truth {
     /// turn moves to its best size with the others fixed, until nothing improves.
     fn descent(&self, searched: &[Searched], start: Vec<usize>) -> Option<Vec<usize>> {
         let mut config = start;
-        let mut value = self.sum_pd(searched, &config).unwrap_or(f64::INFINITY);
+        let mut value = self
+            .value(searched, &config)
+            .unwrap_or((f64::INFINITY, f64::INFINITY));
         loop {
             let mut improved = false;
             for k in 0..config.len() {
                 for i in 0..searched[k].sizes.len() {
                     let mut trial = config.clone();
                     trial[k] = i;
-                    if let Some(v) = self.sum_pd(searched, &trial)
-                        && v < value
+                    if let Some(v) = self.value(searched, &trial)
+                        && better(v, value)
                     {
                         (config, value) = (trial, v);
                         improved = true;
@@ -366,7 +422,7 @@ impl Truth {
                 }
             }
             if !improved {
-                return value.is_finite().then_some(config);
+                return value.1.is_finite().then_some(config);
             }
         }
     }

@@ -17,10 +17,10 @@ use iadeep_placer::{Clock, PlacementService, Placer, PlacerParams, Verdict};
 use iadeep_placer::{MemoryEstimator, WaitModel};
 use iadeep_predictor::{Prediction, SlowdownModel};
 use iadeep_proto::{
-    BatchSizeAssignment, CoLocationSample, DeviceInfo, PriorityClass, ProfilePoint, SoloProfile,
-    TaskProfile, TaskReport, TaskSpec as ProtoSpec, place_response,
+    BatchSizeAssignment, CapBreach, CoLocationSample, DeviceInfo, PriorityClass, ProfilePoint,
+    SoloProfile, TaskProfile, TaskReport, TaskSpec as ProtoSpec, place_response,
 };
-use iadeep_state::{EmbeddedStore, StateStore, keys, typed};
+use iadeep_state::{EmbeddedStore, Expect, StateStore, Txn, TxnOutcome, keys, typed};
 
 use crate::audit::{AuditCandidate, AuditRecord, Slowdowns};
 use crate::policy::PlaceOrQueue;
@@ -95,7 +95,8 @@ pub fn task_of(key: &str) -> Option<usize> {
     key.strip_prefix("task-")?.parse().ok()
 }
 
-fn device_key(device: usize) -> String {
+/// The key of simulated GPU `device` (its device id in the placer's and tuners' records).
+pub fn device_key(device: usize) -> String {
     format!("gpu-{device}")
 }
 
@@ -402,6 +403,68 @@ impl SimPlacement {
             .unwrap_or_default()
     }
 
+    /// The residents whose current assignment tells them to leave (`evict`): the victims
+    /// of the placer's room evictions and of its eviction executor, as their agents read
+    /// it. The engine takes them off their devices; [`SimPlacement::release`] then drops
+    /// them from the view, as their launchers release them.
+    pub fn evict_orders(&self) -> Vec<usize> {
+        let view = self.view.read().unwrap_or_else(|e| e.into_inner());
+        (0..self.devices)
+            .filter_map(|d| view.device(&device_key(d)))
+            .flat_map(|d| d.residents.iter())
+            .filter(|r| r.assignment.as_ref().is_some_and(|(a, _)| a.evict))
+            .filter_map(|r| task_of(&r.reservation.task_id))
+            .collect()
+    }
+
+    /// A device tuner's cap breach, as the daemons handle it: the tuner daemon writes the
+    /// record at the device's breach key, the placer's view follows it, and the placer's
+    /// eviction executor acts on it at once (`iadeep_placer::eviction::act_on_breach`:
+    /// the victim chosen by blame, its evict assignment, the avoid record and the
+    /// breach's deletion in one transaction). The victim is then among
+    /// [`SimPlacement::evict_orders`].
+    pub fn breach(&mut self, breach: CapBreach) -> crate::Result<()> {
+        let device_id = breach.device_id.clone();
+        let key = keys::device_breach(&device_id);
+        let revision = self
+            .block_on(typed::put(self.store.as_ref(), &key, &breach, None))
+            .map_err(|e| policy_error(format!("breach record: {e}")))?;
+        self.view_mut().set_breach(&device_id, breach, revision);
+        let outcome = self
+            .block_on(iadeep_placer::eviction::act_on_breach(
+                &self.service,
+                &device_id,
+            ))
+            .map_err(|e| policy_error(format!("eviction: {e}")))?;
+        tracing::debug!(device = %device_id, ?outcome, "acted on a cap breach");
+        Ok(())
+    }
+
+    /// The breach of `task_id` on `device` is over: its record is deleted if it is still
+    /// there and names the task, as the tuner daemon does (the executor acts on a breach
+    /// at once here, so it rarely is).
+    pub fn restored(&mut self, device: usize, task_id: &str) -> crate::Result<()> {
+        let device_id = device_key(device);
+        let revision = {
+            let view = self.view.read().unwrap_or_else(|e| e.into_inner());
+            match view.breach(&device_id) {
+                Some((breach, revision)) if breach.task_id == task_id => revision,
+                _ => return Ok(()),
+            }
+        };
+        let key = keys::device_breach(&device_id);
+        let txn = Txn::new()
+            .compare(key.clone(), Expect::ModRevision(revision))
+            .delete(key);
+        let outcome = self
+            .block_on(self.store.transact(txn))
+            .map_err(|e| policy_error(format!("breach record: {e}")))?;
+        if let TxnOutcome::Committed { revision } = outcome {
+            self.view_mut().remove_breach(&device_id, revision);
+        }
+        Ok(())
+    }
+
     /// Records a tuner's measurements in the profile registry of the placement's store,
     /// as the daemon's driver does (`iadeep_state::registry::record`).
     pub fn record_profile(&self, model: &str, device_kind: &str, points: &[ProfilePoint]) {
@@ -519,6 +582,9 @@ fn audit_record(
                 .and_then(|d| d.parse::<usize>().ok()),
         ),
         Verdict::Queue { .. } => ("queue", None),
+        // A production job that makes room by evicting opportunistic residents waits
+        // for them to leave, then asks again.
+        Verdict::Evict { .. } => ("evict", None),
     };
     AuditRecord {
         at_s: view.now_s(),

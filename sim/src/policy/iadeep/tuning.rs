@@ -14,7 +14,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use iadeep_proto::{BatchSizeAssignment, CoLocationSample, DeviceInfo, ProfilePoint, TaskReport};
+use iadeep_proto::{
+    BatchSizeAssignment, CapBreach, CoLocationSample, DeviceInfo, ProfilePoint, TaskReport,
+};
 use iadeep_tuner::{Action, DeviceTask, DeviceTuner, DeviceTunerParams, RunningTask, Translator};
 
 use crate::policy::iadeep::placement::{SimPlacement, proto_report, task_key, unix_ms};
@@ -49,6 +51,12 @@ pub struct Step {
     pub samples: Vec<CoLocationSample>,
     /// Measurements for the profile registry, as the daemon records them.
     pub profiles: Vec<ProfileUpdate>,
+    /// Cap breaches the tuner declared (`Action::CapBreached`): what the daemon writes at
+    /// the device's breach key for the placer's eviction executor.
+    pub breaches: Vec<CapBreach>,
+    /// Production jobs whose breach is over (`Action::CapRestored`): the daemon deletes
+    /// the breach record.
+    pub restored: Vec<String>,
     /// When to call again; `None` when the tuner waits for the residents to change.
     pub again_in_s: Option<f64>,
 }
@@ -136,8 +144,8 @@ impl SimTuner {
                 Action::Assign(round) => step.assignments.extend(round),
                 Action::Sample { sample, .. } => step.samples.push(sample),
                 Action::Persist(_) => {}
-                // issue 27: the simulator's eviction handles these
-                Action::CapBreached(_) | Action::CapRestored { .. } => {}
+                Action::CapBreached(breach) => step.breaches.push(breach),
+                Action::CapRestored { task_id } => step.restored.push(task_id),
                 Action::Profile {
                     model,
                     device_kind,
