@@ -381,7 +381,7 @@ impl GpLcb {
 
     /// Records that `idx` was measured with a production job's PD above its cap: it is
     /// infeasible from now on, and so is every configuration with the same production
-    /// sizes and opportunistic sizes at least as large (see [`OverCap`]). Its Σ PD, if it
+    /// sizes and opportunistic sizes at least as large (see `OverCap`). Its Σ PD, if it
     /// was observed, stays in the model: it is a true measurement, only not a choice.
     pub fn rule_out_over_cap(&mut self, idx: &[usize]) -> Result<()> {
         if idx.len() != self.space.sizes.len()

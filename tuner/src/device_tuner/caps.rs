@@ -13,10 +13,13 @@ pub(crate) struct CapWatch {
     pub rounds_at_floor: u32,
     /// The opportunistic co-runners of the current streak, sorted.
     pub floor_set: Vec<String>,
-    /// The co-runners named by the breach reported, while it lasts: a breach is reported
-    /// once, and again only for another set of co-runners (one was evicted and the job is
-    /// still above its cap).
+    /// The co-runners named by the breach reported since the residents last changed: a
+    /// breach is reported once, and again only for another set of co-runners (one was
+    /// evicted and the job is still above its cap) or after the residents changed (the
+    /// placer may have dropped the record while another job was leaving).
     pub breached: Option<Vec<String>>,
+    /// A breach was reported and its end was not: [`Verdict::Restored`] is owed.
+    pub reported: bool,
 }
 
 /// What one measured round means for the cap.
@@ -45,9 +48,11 @@ impl CapWatch {
             self.above = false;
             self.rounds_at_floor = 0;
             self.floor_set.clear();
-            return match self.breached.take() {
-                Some(_) => Verdict::Restored,
-                None => Verdict::Nothing,
+            self.breached = None;
+            return if std::mem::take(&mut self.reported) {
+                Verdict::Restored
+            } else {
+                Verdict::Nothing
             };
         }
         self.above = true;
@@ -65,18 +70,20 @@ impl CapWatch {
         if self.rounds_at_floor >= breach_rounds && self.breached.as_ref() != Some(&self.floor_set)
         {
             self.breached = Some(self.floor_set.clone());
+            self.reported = true;
             return Verdict::Breach;
         }
         Verdict::Nothing
     }
 
     /// The residents changed: the streak ends (what was measured described another
-    /// co-location); a reported breach stays until the job is measured under its cap or
-    /// leaves.
+    /// co-location) and a breach may be reported again; a reported breach is owed its end
+    /// until the job is measured under its cap or leaves.
     pub fn residents_changed(&mut self) {
         self.above = false;
         self.rounds_at_floor = 0;
         self.floor_set.clear();
+        self.breached = None;
     }
 }
 
@@ -111,9 +118,22 @@ mod tests {
         assert_eq!(w.measured(1.2, 1.1, set(&["o2"]), 3), Verdict::Nothing);
         assert_eq!(w.measured(1.2, 1.1, set(&["o2"]), 3), Verdict::Nothing);
         assert_eq!(w.measured(1.2, 1.1, set(&["o2"]), 3), Verdict::Breach);
-        // Exactly at the cap is not above it.
+        // Another job left (the placer dropped the record meanwhile): reported again,
+        // after a new streak.
+        w.residents_changed();
+        assert!(!w.above);
+        assert_eq!(w.measured(1.2, 1.1, set(&["o2"]), 3), Verdict::Nothing);
+        assert_eq!(w.measured(1.2, 1.1, set(&["o2"]), 3), Verdict::Nothing);
+        assert_eq!(w.measured(1.2, 1.1, set(&["o2"]), 3), Verdict::Breach);
+        // Exactly at the cap is not above it; the end is reported once.
         assert_eq!(w.measured(1.1, 1.1, set(&["o2"]), 3), Verdict::Restored);
         assert!(!w.above);
         assert_eq!(w.measured(1.0, 1.1, set(&["o2"]), 3), Verdict::Nothing);
+        // A change of residents does not forget a breach's end.
+        for _ in 0..3 {
+            w.measured(1.2, 1.1, set(&["o2"]), 3);
+        }
+        w.residents_changed();
+        assert_eq!(w.measured(1.0, 1.1, None, 3), Verdict::Restored);
     }
 }

@@ -33,8 +33,38 @@
 //!    the controller's threshold (the noise scale grows as training goes on, so the best
 //!    batch sizes move) starts a fresh search whose only observation is the one that showed
 //!    the drift: the observations from before describe another objective.
+//! 6. **Slowdown caps** (production jobs, `TaskSpec::slowdown_cap`). Every measured round
+//!    (explore, check or cap round) checks each production job's PD = IF·DT/E, measured,
+//!    never predicted, against its cap:
+//!    - a configuration in which one is above its cap is infeasible for the search, and so
+//!      is every configuration with the same production sizes and opportunistic sizes at
+//!      least as large (assumed: a co-runner's interference does not fall as its batch
+//!      grows; nothing is assumed across production sizes, whose own DT and E move either
+//!      way). Its Σ PD stays in the Gaussian process, but it is never the incumbent, and a
+//!      settled configuration it rules out is given up;
+//!    - while one is above its cap, the tuner decides, not the search: a job above its cap
+//!      away from its submitted size m0 goes back to m0 first (its own size may be the
+//!      cause: at m0 DT = E = 1 and its PD is its interference alone, what placement
+//!      bounded); then every opportunistic co-runner goes one candidate size down a round
+//!      (all at once: the tuner does not know which one interferes, and the production job
+//!      pays for every round above its cap), skipping sizes already known to be above it;
+//!      no opportunistic job ever grows and production jobs move only back to m0. With
+//!      nothing left to change, what runs is measured again, round after round. On a
+//!      device without an opportunistic co-runner the search goes on, away from what it
+//!      measured above the cap;
+//!    - after [`DeviceTunerParams::breach_rounds`] consecutive measured rounds above its
+//!      cap at m0 with every opportunistic co-runner at its smallest size, it reports
+//!      [`Action::CapBreached`] (once; again only for another set of co-runners, e.g. after
+//!      an eviction, or after the residents changed), and [`Action::CapRestored`] when the
+//!      job is measured back under its cap or leaves. A change of residents restarts the
+//!      count.
 //!
-//! The Gaussian process therefore never holds more than `max_observations` points.
+//!    A device with only opportunistic jobs has no caps, so none of this applies to it.
+//!    The placer's evict flag is repeated by every later round, so no round cancels it.
+//!    Cap violations are not persisted: a restarted tuner measures them again.
+//!
+//! The Gaussian process therefore never holds more than `max_observations` points (a cap
+//! round that shrinks co-runners is observed only while the search has room for it).
 
 mod caps;
 mod knowledge;
@@ -186,7 +216,8 @@ pub enum Action {
     /// co-runner at its smallest size: shrinking cannot help any more. The daemon writes it
     /// at `keys::device_breach(device)` for the placer to evict one of
     /// `opportunistic_task_ids`; the simulator evicts at once. Emitted once per breach (again
-    /// only when the co-runners at the floor change, e.g. after an eviction).
+    /// only when the co-runners at the floor change, e.g. after an eviction, or after the
+    /// residents changed).
     CapBreached(CapBreach),
     /// The job of an earlier [`Action::CapBreached`] was measured back under its cap or left
     /// the device: the breach is over (the daemon deletes its record if it still names the
@@ -584,7 +615,7 @@ impl DeviceTuner {
     /// A task left, or is no longer production: a breach reported for it is over.
     fn forget_cap(&mut self, task_id: &str) {
         if let Some(watch) = self.caps.remove(task_id)
-            && watch.breached.is_some()
+            && watch.reported
         {
             self.pending.push(Action::CapRestored {
                 task_id: task_id.to_owned(),
