@@ -442,8 +442,9 @@ fn settlement_txn(
 /// The record, compares and assignments of a room eviction decided on `view`: the
 /// device's record with the claim of `task` (replacing an earlier one of it, expired
 /// claims dropped), each victim's key and what the decision saw there, and its evict
-/// assignment, whose reason names the task. `None` when a victim is not resident there
-/// (the view changed under the decision).
+/// assignment, whose reason names the task; a victim leaving already (its assignment
+/// says evict) keeps the assignment it has. `None` when a victim is not resident
+/// there (the view changed under the decision).
 #[allow(clippy::type_complexity)]
 fn evict_plan(
     view: &ClusterView,
@@ -467,6 +468,13 @@ fn evict_plan(
     let mut compares = Vec::with_capacity(victims.len());
     let mut assignments = Vec::with_capacity(victims.len());
     for victim in victims {
+        let resident = device
+            .residents
+            .iter()
+            .find(|r| r.reservation.task_id == *victim)?;
+        if resident.assignment.as_ref().is_some_and(|(a, _)| a.evict) {
+            continue;
+        }
         let (assignment, expect) = evict_assignment(device, victim, &reason, now)?;
         compares.push((keys::task_assignment(victim), expect));
         assignments.push(assignment);

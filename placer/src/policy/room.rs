@@ -232,6 +232,18 @@ fn place_on(c: &Candidate<'_>) -> Verdict {
     }
 }
 
+/// What evicting `resident` costs, in seconds of its work: its time since it was
+/// placed (all a job without a checkpoint loses, a bound for one with); nothing when
+/// it is leaving already (its assignment says evict: a cap breach's or an earlier
+/// room eviction's victim).
+fn lost_if_evicted_s(resident: &crate::view::Resident, now_unix_ms: i64) -> f64 {
+    if resident.assignment.as_ref().is_some_and(|(a, _)| a.evict) {
+        return 0.0;
+    }
+    let at = resident.reservation.placed_at_unix_ms;
+    now_unix_ms.saturating_sub(at).max(0) as f64 / 1000.0
+}
+
 /// One production task's search for room on one device.
 struct RoomSearch<'a> {
     placer: &'a Placer,
@@ -338,10 +350,7 @@ impl RoomSearch<'_> {
             .collect();
         let work_lost_s = victims
             .iter()
-            .map(|&i| {
-                let at = device.residents[i].reservation.placed_at_unix_ms;
-                (self.now_unix_ms.saturating_sub(at)).max(0) as f64 / 1000.0
-            })
+            .map(|&i| lost_if_evicted_s(&device.residents[i], self.now_unix_ms))
             .sum();
         if stay.is_empty() {
             return Some(RoomPlan {
@@ -673,6 +682,21 @@ mod tests {
         assert!(matches!(
             placer().decide(&view, &opp, &[], 10_000).verdict,
             Verdict::Queue { .. }
+        ));
+        // A resident already leaving (a cap breach's victim) costs nothing more.
+        let mut view = view;
+        view.set_assignment(
+            iadeep_proto::BatchSizeAssignment {
+                task_id: "old".into(),
+                batch_size: 32,
+                evict: true,
+                ..Default::default()
+            },
+            5,
+        );
+        assert!(matches!(
+            &placer().decide(&view, &new, &[], 10_000).verdict,
+            Verdict::Evict { victims, .. } if victims == &["old".to_owned()]
         ));
     }
 
