@@ -261,7 +261,7 @@ struct RoomSearch<'a> {
 }
 
 impl RoomSearch<'_> {
-    /// The best plan on `device` (fewest victims, then the order of [`RoomPlan::key`]).
+    /// The best plan on `device` (fewest victims, then the order of [`RoomPlan::better_than`]).
     fn on<'v>(&self, id: &'v str, device: &'v DeviceState) -> Option<RoomPlan<'v>> {
         let info = device.info.as_ref()?;
         if claimed_by_others(device, &self.task.task_id, self.now_unix_ms).is_some() {
@@ -303,6 +303,12 @@ impl RoomSearch<'_> {
         movable.sort_by_key(|&i| std::cmp::Reverse(footprints[i]));
         movable.truncate(MAX_MOVABLE.saturating_sub(forced.len()));
         let n = movable.len();
+        // A device where even evicting every one of them does not make room is passed
+        // over after that one try: fewer co-runners never slow a job more, nor take
+        // less memory, so no smaller set can. A hopeless device (a retry of a task
+        // that fits nowhere asks every device) costs one plan, not every subset.
+        let everyone: Vec<usize> = forced.iter().chain(&movable).copied().collect();
+        self.plan(id, device, &footprints, need, &everyone)?;
         let least = forced.len().max(1);
         let most = (forced.len() + n).min(self.most_victims);
         for k in least..=most {
