@@ -48,7 +48,7 @@ use crate::error::Result;
 use crate::events::{EvictionTrigger, PlacementEvent};
 use crate::params::PlacerParams;
 use crate::policy::evict::{Victim, choose_victim};
-use crate::service::{PlacementService, next_round};
+use crate::service::{PlacementService, evict_assignment};
 use crate::view::ClusterView;
 
 /// How often the daemon's eviction loop looks for breaches: a pass without one reads
@@ -108,41 +108,6 @@ struct Decided {
     plan: Plan,
 }
 
-/// The victim's assignment and what its key held: its last assignment with `evict`
-/// set, `reason`, and the next round of the device; a fresh one at the batch size it
-/// runs at when it has none.
-fn evict_assignment(
-    view: &ClusterView,
-    device_id: &str,
-    victim: &Victim,
-    now_unix_ms: i64,
-) -> Option<(BatchSizeAssignment, Expect)> {
-    let device = view.device(device_id)?;
-    let resident = device
-        .residents
-        .iter()
-        .find(|r| r.reservation.task_id == victim.task_id)?;
-    let (mut assignment, expect) = match &resident.assignment {
-        Some((a, rev)) => (a.clone(), Expect::ModRevision(*rev)),
-        None => (
-            BatchSizeAssignment {
-                task_id: victim.task_id.clone(),
-                batch_size: resident.batch_size(),
-                lr_factor: 1.0,
-                lr_rule: resident.spec().lr_rule,
-                ..BatchSizeAssignment::default()
-            },
-            Expect::Absent,
-        ),
-    };
-    assignment.task_id = victim.task_id.clone();
-    assignment.round = next_round(&device.residents);
-    assignment.assigned_at_unix_ms = now_unix_ms;
-    assignment.evict = true;
-    assignment.evict_reason = victim.reason.clone();
-    Some((assignment, expect))
-}
-
 /// Decides what to do with `device_id`'s breach on `view`; `None` when there is none.
 fn decide(
     view: &ClusterView,
@@ -175,7 +140,9 @@ fn decide(
                 "stale: production job {} or every co-runner it names ({:?}) left the device",
                 breach.task_id, breach.opportunistic_task_ids
             )),
-            Some(victim) => match evict_assignment(view, device_id, &victim, now_unix_ms) {
+            Some(victim) => match device
+                .and_then(|d| evict_assignment(d, &victim.task_id, &victim.reason, now_unix_ms))
+            {
                 None => Plan::Drop(format!("stale: {} left the device", victim.task_id)),
                 Some((assignment, assignment_expect)) => {
                     let for_ms =
