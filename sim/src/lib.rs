@@ -18,16 +18,19 @@
 //! - `world`: the ground truth (Gavel throughputs and the contention model for 3+ jobs,
 //!   the memory model fitted to Gavel's failed pairs, Pollux noise-scale curves);
 //! - `workload`: the arrival stream from the Philly trace (single-GPU jobs, load
-//!   factor, seeded job types and memory requests);
+//!   factor, seeded job types and memory requests, and each job's class: production
+//!   with a slowdown cap, or opportunistic, `--production-fraction`);
 //! - `agent`: what the emulated agents measure (noisy step times with stragglers, the
 //!   gradient noise scale through the production estimator) and how a fenced agent falls
 //!   back after an out-of-memory error (the real agent's rule);
 //! - `view`: what policies may see (job specs, with a solo profile only under
 //!   [`JobInfo::Profiled`], and agent reports, through the `PolicyView` trait);
 //! - `engine`: the discrete-event engine (arrivals, completions, tuning rounds,
-//!   fenced out-of-memory errors, which cost one job a step, and unfenced crashes, which
-//!   restart a job at half its batch size);
-//! - `policy`: the [`Policy`] trait and one module per policy: exclusive FIFO,
+//!   fenced out-of-memory errors, which cost one job a step, unfenced crashes, which
+//!   restart a job at half its batch size, and evictions, which cost a job its work since
+//!   its last checkpoint);
+//! - `policy`: the [`Policy`] trait and one module per policy: exclusive FIFO, `priority`
+//!   (exclusive GPUs, production jobs first),
 //!   naive packing, utilisation-based, most-available-memory, the reference approach,
 //!   `pollux` (what the baselines make of specs and reports: `policy::solo`), and
 //!   iadeep with its two ablations, which drive the real `iadeep_tuner` and
@@ -38,8 +41,9 @@
 //!   reservations;
 //! - `experiment`: one world, one stream, many policies;
 //! - `metrics`, [`report`]: completion times, makespan, utilisation, crashes and
-//!   fenced out-of-memory errors, tuning rounds, decision latency; table, CSV, JSON, SVG
-//!   plots;
+//!   fenced out-of-memory errors, tuning rounds, decision latency, and per job class the
+//!   completion times, the share of running time above the cap (by the world's PD) and
+//!   the evictions with the work they cost; table, CSV, JSON, SVG plots;
 //! - `audit`: iadeep's placement decisions next to the world's truth (diagnosis);
 //! - [`Attribution`]: how much of the gap between iadeep and the oracle each single-part
 //!   oracle (`oracle-prediction`, `-memory`, `-tuning`, `-wait`) closes;
