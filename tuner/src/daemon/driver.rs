@@ -1,14 +1,17 @@
 //! The daemon's driver of the [`DeviceTuner`]: the store's watches in, the tuner's actions
 //! out, in real time.
 //!
-//! The driver only translates. It diffs what the watches say (the device's reservations,
-//! every task's `alive` key, report and assignment) against what it last told the tuner,
-//! turns the difference into [`Input`]s stamped with the wall clock, steps the tuner on a
-//! blocking thread (a step may fit a Gaussian process), and carries out the [`Action`]s:
+//! The driver only translates. It diffs what the watches say (the device's reservations
+//! and room claims, every task's `alive` key, report and assignment) against what it last
+//! told the tuner, turns the difference into [`Input`]s stamped with the wall clock, steps
+//! the tuner on a blocking thread (a step may fit a Gaussian process), and carries out the
+//! [`Action`]s:
 //! - a round's assignments in one transaction that compares the device's residents record
 //!   with the revision the inputs came from, so a round decided before a placement changed
 //!   the device is never written (the placer compares the residents' assignments in turn);
 //! - each co-location sample under the device's sample sequence;
+//! - a production job's cap breach at `devices/{device}/breach` for the placer, deleted
+//!   when the breach ends (if the record still names that job);
 //! - the tuner's state, once per step.
 //!
 //! Every decision is the tuner's: replaying the [`JournalEntry`]s of a run into a fresh
@@ -220,6 +223,18 @@ impl Driver {
                 },
             };
             now.insert(r.task_id.clone(), resident);
+        }
+        // Room a production task's placement evicted residents for is the claimant's until
+        // it is placed or the claim expires (the placer counts it as a resident would): the
+        // tuner keeps it free too, so no resident grows into it meanwhile.
+        let now_ms = iadeep_proto::now_unix_ms();
+        for claim in record.record.iter().flat_map(|r| &r.claims) {
+            if claim.until_unix_ms > now_ms && !now.contains_key(&claim.task_id) {
+                now.insert(
+                    claim.task_id.clone(),
+                    DeviceTask::Held { mib: claim.mem_mib },
+                );
+            }
         }
         self.told_revision = record.mod_revision;
         self.told.diff(now)
@@ -477,6 +492,50 @@ mod tests {
             None,
             3,
         )
+    }
+
+    /// An unexpired room claim holds its memory on the device as a placed task that does
+    /// not run yet would; an expired one holds nothing.
+    #[test]
+    fn room_claims_hold_their_memory_until_they_expire() {
+        let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
+        let mut driver = driver(&store);
+        let now_ms = iadeep_proto::now_unix_ms();
+        let claim = |task: &str, until_unix_ms: i64| iadeep_proto::Claim {
+            task_id: task.into(),
+            mem_mib: 4000,
+            until_unix_ms,
+            evicting: vec!["victim".into()],
+        };
+        let (tx, rx) = watch::channel(ResidentsRecord {
+            record: Some(iadeep_proto::DeviceResidents {
+                device_id: "d0".into(),
+                reservations: Vec::new(),
+                claims: vec![claim("prod", now_ms + 60_000), claim("old", now_ms - 1)],
+            }),
+            mod_revision: Some(7),
+            undecodable: false,
+        });
+        driver.residents_rx = rx;
+        assert_eq!(
+            driver.diff(),
+            [Input::Reserved {
+                task_id: "prod".into(),
+                mib: 4000
+            }]
+        );
+        // The claim expires (or the claimant is placed and the record drops it).
+        tx.send_modify(|r| {
+            if let Some(record) = &mut r.record {
+                record.claims.clear();
+            }
+        });
+        assert_eq!(
+            driver.diff(),
+            [Input::Left {
+                task_id: "prod".into()
+            }]
+        );
     }
 
     /// A breach's end deletes the device's breach record only while it names that job: a
