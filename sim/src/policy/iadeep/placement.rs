@@ -465,6 +465,20 @@ impl SimPlacement {
         Ok(())
     }
 
+    /// The room claims on simulated GPU `device` (task, MiB, until Unix ms): what the
+    /// daemon's tuner reads from the device's residents record besides its reservations.
+    pub fn device_claims(&self, device: usize) -> Vec<(String, u64, i64)> {
+        let view = self.view.read().unwrap_or_else(|e| e.into_inner());
+        view.device(&device_key(device))
+            .map(|d| {
+                d.claims
+                    .iter()
+                    .map(|c| (c.task_id.clone(), c.mem_mib, c.until_unix_ms))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Records a tuner's measurements in the profile registry of the placement's store,
     /// as the daemon's driver does (`iadeep_state::registry::record`).
     pub fn record_profile(&self, model: &str, device_kind: &str, points: &[ProfilePoint]) {

@@ -5,8 +5,9 @@
 //! The driver only describes the device as the daemon's does, and the tuner crate's one
 //! [`Translator`] turns that into inputs: every task the placer reserved on the device,
 //! with the spec and reservation the placer stored and its current assignment (the
-//! placer's view, which the simulated placement keeps as the daemon's watch does), and
-//! each emulated agent's latest report, told once per fresh report. The tuner's
+//! placer's view, which the simulated placement keeps as the daemon's watch does), each
+//! unexpired room claim as memory held, and each emulated agent's latest report, told
+//! once per fresh report. A cap breach goes to the placer's eviction executor. The tuner's
 //! assignments go back to the engine, its samples to the predictor, its measurements to
 //! the profile registry in the placement's store. The engine calls again when the tuner
 //! wants the next reports (one agent report interval later) or at its next wake-up (a
@@ -136,6 +137,14 @@ impl SimTuner {
                 },
             };
             now.insert(key, task);
+        }
+        // Room a production task's placement evicted residents for is the claimant's until
+        // it is placed or the claim expires: the tuner keeps it free too, as the daemon's
+        // driver tells it (no resident grows into it meanwhile).
+        for (task_id, mib, until_unix_ms) in placement.device_claims(device) {
+            if until_unix_ms > now_ms && !now.contains_key(&task_id) {
+                now.insert(task_id, DeviceTask::Held { mib });
+            }
         }
         let inputs = self.translator.diff(now);
         let mut step = Step::default();
