@@ -96,6 +96,17 @@ pub struct LearnerParams {
     /// times; for a new model that is another model's quirk.
     #[serde(default = "yes")]
     pub forest_on_new_models: bool,
+    /// From this many samples (at least 1) below `min_samples`, fit the model
+    /// anyway rather than answer with the cold-start rule: the ridge base's
+    /// intercept is the window's typical slowdown and the co-runner effects
+    /// (aggressiveness) are what transfers to a model never seen, both useful from
+    /// the first few samples, while the rule knows only the utilisations. Too few
+    /// residuals calibrate no band then, so the interval is the rule's stated width
+    /// (`heuristic::RELATIVE_UNCERTAINTY`) around the model's slowdown. `None`: the
+    /// rule answers until `min_samples`. Searched on the tuning seeds
+    /// (docs/predictor-experiments.md, "Transfer to models never seen").
+    #[serde(default)]
+    pub early_model_from: Option<usize>,
     /// The forest.
     pub forest: ForestParams,
 }
@@ -131,12 +142,24 @@ impl Default for LearnerParams {
             speed_free: false,
             base_features: BaseFeatures::default(),
             forest_on_new_models: true,
+            early_model_from: None,
             forest: ForestParams::default(),
         }
     }
 }
 
 impl LearnerParams {
+    /// The fewest samples our model is fitted on: [`LearnerParams::early_model_from`]
+    /// if set (never above `min_samples`), else `min_samples`. The calibration's
+    /// held-out fits (`new_model_residuals`) take the same bound, since a model
+    /// fitted on that many samples is what a new model would be predicted by.
+    pub fn model_from(&self) -> usize {
+        match self.early_model_from {
+            Some(early) => early.clamp(1, self.min_samples),
+            None => self.min_samples,
+        }
+    }
+
     /// Checks the parameters.
     pub fn check(&self) -> Result<(), PredictorError> {
         let bad = |name, reason: &str| {
@@ -180,6 +203,9 @@ impl LearnerParams {
             && !(prior.is_finite() && prior >= 0.0)
         {
             return bad("family_effects_prior", "must be a non-negative number");
+        }
+        if self.early_model_from == Some(0) {
+            return bad("early_model_from", "must be at least 1");
         }
         self.forest.check()
     }
@@ -324,6 +350,10 @@ pub struct Staged {
     /// [`LearnerParams::speed_free`].
     speed_free: bool,
     calibration: Calibration,
+    /// Fitted on fewer than [`LearnerParams::min_samples`] samples
+    /// ([`LearnerParams::early_model_from`]): an interval without a band takes the
+    /// cold-start rule's stated width, not the trees' spread over a handful of rows.
+    early: bool,
 }
 
 /// The unit the stages are fitted in (see [`LearnerParams::log_target`]).
@@ -472,6 +502,7 @@ impl Staged {
             forest_on_new_models: params.forest_on_new_models,
             speed_free: params.speed_free,
             calibration: Calibration::default(),
+            early: rows.rows.len() < params.min_samples,
         };
         if calibrate {
             // Each sample by the trees that never drew it, on top of the same base
@@ -547,6 +578,11 @@ impl Staged {
                             source: PredictionSource::Model,
                         }
                     }
+                    None if self.early => Prediction::with_stated_spread(
+                        slowdown,
+                        sd.max(heuristic::RELATIVE_UNCERTAINTY * slowdown),
+                        PredictionSource::Model,
+                    ),
                     None => Prediction::with_stated_spread(slowdown, sd, PredictionSource::Model),
                 }
             }
@@ -604,7 +640,7 @@ fn new_model_residuals(
         };
         let (held_out, kept): (Vec<_>, Vec<_>) =
             rows.samples.iter().partition(|s| involves_held(s));
-        if kept.len() < params.min_samples || held_out.is_empty() {
+        if kept.len() < params.model_from() || held_out.is_empty() {
             continue;
         }
         let kept: Vec<Arc<CoLocationSample>> = kept.into_iter().cloned().collect();
@@ -813,7 +849,7 @@ impl Trainer for ProfileTrainer {
     }
 
     fn fit(&self, samples: &[Arc<CoLocationSample>]) -> Result<FittedModel, PredictorError> {
-        if samples.len() < self.params.min_samples {
+        if samples.len() < self.params.model_from() {
             return Ok(FittedModel::ColdStart);
         }
         let rows = Rows::of(
@@ -967,6 +1003,96 @@ mod tests {
         assert_eq!(p.source, PredictionSource::Model);
         assert!((p.slowdown - 2.0).abs() < 0.1, "{p:?}");
         assert_eq!(model.predict("k80", task, &[]).slowdown, 1.0);
+    }
+
+    /// With `early_model_from`, a handful of samples already give a fitted model:
+    /// a model never seen, next to a co-runner the window knows, is predicted at
+    /// what that co-runner did to others (here 2.4), not at the cold-start rule's
+    /// 1.2 for two jobs of unknown utilisation; the interval is at least the
+    /// rule's stated width, since no band can be calibrated on five samples.
+    #[test]
+    fn early_model_answers_before_min_samples() {
+        let p = |m: &str, step: f64| TaskProfile {
+            model: m.into(),
+            batch_size: 32,
+            solo_step_time_s: step,
+            ..Default::default()
+        };
+        let few: Vec<_> = (0..5)
+            .map(|i| {
+                Arc::new(CoLocationSample {
+                    device_kind: "k80".into(),
+                    task: Some(p("a", 0.1 + 0.01 * f64::from(i))),
+                    corunners: vec![p("b", 0.2)],
+                    slowdown: 2.4,
+                    ..Default::default()
+                })
+            })
+            .collect();
+        let (new_task, corunner) = (p("new", 0.3), p("b", 0.2));
+        let cold = ProfileTrainer {
+            params: LearnerParams::default(),
+        }
+        .fit(&few)
+        .expect("fit");
+        assert!(matches!(cold, FittedModel::ColdStart));
+        let early = ProfileTrainer {
+            params: LearnerParams {
+                early_model_from: Some(3),
+                ..LearnerParams::default()
+            },
+        };
+        assert!(matches!(
+            early.fit(&few[..2]).expect("fit"),
+            FittedModel::ColdStart
+        ));
+        let model = early.fit(&few).expect("fit");
+        assert_eq!(model.n_samples(), 5);
+        let got = model.predict("k80", &new_task, std::slice::from_ref(&corunner));
+        assert_eq!(got.source, PredictionSource::Model);
+        assert!((got.slowdown - 2.4).abs() < 0.2, "{got:?}");
+        let rule = heuristic::predict(&new_task, std::slice::from_ref(&corunner));
+        assert!(
+            got.upper_90 / got.slowdown >= rule.upper_90 / rule.slowdown - 1e-9,
+            "{got:?} narrower than the rule's {rule:?}"
+        );
+    }
+
+    /// The calibration's held-out fits start where the model does: with
+    /// `early_model_from`, a window too small to leave `min_samples` out of each
+    /// group still gives new-model residuals, so the new-model band is measured
+    /// rather than borrowed from the known jobs' narrower one.
+    #[test]
+    fn new_model_band_is_measured_from_early_model_from() {
+        let p = |m: &str| TaskProfile {
+            model: m.into(),
+            batch_size: 32,
+            solo_step_time_s: 0.1,
+            ..Default::default()
+        };
+        let models = ["a", "b", "c", "d", "e", "f", "g", "h"];
+        let window: Vec<_> = (0..24)
+            .map(|i| {
+                Arc::new(CoLocationSample {
+                    device_kind: "k80".into(),
+                    task: Some(p(models[i % 8])),
+                    corunners: vec![p(models[(i + 3) % 8])],
+                    slowdown: 1.2 + 0.1 * (i % 5) as f64,
+                    ..Default::default()
+                })
+            })
+            .collect();
+        let new_model_residuals = |params: LearnerParams| {
+            let model = ProfileTrainer { params }.fit(&window).expect("fit");
+            model.calibration().expect("fitted").counts().1
+        };
+        assert_eq!(new_model_residuals(LearnerParams::default()), 0);
+        assert!(
+            new_model_residuals(LearnerParams {
+                early_model_from: Some(5),
+                ..LearnerParams::default()
+            }) > 0
+        );
     }
 
     /// Trained on one-co-runner samples only, the model answers for two and three
