@@ -30,6 +30,7 @@ mod archive;
 pub mod compaction;
 mod error;
 mod events;
+mod group_commit;
 pub mod eviction;
 mod model;
 mod params;

@@ -19,7 +19,9 @@
 //! another placer) can admit more than the record said fits. A Release is
 //! likewise one transaction: the record without the task (or its deletion),
 //! the placement's deletion and the release marker from which the task's other keys
-//! are deleted after their retention (see [`crate::retention`]).
+//! are deleted after their retention (see [`crate::retention`]). Concurrent Places
+//! and Releases on different devices send their transactions together, as one
+//! ([`crate::group_commit`]), each still committing iff its own comparisons hold.
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
@@ -33,6 +35,7 @@ use prost::Message;
 
 use crate::error::{PlacerError, Result};
 use crate::events::{EvictionTrigger, NoEvents, PlacementEvent, PlacementEvents};
+use crate::group_commit::GroupCommit;
 use crate::policy::{Decision, Placer, Verdict, claim_holds};
 use crate::validate;
 use crate::view::ClusterView;
@@ -500,6 +503,9 @@ fn evict_plan(
 #[derive(Debug, Clone)]
 pub struct PlacementService {
     store: Arc<dyn StateStore>,
+    /// Where Place and Release commit: concurrent ones on different devices share one
+    /// store transaction (see [`crate::group_commit`]).
+    commits: Arc<GroupCommit>,
     view: Arc<RwLock<ClusterView>>,
     placer: Arc<Placer>,
     events: Arc<dyn PlacementEvents>,
@@ -670,6 +676,7 @@ impl PlacementService {
         placer: Arc<Placer>,
     ) -> PlacementService {
         PlacementService {
+            commits: Arc::new(GroupCommit::new(store.clone())),
             store,
             view,
             placer,
@@ -1005,7 +1012,7 @@ impl PlacementService {
             assignments,
             ..
         } = *plan;
-        match self.store.transact(txn).await? {
+        match self.commits.transact(txn).await? {
             TxnOutcome::Committed { revision } => {
                 {
                     let mut view = self.view_mut();
@@ -1067,7 +1074,7 @@ impl PlacementService {
             retry_after,
             reason,
         } = *plan;
-        match self.store.transact(txn).await? {
+        match self.commits.transact(txn).await? {
             TxnOutcome::Committed { revision } => {
                 {
                     let mut view = self.view_mut();
@@ -1284,7 +1291,12 @@ impl PlacementService {
                 typed::encode_released_at(self.clock.now_unix_ms()),
                 None,
             );
-            if self.store.transact(archive.add_to(txn)).await?.committed() {
+            if self
+                .commits
+                .transact(archive.add_to(txn))
+                .await?
+                .committed()
+            {
                 return Ok(());
             }
             self.record(PlacementEvent::CasConflict);
@@ -1366,7 +1378,7 @@ impl PlacementService {
             .put(keys::task_released(task_id), marker.clone(), None);
             let txn = archive.add_to(txn);
             sent = Some(marker);
-            match self.store.transact(txn).await? {
+            match self.commits.transact(txn).await? {
                 TxnOutcome::Committed { revision } => {
                     let record = keep.then_some(record);
                     self.view_mut().apply_residents(device_id, record, revision);
@@ -1723,6 +1735,13 @@ pub(crate) mod tests {
         /// A put made just before the next transaction (once): a write that lands
         /// between a request's reads and its commit.
         put_first: std::sync::Mutex<Option<(String, Vec<u8>)>>,
+        /// When set, the next transaction waits for a permit of `open` (once), with
+        /// `holding` set meanwhile: a commit in flight while other requests queue.
+        hold_next: std::sync::atomic::AtomicBool,
+        holding: std::sync::atomic::AtomicBool,
+        open: tokio::sync::Semaphore,
+        /// The keys each transaction sent wrote.
+        sent: std::sync::Mutex<Vec<Vec<String>>>,
     }
 
     #[async_trait::async_trait]
@@ -1745,6 +1764,16 @@ pub(crate) mod tests {
             self.inner.delete(key).await
         }
         async fn transact(&self, txn: Txn) -> iadeep_state::Result<TxnOutcome> {
+            use std::sync::atomic::Ordering::SeqCst;
+            if self.hold_next.swap(false, SeqCst) {
+                self.holding.store(true, SeqCst);
+                self.open.acquire().await.expect("open").forget();
+                self.holding.store(false, SeqCst);
+            }
+            self.sent
+                .lock()
+                .expect("lock")
+                .push(txn.ops.iter().map(|op| op.key().to_owned()).collect());
             let put_first = self.put_first.lock().expect("lock").take();
             if let Some((key, value)) = put_first {
                 self.inner.put(&key, value, None).await?;
@@ -1810,6 +1839,10 @@ pub(crate) mod tests {
             inner: EmbeddedStore::in_memory().expect("in-memory store"),
             resend: false.into(),
             put_first: Default::default(),
+            hold_next: false.into(),
+            holding: false.into(),
+            open: tokio::sync::Semaphore::new(0),
+            sent: Default::default(),
         });
         let one = service(store.clone());
         for (id, device) in [("a", "d0"), ("b", "d0"), ("c", "d1")] {
@@ -1891,6 +1924,99 @@ pub(crate) mod tests {
         );
         one.release("b").await.expect("release b");
         assert_eq!(two.release("b").await.expect("stale release of b"), None);
+    }
+
+    /// Yields to the other tasks until `done` says so.
+    async fn until(done: impl Fn() -> bool) {
+        while !done() {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Requests queued while a commit is in flight go out as one transaction; when the
+    /// store re-sends it after its committed first attempt, each request still tells
+    /// its own earlier commit from a competitor's: both Releases answer released, both
+    /// Places answer their placement, and the view holds each device's own record.
+    #[tokio::test]
+    async fn a_group_whose_first_attempt_committed_answers_each_request_as_done() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (store, one) = three_placed_over_a_resending_store().await;
+        for id in ["d2", "d3", "d4"] {
+            one.view_mut().upsert_device(DeviceInfo {
+                device_id: id.into(),
+                node: "n".into(),
+                memory_mib: 16_384,
+                kind: "v100".into(),
+                ..Default::default()
+            });
+        }
+        let x = one
+            .place(resident("x"), vec!["d2".into()])
+            .await
+            .expect("place x");
+        assert_eq!(placed(&x).device_id, "d2");
+        // x's release is in flight (held in the store) while the others queue.
+        store.hold_next.store(true, SeqCst);
+        let first = tokio::spawn({
+            let one = one.clone();
+            async move { one.release("x").await }
+        });
+        until(|| store.holding.load(SeqCst)).await;
+        store.resend.store(true, SeqCst);
+        let releases = ["a", "c"].map(|id| {
+            let one = one.clone();
+            tokio::spawn(async move { one.release(id).await })
+        });
+        let places = [("p", "d3"), ("q", "d4")].map(|(id, device)| {
+            let one = one.clone();
+            tokio::spawn(async move { one.place(resident(id), vec![device.into()]).await })
+        });
+        until(|| one.commits.queued() == 4).await;
+        store.open.add_permits(1);
+        assert_eq!(
+            first.await.expect("joined").expect("release x").as_deref(),
+            Some("d2")
+        );
+        for (release, device) in releases.into_iter().zip(["d0", "d1"]) {
+            let released = release.await.expect("joined").expect("release");
+            assert_eq!(released.as_deref(), Some(device));
+        }
+        for (place, device) in places.into_iter().zip(["d3", "d4"]) {
+            let outcome = place.await.expect("joined").expect("place");
+            assert_eq!(placed(&outcome).device_id, device);
+        }
+        let sent = store.sent.lock().expect("lock").clone();
+        assert!(
+            sent.iter().any(|keys| {
+                ["a", "c", "p", "q"]
+                    .iter()
+                    .all(|id| keys.contains(&keys::task_placement(id)))
+            }),
+            "the four queued requests were sent as one transaction: {sent:?}"
+        );
+        {
+            let view = one.view();
+            let residents = |device: &str| -> Vec<String> {
+                view.device(device)
+                    .map(|d| {
+                        d.residents
+                            .iter()
+                            .map(|r| r.reservation.task_id.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            assert_eq!(residents("d0"), ["b"]);
+            assert!(residents("d1").is_empty(), "{:?}", residents("d1"));
+        }
+        for (task, device) in [("p", "d3"), ("q", "d4")] {
+            let stored = store
+                .get(&keys::task_placement(task))
+                .await
+                .expect("read")
+                .map(|kv| typed::decode::<Placement>(&kv).expect("decodes").device_id);
+            assert_eq!(stored.as_deref(), Some(device));
+        }
     }
 
     #[tokio::test]
