@@ -511,6 +511,11 @@ pub struct PlacementService {
     events: Arc<dyn PlacementEvents>,
     gates: Arc<DeviceGates>,
     clock: Clock,
+    /// The task keys this process's Places wrote (the spec and the task's starting
+    /// assignment, at the commit's revision), until the task's Release: from them the
+    /// Release builds its archive moves without reading the store (see
+    /// [`PlacementService::release`]).
+    written: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<iadeep_state::KeyValue>>>>,
     /// Tasks running without a reservation already warned about (see
     /// [`PlacementService::readmit_running`]), so each is logged once, not every pass.
     unreserved: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
@@ -543,6 +548,10 @@ impl std::fmt::Debug for Clock {
         f.debug_tuple("Clock").field(&self.now_unix_ms()).finish()
     }
 }
+
+/// The most tasks whose Place-written keys are kept for their Release (see
+/// `PlacementService::written`): about a hundred bytes to a few KiB each.
+const MAX_WRITTEN: usize = 100_000;
 
 /// How many times per allowed store conflict a Place may wait for another request's
 /// commit on its chosen device before giving up: each wait means another request
@@ -683,6 +692,7 @@ impl PlacementService {
             events: Arc::new(NoEvents),
             gates: Arc::new(DeviceGates::default()),
             clock: Clock::wall(),
+            written: Arc::default(),
             unreserved: Arc::default(),
         }
     }
@@ -1022,6 +1032,7 @@ impl PlacementService {
                     }
                     view.forget_waiting(&task.task_id);
                 }
+                self.note_written(task, &assignments, revision);
                 tracing::info!(task = %task.task_id, device = %device_id,
                     reserved_mib = placement.reserved_mem_mib, attempt,
                     shrunk = assignments.len() - 1,
@@ -1163,6 +1174,69 @@ impl PlacementService {
         let hold_ms = i64::try_from(retry_after.as_millis().saturating_mul(2)).unwrap_or(i64::MAX);
         self.view_mut()
             .note_waiting(task, now, now.saturating_add(hold_ms));
+    }
+
+    /// Keeps the task keys `task`'s Place wrote at `revision` for its Release (see
+    /// `written`); at most [`MAX_WRITTEN`] tasks (tasks released by another placer are
+    /// never taken out), beyond which a Release reads the store as before.
+    fn note_written(&self, task: &TaskSpec, assignments: &[BatchSizeAssignment], revision: i64) {
+        let kv = |key: String, value: Vec<u8>| iadeep_state::KeyValue {
+            key,
+            value,
+            create_revision: revision,
+            mod_revision: revision,
+            version: 1,
+            lease: None,
+        };
+        let mut live = vec![kv(keys::task_spec(&task.task_id), task.encode_to_vec())];
+        if let Some(own) = assignments.iter().find(|a| a.task_id == task.task_id) {
+            live.push(kv(
+                keys::task_assignment(&task.task_id),
+                own.encode_to_vec(),
+            ));
+        }
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if written.len() < MAX_WRITTEN {
+            written.insert(task.task_id.clone(), live);
+        }
+    }
+
+    /// The archive moves of `task_id`'s Release: from the keys its Place wrote when this
+    /// process placed it and the view has seen neither a report of the task nor another
+    /// assignment since (the transaction compares each key at that revision, so a key
+    /// changed meanwhile fails it, and the failure reads back what is there); else from a
+    /// read of the task's keys, as for any task whose agent reported.
+    async fn first_archive_ops(
+        &self,
+        device_id: &str,
+        task_id: &str,
+    ) -> Result<crate::archive::ArchiveOps> {
+        let written = self
+            .written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(task_id);
+        let untouched = |live: &[iadeep_state::KeyValue]| {
+            let assignment_key = keys::task_assignment(task_id);
+            let wrote = live
+                .iter()
+                .find(|kv| kv.key == assignment_key)
+                .map(|kv| kv.mod_revision);
+            let view = self.view();
+            view.device(device_id)
+                .and_then(|d| {
+                    d.residents
+                        .iter()
+                        .find(|r| r.reservation.task_id == task_id)
+                })
+                .is_some_and(|r| {
+                    r.report.is_none() && r.assignment.as_ref().map(|(_, rev)| *rev) == wrote
+                })
+        };
+        match written {
+            Some(live) if untouched(&live) => Ok(crate::archive::archive_ops_from(&live, task_id)),
+            _ => crate::archive::archive_ops(self.store.as_ref(), task_id).await,
+        }
     }
 
     /// Puts what a lost compare-and-swap found into the view.
@@ -1339,7 +1413,7 @@ impl PlacementService {
             })
         };
         // The spec, report and assignment move to the archive (see `crate::archive`).
-        let mut archive = crate::archive::archive_ops(self.store.as_ref(), task_id).await?;
+        let mut archive = self.first_archive_ops(device_id, task_id).await?;
         // The release marker of the last transaction sent: finding it in the store
         // after a lost comparison means that transaction committed after all.
         let mut sent: Option<Vec<u8>> = None;
@@ -1386,14 +1460,24 @@ impl PlacementService {
                 }
                 TxnOutcome::Failed { current } => {
                     self.record(PlacementEvent::CasConflict);
-                    let Some(kv) = current.into_iter().next().flatten() else {
+                    let mut current = current.into_iter();
+                    let first = current.next().flatten();
+                    let rest: Vec<Option<iadeep_state::KeyValue>> = current.collect();
+                    let Some(kv) = first else {
                         let deleted = (None, mod_revision);
                         return self
                             .released_earlier(device_id, task_id, sent, deleted)
                             .await;
                     };
                     known = Some((typed::decode::<DeviceResidents>(&kv)?, kv.mod_revision));
-                    archive = crate::archive::archive_ops(self.store.as_ref(), task_id).await?;
+                    // The task's keys as they are now came back with the record (after
+                    // it, in the order of the archive's compares): no read needed.
+                    let live: Vec<iadeep_state::KeyValue> = rest
+                        .into_iter()
+                        .take(archive.compares.len())
+                        .flatten()
+                        .collect();
+                    archive = crate::archive::archive_ops_from(&live, task_id);
                 }
             }
         }
@@ -1742,6 +1826,8 @@ pub(crate) mod tests {
         open: tokio::sync::Semaphore,
         /// The keys each transaction sent wrote.
         sent: std::sync::Mutex<Vec<Vec<String>>>,
+        /// How many range reads it answered.
+        ranges: std::sync::atomic::AtomicUsize,
     }
 
     #[async_trait::async_trait]
@@ -1785,6 +1871,8 @@ pub(crate) mod tests {
             self.inner.transact(txn).await
         }
         async fn range(&self, prefix: &str) -> iadeep_state::Result<iadeep_state::RangeSnapshot> {
+            self.ranges
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             self.inner.range(prefix).await
         }
         async fn range_page(
@@ -1816,6 +1904,49 @@ pub(crate) mod tests {
         }
     }
 
+    /// A task this process placed, whose agent never reported, is released without a
+    /// read of its keys (its Place wrote them), and they are archived all the same; once
+    /// the view holds a report of the task, the Release reads them first.
+    #[tokio::test]
+    async fn a_release_of_keys_this_process_wrote_reads_nothing_unless_the_task_reported() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (store, one) = three_placed_over_a_resending_store().await;
+        let before = store.ranges.load(SeqCst);
+        assert_eq!(
+            one.release("a").await.expect("release").as_deref(),
+            Some("d0")
+        );
+        assert_eq!(store.ranges.load(SeqCst), before, "a's keys were read");
+        for key in [keys::archived_spec("a"), keys::archived_assignment("a")] {
+            assert!(store.get(&key).await.expect("read").is_some(), "{key}");
+        }
+        assert!(
+            store
+                .range(&keys::task_prefix("a"))
+                .await
+                .expect("range")
+                .kvs
+                .is_empty()
+        );
+        // b reported (the view has it): its Release reads its keys first.
+        store
+            .put(&keys::task_report("b"), b"r".to_vec(), None)
+            .await
+            .expect("report");
+        one.view_mut().set_report(iadeep_proto::TaskReport {
+            task_id: "b".into(),
+            ..Default::default()
+        });
+        let before = store.ranges.load(SeqCst);
+        assert_eq!(
+            one.release("b").await.expect("release").as_deref(),
+            Some("d0")
+        );
+        assert_eq!(store.ranges.load(SeqCst), before + 1);
+        let archived = store.get(&keys::archived_report("b")).await.expect("read");
+        assert_eq!(archived.map(|kv| kv.value), Some(b"r".to_vec()));
+    }
+
     fn resident(id: &str) -> TaskSpec {
         TaskSpec {
             task_id: id.into(),
@@ -1843,6 +1974,7 @@ pub(crate) mod tests {
             holding: false.into(),
             open: tokio::sync::Semaphore::new(0),
             sent: Default::default(),
+            ranges: Default::default(),
         });
         let one = service(store.clone());
         for (id, device) in [("a", "d0"), ("b", "d0"), ("c", "d1")] {
