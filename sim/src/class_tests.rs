@@ -310,3 +310,39 @@ fn iadeep_with_production_jobs_evicts_opportunistic_ones_and_keeps_the_books() {
         );
     }
 }
+
+/// The store sink writes each job's class and cap with its spec, as drawn.
+#[test]
+fn the_store_sink_writes_each_jobs_class_and_cap() {
+    let gavel = GavelThroughputs::bundled().expect("bundled gavel");
+    let trace = philly::bundled().expect("bundled philly");
+    let mut params = ExperimentParams::default();
+    params.workload.tasks = 12;
+    params.workload.max_duration_s = 3600.0;
+    params.workload.production_fraction = 0.5;
+    params.workload.max_slowdown = 1.3;
+    params.engine.gpus = 4;
+    let experiment = Experiment::new(params, &gavel, &trace).expect("experiment");
+    let mut policy = experiment.policy("exclusive").expect("policy");
+    let run = experiment
+        .run_policy(policy.as_mut(), &mut |_, _| {})
+        .expect("run");
+    let store = iadeep_state::EmbeddedStore::in_memory().expect("store");
+    futures::executor::block_on(crate::store_sink::record_run(&store, &experiment, &run))
+        .expect("recorded");
+    let mut production = 0;
+    for template in &experiment.workload {
+        let id = crate::store_sink::task_id(template.id);
+        let spec: iadeep_proto::TaskSpec = futures::executor::block_on(iadeep_state::typed::get(
+            &store,
+            &iadeep_state::keys::task_spec(&id),
+        ))
+        .expect("read")
+        .map(|(spec, _)| spec)
+        .expect("spec written");
+        assert_eq!(spec.slowdown_cap(), template.max_slowdown, "{id}");
+        assert_eq!(spec.max_slowdown, template.max_slowdown, "{id}");
+        production += usize::from(spec.is_production());
+    }
+    assert!(production > 0 && production < 12, "{production} of 12");
+}
