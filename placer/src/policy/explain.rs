@@ -89,24 +89,13 @@ impl fmt::Display for Rejection {
             Rejection::Claimed {
                 task_id,
                 claimed_mib,
-                need_mib: 0,
-                ..
+                until_unix_ms,
             } => write!(
                 f,
                 "claimed: {claimed_mib} MiB are held for production task {task_id}, which evicted \
-                 jobs to make room here, and nothing is known of the task's memory to fit it \
-                 beside them"
-            ),
-            Rejection::Claimed {
-                task_id,
-                claimed_mib,
-                need_mib,
-                free_mib,
-            } => write!(
-                f,
-                "claimed: {claimed_mib} MiB are held for production task {task_id}, which evicted \
-                 jobs to make room here; the task needs {need_mib} MiB, {free_mib} MiB are free \
-                 besides"
+                 jobs to make room here; the GPU takes no other task until {task_id} is placed \
+                 or its claim expires (at {until_unix_ms} Unix ms), so that nothing joining it \
+                 can push {task_id} over its slowdown cap and make it evict again"
             ),
         }
     }

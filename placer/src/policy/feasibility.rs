@@ -10,16 +10,17 @@ use crate::error::Result;
 use crate::model::MemoryEstimator;
 use crate::view::{ClusterView, DeviceState};
 
-/// Memory held on a device by other tasks' room claims, and the first claimant (for
-/// the rejection's text).
+/// The room claims other tasks hold on a device: the memory they hold, the first
+/// claimant and when the last of them expires (for the rejection's text).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Claimed<'d> {
     pub(super) mib: u64,
     pub(super) by: &'d str,
+    pub(super) until_unix_ms: i64,
 }
 
-/// The memory that unexpired room claims of tasks other than `task_id` hold on
-/// `device` at `now_unix_ms` (see [`super::room::claim_holds`]), `None` when none do.
+/// The unexpired room claims of tasks other than `task_id` on `device` at
+/// `now_unix_ms` (see [`super::room::claim_holds`]), `None` when none hold.
 pub(super) fn claimed_by_others<'d>(
     device: &'d DeviceState,
     task_id: &str,
@@ -30,10 +31,18 @@ pub(super) fn claimed_by_others<'d>(
         .iter()
         .filter(|c| c.task_id != task_id && super::room::claim_holds(c, now_unix_ms));
     let first = held.next()?;
-    Some(Claimed {
-        mib: first.mem_mib + held.map(|c| c.mem_mib).sum::<u64>(),
-        by: &first.task_id,
-    })
+    Some(held.fold(
+        Claimed {
+            mib: first.mem_mib,
+            by: &first.task_id,
+            until_unix_ms: first.until_unix_ms,
+        },
+        |acc, c| Claimed {
+            mib: acc.mib + c.mem_mib,
+            until_unix_ms: acc.until_unix_ms.max(c.until_unix_ms),
+            ..acc
+        },
+    ))
 }
 
 /// What a device would need to take the task.
@@ -104,8 +113,9 @@ impl Placer {
 
     /// Memory and utilisation feasibility of one device: the MiB to reserve, the
     /// residents to shrink first, and for a shared device its aggregate demand.
-    /// `claimed` is the memory other tasks' room claims hold there ([`claimed_by_others`]):
-    /// taken, as if reserved.
+    /// `claimed` is what other tasks' room claims hold there ([`claimed_by_others`]):
+    /// a device held for another task takes nobody else ([`Rejection::Claimed`], see
+    /// "Room evictions" in the module docs of [`super`] for why the whole device).
     pub(super) fn feasible(
         &self,
         device: &DeviceState,
@@ -118,7 +128,11 @@ impl Placer {
         let summary = device.summary();
         let usable = self.params.usable_memory_mib(info.memory_mib);
         if let Some(claimed) = claimed {
-            return self.feasible_claimed(device, new_profile, new_footprint, memory, claimed);
+            return Err(Rejection::Claimed {
+                task_id: claimed.by.to_owned(),
+                claimed_mib: claimed.mib,
+                until_unix_ms: claimed.until_unix_ms,
+            });
         }
         if device.residents.is_empty() {
             // Nothing shares the card: the task fits if it fits the card at all, and one
@@ -177,75 +191,6 @@ impl Placer {
             need,
             provisional,
             demand: Some(sm.max(bw) + 10.0 * device.residents.len() as f64),
-            shrinks,
-        })
-    }
-
-    /// [`Placer::feasible`] on a device where other tasks' room claims hold `claimed`
-    /// MiB: the claims count as a resident would (the claimant will share the card, so
-    /// the one margin applies even when no resident is there yet), and a task that
-    /// would fit but for them is told so ([`Rejection::Claimed`]).
-    fn feasible_claimed(
-        &self,
-        device: &DeviceState,
-        new_profile: &TaskProfile,
-        new_footprint: Option<u64>,
-        memory: &dyn MemoryEstimator,
-        claimed: Claimed<'_>,
-    ) -> Result<Fit, Rejection> {
-        let info = device.info.as_ref().ok_or(Rejection::NotRegistered)?;
-        let summary = device.summary();
-        let usable = self
-            .params
-            .usable_memory_mib(info.memory_mib)
-            .saturating_sub(claimed.mib);
-        let free = usable.saturating_sub(summary.used_mib);
-        let need = match new_footprint {
-            Some(need) if need > 0 => need,
-            // Nothing known of its memory: granting a guess next to a claim the
-            // claimant has not measured yet is two guesses on one card.
-            _ => {
-                return Err(Rejection::Claimed {
-                    task_id: claimed.by.to_owned(),
-                    claimed_mib: claimed.mib,
-                    need_mib: 0,
-                    free_mib: free,
-                });
-            }
-        };
-        let refused = || Rejection::Claimed {
-            task_id: claimed.by.to_owned(),
-            claimed_mib: claimed.mib,
-            need_mib: need,
-            free_mib: free,
-        };
-        let shrinks = if need <= free {
-            Vec::new()
-        } else if device.residents.is_empty() {
-            return Err(refused());
-        } else {
-            shrink_plan(device, memory, usable, need).ok_or_else(refused)?
-        };
-        let sm = summary.sm_util_pct + new_profile.sm_util_pct.unwrap_or(0.0);
-        if sm > self.params.sm_util_cap_pct {
-            return Err(Rejection::SmCap {
-                predicted_pct: sm,
-                cap_pct: self.params.sm_util_cap_pct,
-            });
-        }
-        let bw = summary.mem_bw_util_pct + new_profile.mem_bw_util_pct.unwrap_or(0.0);
-        if bw > self.params.mem_bw_util_cap_pct {
-            return Err(Rejection::MemBwCap {
-                predicted_pct: bw,
-                cap_pct: self.params.mem_bw_util_cap_pct,
-            });
-        }
-        Ok(Fit {
-            need,
-            provisional: false,
-            // An empty device with a claim is idle for scoring: nobody runs there yet.
-            demand: (!device.residents.is_empty())
-                .then(|| sm.max(bw) + 10.0 * device.residents.len() as f64),
             shrinks,
         })
     }

@@ -21,9 +21,9 @@
 //!    its co-runners their run; its first measured peak settles the reservation
 //!    ([`crate::PlacementService::settle_provisional`]). A grant is never made while a
 //!    resident's own grant is unmeasured: two guesses on one card could over-pack it.
-//!    **Room claims** of other tasks on the device (see "Room evictions" below) count
-//!    as reserved memory until they expire ([`Rejection::Claimed`] when the task would
-//!    fit but for them); the claimant's own claim does not count for it.
+//!    **Room claims.** A device on which another task holds a live room claim (see
+//!    "Room evictions" below) is infeasible, whatever the task's size
+//!    ([`Rejection::Claimed`]); the claimant's own claim does not count for it.
 //!    **Avoided pairings.** A device where a resident (or a claim's holder) is a task
 //!    the newcomer must not share a device with ([`ClusterView::avoids`]: an unexpired
 //!    avoid record names the two, in either order, written when one was evicted to
@@ -123,9 +123,26 @@
 //! count until their `iadeep run` (or the reaper) releases them, so the retry is told
 //! to wait for them while any is resident (never a second eviction); once they are
 //! gone, the claimed device is a candidate and the task is placed there whatever the
-//! queue rule says (the victims left for it), which spends the claim. Other tasks
-//! count the claimed memory as taken until then, so nobody takes the room meanwhile;
-//! a claimant that never comes back holds nothing after the claim expires.
+//! queue rule says (the victims left for it), which spends the claim. A claimant that
+//! never comes back holds nothing after the claim expires.
+//!
+//! **A claimed device takes nobody else** until the claimant is placed or the claim
+//! expires ([`Rejection::Claimed`]), not even a task that would fit beside the claimed
+//! memory. Holding only the memory was not enough: the eviction plan promised the
+//! claimant its cap next to the residents that stay, and a newcomer joining the rest
+//! of the card broke that promise, so the claimant, on its retry, found its cap (or a
+//! staying production resident's) exceeded and evicted again elsewhere. In the
+//! simulator (K80 and P100, seeds 1–5, half the jobs production) that churn made
+//! 320–430 room evictions per run, one production job making room about 20 times
+//! before it ran (docs/simulator-experiments.md, "Priority classes"). A cap-aware
+//! rule (admit a newcomer when the claimant's predicted slowdown with it and the
+//! residents, and the newcomer's own next to the claimant, stay under their caps)
+//! would keep more of the card busy, but it needs the claimant's profile, which the
+//! claim does not carry (a claim is its id, its memory and its expiry; the waiting
+//! list that knows its spec is each placer's own), and it would stack a second
+//! prediction's error on the promise the eviction made. The whole device is the
+//! rule: its cost is the rest of the card left unused while the victims leave and
+//! the claimant retries (a few seconds; at most `room_claim_ttl`).
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -193,13 +210,13 @@ pub enum Rejection {
     /// The task must not share the device with `task_id` (a resident, or the holder of
     /// a room claim there): an eviction separated the two ([`ClusterView::avoids`]).
     Avoided { task_id: String },
-    /// The task would fit but for the memory claimed there by production task
-    /// `task_id`, whose room eviction is under way (see the module docs).
+    /// Production task `task_id` holds a room claim of `claimed_mib` on the device until
+    /// `until_unix_ms`: its room eviction is under way, and nobody else joins the
+    /// device until it is placed or the claim expires (see the module docs).
     Claimed {
         task_id: String,
         claimed_mib: u64,
-        need_mib: u64,
-        free_mib: u64,
+        until_unix_ms: i64,
     },
 }
 

@@ -855,12 +855,13 @@ mod tests {
     }
 
     /// On the device it claimed, after its victims left, the claimant is held to the
-    /// caps only: the throughput guard that refuses anyone else there does not turn it
-    /// away (to evict again elsewhere).
+    /// caps only: the throughput guard that refuses anyone else on a device like it
+    /// (d1) does not turn it away (to evict again elsewhere).
     #[test]
     fn on_its_claimed_device_only_the_caps_hold_the_claimant_back() {
         let mut view = ClusterView::new(Arc::new(ModelledMemory));
         device(&mut view, "d0", 32_000, &[spec("stay", 4000, 10.0, None)]);
+        device(&mut view, "d1", 32_000, &[spec("stay1", 4000, 10.0, None)]);
         claimed(&mut view, "urgent", &["gone"], 70_000);
         let p = Placer::new(PlacerParams::default(), Arc::new(Crowded)).expect("valid");
         let urgent = production(spec("urgent", 4000, 10.0, None), 3.0);
@@ -868,10 +869,99 @@ mod tests {
         assert_eq!(placed_on(&d), "d0");
         let other = production(spec("other", 4000, 10.0, None), 3.0);
         let a = p.assess(&view, &other, &[], 10_000);
-        assert!(
-            matches!(a.rejected[0].1, Rejection::ThroughputGain { .. }),
+        let kinds: Vec<(&str, &str)> = a.rejected.iter().map(|(d, r)| (*d, r.kind())).collect();
+        assert_eq!(
+            kinds,
+            [("d0", "claimed"), ("d1", "throughput_gain")],
             "{a:?}"
         );
+    }
+
+    /// Adds `task` to d0's residents, keeping the record's claims (what the service's
+    /// placement writes).
+    fn join_d0(view: &mut ClusterView, task: &TaskSpec, revision: i64) {
+        let mut record = view
+            .device("d0")
+            .map(|d| d.residents_record("d0"))
+            .expect("d0");
+        record.reservations.push(iadeep_proto::Reservation {
+            task_id: task.task_id.clone(),
+            reserved_mem_mib: task.gpu_mem_request_mib,
+            spec: Some(task.clone()),
+            ..Default::default()
+        });
+        view.apply_residents("d0", Some(record), revision);
+    }
+
+    /// The churn the simulator found: a production job evicted a resident of d0 to make
+    /// room under its cap; the victim has left, and the card has memory to spare beside
+    /// the claim. An opportunistic job that would fit there (and would slow nobody
+    /// already there past a cap) is refused the claimed device all the same, since next
+    /// to it the claimant would be slowed past its cap (SM 40 + 50 + 40: 1.3 > 1.1) and
+    /// would evict again. The claimant, coming back, is placed there without a second
+    /// eviction; once it runs, the caps decide as usual (the newcomer is refused for the
+    /// claimant's cap, no longer for a claim).
+    #[test]
+    fn a_claimed_device_takes_no_newcomer_so_the_claimant_does_not_evict_twice() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        device(&mut view, "d0", 32_000, &[spec("stay", 4000, 40.0, None)]);
+        claimed(&mut view, "urgent", &["gone"], 70_000);
+        let urgent = production(spec("urgent", 10_000, 50.0, None), 1.1);
+        let opp = spec("opp", 4000, 40.0, None);
+        let d = placer().decide(&view, &opp, &[], 10_000);
+        if let Verdict::Place { .. } = d.verdict {
+            // What the churn did next: the newcomer runs there.
+            join_d0(&mut view, &opp, 5);
+        } else {
+            let reason = queue_reason(&d);
+            assert!(reason.contains("claimed: 1"), "{reason}");
+            assert!(
+                d.explanation.candidates[0]
+                    .rejected_because
+                    .contains("takes no other task until urgent is placed"),
+                "{:?}",
+                d.explanation
+            );
+        }
+        let d = placer().decide(&view, &urgent, &[], 12_000);
+        assert!(
+            matches!(&d.verdict, Verdict::Place { device_id, reserved_mem_mib: 10_000, .. } if device_id == "d0"),
+            "the claimant must be placed on its claimed device, not evict again: {:?}",
+            d.verdict
+        );
+        // Placed (the claim spent with the placement), the caps keep the newcomer off.
+        let mut record = view
+            .device("d0")
+            .map(|d| d.residents_record("d0"))
+            .expect("d0");
+        record.claims.clear();
+        view.apply_residents("d0", Some(record), 6);
+        join_d0(&mut view, &urgent, 7);
+        let a = placer().assess(&view, &opp, &[], 13_000);
+        assert_eq!(a.rejected[0].1.kind(), "slowdown_cap", "{a:?}");
+        // Nor does any other task join a claimed device before then, a production one
+        // or one that only needs a sliver of the card; an expired claim holds nothing.
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        device(&mut view, "d0", 32_000, &[spec("stay", 4000, 40.0, None)]);
+        claimed(&mut view, "urgent", &["gone"], 70_000);
+        for task in [
+            spec("tiny", 100, 1.0, None),
+            production(spec("other", 1000, 1.0, None), 2.0),
+        ] {
+            let a = placer().assess(&view, &task, &[], 69_999);
+            assert_eq!(
+                a.rejected,
+                vec![(
+                    "d0",
+                    Rejection::Claimed {
+                        task_id: "urgent".into(),
+                        claimed_mib: 10_000,
+                        until_unix_ms: 70_000
+                    }
+                )]
+            );
+            assert_eq!(placed_on(&placer().decide(&view, &task, &[], 70_000)), "d0");
+        }
     }
 
     #[test]
