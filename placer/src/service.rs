@@ -1311,8 +1311,9 @@ impl PlacementService {
     /// The reservation's removal and the placement's deletion are one transaction.
     /// Since Place writes both in one transaction too, the view's device for the task
     /// is normally all that is needed: the usual Release costs one range read of the
-    /// task's keys (to move them to the archive, see [`crate::archive`]) and that one
-    /// commit; the placement is read from the store only when the view does not hold
+    /// task's keys (to move them to the archive, see [`crate::archive`]; none when this
+    /// process placed the task and its agent never reported) and that one commit
+    /// (shared with concurrent ones, see [`crate::group_commit`]); the placement is read from the store only when the view does not hold
     /// the task (not synced yet, or a record written by hand or by an older placer).
     pub async fn release(&self, task_id: &str) -> Result<Option<String>> {
         validate::task_id("task_id", task_id)?;
