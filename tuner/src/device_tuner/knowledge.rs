@@ -276,6 +276,18 @@ impl TaskKnowledge {
         }
     }
 
+    /// The model's conservative MiB at `batch_size` (with the floors crashes left and any
+    /// limit), without [`TaskKnowledge::upper_bounds`]' small steps past the largest
+    /// measured size; `None` without a model or where the model says nothing.
+    pub fn bound_ignoring_reach(&self, batch_size: u32, params: MemoryModelParams) -> Option<f64> {
+        let model = self.memory_model(params)?;
+        let model = match self.smallest_oom {
+            Some(b) => model.with_oom(b),
+            None => model,
+        };
+        model.upper_bound_mib(batch_size)
+    }
+
     /// Step time alone at `batch_size`, if it was measured (profile or a round run alone).
     pub fn solo_at(&self, batch_size: u32) -> Option<f64> {
         self.solo.get(&batch_size).copied()

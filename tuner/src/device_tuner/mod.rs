@@ -23,7 +23,10 @@
 //!    [`DeviceTunerParams::round_timeout`] is dropped, never observed half-measured.
 //! 3. **Out of memory.** A configuration that runs out of memory is a joint constraint of
 //!    the co-location (it and every larger one are infeasible for this search); only a task
-//!    that ran out of memory *alone* gets a per-task limit.
+//!    that ran out of memory *alone* gets a per-task limit. A production job that ran out
+//!    of its agent's memory fence with room left on the card learns a floor above the
+//!    fence instead, no limit, and may go back up to its m0 in one step: its m0 is where
+//!    its PD alone is 1, the way back under its cap (see `learn_shared_oom`).
 //! 4. **Settle** when the stopping rule says so or after
 //!    [`DeviceTunerParams::max_observations`] observations: keep what runs unless the best
 //!    measured configuration is predicted better by the hysteresis threshold.
@@ -292,6 +295,13 @@ struct TunedTask {
     /// The assignment round of the last out-of-memory crash learned from (the agent keeps
     /// reporting its out-of-memory size after the crash).
     oom_learned_round: Option<u64>,
+    /// Where its agent fences its allocator: the bound of its latest assignment that
+    /// carried one, else its reservation (none when neither is known).
+    fence_mib: Option<f64>,
+    /// Its last out-of-memory crash was a production job outgrowing its fence with room
+    /// left on the card (see [`DeviceTuner::learn_shared_oom`]): no limit of the task or of
+    /// the configuration, only a floor on its memory.
+    outgrew_fence: bool,
     /// The placer evicts the task (an assignment with `evict` set, and its reason): every
     /// later round repeats the flag, so a round of the tuner never cancels an eviction.
     evict: Option<String>,
@@ -383,6 +393,11 @@ pub struct DeviceTuner {
 /// Iterations of one step's state transitions at most; each one either waits for input or
 /// moves the phase forward, so this only guards against a bug looping forever.
 const MAX_TRANSITIONS_PER_STEP: usize = 8;
+
+/// The floor a production job that ran out of its memory fence learns, as a multiple of
+/// the fence: it needed more than the fence, and the next bound (which moves the fence)
+/// must clear it, or the same crash repeats without teaching anything new.
+const FENCE_STEP: f64 = 1.05;
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -649,12 +664,21 @@ impl DeviceTuner {
                 "solo profile measured on another device kind; not used here");
         }
         // The same task again with another spec keeps what it reported and was assigned.
-        let (report, assigned, oom_learned_round, evict) = self
+        let (report, assigned, oom_learned_round, fence_mib, evict) = self
             .residents
             .remove(&spec.task_id)
             .or_else(|| self.parked.remove(&spec.task_id))
-            .map(|r| (r.report, r.assigned, r.oom_learned_round, r.evict))
+            .map(|r| {
+                (
+                    r.report,
+                    r.assigned,
+                    r.oom_learned_round,
+                    r.fence_mib,
+                    r.evict,
+                )
+            })
             .unwrap_or_default();
+        let fence_mib = fence_mib.or((reserved_mib > 0).then_some(reserved_mib as f64));
         self.residents.insert(
             spec.task_id.clone(),
             TunedTask {
@@ -663,6 +687,8 @@ impl DeviceTuner {
                 report,
                 assigned,
                 oom_learned_round,
+                fence_mib,
+                outgrew_fence: false,
                 evict,
             },
         );
@@ -712,6 +738,9 @@ impl DeviceTuner {
             resident.evict = Some(a.evict_reason.clone());
         }
         resident.assigned = Some((a.batch_size, a.round));
+        if let Some(bound) = a.memory_bound_mib.filter(|b| b.is_finite() && *b > 0.0) {
+            resident.fence_mib = Some(bound);
+        }
         if a.round > self.round {
             self.round = a.round;
             // Only the round (and the bound) moved, at the size the search applied:
@@ -748,6 +777,15 @@ impl DeviceTuner {
     /// crash is not repeated whenever a search starts afresh. Co-runners' measured peaks are
     /// at most what they use, so the floor never exceeds what the task really needed. No
     /// floor when a co-runner's memory at its size was never measured.
+    ///
+    /// A production job whose agent fences its allocator below what the card left it ran
+    /// out of its fence, not of the card: it needed more than its fence, which says
+    /// nothing of the card. The floor is then the fence (a step above it, so that the next
+    /// bound, which moves the fence, clears it), and the crash is no limit of the task or
+    /// of the configuration. Taken for a limit, it would bar the job from its m0 (a fence
+    /// a few MiB under its peak there is enough), the one size at which its PD alone is 1:
+    /// as its statistical efficiency drifts, a lone production job kept below m0 drifts
+    /// above its cap with nowhere to go. Opportunistic jobs keep the rule above unchanged.
     fn learn_shared_oom(&mut self, report: &TaskReport) {
         let Some(oom) = report.oom_batch_size.filter(|&b| b > 0) else {
             return;
@@ -761,7 +799,8 @@ impl DeviceTuner {
         if !crashed_under_it || resident.oom_learned_round == Some(report.assignment_round) {
             return;
         }
-        let mut others_mib = 0.0;
+        let fence_mib = resident.fence_mib.filter(|_| resident.spec.is_production());
+        let mut others_mib = Some(0.0);
         for (id, other) in &self.residents {
             if *id == report.task_id {
                 continue;
@@ -777,21 +816,35 @@ impl DeviceTuner {
                     .get(id)
                     .and_then(|k| k.memory.get(&b).copied())
             });
-            match measured {
-                Some(mib) => others_mib += mib,
-                None => return,
-            }
+            others_mib = others_mib.zip(measured).map(|(sum, mib)| sum + mib);
         }
-        let left = self.capacity_mib - self.held_mib() - others_mib;
+        // Unmeasured co-runners leave the card's room unknown: a fence is still a fact.
+        let room = others_mib.map(|others| self.capacity_mib - self.held_mib() - others);
+        let outgrew_fence = fence_mib.filter(|&fence| room.is_none_or(|room| fence < room));
+        if let Some(resident) = self.residents.get_mut(&report.task_id) {
+            resident.outgrew_fence = outgrew_fence.is_some();
+        }
+        let (floor_mib, why) = match (outgrew_fence, room) {
+            (Some(fence), room) => (
+                room.map_or(fence * FENCE_STEP, |room| (fence * FENCE_STEP).min(room)),
+                "production job ran out of its memory fence with room left on the card; \
+                its memory at this size and above is above the fence, no limit",
+            ),
+            (None, Some(room)) => (
+                room,
+                "ran out of memory next to co-runners; its memory at this size and above is \
+                at least what they left it",
+            ),
+            (None, None) => return,
+        };
         if let Some(resident) = self.residents.get_mut(&report.task_id) {
             resident.oom_learned_round = Some(report.assignment_round);
         }
         if let Some(k) = self.knowledge.get_mut(&report.task_id)
-            && k.learn_oom_floor(oom, left)
+            && k.learn_oom_floor(oom, floor_mib)
         {
             tracing::warn!(device = %self.device_id, task = %report.task_id, batch_size = oom,
-                floor_mib = left, "ran out of memory next to co-runners; its memory at this \
-                size and above is at least what they left it");
+                floor_mib, fence_mib = ?outgrew_fence, "{why}");
             self.memory_changed = true;
         }
     }
@@ -1066,16 +1119,21 @@ impl DeviceTuner {
                 } else {
                     r.spec.gpu_mem_request_mib
                 } as f64;
-                self.knowledge
-                    .get(id)
-                    .cloned()
-                    .unwrap_or_default()
-                    .upper_bounds(
-                        s,
-                        r.spec.initial_batch_size.max(1),
-                        reserved,
-                        self.params.memory,
-                    )
+                let k = self.knowledge.get(id).cloned().unwrap_or_default();
+                let m0 = r.spec.initial_batch_size.max(1);
+                let mut bounds = k.upper_bounds(s, m0, reserved, self.params.memory);
+                // A production job that outgrew its fence at or below m0 may go back up
+                // to m0 (the size it was placed for, where its PD alone is 1) in one step,
+                // bounded by its model and the floor its crash left, rather than only a
+                // step past its largest measured size at a time.
+                if r.spec.is_production() && k.oom_floors.range(..=m0).next().is_some() {
+                    for (bound, &b) in bounds.iter_mut().zip(s) {
+                        if bound.is_none() && b <= m0 {
+                            *bound = k.bound_ignoring_reach(b, self.params.memory);
+                        }
+                    }
+                }
+                bounds
             })
             .collect();
         MemoryConstraint {
@@ -1315,6 +1373,9 @@ impl DeviceTuner {
                 ..BatchSizeAssignment::default()
             });
             r.assigned = Some((b, round));
+            if let Some(bound) = memory_bound_mib {
+                r.fence_mib = Some(bound);
+            }
         }
         self.counters.rounds += 1;
         self.counters.assignments += assignments.len() as u64;
@@ -1498,6 +1559,24 @@ impl DeviceTuner {
         let task_ids = search.task_ids.clone();
         let lone = task_ids.len() == 1;
         match outcome {
+            Outcome::OutOfMemory(tasks)
+                if tasks.iter().all(|&i| {
+                    self.residents
+                        .get(&task_ids[i])
+                        .is_some_and(|r| r.outgrew_fence)
+                }) =>
+            {
+                // Production jobs that outgrew their fences with room left on the card:
+                // a floor was learned from the report, the configuration is no out of
+                // memory (its next assignment's bound moves the fence past the floor).
+                self.counters.out_of_memory += 1;
+                self.counters.dropped += 1;
+                search.applied = None;
+                tracing::warn!(device = %self.device_id, rounds = ?m.rounds, batch_sizes = ?m.batch_sizes,
+                    tasks = ?tasks.iter().map(|&i| &task_ids[i]).collect::<Vec<_>>(),
+                    "production job ran out of its memory fence; measuring again under a higher bound");
+                out.push(Action::Persist(self.persisted(now_ms)));
+            }
             Outcome::OutOfMemory(tasks) => {
                 self.counters.out_of_memory += 1;
                 let params = self.params.memory;

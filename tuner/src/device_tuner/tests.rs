@@ -28,6 +28,8 @@ struct Task {
     class: PriorityClass,
     /// A production job's slowdown cap (`TaskSpec::max_slowdown`).
     cap: Option<f64>,
+    /// Where its agent fences its allocator (moved by every assignment's memory bound).
+    fence: Option<f64>,
     // The agent.
     batch: u32,
     round: u64,
@@ -52,6 +54,7 @@ impl Task {
             profiled: true,
             class: PriorityClass::Unspecified,
             cap: None,
+            fence: None,
             batch: m0,
             round: 0,
             seq: 0,
@@ -153,6 +156,9 @@ impl World {
                         }
                         t.batch = a.batch_size;
                         t.round = a.round;
+                        if let (Some(_), Some(bound)) = (t.fence, a.memory_bound_mib) {
+                            t.fence = Some(bound);
+                        }
                     }
                 }
                 self.check_memory(&changed);
@@ -178,6 +184,23 @@ impl World {
     /// fails (the others hold their memory already), and its agent falls back to half its
     /// batch size (as the real agent does).
     fn check_memory(&mut self, changed: &[String]) {
+        // A fenced agent's own allocation fails past its fence, whatever the card has.
+        let now_ms = self.now_ms;
+        let alone = self.tasks.iter().filter(|t| t.running).count() == 1;
+        for t in self
+            .tasks
+            .iter_mut()
+            .filter(|t| t.running && changed.contains(&t.id))
+        {
+            while let Some(fence) = t.fence
+                && t.mem_mib(t.batch) > fence
+                && t.batch > t.min
+            {
+                self.ooms.push((now_ms, t.id.clone(), t.batch, alone));
+                t.oom_at = Some(t.oom_at.map_or(t.batch, |o| o.min(t.batch)));
+                t.batch = (t.batch / 2).max(t.min);
+            }
+        }
         loop {
             let used: f64 = self
                 .tasks
@@ -1490,4 +1513,47 @@ fn a_production_job_above_its_cap_away_from_m0_goes_back_first() {
         .collect();
     assert_eq!(sizes, [("o", 64), ("p", 32)]);
     assert!(cap_actions(&w).is_empty(), "{:?}", cap_actions(&w));
+}
+
+/// The sim's K80 seed 5 case: a lone production job placed at its m0 with a memory fence (its
+/// reservation) a few MiB under its peak there runs out of its fence at once and falls back
+/// to half; with a large noise scale its PD alone at half is its throughput drop, 1.24,
+/// above its 1.1 cap. The crash was the fence's, not the card's: the tuner takes it as a
+/// floor above the fence, not a limit, so the job gets back to m0 (PD 1) under a bound that
+/// clears its peak, and stays under its cap.
+#[test]
+fn a_lone_production_job_that_outgrew_its_fence_gets_back_to_m0() {
+    let mut p = Task::new("p", 64, 8, 512);
+    p.class = PriorityClass::Production;
+    p.cap = Some(1.1);
+    p.noise_scale = Some(5000.0);
+    p.profiled = false;
+    let fence = p.mem_mib(64) - 2.0;
+    p.fence = Some(fence);
+    let mut w = World::new(16_384.0, vec![p], params());
+    let spec = w.tasks[0].spec(KIND);
+    w.step(vec![Input::Joined {
+        spec,
+        reserved_mib: fence as u64,
+    }]);
+    w.check_memory(&["p".to_owned()]);
+    assert_eq!(w.tasks[0].batch, 32, "the fenced crash falls back to half");
+    assert!(w.true_pd(0) > 1.2, "PD {}", w.true_pd(0));
+    w.run(params().settled_interval.as_secs() as i64 * 3);
+    assert_eq!(
+        w.tasks[0].batch,
+        64,
+        "PD {} status {:?}",
+        w.true_pd(0),
+        w.tuner.status()
+    );
+    // Under its cap from then on, without crashing on its fence again.
+    let crashes = w.ooms.len();
+    let mut above = 0;
+    for _ in 0..60 {
+        w.run(20);
+        above += usize::from(w.true_pd(0) > 1.1);
+    }
+    assert!(above <= 3, "{above} of 60 samples above the cap");
+    assert_eq!(w.ooms.len(), crashes, "{:?}", w.ooms);
 }
