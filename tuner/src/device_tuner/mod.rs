@@ -696,7 +696,20 @@ impl DeviceTuner {
     }
 
     /// A task's report: what it learns of its memory, and a measurement for the search.
-    fn on_report(&mut self, report: TaskReport) {
+    fn on_report(&mut self, mut report: TaskReport) {
+        // The agent repeats its out-of-memory size in every later report. A fenced
+        // production job that reports running at or above that size is past the crash
+        // (a crash falls back below it): the size is no new crash of this round, or the
+        // job could never go back to an m0 it once outgrew a fence at.
+        if let Some(r) = self.residents.get(&report.task_id)
+            && r.spec.is_production()
+            && r.fence_mib.is_some()
+            && report
+                .oom_batch_size
+                .is_some_and(|oom| report.batch_size >= oom)
+        {
+            report.oom_batch_size = None;
+        }
         self.learn_shared_oom(&report);
         let Some(resident) = self.residents.get_mut(&report.task_id) else {
             return;

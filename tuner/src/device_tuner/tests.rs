@@ -1519,8 +1519,8 @@ fn a_production_job_above_its_cap_away_from_m0_goes_back_first() {
 /// reservation) a few MiB under its peak there runs out of its fence at once and falls back
 /// to half; with a large noise scale its PD alone at half is its throughput drop, 1.24,
 /// above its 1.1 cap. The crash was the fence's, not the card's: the tuner takes it as a
-/// floor above the fence, not a limit, so the job gets back to m0 (PD 1) under a bound that
-/// clears its peak, and stays under its cap.
+/// floor above the fence, not a limit, so the job gets back to m0 (PD 1) or above under a
+/// bound that clears its peak, and stays under its cap.
 #[test]
 fn a_lone_production_job_that_outgrew_its_fence_gets_back_to_m0() {
     let mut p = Task::new("p", 64, 8, 512);
@@ -1540,10 +1540,10 @@ fn a_lone_production_job_that_outgrew_its_fence_gets_back_to_m0() {
     assert_eq!(w.tasks[0].batch, 32, "the fenced crash falls back to half");
     assert!(w.true_pd(0) > 1.2, "PD {}", w.true_pd(0));
     w.run(params().settled_interval.as_secs() as i64 * 3);
-    assert_eq!(
+    assert!(
+        w.tasks[0].batch >= 64 && w.true_pd(0) <= 1.1,
+        "at {} with PD {}: {:?}",
         w.tasks[0].batch,
-        64,
-        "PD {} status {:?}",
         w.true_pd(0),
         w.tuner.status()
     );
@@ -1556,4 +1556,7 @@ fn a_lone_production_job_that_outgrew_its_fence_gets_back_to_m0() {
     }
     assert!(above <= 3, "{above} of 60 samples above the cap");
     assert_eq!(w.ooms.len(), crashes, "{:?}", w.ooms);
+    // The agent repeats the crashed size in every later report: one crash, taken in once.
+    let status = w.tuner.status();
+    assert_eq!(status.counters.out_of_memory, 1, "{status:?}");
 }
