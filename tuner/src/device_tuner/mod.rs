@@ -812,7 +812,12 @@ impl DeviceTuner {
         if !crashed_under_it || resident.oom_learned_round == Some(report.assignment_round) {
             return;
         }
-        let fence_mib = resident.fence_mib.filter(|_| resident.spec.is_production());
+        // Only at or below m0: the way back to m0 is what the cap needs; a fence outgrown
+        // above m0 stays a limit as for every job (climbing it by fence steps crashed
+        // round after round in the simulator).
+        let fence_mib = resident
+            .fence_mib
+            .filter(|_| resident.spec.is_production() && oom <= resident.spec.initial_batch_size);
         let mut others_mib = Some(0.0);
         for (id, other) in &self.residents {
             if *id == report.task_id {
