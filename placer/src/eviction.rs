@@ -97,6 +97,8 @@ struct Evicting {
     assignment: BatchSizeAssignment,
     assignment_expect: Expect,
     avoid: AvoidPairing,
+    /// The device's residents record as the view holds it, written again unchanged.
+    residents_record: DeviceResidents,
 }
 
 /// The decision on `device_id`'s breach, with the revisions it was made on: the
@@ -124,10 +126,9 @@ fn decide(
         None => Expect::Absent,
     };
     let leaving = device.and_then(|d| {
-        d.residents.iter().find(|r| {
-            r.reservation.task_id != breach.task_id
-                && r.assignment.as_ref().is_some_and(|(a, _)| a.evict)
-        })
+        d.residents
+            .iter()
+            .find(|r| r.reservation.task_id != breach.task_id && r.leaving())
     });
     let plan = if let Some(leaving) = leaving {
         Plan::Drop(format!(
@@ -158,6 +159,9 @@ fn decide(
                         assignment,
                         assignment_expect,
                         avoid,
+                        residents_record: device
+                            .map(|d| d.residents_record(device_id))
+                            .unwrap_or_default(),
                     }))
                 }
             },
@@ -188,11 +192,20 @@ fn txn(device_id: &str, decided: &Decided) -> Txn {
                 assignment,
                 assignment_expect,
                 avoid,
+                residents_record,
                 ..
             } = evicting.as_ref();
             txn.compare(
                 keys::task_assignment(&assignment.task_id),
                 *assignment_expect,
+            )
+            // The record written again, unchanged: a tuner round decided before the
+            // eviction compares it, so it cannot commit afterwards and write the victim
+            // an assignment without `evict`.
+            .put(
+                keys::device_residents(device_id),
+                residents_record.encode_to_vec(),
+                None,
             )
             .put(
                 keys::task_assignment(&assignment.task_id),
@@ -719,13 +732,17 @@ mod tests {
         let revision = store.range(keys::DEVICES).await.expect("range").revision;
         assert_eq!(kv.mod_revision, avoid_kv.mod_revision);
         assert_eq!(kv.mod_revision, revision);
-        // The victim still holds its memory; nobody else was touched.
+        // The victim still holds its memory: the residents record is written again
+        // unchanged in the same commit (so a tuner round decided before it, which
+        // compares the record, cannot write the victim an assignment without `evict`);
+        // nobody else was touched.
         let residents_after = store
             .get(&keys::device_residents("d0"))
             .await
             .expect("read")
             .expect("residents");
-        assert_eq!(residents_after, residents_before);
+        assert_eq!(residents_after.value, residents_before.value);
+        assert_eq!(residents_after.mod_revision, kv.mod_revision);
         for other in ["prod", "a", "c"] {
             assert!(assignment(store.as_ref(), other).await.is_none(), "{other}");
         }

@@ -99,9 +99,16 @@ impl Resident {
     /// there: first the size it runs at with its footprint ([`Resident::footprint_mib`]),
     /// then its smaller candidate sizes ([`iadeep_tuner::candidate_sizes`], the tuner's
     /// lattice) downwards at the estimator's bound, as far as the estimator gives one.
+    ///
+    /// A task that is leaving ([`Resident::leaving`]) has only the first: its agent
+    /// applies no assignment any more, so a shrink written for it would count it at a
+    /// size it never runs at and let a newcomer into memory it still holds.
     pub fn shrink_steps(&self, memory: &dyn MemoryEstimator) -> Vec<(u32, u64)> {
         let current = self.batch_size();
         let mut steps = vec![(current, self.footprint_mib(memory))];
+        if self.leaving() {
+            return steps;
+        }
         let mut sizes = iadeep_tuner::candidate_sizes(self.spec());
         sizes.retain(|&b| b < current);
         for b in sizes.into_iter().rev() {
@@ -111,6 +118,12 @@ impl Resident {
             }
         }
         steps
+    }
+
+    /// Whether the placer evicted the task (its assignment says `evict`): it runs on at its
+    /// size until it has checkpointed and its launcher releases it.
+    pub fn leaving(&self) -> bool {
+        self.assignment.as_ref().is_some_and(|(a, _)| a.evict)
     }
 
     /// Whether nothing measured is known of the task's memory yet: its reservation is a
@@ -1059,6 +1072,39 @@ mod tests {
 
     /// A pairing is avoided in either order until it expires, and an older record
     /// arriving late does not move its expiry back.
+    #[test]
+    fn a_leaving_resident_is_never_a_shrink_step_below_its_size() {
+        let spec = TaskSpec {
+            task_id: "b".into(),
+            initial_batch_size: 64,
+            min_batch_size: 8,
+            max_batch_size: 64,
+            gpu_mem_request_mib: 4_000,
+            ..Default::default()
+        };
+        let reservation = Reservation {
+            task_id: "b".into(),
+            reserved_mem_mib: 4_000,
+            spec: Some(spec),
+            ..Default::default()
+        };
+        let assignment = |evict| BatchSizeAssignment {
+            task_id: "b".into(),
+            batch_size: 64,
+            lr_factor: 1.0,
+            round: 3,
+            evict,
+            ..Default::default()
+        };
+        let memory = crate::model::ModelledMemory;
+        let staying = Resident::new(reservation.clone(), None, Some((assignment(false), 7)));
+        assert!(staying.shrink_steps(&memory).len() > 1, "it could shrink");
+        let leaving = Resident::new(reservation, None, Some((assignment(true), 7)));
+        let steps = leaving.shrink_steps(&memory);
+        assert_eq!(steps.len(), 1, "{steps:?}");
+        assert_eq!(steps[0].0, 64);
+    }
+
     #[test]
     fn avoids_names_the_two_tasks_either_way_until_the_pairing_expires() {
         let mut view = ClusterView::new(Arc::new(crate::model::ModelledMemory));

@@ -237,7 +237,7 @@ fn place_on(c: &Candidate<'_>) -> Verdict {
 /// it is leaving already (its assignment says evict: a cap breach's or an earlier
 /// room eviction's victim).
 fn lost_if_evicted_s(resident: &crate::view::Resident, now_unix_ms: i64) -> f64 {
-    if resident.assignment.as_ref().is_some_and(|(a, _)| a.evict) {
+    if resident.leaving() {
         return 0.0;
     }
     let at = resident.reservation.placed_at_unix_ms;
