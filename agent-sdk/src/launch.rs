@@ -155,8 +155,7 @@ impl Launch {
             (LR_RULE, self.lr_rule.map(|r| lr_rule_name(r).to_owned())),
             (
                 PRIORITY_CLASS,
-                self.priority_class
-                    .map(|c| priority_class_name(c).to_owned()),
+                self.priority_class.map(|c| c.name().to_owned()),
             ),
             (MAX_SLOWDOWN, self.max_slowdown.map(|cap| cap.to_string())),
             (
@@ -195,14 +194,6 @@ fn requeue_from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<(u32, 
         .transpose()?
         .unwrap_or(0);
     Ok((count, get(EVICTED_REASON)))
-}
-
-/// The name of a class as users write it (`unspecified` is opportunistic).
-pub fn priority_class_name(class: PriorityClass) -> &'static str {
-    match class {
-        PriorityClass::Production => "production",
-        PriorityClass::Unspecified | PriorityClass::Opportunistic => "opportunistic",
-    }
 }
 
 /// The short names of the learning-rate rules, as users write them.

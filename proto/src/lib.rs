@@ -63,10 +63,19 @@ impl TaskSpec {
 
     /// The class's name as operators and metrics labels spell it.
     pub fn class_name(&self) -> &'static str {
-        if self.is_production() {
-            "production"
-        } else {
-            "opportunistic"
+        PriorityClass::try_from(self.priority_class)
+            .unwrap_or(PriorityClass::Unspecified)
+            .name()
+    }
+}
+
+impl PriorityClass {
+    /// The class's name as users, operators and metrics labels spell it (one of
+    /// [`PRIORITY_CLASS_NAMES`]; unspecified is opportunistic).
+    pub fn name(self) -> &'static str {
+        match self {
+            PriorityClass::Production => "production",
+            PriorityClass::Unspecified | PriorityClass::Opportunistic => "opportunistic",
         }
     }
 }

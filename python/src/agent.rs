@@ -305,8 +305,7 @@ impl Agent {
         let class = Class {
             priority_class: launched_or_given(
                 "priority_class",
-                env.priority_class
-                    .map(|c| launch::priority_class_name(c).to_owned()),
+                env.priority_class.map(|c| c.name().to_owned()),
                 priority_class,
             ),
             max_slowdown: launched_or_given("max_slowdown", env.max_slowdown, max_slowdown),
