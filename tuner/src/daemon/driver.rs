@@ -61,6 +61,11 @@ pub(crate) struct Driver {
     /// When the metrics were last brought up to the tuner's status, and how many production
     /// jobs were above their caps then (what the time since counts for).
     above_cap_since: Option<(i64, usize)>,
+    /// A breach the tuner reported whose record could not be written: written again at
+    /// every later step until a write succeeds or its end is reported. The tuner reports a
+    /// breach once per co-location, so without this a lost write would leave the job above
+    /// its cap with no one evicted.
+    pending_breach: Option<iadeep_proto::CapBreach>,
 }
 
 /// Wakes at least this often while waiting, to notice a stop.
@@ -89,14 +94,25 @@ impl Driver {
             warned_undecodable: false,
             counters: Counters::default(),
             above_cap_since: None,
+            pending_breach: None,
         }
     }
 
     /// The tuner, resumed from the device's persisted state if there is one. A state that
     /// does not decode is moved aside (see [`set_aside_corrupt_state`]) and the tuner
     /// starts fresh: its observations are lost, the device is not.
+    ///
+    /// Called when this daemon takes the device over, it also withdraws any breach record
+    /// left by an earlier tuner: which breaches were reported is not persisted, so such a
+    /// record would never be ended, and the placer would act on it whatever its age. The
+    /// new tuner measures again and reports a breach that still holds.
     pub async fn tuner(&self, params: DeviceTunerParams) -> Result<DeviceTuner> {
         let device = &self.info.device_id;
+        let breach = keys::device_breach(device);
+        if self.store.delete(&breach).await? {
+            tracing::info!(device, key = %breach,
+                "withdrew the breach record of an earlier tuner of the device; it is measured again");
+        }
         let key = keys::device_tuner(device);
         let persisted: Option<TunerState> = match self.store.get(&key).await? {
             None => None,
@@ -241,6 +257,11 @@ impl Driver {
     }
 
     async fn execute(&mut self, actions: Vec<Action>, revision: Option<Revision>) {
+        // A breach whose write failed at an earlier step (see `pending_breach`); one
+        // reported by this step writes itself.
+        if !actions.iter().any(|a| matches!(a, Action::CapBreached(_))) {
+            self.write_pending_breach().await;
+        }
         let mut persist = None;
         for action in actions {
             match action {
@@ -323,10 +344,9 @@ impl Driver {
     }
 
     /// Publishes a breach for the placer (it evicts one of the opportunistic co-runners and
-    /// deletes the record in the same transaction). A failed write is logged and counted;
-    /// the tuner does not repeat the action, so the record appears only with the next
-    /// breach (the daemon's state store errors are rare and the job stays protected by
-    /// shrinking meanwhile).
+    /// deletes the record in the same transaction). A failed write is logged and counted,
+    /// and tried again at every later step until it succeeds or the breach ends (see
+    /// `pending_breach`).
     async fn breached(&mut self, breach: iadeep_proto::CapBreach) {
         Metrics::inc(&self.metrics.cap_breaches);
         tracing::warn!(device = %self.info.device_id, task = %breach.task_id,
@@ -334,10 +354,22 @@ impl Driver {
             rounds_above = breach.rounds_above, opportunistic = ?breach.opportunistic_task_ids,
             round = breach.round,
             "production job above its slowdown cap with every opportunistic co-runner at its smallest size; asking the placer to evict one");
+        self.pending_breach = Some(breach);
+        self.write_pending_breach().await;
+    }
+
+    /// Writes the breach not yet written, if any; it stays pending when the write fails.
+    async fn write_pending_breach(&mut self) {
+        let Some(breach) = &self.pending_breach else {
+            return;
+        };
         let key = keys::device_breach(&self.info.device_id);
-        if let Err(err) = typed::put(self.store.as_ref(), &key, &breach, None).await {
-            Metrics::inc(&self.metrics.errors);
-            tracing::warn!(%err, %key, "cannot write the breach record");
+        match typed::put(self.store.as_ref(), &key, breach, None).await {
+            Ok(_) => self.pending_breach = None,
+            Err(err) => {
+                Metrics::inc(&self.metrics.errors);
+                tracing::warn!(%err, %key, "cannot write the breach record; trying again at the next step");
+            }
         }
     }
 
@@ -347,6 +379,13 @@ impl Driver {
     async fn restored(&mut self, task_id: &str) {
         tracing::info!(device = %self.info.device_id, task = %task_id,
             "production job back under its slowdown cap (or gone); breach over");
+        if self
+            .pending_breach
+            .as_ref()
+            .is_some_and(|b| b.task_id == task_id)
+        {
+            self.pending_breach = None;
+        }
         let key = keys::device_breach(&self.info.device_id);
         let found = match typed::get::<iadeep_proto::CapBreach>(self.store.as_ref(), &key).await {
             Ok(found) => found,
@@ -603,6 +642,167 @@ mod tests {
                 .errors
                 .load(std::sync::atomic::Ordering::Relaxed),
             0
+        );
+    }
+
+    /// An embedded store whose first `fail_puts` puts fail, as a store that is briefly
+    /// unreachable does.
+    #[derive(Debug)]
+    struct FlakyStore {
+        inner: EmbeddedStore,
+        fail_puts: std::sync::atomic::AtomicU32,
+    }
+
+    #[async_trait::async_trait]
+    impl StateStore for FlakyStore {
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+        async fn get(&self, key: &str) -> iadeep_state::Result<Option<iadeep_state::KeyValue>> {
+            self.inner.get(key).await
+        }
+        async fn put(
+            &self,
+            key: &str,
+            value: Vec<u8>,
+            lease: Option<iadeep_state::LeaseId>,
+        ) -> iadeep_state::Result<Revision> {
+            use std::sync::atomic::Ordering;
+            let failing = self
+                .fail_puts
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if failing {
+                return Err(iadeep_state::StateError::Unavailable {
+                    endpoints: "flaky".into(),
+                    reason: "scripted failure".into(),
+                });
+            }
+            self.inner.put(key, value, lease).await
+        }
+        async fn delete(&self, key: &str) -> iadeep_state::Result<bool> {
+            self.inner.delete(key).await
+        }
+        async fn transact(&self, txn: Txn) -> iadeep_state::Result<TxnOutcome> {
+            self.inner.transact(txn).await
+        }
+        async fn range(&self, prefix: &str) -> iadeep_state::Result<iadeep_state::RangeSnapshot> {
+            self.inner.range(prefix).await
+        }
+        async fn range_page(
+            &self,
+            prefix: &str,
+            after: Option<&str>,
+            limit: usize,
+        ) -> iadeep_state::Result<iadeep_state::RangePage> {
+            self.inner.range_page(prefix, after, limit).await
+        }
+        async fn compact(&self, revision: Revision) -> iadeep_state::Result<()> {
+            self.inner.compact(revision).await
+        }
+        async fn watch(
+            &self,
+            prefix: &str,
+            start: Option<Revision>,
+        ) -> iadeep_state::Result<iadeep_state::WatchStream> {
+            self.inner.watch(prefix, start).await
+        }
+        async fn grant_lease(&self, ttl: Duration) -> iadeep_state::Result<iadeep_state::LeaseId> {
+            self.inner.grant_lease(ttl).await
+        }
+        async fn keep_alive(&self, lease: iadeep_state::LeaseId) -> iadeep_state::Result<Duration> {
+            self.inner.keep_alive(lease).await
+        }
+        async fn revoke_lease(&self, lease: iadeep_state::LeaseId) -> iadeep_state::Result<()> {
+            self.inner.revoke_lease(lease).await
+        }
+    }
+
+    /// A breach whose write failed is written at the next step (the tuner reports it only
+    /// once), and not once its end was reported.
+    #[tokio::test]
+    async fn a_failed_breach_write_is_tried_again() {
+        let store: Arc<dyn StateStore> = Arc::new(FlakyStore {
+            inner: EmbeddedStore::in_memory().expect("store"),
+            fail_puts: 1.into(),
+        });
+        let mut driver = driver(&store);
+        let key = keys::device_breach("d0");
+        let breach = |task: &str| iadeep_proto::CapBreach {
+            device_id: "d0".into(),
+            task_id: task.into(),
+            ..Default::default()
+        };
+        let read = || async {
+            typed::get::<iadeep_proto::CapBreach>(store.as_ref(), &key)
+                .await
+                .expect("read")
+                .map(|(b, _)| b.task_id)
+        };
+        driver
+            .execute(vec![Action::CapBreached(breach("p1"))], None)
+            .await;
+        assert_eq!(read().await, None, "the first write fails");
+        driver.execute(Vec::new(), None).await;
+        assert_eq!(
+            read().await.as_deref(),
+            Some("p1"),
+            "written at the next step"
+        );
+        // The placer evicts and deletes it: it is not written again.
+        store.delete(&key).await.expect("delete");
+        driver.execute(Vec::new(), None).await;
+        assert_eq!(read().await, None);
+        // A breach that ends before its write succeeded is not written afterwards.
+        let flaky = Arc::new(FlakyStore {
+            inner: EmbeddedStore::in_memory().expect("store"),
+            fail_puts: 1.into(),
+        });
+        let store: Arc<dyn StateStore> = flaky;
+        let mut driver = self::driver(&store);
+        driver
+            .execute(vec![Action::CapBreached(breach("p1"))], None)
+            .await;
+        driver
+            .execute(
+                vec![Action::CapRestored {
+                    task_id: "p1".into(),
+                }],
+                None,
+            )
+            .await;
+        driver.execute(Vec::new(), None).await;
+        assert_eq!(store.get(&key).await.expect("read"), None);
+    }
+
+    /// A daemon taking the device over withdraws the breach record an earlier tuner left
+    /// (its end would never be reported).
+    #[tokio::test]
+    async fn taking_a_device_over_withdraws_an_old_breach() {
+        let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
+        let key = keys::device_breach("d0");
+        let old = iadeep_proto::CapBreach {
+            device_id: "d0".into(),
+            task_id: "p1".into(),
+            ..Default::default()
+        };
+        typed::put(store.as_ref(), &key, &old, None)
+            .await
+            .expect("put");
+        let other = keys::device_breach("d1");
+        typed::put(store.as_ref(), &other, &old, None)
+            .await
+            .expect("put");
+        let mut driver = driver(&store);
+        driver.info.memory_mib = 16_384;
+        driver
+            .tuner(DeviceTunerParams::default())
+            .await
+            .expect("tuner");
+        assert_eq!(store.get(&key).await.expect("read"), None);
+        assert!(
+            store.get(&other).await.expect("read").is_some(),
+            "another device's record stays"
         );
     }
 
