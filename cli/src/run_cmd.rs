@@ -125,7 +125,9 @@ pub struct RunArgs {
     /// IADEEP_EVICTED_REASON set, so it resumes from its checkpoint (`iadeep.torch`'s
     /// `on_evict` hook, or the Lightning callback's `checkpoint_path`). A job without a
     /// checkpoint loses all its progress: it starts over. Default: on for opportunistic
-    /// jobs, off for production ones.
+    /// jobs, off for production ones. When the evicted placement cannot be released
+    /// (the placer does not answer Release), `iadeep run` exits 69 instead of queueing
+    /// it again.
     #[arg(long, overrides_with = "no_requeue_on_evict")]
     requeue_on_evict: bool,
     /// After an eviction, exit with the job's exit code instead of starting it again.
@@ -145,6 +147,12 @@ pub struct RunArgs {
 const DEFAULT_LR_RULE: &str = "sqrt";
 /// Exit status when the queue wait ran out (EX_TEMPFAIL: try again later).
 const QUEUE_TIMEOUT_EXIT: u8 = 75;
+/// Exit status when the placer evicted the job and it is to be queued again, but its
+/// placement could not be released (EX_UNAVAILABLE). Why not queue it anyway: Place is
+/// idempotent per task id, so it would answer the old placement, whose evict assignment
+/// the restarted job would find at once. Distinct from [`QUEUE_TIMEOUT_EXIT`], so a
+/// caller can tell "evicted, not re-queued" from "never placed in time".
+const EVICTED_NOT_REQUEUED_EXIT: u8 = 69;
 /// How often a queued job looks (ListDevices) whether a GPU has room now.
 const FREED_POLL: Duration = Duration::from_secs(2);
 /// Deadline of each call to the placer.
@@ -362,27 +370,64 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             // A signal stopped it, or it could not be waited for: not an eviction.
             _ => None,
         };
-        release(&mut client, &task_id).await;
+        let released = release(&mut client, &task_id).await;
         let (status, _) = ran?;
         tracing::info!(task = %task_id, %status, "job exited");
         if let Some(reason) = evicted {
-            if !requeue {
-                tracing::warn!(task = %task_id, %reason,
-                    "the placer evicted the job; not restarting it (--no-requeue-on-evict)");
-            } else if requeued >= args.max_requeues {
-                tracing::warn!(task = %task_id, %reason, requeued,
-                    "the placer evicted the job again; not restarting it (--max-requeues {})",
-                    args.max_requeues);
-            } else {
-                requeued += 1;
-                tracing::warn!(task = %task_id, %reason, requeued,
-                    "the placer evicted the job; queueing it again, to restart it with IADEEP_REQUEUED={requeued} \
-                     (it resumes from its checkpoint, if it wrote one)");
-                evicted_reason = Some(reason);
-                continue;
+            let next = after_eviction(requeue, requeued, args.max_requeues, released);
+            match next {
+                AfterEviction::Exit => tracing::warn!(task = %task_id, %reason, requeued,
+                    "the placer evicted the job; not restarting it (--no-requeue-on-evict, or --max-requeues {})",
+                    args.max_requeues),
+                AfterEviction::NotReleased => {
+                    tracing::error!(task = %task_id, %reason,
+                        "the placer evicted the job, but its placement could not be released; \
+                         not queueing it again (the placer would answer the evicted placement)");
+                    eprintln!(
+                        "iadeep run: evicted, and the placement could not be released; not re-queued (exit {EVICTED_NOT_REQUEUED_EXIT})"
+                    );
+                    return Ok(ExitCode::from(EVICTED_NOT_REQUEUED_EXIT));
+                }
+                AfterEviction::Requeue => {
+                    requeued += 1;
+                    tracing::warn!(task = %task_id, %reason, requeued,
+                        "the placer evicted the job; queueing it again, to restart it with IADEEP_REQUEUED={requeued} \
+                         (it resumes from its checkpoint, if it wrote one)");
+                    evicted_reason = Some(reason);
+                    continue;
+                }
             }
         }
         return Ok(exit_code(status));
+    }
+}
+
+/// What `iadeep run` does after the placer evicted the job.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterEviction {
+    /// Queue it again and restart it.
+    Requeue,
+    /// Exit with the job's exit code (no re-queue asked, or no restarts left).
+    Exit,
+    /// Exit with [`EVICTED_NOT_REQUEUED_EXIT`]: a re-queue was due, but the placement
+    /// was not released, so Place would answer the evicted placement again.
+    NotReleased,
+}
+
+/// Whether an evicted job is queued again: when asked (`requeue`), with restarts left,
+/// and only once its placement is gone (`released`).
+fn after_eviction(
+    requeue: bool,
+    requeued: u32,
+    max_requeues: u32,
+    released: bool,
+) -> AfterEviction {
+    if !requeue || requeued >= max_requeues {
+        AfterEviction::Exit
+    } else if !released {
+        AfterEviction::NotReleased
+    } else {
+        AfterEviction::Requeue
     }
 }
 
@@ -411,7 +456,9 @@ struct Evictions {
     url: StoreUrl,
     task_id: String,
     store: Option<Arc<dyn StateStore>>,
-    /// The store's revision just after this run was placed.
+    /// The revision of the Place commit that created this run's placement (its key's
+    /// create revision), else the store's revision when it was read: what was written
+    /// later is this run's.
     since: i64,
     /// The reason of an evict assignment the watch saw during this run.
     seen: Arc<Mutex<Option<String>>>,
@@ -465,8 +512,14 @@ impl Evictions {
         Ok(store)
     }
 
-    /// Notes the store's revision now (the task was just placed) and watches the task's
-    /// assignment from there.
+    /// Notes the revision of this run's placement (the task was just placed) and
+    /// watches the task's assignment from there.
+    ///
+    /// Why the placement key's create revision, not the revision of the read: the
+    /// placer may evict the job between Place's commit and this read, and that
+    /// eviction is this run's. Its create revision, not its mod revision: a settlement
+    /// rewrites the placement, possibly after an eviction. When the key is gone
+    /// already (released meanwhile), the read's revision is the fallback.
     async fn placed(&mut self) {
         if let Some(watch) = self.watch.take() {
             watch.abort();
@@ -477,12 +530,21 @@ impl Evictions {
         let start = async {
             let store = self.open().await?;
             let snapshot = timed("reading the task", store.range(&prefix)).await?;
+            let placement_key = keys::task_placement(&self.task_id);
+            let since = match snapshot.kvs.iter().find(|kv| kv.key == placement_key) {
+                Some(kv) => kv.create_revision,
+                None => {
+                    tracing::debug!(task = %self.task_id,
+                        "no placement in the store; counting evictions from this read on");
+                    snapshot.revision
+                }
+            };
             let watch = timed(
                 "watching the task's assignment",
-                store.watch(&key, Some(snapshot.revision + 1)),
+                store.watch(&key, Some(since + 1)),
             )
             .await?;
-            anyhow::Ok((snapshot.revision, watch))
+            anyhow::Ok((since, watch))
         };
         match start.await {
             Ok((revision, watch)) => {
@@ -893,7 +955,9 @@ async fn run_job(
 
 /// Gives the task's reservation back (a few tries); failures are logged, because the
 /// placer's reaper releases it anyway once the job's agent is gone for the grace.
-async fn release(client: &mut PlacerClient<Channel>, task_id: &str) {
+/// Whether the placement is gone now: released, or the placer had none to release
+/// (false when every try failed).
+async fn release(client: &mut PlacerClient<Channel>, task_id: &str) -> bool {
     for attempt in 1..=3 {
         let request = ReleaseRequest {
             task_id: task_id.to_owned(),
@@ -901,11 +965,11 @@ async fn release(client: &mut PlacerClient<Channel>, task_id: &str) {
         match call("Release", client.release(request)).await {
             Ok(answer) if answer.released => {
                 tracing::info!(task = task_id, device = %answer.device_id, "placement released");
-                return;
+                return true;
             }
             Ok(_) => {
                 tracing::debug!(task = task_id, "no placement to release");
-                return;
+                return true;
             }
             Err(status) => {
                 tracing::warn!(task = task_id, attempt, code = ?status.code(), message = status.message(),
@@ -918,6 +982,7 @@ async fn release(client: &mut PlacerClient<Channel>, task_id: &str) {
         task = task_id,
         "placement not released; the placer gives the GPU back after its grace period"
     );
+    false
 }
 
 #[cfg(test)]
@@ -1020,6 +1085,51 @@ mod tests {
         .await
         .expect("put");
         assert!(evictions.evicted().await.is_some(), "read from the archive");
+    }
+
+    /// An eviction committed between Place's commit and the read after it is this
+    /// run's: it counts from the placement's own revision, not from the read's.
+    #[tokio::test]
+    async fn an_eviction_right_after_place_counts() {
+        let store: Arc<dyn StateStore> =
+            Arc::new(iadeep_state::EmbeddedStore::in_memory().expect("store"));
+        let task = "t";
+        let placement = Placement {
+            task_id: task.into(),
+            device_id: "gpu-0".into(),
+            ..Default::default()
+        };
+        typed::put(
+            store.as_ref(),
+            &keys::task_placement(task),
+            &placement,
+            None,
+        )
+        .await
+        .expect("put");
+        put_assignment(&store, &keys::task_assignment(task), 1, false).await;
+        // The placer evicts it before `iadeep run` has read the store.
+        put_assignment(&store, &keys::task_assignment(task), 2, true).await;
+        let mut evictions = placed(&store, task).await;
+        assert_eq!(
+            evictions.evicted().await.as_deref(),
+            Some("prod-1 above its cap")
+        );
+    }
+
+    /// An evicted job is queued again only once its placement is gone: Place would
+    /// answer the evicted placement otherwise. Then the exit code is its own.
+    #[test]
+    fn an_unreleased_eviction_is_not_requeued() {
+        assert_eq!(after_eviction(true, 0, 10, true), AfterEviction::Requeue);
+        assert_eq!(
+            after_eviction(true, 0, 10, false),
+            AfterEviction::NotReleased
+        );
+        assert_eq!(after_eviction(false, 0, 10, false), AfterEviction::Exit);
+        assert_eq!(after_eviction(true, 10, 10, true), AfterEviction::Exit);
+        assert_ne!(EVICTED_NOT_REQUEUED_EXIT, QUEUE_TIMEOUT_EXIT);
+        assert_ne!(EVICTED_NOT_REQUEUED_EXIT, crate::emulate_cmd::EVICTED_EXIT);
     }
 
     #[test]
