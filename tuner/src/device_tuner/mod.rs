@@ -64,6 +64,8 @@
 //!
 //!    A device with only opportunistic jobs has no caps, so none of this applies to it.
 //!    The placer's evict flag is repeated by every later round, so no round cancels it.
+//!    An evicted job keeps the size it runs at until it exits (its agent ignores later
+//!    assignments): the search restarts with it fixed there, counted in memory at it.
 //!    Cap violations are not persisted: a restarted tuner measures them again.
 //!
 //! The Gaussian process therefore never holds more than `max_observations` points (a cap
@@ -307,6 +309,21 @@ struct TunedTask {
     evict: Option<String>,
 }
 
+/// The only size the search may give `task`: an evicted task runs at its size until it
+/// exits (its agent ignores later assignments), so it is never given another, and no other
+/// task may grow into memory it still holds. Counted at the larger of what it last
+/// reported and what it was last assigned (it may run at either), on the safe side.
+fn fixed_size(task: &TunedTask) -> Option<u32> {
+    task.evict.as_ref()?;
+    let reported = task
+        .report
+        .as_ref()
+        .map(|r| r.batch_size)
+        .filter(|&b| b > 0);
+    let assigned = task.assigned.map(|(b, _)| b).filter(|&b| b > 0);
+    reported.max(assigned)
+}
+
 /// Why the search holds the batch sizes.
 #[derive(Clone, Debug, PartialEq)]
 enum Hold {
@@ -374,6 +391,10 @@ pub struct DeviceTuner {
     /// A persisted search waiting for its residents to come back.
     resumed: Option<Session>,
     residents_changed: bool,
+    /// The placer evicted a resident since the search started: the search starts again
+    /// with that resident held at the size it runs at (see [`fixed_size`]), its caps' state
+    /// kept (the co-location is the same).
+    eviction_fixed: bool,
     /// Tasks with measurements not yet offered to the profile registry.
     profile_changed: std::collections::BTreeSet<String>,
     /// Memory knowledge changed since the settled configuration was last checked to fit.
@@ -430,6 +451,7 @@ impl DeviceTuner {
             search: None,
             resumed: None,
             residents_changed: false,
+            eviction_fixed: false,
             profile_changed: std::collections::BTreeSet::new(),
             memory_changed: false,
             round: 0,
@@ -749,6 +771,7 @@ impl DeviceTuner {
             tracing::info!(device = %self.device_id, task = %a.task_id, reason = %a.evict_reason,
                 "the placer evicts the task; later rounds keep the flag");
             resident.evict = Some(a.evict_reason.clone());
+            self.eviction_fixed = true;
         }
         resident.assigned = Some((a.batch_size, a.round));
         if let Some(bound) = a.memory_bound_mib.filter(|b| b.is_finite() && *b > 0.0) {
@@ -874,8 +897,9 @@ impl DeviceTuner {
 
     fn advance(&mut self, now_ms: i64, out: &mut Vec<Action>) {
         for _ in 0..MAX_TRANSITIONS_PER_STEP {
-            if std::mem::take(&mut self.residents_changed) {
-                self.start_search(now_ms, out);
+            let changed = std::mem::take(&mut self.residents_changed);
+            if std::mem::take(&mut self.eviction_fixed) || changed {
+                self.start_search(now_ms, changed, out);
             }
             let Some(search) = &mut self.search else {
                 return;
@@ -924,10 +948,13 @@ impl DeviceTuner {
         tracing::error!(device = %self.device_id, "device tuner did not come to rest within one step");
     }
 
-    /// A new search over the current residents (see the module documentation, step 1).
-    fn start_search(&mut self, now_ms: i64, out: &mut Vec<Action>) {
-        for watch in self.caps.values_mut() {
-            watch.residents_changed();
+    /// A new search over the current residents (see the module documentation, step 1);
+    /// the caps' streaks start again when `residents_changed` (the co-location is another).
+    fn start_search(&mut self, now_ms: i64, residents_changed: bool, out: &mut Vec<Action>) {
+        if residents_changed {
+            for watch in self.caps.values_mut() {
+                watch.residents_changed();
+            }
         }
         if self.residents.is_empty() {
             if self.search.take().is_some() {
@@ -939,7 +966,7 @@ impl DeviceTuner {
         let sizes: Vec<Vec<u32>> = self
             .residents
             .values()
-            .map(|r| candidate_sizes(&r.spec))
+            .map(|r| fixed_size(r).map_or_else(|| candidate_sizes(&r.spec), |b| vec![b]))
             .collect();
         let lone = task_ids.len() == 1;
         let mut running = true;

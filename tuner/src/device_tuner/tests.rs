@@ -1446,6 +1446,40 @@ fn later_rounds_keep_the_placers_evict_flag() {
     );
 }
 
+/// An evicted job runs at its size until it exits (its agent ignores later assignments):
+/// no later round gives it another size, so none counts it smaller than it runs (nor
+/// grows a co-runner into the memory it still holds).
+#[test]
+fn an_evicted_job_keeps_the_size_it_runs_at() {
+    let mut w = capped_world(1.1, params());
+    w.join_all();
+    w.run(300);
+    let round = w.tuner.status().round;
+    let size = w.tasks[1].batch;
+    w.step(vec![Input::Assigned(BatchSizeAssignment {
+        task_id: "o".into(),
+        batch_size: size,
+        round: round + 1,
+        evict: true,
+        evict_reason: "p above its cap".into(),
+        ..Default::default()
+    })]);
+    w.tasks[1].round = round + 1;
+    // The interference falls: the search goes on, and would grow o.
+    w.contention = 0.05;
+    w.run(600);
+    let later: Vec<&BatchSizeAssignment> = w
+        .assignments()
+        .flat_map(|(_, r)| r)
+        .filter(|a| a.task_id == "o" && a.round > round + 1)
+        .collect();
+    assert!(!later.is_empty(), "the search goes on");
+    assert!(
+        later.iter().all(|a| a.evict && a.batch_size == size),
+        "o runs at {size}: {later:?}"
+    );
+}
+
 /// A device with only opportunistic jobs has no caps: however slowed down its jobs are,
 /// no cap round, no breach, and the same decisions as jobs that name no class.
 #[test]
