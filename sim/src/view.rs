@@ -156,5 +156,34 @@ pub trait PolicyView {
     /// How the engine offers waiting tasks in this run (the same for every policy): a
     /// policy that holds some tasks back for others must know whether the others will
     /// be offered at all.
-    fn admission(&self) -> crate::policy::Admission;
+    fn admission(&self) -> Admission;
+}
+
+/// How the engine offers waiting tasks to a policy: one rule for every policy in a
+/// run (`EngineParams::admission`), so no policy gains by its queue discipline alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Admission {
+    /// Only the head of the queue is offered; while the policy keeps it waiting, the
+    /// tasks behind it wait too (first in, first out with head-of-line blocking).
+    Fifo,
+    /// Every waiting task is offered, in submission order, and one told to wait does
+    /// not hold back the tasks behind it: how clients of the placement daemon behave,
+    /// each task asking for itself and retrying when told to queue. The placer then
+    /// decides each task knowing how many wait ahead of it. The default.
+    #[default]
+    EachTask,
+}
+
+impl std::str::FromStr for Admission {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "each-task" => Ok(Admission::EachTask),
+            "fifo" => Ok(Admission::Fifo),
+            other => Err(format!(
+                "unknown admission rule {other:?} (each-task or fifo)"
+            )),
+        }
+    }
 }
