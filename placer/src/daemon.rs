@@ -264,6 +264,33 @@ async fn serve_metrics(
     ))
 }
 
+/// Spawns the loops that run beside the listeners, whatever the config: the
+/// dead-task reaper and the eviction loop, each named for the
+/// errors and logs that report it.
+fn spawn_loops(
+    service: &PlacementService,
+    config: &DaemonConfig,
+    stop_rx: &watch::Receiver<bool>,
+) -> [(&'static str, JoinHandle<Result<()>>); 2] {
+    let graces = crate::reaper::Graces {
+        dead: config.dead_task_grace,
+        unstarted: config.unstarted_task_grace,
+    };
+    [
+        // Always: besides the graces' releases, it re-admits running tasks released
+        // while their agent ran and applies the retention of released tasks.
+        (
+            "dead-task reaper",
+            crate::reaper::spawn(service.clone(), graces, stop_rx.clone()),
+        ),
+        // Acts on the tuners' cap breaches: evicts the opportunistic job blamed most.
+        (
+            "eviction loop",
+            crate::eviction::spawn(service.clone(), stop_rx.clone()),
+        ),
+    ]
+}
+
 impl Daemon {
     /// Loads the view from `store`, binds every listener, and serves until [`Daemon::shutdown`].
     ///
@@ -322,21 +349,7 @@ impl Daemon {
             metrics_addr = Some(addr);
             servers.push(("metrics", server));
         }
-        let graces = crate::reaper::Graces {
-            dead: config.dead_task_grace,
-            unstarted: config.unstarted_task_grace,
-        };
-        // Always: besides the graces' releases, it re-admits running tasks released
-        // while their agent ran and applies the retention of released tasks.
-        servers.push((
-            "dead-task reaper",
-            crate::reaper::spawn(service.clone(), graces, stop_rx.clone()),
-        ));
-        // Acts on the tuners' cap breaches: evicts the opportunistic job blamed most.
-        servers.push((
-            "eviction loop",
-            crate::eviction::spawn(service.clone(), stop_rx.clone()),
-        ));
+        servers.extend(spawn_loops(&service, &config, &stop_rx));
         tracing::info!(grpc = %grpc_addr, extender = ?extender_addr, metrics = ?metrics_addr,
             tls = ?config.tls, "placer serving");
         Ok(Daemon {

@@ -1404,15 +1404,7 @@ impl PlacementService {
             .gates
             .enter(device_id, attempts.saturating_mul(WAITS_PER_ATTEMPT))
             .await;
-        let mut known: Option<(DeviceResidents, i64)> = {
-            let view = self.view();
-            view.device(device_id).and_then(|d| {
-                let holds = d.residents.iter().any(|r| r.reservation.task_id == task_id);
-                d.residents_revision
-                    .filter(|_| holds)
-                    .map(|rev| (d.residents_record(device_id), rev))
-            })
-        };
+        let mut known = self.view_record_holding(device_id, task_id);
         // The spec, report and assignment move to the archive (see `crate::archive`).
         let mut archive = self.first_archive_ops(device_id, task_id).await?;
         // The release marker of the last transaction sent: finding it in the store
@@ -1461,28 +1453,36 @@ impl PlacementService {
                 }
                 TxnOutcome::Failed { current } => {
                     self.record(PlacementEvent::CasConflict);
-                    let mut current = current.into_iter();
-                    let first = current.next().flatten();
-                    let rest: Vec<Option<iadeep_state::KeyValue>> = current.collect();
-                    let Some(kv) = first else {
+                    let compares = archive.compares.len();
+                    let Some((found, next)) = after_lost_release(current, compares, task_id)?
+                    else {
                         let deleted = (None, mod_revision);
                         return self
                             .released_earlier(device_id, task_id, sent, deleted)
                             .await;
                     };
-                    known = Some((typed::decode::<DeviceResidents>(&kv)?, kv.mod_revision));
-                    // The task's keys as they are now came back with the record (after
-                    // it, in the order of the archive's compares): no read needed.
-                    let live: Vec<iadeep_state::KeyValue> = rest
-                        .into_iter()
-                        .take(archive.compares.len())
-                        .flatten()
-                        .collect();
-                    archive = crate::archive::archive_ops_from(&live, task_id);
+                    known = Some(found);
+                    archive = next;
                 }
             }
         }
         Err(PlacerError::contention(task_id, attempts, 0))
+    }
+
+    /// The view's copy of `device_id`'s residents record and its revision, when the
+    /// view lists `task_id` there: a release's first attempt starts from it, no read.
+    fn view_record_holding(
+        &self,
+        device_id: &str,
+        task_id: &str,
+    ) -> Option<(DeviceResidents, i64)> {
+        let view = self.view();
+        view.device(device_id).and_then(|d| {
+            let holds = d.residents.iter().any(|r| r.reservation.task_id == task_id);
+            d.residents_revision
+                .filter(|_| holds)
+                .map(|rev| (d.residents_record(device_id), rev))
+        })
     }
 
     /// Whether a Release transaction this request sent, with release marker `sent`,
@@ -1731,6 +1731,27 @@ impl PlacementService {
             })
             .collect()
     }
+}
+
+/// What a Release's lost comparison returned (`current`): the device's residents
+/// record as it is now, with its revision, and the archive ops rebuilt from the task's
+/// keys as they are now (`compares` of them follow the record, in the order of the
+/// archive's compares), so the next attempt needs no read. `None`: the record is gone.
+fn after_lost_release(
+    current: Vec<Option<iadeep_state::KeyValue>>,
+    compares: usize,
+    task_id: &str,
+) -> Result<Option<((DeviceResidents, i64), crate::archive::ArchiveOps)>> {
+    let mut current = current.into_iter();
+    let Some(kv) = current.next().flatten() else {
+        return Ok(None);
+    };
+    let record = (typed::decode::<DeviceResidents>(&kv)?, kv.mod_revision);
+    let live: Vec<iadeep_state::KeyValue> = current.take(compares).flatten().collect();
+    Ok(Some((
+        record,
+        crate::archive::archive_ops_from(&live, task_id),
+    )))
 }
 
 #[cfg(test)]

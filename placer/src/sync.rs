@@ -116,6 +116,47 @@ impl ViewSync {
     }
 }
 
+/// Drops from `view` what a devices snapshot (at `revision`) no longer holds: the
+/// breaches, residents records and devices whose keys went while the watch was down,
+/// which no watch event will report.
+fn drop_gone_devices(view: &mut ClusterView, snapshot: &RangeSnapshot, revision: Revision) {
+    let mut registered = HashSet::new();
+    let mut with_residents = HashSet::new();
+    let mut breached = HashSet::new();
+    for kv in &snapshot.kvs {
+        match KeyKind::parse(&kv.key) {
+            KeyKind::DeviceInfo { device } => {
+                registered.insert(device);
+            }
+            KeyKind::DeviceResidents { device } => {
+                with_residents.insert(device);
+            }
+            KeyKind::DeviceBreach { device } => {
+                breached.insert(device);
+            }
+            _ => {}
+        }
+    }
+    // Breaches that ended (or were acted on) while the watch was down.
+    let ended: Vec<String> = view
+        .breaches()
+        .filter(|(id, _, _)| !breached.contains(*id))
+        .map(|(id, _, _)| id.to_owned())
+        .collect();
+    for id in ended {
+        view.remove_breach(&id, revision);
+    }
+    let known: Vec<String> = view.devices().map(|(id, _)| id.to_owned()).collect();
+    for id in known {
+        if !with_residents.contains(&id) {
+            view.apply_residents(&id, None, revision);
+        }
+        if !registered.contains(&id) {
+            view.remove_device(&id);
+        }
+    }
+}
+
 impl Ctx {
     /// Puts a snapshot of `prefix` whole into the view, dropping what the view holds
     /// that is gone, and returns its revision. Samples written at or before `seen` were
@@ -124,43 +165,7 @@ impl Ctx {
         let revision = snapshot.revision;
         let mut view = self.view.write().unwrap_or_else(|e| e.into_inner());
         match prefix {
-            Prefix::Devices => {
-                let mut registered = HashSet::new();
-                let mut with_residents = HashSet::new();
-                let mut breached = HashSet::new();
-                for kv in &snapshot.kvs {
-                    match KeyKind::parse(&kv.key) {
-                        KeyKind::DeviceInfo { device } => {
-                            registered.insert(device);
-                        }
-                        KeyKind::DeviceResidents { device } => {
-                            with_residents.insert(device);
-                        }
-                        KeyKind::DeviceBreach { device } => {
-                            breached.insert(device);
-                        }
-                        _ => {}
-                    }
-                }
-                // Breaches that ended (or were acted on) while the watch was down.
-                let ended: Vec<String> = view
-                    .breaches()
-                    .filter(|(id, _, _)| !breached.contains(*id))
-                    .map(|(id, _, _)| id.to_owned())
-                    .collect();
-                for id in ended {
-                    view.remove_breach(&id, revision);
-                }
-                let known: Vec<String> = view.devices().map(|(id, _)| id.to_owned()).collect();
-                for id in known {
-                    if !with_residents.contains(&id) {
-                        view.apply_residents(&id, None, revision);
-                    }
-                    if !registered.contains(&id) {
-                        view.remove_device(&id);
-                    }
-                }
-            }
+            Prefix::Devices => drop_gone_devices(&mut view, &snapshot, revision),
             Prefix::Tasks => {
                 // Agents whose alive key went while the watch was down.
                 let alive: HashSet<String> = snapshot

@@ -238,6 +238,37 @@ fn never_fits_on(
         .map(|r| crate::grpc::never_fits_text(&r))
 }
 
+/// The node of the GPU the task is already placed on, if any: a placed pod may only
+/// pass that node, whatever the others offer.
+fn placed_node(view: &ClusterView, spec: &TaskSpec) -> Option<String> {
+    view.device_of(&spec.task_id)
+        .and_then(|d| view.device(d))
+        .and_then(|d| d.info.as_ref())
+        .map(|i| i.node.clone())
+}
+
+/// Splits `by_node` into the nodes the task never fits on, with why, and the devices
+/// of the other nodes: only those are worth assessing, and the former fail for good.
+fn split_never_fits<'a>(
+    ext: &Extender,
+    view: &ClusterView,
+    spec: &TaskSpec,
+    by_node: &'a BTreeMap<String, Vec<String>>,
+) -> (HashMap<&'a str, String>, Vec<String>) {
+    let never: HashMap<&str, String> = by_node
+        .iter()
+        .filter_map(|(node, devices)| {
+            Some((node.as_str(), never_fits_on(ext, view, spec, devices)?))
+        })
+        .collect();
+    let restrict = by_node
+        .iter()
+        .filter(|(node, _)| !never.contains_key(node.as_str()))
+        .flat_map(|(_, devices)| devices.iter().cloned())
+        .collect();
+    (never, restrict)
+}
+
 /// Sorts `nodes` into those that pass the filter (`passed`) and those that fail it,
 /// with why (`result`). Returns how long the pod is told to wait when it queues and
 /// some node could take it one day.
@@ -250,22 +281,8 @@ fn filter_nodes(
     passed: &mut Vec<String>,
 ) -> Option<Duration> {
     let by_node = devices_by_node(view, nodes);
-    let placed_on = view
-        .device_of(&spec.task_id)
-        .and_then(|d| view.device(d))
-        .and_then(|d| d.info.as_ref())
-        .map(|i| i.node.clone());
-    let never: HashMap<&str, String> = by_node
-        .iter()
-        .filter_map(|(node, devices)| {
-            Some((node.as_str(), never_fits_on(ext, view, spec, devices)?))
-        })
-        .collect();
-    let restrict: Vec<String> = by_node
-        .iter()
-        .filter(|(node, _)| !never.contains_key(node.as_str()))
-        .flat_map(|(_, devices)| devices.iter().cloned())
-        .collect();
+    let placed_on = placed_node(view, spec);
+    let (never, restrict) = split_never_fits(ext, view, spec, &by_node);
     let placer = ext.service.placer();
     let assessment = if restrict.is_empty() {
         Assessment::default()

@@ -7,6 +7,8 @@ use iadeep_proto::{CandidateScore, Explanation};
 use super::{Assessment, Placer, Rejection, Verdict};
 
 impl fmt::Display for Rejection {
+    /// long: one match with a text per rejection variant; split up, the texts
+    /// would only be scattered away from the variants they describe.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Rejection::UnknownDevice => f.write_str("unknown device"),
