@@ -64,7 +64,9 @@ pub struct EmulateArgs {
 /// the job again).
 pub const EVICTED_EXIT: u8 = 75;
 
-pub async fn run(args: EmulateArgs) -> anyhow::Result<ExitCode> {
+/// Rejects a time scale or report interval that would make the step loop sleep for a
+/// negative, infinite or NaN time.
+fn check_timings(args: &EmulateArgs) -> anyhow::Result<()> {
     if !(args.time_scale.is_finite() && args.time_scale > 0.0) {
         anyhow::bail!(
             "--time-scale must be a positive number, got {}",
@@ -74,6 +76,12 @@ pub async fn run(args: EmulateArgs) -> anyhow::Result<ExitCode> {
     if !(args.report_interval.is_finite() && args.report_interval > 0.0) {
         anyhow::bail!("--report-interval must be a positive number of seconds");
     }
+    Ok(())
+}
+
+/// The initial, smallest and largest batch size: as given, else from the model's
+/// measured sizes, widened so the initial size always lies within the bounds.
+fn batch_sizes(args: &EmulateArgs) -> anyhow::Result<(u32, u32, u32)> {
     let measured_sizes = EmulatedJob::bundled(&args.model, 1)
         .with_context(|| format!("cannot emulate model {:?}", args.model))?
         .measured_batch_sizes();
@@ -84,8 +92,16 @@ pub async fn run(args: EmulateArgs) -> anyhow::Result<ExitCode> {
     let initial = args.initial_batch_size.unwrap_or(smallest);
     let min = args.min_batch_size.unwrap_or(smallest.min(initial));
     let max = args.max_batch_size.unwrap_or(largest.max(initial));
-    let job = EmulatedJob::bundled(&args.model, initial)?;
+    Ok((initial, min, max))
+}
 
+/// Starts the embedded agent, registered as a real trainer of this model would be.
+async fn start_agent(
+    args: &EmulateArgs,
+    initial: u32,
+    min: u32,
+    max: u32,
+) -> anyhow::Result<Agent> {
     let mut builder = Agent::builder()
         .task_id(&args.task_id)
         .store_url(args.store.url())
@@ -98,10 +114,17 @@ pub async fn run(args: EmulateArgs) -> anyhow::Result<ExitCode> {
     if let Some(device) = &args.device_id {
         builder = builder.device_id(device);
     }
-    let agent = builder
+    builder
         .connect_async()
         .await
-        .context("cannot start the agent")?;
+        .context("cannot start the agent")
+}
+
+pub async fn run(args: EmulateArgs) -> anyhow::Result<ExitCode> {
+    check_timings(&args)?;
+    let (initial, min, max) = batch_sizes(&args)?;
+    let job = EmulatedJob::bundled(&args.model, initial)?;
+    let agent = start_agent(&args, initial, min, max).await?;
     tracing::info!(task = %args.task_id, model = job.name(), initial, min, max,
         "emulated job started");
 

@@ -289,8 +289,9 @@ fn requeues(args: &RunArgs, class: PriorityClass) -> bool {
     }
 }
 
-pub async fn run(args: RunArgs) -> Result<ExitCode> {
-    let mut signals = Signals::install()?;
+/// The placer's address and the store, both required: the job's agent and the placer
+/// run in different processes, so only a shared etcd store lets them see each other.
+fn placer_and_store(args: &RunArgs) -> Result<(&str, StoreUrl)> {
     let placer = args.placer.as_deref().context(
         "no placer: set IADEEP_PLACER or --placer (`source DIR/cluster.env` written by `iadeep up`)",
     )?;
@@ -303,6 +304,69 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
              must share an etcd store (the embedded store serves one process); start one with `iadeep up`"
         );
     }
+    Ok((placer, store))
+}
+
+/// Turns the wait for a placement into the placement, or the exit code `run` ends with
+/// when the wait ends otherwise; every way out releases the task, since a Place may
+/// have committed before the wait ended.
+async fn placed_or_exit(
+    waited: Result<Waited>,
+    client: &mut PlacerClient<Channel>,
+    task_id: &str,
+    args: &RunArgs,
+) -> Result<std::result::Result<(Placement, DeviceInfo), ExitCode>> {
+    match waited {
+        Ok(Waited::Placed(placed)) => Ok(Ok(*placed)),
+        Ok(Waited::Interrupted(sig)) => {
+            tracing::info!(signal = %sig, "interrupted while queued");
+            release(client, task_id).await;
+            Ok(Err(ExitCode::from(128 + sig as i32 as u8)))
+        }
+        Ok(Waited::TimedOut) => {
+            release(client, task_id).await;
+            eprintln!(
+                "iadeep run: still queued after --max-wait-s {}; giving up",
+                args.max_wait_s.unwrap_or(0)
+            );
+            Ok(Err(ExitCode::from(QUEUE_TIMEOUT_EXIT)))
+        }
+        Err(err) => {
+            // A Place may have committed before the failure: give it back.
+            release(client, task_id).await;
+            Err(err)
+        }
+    }
+}
+
+/// The launch settings every start of the job shares; each start adds its device and
+/// its restart count.
+fn base_launch(
+    args: &RunArgs,
+    task_id: &str,
+    store: &StoreUrl,
+    lr_rule: iadeep_proto::LrScalingRule,
+    class: PriorityClass,
+    max_slowdown: Option<f64>,
+) -> Launch {
+    Launch {
+        task_id: task_id.to_string(),
+        store: store.to_string(),
+        // Only a name the user gave: the script's own name for itself is as good as ours.
+        model: args.model.clone(),
+        initial_batch_size: Some(args.batch_size),
+        min_batch_size: args.min_batch_size,
+        max_batch_size: args.max_batch_size,
+        lr_rule: Some(lr_rule),
+        priority_class: Some(class),
+        max_slowdown,
+        ..Launch::default()
+    }
+}
+
+pub async fn run(args: RunArgs) -> Result<ExitCode> {
+    let mut signals = Signals::install()?;
+    let (placer, store) = placer_and_store(&args)?;
     let (class, max_slowdown) = class_of(&args)?;
     let requeue = requeues(&args, class);
     let name = job_name(&args.command);
@@ -313,51 +377,27 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let lr_rule = launch::lr_rule_from_name(&args.lr_rule)
         .with_context(|| format!("--lr-rule {}: not a rule", args.lr_rule))?;
     let spec = task_spec(&args, &task_id, &name, lr_rule, class);
+    let base = base_launch(&args, &task_id, &store, lr_rule, class, max_slowdown);
     let mut client = connect(placer, &args.placer_tls).await?;
     let mut evictions = Evictions::new(store.clone(), &task_id);
     let mut requeued = 0u32;
     let mut evicted_reason: Option<String> = None;
 
     loop {
-        let (placement, device) =
-            match wait_for_placement(&mut client, &spec, &args, &mut signals).await {
-                Ok(Waited::Placed(placed)) => *placed,
-                Ok(Waited::Interrupted(sig)) => {
-                    tracing::info!(signal = %sig, "interrupted while queued");
-                    release(&mut client, &task_id).await;
-                    return Ok(ExitCode::from(128 + sig as i32 as u8));
-                }
-                Ok(Waited::TimedOut) => {
-                    release(&mut client, &task_id).await;
-                    eprintln!(
-                        "iadeep run: still queued after --max-wait-s {}; giving up",
-                        args.max_wait_s.unwrap_or(0)
-                    );
-                    return Ok(ExitCode::from(QUEUE_TIMEOUT_EXIT));
-                }
-                Err(err) => {
-                    // A Place may have committed before the failure: give it back.
-                    release(&mut client, &task_id).await;
-                    return Err(err);
-                }
-            };
+        let waited = wait_for_placement(&mut client, &spec, &args, &mut signals).await;
+        let (placement, device) = match placed_or_exit(waited, &mut client, &task_id, &args).await?
+        {
+            Ok(placed) => placed,
+            Err(code) => return Ok(code),
+        };
         // What the store holds from here on is this run's: an eviction written later.
         evictions.placed().await;
 
         let launch = Launch {
-            task_id: task_id.clone(),
-            store: store.to_string(),
             device_id: Some(placement.device_id.clone()),
-            // Only a name the user gave: the script's own name for itself is as good as ours.
-            model: args.model.clone(),
-            initial_batch_size: Some(args.batch_size),
-            min_batch_size: args.min_batch_size,
-            max_batch_size: args.max_batch_size,
-            lr_rule: Some(lr_rule),
-            priority_class: Some(class),
-            max_slowdown,
             requeued,
             evicted_reason: evicted_reason.clone(),
+            ..base.clone()
         };
         tracing::info!(task = %task_id, device = %placement.device_id, gpu_index = device.index,
             reserved_mib = placement.reserved_mem_mib, class = %args.class, requeued,
