@@ -638,6 +638,16 @@ impl<'w> Engine<'w> {
     /// Offers crashed tasks (each, in order), then the head of the queue until the
     /// policy says wait.
     fn admit(&mut self, policy: &mut dyn Policy) -> Result<()> {
+        self.admit_recovering(policy)?;
+        match self.params.admission {
+            Admission::Fifo => self.admit_fifo(policy),
+            Admission::EachTask => self.admit_each_task(policy),
+        }
+    }
+
+    /// Offers each crashed task whose hold is over, in order; those still held get a
+    /// retry at their hold's end.
+    fn admit_recovering(&mut self, policy: &mut dyn Policy) -> Result<()> {
         let mut index = 0;
         while index < self.recovery.len() {
             let task = self.recovery[index];
@@ -660,67 +670,72 @@ impl<'w> Engine<'w> {
                 }
             }
         }
-        match self.params.admission {
-            Admission::Fifo => {
-                while let Some(&task) = self.queue.front() {
-                    match self.decide(task, policy) {
-                        PlaceOrQueue::Queue => return Ok(()),
-                        PlaceOrQueue::Place {
-                            device,
-                            batch_size,
-                            shrinks,
-                            fence_mib,
-                        } => {
-                            self.queue.pop_front();
-                            self.waiting_version += 1;
-                            self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
-                        }
-                    }
+        Ok(())
+    }
+
+    /// FIFO admission: places the head of the queue until the policy says it waits.
+    fn admit_fifo(&mut self, policy: &mut dyn Policy) -> Result<()> {
+        while let Some(&task) = self.queue.front() {
+            match self.decide(task, policy) {
+                PlaceOrQueue::Queue => return Ok(()),
+                PlaceOrQueue::Place {
+                    device,
+                    batch_size,
+                    shrinks,
+                    fence_mib,
+                } => {
+                    self.queue.pop_front();
+                    self.waiting_version += 1;
+                    self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
                 }
             }
-            Admission::EachTask => {
-                let mut index = 0;
-                let mut waits = 0;
-                while index < self.queue.len() && waits < MAX_CONSECUTIVE_WAITS {
-                    let task = self.queue[index];
-                    match self.decide(task, policy) {
-                        PlaceOrQueue::Queue => {
-                            index += 1;
-                            waits += 1;
-                        }
-                        PlaceOrQueue::Place {
-                            device,
-                            batch_size,
-                            shrinks,
-                            fence_mib,
-                        } => {
-                            self.queue.remove(index);
-                            self.waiting_version += 1;
-                            waits = 0;
-                            self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
-                        }
-                    }
+        }
+        Ok(())
+    }
+
+    /// Each-task admission: offers every queued task in order until
+    /// `MAX_CONSECUTIVE_WAITS` in a row wait, then production jobs past that cut.
+    fn admit_each_task(&mut self, policy: &mut dyn Policy) -> Result<()> {
+        let mut index = 0;
+        let mut waits = 0;
+        while index < self.queue.len() && waits < MAX_CONSECUTIVE_WAITS {
+            let task = self.queue[index];
+            match self.decide(task, policy) {
+                PlaceOrQueue::Queue => {
+                    index += 1;
+                    waits += 1;
                 }
-                // Production jobs past the cut still ask (see the module docs).
-                while index < self.queue.len() {
-                    let task = self.queue[index];
-                    if !self.tasks[task].spec.is_production() {
-                        index += 1;
-                        continue;
-                    }
-                    match self.decide(task, policy) {
-                        PlaceOrQueue::Queue => index += 1,
-                        PlaceOrQueue::Place {
-                            device,
-                            batch_size,
-                            shrinks,
-                            fence_mib,
-                        } => {
-                            self.queue.remove(index);
-                            self.waiting_version += 1;
-                            self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
-                        }
-                    }
+                PlaceOrQueue::Place {
+                    device,
+                    batch_size,
+                    shrinks,
+                    fence_mib,
+                } => {
+                    self.queue.remove(index);
+                    self.waiting_version += 1;
+                    waits = 0;
+                    self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
+                }
+            }
+        }
+        // Production jobs past the cut still ask (see the module docs).
+        while index < self.queue.len() {
+            let task = self.queue[index];
+            if !self.tasks[task].spec.is_production() {
+                index += 1;
+                continue;
+            }
+            match self.decide(task, policy) {
+                PlaceOrQueue::Queue => index += 1,
+                PlaceOrQueue::Place {
+                    device,
+                    batch_size,
+                    shrinks,
+                    fence_mib,
+                } => {
+                    self.queue.remove(index);
+                    self.waiting_version += 1;
+                    self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
                 }
             }
         }

@@ -8,8 +8,9 @@ use iadeep_state::{StateStore, keys, typed};
 
 use crate::error::Result;
 use crate::experiment::Experiment;
-use crate::metrics::RunMetrics;
+use crate::metrics::{RunMetrics, TaskOutcome};
 use crate::view::JobInfo;
+use crate::workload::TaskTemplate;
 
 /// Id of simulated GPU `index`.
 pub fn device_id(index: usize) -> String {
@@ -23,6 +24,48 @@ pub fn task_id(index: usize) -> String {
 
 fn ms(seconds: f64) -> i64 {
     (seconds * 1000.0).round() as i64
+}
+
+/// The spec `template` was submitted with, as the simulator ran it as `outcome`.
+fn task_spec(
+    experiment: &Experiment,
+    outcome: &TaskOutcome,
+    template: &TaskTemplate,
+    id: String,
+) -> TaskSpec {
+    let world = &experiment.world;
+    let kind = world.catalogue.worker_type.clone();
+    let family = &world.catalogue.families[template.family];
+    let solo = world.catalogue.types[template.job].solo_steps_per_s;
+    TaskSpec {
+        task_id: id,
+        model: family.name.clone(),
+        initial_batch_size: template.m0,
+        min_batch_size: family.batch_sizes.first().copied().unwrap_or(template.m0),
+        max_batch_size: family.batch_sizes.last().copied().unwrap_or(template.m0),
+        gpu_mem_request_mib: template.mem_request_mib,
+        // The spec as submitted: a profile only when the jobs brought one.
+        profile: (experiment.params.engine.job_info == JobInfo::Profiled).then(|| SoloProfile {
+            batch_size: template.m0,
+            step_time_s: Some(1.0 / solo),
+            sm_util_pct: None,
+            mem_bw_util_pct: None,
+            peak_mem_mib: Some(world.memory.mib(template.job)),
+            device_kind: kind.clone(),
+            ..SoloProfile::default()
+        }),
+        lr_rule: 0,
+        total_samples: Some(template.work_samples.round() as u64),
+        submitted_at_unix_ms: ms(outcome.submit_s),
+        allowed_batch_sizes: family.batch_sizes.clone(),
+        // The job's class as the workload drew it, with a production job's cap.
+        priority_class: if template.max_slowdown.is_some() {
+            PriorityClass::Production
+        } else {
+            PriorityClass::Opportunistic
+        } as i32,
+        max_slowdown: template.max_slowdown,
+    }
 }
 
 /// Records `run` of `experiment`; returns the number of keys written.
@@ -51,39 +94,7 @@ pub async fn record_run(
     }
     for (outcome, template) in run.tasks.iter().zip(&experiment.workload) {
         let id = task_id(outcome.id);
-        let family = &world.catalogue.families[template.family];
-        let solo = world.catalogue.types[template.job].solo_steps_per_s;
-        let spec = TaskSpec {
-            task_id: id.clone(),
-            model: family.name.clone(),
-            initial_batch_size: template.m0,
-            min_batch_size: family.batch_sizes.first().copied().unwrap_or(template.m0),
-            max_batch_size: family.batch_sizes.last().copied().unwrap_or(template.m0),
-            gpu_mem_request_mib: template.mem_request_mib,
-            // The spec as submitted: a profile only when the jobs brought one.
-            profile: (experiment.params.engine.job_info == JobInfo::Profiled).then(|| {
-                SoloProfile {
-                    batch_size: template.m0,
-                    step_time_s: Some(1.0 / solo),
-                    sm_util_pct: None,
-                    mem_bw_util_pct: None,
-                    peak_mem_mib: Some(world.memory.mib(template.job)),
-                    device_kind: kind.clone(),
-                    ..SoloProfile::default()
-                }
-            }),
-            lr_rule: 0,
-            total_samples: Some(template.work_samples.round() as u64),
-            submitted_at_unix_ms: ms(outcome.submit_s),
-            allowed_batch_sizes: family.batch_sizes.clone(),
-            // The job's class as the workload drew it, with a production job's cap.
-            priority_class: if template.max_slowdown.is_some() {
-                PriorityClass::Production
-            } else {
-                PriorityClass::Opportunistic
-            } as i32,
-            max_slowdown: template.max_slowdown,
-        };
+        let spec = task_spec(experiment, outcome, template, id.clone());
         typed::put(store, &keys::task_spec(&id), &spec, None).await?;
         let device = device_id(outcome.device);
         let placement = Placement {

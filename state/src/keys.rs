@@ -284,6 +284,9 @@ pub enum KeyKind {
 
 impl KeyKind {
     /// Classifies a key of the layout above; anything else is [`KeyKind::Other`].
+    ///
+    /// long: one dispatch over the key layout, a prefix and its leaves per branch; split
+    /// up, the layout would no longer read in one place beside the enum it fills.
     pub fn parse(key: &str) -> KeyKind {
         let two_segments = |rest: &str| -> Option<(String, String)> {
             let (id, leaf) = rest.split_once('/')?;

@@ -1639,52 +1639,65 @@ impl DeviceTuner {
             Outcome::Measured {
                 step_times,
                 noise_scales,
-            } => {
-                if lone && let Some(k) = self.knowledge.get_mut(&task_ids[0]) {
-                    k.learn_solo(m.batch_sizes[0], step_times[0]);
-                    self.profile_changed.insert(task_ids[0].clone());
-                } else if !lone {
-                    self.estimate_missing_solos(&task_ids, &m.batch_sizes, &step_times);
-                }
-                let pds = self.task_pds(&task_ids, &m.batch_sizes, &step_times, &noise_scales);
-                let over_cap = self.watch_caps(now_ms, &m, &pds, out);
-                let unknown: Vec<String> = task_ids
-                    .iter()
-                    .zip(&pds)
-                    .filter(|(_, pd)| pd.is_none())
-                    .map(|(id, _)| id.clone())
-                    .collect();
-                if !unknown.is_empty() {
-                    self.counters.dropped += 1;
-                    self.hold(now_ms, Hold::Unmeasurable(unknown));
-                    return;
-                }
-                let value: f64 = pds.iter().flatten().sum();
-                self.last_sum_pd = Some(value);
-                self.emit_samples(now_ms, &m, &step_times, out);
-                if let Some(search) = &mut self.search {
-                    search.measured = Some(m.config.clone());
-                }
-                if over_cap && m.purpose != Purpose::Check {
-                    self.rule_out_over_cap(&m.config);
-                }
-                match m.purpose {
-                    Purpose::Explore => {
-                        self.counters.measured += 1;
-                        tracing::info!(device = %self.device_id, rounds = ?m.rounds,
-                            batch_sizes = ?m.batch_sizes, sum_pd = value, "round measured");
-                        self.observe(&m, Some(value));
-                    }
-                    Purpose::Check => self.check(now_ms, m, value, over_cap, out),
-                    Purpose::Guard => {
-                        tracing::info!(device = %self.device_id, rounds = ?m.rounds,
-                            batch_sizes = ?m.batch_sizes, sum_pd = value, over_cap,
-                            "cap round measured");
-                    }
-                }
-                out.push(Action::Persist(self.persisted(now_ms)));
+            } => self.conclude_measured(now_ms, m, &task_ids, &step_times, &noise_scales, out),
+        }
+    }
+
+    /// A round that measured every task: learns from it, checks the caps and, when every
+    /// task's PD is known, records the round's sum of PDs for its purpose.
+    fn conclude_measured(
+        &mut self,
+        now_ms: i64,
+        m: Measurement,
+        task_ids: &[String],
+        step_times: &[f64],
+        noise_scales: &[Option<f64>],
+        out: &mut Vec<Action>,
+    ) {
+        let lone = task_ids.len() == 1;
+        if lone && let Some(k) = self.knowledge.get_mut(&task_ids[0]) {
+            k.learn_solo(m.batch_sizes[0], step_times[0]);
+            self.profile_changed.insert(task_ids[0].clone());
+        } else if !lone {
+            self.estimate_missing_solos(task_ids, &m.batch_sizes, step_times);
+        }
+        let pds = self.task_pds(task_ids, &m.batch_sizes, step_times, noise_scales);
+        let over_cap = self.watch_caps(now_ms, &m, &pds, out);
+        let unknown: Vec<String> = task_ids
+            .iter()
+            .zip(&pds)
+            .filter(|(_, pd)| pd.is_none())
+            .map(|(id, _)| id.clone())
+            .collect();
+        if !unknown.is_empty() {
+            self.counters.dropped += 1;
+            self.hold(now_ms, Hold::Unmeasurable(unknown));
+            return;
+        }
+        let value: f64 = pds.iter().flatten().sum();
+        self.last_sum_pd = Some(value);
+        self.emit_samples(now_ms, &m, step_times, out);
+        if let Some(search) = &mut self.search {
+            search.measured = Some(m.config.clone());
+        }
+        if over_cap && m.purpose != Purpose::Check {
+            self.rule_out_over_cap(&m.config);
+        }
+        match m.purpose {
+            Purpose::Explore => {
+                self.counters.measured += 1;
+                tracing::info!(device = %self.device_id, rounds = ?m.rounds,
+                    batch_sizes = ?m.batch_sizes, sum_pd = value, "round measured");
+                self.observe(&m, Some(value));
+            }
+            Purpose::Check => self.check(now_ms, m, value, over_cap, out),
+            Purpose::Guard => {
+                tracing::info!(device = %self.device_id, rounds = ?m.rounds,
+                    batch_sizes = ?m.batch_sizes, sum_pd = value, over_cap,
+                    "cap round measured");
             }
         }
+        out.push(Action::Persist(self.persisted(now_ms)));
     }
 
     /// Checks a measured round's PDs against the production jobs' caps (see the module

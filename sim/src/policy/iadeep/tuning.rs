@@ -149,22 +149,7 @@ impl SimTuner {
         let inputs = self.translator.diff(now);
         let mut step = Step::default();
         for action in self.tuner.step(now_ms, inputs) {
-            match action {
-                Action::Assign(round) => step.assignments.extend(round),
-                Action::Sample { sample, .. } => step.samples.push(sample),
-                Action::Persist(_) => {}
-                Action::CapBreached(breach) => step.breaches.push(breach),
-                Action::CapRestored { task_id } => step.restored.push(task_id),
-                Action::Profile {
-                    model,
-                    device_kind,
-                    points,
-                } => step.profiles.push(ProfileUpdate {
-                    model,
-                    device_kind,
-                    points,
-                }),
-            }
+            step.record(action);
         }
         step.again_in_s = if self.tuner.wants_reports() {
             Some(AGENT_REPORT_INTERVAL_S)
@@ -174,5 +159,28 @@ impl SimTuner {
                 .map(|at| (at - now_ms).max(1) as f64 / 1000.0)
         };
         step
+    }
+}
+
+impl Step {
+    /// Files one of the tuner's actions where the simulator reads it; persisting is the
+    /// daemon's business and has no counterpart here.
+    fn record(&mut self, action: Action) {
+        match action {
+            Action::Assign(round) => self.assignments.extend(round),
+            Action::Sample { sample, .. } => self.samples.push(sample),
+            Action::Persist(_) => {}
+            Action::CapBreached(breach) => self.breaches.push(breach),
+            Action::CapRestored { task_id } => self.restored.push(task_id),
+            Action::Profile {
+                model,
+                device_kind,
+                points,
+            } => self.profiles.push(ProfileUpdate {
+                model,
+                device_kind,
+                points,
+            }),
+        }
     }
 }
