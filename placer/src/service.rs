@@ -321,6 +321,16 @@ fn shrunk_record(
     record
 }
 
+/// What a Place's lost transaction compared, for [`PlacementService::lost_commit`].
+struct LostCommit<'a> {
+    device_id: &'a str,
+    expect: Expect,
+    assignment_compares: &'a [(String, Expect)],
+    attempt: u32,
+    /// Since when the device changed, for the log ("the decision", ...).
+    what: &'static str,
+}
+
 /// Each resident's assignment key and what the decision saw there, for the placement's
 /// transaction to compare: a tuner growing a resident meanwhile must not be over-packed.
 fn assignment_compares(device: Option<&crate::view::DeviceState>) -> Vec<(String, Expect)> {
@@ -1043,25 +1053,45 @@ impl PlacementService {
                     assignments,
                 }))
             }
-            TxnOutcome::Failed { current } => {
-                let mut current = current.into_iter();
-                let residents_now = current.next().flatten();
-                if let Some(existing) = current.next().flatten() {
-                    // Placed meanwhile by another request: answer that placement,
-                    // as a retry after a lost answer gets it.
-                    let placement = typed::decode::<Placement>(&existing)?;
-                    tracing::info!(task = %task.task_id, device = %placement.device_id,
-                        "placed meanwhile by another request; answering that placement");
-                    return Ok(Some(already_placed(placement)));
-                }
-                self.record(PlacementEvent::CasConflict);
-                tracing::debug!(task = %task.task_id, device = %device_id, attempt,
-                    "device changed since the decision; deciding again");
-                self.absorb(&device_id, expect, residents_now);
-                self.absorb_assignments(assignment_compares.iter().zip(current));
-                Ok(None)
-            }
+            TxnOutcome::Failed { current } => self.lost_commit(
+                task,
+                LostCommit {
+                    device_id: &device_id,
+                    expect,
+                    assignment_compares: &assignment_compares,
+                    attempt,
+                    what: "the decision",
+                },
+                current,
+            ),
         }
+    }
+
+    /// A Place's transaction (a placement or a room eviction) lost its comparisons:
+    /// the placement when another request placed the task meanwhile (answered as a
+    /// retry after a lost answer gets it), else `None` with what the transaction found
+    /// (the residents record, then the compared assignments) absorbed into the view for
+    /// the next decision.
+    fn lost_commit(
+        &self,
+        task: &TaskSpec,
+        lost: LostCommit<'_>,
+        current: Vec<Option<iadeep_state::KeyValue>>,
+    ) -> Result<Option<PlaceOutcome>> {
+        let mut current = current.into_iter();
+        let residents_now = current.next().flatten();
+        if let Some(existing) = current.next().flatten() {
+            let placement = typed::decode::<Placement>(&existing)?;
+            tracing::info!(task = %task.task_id, device = %placement.device_id,
+                "placed meanwhile by another request; answering that placement");
+            return Ok(Some(already_placed(placement)));
+        }
+        self.record(PlacementEvent::CasConflict);
+        tracing::debug!(task = %task.task_id, device = %lost.device_id, attempt = lost.attempt,
+            "device changed since {}; deciding again", lost.what);
+        self.absorb(lost.device_id, lost.expect, residents_now);
+        self.absorb_assignments(lost.assignment_compares.iter().zip(current));
+        Ok(None)
     }
 
     /// Makes a room eviction real in one transaction ([`EvictPlan::txn`]). The answer
@@ -1102,22 +1132,17 @@ impl PlacementService {
                 }
                 Ok(Some(self.queued(task, retry_after, reason, explanation)))
             }
-            TxnOutcome::Failed { current } => {
-                let mut current = current.into_iter();
-                let residents_now = current.next().flatten();
-                if let Some(existing) = current.next().flatten() {
-                    let placement = typed::decode::<Placement>(&existing)?;
-                    tracing::info!(task = %task.task_id, device = %placement.device_id,
-                        "placed meanwhile by another request; answering that placement");
-                    return Ok(Some(already_placed(placement)));
-                }
-                self.record(PlacementEvent::CasConflict);
-                tracing::debug!(task = %task.task_id, device = %device_id, attempt,
-                    "device changed since the room eviction was decided; deciding again");
-                self.absorb(&device_id, expect, residents_now);
-                self.absorb_assignments(assignment_compares.iter().zip(current));
-                Ok(None)
-            }
+            TxnOutcome::Failed { current } => self.lost_commit(
+                task,
+                LostCommit {
+                    device_id: &device_id,
+                    expect,
+                    assignment_compares: &assignment_compares,
+                    attempt,
+                    what: "the room eviction was decided",
+                },
+                current,
+            ),
         }
     }
 
