@@ -645,6 +645,31 @@ impl<'w> Engine<'w> {
         }
     }
 
+    /// Offers `task` to the policy. When it is placed, `take` removes it from the list it
+    /// waits in, before it starts (so the policy no longer sees it waiting), and it
+    /// starts. Whether it was placed.
+    fn offer(
+        &mut self,
+        task: usize,
+        policy: &mut dyn Policy,
+        take: impl FnOnce(&mut Self),
+    ) -> Result<bool> {
+        match self.decide(task, policy) {
+            PlaceOrQueue::Queue => Ok(false),
+            PlaceOrQueue::Place {
+                device,
+                batch_size,
+                shrinks,
+                fence_mib,
+            } => {
+                take(self);
+                self.waiting_version += 1;
+                self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
+                Ok(true)
+            }
+        }
+    }
+
     /// Offers each crashed task whose hold is over, in order; those still held get a
     /// retry at their hold's end.
     fn admit_recovering(&mut self, policy: &mut dyn Policy) -> Result<()> {
@@ -656,18 +681,10 @@ impl<'w> Engine<'w> {
                 index += 1;
                 continue;
             }
-            match self.decide(task, policy) {
-                PlaceOrQueue::Queue => index += 1,
-                PlaceOrQueue::Place {
-                    device,
-                    batch_size,
-                    shrinks,
-                    fence_mib,
-                } => {
-                    self.recovery.remove(index);
-                    self.waiting_version += 1;
-                    self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
-                }
+            if !self.offer(task, policy, |e| {
+                e.recovery.remove(index);
+            })? {
+                index += 1;
             }
         }
         Ok(())
@@ -676,18 +693,10 @@ impl<'w> Engine<'w> {
     /// FIFO admission: places the head of the queue until the policy says it waits.
     fn admit_fifo(&mut self, policy: &mut dyn Policy) -> Result<()> {
         while let Some(&task) = self.queue.front() {
-            match self.decide(task, policy) {
-                PlaceOrQueue::Queue => return Ok(()),
-                PlaceOrQueue::Place {
-                    device,
-                    batch_size,
-                    shrinks,
-                    fence_mib,
-                } => {
-                    self.queue.pop_front();
-                    self.waiting_version += 1;
-                    self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
-                }
+            if !self.offer(task, policy, |e| {
+                e.queue.pop_front();
+            })? {
+                return Ok(());
             }
         }
         Ok(())
@@ -700,43 +709,24 @@ impl<'w> Engine<'w> {
         let mut waits = 0;
         while index < self.queue.len() && waits < MAX_CONSECUTIVE_WAITS {
             let task = self.queue[index];
-            match self.decide(task, policy) {
-                PlaceOrQueue::Queue => {
-                    index += 1;
-                    waits += 1;
-                }
-                PlaceOrQueue::Place {
-                    device,
-                    batch_size,
-                    shrinks,
-                    fence_mib,
-                } => {
-                    self.queue.remove(index);
-                    self.waiting_version += 1;
-                    waits = 0;
-                    self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
-                }
+            if self.offer(task, policy, |e| {
+                e.queue.remove(index);
+            })? {
+                waits = 0;
+            } else {
+                index += 1;
+                waits += 1;
             }
         }
         // Production jobs past the cut still ask (see the module docs).
         while index < self.queue.len() {
             let task = self.queue[index];
-            if !self.tasks[task].spec.is_production() {
+            let placed = self.tasks[task].spec.is_production()
+                && self.offer(task, policy, |e| {
+                    e.queue.remove(index);
+                })?;
+            if !placed {
                 index += 1;
-                continue;
-            }
-            match self.decide(task, policy) {
-                PlaceOrQueue::Queue => index += 1,
-                PlaceOrQueue::Place {
-                    device,
-                    batch_size,
-                    shrinks,
-                    fence_mib,
-                } => {
-                    self.queue.remove(index);
-                    self.waiting_version += 1;
-                    self.start(task, device, batch_size, &shrinks, fence_mib, policy)?;
-                }
             }
         }
         Ok(())
