@@ -421,7 +421,7 @@ pub fn spawn(service: PlacementService, mut stop: watch::Receiver<bool>) -> Join
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+    use std::sync::atomic::{AtomicI64, Ordering};
     use std::sync::{Arc, RwLock};
 
     use iadeep_predictor::{Prediction, PredictionSource, SlowdownModel};
@@ -435,6 +435,7 @@ mod tests {
     use crate::model::ModelledMemory;
     use crate::policy::Placer;
     use crate::service::Clock;
+    use crate::service::tests::ResendingStore;
     use crate::sync::ViewSync;
 
     const T0: i64 = 1_700_000_000_000;
@@ -455,73 +456,6 @@ mod tests {
                 })
                 .sum();
             Prediction::certain(1.0 + extra, PredictionSource::Given)
-        }
-    }
-
-    /// A store that sends every transaction twice while `resend` is set and answers the
-    /// second outcome, as the etcd store does when an attempt's answer is lost after it
-    /// committed and it re-sends the request.
-    #[derive(Debug)]
-    struct ResendingStore {
-        inner: EmbeddedStore,
-        resend: AtomicBool,
-    }
-
-    #[async_trait::async_trait]
-    impl StateStore for ResendingStore {
-        fn describe(&self) -> String {
-            self.inner.describe()
-        }
-        async fn get(&self, key: &str) -> iadeep_state::Result<Option<KeyValue>> {
-            self.inner.get(key).await
-        }
-        async fn put(
-            &self,
-            key: &str,
-            value: Vec<u8>,
-            lease: Option<iadeep_state::LeaseId>,
-        ) -> iadeep_state::Result<Revision> {
-            self.inner.put(key, value, lease).await
-        }
-        async fn delete(&self, key: &str) -> iadeep_state::Result<bool> {
-            self.inner.delete(key).await
-        }
-        async fn transact(&self, txn: Txn) -> iadeep_state::Result<TxnOutcome> {
-            if self.resend.load(Ordering::SeqCst) {
-                // The first attempt commits; its answer is lost.
-                self.inner.transact(txn.clone()).await?;
-            }
-            self.inner.transact(txn).await
-        }
-        async fn range(&self, prefix: &str) -> iadeep_state::Result<iadeep_state::RangeSnapshot> {
-            self.inner.range(prefix).await
-        }
-        async fn range_page(
-            &self,
-            prefix: &str,
-            after: Option<&str>,
-            limit: usize,
-        ) -> iadeep_state::Result<iadeep_state::RangePage> {
-            self.inner.range_page(prefix, after, limit).await
-        }
-        async fn compact(&self, revision: Revision) -> iadeep_state::Result<()> {
-            self.inner.compact(revision).await
-        }
-        async fn watch(
-            &self,
-            prefix: &str,
-            start: Option<Revision>,
-        ) -> iadeep_state::Result<iadeep_state::WatchStream> {
-            self.inner.watch(prefix, start).await
-        }
-        async fn grant_lease(&self, ttl: Duration) -> iadeep_state::Result<iadeep_state::LeaseId> {
-            self.inner.grant_lease(ttl).await
-        }
-        async fn keep_alive(&self, lease: iadeep_state::LeaseId) -> iadeep_state::Result<Duration> {
-            self.inner.keep_alive(lease).await
-        }
-        async fn revoke_lease(&self, lease: iadeep_state::LeaseId) -> iadeep_state::Result<()> {
-            self.inner.revoke_lease(lease).await
         }
     }
 
@@ -790,10 +724,7 @@ mod tests {
     /// eviction, reported as done, not a breach that vanished.
     #[tokio::test]
     async fn an_eviction_whose_first_attempt_committed_counts_once() {
-        let resending = Arc::new(ResendingStore {
-            inner: EmbeddedStore::in_memory().expect("store"),
-            resend: false.into(),
-        });
+        let resending = Arc::new(ResendingStore::new());
         let store: Arc<dyn StateStore> = resending.clone();
         seed(store.as_ref()).await;
         let one = placer_over(store.clone()).await;

@@ -1860,9 +1860,9 @@ pub(crate) mod tests {
     /// second outcome, as the etcd store does when an attempt's answer is lost (a member
     /// that stopped answering after it committed) and it re-sends the request.
     #[derive(Debug)]
-    struct ResendingStore {
+    pub(crate) struct ResendingStore {
         inner: EmbeddedStore,
-        resend: std::sync::atomic::AtomicBool,
+        pub(crate) resend: std::sync::atomic::AtomicBool,
         /// A put made just before the next transaction (once): a write that lands
         /// between a request's reads and its commit.
         put_first: std::sync::Mutex<Option<(String, Vec<u8>)>>,
@@ -1875,6 +1875,22 @@ pub(crate) mod tests {
         sent: std::sync::Mutex<Vec<Vec<String>>>,
         /// How many range reads it answered.
         ranges: std::sync::atomic::AtomicUsize,
+    }
+
+    impl ResendingStore {
+        /// Over a fresh in-memory store, resending off, nothing held or injected.
+        pub(crate) fn new() -> ResendingStore {
+            ResendingStore {
+                inner: EmbeddedStore::in_memory().expect("in-memory store"),
+                resend: false.into(),
+                put_first: Default::default(),
+                hold_next: false.into(),
+                holding: false.into(),
+                open: tokio::sync::Semaphore::new(0),
+                sent: Default::default(),
+                ranges: Default::default(),
+            }
+        }
     }
 
     #[async_trait::async_trait]
@@ -2013,16 +2029,7 @@ pub(crate) mod tests {
     /// (a Release rewrites its residents record) and `c` alone on `d1` (a Release deletes
     /// it).
     async fn three_placed_over_a_resending_store() -> (Arc<ResendingStore>, PlacementService) {
-        let store = Arc::new(ResendingStore {
-            inner: EmbeddedStore::in_memory().expect("in-memory store"),
-            resend: false.into(),
-            put_first: Default::default(),
-            hold_next: false.into(),
-            holding: false.into(),
-            open: tokio::sync::Semaphore::new(0),
-            sent: Default::default(),
-            ranges: Default::default(),
-        });
+        let store = Arc::new(ResendingStore::new());
         let one = service(store.clone());
         for (id, device) in [("a", "d0"), ("b", "d0"), ("c", "d1")] {
             let outcome = one
