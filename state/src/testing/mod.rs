@@ -6,13 +6,17 @@
 //! - [`EtcdCluster`]: three real etcd members, to kill and restart one at a time.
 //! - [`Pki`]: a CA and the server and client certificates it signed, for TLS tests.
 //! - [`conformance`]: the backend-independent suite both stores must pass.
+//! - [`FaultStore`]: a store wrapper that fails, loses the answers of, re-sends or holds
+//!   the calls a test scripts, and counts them.
 //! - [`start_etcd`] and [`runtime`]: the two lines every store test starts with, once.
 
 pub mod conformance;
 mod etcd_server;
+mod fault_store;
 mod pki;
 
 pub use etcd_server::{EtcdCluster, EtcdServer, EtcdServerTls};
+pub use fault_store::{Fault, FaultStore, Op};
 pub use pki::Pki;
 
 /// A real etcd for one test; panics with etcd's own error (and the install hint) when
