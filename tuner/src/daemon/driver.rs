@@ -511,6 +511,7 @@ pub(crate) async fn save(
 mod tests {
     use iadeep_proto::CoLocationSample;
     use iadeep_state::EmbeddedStore;
+    use iadeep_state::testing::{FaultStore, Op};
 
     use super::*;
 
@@ -645,87 +646,18 @@ mod tests {
         );
     }
 
-    /// An embedded store whose first `fail_puts` puts fail, as a store that is briefly
-    /// unreachable does.
-    #[derive(Debug)]
-    struct FlakyStore {
-        inner: EmbeddedStore,
-        fail_puts: std::sync::atomic::AtomicU32,
-    }
-
-    #[async_trait::async_trait]
-    impl StateStore for FlakyStore {
-        fn describe(&self) -> String {
-            self.inner.describe()
-        }
-        async fn get(&self, key: &str) -> iadeep_state::Result<Option<iadeep_state::KeyValue>> {
-            self.inner.get(key).await
-        }
-        async fn put(
-            &self,
-            key: &str,
-            value: Vec<u8>,
-            lease: Option<iadeep_state::LeaseId>,
-        ) -> iadeep_state::Result<Revision> {
-            use std::sync::atomic::Ordering;
-            let failing = self
-                .fail_puts
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
-            if failing {
-                return Err(iadeep_state::StateError::Unavailable {
-                    endpoints: "flaky".into(),
-                    reason: "scripted failure".into(),
-                });
-            }
-            self.inner.put(key, value, lease).await
-        }
-        async fn delete(&self, key: &str) -> iadeep_state::Result<bool> {
-            self.inner.delete(key).await
-        }
-        async fn transact(&self, txn: Txn) -> iadeep_state::Result<TxnOutcome> {
-            self.inner.transact(txn).await
-        }
-        async fn range(&self, prefix: &str) -> iadeep_state::Result<iadeep_state::RangeSnapshot> {
-            self.inner.range(prefix).await
-        }
-        async fn range_page(
-            &self,
-            prefix: &str,
-            after: Option<&str>,
-            limit: usize,
-        ) -> iadeep_state::Result<iadeep_state::RangePage> {
-            self.inner.range_page(prefix, after, limit).await
-        }
-        async fn compact(&self, revision: Revision) -> iadeep_state::Result<()> {
-            self.inner.compact(revision).await
-        }
-        async fn watch(
-            &self,
-            prefix: &str,
-            start: Option<Revision>,
-        ) -> iadeep_state::Result<iadeep_state::WatchStream> {
-            self.inner.watch(prefix, start).await
-        }
-        async fn grant_lease(&self, ttl: Duration) -> iadeep_state::Result<iadeep_state::LeaseId> {
-            self.inner.grant_lease(ttl).await
-        }
-        async fn keep_alive(&self, lease: iadeep_state::LeaseId) -> iadeep_state::Result<Duration> {
-            self.inner.keep_alive(lease).await
-        }
-        async fn revoke_lease(&self, lease: iadeep_state::LeaseId) -> iadeep_state::Result<()> {
-            self.inner.revoke_lease(lease).await
-        }
+    /// An in-memory store whose next put fails, as a store that is briefly unreachable does.
+    fn failing_one_put() -> Arc<FaultStore> {
+        let store = FaultStore::in_memory();
+        store.fail_next(Op::Put, 1);
+        Arc::new(store)
     }
 
     /// A breach whose write failed is written at the next step (the tuner reports it only
     /// once), and not once its end was reported.
     #[tokio::test]
     async fn a_failed_breach_write_is_tried_again() {
-        let store: Arc<dyn StateStore> = Arc::new(FlakyStore {
-            inner: EmbeddedStore::in_memory().expect("store"),
-            fail_puts: 1.into(),
-        });
+        let store: Arc<dyn StateStore> = failing_one_put();
         let mut driver = driver(&store);
         let key = keys::device_breach("d0");
         let breach = |task: &str| iadeep_proto::CapBreach {
@@ -754,11 +686,7 @@ mod tests {
         driver.execute(Vec::new(), None).await;
         assert_eq!(read().await, None);
         // A breach that ends before its write succeeded is not written afterwards.
-        let flaky = Arc::new(FlakyStore {
-            inner: EmbeddedStore::in_memory().expect("store"),
-            fail_puts: 1.into(),
-        });
-        let store: Arc<dyn StateStore> = flaky;
+        let store: Arc<dyn StateStore> = failing_one_put();
         let mut driver = self::driver(&store);
         driver
             .execute(vec![Action::CapBreached(breach("p1"))], None)
