@@ -276,10 +276,31 @@ fn the_memory_limit_is_the_latest_of_the_reservation_and_the_applied_bounds() {
     agent.finish().expect("finish");
 }
 
+/// Writes `task`'s placement reserving `mib`: the agent's memory limit follows it, with
+/// no change for the loop while the task stays placed, so a test that sees the new limit
+/// knows the agent has handled every earlier write to the task's keys (one watch, in
+/// order): the positive marker before asserting that an earlier write changed nothing.
+fn put_placement(rt: &tokio::runtime::Runtime, store: &Arc<dyn StateStore>, task: &str, mib: u64) {
+    let placement = Placement {
+        task_id: task.into(),
+        device_id: "gpu0".into(),
+        reserved_mem_mib: mib,
+        ..Default::default()
+    };
+    rt.block_on(typed::put(
+        store.as_ref(),
+        &keys::task_placement(task),
+        &placement,
+        None,
+    ))
+    .expect("put placement");
+}
+
 #[test]
 fn assignments_apply_at_poll_change_and_reports_carry_their_round() {
     let rt = runtime();
     let store = memory_store();
+    put_placement(&rt, &store, "job-3", 4_000);
     let agent = builder(&store, "job-3").connect().expect("connect");
     assert_eq!(agent.poll_change(), None);
     let assign = |round: u64, batch_size: u32, lr_factor: f64| {
@@ -319,9 +340,14 @@ fn assignments_apply_at_poll_change_and_reports_carry_their_round() {
     assign(2, 4096, 64.0);
     let change = wait_for(Duration::from_secs(2), || agent.poll_change()).expect("change");
     assert_eq!((change.batch_size, change.lr_factor), (256, 4.0));
-    // A stale round is ignored.
+    // A stale round is ignored: once the agent has seen the placement written after it,
+    // it has seen the stale assignment too.
     assign(1, 32, 0.5);
-    std::thread::sleep(Duration::from_millis(300));
+    put_placement(&rt, &store, "job-3", 5_000);
+    wait_for(Duration::from_secs(5), || {
+        agent.memory_limit_mib().filter(|&mib| mib == 5_000)
+    })
+    .expect("the placement written after the stale assignment");
     assert_eq!(agent.poll_change(), None);
 
     for _ in 0..20 {
@@ -594,7 +620,16 @@ fn an_evict_assignment_reaches_the_loop_once_and_leave_ends_the_task_unfinished(
         round: 4,
         ..shrink
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // Once the agent has seen the placement rewritten after it, it has seen it.
+    let placement = Placement {
+        reserved_mem_mib: 2_500,
+        ..placement
+    };
+    put_placement(&rt, &store, task, placement.reserved_mem_mib);
+    wait_for(Duration::from_secs(5), || {
+        agent.memory_limit_mib().filter(|&mib| mib == 2_500)
+    })
+    .expect("the placement written after the later assignment");
     let told = agent.poll_change().expect("the eviction, for the loop");
     assert_eq!(
         (told.reason, told.batch_size, told.round),
