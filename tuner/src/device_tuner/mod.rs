@@ -53,8 +53,16 @@
 //!      pays for every round above its cap), skipping sizes already known to be above it;
 //!      no opportunistic job ever grows and production jobs move only back to m0. With
 //!      nothing left to change, what runs is measured again, round after round. On a
-//!      device without an opportunistic co-runner the search goes on, away from what it
-//!      measured above the cap;
+//!      device without an opportunistic co-runner a production job above its cap away
+//!      from m0 goes back to m0 as well (alone there its PD is 1 whatever its noise scale
+//!      did: the one size known to be under its cap), and at m0 the search goes on, away
+//!      from what it measured above the cap. Leaving the way back to the search was not
+//!      enough: its next rounds stay within one doubling of what it measured, and once
+//!      both neighbours of a lone job's size below m0 had been measured above the cap
+//!      (a noisy round, or an earlier search, whose violations carry over), it held the
+//!      job there, above its cap, until it finished (in the simulator, P100 seed 3: an LM
+//!      job at 10 of m0 80 with PD up to 2.2 for 4,000 s, 1.25 of the run's 2.0 % of
+//!      production time above the cap);
 //!    - after [`DeviceTunerParams::breach_rounds`] consecutive measured rounds above its
 //!      cap at m0 with every opportunistic co-runner at its smallest size, it reports
 //!      [`Action::CapBreached`] (once; again only for another set of co-runners, e.g. after
@@ -1793,10 +1801,11 @@ impl DeviceTuner {
     /// from its submitted size m0 goes back to m0 first (its own size may be the cause);
     /// then every opportunistic co-runner goes one candidate size down from what runs a
     /// round, production jobs staying as they are; with nothing left to change, what runs
-    /// is measured again (the rounds that count towards a breach). False when no
-    /// production job is above its cap, or when no co-runner is opportunistic (nothing to
-    /// shrink or evict: the search itself moves away from the configurations it measured
-    /// over a cap, which are infeasible).
+    /// is measured again (the rounds that count towards a breach). The way back to m0
+    /// holds on a device without an opportunistic co-runner too. False when no
+    /// production job is above its cap, or when none is away from m0 and no co-runner is
+    /// opportunistic (nothing to shrink or evict: the search itself moves away from the
+    /// configurations it measured over a cap, which are infeasible).
     fn guard_caps(&mut self, now_ms: i64, out: &mut Vec<Action>) -> bool {
         let max_observations = self.params.max_observations;
         let Some(search) = &self.search else {
@@ -1807,9 +1816,10 @@ impl DeviceTuner {
             .iter()
             .map(|id| self.caps.get(id).is_some_and(|w| w.above))
             .collect();
-        if !above.contains(&true) || !search.opportunistic.contains(&true) {
+        if !above.contains(&true) {
             return false;
         }
+        let shrinkable = search.opportunistic.contains(&true);
         let Some(base) = search
             .applied
             .as_ref()
@@ -1827,6 +1837,10 @@ impl DeviceTuner {
         }
         let why = if next != base && search.controller.space().fits_memory(&next) {
             "a production job is above its slowdown cap away from its submitted size: back to it"
+        } else if !shrinkable {
+            // Nothing to shrink or evict, and the job is at m0 (or m0 does not fit): the
+            // search moves away from what it measured over the cap.
+            return false;
         } else {
             next = base
                 .iter()

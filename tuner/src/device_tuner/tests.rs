@@ -30,6 +30,8 @@ struct Task {
     cap: Option<f64>,
     /// Where its agent fences its allocator (moved by every assignment's memory bound).
     fence: Option<f64>,
+    /// The batch sizes its spec allows (`TaskSpec::allowed_batch_sizes`; empty: any).
+    allowed: Vec<u32>,
     // The agent.
     batch: u32,
     round: u64,
@@ -55,6 +57,7 @@ impl Task {
             class: PriorityClass::Unspecified,
             cap: None,
             fence: None,
+            allowed: Vec::new(),
             batch: m0,
             round: 0,
             seq: 0,
@@ -78,6 +81,7 @@ impl Task {
             initial_batch_size: self.m0,
             min_batch_size: self.min,
             max_batch_size: self.max,
+            allowed_batch_sizes: self.allowed.clone(),
             lr_rule: iadeep_proto::LrScalingRule::Sqrt as i32,
             profile: self.profiled.then(|| SoloProfile {
                 batch_size: self.m0,
@@ -1593,4 +1597,60 @@ fn a_lone_production_job_that_outgrew_its_fence_gets_back_to_m0() {
     // The agent repeats the crashed size in every later report: one crash, taken in once.
     let status = w.tuner.status();
     assert_eq!(status.counters.out_of_memory, 1, "{status:?}");
+}
+
+/// The sim's P100 seed 3 case: a lone production job that small batches suited while its
+/// noise scale was small runs below its m0; as the noise scale grows its PD there rises
+/// past its cap. Its way back is m0, where alone its PD is 1: the tuner takes it at once,
+/// even when the search, which moves within one doubling of what it measured, could not
+/// (here both neighbours of its size were measured above the cap before, as a noisy round
+/// or an earlier search leaves them, and the tuner held it above its cap for good).
+#[test]
+fn a_lone_production_job_above_its_cap_below_m0_goes_back_to_m0() {
+    for seed in 0..4 {
+        let mut p = Task::new("p", 64, 8, 256);
+        p.class = PriorityClass::Production;
+        p.cap = Some(1.1);
+        p.allowed = vec![8, 16, 32, 64, 128, 256];
+        p.noise_scale = Some(1.0);
+        let mut w = World::new(16_384.0, vec![p], DeviceTunerParams { seed, ..params() });
+        w.join_all();
+        w.run(900);
+        let below = w.tasks[0].batch;
+        assert!(
+            below < 64 && w.true_pd(0) <= 1.1,
+            "seed {seed}: tuned to {below} at PD {}",
+            w.true_pd(0)
+        );
+        // Both sizes within one doubling of it measured above the cap before.
+        let search = w.tuner.search.as_mut().expect("a search");
+        let at = search.sizes[0]
+            .iter()
+            .position(|&b| b == below)
+            .expect("a candidate");
+        for near in [at.saturating_sub(1), at + 1] {
+            if near != at {
+                search
+                    .controller
+                    .rule_out_over_cap(&[near])
+                    .expect("in the space");
+            }
+        }
+        w.tasks[0].noise_scale = Some(5000.0);
+        assert!(w.true_pd(0) > 1.2, "seed {seed}: PD {}", w.true_pd(0));
+        let mut above_s = 0;
+        for _ in 0..300 {
+            w.run(2);
+            above_s += 2 * i64::from(w.true_pd(0) > 1.1);
+        }
+        // The settled check finds it (within a settled interval), the next round is m0.
+        let bound = params().settled_interval.as_secs() as i64 + 30;
+        assert!(
+            above_s <= bound,
+            "seed {seed}: {above_s} s above the cap at {} (PD {}), {:?}",
+            w.tasks[0].batch,
+            w.true_pd(0),
+            w.tuner.status()
+        );
+    }
 }
