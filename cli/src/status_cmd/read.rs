@@ -430,9 +430,10 @@ pub fn tuning(
         let measured = tuner.map_or(0, |t| {
             t.observations.iter().filter(|o| o.sum_pd.is_some()).count()
         });
+        let plural = if measured == 1 { "" } else { "s" };
         (
             "tuning",
-            format!("{measured} configurations of its GPU measured"),
+            format!("{measured} configuration{plural} of its GPU measured"),
         )
     };
     Tuning { phase, why }

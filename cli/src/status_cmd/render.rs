@@ -18,6 +18,22 @@ fn cut(text: &str, width: usize) -> String {
     }
 }
 
+/// A task id cut to `width` characters in its middle: ids of one script differ at their
+/// end (`iadeep run` names a task `SCRIPT-UNIXTIME-PID`), so cutting the end would show
+/// two jobs of `train.py` as the same `train-17956…`.
+fn cut_id(id: &str, width: usize) -> String {
+    let count = id.chars().count();
+    if count <= width || width < 3 {
+        return cut(id, width);
+    }
+    let tail = width / 2;
+    let head = width - tail - 1;
+    let mut out: String = id.chars().take(head).collect();
+    out.push('…');
+    out.extend(id.chars().skip(count - tail));
+    out
+}
+
 /// Seconds as `4s`, `3m`, `2h`, `5d`: how long ago, in the fewest characters.
 fn age(seconds: f64) -> String {
     let s = seconds.max(0.0);
@@ -192,9 +208,9 @@ fn job_lines(snapshot: &Snapshot) -> Vec<String> {
         // A production job measured above its cap is marked where its PD is read.
         let mark = if j.above_cap == Some(true) { "!" } else { "" };
         let line = row([
-            &cut(&j.id, 16),
+            &cut_id(&j.id, 16),
             &cut(&j.device, 12),
-            &j.batch_size.to_string(),
+            &batch_cell(j),
             &j.m0.to_string(),
             &format!("{}-{}", j.min_batch_size, j.max_batch_size),
             &j.lr_factor
@@ -216,6 +232,12 @@ fn job_lines(snapshot: &Snapshot) -> Vec<String> {
         "CAP: a production job's slowdown cap (- for opportunistic); PD!: measured above it."
             .to_owned(),
     );
+    if snapshot.jobs.iter().any(moving) {
+        lines.push(
+            "BATCH*: the tuner assigned another size, not reported yet (LR× is the new one's)."
+                .to_owned(),
+        );
+    }
     let above: Vec<String> = snapshot
         .jobs
         .iter()
@@ -237,6 +259,19 @@ fn job_lines(snapshot: &Snapshot) -> Vec<String> {
     }
     lines.extend(phase_lines(snapshot));
     lines
+}
+
+/// Whether the job's assignment names a batch size other than the one it last reported:
+/// the table's LR× is the assignment's, so the BATCH it is read against is marked.
+fn moving(job: &JobRow) -> bool {
+    job.assigned_batch_size
+        .is_some_and(|assigned| assigned != job.batch_size)
+}
+
+/// The BATCH cell: the size the job last reported, `*` when it is being moved.
+fn batch_cell(job: &JobRow) -> String {
+    let mark = if moving(job) { "*" } else { "" };
+    format!("{}{mark}", job.batch_size)
 }
 
 /// The job's last column: the tuner's phase (or that the placer evicted it), and

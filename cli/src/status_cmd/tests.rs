@@ -453,3 +453,78 @@ async fn class_cap_breach_and_eviction_are_shown_and_above_cap_is_flagged() {
     assert_eq!(breach["opportunistic_task_ids"][0], "o");
     assert_eq!(breach["measured_pd"], 1.3);
 }
+
+/// The job rows of `text`: the lines after the JOB header up to the first footnote.
+fn job_rows(lines: &[String]) -> Vec<&str> {
+    lines
+        .iter()
+        .skip_while(|l| !l.starts_with("JOB "))
+        .skip(1)
+        .take_while(|l| !l.starts_with("MiB:"))
+        .map(String::as_str)
+        .collect()
+}
+
+#[tokio::test]
+async fn two_jobs_of_one_script_are_told_apart_in_the_table() {
+    // `iadeep run` names a task SCRIPT-UNIXTIME-PID: two jobs of one script share a
+    // prefix longer than the JOB column, so the column must keep their ends.
+    let mut s = two_jobs().await;
+    s.jobs[0].id = "train_mnist_like-1795685033-20793".into();
+    s.jobs[1].id = "train_mnist_like-1795685053-21163".into();
+    let lines = render::text(&s);
+    let rows = job_rows(&lines);
+    let cells: Vec<&str> = rows
+        .iter()
+        .map(|r| r.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert_eq!(cells.len(), 2, "{lines:#?}");
+    assert_ne!(cells[0], cells[1], "{lines:#?}");
+    assert!(
+        cells[0].starts_with("train_") && cells[0].ends_with("-20793"),
+        "{cells:?}"
+    );
+    assert!(rows.iter().all(|r| r.chars().count() <= render::WIDTH));
+}
+
+#[tokio::test]
+async fn a_batch_size_being_moved_is_marked_next_to_the_new_lr_factor() {
+    let mut s = two_jobs().await;
+    let lines = render::text(&s);
+    assert!(
+        !lines.iter().any(|l| l.starts_with("BATCH*")),
+        "reports match assignments: no mark\n{lines:#?}"
+    );
+    // a reported 64; the tuner has since assigned 128 (whose LR× the table shows).
+    s.jobs[0].assigned_batch_size = Some(128);
+    let lines = render::text(&s);
+    let rows = job_rows(&lines);
+    assert!(rows[0].contains(" 64* "), "{lines:#?}");
+    assert!(!rows[1].contains('*'), "{lines:#?}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("BATCH*: ")),
+        "{lines:#?}"
+    );
+}
+
+#[test]
+fn one_measured_configuration_is_singular() {
+    let spec = spec("a", 32, 8, 256);
+    let mut tuner = TunerState {
+        task_ids: vec!["a".into()],
+        observations: vec![TunerObservation {
+            batch_sizes: vec![32],
+            sum_pd: Some(1.0),
+            round: 1,
+        }],
+        ..TunerState::default()
+    };
+    let why = |t: &TunerState| read::tuning("a", &spec, false, true, Some(t)).why;
+    assert_eq!(why(&tuner), "1 configuration of its GPU measured");
+    tuner.observations.push(TunerObservation {
+        batch_sizes: vec![64],
+        sum_pd: Some(1.0),
+        round: 2,
+    });
+    assert_eq!(why(&tuner), "2 configurations of its GPU measured");
+}
