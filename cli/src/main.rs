@@ -96,9 +96,16 @@ pub async fn open_store(url: &StoreUrl) -> anyhow::Result<Arc<dyn StateStore>> {
 /// never created, repaired or rewritten.
 pub async fn open_store_read_only(url: &StoreUrl) -> anyhow::Result<Arc<dyn StateStore>> {
     reach(url).await?;
-    url.open_read_only()
-        .await
-        .with_context(|| format!("cannot open the state store {url}"))
+    url.open_read_only().await.with_context(|| {
+        // Most often a shell that has not read the cluster's settings yet.
+        let hint = if *url == StoreUrl::default_embedded() {
+            " (the default, as neither --store nor IADEEP_STORE is set; for the cluster \
+             `iadeep up` started, `source DIR/cluster.env` first)"
+        } else {
+            ""
+        };
+        format!("cannot open the state store {url}{hint}")
+    })
 }
 
 /// Fails with a human message when no etcd member of `url` answers on TCP.
@@ -199,6 +206,26 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
     })
 }
 
+/// `err` and its causes as one line, `a: b: c`, as anyhow's `{:#}` writes it, but
+/// without a cause whose text the line already ends with: some libraries (NVML's
+/// loader, hyper's connect errors) print their source in their own message too, which
+/// would show it twice (`cannot open shared object file ...: cannot open shared object
+/// file ...`).
+fn error_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.command.default_log_filter(), cli.log_format);
@@ -233,8 +260,42 @@ fn main() -> ExitCode {
         // The reader has all it wanted: stop quietly, as `cat` and `grep` do.
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", error_line(&err));
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_line;
+
+    /// A library error that prints its source inside its own message.
+    #[derive(Debug)]
+    struct Wrapping(std::io::Error);
+
+    impl std::fmt::Display for Wrapping {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "a libloading error occurred: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Wrapping {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_in_the_line_is_not_repeated() {
+        let io = std::io::Error::other("libnvidia-ml.so.1: cannot open shared object file");
+        let err = anyhow::Error::new(Wrapping(io)).context("NVML is not available");
+        assert_eq!(
+            error_line(&err),
+            "NVML is not available: a libloading error occurred: \
+             libnvidia-ml.so.1: cannot open shared object file"
+        );
+        let plain = anyhow::anyhow!("no answer").context("cannot reach the placer");
+        assert_eq!(error_line(&plain), format!("{plain:#}"));
     }
 }
