@@ -9,7 +9,9 @@
 //!
 //! Everything is ordered by events, never by time: a held call waits for
 //! [`FaultStore::release`], and a test waits for it to be held with
-//! [`FaultStore::until_holding`].
+//! [`FaultStore::until_holding`]. In virtual time (`start_paused`), put a timeout only
+//! around waits that involve no store work, such as `until_holding`: the embedded store
+//! works on its own thread, and paused time runs out while it does.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -191,6 +193,14 @@ impl FaultStore {
         self.open.add_permits(n);
     }
 
+    /// Holds no more calls, and lets every call held now go on (a permit left over, when
+    /// a held call was going on already, lets a later held call through at once).
+    pub fn stop_holding(&self) {
+        let mut scripted = self.scripted();
+        scripted.holds = Default::default();
+        self.open.add_permits(self.holding());
+    }
+
     /// How many calls are held right now.
     pub fn holding(&self) -> usize {
         *self.holding.borrow()
@@ -228,16 +238,18 @@ impl FaultStore {
     /// Counts the call, holds it if asked, yields once, and takes its fault, if any.
     async fn enter(&self, op: Op) -> Option<Fault> {
         self.calls[op.index()].fetch_add(1, Ordering::SeqCst);
-        let hold = {
+        // Counted as holding under the script's lock, so `stop_holding` sees every call
+        // it must let go.
+        let held = {
             let mut scripted = self.scripted();
             let holds = &mut scripted.holds[op.index()];
-            let hold = *holds > 0;
-            *holds = holds.saturating_sub(1);
-            hold
+            (*holds > 0).then(|| {
+                *holds -= 1;
+                Held::new(&self.holding)
+            })
         };
-        if hold {
+        if let Some(_held) = held {
             self.held.fetch_add(1, Ordering::SeqCst);
-            let _held = Held::new(&self.holding);
             // The semaphore is never closed, so the acquire cannot fail.
             if let Ok(permit) = self.open.acquire().await {
                 permit.forget();
@@ -516,6 +528,33 @@ mod tests {
             .map(|txn| txn.ops[0].key().to_owned())
             .collect();
         assert_eq!(keys, ["free", "held"]);
+    }
+
+    /// `stop_holding` lets every held call go on and holds no later one.
+    #[tokio::test(start_paused = true)]
+    async fn stop_holding_lets_every_held_call_go_on() {
+        let store = Arc::new(FaultStore::in_memory());
+        store.hold_next(Op::Put, 10);
+        let calls: Vec<_> = ["a", "b"]
+            .map(|key| {
+                let store = store.clone();
+                tokio::spawn(async move { store.put(key, b"v".to_vec(), None).await })
+            })
+            .into();
+        until_holding(&store, 2).await;
+        store.stop_holding();
+        // Not a timeout around the puts themselves: the embedded store works on its own
+        // thread, and paused time would run out while it does.
+        let mut holding = store.holding.subscribe();
+        tokio::time::timeout(Duration::from_secs(60), holding.wait_for(|n| *n == 0))
+            .await
+            .expect("every held call let go")
+            .expect("the store is alive");
+        for call in calls {
+            call.await.expect("joined").expect("put");
+        }
+        store.put("c", b"v".to_vec(), None).await.expect("not held");
+        assert_eq!((store.holding(), store.held()), (0, 2));
     }
 
     /// A held call its caller gives up on stops counting as held.
