@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iadeep_proto::{BatchSizeAssignment, LrScalingRule, Placement, TaskReport, TaskSpec};
-use iadeep_state::testing::runtime;
+use iadeep_state::testing::{FaultStore, Op, runtime};
 use iadeep_state::{EmbeddedStore, StateStore, keys, typed};
 
 use super::*;
@@ -142,6 +142,62 @@ fn registers_reports_and_finishes() {
         .block_on(store.get(&keys::task_alive("job-1")))
         .expect("get");
     assert!(alive.is_none(), "finish revokes the lease at once");
+}
+
+/// The loop's calls never wait for the store: with the reporter stuck in a store call
+/// that never answers (held by the fault store, under an hour's operation timeout), a
+/// thousand steps' worth of every call a training loop makes return, and the reporter
+/// is still stuck afterwards. No clock: a call that waited would never return.
+#[test]
+fn the_loop_never_waits_for_a_store_that_stopped_answering() {
+    let rt = runtime();
+    let faults = Arc::new(FaultStore::in_memory());
+    let store: Arc<dyn StateStore> = faults.clone();
+    let agent = Arc::new(
+        builder(&store, "job-h")
+            .op_timeout(Duration::from_secs(3600))
+            .connect()
+            .expect("connect"),
+    );
+    for op in Op::ALL {
+        faults.hold_next(op, usize::MAX / 2);
+    }
+    agent.record_step(64, Duration::from_millis(5));
+    agent.report_now();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), faults.until_holding(1)).await
+    })
+    .expect("the reporter's next store call is held");
+    let (done, finished) = std::sync::mpsc::channel();
+    let trainer = agent.clone();
+    let trainer = std::thread::spawn(move || {
+        for step in 0..1_000u32 {
+            let bs = trainer.batch_size();
+            trainer.record_step(bs, Duration::from_millis(5));
+            trainer.record_gradient_norms(16, 2.0, 64, 1.5);
+            trainer.record_peak_memory(1_000 + u64::from(step));
+            let _ = trainer.poll_change();
+            let _ = (trainer.memory_limit_mib(), trainer.evicted());
+            let _ = (trainer.is_registered(), trainer.reports_published());
+            trainer.report_now();
+        }
+        let _ = trainer.report_oom(64);
+        let _ = done.send(());
+    });
+    // A bound for a broken build only: the loop takes milliseconds.
+    finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the loop's calls returned while the store did not answer");
+    trainer.join().expect("the trainer thread");
+    assert!(
+        faults.holding() >= 1,
+        "the reporter is still in its store call"
+    );
+    faults.stop_holding();
+    let agent = Arc::try_unwrap(agent).unwrap_or_else(|_| panic!("the trainer thread is done"));
+    agent.finish().expect("finish once the store answers");
+    let last = report(&rt, &store, "job-h").expect("final report");
+    assert!(last.finished && last.oom_batch_size == Some(64), "{last:?}");
 }
 
 #[test]
