@@ -501,6 +501,7 @@ mod tests {
             max_slowdown: None,
             running_s: finish_s - start_s,
             above_cap_s: 0.0,
+            above_cap_where: Default::default(),
             evictions: 0,
             evicted_work_s: 0.0,
         }

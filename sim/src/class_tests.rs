@@ -160,6 +160,10 @@ fn per_class_results_of_a_hand_built_run() {
         "above its cap {} s, overlapped {overlap} s (PD {pd})",
         p.above_cap_s
     );
+    // At its m0 all along, shared while they overlap.
+    let at = p.above_cap_where;
+    assert_eq!((at.below_m0_s, at.above_m0_s), (0.0, 0.0), "{at:?}");
+    assert!((at.shared_s - overlap).abs() < 1e-6, "{at:?}");
     let summary = metrics.summary();
     let (prod, opp) = (&summary.classes.production, &summary.classes.opportunistic);
     assert_eq!((prod.tasks, opp.tasks), (1, 1));

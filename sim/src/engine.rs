@@ -70,7 +70,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::agent::{EmulatedAgent, measured_step_time, normal};
 use crate::error::{Result, SimError};
-use crate::metrics::{BatchPoint, RunMetrics, TaskOutcome};
+use crate::metrics::{AboveCapWhere, BatchPoint, RunMetrics, TaskOutcome};
 use crate::policy::{Admission, Assignment, OomAction, PlaceOrQueue, Policy, TuneStep};
 use crate::view::{JobInfo, JobReport, JobSpec, PolicyView, ResidentJob, SoloProfile, Waiting};
 use crate::workload::TaskTemplate;
@@ -223,6 +223,7 @@ struct TaskState {
     /// module docs).
     running_s: f64,
     above_cap_s: f64,
+    above_cap_where: AboveCapWhere,
     /// Times it was evicted, and the samples at m0 those evictions cost.
     evictions: u32,
     evicted_samples: f64,
@@ -434,6 +435,7 @@ impl TaskState {
             since_checkpoint_s: 0.0,
             running_s: 0.0,
             above_cap_s: 0.0,
+            above_cap_where: AboveCapWhere::default(),
             evictions: 0,
             evicted_samples: 0.0,
         }
@@ -629,6 +631,7 @@ impl<'w> Engine<'w> {
                 max_slowdown: t.spec.max_slowdown,
                 running_s: t.running_s,
                 above_cap_s: t.above_cap_s,
+                above_cap_where: t.above_cap_where,
                 evictions: t.evictions,
                 evicted_work_s: t.evicted_samples * t.true_solo_step_s / f64::from(t.spec.m0),
             })
@@ -896,6 +899,11 @@ impl<'w> Engine<'w> {
     fn advance(&mut self, device: usize) {
         let now = self.now;
         let every = self.params.checkpoint_every_s;
+        let active = self.devices[device]
+            .residents
+            .iter()
+            .filter(|&&t| self.tasks[t].active)
+            .count();
         for &t in &self.devices[device].residents {
             let state = &mut self.tasks[t];
             let ran_s = now - state.last_s;
@@ -919,6 +927,15 @@ impl<'w> Engine<'w> {
                     .unwrap_or(iadeep_proto::DEFAULT_MAX_SLOWDOWN);
                 if state.rate > 0.0 && true_pd(state) > cap {
                     state.above_cap_s += ran_s;
+                    let at = &mut state.above_cap_where;
+                    match state.batch_size.cmp(&state.spec.m0) {
+                        Ordering::Less => at.below_m0_s += ran_s,
+                        Ordering::Greater => at.above_m0_s += ran_s,
+                        Ordering::Equal => {}
+                    }
+                    if active > 1 {
+                        at.shared_s += ran_s;
+                    }
                 }
             }
             state.done =

@@ -68,7 +68,7 @@ pub use audit::{AuditCandidate, AuditRecord, AuditSummary, ErrorStats, Slowdowns
 pub use engine::EngineParams;
 pub use error::{Result, SimError};
 pub use experiment::{Experiment, ExperimentParams};
-pub use metrics::{ClassSummary, Classes, RunMetrics, Summary, TaskOutcome};
+pub use metrics::{AboveCapWhere, ClassSummary, Classes, RunMetrics, Summary, TaskOutcome};
 pub use policy::{Admission, POLICY_NAMES, Policy};
 pub use view::JobInfo;
 pub use workload::WorkloadParams;

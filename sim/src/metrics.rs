@@ -29,10 +29,28 @@ pub struct TaskOutcome {
     /// its cap (the production default for an opportunistic job; see `crate::engine`).
     pub running_s: f64,
     pub above_cap_s: f64,
+    /// Where `above_cap_s` was spent, to tell its causes apart.
+    pub above_cap_where: AboveCapWhere,
     /// Times it was evicted, and the work those evictions cost: seconds of progress alone
     /// at m0 lost since its last checkpoints.
     pub evictions: u32,
     pub evicted_work_s: f64,
+}
+
+/// Where a task's time above its cap was spent (each a part of
+/// [`TaskOutcome::above_cap_s`]; the first two do not overlap, the third overlaps both).
+/// Alone at its m0 a job's PD is 1, so time above the cap there is always shared: the
+/// interference placement predicted wrong (or a co-runner the tuner had not shrunk yet);
+/// time at another size is the tuner's (its search exploring, or a size whose PD drifted
+/// as the job's noise scale grew).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct AboveCapWhere {
+    /// At a batch size below its m0.
+    pub below_m0_s: f64,
+    /// At a batch size above its m0.
+    pub above_m0_s: f64,
+    /// With another job active on its device.
+    pub shared_s: f64,
 }
 
 impl TaskOutcome {

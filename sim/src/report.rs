@@ -224,13 +224,13 @@ fn summary_csv(summaries: &[Summary]) -> String {
 /// `tasks.csv`: one row per task of every run.
 fn tasks_csv(runs: &[RunMetrics]) -> String {
     let mut csv = String::from(
-        "policy,task,model,m0,submit_s,start_s,finish_s,completion_s,ooms,fenced_ooms,class,max_slowdown,running_s,above_cap_s,evictions,evicted_work_s\n",
+        "policy,task,model,m0,submit_s,start_s,finish_s,completion_s,ooms,fenced_ooms,class,max_slowdown,running_s,above_cap_s,evictions,evicted_work_s,above_cap_below_m0_s,above_cap_above_m0_s,above_cap_shared_s\n",
     );
     for run in runs {
         for t in &run.tasks {
             let _ = writeln!(
                 csv,
-                "{},{},{},{},{:.3},{:.3},{:.3},{:.3},{},{},{},{},{:.3},{:.3},{},{:.3}",
+                "{},{},{},{},{:.3},{:.3},{:.3},{:.3},{},{},{},{},{:.3},{:.3},{},{:.3},{:.3},{:.3},{:.3}",
                 run.policy,
                 t.id,
                 t.model,
@@ -251,6 +251,9 @@ fn tasks_csv(runs: &[RunMetrics]) -> String {
                 t.above_cap_s,
                 t.evictions,
                 t.evicted_work_s,
+                t.above_cap_where.below_m0_s,
+                t.above_cap_where.above_m0_s,
+                t.above_cap_where.shared_s,
             );
         }
     }
