@@ -75,8 +75,13 @@ pub async fn run(args: StatusArgs) -> Result<ExitCode> {
     let redraw = !args.json && std::io::stdout().is_terminal();
     loop {
         if let Err(err) = show(store.as_ref(), timeout, args.json, redraw).await {
+            // The reader left (`iadeep status --watch | head`): nobody to show it to, so
+            // end as `main` ends on a closed pipe, quietly.
+            if crate::is_broken_pipe(&err) {
+                return Err(err);
+            }
             // Watching outlives a store restart: say what failed and try again.
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", crate::error_line(&err));
         }
         tokio::select! {
             _ = tokio::time::sleep(every) => {}

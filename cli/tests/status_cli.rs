@@ -299,6 +299,64 @@ fn a_store_that_never_answers_times_out() {
     drop(silent);
 }
 
+/// An embedded store file at `path` holding one registered GPU, `w-gpu0` of 8192 MiB.
+fn store_with_one_gpu(path: &std::path::Path) {
+    let runtime = iadeep_state::testing::runtime();
+    let store = iadeep_state::EmbeddedStore::open(path).expect("create the store");
+    let info = iadeep_proto::DeviceInfo {
+        device_id: "w-gpu0".into(),
+        memory_mib: 8192,
+        ..iadeep_proto::DeviceInfo::default()
+    };
+    runtime
+        .block_on(iadeep_state::typed::put(
+            &store,
+            &iadeep_state::keys::device_info("w-gpu0"),
+            &info,
+            None,
+        ))
+        .expect("put");
+}
+
+/// `iadeep status --watch | head -3`: once the reader has closed the pipe, the watch
+/// ends, quietly and successfully, as `main` ends on a closed pipe, instead of printing
+/// "error: Broken pipe" every refresh forever.
+#[test]
+fn watch_ends_quietly_when_its_reader_closes_the_pipe() {
+    use std::io::BufRead;
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = tmp.path().join("state.redb");
+    store_with_one_gpu(&path);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args(["status", "--watch", "0.1", "--store"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn iadeep status --watch");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    stdout.read_line(&mut first).expect("the first line");
+    assert!(first.contains("at revision"), "{first}");
+    drop(stdout); // the reader leaves, as `head` does
+    // Waited for on a thread, so a watch that never ends fails after DEADLINE.
+    let (send, done) = std::sync::mpsc::channel();
+    let pid = child.id();
+    std::thread::spawn(move || {
+        let _ = send.send(child.wait_with_output().expect("wait"));
+    });
+    let output = done.recv_timeout(DEADLINE).unwrap_or_else(|_| {
+        // Not left running after the test.
+        let _ = Command::new("kill").arg(pid.to_string()).status();
+        panic!("iadeep status --watch still runs {DEADLINE:?} after its reader left")
+    });
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{:?}: {stderr}", output.status);
+    assert!(!stderr.contains("Broken pipe"), "{stderr}");
+}
+
 /// `--watch` on an embedded store file: a JSON object per refresh, with what the file holds
 /// (one registered GPU), until the process is stopped.
 #[test]
@@ -307,23 +365,7 @@ fn watch_prints_one_object_per_refresh_from_an_embedded_store() {
 
     let tmp = tempfile::tempdir().expect("tempdir");
     let path = tmp.path().join("state.redb");
-    {
-        let runtime = iadeep_state::testing::runtime();
-        let store = iadeep_state::EmbeddedStore::open(&path).expect("create the store");
-        let info = iadeep_proto::DeviceInfo {
-            device_id: "w-gpu0".into(),
-            memory_mib: 8192,
-            ..iadeep_proto::DeviceInfo::default()
-        };
-        runtime
-            .block_on(iadeep_state::typed::put(
-                &store,
-                &iadeep_state::keys::device_info("w-gpu0"),
-                &info,
-                None,
-            ))
-            .expect("put");
-    }
+    store_with_one_gpu(&path);
     let mut child = Command::new(env!("CARGO_BIN_EXE_iadeep"))
         .args(["status", "--json", "--watch", "0.2", "--store"])
         .arg(&path)
