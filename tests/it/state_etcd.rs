@@ -86,8 +86,12 @@ async fn watch_survives_an_etcd_restart_without_loss_or_duplicates() {
     assert!(seen.windows(2).all(|w| w[0].revision() < w[1].revision()));
     assert!(seen.iter().all(|e| matches!(e, WatchEvent::Put(_))));
     // And nothing extra arrives afterwards.
-    iadeep_state::testing::conformance::assert_no_event(&mut watch, Duration::from_millis(500))
-        .await;
+    iadeep_state::testing::conformance::assert_no_event_before_marker(
+        &store,
+        &mut watch,
+        "/restart/marker",
+    )
+    .await;
 }
 
 fn tracing_free_log(err: &StateError) {

@@ -32,11 +32,25 @@ pub async fn next_event(watch: &mut WatchStream) -> WatchEvent {
     }
 }
 
-/// Asserts that `watch` yields nothing within `quiet`.
-pub async fn assert_no_event(watch: &mut WatchStream, quiet: Duration) {
-    if let Ok(item) = tokio::time::timeout(quiet, watch.next()).await {
-        panic!("unexpected watch item: {item:?}");
+/// Asserts that `watch` has nothing more to yield so far: puts `marker` (a key under the
+/// watched prefix) and expects its put as the very next event. Events come in revision
+/// order, so an event that should not be there would come first. No quiet period to wait
+/// out, which would pass whenever the store is slower than the period. Returns the
+/// marker's revision.
+pub async fn assert_no_event_before_marker(
+    store: &dyn StateStore,
+    watch: &mut WatchStream,
+    marker: &str,
+) -> crate::Revision {
+    let revision = store
+        .put(marker, b"marker".to_vec(), None)
+        .await
+        .expect("put the marker");
+    match next_event(watch).await {
+        WatchEvent::Put(kv) if kv.key == marker => assert_eq!(kv.mod_revision, revision),
+        other => panic!("unexpected watch event before the marker {marker:?}: {other:?}"),
     }
+    revision
 }
 
 fn put_key(event: &WatchEvent) -> Option<&str> {
@@ -275,7 +289,6 @@ pub async fn transaction_applies_all_at_one_revision(store: Arc<dyn StateStore>)
             ("/tx/c".to_owned(), false)
         ]
     );
-    assert_no_event(&mut watch, Duration::from_millis(200)).await;
 
     // Deleting only absent keys commits without a new revision, as in etcd.
     let noop = store
@@ -283,6 +296,7 @@ pub async fn transaction_applies_all_at_one_revision(store: Arc<dyn StateStore>)
         .await
         .expect("transact");
     assert_eq!(noop, TxnOutcome::Committed { revision });
+    assert_no_event_before_marker(store.as_ref(), &mut watch, "/tx/marker").await;
 }
 
 /// Fault: one failed comparison among several fails the whole transaction: nothing
@@ -447,7 +461,7 @@ pub async fn watch_sees_changes_in_order(store: Arc<dyn StateStore>) {
         });
     }
     assert_eq!(seen, ["put /w/a 1", "put /w/b 2", "delete /w/a"]);
-    assert_no_event(&mut watch, Duration::from_millis(300)).await;
+    assert_no_event_before_marker(store.as_ref(), &mut watch, "/w/marker").await;
 }
 
 /// A watch from an old revision replays history, then continues live.
@@ -487,7 +501,7 @@ pub async fn range_then_watch_has_no_gap(store: Arc<dyn StateStore>) {
         .expect("watch");
     assert_eq!(put_key(&next_event(&mut watch).await), Some("/g/1"));
     assert_eq!(put_key(&next_event(&mut watch).await), Some("/g/2"));
-    assert_no_event(&mut watch, Duration::from_millis(300)).await;
+    assert_no_event_before_marker(store.as_ref(), &mut watch, "/g/marker").await;
 }
 
 /// Fault: a lease that stops being kept alive expires; its keys disappear with
@@ -511,24 +525,34 @@ pub async fn unkept_lease_expires_and_deletes_its_keys(store: Arc<dyn StateStore
     assert_eq!(kv.lease, Some(lease));
     let mut watch = store.watch("/lease/", None).await.expect("watch");
 
-    // Kept alive for well past its TTL: still there.
+    // Kept alive for well past its TTL: still there. (A refresh must come within the
+    // TTL of the one before, a real-time bound no virtual clock can stand in for: the
+    // stores count leases on the wall clock, as etcd does.)
     let kept_until = Instant::now() + Duration::from_millis(2500);
-    while Instant::now() < kept_until {
+    let last_refresh = loop {
+        // Taken before the call: the store renews the lease when the call reaches it,
+        // at this instant or later, so the expiry below is timed from no later than
+        // the renewal, whatever delays the answer on a loaded machine.
+        let sent = Instant::now();
         store.keep_alive(lease).await.expect("keep alive");
+        if sent >= kept_until {
+            break sent;
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    };
     assert!(store.get("/lease/alive").await.expect("get").is_some());
 
-    // Left alone: it expires (etcd may take up to about twice the TTL to notice).
-    let stopped = Instant::now();
+    // Left alone: it expires (etcd may take up to about twice the TTL to notice), and
+    // not before most of its TTL after the last refresh (a lower bound: load only
+    // makes the wait longer).
     match next_event(&mut watch).await {
         WatchEvent::Delete { key, .. } => assert_eq!(key, "/lease/alive"),
         other => panic!("expected the leased key's delete event, got {other:?}"),
     }
-    let waited = stopped.elapsed();
+    let waited = last_refresh.elapsed();
     assert!(
         waited >= Duration::from_millis(500),
-        "expired too early: {waited:?}"
+        "expired too early: {waited:?} after the last refresh"
     );
     assert_eq!(store.get("/lease/alive").await.expect("get"), None);
     assert!(store.get("/lease/plain").await.expect("get").is_some());
