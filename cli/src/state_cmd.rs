@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use iadeep_state::{StateStore, WatchEvent};
+use iadeep_state::{StateError, StateStore, WatchEvent};
 
 use crate::StoreArgs;
 use crate::codec;
@@ -189,6 +189,19 @@ async fn put(
     Ok(ExitCode::SUCCESS)
 }
 
+/// A watch's error, with what to do instead when the revision asked for is compacted
+/// (the placer compacts every `--compact-every`, so an old `--from-revision` stops
+/// working on its own).
+fn watch_error(err: StateError) -> anyhow::Error {
+    match err {
+        StateError::Compacted { oldest, .. } => anyhow::anyhow!(
+            "{err}: --from-revision {oldest} or later replays the history kept; without \
+             --from-revision the watch starts now"
+        ),
+        err => err.into(),
+    }
+}
+
 async fn watch(
     store: &dyn StateStore,
     prefix: &str,
@@ -196,7 +209,10 @@ async fn watch(
     count: Option<u64>,
 ) -> Result<ExitCode> {
     codec::check_key(prefix)?;
-    let mut events = store.watch(prefix, from_revision).await?;
+    let mut events = store
+        .watch(prefix, from_revision)
+        .await
+        .map_err(watch_error)?;
     eprintln!("watching {prefix} on {} (Ctrl-C to stop)", store.describe());
     let mut seen = 0u64;
     while count.is_none_or(|n| seen < n) {
@@ -212,7 +228,7 @@ async fn watch(
                 codec::one_line(&kv.key, &kv.value)
             )?,
             Some(Ok(WatchEvent::Delete { key, revision })) => outln!("DELETE {revision} {key}")?,
-            Some(Err(err)) => return Err(err.into()),
+            Some(Err(err)) => return Err(watch_error(err)),
             None => break,
         }
         seen += 1;

@@ -99,6 +99,40 @@ fn state_commands_on_etcd() {
     round_trip(&server.url());
 }
 
+/// `state watch --from-revision` below what etcd keeps (the placer compacts every
+/// `--compact-every`): the error names the oldest revision that works and the way to
+/// watch from now, not only that the revision is too old.
+#[test]
+fn a_watch_from_compacted_history_says_where_history_starts_and_what_to_do() {
+    let server = EtcdServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let oldest = iadeep_state::testing::runtime().block_on(async {
+        let store = iadeep_state::EtcdStore::connect(&[server.endpoint()])
+            .await
+            .expect("connect");
+        let mut revision = 0;
+        for i in 0..3 {
+            revision = iadeep_state::StateStore::put(&store, "/ops/n", vec![i], None)
+                .await
+                .expect("put");
+        }
+        iadeep_state::StateStore::compact(&store, revision)
+            .await
+            .expect("compact");
+        revision
+    });
+    let watch = iadeep(
+        &server.url(),
+        &["state", "watch", "/ops/", "--from-revision", "1"],
+    );
+    assert!(!watch.status.success(), "{}", stdout(&watch));
+    assert!(
+        stderr(&watch).contains(&format!("--from-revision {oldest} or later"))
+            && stderr(&watch).contains("without --from-revision the watch starts now"),
+        "{}",
+        stderr(&watch)
+    );
+}
+
 /// `state ls` over more than one answer can carry: 1,100 keys of 10 KB (11 MB, where
 /// gRPC refuses an answer over 4 MiB) list whole and in order, in pages (halved from
 /// the default 500 keys, 5 MB, to fit).
