@@ -107,7 +107,16 @@ impl Measurement {
 
     /// Takes in a report of the task at `index`. Only a report made under this round, at the
     /// assigned batch size and newer than any taken before counts; an out-of-memory report
-    /// at or below the assigned size marks the round.
+    /// at or below the assigned size marks the round, and so does a report under this round
+    /// at a smaller size: the agent applied the assigned size and fell back from it, which
+    /// it does only when it ran out of memory. The second is what shows a crash the agent's
+    /// report does not name: it repeats the *smallest* size that ever failed, so a job that
+    /// once crashed at a small size and now crashes at a larger one reports the old size
+    /// (which the tuner sets aside for a fenced production job running above it); without
+    /// it, such a round waited for reports at the assigned size that never came, was
+    /// dropped, and the same size was assigned again (in the simulator, P100 seed 4: a
+    /// Transformer assigned 256 over its fence 1,536 times in 12 hours, running at 128
+    /// above its cap meanwhile).
     pub fn add(&mut self, index: usize, report: &TaskReport) {
         let (Some(series), Some(&assigned), Some(&round)) = (
             self.series.get_mut(index),
@@ -124,6 +133,10 @@ impl Measurement {
             .oom_batch_size
             .is_some_and(|oom| oom > 0 && oom <= assigned)
         {
+            series.out_of_memory = true;
+            return;
+        }
+        if report.batch_size > 0 && report.batch_size < assigned {
             series.out_of_memory = true;
             return;
         }
@@ -226,6 +239,19 @@ mod tests {
         let mut r = report(1, 1, 32, 0.1);
         r.oom_batch_size = Some(64);
         m.add(0, &r);
+        assert_eq!(m.outcome(2), None);
+    }
+
+    /// The agent fell back from the assigned size under this round: a crash there, even
+    /// when its report repeats an older, smaller failure (or, set aside, none at all).
+    #[test]
+    fn a_report_under_the_round_below_the_assigned_size_is_an_oom() {
+        let mut m = Measurement::new(vec![28], vec![4], vec![256], Purpose::Explore, 0, &[None]);
+        m.add(0, &report(28, 1, 128, 0.2));
+        assert_eq!(m.outcome(2), Some(Outcome::OutOfMemory(vec![0])));
+        // Under an older round, a smaller size is what ran before: not this round's.
+        let mut m = Measurement::new(vec![28], vec![4], vec![256], Purpose::Explore, 0, &[None]);
+        m.add(0, &report(27, 1, 128, 0.2));
         assert_eq!(m.outcome(2), None);
     }
 }

@@ -1614,9 +1614,11 @@ impl DeviceTuner {
         match outcome {
             Outcome::OutOfMemory(tasks)
                 if tasks.iter().all(|&i| {
-                    self.residents
-                        .get(&task_ids[i])
-                        .is_some_and(|r| r.outgrew_fence)
+                    // At or below m0 only, as `learn_shared_oom` learns a floor: above
+                    // m0 a fence outgrown is a limit.
+                    self.residents.get(&task_ids[i]).is_some_and(|r| {
+                        r.outgrew_fence && m.batch_sizes[i] <= r.spec.initial_batch_size.max(1)
+                    })
                 }) =>
             {
                 // Production jobs that outgrew their fences with room left on the card:

@@ -32,6 +32,9 @@ struct Task {
     fence: Option<f64>,
     /// The batch sizes its spec allows (`TaskSpec::allowed_batch_sizes`; empty: any).
     allowed: Vec<u32>,
+    /// MiB its runs above m0 need beyond the smooth curve (what a memory model fitted
+    /// below m0 cannot foresee).
+    above_m0_extra_mib: f64,
     // The agent.
     batch: u32,
     round: u64,
@@ -58,6 +61,7 @@ impl Task {
             cap: None,
             fence: None,
             allowed: Vec::new(),
+            above_m0_extra_mib: 0.0,
             batch: m0,
             round: 0,
             seq: 0,
@@ -71,7 +75,12 @@ impl Task {
     }
 
     fn mem_mib(&self, b: u32) -> f64 {
-        self.fixed_mib + self.per_sample_mib * f64::from(b).powf(self.mem_exponent)
+        let extra = if b > self.m0 {
+            self.above_m0_extra_mib
+        } else {
+            0.0
+        };
+        self.fixed_mib + self.per_sample_mib * f64::from(b).powf(self.mem_exponent) + extra
     }
 
     fn spec(&self, kind: &str) -> TaskSpec {
@@ -1653,4 +1662,41 @@ fn a_lone_production_job_above_its_cap_below_m0_goes_back_to_m0() {
             w.tuner.status()
         );
     }
+}
+
+/// The sim's P100 seed 4 case: a lone production job that outgrew its fence at m0 (a floor,
+/// no limit: the way back to m0) and later crashes on its fence above m0, where the memory
+/// model underestimated it. Its agent falls back and keeps reporting the older, smaller
+/// failure; the tuner still takes the round as out of memory, and above m0 as a limit, so
+/// the size is not assigned again and again.
+#[test]
+fn a_fenced_crash_above_m0_after_one_at_m0_is_a_limit() {
+    let mut p = Task::new("p", 64, 8, 512);
+    p.class = PriorityClass::Production;
+    p.cap = Some(1.1);
+    p.noise_scale = Some(5000.0);
+    p.profiled = false;
+    p.above_m0_extra_mib = 3000.0;
+    let fence = p.mem_mib(64) - 2.0;
+    p.fence = Some(fence);
+    let mut w = World::new(16_384.0, vec![p], params());
+    let spec = w.tasks[0].spec(KIND);
+    w.step(vec![Input::Joined {
+        spec,
+        reserved_mib: fence as u64,
+    }]);
+    w.check_memory(&["p".to_owned()]);
+    w.run(3600);
+    let above: Vec<&(i64, String, u32, bool)> = w.ooms.iter().filter(|o| o.2 > 64).collect();
+    let sizes: Vec<(u32, Option<f64>)> = w
+        .assignments()
+        .map(|(_, r)| (r[0].batch_size, r[0].memory_bound_mib))
+        .collect();
+    assert!(
+        !above.is_empty() && above.len() <= 3,
+        "{} crashes above m0: {:?} {sizes:?} mem {:?}",
+        above.len(),
+        w.ooms,
+        [64, 128, 256, 512].map(|b| w.tasks[0].mem_mib(b))
+    );
 }
