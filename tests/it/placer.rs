@@ -481,7 +481,9 @@ async fn reservations_of_tasks_whose_agent_died_are_released_after_the_grace() {
         );
     }
     let s = store.as_ref();
-    // "crashed" never renews its lease: etcd expires it and deletes the alive key.
+    // "crashed" never renews its lease: etcd expires it and deletes the alive key, not
+    // before its TTL after this instant (the grant comes later).
+    let crashed_gone_earliest = std::time::Instant::now() + Duration::from_secs(1);
     start_agent(s, "crashed", Duration::from_secs(1)).await;
     report(s, "crashed", false).await;
     let restarted = start_agent(s, "restarted", Duration::from_secs(30)).await;
@@ -507,24 +509,25 @@ async fn reservations_of_tasks_whose_agent_died_are_released_after_the_grace() {
             .is_none()
     })
     .await;
-    let expired_at = std::time::Instant::now();
-    assert!(
-        residents_of(s, "n1.gpu0")
-            .await
-            .contains(&"crashed".to_owned()),
-        "released before the grace period"
-    );
+    // Still held, if this read came within the grace of the earliest the key can have
+    // gone (a test thread descheduled for longer cannot tell, and does not assert).
+    let held = residents_of(s, "n1.gpu0").await;
+    if crashed_gone_earliest.elapsed() < DEAD_TASK_GRACE {
+        assert!(
+            held.contains(&"crashed".to_owned()),
+            "released before the grace period"
+        );
+    }
     eventually("the crashed task to be released", async || {
         !residents_of(s, "n1.gpu0")
             .await
             .contains(&"crashed".to_owned())
     })
     .await;
-    // The placer noticed the deletion no earlier than this test did (both watch etcd;
-    // the test polls every 50 ms), so the release came a grace period after it.
-    let waited = expired_at.elapsed();
+    // A lower bound, from before the key can have gone: load only makes it longer.
+    let waited = crashed_gone_earliest.elapsed();
     assert!(
-        waited + Duration::from_millis(100) >= DEAD_TASK_GRACE,
+        waited >= DEAD_TASK_GRACE,
         "released {waited:?} after the alive key went, before the {DEAD_TASK_GRACE:?} grace"
     );
     for gone in ["crashed", "done"] {
@@ -536,13 +539,37 @@ async fn reservations_of_tasks_whose_agent_died_are_released_after_the_grace() {
             "{gone}'s placement is deleted"
         );
     }
-    // Past another grace period, the live and the unstarted keep their devices.
-    tokio::time::sleep(DEAD_TASK_GRACE + Duration::from_millis(500)).await;
+    // The live and the unstarted keep their devices: a marker task whose agent dies
+    // now is released a grace later, and "restarted", whose agent was gone before the
+    // marker's, or "unstarted", placed before it, would be released by then if the
+    // reaper took either for dead. Nothing to wait out, nothing to miss if it is slow.
+    let answer = place(&mut c, task("marker", 2000, 10.0))
+        .await
+        .expect("place");
+    assert!(
+        matches!(answer.decision, Some(place_response::Decision::Placed(_))),
+        "{answer:?}"
+    );
+    let marker = start_agent(s, "marker", Duration::from_secs(30)).await;
+    report(s, "marker", false).await;
+    s.revoke_lease(marker)
+        .await
+        .expect("the marker's agent dies");
+    eventually("the marker task to be released", async || {
+        !residents_of(s, "n1.gpu0")
+            .await
+            .contains(&"marker".to_owned())
+    })
+    .await;
     let mut left = residents_of(s, "n1.gpu0").await;
     left.sort();
     assert_eq!(left, ["restarted", "unstarted"]);
     let metrics = daemon.metrics();
-    assert_eq!(metrics.dead_released.get(), 2);
+    assert_eq!(
+        metrics.dead_released.get(),
+        3,
+        "crashed, done and the marker"
+    );
 }
 
 /// A task placed whose agent never starts gives its device back once the
@@ -572,14 +599,17 @@ async fn reservations_of_tasks_whose_agent_never_started_are_released_after_thei
     }
     let s = store.as_ref();
     start_agent(s, "started", Duration::from_secs(30)).await;
-    tokio::time::sleep(UNSTARTED_GRACE / 2).await;
+    // Both still held, if this read came within the grace of their placement (a test
+    // thread descheduled for longer cannot tell, and does not assert).
     let mut held = residents_of(s, "n1.gpu0").await;
-    held.sort();
-    assert_eq!(
-        held,
-        ["never", "started"],
-        "released before the grace period"
-    );
+    if placed_before.elapsed() < UNSTARTED_GRACE {
+        held.sort();
+        assert_eq!(
+            held,
+            ["never", "started"],
+            "released before the grace period"
+        );
+    }
     eventually("the never-started task to be released", async || {
         !residents_of(s, "n1.gpu0")
             .await
@@ -598,8 +628,22 @@ async fn reservations_of_tasks_whose_agent_never_started_are_released_after_thei
             .is_none(),
         "its placement is deleted with the reservation"
     );
-    // Another grace later, the started one still holds its device.
-    tokio::time::sleep(UNSTARTED_GRACE).await;
+    // The started one keeps its device: a marker task placed now, never started, is
+    // released a grace later, and "started", placed before it, would be released by
+    // then if the reaper took it for unstarted.
+    let answer = place(&mut c, task("marker", 2000, 10.0))
+        .await
+        .expect("place");
+    assert!(
+        matches!(answer.decision, Some(place_response::Decision::Placed(_))),
+        "{answer:?}"
+    );
+    eventually("the marker task to be released", async || {
+        !residents_of(s, "n1.gpu0")
+            .await
+            .contains(&"marker".to_owned())
+    })
+    .await;
     assert_eq!(residents_of(s, "n1.gpu0").await, ["started"]);
     let metrics = daemon.metrics();
     assert_eq!(
@@ -607,7 +651,8 @@ async fn reservations_of_tasks_whose_agent_never_started_are_released_after_thei
             metrics.unstarted_released.get(),
             metrics.dead_released.get()
         ),
-        (1, 0)
+        (2, 0),
+        "never and the marker"
     );
 }
 
