@@ -144,6 +144,14 @@ async fn client_load(addr: std::net::SocketAddr, counts: Arc<Requests>, stop: Ar
 struct Damage {
     deleted: Vec<String>,
     reservations_dropped: Vec<String>,
+    /// The watch reached the marker the test writes last: it has delivered every
+    /// change before it, so the damage seen is all there was.
+    marker_seen: bool,
+}
+
+/// The key the test writes once the load stops (see [`Damage::marker_seen`]).
+fn marker_key() -> String {
+    format!("{}test/marker", keys::ROOT)
 }
 
 fn lease_of(rt: &tokio::runtime::Runtime, store: &Arc<dyn StateStore>, key: &str) -> i64 {
@@ -269,6 +277,7 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader() {
                 WatchEvent::Delete { key, .. } if watched.contains(&key) => {
                     damage.deleted.push(key);
                 }
+                WatchEvent::Put(kv) if kv.key == marker_key() => damage.marker_seen = true,
                 WatchEvent::Put(kv) if kv.key == keys::device_residents(DEVICE) => {
                     let record: DeviceResidents = typed::decode(&kv).expect("residents");
                     for job in JOBS {
@@ -287,7 +296,14 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader() {
     let counts = Arc::new(Requests::default());
     let load_stop = Arc::new(AtomicBool::new(false));
     let load = rt.spawn(client_load(addr, counts.clone(), load_stop.clone()));
-    std::thread::sleep(Duration::from_millis(500));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while counts.ok.load(Ordering::Relaxed) + counts.failed.load(Ordering::Relaxed) < 5 {
+        assert!(
+            Instant::now() < deadline,
+            "no request answered before any loss"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let (warm_ok, warm_failed, _) = counts.take();
     assert!(
         warm_ok > 0 && warm_failed == 0,
@@ -335,6 +351,16 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader() {
             residents.reservations.iter().any(|r| r.task_id == job),
             "{job} lost its reservation"
         );
+    }
+    rt.block_on(store.put(&marker_key(), b"end".to_vec(), None))
+        .expect("put the marker");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !damage.lock().expect("lock").marker_seen {
+        assert!(
+            Instant::now() < deadline,
+            "the watch did not reach the marker"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
     let damage = damage.lock().expect("lock");
     assert!(damage.deleted.is_empty(), "deleted: {:?}", damage.deleted);
