@@ -65,9 +65,11 @@ async fn killing_the_job_process_removes_its_task_when_the_lease_expires() {
     .await;
     assert!(registered.is_some(), "the job registered and reported");
 
+    // Taken before the kill: the lease can expire no sooner than its keep-alives stop,
+    // so a test thread descheduled after the kill only makes `after` longer.
+    let killed = Instant::now();
     child.kill().expect("SIGKILL the job"); // no chance to revoke anything
     child.wait().expect("reap");
-    let killed = Instant::now();
     let gone = wait_until(Duration::from_secs(8), || async {
         (!alive(&store, "kill-me").await).then_some(())
     })
