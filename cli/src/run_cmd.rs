@@ -74,7 +74,9 @@ pub struct RunArgs {
     /// the time and this process's id.
     #[arg(long, value_name = "ID")]
     task_id: Option<String>,
-    /// Model name, for the record. Default: the script's name.
+    /// Model name: jobs of one model share an entry of the profile registry, from which
+    /// the placer fills a new job's profile (the memory it reserves, the speed alone the
+    /// tuner measures PD against) before the job has measured its own. Default: the script's file name without its extension (`train.py`: `train`).
     #[arg(long, value_name = "NAME")]
     model: Option<String>,
     /// The batch size the job starts with (m0). Required: the placer reserves memory for
@@ -1008,7 +1010,11 @@ async fn release(client: &mut PlacerClient<Channel>, task_id: &str) -> bool {
                 return true;
             }
             Ok(_) => {
-                tracing::debug!(task = task_id, "no placement to release");
+                // Said, so a run's log always ends by saying its GPU is free again.
+                tracing::info!(
+                    task = task_id,
+                    "placement already released by the placer (the job's agent had finished or gone)"
+                );
                 return true;
             }
             Err(status) => {
