@@ -902,10 +902,18 @@ async fn concurrent_places_on_a_nearly_full_cluster_never_overpack_a_device() {
     expected.sort();
     assert_eq!(with("/spec"), expected);
 
-    // No version of any residents record ever exceeded the device's usable memory.
+    // No version of any residents record ever exceeded the device's usable memory: every
+    // change up to a marker written now (events come in revision order, so the watch has
+    // delivered them all once it delivers the marker, however slow it is).
+    let marker = format!("{}test-marker", keys::DEVICES);
+    store
+        .put(&marker, b"end".to_vec(), None)
+        .await
+        .expect("put the marker");
     let mut versions = 0;
     loop {
-        match tokio::time::timeout(Duration::from_millis(500), watch.next()).await {
+        match tokio::time::timeout(Duration::from_secs(30), watch.next()).await {
+            Ok(Some(Ok(WatchEvent::Put(kv)))) if kv.key == marker => break,
             Ok(Some(Ok(WatchEvent::Put(kv)))) if kv.key.ends_with("/residents") => {
                 let record: DeviceResidents = typed::decode(&kv).expect("decode");
                 let total: u64 = record.reservations.iter().map(|r| r.reserved_mem_mib).sum();
@@ -918,7 +926,8 @@ async fn concurrent_places_on_a_nearly_full_cluster_never_overpack_a_device() {
             }
             Ok(Some(Ok(_))) => {}
             Ok(Some(Err(err))) => panic!("watch failed: {err}"),
-            Ok(None) | Err(_) => break,
+            Ok(None) => panic!("the watch ended before the marker"),
+            Err(_) => panic!("the marker did not arrive within 30 s"),
         }
     }
     assert_eq!(versions, DEVICES, "one successful reservation per device");
