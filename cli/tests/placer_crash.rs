@@ -7,23 +7,26 @@
 //! and the load goes on; while one is dead or restarting the other keeps serving.
 //!
 //! Each client retries a request whose answer was lost (the transport error of a dead
-//! placer, or any error) with the same task until it is answered, as `iadeep run` does,
-//! so at the end it knows exactly which tasks it holds. The store is then audited:
-//! no device over-packed by the placer's own accounting (a [`ClusterView`] built from
-//! the stored records, whose footprints the placer decides on, within the card alone and
-//! within [`PlacerParams::usable_memory_mib`] shared), no task reserved twice or on two
+//! placer, or any error) with the same task until it is answered, so at the end it
+//! knows exactly which tasks it holds. The store is then audited: no device over-packed
+//! by the placer's own accounting (a [`ClusterView`] built from the stored records, whose
+//! footprints the placer decides on, within the card alone and within
+//! [`PlacerParams::usable_memory_mib`] shared), no task reserved twice or on two
 //! devices, every reservation with its placement and every placement with its
 //! reservation, and the reserved tasks exactly the ones the clients were told were placed
 //! and did not release since. After the clients release everything, the store holds no
-//! reservation and no placement.
+//! reservation and no placement. The same invariants (all but the clients' agreement)
+//! are checked at every revision of the store's history too, replayed from a watch
+//! started before the load, so a state broken for a while and repaired before the end
+//! (an over-packed device a release emptied again) is caught as well.
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use iadeep_placer::{ClusterView, ModelledMemory, PlacerParams};
@@ -33,7 +36,7 @@ use iadeep_proto::{
     ReleaseRequest, SoloProfile, TaskReport, TaskSpec, place_response,
 };
 use iadeep_state::keys::{self, KeyKind};
-use iadeep_state::{EtcdStore, StateStore, typed};
+use iadeep_state::{EtcdStore, KeyValue, Revision, StateStore, WatchEvent, typed};
 use tonic::transport::{Channel, Endpoint};
 
 use common::DEADLINE;
@@ -296,57 +299,142 @@ struct Stored {
     infos: BTreeMap<String, DeviceInfo>,
     residents: BTreeMap<String, (DeviceResidents, i64)>,
     placements: BTreeMap<String, Placement>,
-    reports: Vec<TaskReport>,
-    assignments: Vec<(BatchSizeAssignment, i64)>,
+    reports: BTreeMap<String, TaskReport>,
+    assignments: BTreeMap<String, (BatchSizeAssignment, i64)>,
 }
 
 /// A stored value, which the placer wrote and the audit must read.
-fn decode<M: prost::Message + Default>(kv: &iadeep_state::KeyValue) -> M {
+fn decode<M: prost::Message + Default>(kv: &KeyValue) -> M {
     typed::decode(kv).unwrap_or_else(|e| panic!("{}: {e}", kv.key))
 }
 
-async fn read_store(store: &dyn StateStore) -> Stored {
-    let mut stored = Stored::default();
-    let devices = store.range(keys::DEVICES).await.expect("range devices/");
-    let tasks = store.range(keys::TASKS).await.expect("range tasks/");
-    for kv in devices.kvs.iter().chain(&tasks.kvs) {
+impl Stored {
+    /// Everything under the layout's root, and the revision it was read at.
+    async fn read(store: &dyn StateStore) -> (Stored, Revision) {
+        let snapshot = store.range(keys::ROOT).await.expect("range the store");
+        let mut stored = Stored::default();
+        for kv in &snapshot.kvs {
+            stored.put(kv);
+        }
+        (stored, snapshot.revision)
+    }
+
+    fn put(&mut self, kv: &KeyValue) {
         match KeyKind::parse(&kv.key) {
             KeyKind::DeviceInfo { device } => {
-                let info = decode(kv);
-                stored.infos.insert(device, info);
+                self.infos.insert(device, decode(kv));
             }
             KeyKind::DeviceResidents { device } => {
-                let record = decode(kv);
-                stored.residents.insert(device, (record, kv.mod_revision));
+                self.residents.insert(device, (decode(kv), kv.mod_revision));
             }
             KeyKind::TaskPlacement { task } => {
-                let placement = decode(kv);
-                stored.placements.insert(task, placement);
+                self.placements.insert(task, decode(kv));
             }
-            KeyKind::TaskReport { .. } => {
-                stored.reports.push(decode(kv));
+            KeyKind::TaskReport { task } => {
+                self.reports.insert(task, decode(kv));
             }
-            KeyKind::TaskAssignment { .. } => {
-                let assignment = decode(kv);
-                stored.assignments.push((assignment, kv.mod_revision));
+            KeyKind::TaskAssignment { task } => {
+                self.assignments.insert(task, (decode(kv), kv.mod_revision));
             }
             _ => {}
         }
     }
-    stored
+
+    fn apply(&mut self, event: &WatchEvent) {
+        let key = match event {
+            WatchEvent::Put(kv) => return self.put(kv),
+            WatchEvent::Delete { key, .. } => key,
+        };
+        match KeyKind::parse(key) {
+            KeyKind::DeviceInfo { device } => {
+                self.infos.remove(&device);
+            }
+            KeyKind::DeviceResidents { device } => {
+                self.residents.remove(&device);
+            }
+            KeyKind::TaskPlacement { task } => {
+                self.placements.remove(&task);
+            }
+            KeyKind::TaskReport { task } => {
+                self.reports.remove(&task);
+            }
+            KeyKind::TaskAssignment { task } => {
+                self.assignments.remove(&task);
+            }
+            _ => {}
+        }
+    }
 }
 
-/// Every way the store contradicts the invariants, given the tasks the clients hold.
-fn audit(stored: &Stored, held: &BTreeSet<String>) -> Vec<String> {
-    let mut findings = Vec::new();
-    // Where each task is reserved, as often as it is.
-    let mut reserved: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (device, (record, _)) in &stored.residents {
-        let mut sum = 0;
-        for r in &record.reservations {
-            reserved.entry(&r.task_id).or_default().push(device);
-            sum += r.reserved_mem_mib;
+/// Collects every change under the layout's root from `from` on, as the store
+/// commits them, until the returned handle is dropped.
+async fn record_history(
+    store: &dyn StateStore,
+    from: Revision,
+) -> (Arc<Mutex<Vec<WatchEvent>>>, tokio::task::JoinHandle<()>) {
+    let mut watch = store
+        .watch(keys::ROOT, Some(from))
+        .await
+        .expect("watch the store");
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    let task = tokio::spawn(async move {
+        while let Some(event) = watch.next().await {
+            let event = event.unwrap_or_else(|e| panic!("the audit's watch failed: {e}"));
+            sink.lock().expect("events").push(event);
         }
+    });
+    (events, task)
+}
+
+/// Replays the history recorded from `start` up to `last` and returns every way the
+/// store broke [`invariants`] at any revision, not only at the end: each revision
+/// (one transaction, or several committed as one) is checked whole.
+async fn audit_history(
+    mut stored: Stored,
+    events: &Mutex<Vec<WatchEvent>>,
+    last: Revision,
+) -> Vec<String> {
+    let started = Instant::now();
+    while events
+        .lock()
+        .expect("events")
+        .last()
+        .is_none_or(|e| e.revision() < last)
+    {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the audit's watch did not reach revision {last} within {DEADLINE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let events = events.lock().expect("events");
+    let mut findings = Vec::new();
+    let mut revisions = 0;
+    for one_revision in events.chunk_by(|a, b| a.revision() == b.revision()) {
+        for event in one_revision {
+            stored.apply(event);
+        }
+        revisions += 1;
+        let revision = one_revision[0].revision();
+        findings.extend(
+            invariants(&stored)
+                .into_iter()
+                .map(|f| format!("at revision {revision}: {f}")),
+        );
+    }
+    eprintln!("{revisions} revisions of the store audited");
+    findings
+}
+
+/// Every way the store contradicts what must hold at every revision: no device
+/// over-packed, no task reserved twice or on two devices, every reservation with its
+/// placement and every placement with its reservation.
+fn invariants(stored: &Stored) -> Vec<String> {
+    let mut findings = Vec::new();
+    let reserved = reservations(stored);
+    for (device, (record, _)) in &stored.residents {
+        let sum: u64 = record.reservations.iter().map(|r| r.reserved_mem_mib).sum();
         let card = stored.infos.get(device).map_or(0, |i| i.memory_mib);
         if sum > card {
             findings.push(format!("{device}: {sum} MiB reserved on a {card} MiB card"));
@@ -376,7 +464,27 @@ fn audit(stored: &Stored, held: &BTreeSet<String>) -> Vec<String> {
         }
     }
     findings.extend(over_packed(stored));
-    let in_store: BTreeSet<String> = reserved.keys().map(|t| (*t).to_owned()).collect();
+    findings
+}
+
+/// Where each task is reserved, as often as it is.
+fn reservations(stored: &Stored) -> BTreeMap<&str, Vec<&str>> {
+    let mut reserved: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (device, (record, _)) in &stored.residents {
+        for r in &record.reservations {
+            reserved.entry(&r.task_id).or_default().push(device);
+        }
+    }
+    reserved
+}
+
+/// [`invariants`], and the reserved tasks against the ones the clients hold.
+fn audit(stored: &Stored, held: &BTreeSet<String>) -> Vec<String> {
+    let mut findings = invariants(stored);
+    let in_store: BTreeSet<String> = reservations(stored)
+        .keys()
+        .map(|t| (*t).to_owned())
+        .collect();
     for task in held.difference(&in_store) {
         findings.push(format!(
             "{task}: the client was told it was placed and never released it, but the store holds no reservation"
@@ -398,10 +506,10 @@ fn over_packed(stored: &Stored) -> Vec<String> {
     for info in stored.infos.values() {
         view.upsert_device(info.clone());
     }
-    for report in &stored.reports {
+    for report in stored.reports.values() {
         view.set_report(report.clone());
     }
-    for (assignment, revision) in &stored.assignments {
+    for (assignment, revision) in stored.assignments.values() {
         view.set_assignment(assignment.clone(), *revision);
     }
     for (device, (record, revision)) in &stored.residents {
@@ -490,6 +598,8 @@ fn placers_killed_mid_load_leave_no_over_packed_device_and_no_double_reservation
             .expect("connect to etcd"),
     );
     rt.block_on(register_devices(store.as_ref()));
+    let (registered, from) = rt.block_on(Stored::read(store.as_ref()));
+    let (history, watcher) = rt.block_on(record_history(store.as_ref(), from + 1));
 
     let mut placers: Vec<(String, PlacerProcess)> = ["a", "b"]
         .iter()
@@ -514,7 +624,7 @@ fn placers_killed_mid_load_leave_no_over_packed_device_and_no_double_reservation
     assert!(placed > 0 && released > 0, "the load placed and released");
 
     let held: BTreeSet<String> = ends.iter().flat_map(|e| e.held.clone()).collect();
-    let findings = audit(&rt.block_on(read_store(store.as_ref())), &held);
+    let findings = audit(&rt.block_on(Stored::read(store.as_ref())).0, &held);
     let logs = || {
         placers
             .iter()
@@ -541,9 +651,19 @@ fn placers_killed_mid_load_leave_no_over_packed_device_and_no_double_reservation
             leftover.contradictions
         );
     }
-    let findings = audit(&rt.block_on(read_store(store.as_ref())), &BTreeSet::new());
+    let (released_all, last) = rt.block_on(Stored::read(store.as_ref()));
+    let findings = audit(&released_all, &BTreeSet::new());
     assert!(
         findings.is_empty(),
         "after releasing everything:\n{findings:#?}"
+    );
+
+    // Not only the end: the store never broke an invariant at any revision between.
+    let findings = rt.block_on(audit_history(registered, &history, last));
+    watcher.abort();
+    assert!(
+        findings.is_empty(),
+        "in the store's history:\n{findings:#?}\n{}",
+        logs()
     );
 }
