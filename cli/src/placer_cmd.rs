@@ -645,6 +645,12 @@ async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
         wait_for_fit(predictor).await?;
     }
     let cluster = Arc::new(cluster);
+    // Marks the timed phase's start for whoever samples the processes' CPU time.
+    tracing::info!(
+        concurrency = args.concurrency,
+        requests = args.requests,
+        "clients starting"
+    );
     let started = Instant::now();
     let mut latencies = run_clients(&endpoint, &cluster, args.concurrency, args.requests).await?;
     let wall = started.elapsed();

@@ -15,7 +15,7 @@ use iadeep_proto::{
     AvoidPairing, BatchSizeAssignment, CapBreach, Claim, DeviceInfo, DeviceResidents, Reservation,
     TaskProfile, TaskReport, TaskSpec,
 };
-use iadeep_state::Revision;
+use iadeep_state::{Revision, WatchEvent};
 
 use crate::model::MemoryEstimator;
 
@@ -962,6 +962,26 @@ impl ClusterView {
         self.assignments
             .insert(task_id.clone(), (assignment, revision));
         self.refresh_resident(&task_id);
+    }
+
+    /// The revision of the task's assignment the view holds, if any.
+    pub(crate) fn assignment_revision(&self, task_id: &str) -> Option<Revision> {
+        self.assignments.get(task_id).map(|(_, revision)| *revision)
+    }
+
+    /// Whether the view already holds what `event` on `device_id`'s residents key says:
+    /// the record put at that very revision, or the record deleted at it. Applying such
+    /// an event again would change nothing.
+    pub(crate) fn holds_residents_at(&self, device_id: &str, event: &WatchEvent) -> bool {
+        let Some(device) = self.devices.get(device_id) else {
+            return false;
+        };
+        match event {
+            WatchEvent::Put(kv) => device.residents_revision == Some(kv.mod_revision),
+            WatchEvent::Delete { revision, .. } => {
+                device.residents_revision.is_none() && device.seen_revision == *revision
+            }
+        }
     }
 
     /// Forgets a task's assignment (its key was deleted).
