@@ -101,8 +101,12 @@
 //!    kind and names which production job's cap refused which device.
 //!
 //! **Room evictions.** A production task that no considered device can take (every
-//! device assessed, none feasible: memory, caps or anything else) may make room by
-//! evicting opportunistic residents of one device ([`Placer::room_eviction`]). A device
+//! device assessed, none feasible: memory, caps or anything else) and that has waited
+//! [`PlacerParams::room_eviction_patience`] since it was submitted may make room by
+//! evicting opportunistic residents of one device ([`Placer::room_eviction`]); before
+//! that it queues like any task, its retry hint no later than the end of its patience
+//! (an eviction hands the production job's wait to its victims, with their lost work
+//! and restart on top). A device
 //! qualifies when, without the victims, the task fits its memory (the usable memory
 //! less the one margin next to the residents that stay, the whole card when none
 //! does) and the utilisation caps, and its own and every staying production
@@ -433,9 +437,12 @@ impl Placer {
                 && assessment.candidates.is_empty()
                 && assessment.unscored == 0 =>
             {
-                match self.room_eviction(view, task, restrict, now_unix_ms) {
-                    Some(plan) => self.evict_verdict(task, &plan, &assessment, now_unix_ms),
-                    None => verdict,
+                match self.patience_left(task, now_unix_ms) {
+                    Some(left) => self.patient_verdict(verdict, left),
+                    None => match self.room_eviction(view, task, restrict, now_unix_ms) {
+                        Some(plan) => self.evict_verdict(task, &plan, &assessment, now_unix_ms),
+                        None => verdict,
+                    },
                 }
             }
             None => verdict,

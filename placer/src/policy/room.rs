@@ -2,6 +2,8 @@
 //! production task that fits no device under the caps would fit once some
 //! opportunistic residents left, which residents, and what a task that holds a room
 //! claim is told while they leave.
+use std::time::Duration;
+
 use iadeep_proto::{Claim, TaskProfile, TaskSpec};
 
 use super::feasibility::claimed_by_others;
@@ -133,6 +135,40 @@ impl Placer {
             }
         }
         best
+    }
+
+    /// Seconds `task` must still wait before it may make room by evicting
+    /// ([`crate::PlacerParams::room_eviction_patience`]), counted from its submission;
+    /// `None` once it may (or when it does not say when it was submitted).
+    pub(super) fn patience_left(&self, task: &TaskSpec, now_unix_ms: i64) -> Option<Duration> {
+        let patience = self.params.room_eviction_patience;
+        if patience.is_zero() || task.submitted_at_unix_ms <= 0 {
+            return None;
+        }
+        let waited_ms = now_unix_ms.saturating_sub(task.submitted_at_unix_ms).max(0);
+        patience
+            .checked_sub(Duration::from_millis(waited_ms as u64))
+            .filter(|left| !left.is_zero())
+    }
+
+    /// The queue `verdict` of a production task that fits nowhere and may not evict yet:
+    /// asked again no later than when its patience (`left`) ends, told so.
+    pub(super) fn patient_verdict(&self, verdict: Verdict, left: Duration) -> Verdict {
+        let Verdict::Queue {
+            retry_after,
+            reason,
+        } = verdict
+        else {
+            return verdict;
+        };
+        Verdict::Queue {
+            retry_after: retry_after.min(left).max(self.params.min_retry_after),
+            reason: format!(
+                "{reason}; may make room by evicting opportunistic jobs in {} s \
+                 (room_eviction_patience)",
+                left.as_secs()
+            ),
+        }
     }
 
     /// What a task holding a room claim is told (see the module docs of [`super`]):
@@ -639,6 +675,39 @@ mod tests {
 
     /// A production job that fits nowhere makes room by evicting the fewest
     /// opportunistic residents, among equals the one that has run least (least work
+    /// With a patience, a production job that fits nowhere queues like any task until it
+    /// has waited that long since its submission, told when it may evict; then it makes
+    /// room as without one. A job that does not say when it was submitted evicts at once.
+    #[test]
+    fn a_production_job_evicts_only_once_it_has_waited_its_patience() {
+        let view = crowded();
+        let patient = Placer::new(
+            PlacerParams {
+                room_eviction_patience: Duration::from_secs(600),
+                ..PlacerParams::default()
+            },
+            Arc::new(TimeShare),
+        )
+        .expect("valid params");
+        let mut new = production(spec("urgent", 10_000, 10.0, None), 1.1);
+        new.submitted_at_unix_ms = 5_000;
+        let d = patient.decide(&view, &new, &[], 10_000);
+        match &d.verdict {
+            Verdict::Queue {
+                retry_after,
+                reason,
+            } => {
+                assert!(*retry_after <= Duration::from_secs(595), "{retry_after:?}");
+                assert!(reason.contains("in 595 s"), "{reason}");
+            }
+            other => panic!("expected to queue, got {other:?}"),
+        }
+        let evicts = |d: Decision| matches!(d.verdict, Verdict::Evict { .. });
+        assert!(evicts(patient.decide(&view, &new, &[], 605_000)));
+        new.submitted_at_unix_ms = 0;
+        assert!(evicts(patient.decide(&view, &new, &[], 10_000)));
+    }
+
     /// lost), never a production one; an opportunistic job in its place just queues.
     #[test]
     fn a_production_job_that_fits_nowhere_evicts_the_fewest_cheapest_opportunistic_jobs() {
