@@ -435,8 +435,8 @@ mod tests {
     use crate::model::ModelledMemory;
     use crate::policy::Placer;
     use crate::service::Clock;
-    use crate::service::tests::ResendingStore;
     use crate::sync::ViewSync;
+    use iadeep_state::testing::{Fault, FaultStore, Op};
 
     const T0: i64 = 1_700_000_000_000;
 
@@ -724,11 +724,11 @@ mod tests {
     /// eviction, reported as done, not a breach that vanished.
     #[tokio::test]
     async fn an_eviction_whose_first_attempt_committed_counts_once() {
-        let resending = Arc::new(ResendingStore::new());
+        let resending = Arc::new(FaultStore::in_memory());
         let store: Arc<dyn StateStore> = resending.clone();
         seed(store.as_ref()).await;
         let one = placer_over(store.clone()).await;
-        resending.resend.store(true, Ordering::SeqCst);
+        resending.inject_until_cleared(Op::Transact, Fault::Resend);
 
         let outcome = act_on_breach(&one.service, "d0").await.expect("act");
         let Outcome::Evicted(eviction) = outcome else {

@@ -356,108 +356,27 @@ async fn join_all<F: std::future::Future<Output = ()>>(futures: impl IntoIterato
 #[cfg(test)]
 mod tests {
     use super::*;
-    use iadeep_state::{EmbeddedStore, Expect};
-    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use iadeep_state::Expect;
+    use iadeep_state::testing::{FaultStore, Op};
 
-    /// A store that counts the transactions it is sent and how many comparisons each
-    /// carried.
-    #[derive(Debug)]
-    struct Counting {
-        inner: EmbeddedStore,
-        sent: Mutex<Vec<usize>>,
-        /// When set, the next transaction waits for a permit of `open` (once), with
-        /// `holding` set meanwhile: a commit in flight while other requests queue.
-        hold_next: AtomicBool,
-        holding: AtomicBool,
-        /// How many transactions were held.
-        held: std::sync::atomic::AtomicUsize,
-        open: tokio::sync::Semaphore,
+    /// An in-memory store that counts the transactions it is sent, holds them when told.
+    fn counting() -> Arc<FaultStore> {
+        Arc::new(FaultStore::in_memory())
     }
 
-    fn counting() -> Arc<Counting> {
-        Arc::new(Counting {
-            inner: EmbeddedStore::in_memory().expect("in-memory store"),
-            sent: Mutex::default(),
-            hold_next: false.into(),
-            holding: false.into(),
-            held: 0.into(),
-            open: tokio::sync::Semaphore::new(0),
-        })
+    /// How many comparisons each transaction the store was sent carried, in order.
+    fn compares_sent(store: &FaultStore) -> Vec<usize> {
+        store
+            .sent_transactions()
+            .iter()
+            .map(|txn| txn.compares.len())
+            .collect()
     }
 
     /// Yields to the other tasks until `done` says so.
     async fn until(done: impl Fn() -> bool) {
         while !done() {
             tokio::task::yield_now().await;
-        }
-    }
-
-    #[async_trait::async_trait]
-    impl StateStore for Counting {
-        fn describe(&self) -> String {
-            self.inner.describe()
-        }
-        async fn get(&self, key: &str) -> iadeep_state::Result<Option<KeyValue>> {
-            self.inner.get(key).await
-        }
-        async fn put(
-            &self,
-            key: &str,
-            value: Vec<u8>,
-            lease: Option<iadeep_state::LeaseId>,
-        ) -> iadeep_state::Result<iadeep_state::Revision> {
-            self.inner.put(key, value, lease).await
-        }
-        async fn delete(&self, key: &str) -> iadeep_state::Result<bool> {
-            self.inner.delete(key).await
-        }
-        async fn transact(&self, txn: Txn) -> iadeep_state::Result<TxnOutcome> {
-            if self.hold_next.swap(false, SeqCst) {
-                self.holding.store(true, SeqCst);
-                self.held.fetch_add(1, SeqCst);
-                self.open.acquire().await.expect("open").forget();
-                self.holding.store(false, SeqCst);
-            }
-            // A commit takes a while: others queue meanwhile.
-            tokio::task::yield_now().await;
-            self.sent.lock().expect("lock").push(txn.compares.len());
-            self.inner.transact(txn).await
-        }
-        async fn range(&self, prefix: &str) -> iadeep_state::Result<iadeep_state::RangeSnapshot> {
-            self.inner.range(prefix).await
-        }
-        async fn range_page(
-            &self,
-            prefix: &str,
-            after: Option<&str>,
-            limit: usize,
-        ) -> iadeep_state::Result<iadeep_state::RangePage> {
-            self.inner.range_page(prefix, after, limit).await
-        }
-        async fn compact(&self, revision: iadeep_state::Revision) -> iadeep_state::Result<()> {
-            self.inner.compact(revision).await
-        }
-        async fn watch(
-            &self,
-            prefix: &str,
-            start: Option<iadeep_state::Revision>,
-        ) -> iadeep_state::Result<iadeep_state::WatchStream> {
-            self.inner.watch(prefix, start).await
-        }
-        async fn grant_lease(
-            &self,
-            ttl: std::time::Duration,
-        ) -> iadeep_state::Result<iadeep_state::LeaseId> {
-            self.inner.grant_lease(ttl).await
-        }
-        async fn keep_alive(
-            &self,
-            lease: iadeep_state::LeaseId,
-        ) -> iadeep_state::Result<std::time::Duration> {
-            self.inner.keep_alive(lease).await
-        }
-        async fn revoke_lease(&self, lease: iadeep_state::LeaseId) -> iadeep_state::Result<()> {
-            self.inner.revoke_lease(lease).await
         }
     }
 
@@ -513,7 +432,7 @@ mod tests {
             assert!(store.get(key).await.expect("get").is_some(), "{key}");
         }
         assert_eq!(
-            *store.sent.lock().expect("lock"),
+            compares_sent(&store),
             vec![3, 2],
             "the merged three, then a and c together"
         );
@@ -567,7 +486,7 @@ mod tests {
             assert!(answer.committed(), "{answer:?}");
         }
         assert_eq!(commit.queued(), 0);
-        let sent = store.sent.lock().expect("lock").clone();
+        let sent = compares_sent(&store);
         assert_eq!(sent.iter().sum::<usize>(), 5, "{sent:?}");
         assert!(sent.len() < 5, "merged into fewer transactions: {sent:?}");
     }
@@ -579,13 +498,13 @@ mod tests {
     async fn a_committer_whose_caller_goes_away_hands_the_queue_on() {
         let store = counting();
         let commit = Arc::new(GroupCommit::new(store.clone()));
-        store.hold_next.store(true, SeqCst);
+        store.hold_next(Op::Transact, 1);
         let call = |key: &'static str| {
             let commit = commit.clone();
             tokio::spawn(async move { commit.transact(create(key)).await })
         };
         let gone = call("gone");
-        until(|| store.holding.load(SeqCst)).await;
+        store.until_holding(1).await;
         let waiting = [call("w1"), call("w2")];
         until(|| commit.queued() == 2).await;
         gone.abort();
@@ -599,15 +518,15 @@ mod tests {
 
         // Now the leader's round holds two: x (the new leader) and y. x's caller goes
         // away mid-round; y, its round abandoned, is sent again alone.
-        store.hold_next.store(true, SeqCst);
+        store.hold_next(Op::Transact, 1);
         let leader = call("leader");
-        until(|| store.held.load(SeqCst) == 2).await;
+        until(|| store.held() == 2).await;
         let (x, y) = (call("x"), call("y"));
         until(|| commit.queued() == 2).await;
-        store.hold_next.store(true, SeqCst);
-        store.open.add_permits(1);
+        store.hold_next(Op::Transact, 1);
+        store.release(1);
         assert!(leader.await.expect("joined").expect("leader").committed());
-        until(|| store.held.load(SeqCst) == 3).await;
+        until(|| store.held() == 3).await;
         x.abort();
         assert!(x.await.expect_err("aborted").is_cancelled());
         let y = y.await.expect("joined").expect("y");

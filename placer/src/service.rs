@@ -1788,6 +1788,7 @@ pub(crate) mod tests {
     use iadeep_predictor::{LearnerParams, OnlinePredictor};
     use iadeep_proto::{DeviceInfo, SoloProfile};
     use iadeep_state::EmbeddedStore;
+    use iadeep_state::testing::{Fault, FaultStore, Op};
 
     /// A placer process of its own over `store`: its own view (two idle devices, no
     /// sync), policy and gates, counting nothing.
@@ -1856,130 +1857,18 @@ pub(crate) mod tests {
         );
     }
 
-    /// A store that sends every transaction twice while `resend` is set and answers the
-    /// second outcome, as the etcd store does when an attempt's answer is lost (a member
-    /// that stopped answering after it committed) and it re-sends the request.
-    #[derive(Debug)]
-    pub(crate) struct ResendingStore {
-        inner: EmbeddedStore,
-        pub(crate) resend: std::sync::atomic::AtomicBool,
-        /// A put made just before the next transaction (once): a write that lands
-        /// between a request's reads and its commit.
-        put_first: std::sync::Mutex<Option<(String, Vec<u8>)>>,
-        /// When set, the next transaction waits for a permit of `open` (once), with
-        /// `holding` set meanwhile: a commit in flight while other requests queue.
-        hold_next: std::sync::atomic::AtomicBool,
-        holding: std::sync::atomic::AtomicBool,
-        open: tokio::sync::Semaphore,
-        /// The keys each transaction sent wrote.
-        sent: std::sync::Mutex<Vec<Vec<String>>>,
-        /// How many range reads it answered.
-        ranges: std::sync::atomic::AtomicUsize,
-    }
-
-    impl ResendingStore {
-        /// Over a fresh in-memory store, resending off, nothing held or injected.
-        pub(crate) fn new() -> ResendingStore {
-            ResendingStore {
-                inner: EmbeddedStore::in_memory().expect("in-memory store"),
-                resend: false.into(),
-                put_first: Default::default(),
-                hold_next: false.into(),
-                holding: false.into(),
-                open: tokio::sync::Semaphore::new(0),
-                sent: Default::default(),
-                ranges: Default::default(),
-            }
-        }
-    }
-
-    #[async_trait::async_trait]
-    impl StateStore for ResendingStore {
-        fn describe(&self) -> String {
-            self.inner.describe()
-        }
-        async fn get(&self, key: &str) -> iadeep_state::Result<Option<iadeep_state::KeyValue>> {
-            self.inner.get(key).await
-        }
-        async fn put(
-            &self,
-            key: &str,
-            value: Vec<u8>,
-            lease: Option<iadeep_state::LeaseId>,
-        ) -> iadeep_state::Result<iadeep_state::Revision> {
-            self.inner.put(key, value, lease).await
-        }
-        async fn delete(&self, key: &str) -> iadeep_state::Result<bool> {
-            self.inner.delete(key).await
-        }
-        async fn transact(&self, txn: Txn) -> iadeep_state::Result<TxnOutcome> {
-            use std::sync::atomic::Ordering::SeqCst;
-            if self.hold_next.swap(false, SeqCst) {
-                self.holding.store(true, SeqCst);
-                self.open.acquire().await.expect("open").forget();
-                self.holding.store(false, SeqCst);
-            }
-            self.sent
-                .lock()
-                .expect("lock")
-                .push(txn.ops.iter().map(|op| op.key().to_owned()).collect());
-            let put_first = self.put_first.lock().expect("lock").take();
-            if let Some((key, value)) = put_first {
-                self.inner.put(&key, value, None).await?;
-            }
-            if self.resend.load(std::sync::atomic::Ordering::SeqCst) {
-                // The first attempt commits; its answer is lost.
-                self.inner.transact(txn.clone()).await?;
-            }
-            self.inner.transact(txn).await
-        }
-        async fn range(&self, prefix: &str) -> iadeep_state::Result<iadeep_state::RangeSnapshot> {
-            self.ranges
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            self.inner.range(prefix).await
-        }
-        async fn range_page(
-            &self,
-            prefix: &str,
-            after: Option<&str>,
-            limit: usize,
-        ) -> iadeep_state::Result<iadeep_state::RangePage> {
-            self.inner.range_page(prefix, after, limit).await
-        }
-        async fn compact(&self, revision: iadeep_state::Revision) -> iadeep_state::Result<()> {
-            self.inner.compact(revision).await
-        }
-        async fn watch(
-            &self,
-            prefix: &str,
-            start: Option<iadeep_state::Revision>,
-        ) -> iadeep_state::Result<iadeep_state::WatchStream> {
-            self.inner.watch(prefix, start).await
-        }
-        async fn grant_lease(&self, ttl: Duration) -> iadeep_state::Result<iadeep_state::LeaseId> {
-            self.inner.grant_lease(ttl).await
-        }
-        async fn keep_alive(&self, lease: iadeep_state::LeaseId) -> iadeep_state::Result<Duration> {
-            self.inner.keep_alive(lease).await
-        }
-        async fn revoke_lease(&self, lease: iadeep_state::LeaseId) -> iadeep_state::Result<()> {
-            self.inner.revoke_lease(lease).await
-        }
-    }
-
     /// A task this process placed, whose agent never reported, is released without a
     /// read of its keys (its Place wrote them), and they are archived all the same; once
     /// the view holds a report of the task, the Release reads them first.
     #[tokio::test]
     async fn a_release_of_keys_this_process_wrote_reads_nothing_unless_the_task_reported() {
-        use std::sync::atomic::Ordering::SeqCst;
-        let (store, one) = three_placed_over_a_resending_store().await;
-        let before = store.ranges.load(SeqCst);
+        let (store, one) = three_placed_over_a_fault_store().await;
+        let before = store.calls(Op::Range);
         assert_eq!(
             one.release("a").await.expect("release").as_deref(),
             Some("d0")
         );
-        assert_eq!(store.ranges.load(SeqCst), before, "a's keys were read");
+        assert_eq!(store.calls(Op::Range), before, "a's keys were read");
         for key in [keys::archived_spec("a"), keys::archived_assignment("a")] {
             assert!(store.get(&key).await.expect("read").is_some(), "{key}");
         }
@@ -2000,12 +1889,12 @@ pub(crate) mod tests {
             task_id: "b".into(),
             ..Default::default()
         });
-        let before = store.ranges.load(SeqCst);
+        let before = store.calls(Op::Range);
         assert_eq!(
             one.release("b").await.expect("release").as_deref(),
             Some("d0")
         );
-        assert_eq!(store.ranges.load(SeqCst), before + 1);
+        assert_eq!(store.calls(Op::Range), before + 1);
         let archived = store.get(&keys::archived_report("b")).await.expect("read");
         assert_eq!(archived.map(|kv| kv.value), Some(b"r".to_vec()));
     }
@@ -2025,11 +1914,11 @@ pub(crate) mod tests {
         }
     }
 
-    /// A service over a [`ResendingStore`] (resending off) with `a` and `b` placed on `d0`
+    /// A service over a [`FaultStore`] (nothing injected) with `a` and `b` placed on `d0`
     /// (a Release rewrites its residents record) and `c` alone on `d1` (a Release deletes
     /// it).
-    async fn three_placed_over_a_resending_store() -> (Arc<ResendingStore>, PlacementService) {
-        let store = Arc::new(ResendingStore::new());
+    async fn three_placed_over_a_fault_store() -> (Arc<FaultStore>, PlacementService) {
+        let store = Arc::new(FaultStore::in_memory());
         let one = service(store.clone());
         for (id, device) in [("a", "d0"), ("b", "d0"), ("c", "d1")] {
             let outcome = one
@@ -2045,15 +1934,14 @@ pub(crate) mod tests {
     /// its commit, is the one archived, and nothing of the task stays under `tasks/`.
     #[tokio::test]
     async fn a_report_written_during_a_release_is_archived_not_lost() {
-        let (store, one) = three_placed_over_a_resending_store().await;
+        let (store, one) = three_placed_over_a_fault_store().await;
         store
             .put(&keys::task_report("a"), b"old".to_vec(), None)
             .await
             .expect("report");
         // `a`: the report is rewritten; `c`: one appears that the read did not see.
         for id in ["a", "c"] {
-            *store.put_first.lock().expect("lock") =
-                Some((keys::task_report(id), b"last".to_vec()));
+            store.put_before_next_transaction(keys::task_report(id), b"last".to_vec());
             one.release(id).await.expect("release");
             let archived = store.get(&keys::archived_report(id)).await.expect("read");
             assert_eq!(archived.map(|kv| kv.value), Some(b"last".to_vec()), "{id}");
@@ -2072,10 +1960,8 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn a_release_whose_first_attempt_committed_answers_released() {
-        let (store, one) = three_placed_over_a_resending_store().await;
-        store
-            .resend
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let (store, one) = three_placed_over_a_fault_store().await;
+        store.inject_until_cleared(Op::Transact, Fault::Resend);
         for (id, device) in [("a", "d0"), ("c", "d1")] {
             let released = one.release(id).await.expect("release");
             assert_eq!(released.as_deref(), Some(device), "release of {id}");
@@ -2088,9 +1974,7 @@ pub(crate) mod tests {
             );
             assert_eq!(one.view().device_of(id), None, "{id} still in the view");
         }
-        store
-            .resend
-            .store(false, std::sync::atomic::Ordering::SeqCst);
+        store.clear(Op::Transact);
         // A task that held nothing (released before) still answers "not released".
         assert_eq!(one.release("a").await.expect("release again"), None);
         // So does one released by another request: its marker is not this request's.
@@ -2125,8 +2009,7 @@ pub(crate) mod tests {
     /// Places answer their placement, and the view holds each device's own record.
     #[tokio::test]
     async fn a_group_whose_first_attempt_committed_answers_each_request_as_done() {
-        use std::sync::atomic::Ordering::SeqCst;
-        let (store, one) = three_placed_over_a_resending_store().await;
+        let (store, one) = three_placed_over_a_fault_store().await;
         for id in ["d2", "d3", "d4"] {
             one.view_mut().upsert_device(DeviceInfo {
                 device_id: id.into(),
@@ -2142,13 +2025,13 @@ pub(crate) mod tests {
             .expect("place x");
         assert_eq!(placed(&x).device_id, "d2");
         // x's release is in flight (held in the store) while the others queue.
-        store.hold_next.store(true, SeqCst);
+        store.hold_next(Op::Transact, 1);
         let first = tokio::spawn({
             let one = one.clone();
             async move { one.release("x").await }
         });
-        until(|| store.holding.load(SeqCst)).await;
-        store.resend.store(true, SeqCst);
+        store.until_holding(1).await;
+        store.inject_until_cleared(Op::Transact, Fault::Resend);
         let releases = ["a", "c"].map(|id| {
             let one = one.clone();
             tokio::spawn(async move { one.release(id).await })
@@ -2158,7 +2041,7 @@ pub(crate) mod tests {
             tokio::spawn(async move { one.place(resident(id), vec![device.into()]).await })
         });
         until(|| one.commits.queued() == 4).await;
-        store.open.add_permits(1);
+        store.release(1);
         assert_eq!(
             first.await.expect("joined").expect("release x").as_deref(),
             Some("d2")
@@ -2171,7 +2054,11 @@ pub(crate) mod tests {
             let outcome = place.await.expect("joined").expect("place");
             assert_eq!(placed(&outcome).device_id, device);
         }
-        let sent = store.sent.lock().expect("lock").clone();
+        let sent: Vec<Vec<String>> = store
+            .sent_transactions()
+            .iter()
+            .map(|txn| txn.ops.iter().map(|op| op.key().to_owned()).collect())
+            .collect();
         assert!(
             sent.iter().any(|keys| {
                 ["a", "c", "p", "q"]
@@ -2783,21 +2670,32 @@ pub(crate) mod tests {
         let held = gates.try_enter("d0").expect("open gate");
         assert!(gates.try_enter("d0").is_none(), "one holder at a time");
         assert!(gates.try_enter("d1").is_some(), "gates are per device");
-        let waiter = {
-            let gates = gates.clone();
-            tokio::spawn(async move {
-                gates.wait("d0").await;
-                gates.try_enter("d0").is_some()
-            })
-        };
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        assert!(!waiter.is_finished(), "waits while the gate is held");
+        // The waiter, polled by hand: no time to wait out for it to have run, and the
+        // wake itself is seen, not inferred from a task finishing in time.
+        struct Woken(std::sync::atomic::AtomicBool);
+        impl std::task::Wake for Woken {
+            fn wake(self: Arc<Self>) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let woken = Arc::new(Woken(false.into()));
+        let waker = std::task::Waker::from(woken.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut waiter = Box::pin(async {
+            gates.wait("d0").await;
+            gates.try_enter("d0").is_some()
+        });
+        assert!(
+            waiter.as_mut().poll(&mut cx).is_pending(),
+            "waits while the gate is held"
+        );
         drop(held);
-        let entered = tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
-            .await
-            .expect("woken when the gate opens")
-            .expect("waiter task");
-        assert!(entered);
+        assert!(
+            woken.0.load(std::sync::atomic::Ordering::SeqCst),
+            "woken when the gate opens"
+        );
+        assert_eq!(waiter.as_mut().poll(&mut cx), std::task::Poll::Ready(true));
+        drop(waiter);
         // An open gate does not make anyone wait.
         tokio::time::timeout(std::time::Duration::from_secs(1), gates.wait("d0"))
             .await
