@@ -206,6 +206,18 @@ pub(crate) struct PolicyArgs {
     /// `2h`.
     #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_positive_duration)]
     avoid_pairing_for: Duration,
+    /// How long a production job that fits on no GPU under its slowdown cap waits,
+    /// counted from its submission, before it may evict opportunistic jobs to make room.
+    /// `0s` evicts at once: production jobs finish sooner, opportunistic jobs lose more
+    /// work (docs/simulator-experiments.md, "Waiting instead of evicting").
+    #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
+    room_eviction_patience: Duration,
+}
+
+/// Parses a duration, zero included, as `humantime` reads it (`0s`, `30m`, `2h`).
+fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|err| format!("{err}: give a duration such as 0s, 30m or 2h"))
 }
 
 /// Parses a positive duration as `humantime` reads it (`30m`, `2h`, `90s`).
@@ -235,6 +247,7 @@ impl PolicyArgs {
             wait_cost_factor: self.wait_cost_factor,
             max_scored_devices: self.max_scored_devices,
             avoid_pairing_for: self.avoid_pairing_for,
+            room_eviction_patience: self.room_eviction_patience,
             ..base
         };
         Ok(Placer::new(params, predictor)?)
@@ -686,14 +699,16 @@ mod tests {
         assert!(err.contains("such as 1d"), "{err}");
     }
 
+    /// The policy flags alone, as `iadeep placer` and `bench-client` flatten them.
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        policy: PolicyArgs,
+    }
+
     #[test]
     fn avoid_pairing_for_defaults_to_half_an_hour_and_must_be_positive() {
         use clap::Parser;
-        #[derive(Parser)]
-        struct Cli {
-            #[command(flatten)]
-            policy: PolicyArgs,
-        }
         let parsed = Cli::try_parse_from(["iadeep"]).expect("defaults");
         assert_eq!(parsed.policy.avoid_pairing_for, Duration::from_secs(1_800));
         assert_eq!(
@@ -703,5 +718,18 @@ mod tests {
         let parsed = Cli::try_parse_from(["iadeep", "--avoid-pairing-for", "2h"]).expect("2h");
         assert_eq!(parsed.policy.avoid_pairing_for, Duration::from_secs(7_200));
         assert!(Cli::try_parse_from(["iadeep", "--avoid-pairing-for", "0s"]).is_err());
+    }
+
+    #[test]
+    fn room_eviction_patience_defaults_to_the_placers_and_may_be_zero() {
+        use clap::Parser;
+        let parsed = Cli::try_parse_from(["iadeep"]).expect("defaults");
+        assert_eq!(
+            parsed.policy.room_eviction_patience,
+            iadeep_placer::PlacerParams::default().room_eviction_patience
+        );
+        let parsed = Cli::try_parse_from(["iadeep", "--room-eviction-patience", "0s"]).expect("0s");
+        assert_eq!(parsed.policy.room_eviction_patience, Duration::ZERO);
+        assert!(Cli::try_parse_from(["iadeep", "--room-eviction-patience", "soon"]).is_err());
     }
 }
