@@ -25,7 +25,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,7 +52,8 @@ const STEPS_PER_WORKER: u64 = 150;
 /// Most tasks one client holds before it releases its oldest.
 const HOLD: usize = 3;
 /// Each placer is killed (the first, then the second) once its clients had this many
-/// answers: half of what they send, so the load goes on after its restart.
+/// answers: half of what they send. They hold their last quarter until it has been
+/// restarted ([`Counts::restarted`]), so the load always goes on after the restart.
 const KILL_AFTER: u64 = STEPS_PER_WORKER * (WORKERS as u64 / 2) / 2;
 
 /// The `iadeep placer` flags of both processes: no task is released behind the
@@ -179,11 +180,30 @@ async fn register_devices(store: &dyn StateStore) {
     }
 }
 
-/// What all clients share: answered requests and lost answers, counted.
+/// What the clients of one placer share: answered requests and lost answers, counted,
+/// and whether their placer has been killed and restarted yet.
 #[derive(Default)]
 struct Counts {
     answered: AtomicU64,
     lost: AtomicU64,
+    restarted: AtomicBool,
+    restart: tokio::sync::Notify,
+}
+
+impl Counts {
+    /// Waits until this placer has been killed and restarted, so a client keeps its last
+    /// quarter of requests for after the restart whatever the other placer's restart
+    /// costs meanwhile: every placer is killed in the middle of its load, never idle.
+    async fn restarted(&self) {
+        loop {
+            // Created before the check, so a restart announced in between still wakes it.
+            let announced = self.restart.notified();
+            if self.restarted.load(Ordering::SeqCst) {
+                return;
+            }
+            announced.await;
+        }
+    }
 }
 
 /// What one client ends with.
@@ -239,7 +259,10 @@ async fn client(worker: usize, addr: String, counts: Arc<Counts>) -> ClientEnd {
     let mut end = ClientEnd::default();
     let mut next = 0u64;
     let mut refused = false;
-    for _ in 0..STEPS_PER_WORKER {
+    for step in 0..STEPS_PER_WORKER {
+        if step == STEPS_PER_WORKER * 3 / 4 {
+            counts.restarted().await;
+        }
         // Told to wait, it gives a task back instead of asking again at once: releases
         // make room, and keep the devices changing under the other clients.
         if end.held.len() >= HOLD || (refused && !end.held.is_empty()) {
@@ -572,6 +595,8 @@ async fn load_with_kills(
             dir.join(format!("placer-{p}-restarted.log")),
         );
         wait_ready(addr, placer).await;
+        counts[p].restarted.store(true, Ordering::SeqCst);
+        counts[p].restart.notify_waiters();
     }
     let mut ends = Vec::new();
     for c in clients {
