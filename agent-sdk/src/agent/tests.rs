@@ -617,19 +617,7 @@ fn an_evict_assignment_reaches_the_loop_once_and_leave_ends_the_task_unfinished(
         )
         .expect("open etcd");
     let task = "evict-1";
-    let placement = Placement {
-        task_id: task.into(),
-        device_id: "gpu0".into(),
-        reserved_mem_mib: 2_000,
-        ..Default::default()
-    };
-    rt.block_on(typed::put(
-        store.as_ref(),
-        &keys::task_placement(task),
-        &placement,
-        None,
-    ))
-    .expect("put placement");
+    put_placement(&rt, &store, task, 2_000);
     let agent = Agent::builder()
         .task_id(task)
         .store(&etcd.url())
@@ -677,11 +665,7 @@ fn an_evict_assignment_reaches_the_loop_once_and_leave_ends_the_task_unfinished(
         ..shrink
     });
     // Once the agent has seen the placement rewritten after it, it has seen it.
-    let placement = Placement {
-        reserved_mem_mib: 2_500,
-        ..placement
-    };
-    put_placement(&rt, &store, task, placement.reserved_mem_mib);
+    put_placement(&rt, &store, task, 2_500);
     wait_for(Duration::from_secs(5), || {
         agent.memory_limit_mib().filter(|&mib| mib == 2_500)
     })
@@ -721,8 +705,8 @@ fn an_evict_assignment_reaches_the_loop_once_and_leave_ends_the_task_unfinished(
         ))
         .expect("get");
     assert_eq!(
-        kept.map(|(p, _)| p),
-        Some(placement),
+        kept.map(|(p, _)| (p.task_id, p.reserved_mem_mib)),
+        Some((task.to_owned(), 2_500)),
         "the launcher releases it"
     );
 }

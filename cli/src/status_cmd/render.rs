@@ -234,7 +234,7 @@ fn job_lines(snapshot: &Snapshot) -> Vec<String> {
     );
     if snapshot.jobs.iter().any(moving) {
         lines.push(
-            "BATCH*: the tuner assigned another size, not reported yet (LR× is the new one's)."
+            "BATCH*: its assignment names another size, not reported yet (LR× is the assignment's)."
                 .to_owned(),
         );
     }

@@ -165,7 +165,7 @@ impl Placer {
             retry_after: retry_after.min(left).max(self.params.min_retry_after),
             reason: format!(
                 "{reason}; may make room by evicting opportunistic jobs in {} s \
-                 (room_eviction_patience)",
+                 (the placer's --room-eviction-patience)",
                 left.as_secs()
             ),
         }
@@ -673,8 +673,6 @@ mod tests {
         view
     }
 
-    /// A production job that fits nowhere makes room by evicting the fewest
-    /// opportunistic residents, among equals the one that has run least (least work
     /// With a patience, a production job that fits nowhere queues like any task until it
     /// has waited that long since its submission, told when it may evict; then it makes
     /// room as without one. A job that does not say when it was submitted evicts at once.
@@ -708,6 +706,8 @@ mod tests {
         assert!(evicts(patient.decide(&view, &new, &[], 10_000)));
     }
 
+    /// A production job that fits nowhere makes room by evicting the fewest
+    /// opportunistic residents, among equals the one that has run least (least work
     /// lost), never a production one; an opportunistic job in its place just queues.
     #[test]
     fn a_production_job_that_fits_nowhere_evicts_the_fewest_cheapest_opportunistic_jobs() {
