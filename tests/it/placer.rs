@@ -1369,6 +1369,10 @@ async fn a_production_pod_makes_room_through_bind_by_evicting() {
                              "iadeep.io/mem-bw-util-pct": "50", "iadeep.io/step-time-s": "0.2"});
     let mut p = pod("prod", "4000", annotations);
     p["spec"]["priorityClassName"] = json!("prod-critical");
+    // Created long ago, so it has waited past the placer's room-eviction patience (its
+    // submission is the pod's creation); a pod created now would queue for 30 minutes
+    // first (the patience rule's own test is the policy's).
+    p["metadata"]["creationTimestamp"] = json!("2020-01-01T00:00:00Z");
     kube.add_pod(&p);
     let (_, result) = post(&ext, "/filter", &json!({"Pod": p, "NodeNames": ["n1"]})).await;
     assert_eq!(result["NodeNames"], json!(["n1"]), "{result}");
