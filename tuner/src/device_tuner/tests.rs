@@ -1425,6 +1425,29 @@ fn a_breach_ends_under_the_cap_or_when_the_job_leaves() {
     assert_eq!(restored(&w, from), 1, "once");
 }
 
+/// The placer evicts `o` (the capped world's opportunistic job) at `batch_size` in the
+/// round after the tuner's, the interference falls, and the world runs `secs` more:
+/// every assignment to `o` in a later round than the eviction's.
+fn evict_o_then_run(w: &mut World, batch_size: u32, secs: i64) -> Vec<BatchSizeAssignment> {
+    let round = w.tuner.status().round + 1;
+    w.step(vec![Input::Assigned(BatchSizeAssignment {
+        task_id: "o".into(),
+        batch_size,
+        round,
+        evict: true,
+        evict_reason: "p above its cap".into(),
+        ..Default::default()
+    })]);
+    w.tasks[1].round = round;
+    w.contention = 0.05;
+    w.run(secs);
+    w.assignments()
+        .flat_map(|(_, r)| r)
+        .filter(|a| a.task_id == "o" && a.round > round)
+        .cloned()
+        .collect()
+}
+
 /// An eviction the placer wrote is repeated by every later round of the tuner, so no
 /// round cancels it.
 #[test]
@@ -1432,24 +1455,8 @@ fn later_rounds_keep_the_placers_evict_flag() {
     let mut w = capped_world(1.1, params());
     w.join_all();
     w.run(300);
-    let round = w.tuner.status().round;
-    w.step(vec![Input::Assigned(BatchSizeAssignment {
-        task_id: "o".into(),
-        batch_size: 8,
-        round: round + 1,
-        evict: true,
-        evict_reason: "p above its cap".into(),
-        ..Default::default()
-    })]);
-    w.tasks[1].round = round + 1;
-    // The interference falls: the search resumes and assigns new rounds.
-    w.contention = 0.05;
-    w.run(300);
-    let later: Vec<&BatchSizeAssignment> = w
-        .assignments()
-        .flat_map(|(_, r)| r)
-        .filter(|a| a.task_id == "o" && a.round > round + 1)
-        .collect();
+    // The interference falls after the eviction: the search resumes and assigns new rounds.
+    let later = evict_o_then_run(&mut w, 8, 300);
     assert!(!later.is_empty(), "the search goes on");
     assert!(
         later
@@ -1467,25 +1474,9 @@ fn an_evicted_job_keeps_the_size_it_runs_at() {
     let mut w = capped_world(1.1, params());
     w.join_all();
     w.run(300);
-    let round = w.tuner.status().round;
     let size = w.tasks[1].batch;
-    w.step(vec![Input::Assigned(BatchSizeAssignment {
-        task_id: "o".into(),
-        batch_size: size,
-        round: round + 1,
-        evict: true,
-        evict_reason: "p above its cap".into(),
-        ..Default::default()
-    })]);
-    w.tasks[1].round = round + 1;
-    // The interference falls: the search goes on, and would grow o.
-    w.contention = 0.05;
-    w.run(600);
-    let later: Vec<&BatchSizeAssignment> = w
-        .assignments()
-        .flat_map(|(_, r)| r)
-        .filter(|a| a.task_id == "o" && a.round > round + 1)
-        .collect();
+    // The interference falls after the eviction: the search goes on, and would grow o.
+    let later = evict_o_then_run(&mut w, size, 600);
     assert!(!later.is_empty(), "the search goes on");
     assert!(
         later.iter().all(|a| a.evict && a.batch_size == size),
