@@ -578,18 +578,29 @@ mod tests {
         );
     }
 
+    /// Device d0's cap breach of `task`.
+    fn breach(task: &str) -> iadeep_proto::CapBreach {
+        iadeep_proto::CapBreach {
+            device_id: "d0".into(),
+            task_id: task.into(),
+            ..Default::default()
+        }
+    }
+
+    /// The job device d0's stored breach record names, if there is one.
+    async fn breach_of(store: &dyn StateStore) -> Option<String> {
+        typed::get::<iadeep_proto::CapBreach>(store, &keys::device_breach("d0"))
+            .await
+            .expect("read")
+            .map(|(b, _)| b.task_id)
+    }
+
     /// A breach's end deletes the device's breach record only while it names that job: a
     /// newer breach of another job stays for the placer.
     #[tokio::test]
     async fn a_breach_ends_only_its_own_record() {
         let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
         let mut driver = driver(&store);
-        let key = keys::device_breach("d0");
-        let breach = |task: &str| iadeep_proto::CapBreach {
-            device_id: "d0".into(),
-            task_id: task.into(),
-            ..Default::default()
-        };
         driver
             .execute(vec![Action::CapBreached(breach("p1"))], None)
             .await;
@@ -603,13 +614,7 @@ mod tests {
         driver
             .execute(vec![Action::CapBreached(breach("p2"))], None)
             .await;
-        let read = || async {
-            typed::get::<iadeep_proto::CapBreach>(store.as_ref(), &key)
-                .await
-                .expect("read")
-                .map(|(b, _)| b.task_id)
-        };
-        assert_eq!(read().await.as_deref(), Some("p2"));
+        assert_eq!(breach_of(store.as_ref()).await.as_deref(), Some("p2"));
         driver
             .execute(
                 vec![Action::CapRestored {
@@ -618,7 +623,11 @@ mod tests {
                 None,
             )
             .await;
-        assert_eq!(read().await.as_deref(), Some("p2"), "not p1's record");
+        assert_eq!(
+            breach_of(store.as_ref()).await.as_deref(),
+            Some("p2"),
+            "not p1's record"
+        );
         driver
             .execute(
                 vec![Action::CapRestored {
@@ -627,7 +636,7 @@ mod tests {
                 None,
             )
             .await;
-        assert_eq!(read().await, None);
+        assert_eq!(breach_of(store.as_ref()).await, None);
         // Nothing to delete: nothing happens.
         driver
             .execute(
@@ -660,31 +669,24 @@ mod tests {
         let store: Arc<dyn StateStore> = failing_one_put();
         let mut driver = driver(&store);
         let key = keys::device_breach("d0");
-        let breach = |task: &str| iadeep_proto::CapBreach {
-            device_id: "d0".into(),
-            task_id: task.into(),
-            ..Default::default()
-        };
-        let read = || async {
-            typed::get::<iadeep_proto::CapBreach>(store.as_ref(), &key)
-                .await
-                .expect("read")
-                .map(|(b, _)| b.task_id)
-        };
         driver
             .execute(vec![Action::CapBreached(breach("p1"))], None)
             .await;
-        assert_eq!(read().await, None, "the first write fails");
+        assert_eq!(
+            breach_of(store.as_ref()).await,
+            None,
+            "the first write fails"
+        );
         driver.execute(Vec::new(), None).await;
         assert_eq!(
-            read().await.as_deref(),
+            breach_of(store.as_ref()).await.as_deref(),
             Some("p1"),
             "written at the next step"
         );
         // The placer evicts and deletes it: it is not written again.
         store.delete(&key).await.expect("delete");
         driver.execute(Vec::new(), None).await;
-        assert_eq!(read().await, None);
+        assert_eq!(breach_of(store.as_ref()).await, None);
         // A breach that ends before its write succeeded is not written afterwards.
         let store: Arc<dyn StateStore> = failing_one_put();
         let mut driver = self::driver(&store);
