@@ -462,6 +462,14 @@ async fn residents_of(store: &dyn StateStore, device: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Waits until `task` (`what`, for the failure message) holds no reservation on `device`.
+async fn until_released(store: &dyn StateStore, device: &str, task: &str, what: &str) {
+    eventually(&format!("{what} to be released"), async || {
+        !residents_of(store, device).await.iter().any(|t| t == task)
+    })
+    .await;
+}
+
 /// Tasks whose agent dies without Release: the reservation and placement of one whose
 /// lease expired go after the grace period; one that finished goes at once; one whose
 /// agent restarts within the grace keeps its device; one whose agent never started
@@ -496,12 +504,7 @@ async fn reservations_of_tasks_whose_agent_died_are_released_after_the_grace() {
     s.revoke_lease(restarted).await.expect("revoke");
     start_agent(s, "restarted", Duration::from_secs(30)).await;
 
-    eventually("the finished task to be released", async || {
-        !residents_of(s, "n1.gpu0")
-            .await
-            .contains(&"done".to_owned())
-    })
-    .await;
+    until_released(s, "n1.gpu0", "done", "the finished task").await;
     eventually("the crashed task's alive key to expire", async || {
         s.get(&keys::task_alive("crashed"))
             .await
@@ -518,12 +521,7 @@ async fn reservations_of_tasks_whose_agent_died_are_released_after_the_grace() {
             "released before the grace period"
         );
     }
-    eventually("the crashed task to be released", async || {
-        !residents_of(s, "n1.gpu0")
-            .await
-            .contains(&"crashed".to_owned())
-    })
-    .await;
+    until_released(s, "n1.gpu0", "crashed", "the crashed task").await;
     // A lower bound, from before the key can have gone: load only makes it longer.
     let waited = crashed_gone_earliest.elapsed();
     assert!(
@@ -555,12 +553,7 @@ async fn reservations_of_tasks_whose_agent_died_are_released_after_the_grace() {
     s.revoke_lease(marker)
         .await
         .expect("the marker's agent dies");
-    eventually("the marker task to be released", async || {
-        !residents_of(s, "n1.gpu0")
-            .await
-            .contains(&"marker".to_owned())
-    })
-    .await;
+    until_released(s, "n1.gpu0", "marker", "the marker task").await;
     let mut left = residents_of(s, "n1.gpu0").await;
     left.sort();
     assert_eq!(left, ["restarted", "unstarted"]);
@@ -610,12 +603,7 @@ async fn reservations_of_tasks_whose_agent_never_started_are_released_after_thei
             "released before the grace period"
         );
     }
-    eventually("the never-started task to be released", async || {
-        !residents_of(s, "n1.gpu0")
-            .await
-            .contains(&"never".to_owned())
-    })
-    .await;
+    until_released(s, "n1.gpu0", "never", "the never-started task").await;
     let waited = placed_before.elapsed();
     assert!(
         waited >= UNSTARTED_GRACE,
@@ -638,12 +626,7 @@ async fn reservations_of_tasks_whose_agent_never_started_are_released_after_thei
         matches!(answer.decision, Some(place_response::Decision::Placed(_))),
         "{answer:?}"
     );
-    eventually("the marker task to be released", async || {
-        !residents_of(s, "n1.gpu0")
-            .await
-            .contains(&"marker".to_owned())
-    })
-    .await;
+    until_released(s, "n1.gpu0", "marker", "the marker task").await;
     assert_eq!(residents_of(s, "n1.gpu0").await, ["started"]);
     let metrics = daemon.metrics();
     assert_eq!(
