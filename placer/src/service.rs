@@ -2629,7 +2629,8 @@ pub(crate) mod tests {
     async fn a_device_being_reserved_by_another_request_is_passed_over() {
         let store: Arc<dyn StateStore> =
             Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
-        let one = service(store);
+        let events = Arc::new(Recorded::default());
+        let one = service(store).with_events(events.clone());
         let task = resident("t");
         let Verdict::Place { device_id, .. } =
             one.placer().decide(&one.view(), &task, &[], 0).verdict
@@ -2645,13 +2646,26 @@ pub(crate) mod tests {
             .expect("placed without waiting for the busy device")
             .expect("place");
         assert_eq!(placed(&outcome).device_id, other);
-        // Restricted to the busy device, a request still waits for it: driven for a
-        // while (its store reads and writes included), it neither answers nor reserves
-        // the other device.
+        // Restricted to the busy device, a request still waits for it: driven until it
+        // says it waits at the busy device's gate, it has neither answered nor reserved
+        // the other device (a request that went elsewhere would answer before waiting).
         let waiting = one.place(resident("u"), vec![device_id.clone()]);
-        if let Ok(answered) = tokio::time::timeout(Duration::from_millis(300), waiting).await {
-            panic!("a request that may only use the busy device answered: {answered:?}");
-        }
+        tokio::pin!(waiting);
+        let until_gate_wait = async {
+            while events.count(PlacementEvent::GateWait) == 0 {
+                tokio::select! {
+                    biased;
+                    answered = &mut waiting => {
+                        panic!("a request that may only use the busy device answered: {answered:?}")
+                    }
+                    () = tokio::task::yield_now() => {}
+                }
+            }
+        };
+        // The timeout only keeps a failing test from hanging.
+        tokio::time::timeout(Duration::from_secs(30), until_gate_wait)
+            .await
+            .expect("the restricted request waits at the busy device's gate");
         let record = one
             .store
             .get(&keys::device_residents(other))
