@@ -1414,32 +1414,58 @@ mod tests {
     /// Transactions queued while a commit is in flight share the next one, and each
     /// is evaluated against what the earlier ones of its group wrote: of many racing
     /// "create if absent", exactly one wins and the others see its value.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    ///
+    /// Ordered, not timed: while the test holds the store's lock the writer cannot
+    /// commit, and each transaction is polled once, which queues its request before
+    /// the poll returns `Pending`; so all of them are queued before the lock is
+    /// released, however slow the machine. Each racer is followed by a write that
+    /// always commits, so that committing the queue one by one would show in the
+    /// count of commits (a racer that loses writes nothing and commits nothing).
+    #[tokio::test]
     async fn queued_transactions_share_one_commit_in_order() {
+        use std::task::{Context, Poll, Waker};
+
+        /// Hands `txn` to the writer's queue and returns the wait for its outcome.
+        fn queue(
+            store: &EmbeddedStore,
+            txn: Txn,
+        ) -> impl Future<Output = Result<TxnOutcome>> + Unpin + '_ {
+            let mut outcome = store.transact(txn);
+            // The first poll queues the request, then waits for the outcome, which
+            // cannot come while the caller holds the store's lock.
+            let polled = outcome
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()));
+            assert!(matches!(polled, Poll::Pending), "answered under the lock");
+            outcome
+        }
+
         const RACERS: usize = 16;
         let dir = tempfile::tempdir().expect("temp dir");
         let store = EmbeddedStore::open(dir.path().join("s.redb")).expect("open");
         store.put("/g/warm", vec![], None).await.expect("put");
         let before = store.durable_commits();
         let mut racers = Vec::new();
+        let mut writes = Vec::new();
         {
-            // Holding the store's lock stalls the writer, so every racer queues up.
+            // Holding the store's lock stalls the writer, so everything queues up.
             let _stall = store.lock();
             for i in 0..RACERS {
-                let store = store.clone();
-                racers.push(tokio::spawn(async move {
-                    let txn = Txn::new()
-                        .compare("/g/k", Expect::Absent)
-                        .put("/g/k", vec![u8::try_from(i).expect("small")], None)
-                        .put(format!("/g/by/{i}"), vec![], None);
-                    store.transact(txn).await.expect("transact")
-                }));
+                let race = Txn::new()
+                    .compare("/g/k", Expect::Absent)
+                    .put("/g/k", vec![u8::try_from(i).expect("small")], None)
+                    .put(format!("/g/by/{i}"), vec![], None);
+                racers.push(queue(&store, race));
+                writes.push(queue(
+                    &store,
+                    Txn::new().put(format!("/g/plain/{i}"), vec![], None),
+                ));
             }
-            std::thread::sleep(Duration::from_millis(300));
+            assert_eq!(store.durable_commits(), before, "committed under the lock");
         }
         let mut winners = Vec::new();
         for (i, racer) in racers.into_iter().enumerate() {
-            match racer.await.expect("racer") {
+            match racer.await.expect("transact") {
                 TxnOutcome::Committed { revision } => winners.push((i, revision)),
                 TxnOutcome::Failed { current } => {
                     let kv = current[0].as_ref().expect("the winner's value");
@@ -1447,15 +1473,23 @@ mod tests {
                 }
             }
         }
+        for write in writes {
+            assert!(write.await.expect("transact").committed());
+        }
         assert_eq!(winners.len(), 1, "{winners:?}");
         let (winner, revision) = winners[0];
         let kv = store.get("/g/k").await.expect("get").expect("k");
         assert_eq!((kv.value, kv.mod_revision), (vec![winner as u8], revision));
         assert_eq!(store.range("/g/by/").await.expect("range").kvs.len(), 1);
+        let plain = store.range("/g/plain/").await.expect("range").kvs.len();
+        assert_eq!(plain, RACERS);
+        // The writer may have taken the first few requests before it blocked on the
+        // lock (one group), and takes all the others at once after (a second).
         let commits = store.durable_commits() - before;
         assert!(
             commits <= 2,
-            "{RACERS} queued transactions took {commits} commits"
+            "{} queued transactions took {commits} commits",
+            2 * RACERS
         );
     }
 
