@@ -1007,6 +1007,12 @@ impl Controller {
         self.search.over_cap_rules_out(idx)
     }
 
+    /// The configurations measured above a production job's cap (immutably, unlike
+    /// [`Controller::search`]): what the device tuner persists.
+    pub fn over_cap(&self) -> &[Vec<usize>] {
+        self.search.over_cap()
+    }
+
     /// The underlying search.
     pub fn search(&mut self) -> &mut GpLcb {
         &mut self.search

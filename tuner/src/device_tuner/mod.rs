@@ -74,7 +74,10 @@
 //!    The placer's evict flag is repeated by every later round, so no round cancels it.
 //!    An evicted job keeps the size it runs at until it exits (its agent ignores later
 //!    assignments): the search restarts with it fixed there, counted in memory at it.
-//!    Cap violations are not persisted: a restarted tuner measures them again.
+//!    The search's cap violations are persisted with its observations (as batch sizes),
+//!    and a restarted tuner rules them out again before it replays the observations, so
+//!    it never measures a configuration it knows puts a production job above its cap
+//!    (the breach streaks are not: a restarted tuner measures them again).
 //!
 //! The Gaussian process therefore never holds more than `max_observations` points (a cap
 //! round that shrinks co-runners is observed only while the search has room for it).
@@ -613,11 +616,16 @@ impl DeviceTuner {
     /// The state to persist now.
     pub fn persisted(&self, now_ms: i64) -> TunerState {
         let session = match &self.search {
-            Some(s) => Session {
-                task_ids: s.task_ids.clone(),
-                sizes: s.sizes.clone(),
-                observations: s.observations.clone(),
-            },
+            Some(s) => {
+                let space = s.controller.space();
+                let over_cap = s.controller.over_cap().iter();
+                Session {
+                    task_ids: s.task_ids.clone(),
+                    sizes: s.sizes.clone(),
+                    observations: s.observations.clone(),
+                    over_cap: over_cap.map(|c| space.batch_sizes(c)).collect(),
+                }
+            }
             None => self.resumed.clone().unwrap_or_default(),
         };
         Persisted {
@@ -1025,6 +1033,11 @@ impl DeviceTuner {
         };
         self.search = Some(Search { applied, ..search });
         if let Some(session) = self.resumed.take() {
+            if session.task_ids == task_ids {
+                // Before the observations: a value measured above a cap is no improvement
+                // for the stopping rule, as when it was first recorded.
+                self.restore_over_cap(&session.over_cap);
+            }
             if session.task_ids == task_ids && session.sizes == sizes {
                 self.replay(session.observations);
             } else {
@@ -1077,6 +1090,39 @@ impl DeviceTuner {
             opportunistic,
             logged_hold: None,
         })
+    }
+
+    /// Rules the persisted cap violations (batch sizes, in task order) out of the current
+    /// search over the same tasks: facts about these tasks at these sizes, kept even when
+    /// the candidate sizes changed (a size no longer a candidate cannot be proposed).
+    fn restore_over_cap(&mut self, over_cap: &[Vec<u32>]) {
+        let Some(search) = &mut self.search else {
+            return;
+        };
+        let mut restored = 0;
+        for batch_sizes in over_cap {
+            let idx: Option<Vec<usize>> = batch_sizes
+                .iter()
+                .zip(&search.sizes)
+                .map(|(b, s)| s.iter().position(|x| x == b))
+                .collect();
+            match idx {
+                Some(idx) if idx.len() == search.sizes.len() => {
+                    match search.controller.rule_out_over_cap(&idx) {
+                        Ok(()) => restored += 1,
+                        Err(err) => tracing::warn!(%err, "persisted cap violation refused"),
+                    }
+                }
+                _ => tracing::debug!(
+                    ?batch_sizes,
+                    "persisted cap violation outside the search space; not needed"
+                ),
+            }
+        }
+        if restored > 0 {
+            tracing::info!(device = %self.device_id, restored,
+                "cap violations of the persisted search ruled out again");
+        }
     }
 
     /// Replays persisted observations into the current search.

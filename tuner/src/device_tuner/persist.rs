@@ -1,11 +1,11 @@
 //! The device tuner's persisted form ([`TunerState`], stored by the daemon at the device's
 //! `tuner` key), so a restarted tuner resumes: the round counter (agents ignore rounds they
-//! have seen), the sample sequence, what it learnt about each task, and the observations of
-//! the current search.
+//! have seen), the sample sequence, what it learnt about each task, and the observations and
+//! measured cap violations of the current search.
 
 use std::collections::BTreeMap;
 
-use iadeep_proto::{TunerObservation, TunerState};
+use iadeep_proto::{TunerObservation, TunerOverCap, TunerState};
 
 use super::knowledge::TaskKnowledge;
 
@@ -15,6 +15,10 @@ pub struct Session {
     pub task_ids: Vec<String>,
     pub sizes: Vec<Vec<u32>>,
     pub observations: Vec<TunerObservation>,
+    /// Configurations (batch sizes, in task order) measured with a production job above
+    /// its slowdown cap: a restarted tuner rules them out again instead of measuring them
+    /// (and pushing the job above its cap) once more.
+    pub over_cap: Vec<Vec<u32>>,
 }
 
 /// Everything persisted.
@@ -41,10 +45,22 @@ impl Persisted {
                 .all(|(v, &n)| v.len() == n as usize)
             && flat.next().is_none();
         let session = if consistent {
+            let (over_cap, malformed): (Vec<_>, Vec<_>) = s
+                .over_cap
+                .iter()
+                .map(|c| c.batch_sizes.clone())
+                .partition(|c| c.len() == s.task_ids.len());
+            if !malformed.is_empty() {
+                tracing::warn!(
+                    ?malformed,
+                    "persisted cap violations without one size per task are ignored"
+                );
+            }
             Session {
                 task_ids: s.task_ids.clone(),
                 sizes,
                 observations: s.observations.clone(),
+                over_cap,
             }
         } else {
             tracing::warn!(
@@ -85,6 +101,14 @@ impl Persisted {
                 .map(|(id, k)| k.to_proto(id))
                 .collect(),
             updated_at_unix_ms: now_unix_ms,
+            over_cap: self
+                .session
+                .over_cap
+                .iter()
+                .map(|c| TunerOverCap {
+                    batch_sizes: c.clone(),
+                })
+                .collect(),
         }
     }
 }
@@ -106,12 +130,18 @@ mod tests {
                     sum_pd: Some(2.5),
                     round: 41,
                 }],
+                over_cap: vec![vec![16, 64]],
             },
             knowledge: BTreeMap::new(),
         };
         p.knowledge.insert("a".into(), TaskKnowledge::default());
         let back = Persisted::from_proto(&p.to_proto("d", 0));
         assert_eq!(back, p);
+        let mut short = p.to_proto("d", 0);
+        short.over_cap.push(TunerOverCap {
+            batch_sizes: vec![8],
+        });
+        assert_eq!(Persisted::from_proto(&short).session, p.session);
         let mut broken = p.to_proto("d", 0);
         broken.candidate_sizes.pop();
         assert_eq!(Persisted::from_proto(&broken).session, Session::default());

@@ -1326,6 +1326,66 @@ fn configurations_measured_above_a_cap_are_infeasible() {
     }
 }
 
+/// The cap violations a tuner measured outlive it: a tuner restarted from the state it
+/// persisted (the daemon's restart) never assigns `p` at 32 beside `o` at 23 or more
+/// again, although the persisted Σ PD there is the lowest measured.
+#[test]
+fn a_restarted_tuner_does_not_measure_a_cap_violation_again() {
+    for seed in 0..4 {
+        let params = DeviceTunerParams { seed, ..params() };
+        let mut w = capped_world(1.3, params);
+        w.join_all();
+        w.run(1200);
+        let state = w.last_persisted().expect("persisted").clone();
+        assert!(
+            !state.over_cap.is_empty(),
+            "seed {seed}: nothing to remember"
+        );
+        let device = DeviceInfo {
+            device_id: "gpu0".into(),
+            memory_mib: 16_384,
+            kind: KIND.into(),
+            ..Default::default()
+        };
+        // What the daemon tells a tuner it starts: the residents and the assignments the
+        // store holds (the last round, which the agents run).
+        let (_, last) = w.assignments().last().expect("a round");
+        let assigned: Vec<Input> = last.iter().cloned().map(Input::Assigned).collect();
+        let joined = w.tasks.iter().map(|t| Input::Joined {
+            spec: t.spec(KIND),
+            reserved_mib: 0,
+        });
+        let inputs: Vec<Input> = joined.chain(assigned).collect();
+        w.tuner = DeviceTuner::new(&device, params, Some(&state)).expect("resumes");
+        let before = w.actions.len();
+        w.step(inputs);
+        w.run(1200);
+        let back: Vec<(i64, u32, u32)> = w.actions[before..]
+            .iter()
+            .filter_map(|(at, a)| match a {
+                Action::Assign(round) => Some((at, round)),
+                _ => None,
+            })
+            .map(|(&at, round)| {
+                let size = |task: &str| {
+                    round
+                        .iter()
+                        .find(|a| a.task_id == task)
+                        .expect("every task")
+                        .batch_size
+                };
+                (at, size("p"), size("o"))
+            })
+            .filter(|&(_, p, o)| p == 32 && o >= 23)
+            .collect();
+        assert!(
+            back.is_empty(),
+            "seed {seed}: the restarted tuner went back above the cap at {back:?}"
+        );
+        assert!(w.true_pd(0) <= 1.3, "seed {seed}: p at PD {}", w.true_pd(0));
+    }
+}
+
 /// With `o` at its smallest size `p` is still above its cap: after exactly `breach_rounds`
 /// measured rounds there the breach is reported, once, naming `o`.
 #[test]
