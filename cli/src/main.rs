@@ -8,6 +8,7 @@ mod output;
 mod codec;
 mod data_cmd;
 mod emulate_cmd;
+mod ended;
 mod local;
 mod memory_cmd;
 mod placer_cmd;

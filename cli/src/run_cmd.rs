@@ -414,7 +414,8 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         };
         let released = release(&mut client, &task_id).await;
         let (status, _) = ran?;
-        tracing::info!(task = %task_id, %status, "job exited");
+        tracing::info!(task = %task_id, exit_code = status.code(),
+            signal = crate::ended::signal_name(status), "job exited");
         if let Some(reason) = evicted {
             let next = after_eviction(requeue, requeued, args.max_requeues, released);
             match next {

@@ -341,7 +341,7 @@ impl Running {
     async fn failed(&mut self) -> anyhow::Error {
         tokio::select! {
             status = self.etcd.exited() => match status {
-                Ok(status) => anyhow::anyhow!("etcd exited with {status}"),
+                Ok(status) => anyhow::anyhow!("etcd {}", crate::ended::Ended(status)),
                 Err(err) => anyhow::anyhow!("cannot watch etcd: {err}"),
             },
             err = self.placer.failed() => anyhow::Error::new(err).context("the placer stopped"),

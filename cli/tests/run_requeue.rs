@@ -161,6 +161,12 @@ fn an_evicted_job_is_released_placed_again_and_restarted_until_it_finishes() {
         "started twice, the second time told it was re-queued and why:\n{log}"
     );
     assert!(log.contains("evicted"), "{log}");
+    // How the job ended, as a field (not ExitStatus's "status=exit status: 0").
+    assert!(
+        log.lines()
+            .any(|line| line.contains("job exited") && line.contains("exit_code=0")),
+        "{log}"
+    );
     // The second run finished its work; nothing of the task is placed any more.
     let report = cluster
         .get(&format!("/iadeep/v1/archive/{task}/report"))

@@ -14,6 +14,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 use super::ports::Listener;
+use crate::ended::{Ended, signal_name};
 
 /// How long etcd may take to answer after it starts (generous: small, busy machines).
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -137,8 +138,9 @@ impl LocalEtcd {
         loop {
             if let Some(status) = self.child.try_wait()? {
                 bail!(
-                    "etcd exited with {status} while starting (are its ports {} and {} taken? \
+                    "etcd {} while starting (are its ports {} and {} taken? \
                      see --etcd-port and --etcd-peer-port); the end of {}:\n{}",
+                    Ended(status),
                     self.client_port,
                     self.peer_port,
                     self.log_path.display(),
@@ -181,8 +183,9 @@ impl LocalEtcd {
                     if let Some(status) = self.child.try_wait()? {
                         bail!(
                             "an etcd answered on port {}, but the one this `iadeep up` started \
-                             exited with {status}: is another `iadeep up` running? the end of {}:\n{}",
+                             {}: is another `iadeep up` running? the end of {}:\n{}",
                             self.client_port,
+                            Ended(status),
                             self.log_path.display(),
                             log_tail(&self.log_path)
                         );
@@ -216,7 +219,11 @@ impl LocalEtcd {
                 tracing::warn!(%err, pid, "cannot send SIGTERM to etcd");
             }
             match tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await {
-                Ok(Ok(status)) => tracing::info!(%status, "etcd stopped"),
+                Ok(Ok(status)) => tracing::info!(
+                    exit_code = status.code(),
+                    signal = signal_name(status),
+                    "etcd stopped"
+                ),
                 Ok(Err(err)) => tracing::warn!(%err, "cannot wait for etcd"),
                 Err(_) => {
                     tracing::warn!(timeout = ?STOP_TIMEOUT, "etcd did not stop; killing it");
