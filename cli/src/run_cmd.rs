@@ -781,18 +781,12 @@ async fn wait_for_placement(
                             asked,
                         );
                         let hint = Duration::from_millis(queued.retry_after_ms);
-                        let retry = watch.ask_again_after(hint, asked);
                         // The summary repeats the reason with the candidates' counts.
                         tracing::info!(
                             waited_s = started.elapsed().as_secs(),
-                            "the placer says wait ({}); asking again in {:.0} s{}, or as soon as a GPU has more room",
+                            "the placer says wait ({}); {}",
                             summary.unwrap_or(queued.reason),
-                            retry.as_secs_f64(),
-                            if watch.settling(asked) {
-                                " (a resident's reservation may still shrink)"
-                            } else {
-                                ""
-                            }
+                            watch.next_ask(hint, asked)
                         );
                         hint
                     }

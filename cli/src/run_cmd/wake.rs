@@ -203,6 +203,39 @@ impl QueueWatch {
         }
     }
 
+    /// When the job asks again after an ask at `at` answered with the placer's `hint`,
+    /// in words: as soon as a poll shows a reason to ([`Wake`]), else after
+    /// [`QueueWatch::ask_again_after`], and why that is not the hint when it is not.
+    /// The placer's own reason says "retry after N s"; without the why, "asking again
+    /// in 5 s" beside it reads as a contradiction.
+    pub fn next_ask(&self, hint: Duration, at: Instant) -> String {
+        let retry = self.ask_again_after(hint, at);
+        let why = if retry == hint {
+            ", as the placer suggests".to_owned()
+        } else {
+            let because = if retry > hint {
+                format!(": iadeep run asks at most every {}", secs(MIN_RETRY))
+            } else if self.settling(at) && retry < hint.min(MAX_RETRY) {
+                format!(
+                    ", because a job that arrived on a GPU this job may use less than {} ago \
+                     may still shrink its reservation",
+                    secs(SETTLING)
+                )
+            } else {
+                format!(": iadeep run asks at least every {}", secs(MAX_RETRY))
+            };
+            format!(
+                " rather than the {} the placer suggests{because}",
+                secs(hint)
+            )
+        };
+        format!(
+            "asking again as soon as a GPU is registered or one this job may use has more \
+             room, else in {}{why}",
+            secs(retry)
+        )
+    }
+
     /// Whether a candidate has a resident this job first saw less than [`SETTLING`]
     /// before `at`.
     pub fn settling(&self, at: Instant) -> bool {
@@ -222,6 +255,15 @@ impl QueueWatch {
         for task in residents {
             self.first_seen.entry(task.clone()).or_insert(at);
         }
+    }
+}
+
+/// `d` in seconds for a message: "60 s", "0.5 s".
+fn secs(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
     }
 }
 
@@ -396,6 +438,52 @@ mod tests {
         );
         assert_eq!(watch.ask_again_after(s(60), b_at), SETTLING_RETRY);
         assert_eq!(watch.ask_again_after(s(60), b_at + SETTLING), s(60));
+    }
+
+    /// The placer's reason says "retry after N s": the message says when the job
+    /// asks again, and why that is not N s when it is not.
+    #[test]
+    fn says_when_it_asks_again_and_why_not_when_the_placer_suggests() {
+        let t0 = Instant::now();
+        let mut watch = QueueWatch::new();
+        watch.asked(
+            one("gpu0", seen(&["a"], 16_000, 16_000)),
+            candidates(&["gpu0"]),
+            t0,
+        );
+        let sooner = "asking again as soon as a GPU is registered or one this job may use \
+                      has more room, else in";
+        assert_eq!(
+            watch.next_ask(s(60), t0),
+            format!(
+                "{sooner} 5 s rather than the 60 s the placer suggests, because a job that \
+                 arrived on a GPU this job may use less than 60 s ago may still shrink its \
+                 reservation"
+            )
+        );
+        assert_eq!(
+            watch.next_ask(s(3), t0),
+            format!("{sooner} 3 s, as the placer suggests")
+        );
+        let later = t0 + SETTLING;
+        assert_eq!(
+            watch.next_ask(s(60), later),
+            format!("{sooner} 60 s, as the placer suggests")
+        );
+        assert_eq!(
+            watch.next_ask(s(595), later),
+            format!(
+                "{sooner} 60 s rather than the 595 s the placer suggests: iadeep run asks \
+                 at least every 60 s"
+            )
+        );
+        assert_eq!(
+            watch.next_ask(Duration::from_millis(100), later),
+            format!(
+                "{sooner} 0.5 s rather than the 0.1 s the placer suggests: iadeep run asks \
+                 at most every 0.5 s"
+            )
+        );
     }
 
     #[test]
