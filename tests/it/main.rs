@@ -8,6 +8,7 @@ mod kube_fake;
 mod manifests;
 mod placer;
 mod placer_decide;
+mod placer_evict;
 mod predictor;
 mod retention;
 mod sim;
