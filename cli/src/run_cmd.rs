@@ -9,16 +9,24 @@
 //! killed by signal N). If `iadeep run` itself is killed, the placer releases the GPU
 //! once the job's agent is gone for the grace period.
 //!
-//! Eviction: when the job exits, `iadeep run` reads the task's assignment (the live key,
-//! else the archived one, whichever was written since this run was placed); if the
-//! placer evicted it and its last report does not say finished, it is released, placed
-//! again under the same task id through the usual queue, and the same command started
-//! again with IADEEP_REQUEUED and IADEEP_EVICTED_REASON set (`--requeue-on-evict`, on by
-//! default for opportunistic jobs), at most `--max-requeues` times.
+//! Eviction: while the job runs, `iadeep run` follows the task's assignment (a watch
+//! through the state store, re-opened after a failure, never fatal to the job). Once it
+//! says evict, the job has `--evict-grace` to checkpoint and exit on its own; one that
+//! has not by then gets SIGTERM, and SIGKILL `--evict-kill-after` later ([`enforce`]),
+//! since a job that ignores the eviction (a loop that swallows `iadeep.Evicted`, no
+//! agent, a hung checkpoint) would otherwise keep the GPU and the production job it was
+//! evicted for above its cap. When the job exits, `iadeep run` reads the task's
+//! assignment (what the watch saw, else the live key, else the archived one, whichever
+//! was written since this run was placed); if the placer evicted it and its last report
+//! does not say finished, it is released, placed again under the same task id through
+//! the usual queue, and the same command started again with IADEEP_REQUEUED and
+//! IADEEP_EVICTED_REASON set (`--requeue-on-evict`, on by default for opportunistic
+//! jobs), at most `--max-requeues` times: the same for a job stopped by `iadeep run` as
+//! for one that left on its own.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitCode, ExitStatus};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -39,6 +47,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tonic::transport::Channel;
 use wake::QueueWatch;
 
+mod enforce;
 mod wake;
 
 /// Run a training command on a GPU of this machine chosen by iadeep's placer.
@@ -54,7 +63,8 @@ mod wake;
 /// After an eviction `iadeep run` places the job again and restarts CMD with
 /// IADEEP_REQUEUED=N and IADEEP_EVICTED_REASON set (`--requeue-on-evict`), so the job
 /// resumes from its checkpoint. A job that writes no checkpoint loses all its progress
-/// when evicted: it starts over.
+/// when evicted: it starts over. An evicted job that has not exited `--evict-grace`
+/// after the eviction is stopped (SIGTERM, then SIGKILL).
 ///
 /// Example: `source ~/.local/share/iadeep/cluster/cluster.env;
 /// iadeep run --batch-size 64 --max-batch-size 256 -- python train.py`
@@ -139,6 +149,20 @@ pub struct RunArgs {
     /// the job's exit code.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_REQUEUES)]
     max_requeues: u32,
+    /// How long an evicted job has to checkpoint and exit on its own (`120s`, `2m`; `0s`:
+    /// none; at most 1h). A job still running then is stopped by `iadeep run`: SIGTERM,
+    /// and SIGKILL --evict-kill-after later; then it is released and re-queued as after
+    /// any eviction. Why: the production job it was evicted for stays above its slowdown
+    /// cap until its GPU is free, and a job that ignores the eviction (a loop that
+    /// catches `iadeep.Evicted`, no iadeep agent, a hung checkpoint) would never free it.
+    #[arg(long, value_name = "DURATION", default_value = enforce::DEFAULT_GRACE,
+        value_parser = enforce::parse_grace)]
+    evict_grace: Duration,
+    /// How long an evicted job stopped with SIGTERM (see --evict-grace) has to exit
+    /// before SIGKILL (at most 1h).
+    #[arg(long, value_name = "DURATION", default_value = enforce::DEFAULT_KILL_AFTER,
+        value_parser = enforce::parse_grace)]
+    evict_kill_after: Duration,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -404,18 +428,38 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         tracing::info!(task = %task_id, device = %placement.device_id, gpu_index = device.index,
             reserved_mib = placement.reserved_mem_mib, class = %args.class, requeued,
             command = ?args.command, "placed; starting the job");
-        let ran = run_job(&args.command, &launch, &device, &mut signals).await;
+        let enforcer = enforce::Enforcer::new(args.evict_grace, args.evict_kill_after);
+        let ran = run_job(
+            &args.command,
+            &launch,
+            &device,
+            &mut signals,
+            evictions.eviction(),
+            enforcer,
+        )
+        .await;
         // Read before the Release, which moves the keys to the archive (read there too,
         // for a task the reaper released first, once its agent had left).
         let evicted = match &ran {
-            Ok((_, None)) => evictions.evicted().await,
+            Ok(ran) if ran.interrupted.is_none() => evictions.evicted().await,
             // A signal stopped it, or it could not be waited for: not an eviction.
             _ => None,
         };
         let released = release(&mut client, &task_id).await;
-        let (status, _) = ran?;
-        tracing::info!(task = %task_id, exit_code = status.code(),
-            signal = crate::ended::signal_name(status), "job exited");
+        let Ran {
+            status, enforced, ..
+        } = ran?;
+        match enforced {
+            Some(sig) => tracing::warn!(task = %task_id, exit_code = status.code(),
+                signal = crate::ended::signal_name(status),
+                "job exited: stopped by iadeep run because of the eviction (still running \
+                 --evict-grace {} after it; sent {}, it {})",
+                humantime::format_duration(args.evict_grace),
+                if sig == Signal::SIGKILL { "SIGTERM, then SIGKILL" } else { "SIGTERM" },
+                crate::ended::Ended(status)),
+            None => tracing::info!(task = %task_id, exit_code = status.code(),
+                signal = crate::ended::signal_name(status), "job exited"),
+        }
         if let Some(reason) = evicted {
             let next = after_eviction(requeue, requeued, args.max_requeues, released);
             match next {
@@ -486,10 +530,11 @@ fn exit_code(status: ExitStatus) -> ExitCode {
 
 /// Whether the placer evicted this run of the task.
 ///
-/// While the job runs, a watch of the task's assignment remembers an evict assignment,
-/// even one a tuner overwrote before the job exited; after it exits, the assignment is
-/// read too (the live key, else the archived one: the reaper may have released the
-/// task once its agent left). Only what was written after this run was placed counts
+/// While the job runs, a follower of the task's assignment (a watch, re-opened after
+/// every failure) publishes an evict assignment, even one a tuner overwrote before the
+/// job exited, for `run_job` to enforce; after it exits, the assignment is read too
+/// (the live key, else the archived one: the reaper may have released the task once
+/// its agent left). Only what was written after this run was placed counts
 /// (compared by the store's revision, no clock): an eviction archived by an earlier
 /// run's Release is not this run's. A job whose last report says it finished its work
 /// is not evicted, whatever the assignment says. The store is opened on first use; a
@@ -503,8 +548,8 @@ struct Evictions {
     /// create revision), else the store's revision when it was read: what was written
     /// later is this run's.
     since: i64,
-    /// The reason of an evict assignment the watch saw during this run.
-    seen: Arc<Mutex<Option<String>>>,
+    /// The reason of an evict assignment the follower saw during this run.
+    seen: tokio::sync::watch::Receiver<Option<String>>,
     watch: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -541,7 +586,7 @@ impl Evictions {
             task_id: task_id.to_owned(),
             store: None,
             since: 0,
-            seen: Arc::default(),
+            seen: tokio::sync::watch::channel(None).1,
             watch: None,
         }
     }
@@ -556,22 +601,24 @@ impl Evictions {
     }
 
     /// Notes the revision of this run's placement (the task was just placed) and
-    /// watches the task's assignment from there.
+    /// follows the task's assignment from there.
     ///
     /// Why the placement key's create revision, not the revision of the read: the
     /// placer may evict the job between Place's commit and this read, and that
     /// eviction is this run's. Its create revision, not its mod revision: a settlement
     /// rewrites the placement, possibly after an eviction. When the key is gone
-    /// already (released meanwhile), the read's revision is the fallback.
+    /// already (released meanwhile), the read's revision is the fallback. When the
+    /// store cannot be read now, the follower keeps trying, and counts what it first
+    /// reads as written since the last revision known.
     async fn placed(&mut self) {
         if let Some(watch) = self.watch.take() {
             watch.abort();
         }
-        self.seen = Arc::default();
-        let key = keys::task_assignment(&self.task_id);
-        let prefix = keys::task_prefix(&self.task_id);
+        let (publish, seen) = tokio::sync::watch::channel(None);
+        self.seen = seen;
         let start = async {
             let store = self.open().await?;
+            let prefix = keys::task_prefix(&self.task_id);
             let snapshot = timed("reading the task", store.range(&prefix)).await?;
             let placement_key = keys::task_placement(&self.task_id);
             let since = match snapshot.kvs.iter().find(|kv| kv.key == placement_key) {
@@ -582,25 +629,36 @@ impl Evictions {
                     snapshot.revision
                 }
             };
-            let watch = timed(
-                "watching the task's assignment",
-                store.watch(&key, Some(since + 1)),
-            )
-            .await?;
-            anyhow::Ok((since, watch))
+            anyhow::Ok((store, since))
         };
-        match start.await {
-            Ok((revision, watch)) => {
-                self.since = revision;
-                self.watch = Some(tokio::spawn(remember_eviction(
-                    watch,
-                    key,
-                    self.seen.clone(),
-                )));
+        let follower = match start.await {
+            Ok((store, since)) => {
+                self.since = since;
+                Follower {
+                    url: self.url.clone(),
+                    store: Some(store),
+                    since,
+                    watch_from_since: true,
+                }
             }
-            Err(err) => tracing::warn!(task = %self.task_id, err = format!("{err:#}"),
-                "cannot read the state store; an eviction of this run may go unseen"),
-        }
+            Err(err) => {
+                tracing::warn!(task = %self.task_id, err = format!("{err:#}"),
+                    "cannot read the state store; following the task's assignment once it answers");
+                Follower {
+                    url: self.url.clone(),
+                    store: self.store.clone(),
+                    since: self.since,
+                    watch_from_since: false,
+                }
+            }
+        };
+        let key = keys::task_assignment(&self.task_id);
+        self.watch = Some(tokio::spawn(follower.publish_eviction(key, publish)));
+    }
+
+    /// The eviction the follower saw during this run, as it changes (`None` until then).
+    fn eviction(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.seen.clone()
     }
 
     /// The eviction's reason when the placer evicted this run and the job did not
@@ -622,11 +680,7 @@ impl Evictions {
     async fn read(&mut self) -> Result<Option<String>> {
         let store = self.open().await?;
         let task = self.task_id.clone();
-        let seen = self
-            .seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let seen = self.seen.borrow().clone();
         let reason = match seen {
             Some(reason) => reason,
             None => {
@@ -676,32 +730,89 @@ impl Evictions {
     }
 }
 
-/// Follows the task's assignment at `key` and keeps the reason of the first evict
-/// assignment in `seen`; ends with the watch (a failed watch leaves the read after the
-/// job's exit to tell).
-async fn remember_eviction(
-    mut watch: iadeep_state::WatchStream,
-    key: String,
-    seen: Arc<Mutex<Option<String>>>,
-) {
-    while let Some(event) = watch.next().await {
-        let kv = match event {
-            Ok(iadeep_state::WatchEvent::Put(kv)) if kv.key == key => kv,
-            Ok(_) => continue,
-            Err(err) => {
-                tracing::debug!(%err, "the watch of the task's assignment ended");
-                return;
-            }
+/// How long the follower of a task's assignment waits after losing its watch (or
+/// failing to open the store), doubling up to [`FOLLOW_BACKOFF_MAX`].
+const FOLLOW_BACKOFF: Duration = Duration::from_secs(1);
+const FOLLOW_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Where the follower of one run's assignment starts.
+struct Follower {
+    url: StoreUrl,
+    /// The store, once opened.
+    store: Option<Arc<dyn StateStore>>,
+    /// What was written after this revision is this run's.
+    since: i64,
+    /// Whether to watch from `since` on (it is this run's placement revision), rather
+    /// than read the assignment first (the store could not be read when it was placed).
+    watch_from_since: bool,
+}
+
+impl Follower {
+    /// Follows the task's assignment at `key` and publishes the reason of the first
+    /// evict assignment written since this run was placed, then ends. A lost watch is
+    /// re-opened (logged, after a backoff), so the job never depends on the store
+    /// answering; it is the job's own exit that ends the run.
+    async fn publish_eviction(
+        self,
+        key: String,
+        publish: tokio::sync::watch::Sender<Option<String>>,
+    ) {
+        let backoff = iadeep_state::Backoff::doubling(FOLLOW_BACKOFF, FOLLOW_BACKOFF_MAX);
+        let store = match self.store {
+            Some(store) => store,
+            None => open_until_it_answers(&self.url, &key).await,
         };
-        match typed::decode::<BatchSizeAssignment>(&kv) {
-            Ok(a) if a.evict => {
-                let reason = evict_reason(a);
-                tracing::info!(%reason, "the placer evicts the job; it should checkpoint and exit");
-                *seen.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
+        let mut follow = if self.watch_from_since {
+            iadeep_state::Follow::after(store, key.clone(), self.since, backoff)
+        } else {
+            iadeep_state::Follow::new(store, key.clone(), backoff)
+        };
+        loop {
+            let kv = match follow.next().await {
+                iadeep_state::Followed::Change(iadeep_state::WatchEvent::Put(kv)) => Some(kv),
+                iadeep_state::Followed::Change(_) => None,
+                // The first item after a lost watch: the assignment as it is now.
+                iadeep_state::Followed::Snapshot(snapshot) => {
+                    snapshot.kvs.into_iter().find(|kv| kv.key == key)
+                }
+            };
+            if let Some(reason) = kv.and_then(|kv| eviction_since(&kv, &key, self.since)) {
+                publish.send_replace(Some(reason));
                 return;
             }
-            Ok(_) => {}
-            Err(err) => tracing::debug!(%err, "an assignment that does not decode"),
+        }
+    }
+}
+
+/// The reason of `kv` when it is an evict assignment at `key` written after `since`
+/// (this run's, not one an earlier run left).
+fn eviction_since(kv: &iadeep_state::KeyValue, key: &str, since: i64) -> Option<String> {
+    if kv.key != key || kv.mod_revision <= since {
+        return None;
+    }
+    match typed::decode::<BatchSizeAssignment>(kv) {
+        Ok(a) if a.evict => Some(evict_reason(a)),
+        Ok(_) => None,
+        Err(err) => {
+            tracing::debug!(%err, "an assignment that does not decode");
+            None
+        }
+    }
+}
+
+/// The store at `url`, opened however many tries it takes (`key` names what for, in
+/// the log).
+async fn open_until_it_answers(url: &StoreUrl, key: &str) -> Arc<dyn StateStore> {
+    let mut pause = FOLLOW_BACKOFF;
+    loop {
+        match timed("opening the state store", url.open()).await {
+            Ok(store) => return store,
+            Err(err) => {
+                tracing::warn!(key, err = format!("{err:#}"), retry_in = ?pause,
+                    "cannot open the state store to follow the job's assignment; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(FOLLOW_BACKOFF_MAX);
+            }
         }
     }
 }
@@ -944,15 +1055,38 @@ async fn wait_or_woken(
     }
 }
 
-/// Runs the job on `device` and waits for it, forwarding SIGTERM and SIGHUP; returns its
-/// exit status and the last signal `iadeep run` got meanwhile (a job stopped by one is
-/// not restarted).
+/// How a start of the job ended.
+struct Ran {
+    status: ExitStatus,
+    /// The last signal `iadeep run` got while the job ran (a job stopped by one is not
+    /// restarted).
+    interrupted: Option<Signal>,
+    /// The last signal `iadeep run` sent the job to enforce its eviction, if it did.
+    enforced: Option<Signal>,
+}
+
+/// Sends `sig` to the job: how `iadeep run` forwards SIGTERM and SIGHUP and how it stops
+/// an evicted job. To the job's process, not a process group: the job shares `iadeep
+/// run`'s group, so that a Ctrl-C at the terminal reaches it directly.
+fn signal_job(pid: Option<u32>, sig: Signal) {
+    let Some(pid) = pid.and_then(|pid| i32::try_from(pid).ok()) else {
+        return;
+    };
+    if let Err(err) = kill(Pid::from_raw(pid), sig) {
+        tracing::warn!(%err, signal = %sig, pid, "cannot signal the job");
+    }
+}
+
+/// Runs the job on `device` and waits for it, forwarding SIGTERM and SIGHUP, and
+/// stopping it as `enforcer` says once `eviction` holds the placer's eviction.
 async fn run_job(
     command: &[String],
     launch: &Launch,
     device: &DeviceInfo,
     signals: &mut Signals,
-) -> Result<(ExitStatus, Option<Signal>)> {
+    mut eviction: tokio::sync::watch::Receiver<Option<String>>,
+    mut enforcer: enforce::Enforcer,
+) -> Result<Ran> {
     let (program, args) = command.split_first().context("no command to run")?;
     let mut job = tokio::process::Command::new(program);
     job.args(args)
@@ -964,26 +1098,47 @@ async fn run_job(
         .spawn()
         .with_context(|| format!("cannot start {program:?}"))?;
     let pid = child.id();
-    let mut stopped_by = None;
+    let mut interrupted = None;
+    // Until the follower of the assignment ends (it ends once it saw an eviction).
+    let mut following = true;
     loop {
+        let deadline = enforcer.deadline();
         tokio::select! {
             status = child.wait() => {
                 let status = status.with_context(|| format!("cannot wait for {program:?}"))?;
-                return Ok((status, stopped_by));
+                return Ok(Ran { status, interrupted, enforced: enforcer.sent() });
             }
             sig = signals.next() => {
-                stopped_by = Some(sig);
-                match (sig, pid) {
-                    (Signal::SIGINT, _) => {
-                        tracing::info!("Ctrl-C: the job got it too; waiting for it to exit");
-                    }
-                    (sig, Some(pid)) => {
-                        tracing::info!(signal = %sig, pid, "forwarding to the job");
-                        if let Err(err) = kill(Pid::from_raw(pid as i32), sig) {
-                            tracing::warn!(%err, "cannot forward the signal");
-                        }
-                    }
-                    (_, None) => {}
+                interrupted = Some(sig);
+                if sig == Signal::SIGINT {
+                    tracing::info!("Ctrl-C: the job got it too; waiting for it to exit");
+                } else {
+                    tracing::info!(signal = %sig, pid, "forwarding to the job");
+                    signal_job(pid, sig);
+                }
+            }
+            changed = eviction.changed(), if following => {
+                if changed.is_err() {
+                    following = false;
+                    continue;
+                }
+                let reason = eviction.borrow_and_update().clone();
+                if let Some(reason) = reason
+                    && enforcer.evicted(tokio::time::Instant::now())
+                {
+                    let grace = humantime::format_duration(enforcer.grace());
+                    tracing::warn!(task = %launch.task_id, %reason, pid,
+                        "the placer evicted the job: it has {grace} (--evict-grace) to checkpoint \
+                         and exit; iadeep run stops it then");
+                }
+            }
+            () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
+                if deadline.is_some() =>
+            {
+                if let Some(sig) = enforcer.due(tokio::time::Instant::now()) {
+                    tracing::warn!(task = %launch.task_id, signal = %sig, pid,
+                        "the evicted job has not exited; iadeep run sends it {sig}");
+                    signal_job(pid, sig);
                 }
             }
         }
@@ -1091,7 +1246,7 @@ mod tests {
         put_assignment(&store, &keys::task_assignment(task), 4, true).await;
         put_assignment(&store, &keys::task_assignment(task), 5, false).await;
         for _ in 0..500 {
-            if evictions.seen.lock().expect("lock").is_some() {
+            if evictions.seen.borrow().is_some() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -1155,6 +1310,66 @@ mod tests {
         assert_eq!(
             evictions.evicted().await.as_deref(),
             Some("prod-1 above its cap")
+        );
+    }
+
+    /// A follower that could not read the placement's revision (the store did not
+    /// answer then) starts from the assignment as it is: an eviction written since the
+    /// last revision known is published, an older one is not (the next one is).
+    #[tokio::test]
+    async fn a_follower_started_without_the_placement_revision_reads_the_assignment_first() {
+        let store: Arc<dyn StateStore> =
+            Arc::new(iadeep_state::EmbeddedStore::in_memory().expect("store"));
+        let key = keys::task_assignment("t");
+        put_assignment(&store, &key, 1, true).await;
+        let old = store.range(&key).await.expect("range").revision;
+        let url: StoreUrl = "etcd://127.0.0.1:1".parse().expect("url");
+        let follow = |since| {
+            let (publish, seen) = tokio::sync::watch::channel(None);
+            let follower = Follower {
+                url: url.clone(),
+                store: Some(store.clone()),
+                since,
+                watch_from_since: false,
+            };
+            (
+                tokio::spawn(follower.publish_eviction(key.clone(), publish)),
+                seen,
+            )
+        };
+        // A guard against a hang, not a timing: each wait ends on a publication.
+        let published = |mut seen: tokio::sync::watch::Receiver<Option<String>>| async move {
+            tokio::time::timeout(Duration::from_secs(30), seen.wait_for(Option::is_some))
+                .await
+                .expect("published")
+                .expect("the follower published before ending")
+                .clone()
+        };
+
+        let (_task, seen) = follow(old - 1);
+        assert_eq!(
+            published(seen).await.as_deref(),
+            Some("prod-1 above its cap")
+        );
+        let kv = store.get(&key).await.expect("get").expect("the assignment");
+        assert_eq!(kv.mod_revision, old);
+        assert_eq!(eviction_since(&kv, &key, old), None, "an earlier run's");
+        assert_eq!(eviction_since(&kv, "other", old - 1), None);
+
+        let (_task, seen) = follow(old);
+        let later = BatchSizeAssignment {
+            task_id: "t".into(),
+            evict: true,
+            evict_reason: "a later eviction".into(),
+            ..Default::default()
+        };
+        typed::put(store.as_ref(), &key, &later, None)
+            .await
+            .expect("put");
+        assert_eq!(
+            published(seen).await.as_deref(),
+            Some("a later eviction"),
+            "not the earlier run's"
         );
     }
 

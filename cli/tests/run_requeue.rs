@@ -4,7 +4,9 @@
 //! run` releases it, places it again under the same id and restarts the command with
 //! IADEEP_REQUEUED=1 and the reason, and the restarted job finishes. The task is never
 //! placed twice at once. A production job is not restarted (its default), and a cap on
-//! an opportunistic job is refused before anything is placed.
+//! an opportunistic job is refused before anything is placed. A job that ignores its
+//! eviction (no agent, SIGTERM trapped) is stopped by `iadeep run` after `--evict-grace`
+//! (SIGTERM, then SIGKILL) and re-queued like one that left.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -28,10 +30,25 @@ exec "$IADEEP_BIN" emulate-job --task-id "$IADEEP_TASK_ID" --model cifar10 \
     --time-scale 0.05 --report-interval 0.2 --lease-ttl 2 --steps "$steps"
 "#;
 
-/// `iadeep run ARGS -- sh JOB` in the background, its output in `dir`/run.log.
+/// A job that ignores its eviction: no iadeep agent, and SIGTERM only noted in
+/// `$MARKS`; it runs until killed. Restarted, it exits 0 at once.
+const STUBBORN_JOB: &str = r#"
+echo "run ${IADEEP_REQUEUED:-0} ${IADEEP_PRIORITY_CLASS} ${IADEEP_EVICTED_REASON}" >> "$RUNS"
+if [ -n "$IADEEP_REQUEUED" ]; then exit 0; fi
+trap 'echo "got SIGTERM; carrying on" >> "$MARKS"' TERM
+echo started >> "$MARKS"
+while :; do sleep 0.1; done
+"#;
+
+/// `iadeep run ARGS -- sh JOB` in the background, its output in `dir`/TASK.log.
 fn start_run(cluster: &LocalCluster, dir: &Path, task: &str, args: &[&str]) -> Child {
-    let script = dir.join("job.sh");
-    std::fs::write(&script, JOB).expect("write the job script");
+    start_job(cluster, dir, task, JOB, args)
+}
+
+/// `iadeep run ARGS -- sh SCRIPT` in the background, its output in `dir`/TASK.log.
+fn start_job(cluster: &LocalCluster, dir: &Path, task: &str, job: &str, args: &[&str]) -> Child {
+    let script = dir.join(format!("{task}.sh"));
+    std::fs::write(&script, job).expect("write the job script");
     let log = std::fs::File::create(dir.join(format!("{task}.log"))).expect("log");
     Command::new(env!("CARGO_BIN_EXE_iadeep"))
         .args([
@@ -53,6 +70,7 @@ fn start_run(cluster: &LocalCluster, dir: &Path, task: &str, args: &[&str]) -> C
         .env("IADEEP_PLACER", &cluster.placer)
         .env("IADEEP_BIN", env!("CARGO_BIN_EXE_iadeep"))
         .env("RUNS", dir.join(format!("{task}.runs")))
+        .env("MARKS", dir.join(format!("{task}.marks")))
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("log"))
@@ -234,5 +252,69 @@ fn a_production_job_is_not_restarted_and_a_cap_needs_the_production_class() {
         "{log}"
     );
     assert!(log.contains("not restarting it"), "{log}");
+    assert_eq!(residencies(&cluster, task), 0, "released");
+}
+
+/// Waits until `path` holds `line`.
+fn wait_for_line(dir: &Path, task: &str, path: &Path, line: &str) {
+    let started = Instant::now();
+    while !read(path).lines().any(|l| l == line) {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no {line:?} in {}:\n{}",
+            path.display(),
+            read(&dir.join(format!("{task}.log")))
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The gap of issue 27: a job that ignores the evict flag kept its GPU, and the
+/// production job it was evicted for stayed above its cap. `iadeep run` stops it once
+/// `--evict-grace` is over (SIGTERM, which this one traps, then SIGKILL), releases it,
+/// and re-queues and restarts it as after any eviction.
+#[test]
+fn a_job_that_ignores_its_eviction_is_stopped_after_the_grace_and_requeued() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cluster = LocalCluster::start(tmp.path().join("cluster"));
+    let dir = tmp.path();
+    let task = "stubborn-1";
+    let marks = dir.join(format!("{task}.marks"));
+    let mut run = start_job(
+        &cluster,
+        dir,
+        task,
+        STUBBORN_JOB,
+        &["--evict-grace", "1s", "--evict-kill-after", "1s"],
+    );
+    wait_for_line(dir, task, &marks, "started");
+    evict(&cluster, task);
+    let code = wait_for_exit(&cluster, dir, task, &mut run);
+    let log = read(&dir.join(format!("{task}.log")));
+    assert_eq!(code, 0, "the restarted job's exit code:\n{log}");
+    assert_eq!(
+        read(&marks),
+        "started\ngot SIGTERM; carrying on\n",
+        "SIGTERM once, after the grace:\n{log}"
+    );
+    assert_eq!(
+        read(&dir.join(format!("{task}.runs"))),
+        format!("run 0 opportunistic \nrun 1 opportunistic {REASON}\n"),
+        "restarted once, told it was re-queued and why:\n{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|line| line.contains("the placer evicted the job")
+                && line.contains(REASON)
+                && line.contains("1s (--evict-grace)")),
+        "a warning names the reason and the grace:\n{log}"
+    );
+    assert!(
+        log.lines().any(|line| line
+            .contains("job exited: stopped by iadeep run because of the eviction")
+            && line.contains("was killed by SIGKILL")),
+        "the exit line says iadeep run killed it:\n{log}"
+    );
+    assert!(log.contains("queueing it again"), "{log}");
     assert_eq!(residencies(&cluster, task), 0, "released");
 }
