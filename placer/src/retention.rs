@@ -8,8 +8,7 @@
 //! grows with every job ever run. So the Release transaction also writes a marker,
 //! `/iadeep/v1/released/{task}`, holding the release time (see
 //! [`iadeep_state::keys::task_released`]); a Place of the same id deletes the marker and
-//! the archive in its own transaction (the id is the new task's then: a Place compares
-//! the marker absent and, finding it, is sent again with those deletes). The reaper calls
+//! the archive in its own transaction (the id is the new task's then). The reaper calls
 //! [`sweep`] every [`tick_for`] and it deletes, in transactions of [`SWEEP_TXN_TASKS`]
 //! tasks, each task's archive, whatever its agent wrote under `tasks/` after the
 //! Release, and its marker, for markers older than the retention — iff, at that
