@@ -69,17 +69,7 @@ impl Plan {
     /// commit: all or none, at the cost of one. The placement must not exist yet:
     /// two requests for the same task decided at once (on two devices, or by two
     /// placer processes sharing the store) must not both reserve.
-    ///
-    /// The id of a released task may be placed again; its release marker and archive
-    /// are the new task's to delete then (see [`crate::retention`]). A Place expects
-    /// the id to be new (`re_used` false): the transaction compares the marker
-    /// absent, last, instead of deleting the four keys. Why: each is an operation
-    /// every etcd member decodes and applies, in nearly every Place, for ids that are
-    /// hardly ever re-used (about a third of the Place's writes). The marker and the
-    /// archive are written and swept together, so no marker means no archive. A Place
-    /// that finds the marker ([`Plan::found_release_marker`]) is sent again with
-    /// `re_used`: the deletes instead of that comparison.
-    fn txn(&self, task: &TaskSpec, placement: &Placement, re_used: bool) -> Txn {
+    fn txn(&self, task: &TaskSpec, placement: &Placement) -> Txn {
         let key = keys::device_residents(&self.device_id);
         let placement_key = keys::task_placement(&task.task_id);
         let mut txn = Txn::new()
@@ -91,30 +81,16 @@ impl Plan {
         txn = txn
             .put(key.as_str(), self.record.encode_to_vec(), None)
             .put(placement_key.as_str(), placement.encode_to_vec(), None)
-            .put(keys::task_spec(&task.task_id), task.encode_to_vec(), None);
-        txn = if re_used {
-            txn.delete(keys::task_released(&task.task_id))
-                .delete(keys::archived_spec(&task.task_id))
-                .delete(keys::archived_report(&task.task_id))
-                .delete(keys::archived_assignment(&task.task_id))
-        } else {
-            txn.compare(keys::task_released(&task.task_id), Expect::Absent)
-        };
+            .put(keys::task_spec(&task.task_id), task.encode_to_vec(), None)
+            // A re-used id: the keys are the new task's now, not a released one's.
+            .delete(keys::task_released(&task.task_id))
+            .delete(keys::archived_spec(&task.task_id))
+            .delete(keys::archived_report(&task.task_id))
+            .delete(keys::archived_assignment(&task.task_id));
         for a in &self.assignments {
             txn = txn.put(keys::task_assignment(&a.task_id), a.encode_to_vec(), None);
         }
         txn
-    }
-
-    /// Whether a transaction of `txn(.., false)` failed only for want of a re-used
-    /// id's deletes: `current` (its compared keys' values, in order) holds the
-    /// release marker, and no placement of the task (a placement means the task is
-    /// placed, which the caller answers as such).
-    fn found_release_marker(&self, current: &[Option<iadeep_state::KeyValue>]) -> bool {
-        let marker_at = 2 + self.assignment_compares.len();
-        current.len() == marker_at + 1
-            && current.get(1).is_some_and(Option::is_none)
-            && current.get(marker_at).is_some_and(Option::is_some)
     }
 }
 
@@ -1047,20 +1023,7 @@ impl PlacementService {
             placed_at_unix_ms: plan.reservation.placed_at_unix_ms,
             batch_size: task.initial_batch_size.max(1),
         };
-        let mut outcome = self
-            .commits
-            .transact(plan.txn(task, &placement, false))
-            .await?;
-        if let TxnOutcome::Failed { current } = &outcome
-            && plan.found_release_marker(current)
-        {
-            tracing::debug!(task = %task.task_id,
-                "the id was released before: placing it again with its old keys' deletes");
-            outcome = self
-                .commits
-                .transact(plan.txn(task, &placement, true))
-                .await?;
-        }
+        let txn = plan.txn(task, &placement);
         let Plan {
             device_id,
             record,
@@ -1069,7 +1032,7 @@ impl PlacementService {
             assignments,
             ..
         } = *plan;
-        match outcome {
+        match self.commits.transact(txn).await? {
             TxnOutcome::Committed { revision } => {
                 {
                     let mut view = self.view_mut();
