@@ -456,6 +456,8 @@ async fn wait_for_fit(predictor: &iadeep_predictor::OnlinePredictor) -> Result<(
 /// What the benchmark's clients measured, over all of them.
 #[derive(Default)]
 struct Latencies {
+    /// Each call from its first sending to its answer: the pauses before re-sending a
+    /// call answered UNAVAILABLE are part of what a client waits, so they count.
     place: Vec<Duration>,
     release: Vec<Duration>,
     placed: u64,
@@ -477,12 +479,9 @@ const BENCH_UNAVAILABLE_RETRIES: u32 = 20;
 /// The pause before a call answered UNAVAILABLE is sent again: the placer's
 /// `grpc-retry-pushback-ms` when it gives one, else 100 ms.
 fn retry_pause(status: &tonic::Status) -> Duration {
-    let pushback = status
-        .metadata()
-        .get("grpc-retry-pushback-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    Duration::from_millis(pushback.unwrap_or(100).min(5_000))
+    iadeep_placer::retry_pushback(status)
+        .unwrap_or(Duration::from_millis(100))
+        .min(Duration::from_secs(5))
 }
 
 /// Sends `call` until it is answered with anything but UNAVAILABLE, at most
@@ -765,9 +764,10 @@ mod tests {
     async fn the_benchmark_asks_again_only_when_told_unavailable() {
         let unavailable = || {
             let mut status = tonic::Status::unavailable("placements kept racing");
-            status
-                .metadata_mut()
-                .insert("grpc-retry-pushback-ms", "150".parse().expect("ascii"));
+            status.metadata_mut().insert(
+                iadeep_placer::RETRY_PUSHBACK_MS,
+                "150".parse().expect("ascii"),
+            );
             status
         };
         assert_eq!(retry_pause(&unavailable()), Duration::from_millis(150));

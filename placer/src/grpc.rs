@@ -19,6 +19,17 @@ use crate::validate;
 /// it, and others can read it from the status's metadata.
 pub const RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 
+/// The wait a status asks for in its [`RETRY_PUSHBACK_MS`] trailer, if it carries one
+/// that reads as whole milliseconds: what a client of the placer reads back.
+pub fn retry_pushback(status: &tonic::Status) -> Option<std::time::Duration> {
+    status
+        .metadata()
+        .get(RETRY_PUSHBACK_MS)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(std::time::Duration::from_millis)
+}
+
 /// Maps placer errors to gRPC codes a client can act on.
 ///
 /// Only UNAVAILABLE invites a retry, so only what a retry can cure maps to it: no
@@ -166,12 +177,10 @@ mod tests {
         };
         let status = status_of(&err);
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
-        let pushback = status
-            .metadata()
-            .get(RETRY_PUSHBACK_MS)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        assert_eq!(pushback, Some(*retry_after_ms));
+        assert_eq!(
+            retry_pushback(&status),
+            Some(std::time::Duration::from_millis(*retry_after_ms))
+        );
         assert!(
             status
                 .message()

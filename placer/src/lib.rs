@@ -69,4 +69,6 @@ pub use view::{
 #[cfg(feature = "daemon")]
 pub use daemon::{Daemon, DaemonConfig};
 #[cfg(feature = "daemon")]
+pub use grpc::{RETRY_PUSHBACK_MS, retry_pushback};
+#[cfg(feature = "daemon")]
 pub use metrics::{Counter, Gauge, Histogram, PlacerMetrics};
