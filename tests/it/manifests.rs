@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use iadeep_state::StoreUrl;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, Namespace, PodSpec, Service, ServiceAccount,
 };
@@ -228,6 +229,7 @@ fn check_object(dir: &str, object: &Value) -> String {
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => {
             drop(strict::<RoleBinding>(object, &what))
         }
+        ("batch/v1", "CronJob") => drop(strict::<CronJob>(object, &what)),
         ("monitoring.coreos.com/v1", "ServiceMonitor") => {
             drop(strict::<ServiceMonitor>(object, &what))
         }
@@ -485,6 +487,36 @@ fn check_store(dir: &str, objects: &[(String, Value)]) {
     );
     if in_cluster {
         find(objects, "Service", "iadeep-etcd");
+        // The etcd iadeep deploys is defragmented by the CronJob beside it, at the
+        // address the daemons use (README, "Compaction and defragmentation").
+        let defrag: CronJob = strict(find(objects, "CronJob", "iadeep-etcd-defrag"), "CronJob");
+        let pod = defrag
+            .spec
+            .and_then(|s| s.job_template.spec)
+            .and_then(|s| s.template.spec)
+            .unwrap_or_else(|| panic!("{dir}: the defragmentation CronJob has a pod"));
+        let command = pod.containers[0].command.clone().unwrap_or_default();
+        assert_eq!(
+            command.first().map(String::as_str),
+            Some("etcdctl"),
+            "{dir}"
+        );
+        assert_eq!(command.last().map(String::as_str), Some("defrag"), "{dir}");
+        let endpoints: Vec<String> = config
+            .endpoints
+            .iter()
+            .map(|e| format!("http://{e}"))
+            .collect();
+        assert_eq!(
+            flag(&command, "endpoints"),
+            Some(endpoints.join(",").as_str()),
+            "{dir}: the CronJob defragments the store the daemons use"
+        );
+    } else {
+        assert!(
+            !objects.iter().any(|(_, o)| o["kind"] == "CronJob"),
+            "{dir}: an etcd iadeep does not run is not iadeep's to defragment"
+        );
     }
     for (kind, name) in [
         ("Deployment", "iadeep-placer"),
