@@ -77,7 +77,9 @@
 //!    The search's cap violations are persisted with its observations (as batch sizes),
 //!    and a restarted tuner rules them out again before it replays the observations, so
 //!    it never measures a configuration it knows puts a production job above its cap
-//!    (the breach streaks are not: a restarted tuner measures them again).
+//!    (the breach streaks are not: a restarted tuner measures them again). They are
+//!    persisted with each task's cap and restored only where the caps are the same (a
+//!    violation of a cap says nothing of a looser one).
 //!
 //! The Gaussian process therefore never holds more than `max_observations` points (a cap
 //! round that shrinks co-runners is observed only while the search has room for it).
@@ -380,6 +382,9 @@ struct Search {
     measured: Option<Vec<usize>>,
     /// Per task: opportunistic (may be shrunk for a production job's cap).
     opportunistic: Vec<bool>,
+    /// Per task: its slowdown cap when the search started (`None`: not production), what
+    /// the search's cap violations are measured against (persisted with them).
+    slowdown_caps: Vec<Option<f64>>,
     /// The hold reason last logged, so a hold is logged once, not every step.
     logged_hold: Option<Hold>,
 }
@@ -433,6 +438,20 @@ const FENCE_STEP: f64 = 1.05;
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Where a persisted cap violation's size `b` of one task falls among its current candidate
+/// `sizes` (ascending). A violation at an opportunistic size rules out every size at or
+/// above it (see [`crate::search::GpLcb::rule_out_over_cap`]), so it maps to the smallest
+/// candidate at or above `b`: exactly the candidates it rules out, even when `b` is no
+/// candidate any more. A production size rules out only itself: it must still be a
+/// candidate. `None`: the violation rules out nothing now.
+fn over_cap_index(b: u32, sizes: &[u32], opportunistic: bool) -> Option<usize> {
+    if opportunistic {
+        sizes.iter().position(|&x| x >= b)
+    } else {
+        sizes.iter().position(|&x| x == b)
+    }
 }
 
 impl DeviceTuner {
@@ -624,6 +643,7 @@ impl DeviceTuner {
                     sizes: s.sizes.clone(),
                     observations: s.observations.clone(),
                     over_cap: over_cap.map(|c| space.batch_sizes(c)).collect(),
+                    caps: Some(s.slowdown_caps.clone()),
                 }
             }
             None => self.resumed.clone().unwrap_or_default(),
@@ -1036,7 +1056,7 @@ impl DeviceTuner {
             if session.task_ids == task_ids {
                 // Before the observations: a value measured above a cap is no improvement
                 // for the stopping rule, as when it was first recorded.
-                self.restore_over_cap(&session.over_cap);
+                self.restore_over_cap(&session.over_cap, session.caps.as_deref());
             }
             if session.task_ids == task_ids && session.sizes == sizes {
                 self.replay(session.observations);
@@ -1069,14 +1089,12 @@ impl DeviceTuner {
         let seed = self.params.seed ^ self.counters.searches.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         self.counters.searches += 1;
         let mut search = GpLcb::new(space, self.params.lcb, seed)?;
-        let opportunistic: Vec<bool> = task_ids
+        let slowdown_caps: Vec<Option<f64>> = task_ids
             .iter()
-            .map(|id| {
-                self.residents
-                    .get(id)
-                    .is_none_or(|r| !r.spec.is_production())
-            })
+            .map(|id| self.residents.get(id).and_then(|r| r.spec.slowdown_cap()))
             .collect();
+        // Only a production job has a cap.
+        let opportunistic: Vec<bool> = slowdown_caps.iter().map(Option::is_none).collect();
         search.set_opportunistic(opportunistic.clone())?;
         Ok(Search {
             task_ids,
@@ -1088,23 +1106,37 @@ impl DeviceTuner {
             applied: None,
             measured: None,
             opportunistic,
+            slowdown_caps,
             logged_hold: None,
         })
     }
 
     /// Rules the persisted cap violations (batch sizes, in task order) out of the current
     /// search over the same tasks: facts about these tasks at these sizes, kept even when
-    /// the candidate sizes changed (a size no longer a candidate cannot be proposed).
-    fn restore_over_cap(&mut self, over_cap: &[Vec<u32>]) {
+    /// the candidate sizes changed (see [`over_cap_index`]). Only when every task has the
+    /// cap (and so the class) it had when they were measured (`caps`; `None`: unknown): a
+    /// job above a cap may be below a looser one, and a task that changed class changes
+    /// which configurations a violation rules out.
+    fn restore_over_cap(&mut self, over_cap: &[Vec<u32>], caps: Option<&[Option<f64>]>) {
         let Some(search) = &mut self.search else {
             return;
         };
+        if over_cap.is_empty() {
+            return;
+        }
+        if caps != Some(search.slowdown_caps.as_slice()) {
+            tracing::info!(device = %self.device_id, stored = ?caps, now = ?search.slowdown_caps,
+                "persisted cap violations were measured against other (or unknown) caps; \
+                not restored");
+            return;
+        }
         let mut restored = 0;
         for batch_sizes in over_cap {
             let idx: Option<Vec<usize>> = batch_sizes
                 .iter()
                 .zip(&search.sizes)
-                .map(|(b, s)| s.iter().position(|x| x == b))
+                .zip(&search.opportunistic)
+                .map(|((&b, s), &opportunistic)| over_cap_index(b, s, opportunistic))
                 .collect();
             match idx {
                 Some(idx) if idx.len() == search.sizes.len() => {
@@ -1115,7 +1147,7 @@ impl DeviceTuner {
                 }
                 _ => tracing::debug!(
                     ?batch_sizes,
-                    "persisted cap violation outside the search space; not needed"
+                    "persisted cap violation rules out no current candidate; not needed"
                 ),
             }
         }

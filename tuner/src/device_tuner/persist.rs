@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use iadeep_proto::{TunerObservation, TunerOverCap, TunerState};
+use iadeep_proto::{TunerObservation, TunerOverCap, TunerState, TunerTaskCap};
 
 use super::knowledge::TaskKnowledge;
 
@@ -19,6 +19,12 @@ pub struct Session {
     /// its slowdown cap: a restarted tuner rules them out again instead of measuring them
     /// (and pushing the job above its cap) once more.
     pub over_cap: Vec<Vec<u32>>,
+    /// Each task's slowdown cap (`None`: not production, no cap) when the search started,
+    /// in task order: what `over_cap` was measured against. A violation of a cap is no
+    /// fact about a looser cap, nor about a job of another class, so `over_cap` is
+    /// restored only where the caps are the same. `None`: unknown (a state written before
+    /// the caps were kept), and then `over_cap` is not restored.
+    pub caps: Option<Vec<Option<f64>>>,
 }
 
 /// Everything persisted.
@@ -56,11 +62,22 @@ impl Persisted {
                     "persisted cap violations without one size per task are ignored"
                 );
             }
+            let caps: Option<Vec<Option<f64>>> = (!s.task_caps.is_empty()
+                && s.task_caps.len() == s.task_ids.len())
+            .then(|| s.task_caps.iter().map(|c| c.slowdown_cap).collect());
+            if caps.is_none() && !s.task_caps.is_empty() {
+                tracing::warn!(
+                    caps = s.task_caps.len(),
+                    tasks = s.task_ids.len(),
+                    "persisted caps without one per task; the cap violations are not restored"
+                );
+            }
             Session {
                 task_ids: s.task_ids.clone(),
                 sizes,
                 observations: s.observations.clone(),
                 over_cap,
+                caps,
             }
         } else {
             tracing::warn!(
@@ -109,6 +126,13 @@ impl Persisted {
                     batch_sizes: c.clone(),
                 })
                 .collect(),
+            task_caps: self
+                .session
+                .caps
+                .iter()
+                .flatten()
+                .map(|&slowdown_cap| TunerTaskCap { slowdown_cap })
+                .collect(),
         }
     }
 }
@@ -131,6 +155,7 @@ mod tests {
                     round: 41,
                 }],
                 over_cap: vec![vec![16, 64]],
+                caps: Some(vec![None, Some(1.5)]),
             },
             knowledge: BTreeMap::new(),
         };
@@ -142,6 +167,16 @@ mod tests {
             batch_sizes: vec![8],
         });
         assert_eq!(Persisted::from_proto(&short).session, p.session);
+        // A state written before the caps were kept still decodes; its caps are unknown.
+        let mut old = p.to_proto("d", 0);
+        old.task_caps.clear();
+        let old = Persisted::from_proto(&old);
+        assert_eq!(old.session.caps, None);
+        assert_eq!(old.session.over_cap, p.session.over_cap);
+        assert_eq!(old.session.observations, p.session.observations);
+        let mut wrong = p.to_proto("d", 0);
+        wrong.task_caps.pop();
+        assert_eq!(Persisted::from_proto(&wrong).session.caps, None);
         let mut broken = p.to_proto("d", 0);
         broken.candidate_sizes.pop();
         assert_eq!(Persisted::from_proto(&broken).session, Session::default());

@@ -1386,6 +1386,122 @@ fn a_restarted_tuner_does_not_measure_a_cap_violation_again() {
     }
 }
 
+/// A tuner resumed from a persisted search over `o` and `p` (task order) at `stored_sizes`
+/// that measured `violation` (sizes of `o`, `p`) above a cap, with the stored `caps`; the
+/// `tasks` (`o`, `p`) then join as they are now. It has started its search.
+fn resumed_with_violation(
+    tasks: &[Task],
+    stored_sizes: Vec<Vec<u32>>,
+    violation: Vec<u32>,
+    caps: Option<Vec<Option<f64>>>,
+) -> DeviceTuner {
+    let state = Persisted {
+        round: 10,
+        next_sample_seq: 0,
+        session: Session {
+            task_ids: vec!["o".into(), "p".into()],
+            sizes: stored_sizes,
+            observations: Vec::new(),
+            over_cap: vec![violation],
+            caps,
+        },
+        knowledge: BTreeMap::new(),
+    }
+    .to_proto("gpu0", 0);
+    let device = DeviceInfo {
+        device_id: "gpu0".into(),
+        memory_mib: 16_384,
+        kind: KIND.into(),
+        ..Default::default()
+    };
+    let mut tuner = DeviceTuner::new(&device, params(), Some(&state)).expect("resumes");
+    let joined = tasks.iter().map(|t| Input::Joined {
+        spec: t.spec(KIND),
+        reserved_mib: 0,
+    });
+    tuner.step(0, joined.collect::<Vec<_>>());
+    tuner
+}
+
+/// Whether the tuner's search rules out `o` at `o` beside `p` at `p` as above a cap (both
+/// must be candidates).
+fn rules_out(tuner: &DeviceTuner, o: u32, p: u32) -> bool {
+    let search = tuner.search.as_ref().expect("a search");
+    assert_eq!(search.task_ids, ["o", "p"]);
+    let idx: Vec<usize> = [o, p]
+        .iter()
+        .zip(&search.sizes)
+        .map(|(b, s)| s.iter().position(|x| x == b).expect("a candidate"))
+        .collect();
+    search.controller.over_cap_rules_out(&idx)
+}
+
+/// `p` (production, cap 1.3, sizes 8, 16, 32, 64) and `o` (opportunistic, sizes 8, 16,
+/// 32, 64, 128), in task order (`o`, `p`).
+fn resumed_pair() -> Vec<Task> {
+    let mut p = Task::new("p", 32, 8, 256);
+    p.class = PriorityClass::Production;
+    p.cap = Some(1.3);
+    p.allowed = vec![8, 16, 32, 64];
+    let mut o = Task::new("o", 64, 8, 256);
+    o.class = PriorityClass::Opportunistic;
+    o.allowed = vec![8, 16, 32, 64, 128];
+    vec![o, p]
+}
+
+/// The caps [`resumed_pair`] has now, in task order.
+const PAIR_CAPS: [Option<f64>; 2] = [None, Some(1.3)];
+
+/// A persisted violation at an opportunistic size that is no candidate any more still
+/// rules out the candidates at or above it (here `o` at 23 → 32 and up beside `p` at 32),
+/// and no smaller one; a production size that is no candidate any more rules out nothing.
+#[test]
+fn a_resumed_cap_violation_rules_out_from_the_next_opportunistic_candidate_up() {
+    let tasks = resumed_pair();
+    let old_sizes = vec![vec![8, 11, 16, 23, 32, 45, 64], vec![8, 16, 24, 32]];
+    let tuner = resumed_with_violation(
+        &tasks,
+        old_sizes.clone(),
+        vec![23, 32],
+        Some(PAIR_CAPS.to_vec()),
+    );
+    for o in [32, 64, 128] {
+        assert!(rules_out(&tuner, o, 32), "o at {o}, p at 32");
+    }
+    for (o, p) in [(16, 32), (8, 32), (32, 16), (128, 64)] {
+        assert!(!rules_out(&tuner, o, p), "o at {o}, p at {p}");
+    }
+    // p at 24 is no candidate now: neither neighbour is ruled out.
+    let tuner = resumed_with_violation(&tasks, old_sizes, vec![8, 24], Some(PAIR_CAPS.to_vec()));
+    for p in [16, 32] {
+        for o in [8, 16, 32, 64, 128] {
+            assert!(!rules_out(&tuner, o, p), "o at {o}, p at {p}");
+        }
+    }
+}
+
+/// A persisted violation is restored only when every task has the cap and class it had
+/// when it was measured: not from a state that did not keep the caps, nor for a job whose
+/// cap was loosened, nor when a task changed class.
+#[test]
+fn a_resumed_cap_violation_needs_the_caps_it_was_measured_against() {
+    let tasks = resumed_pair();
+    let sizes = vec![vec![8, 16, 32, 64, 128], vec![8, 16, 32, 64]];
+    let resumed = |caps: Option<Vec<Option<f64>>>| {
+        let tuner = resumed_with_violation(&tasks, sizes.clone(), vec![32, 32], caps);
+        rules_out(&tuner, 32, 32)
+    };
+    assert!(resumed(Some(PAIR_CAPS.to_vec())), "the same caps");
+    for caps in [
+        None,
+        Some(vec![None, Some(1.2)]),
+        Some(vec![Some(1.3), Some(1.3)]),
+        Some(vec![None, None]),
+    ] {
+        assert!(!resumed(caps.clone()), "measured against {caps:?}");
+    }
+}
+
 /// With `o` at its smallest size `p` is still above its cap: after exactly `breach_rounds`
 /// measured rounds there the breach is reported, once, naming `o`.
 #[test]
