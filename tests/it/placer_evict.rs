@@ -13,10 +13,10 @@ use iadeep_placer::{
 };
 use iadeep_proto::placer_client::PlacerClient;
 use iadeep_proto::{AvoidPairing, BatchSizeAssignment, CapBreach, PriorityClass, TaskSpec};
-use iadeep_state::testing::{EtcdServer, start_etcd};
+use iadeep_state::testing::{EtcdServer, FaultStore, Op, start_etcd};
 use iadeep_state::{EtcdStore, KeyValue, StateStore, WatchEvent, WatchStream, keys, typed};
 
-use crate::placer::{loopback, place_on, placer, register, task};
+use crate::placer::{eventually, loopback, place_on, placer, register, task};
 
 const DEVICE: &str = "cap.gpu0";
 const PROD: &str = "prod";
@@ -80,14 +80,12 @@ async fn place_three(store: &dyn StateStore, daemon: &Daemon) {
 
 async fn register_device(store: &dyn StateStore, daemon: &Daemon) {
     register(store, DEVICE, "cap", 32_768).await;
-    // The device reaches the daemon's view through its watch.
-    for _ in 0..200 {
-        if daemon.service().view().device(DEVICE).is_some() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the placer's view never saw the device");
+    // The device reaches the daemon's view through its watch: a readiness wait, bounded
+    // only so that a view that never sees it fails the test.
+    eventually("the placer's view to see the device", async || {
+        daemon.service().view().device(DEVICE).is_some()
+    })
+    .await;
 }
 
 /// The record a device's tuner writes when `PROD` stays above its cap with both
@@ -312,7 +310,8 @@ async fn bare_placer(store: Arc<dyn StateStore>, now_ms: i64) -> (PlacementServi
     (service, sync)
 }
 
-/// Two placers that loaded the same breach act on it at once: one evicts, the other
+/// Two placers that loaded the same breach both decide to evict for it before either
+/// commits (their transactions are held until both were sent): one evicts, the other
 /// loses its comparison and finds the breach gone; the store holds one eviction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_placers_racing_on_one_breach_evict_once() {
@@ -332,13 +331,31 @@ async fn two_placers_racing_on_one_breach_evict_once() {
     // send byte-identical transactions, and the loser takes the winner's commit for its
     // own (see `eviction::absorb`): the store still holds one eviction, but both count it.
     let now = iadeep_proto::now_unix_ms();
-    let (one, _one_sync) = bare_placer(store.clone(), now).await;
-    let (two, _two_sync) = bare_placer(store.clone(), now + 1).await;
+    // Both placers' first transactions (their evictions) wait until both were sent, so
+    // each decided on the breach before either committed: whichever commits second is
+    // sent with the breach gone from the store, not from its view, and only the
+    // transaction's comparisons stop it.
+    let racing = Arc::new(FaultStore::over(store.clone()));
+    racing.hold_next(Op::Transact, 2);
+    let (one, _one_sync) = bare_placer(racing.clone(), now).await;
+    let (two, _two_sync) = bare_placer(racing.clone(), now + 1).await;
     for service in [&one, &two] {
         assert!(service.view().breach(DEVICE).is_some(), "loaded");
     }
-    let (first, second) = tokio::join!(act_on_breach(&one, DEVICE), act_on_breach(&two, DEVICE));
+    let both_sent = async {
+        tokio::time::timeout(Duration::from_secs(30), racing.until_holding(2))
+            .await
+            .expect("both placers decided to evict and sent their transactions");
+        racing.release(2);
+    };
+    let ((first, second), ()) = tokio::join!(
+        async { tokio::join!(act_on_breach(&one, DEVICE), act_on_breach(&two, DEVICE)) },
+        both_sent
+    );
     let outcomes = [first.expect("one"), second.expect("two")];
+    // The two evictions, then no more: the loser decided again on what its lost
+    // comparison read, and found nothing to do.
+    assert_eq!(racing.calls(Op::Transact), 2, "{outcomes:?}");
     let evicted: Vec<&str> = outcomes
         .iter()
         .filter_map(|o| match o {
