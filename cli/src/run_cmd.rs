@@ -15,14 +15,20 @@
 //! has not by then gets SIGTERM, and SIGKILL `--evict-kill-after` later ([`enforce`]),
 //! since a job that ignores the eviction (a loop that swallows `iadeep.Evicted`, no
 //! agent, a hung checkpoint) would otherwise keep the GPU and the production job it was
-//! evicted for above its cap. When the job exits, `iadeep run` reads the task's
-//! assignment (what the watch saw, else the live key, else the archived one, whichever
-//! was written since this run was placed); if the placer evicted it and its last report
-//! does not say finished, it is released, placed again under the same task id through
-//! the usual queue, and the same command started again with IADEEP_REQUEUED and
-//! IADEEP_EVICTED_REASON set (`--requeue-on-evict`, on by default for opportunistic
-//! jobs), at most `--max-requeues` times: the same for a job stopped by `iadeep run` as
-//! for one that left on its own.
+//! evicted for above its cap. The signals go to the job's whole process tree as /proc
+//! shows it then ([`tree`]: a wrapper such as `bash train.sh` or `torchrun` would
+//! otherwise leave its trainer on the GPU), what is left of it once the job exited is
+//! killed, and a job whose last report says finished is not stopped (it is writing its
+//! outputs). Grace and kill-after together must stay under the placer's
+//! `--dead-task-grace-s`: the agent revokes its lease as it raises `iadeep.Evicted`, and
+//! the placer gives the memory away that long after. When the job exits, `iadeep run`
+//! reads the task's assignment (what the watch saw, else the live key, else the
+//! archived one, whichever was written since this run was placed); if the placer
+//! evicted it and its last report does not say finished, it is released, placed again
+//! under the same task id through the usual queue, and the same command started again
+//! with IADEEP_REQUEUED and IADEEP_EVICTED_REASON set (`--requeue-on-evict`, on by
+//! default for opportunistic jobs), at most `--max-requeues` times: the same for a job
+//! stopped by `iadeep run` as for one that left on its own.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitCode, ExitStatus};
@@ -48,6 +54,7 @@ use tonic::transport::Channel;
 use wake::QueueWatch;
 
 mod enforce;
+mod tree;
 mod wake;
 
 /// Run a training command on a GPU of this machine chosen by iadeep's placer.
@@ -149,17 +156,23 @@ pub struct RunArgs {
     /// the job's exit code.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_REQUEUES)]
     max_requeues: u32,
-    /// How long an evicted job has to checkpoint and exit on its own (`120s`, `2m`; `0s`:
-    /// none; at most 1h). A job still running then is stopped by `iadeep run`: SIGTERM,
-    /// and SIGKILL --evict-kill-after later; then it is released and re-queued as after
-    /// any eviction. Why: the production job it was evicted for stays above its slowdown
-    /// cap until its GPU is free, and a job that ignores the eviction (a loop that
-    /// catches `iadeep.Evicted`, no iadeep agent, a hung checkpoint) would never free it.
+    /// How long an evicted job has to checkpoint and exit on its own (`30s`, `1m`; `0s`:
+    /// none; at most 1h). A job still running then is stopped by `iadeep run`: SIGTERM
+    /// to it and every process it started, and SIGKILL --evict-kill-after later; then it
+    /// is released and re-queued as after any eviction. Why: the production job it was
+    /// evicted for stays above its slowdown cap until its GPU is free, and a job that
+    /// ignores the eviction (a loop that catches `iadeep.Evicted`, no iadeep agent, a
+    /// hung checkpoint) would never free it. Keep --evict-grace plus --evict-kill-after
+    /// well under the placer's --dead-task-grace-s (60 s by default): the job's agent
+    /// gives up its lease as it raises `iadeep.Evicted`, and the placer gives the job's
+    /// GPU memory to another job that long after, while a job that swallowed the
+    /// eviction may still be using it.
     #[arg(long, value_name = "DURATION", default_value = enforce::DEFAULT_GRACE,
         value_parser = enforce::parse_grace)]
     evict_grace: Duration,
     /// How long an evicted job stopped with SIGTERM (see --evict-grace) has to exit
-    /// before SIGKILL (at most 1h).
+    /// before SIGKILL (at most 1h; with --evict-grace, under the placer's
+    /// --dead-task-grace-s).
     #[arg(long, value_name = "DURATION", default_value = enforce::DEFAULT_KILL_AFTER,
         value_parser = enforce::parse_grace)]
     evict_kill_after: Duration,
@@ -434,7 +447,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             &launch,
             &device,
             &mut signals,
-            evictions.eviction(),
+            &mut evictions,
             enforcer,
         )
         .await;
@@ -538,8 +551,8 @@ fn exit_code(status: ExitStatus) -> ExitCode {
 /// (compared by the store's revision, no clock): an eviction archived by an earlier
 /// run's Release is not this run's. A job whose last report says it finished its work
 /// is not evicted, whatever the assignment says. The store is opened on first use; a
-/// store that cannot be read is logged and counts as no eviction (the job's exit code
-/// is then the answer).
+/// store that cannot be read after the exit is logged, and counts as the eviction the
+/// follower saw during the run, else as none (the job's exit code is then the answer).
 struct Evictions {
     url: StoreUrl,
     task_id: String,
@@ -667,14 +680,23 @@ impl Evictions {
         if let Some(watch) = self.watch.take() {
             watch.abort();
         }
-        match self.read().await {
-            Ok(evicted) => evicted,
-            Err(err) => {
-                tracing::warn!(task = %self.task_id, err = format!("{err:#}"),
-                    "cannot read whether the placer evicted the job; taking its exit as final");
-                None
-            }
-        }
+        let seen = self.seen.borrow().clone();
+        let read = self.read().await;
+        evicted_after_read(&self.task_id, seen, read)
+    }
+
+    /// Whether this run's last report (live, else archived) says the job finished its
+    /// work: an evicted job that did is writing its outputs, and is not stopped.
+    async fn finished(&mut self) -> Result<bool> {
+        let store = self.open().await?;
+        let report: Option<TaskReport> = self
+            .latest(
+                &*store,
+                &keys::task_report(&self.task_id),
+                &keys::archived_report(&self.task_id),
+            )
+            .await?;
+        Ok(report.is_some_and(|r| r.finished))
     }
 
     async fn read(&mut self) -> Result<Option<String>> {
@@ -727,6 +749,34 @@ impl Evictions {
             }
         }
         Ok(None)
+    }
+}
+
+/// The eviction after the read that follows the job's exit: what the read says, and
+/// when it failed, the eviction the follower `seen` during the run, if any. Why not "no
+/// eviction" then: the job may have been stopped by `iadeep run` because of it (exit 143
+/// or 137), and taking that exit as final would end a job that is to be re-queued.
+fn evicted_after_read(
+    task: &str,
+    seen: Option<String>,
+    read: Result<Option<String>>,
+) -> Option<String> {
+    match (read, seen) {
+        (Ok(evicted), _) => evicted,
+        (Err(err), Some(reason)) => {
+            tracing::warn!(task, err = format!("{err:#}"), %reason,
+                "cannot read the job's last report; the placer evicted it, so it is treated \
+                 as evicted");
+            Some(reason)
+        }
+        (Err(err), None) => {
+            tracing::warn!(
+                task,
+                err = format!("{err:#}"),
+                "cannot read whether the placer evicted the job; taking its exit as final"
+            );
+            None
+        }
     }
 }
 
@@ -1028,7 +1078,7 @@ async fn wait_or_woken(
     let asked = Instant::now();
     loop {
         let now = Instant::now();
-        let mut deadline = asked + watch.ask_again_after(hint, now);
+        let mut deadline = asked + watch.ask_again_after(hint, now).after;
         if let Some(until) = until {
             deadline = deadline.min(until);
         }
@@ -1065,9 +1115,10 @@ struct Ran {
     enforced: Option<Signal>,
 }
 
-/// Sends `sig` to the job: how `iadeep run` forwards SIGTERM and SIGHUP and how it stops
-/// an evicted job. To the job's process, not a process group: the job shares `iadeep
-/// run`'s group, so that a Ctrl-C at the terminal reaches it directly.
+/// Sends `sig` to the job: how `iadeep run` forwards SIGTERM and SIGHUP. To the job's
+/// process, not a process group: the job shares `iadeep run`'s group, so that a Ctrl-C
+/// at the terminal reaches it directly. (An evicted job is stopped with its whole
+/// process tree instead: [`tree::Signalled`].)
 fn signal_job(pid: Option<u32>, sig: Signal) {
     let Some(pid) = pid.and_then(|pid| i32::try_from(pid).ok()) else {
         return;
@@ -1077,16 +1128,57 @@ fn signal_job(pid: Option<u32>, sig: Signal) {
     }
 }
 
+/// How long `iadeep run` waits for what is left of a job it stopped (the processes it
+/// signalled, once the job itself exited) to be gone after SIGKILL, before it releases
+/// the GPU anyway; a process the kernel is still tearing down holds its memory.
+const LEFTOVER_WAIT: Duration = Duration::from_secs(10);
+/// How often it looks meanwhile.
+const LEFTOVER_POLL: Duration = Duration::from_millis(50);
+/// The longest `iadeep run` waits for the store to say whether an evicted job finished
+/// before it signals it: the signal is due, and another job may be placed into its
+/// memory soon (see `--evict-grace`), so a slow store does not hold it back.
+const FINISHED_CHECK: Duration = Duration::from_secs(3);
+
+/// Once a job `iadeep run` signalled has exited: SIGKILL to what is left of its tree
+/// (processes orphaned when the wrapper died, as Kubernetes kills a container's other
+/// processes when its main one exits), then waits (at most [`LEFTOVER_WAIT`]) until none
+/// runs, so that the GPU is released only once nothing of the job holds it.
+async fn kill_leftovers(task: &str, signalled: &mut tree::Signalled) {
+    let left = signalled.signal(None, Signal::SIGKILL);
+    if left == 0 {
+        return;
+    }
+    tracing::warn!(
+        task,
+        processes = left,
+        "the stopped job left processes behind; iadeep run sends them SIGKILL"
+    );
+    let until = Instant::now() + LEFTOVER_WAIT;
+    loop {
+        let running = signalled.still_running();
+        if running.is_empty() {
+            return;
+        }
+        if Instant::now() >= until {
+            tracing::error!(task, pids = ?running,
+                "processes of the stopped job still run after SIGKILL; releasing the GPU anyway");
+            return;
+        }
+        tokio::time::sleep(LEFTOVER_POLL).await;
+    }
+}
+
 /// Runs the job on `device` and waits for it, forwarding SIGTERM and SIGHUP, and
-/// stopping it as `enforcer` says once `eviction` holds the placer's eviction.
+/// stopping it as `enforcer` says once `evictions` saw the placer's eviction.
 async fn run_job(
     command: &[String],
     launch: &Launch,
     device: &DeviceInfo,
     signals: &mut Signals,
-    mut eviction: tokio::sync::watch::Receiver<Option<String>>,
+    evictions: &mut Evictions,
     mut enforcer: enforce::Enforcer,
 ) -> Result<Ran> {
+    let mut eviction = evictions.eviction();
     let (program, args) = command.split_first().context("no command to run")?;
     let mut job = tokio::process::Command::new(program);
     job.args(args)
@@ -1101,11 +1193,18 @@ async fn run_job(
     let mut interrupted = None;
     // Until the follower of the assignment ends (it ends once it saw an eviction).
     let mut following = true;
+    let mut signalled = tree::Signalled::default();
     loop {
         let deadline = enforcer.deadline();
         tokio::select! {
+            // The job's exit first: one that exited on its own as a deadline came is
+            // not reported as stopped by iadeep run.
+            biased;
             status = child.wait() => {
                 let status = status.with_context(|| format!("cannot wait for {program:?}"))?;
+                if enforcer.sent().is_some() {
+                    kill_leftovers(&launch.task_id, &mut signalled).await;
+                }
                 return Ok(Ran { status, interrupted, enforced: enforcer.sent() });
             }
             sig = signals.next() => {
@@ -1135,11 +1234,30 @@ async fn run_job(
             () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
                 if deadline.is_some() =>
             {
-                if let Some(sig) = enforcer.due(tokio::time::Instant::now()) {
-                    tracing::warn!(task = %launch.task_id, signal = %sig, pid,
-                        "the evicted job has not exited; iadeep run sends it {sig}");
-                    signal_job(pid, sig);
+                let finished = tokio::time::timeout(FINISHED_CHECK, evictions.finished())
+                    .await
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {FINISHED_CHECK:?}")));
+                match finished {
+                    Ok(true) => {
+                        enforcer.spare();
+                        tracing::info!(task = %launch.task_id, pid,
+                            "the evicted job has not exited, but its last report says it \
+                             finished its work (it is writing its outputs); not stopping it");
+                        continue;
+                    }
+                    Ok(false) => {}
+                    // The GPU is at stake: stopped as if it had not finished.
+                    Err(err) => tracing::warn!(task = %launch.task_id, err = format!("{err:#}"),
+                        "cannot read whether the evicted job finished its work; stopping it"),
                 }
+                let Some(sig) = enforcer.due(tokio::time::Instant::now()) else {
+                    continue;
+                };
+                let job = pid.and_then(|pid| i32::try_from(pid).ok());
+                let others = signalled.signal(job, sig);
+                tracing::warn!(task = %launch.task_id, signal = %sig, pid, processes = others,
+                    "the evicted job has not exited; iadeep run sends {sig} to it and the \
+                     {others} process(es) it started");
             }
         }
     }
@@ -1245,12 +1363,14 @@ mod tests {
         let mut evictions = placed(&store, task).await;
         put_assignment(&store, &keys::task_assignment(task), 4, true).await;
         put_assignment(&store, &keys::task_assignment(task), 5, false).await;
-        for _ in 0..500 {
-            if evictions.seen.borrow().is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        // A guard against a hang, not a timing: the wait ends on the publication.
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            evictions.seen.clone().wait_for(Option::is_some),
+        )
+        .await
+        .expect("the follower saw the eviction")
+        .expect("the follower published before ending");
         assert_eq!(
             evictions.evicted().await.as_deref(),
             Some("prod-1 above its cap")
@@ -1370,6 +1490,24 @@ mod tests {
             published(seen).await.as_deref(),
             Some("a later eviction"),
             "not the earlier run's"
+        );
+    }
+
+    /// Once the eviction was seen, a report that cannot be read after the exit does not
+    /// turn the eviction into a final exit (137 or 143 of a job iadeep run stopped); with
+    /// no eviction seen, the exit is final.
+    #[test]
+    fn a_failed_read_after_a_seen_eviction_still_requeues() {
+        let failed = || Err(anyhow::anyhow!("no answer"));
+        assert_eq!(
+            evicted_after_read("t", Some("prod-1".into()), failed()).as_deref(),
+            Some("prod-1")
+        );
+        assert_eq!(evicted_after_read("t", None, failed()), None);
+        assert_eq!(
+            evicted_after_read("t", Some("prod-1".into()), Ok(None)),
+            None,
+            "a read that says finished stands"
         );
     }
 

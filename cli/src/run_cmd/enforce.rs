@@ -15,19 +15,27 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
-/// `--evict-grace` when not given: time for a job to write its checkpoint.
-pub(super) const DEFAULT_GRACE: &str = "120s";
+/// `--evict-grace` when not given: time for a job to write its checkpoint (Kubernetes'
+/// default termination grace).
+///
+/// Why not longer: the job's agent revokes its lease as it raises `iadeep.Evicted`, and
+/// the placer gives the job's GPU memory to another job once the lease has been gone
+/// for its `--dead-task-grace-s` (60 s by default). A job that swallows the eviction
+/// keeps using that memory until `iadeep run` stops it, so the grace and
+/// [`DEFAULT_KILL_AFTER`] together must stay well under the placer's grace, or a job
+/// placed into the freed memory runs out of it.
+pub(super) const DEFAULT_GRACE: &str = "30s";
 /// `--evict-kill-after` when not given: time for a job to clean up after SIGTERM.
-pub(super) const DEFAULT_KILL_AFTER: &str = "30s";
+pub(super) const DEFAULT_KILL_AFTER: &str = "10s";
 /// The longest grace either flag accepts: the production job the eviction was for stays
-/// above its cap meanwhile, so a longer one is more likely a typo (`120m` for `120s`).
+/// above its cap meanwhile, so a longer one is more likely a typo (`30m` for `30s`).
 const MAX_GRACE: Duration = Duration::from_secs(3600);
 
 /// Parses `--evict-grace` and `--evict-kill-after`: a duration as `humantime` reads it
-/// (`120s`, `2m`, `0s` for at once), at most [`MAX_GRACE`].
+/// (`30s`, `1m`, `0s` for at once), at most [`MAX_GRACE`].
 pub(super) fn parse_grace(text: &str) -> Result<Duration, String> {
     let grace = humantime::parse_duration(text.trim())
-        .map_err(|err| format!("{text:?}: not a duration such as 120s, 2m or 0s ({err})"))?;
+        .map_err(|err| format!("{text:?}: not a duration such as 30s, 1m or 0s ({err})"))?;
     if grace > MAX_GRACE {
         return Err(format!(
             "{text:?}: at most {}: the production job the eviction is for stays above its \
@@ -49,6 +57,9 @@ enum Phase {
     Terminated { kill_at: Instant },
     /// SIGKILL sent: nothing left to do but wait for the exit.
     Killed,
+    /// Not stopped after all: its last report says it finished its work, so it is
+    /// writing its outputs. `after` is the last signal sent before, if any.
+    Spared { after: Option<Signal> },
 }
 
 /// What `iadeep run` does to an evicted job that has not exited: nothing during
@@ -93,7 +104,15 @@ impl Enforcer {
         match self.phase {
             Phase::Grace { term_at } => Some(term_at),
             Phase::Terminated { kill_at } => Some(kill_at),
-            Phase::Running | Phase::Killed => None,
+            Phase::Running | Phase::Killed | Phase::Spared { .. } => None,
+        }
+    }
+
+    /// The job's last report says it finished its work: no signal from here on, whatever
+    /// the deadlines (it is writing its outputs, and leaves on its own).
+    pub(super) fn spare(&mut self) {
+        if matches!(self.phase, Phase::Grace { .. } | Phase::Terminated { .. }) {
+            self.phase = Phase::Spared { after: self.sent() };
         }
     }
 
@@ -122,6 +141,7 @@ impl Enforcer {
             Phase::Running | Phase::Grace { .. } => None,
             Phase::Terminated { .. } => Some(Signal::SIGTERM),
             Phase::Killed => Some(Signal::SIGKILL),
+            Phase::Spared { after } => after,
         }
     }
 }
@@ -130,8 +150,8 @@ impl Enforcer {
 mod tests {
     use super::*;
 
-    const GRACE: Duration = Duration::from_secs(120);
-    const KILL_AFTER: Duration = Duration::from_secs(30);
+    const GRACE: Duration = Duration::from_secs(30);
+    const KILL_AFTER: Duration = Duration::from_secs(10);
 
     /// Virtual time: the enforcer is asked at the instants the loop would wake at (its
     /// deadlines), `seen + offset`, without waiting for any of them.
@@ -210,10 +230,52 @@ mod tests {
         assert_eq!(parse_grace("0s"), Ok(Duration::ZERO));
         assert_eq!(parse_grace(" 1s "), Ok(Duration::from_secs(1)));
         assert_eq!(parse_grace("1h"), Ok(MAX_GRACE));
-        let err = parse_grace("120").expect_err("no unit");
+        let err = parse_grace("30").expect_err("no unit");
         assert!(err.contains("not a duration"), "{err}");
-        let err = parse_grace("120m").expect_err("too long");
+        let err = parse_grace("90m").expect_err("too long");
         assert!(err.contains("at most 1h"), "{err}");
         assert!(parse_grace("-1s").is_err());
+    }
+
+    /// The memory hole: the agent revokes its lease as it raises `iadeep.Evicted`, and
+    /// the placer frees the job's reservation once the lease has been gone for its
+    /// `--dead-task-grace-s` (60 s by default, `iadeep placer --help`). A job that
+    /// swallows the eviction must be stopped well before, or a job placed into its
+    /// memory runs out of it: the defaults leave a third of that grace for the agent
+    /// seeing the eviction before `iadeep run` and the driver freeing the memory.
+    #[test]
+    fn by_default_a_job_is_killed_well_within_the_placers_dead_task_grace() {
+        let dead_task_grace = Duration::from_secs(60);
+        let grace = parse_grace(DEFAULT_GRACE).expect("default grace");
+        let kill_after = parse_grace(DEFAULT_KILL_AFTER).expect("default kill-after");
+        assert!(
+            (grace + kill_after) * 3 <= dead_task_grace * 2,
+            "{grace:?} + {kill_after:?} against {dead_task_grace:?}"
+        );
+    }
+
+    /// A job whose last report says it finished is writing its outputs: once spared,
+    /// nothing is due, and what was sent before stays said.
+    #[test]
+    fn a_spared_job_gets_no_further_signal() {
+        let mut enforcer = Enforcer::new(GRACE, KILL_AFTER);
+        let seen = Instant::now();
+        enforcer.evicted(seen);
+        enforcer.spare();
+        assert_eq!(enforcer.deadline(), None);
+        assert_eq!(enforcer.due(at(seen, GRACE * 10)), None);
+        assert_eq!(enforcer.sent(), None);
+
+        let mut enforcer = Enforcer::new(GRACE, KILL_AFTER);
+        enforcer.evicted(seen);
+        assert_eq!(enforcer.due(at(seen, GRACE)), Some(Signal::SIGTERM));
+        enforcer.spare();
+        assert_eq!(
+            enforcer.due(at(seen, GRACE + KILL_AFTER)),
+            None,
+            "no SIGKILL"
+        );
+        assert_eq!(enforcer.sent(), Some(Signal::SIGTERM));
+        assert!(!enforcer.evicted(at(seen, GRACE * 2)), "not restarted");
     }
 }

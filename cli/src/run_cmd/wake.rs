@@ -110,6 +110,27 @@ impl fmt::Display for Wake {
     }
 }
 
+/// When a queued job asks again without a wake, and why ([`QueueWatch::ask_again_after`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    pub after: Duration,
+    pub why: RetryWhy,
+}
+
+/// Why a queued job asks again after [`Retry::after`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryWhy {
+    /// The placer's hint, within the bounds.
+    Hint,
+    /// The hint was below [`MIN_RETRY`]: iadeep run asks at most that often.
+    AtMostEvery,
+    /// The hint was above [`MAX_RETRY`]: iadeep run asks at least that often.
+    AtLeastEvery,
+    /// A resident of a candidate arrived less than [`SETTLING`] ago and may still
+    /// shrink its reservation: at most [`SETTLING_RETRY`].
+    Settling,
+}
+
 /// What a queued job knows between its asks.
 ///
 /// Each poll is compared with the one before (the first with the snapshot taken just
@@ -190,17 +211,23 @@ impl QueueWatch {
     }
 
     /// How long after an ask the job asks again without a wake, given the placer's
-    /// `hint`, at `at`: the hint within [`MIN_RETRY`, `MAX_RETRY`], but at most
+    /// `hint`, at `at`, and why: the hint within [`MIN_RETRY`, `MAX_RETRY`], but at most
     /// [`SETTLING_RETRY`] while a candidate has a resident first seen less than
     /// [`SETTLING`] ago (its reservation may shrink, and what the placer learns from its
-    /// first reports may change its answer).
-    pub fn ask_again_after(&self, hint: Duration, at: Instant) -> Duration {
-        let hint = hint.clamp(MIN_RETRY, MAX_RETRY);
-        if self.settling(at) {
-            hint.min(SETTLING_RETRY)
+    /// first reports may change its answer). The one definition of the rule: the
+    /// message that explains it ([`QueueWatch::next_ask`]) takes the reason from here.
+    pub fn ask_again_after(&self, hint: Duration, at: Instant) -> Retry {
+        let bounded = hint.clamp(MIN_RETRY, MAX_RETRY);
+        let (after, why) = if self.settling(at) && bounded > SETTLING_RETRY {
+            (SETTLING_RETRY, RetryWhy::Settling)
+        } else if hint < MIN_RETRY {
+            (MIN_RETRY, RetryWhy::AtMostEvery)
+        } else if hint > MAX_RETRY {
+            (MAX_RETRY, RetryWhy::AtLeastEvery)
         } else {
-            hint
-        }
+            (hint, RetryWhy::Hint)
+        };
+        Retry { after, why }
     }
 
     /// When the job asks again after an ask at `at` answered with the placer's `hint`,
@@ -210,29 +237,33 @@ impl QueueWatch {
     /// in 5 s" beside it reads as a contradiction.
     pub fn next_ask(&self, hint: Duration, at: Instant) -> String {
         let retry = self.ask_again_after(hint, at);
-        let why = if retry == hint {
-            ", as the placer suggests".to_owned()
-        } else {
-            let because = if retry > hint {
-                format!(": iadeep run asks at most every {}", secs(MIN_RETRY))
-            } else if self.settling(at) && retry < hint.min(MAX_RETRY) {
-                format!(
-                    ", because a job that arrived on a GPU this job may use less than {} ago \
-                     may still shrink its reservation",
-                    secs(SETTLING)
-                )
-            } else {
-                format!(": iadeep run asks at least every {}", secs(MAX_RETRY))
-            };
-            format!(
+        let because = match retry.why {
+            RetryWhy::Hint => None,
+            RetryWhy::AtMostEvery => Some(format!(
+                ": iadeep run asks at most every {}",
+                secs(MIN_RETRY)
+            )),
+            RetryWhy::Settling => Some(format!(
+                ", because a job that arrived on a GPU this job may use less than {} ago \
+                 may still shrink its reservation",
+                secs(SETTLING)
+            )),
+            RetryWhy::AtLeastEvery => Some(format!(
+                ": iadeep run asks at least every {}",
+                secs(MAX_RETRY)
+            )),
+        };
+        let why = match because {
+            None => ", as the placer suggests".to_owned(),
+            Some(because) => format!(
                 " rather than the {} the placer suggests{because}",
                 secs(hint)
-            )
+            ),
         };
         format!(
             "asking again as soon as a GPU is registered or one this job may use has more \
              room, else in {}{why}",
-            secs(retry)
+            secs(retry.after)
         )
     }
 
@@ -414,9 +445,9 @@ mod tests {
             t0,
         );
         // a is new to this job: its reservation may still shrink.
-        assert_eq!(watch.ask_again_after(s(60), t0), SETTLING_RETRY);
+        assert_eq!(watch.ask_again_after(s(60), t0).after, SETTLING_RETRY);
         assert_eq!(
-            watch.ask_again_after(s(2), t0),
+            watch.ask_again_after(s(2), t0).after,
             s(2),
             "a shorter hint stands"
         );
@@ -427,17 +458,59 @@ mod tests {
             candidates(&["gpu0"]),
             later,
         );
-        assert_eq!(watch.ask_again_after(s(60), later), s(60));
-        assert_eq!(watch.ask_again_after(s(600), later), MAX_RETRY);
-        assert_eq!(watch.ask_again_after(Duration::ZERO, later), MIN_RETRY);
+        assert_eq!(watch.ask_again_after(s(60), later).after, s(60));
+        assert_eq!(watch.ask_again_after(s(600), later).after, MAX_RETRY);
+        assert_eq!(
+            watch.ask_again_after(Duration::ZERO, later).after,
+            MIN_RETRY
+        );
         // A new resident arrives: asks within seconds again, for a while.
         let b_at = later + s(3);
         assert_eq!(
             watch.observe(one("gpu0", seen(&["a", "b"], 17_000, 16_000)), b_at),
             None
         );
-        assert_eq!(watch.ask_again_after(s(60), b_at), SETTLING_RETRY);
-        assert_eq!(watch.ask_again_after(s(60), b_at + SETTLING), s(60));
+        assert_eq!(watch.ask_again_after(s(60), b_at).after, SETTLING_RETRY);
+        assert_eq!(watch.ask_again_after(s(60), b_at + SETTLING).after, s(60));
+    }
+
+    /// Each wait comes with its reason, the one the message gives.
+    #[test]
+    fn the_wait_comes_with_its_reason() {
+        let t0 = Instant::now();
+        let mut watch = QueueWatch::new();
+        watch.asked(
+            one("gpu0", seen(&["a"], 16_000, 16_000)),
+            candidates(&["gpu0"]),
+            t0,
+        );
+        let retry = |hint, at| watch.ask_again_after(hint, at);
+        let later = t0 + SETTLING;
+        assert_eq!(retry(s(60), t0).why, RetryWhy::Settling);
+        assert_eq!(retry(s(600), t0).why, RetryWhy::Settling);
+        assert_eq!(retry(s(3), t0).why, RetryWhy::Hint);
+        assert_eq!(retry(SETTLING_RETRY, t0).why, RetryWhy::Hint);
+        assert_eq!(
+            retry(Duration::from_millis(100), t0),
+            Retry {
+                after: MIN_RETRY,
+                why: RetryWhy::AtMostEvery
+            }
+        );
+        assert_eq!(
+            retry(s(595), later),
+            Retry {
+                after: MAX_RETRY,
+                why: RetryWhy::AtLeastEvery
+            }
+        );
+        assert_eq!(
+            retry(s(60), later),
+            Retry {
+                after: s(60),
+                why: RetryWhy::Hint
+            }
+        );
     }
 
     /// The placer's reason says "retry after N s": the message says when the job

@@ -1,0 +1,221 @@
+//! The job's process tree, as `iadeep run` stops it when it enforces an eviction.
+//!
+//! Why the tree and not the job's process: `iadeep run -- bash train.sh` or `torchrun`
+//! run the trainer as a child of the command. A signal to the command alone ends the
+//! wrapper and orphans the trainer, which keeps the GPU while `iadeep run` re-queues the
+//! job and starts a second copy beside it. Why not a process group: the job shares
+//! `iadeep run`'s, so that a Ctrl-C at the terminal reaches it directly.
+//!
+//! The tree is read from /proc (each process's parent), at each signal: the job and its
+//! descendants as they stand then, and the descendants of every process signalled
+//! before (a process orphaned when the wrapper died has another parent since). A
+//! process is known by its id and its start time, so an id reused by an unrelated
+//! process later is never signalled. Linux only, as iadeep is.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// One process as /proc shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Proc {
+    pub pid: i32,
+    pub ppid: i32,
+    /// Clock ticks after boot at which it started: with `pid`, its identity.
+    pub start: u64,
+    /// Exited, not yet reaped: it holds no memory any more.
+    pub zombie: bool,
+}
+
+/// The processes of `table` descending from `roots` (roots excluded), parents before
+/// their children. Pure: the unit of the tree walk, tested on a made-up table.
+pub(super) fn descendants(table: &[Proc], roots: &[i32]) -> Vec<Proc> {
+    let mut children: BTreeMap<i32, Vec<Proc>> = BTreeMap::new();
+    for proc in table {
+        children.entry(proc.ppid).or_default().push(*proc);
+    }
+    let mut seen: BTreeSet<i32> = roots.iter().copied().collect();
+    let mut found = Vec::new();
+    let mut next: Vec<i32> = roots.to_vec();
+    while !next.is_empty() {
+        let mut below = Vec::new();
+        for parent in next {
+            for child in children.get(&parent).into_iter().flatten() {
+                // A table read while processes come and go can be inconsistent: each
+                // process once, whatever its parent's entry says.
+                if seen.insert(child.pid) {
+                    found.push(*child);
+                    below.push(child.pid);
+                }
+            }
+        }
+        next = below;
+    }
+    found
+}
+
+/// `/proc/PID/stat`'s fields that the walk needs. The command name (field 2) is in
+/// parentheses and may itself hold spaces and parentheses: the fields are counted after
+/// its last ')'.
+fn parse_stat(text: &str) -> Option<Proc> {
+    let (head, tail) = text.rsplit_once(')')?;
+    let pid = head.split_once('(')?.0.trim().parse().ok()?;
+    let fields: Vec<&str> = tail.split_whitespace().collect();
+    // After the name: state (3), ppid (4), ... starttime (22).
+    Some(Proc {
+        pid,
+        ppid: fields.get(1)?.parse().ok()?,
+        start: fields.get(19)?.parse().ok()?,
+        zombie: matches!(*fields.first()?, "Z" | "X"),
+    })
+}
+
+/// Every process of this machine (of this PID namespace) that /proc lists now; one
+/// that exits while it is read is left out.
+fn processes() -> Vec<Proc> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        tracing::warn!("cannot read /proc: signalling the job's own process only");
+        return Vec::new();
+    };
+    dir.filter_map(|entry| {
+        let name = entry.ok()?.file_name();
+        let pid: i32 = name.to_str()?.parse().ok()?;
+        parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    })
+    .collect()
+}
+
+/// The processes `iadeep run` signalled to enforce one run's eviction.
+#[derive(Debug, Default)]
+pub(super) struct Signalled {
+    /// Each by id, with its start time.
+    known: BTreeMap<i32, u64>,
+}
+
+impl Signalled {
+    /// The known processes still running in `table` (same id and start time, not a
+    /// zombie).
+    fn running(&self, table: &[Proc]) -> Vec<Proc> {
+        table
+            .iter()
+            .filter(|p| !p.zombie && self.known.get(&p.pid) == Some(&p.start))
+            .copied()
+            .collect()
+    }
+
+    /// Sends `sig` to the job (`job`, while it runs) and to every running process that
+    /// descends from it or from a process signalled before, as /proc shows them now.
+    /// Returns how many processes besides the job it signalled.
+    pub(super) fn signal(&mut self, job: Option<i32>, sig: Signal) -> usize {
+        let table = processes();
+        let mut roots: Vec<i32> = self.running(&table).iter().map(|p| p.pid).collect();
+        roots.extend(job);
+        let mut targets = self.running(&table);
+        targets.extend(
+            descendants(&table, &roots)
+                .into_iter()
+                .filter(|p| !p.zombie),
+        );
+        let mut others = BTreeSet::new();
+        for proc in targets {
+            if Some(proc.pid) == job {
+                continue;
+            }
+            self.known.insert(proc.pid, proc.start);
+            others.insert(proc.pid);
+        }
+        for &pid in job.iter().chain(&others) {
+            if let Err(err) = kill(Pid::from_raw(pid), sig) {
+                // Gone meanwhile (ESRCH) is what was wanted.
+                if err != nix::errno::Errno::ESRCH {
+                    tracing::warn!(%err, signal = %sig, pid, "cannot signal a process of the job");
+                }
+            }
+        }
+        others.len()
+    }
+
+    /// The ids of the processes signalled before that still run.
+    pub(super) fn still_running(&self) -> Vec<i32> {
+        self.running(&processes()).iter().map(|p| p.pid).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proc(pid: i32, ppid: i32) -> Proc {
+        Proc {
+            pid,
+            ppid,
+            start: 1000 + pid as u64,
+            zombie: false,
+        }
+    }
+
+    fn pids(procs: &[Proc]) -> Vec<i32> {
+        procs.iter().map(|p| p.pid).collect()
+    }
+
+    /// `bash train.sh` (10) runs `torchrun` (11), whose workers (12, 13) have a data
+    /// loader each (14, 15); 20 is another job of the same user, 1 is init.
+    #[test]
+    fn the_tree_is_the_job_and_all_its_descendants_only() {
+        let table = [
+            proc(1, 0),
+            proc(10, 1),
+            proc(11, 10),
+            proc(12, 11),
+            proc(13, 11),
+            proc(14, 12),
+            proc(15, 13),
+            proc(20, 1),
+            proc(21, 20),
+        ];
+        assert_eq!(pids(&descendants(&table, &[10])), [11, 12, 13, 14, 15]);
+        assert_eq!(pids(&descendants(&table, &[12])), [14]);
+        assert_eq!(pids(&descendants(&table, &[15])), Vec::<i32>::new());
+        assert_eq!(pids(&descendants(&table, &[99])), Vec::<i32>::new());
+        // The wrapper (10) is gone: its child was re-parented to init, and is found as
+        // a descendant of the process signalled before.
+        let orphaned = [proc(1, 0), proc(11, 1), proc(12, 11), proc(20, 1)];
+        assert_eq!(pids(&descendants(&orphaned, &[10, 11])), [12]);
+    }
+
+    /// A table read while processes come and go may show a loop: each process once.
+    #[test]
+    fn an_inconsistent_table_does_not_loop() {
+        let table = [proc(10, 11), proc(11, 10), proc(12, 11)];
+        assert_eq!(pids(&descendants(&table, &[10])), [11, 12]);
+    }
+
+    #[test]
+    fn a_stat_line_names_the_parent_the_start_and_a_zombie() {
+        let line = "4242 (my (odd) name) S 4200 4242 4200 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 \
+                    1 0 987654 1000 100 18446744073709551615";
+        assert_eq!(
+            parse_stat(line),
+            Some(Proc {
+                pid: 4242,
+                ppid: 4200,
+                start: 987654,
+                zombie: false
+            })
+        );
+        let zombie = line.replace(") S ", ") Z ");
+        assert!(parse_stat(&zombie).is_some_and(|p| p.zombie));
+        assert_eq!(parse_stat("4242 (cut"), None);
+    }
+
+    /// This test's own process is in the table /proc gives, under its parent.
+    #[test]
+    fn proc_lists_this_process() {
+        let me = std::process::id() as i32;
+        let table = processes();
+        let mine = table.iter().find(|p| p.pid == me).expect("this process");
+        assert_eq!(mine.ppid, std::os::unix::process::parent_id() as i32);
+        assert!(!mine.zombie);
+    }
+}
