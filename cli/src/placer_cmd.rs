@@ -171,7 +171,7 @@ impl GraceArgs {
 }
 
 /// Default of `--dead-task-grace-s`: a minute covers an agent's restart after a crash.
-const DEFAULT_DEAD_TASK_GRACE_S: u64 = 60;
+pub(crate) const DEFAULT_DEAD_TASK_GRACE_S: u64 = 60;
 /// Default of `--unstarted-task-grace-s`: ten minutes cover a slow image pull.
 const DEFAULT_UNSTARTED_TASK_GRACE_S: u64 = 600;
 

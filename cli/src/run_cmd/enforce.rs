@@ -245,7 +245,7 @@ mod tests {
     /// seeing the eviction before `iadeep run` and the driver freeing the memory.
     #[test]
     fn by_default_a_job_is_killed_well_within_the_placers_dead_task_grace() {
-        let dead_task_grace = Duration::from_secs(60);
+        let dead_task_grace = Duration::from_secs(crate::placer_cmd::DEFAULT_DEAD_TASK_GRACE_S);
         let grace = parse_grace(DEFAULT_GRACE).expect("default grace");
         let kill_after = parse_grace(DEFAULT_KILL_AFTER).expect("default kill-after");
         assert!(
