@@ -322,15 +322,22 @@ mod tests {
         Duration::from_secs(secs)
     }
 
-    #[test]
-    fn a_shrinking_reservation_wakes_the_job() {
-        let t0 = Instant::now();
+    /// A job that may use gpu0 only, told to wait at `t0` while resident `a` holds
+    /// `reserved_mib` of gpu0's `memory_mib`.
+    fn asked_beside_a(reserved_mib: u64, memory_mib: u64, t0: Instant) -> QueueWatch {
         let mut watch = QueueWatch::new();
         watch.asked(
-            one("gpu0", seen(&["a"], 16_384, 16_384)),
+            one("gpu0", seen(&["a"], reserved_mib, memory_mib)),
             candidates(&["gpu0"]),
             t0,
         );
+        watch
+    }
+
+    #[test]
+    fn a_shrinking_reservation_wakes_the_job() {
+        let t0 = Instant::now();
+        let mut watch = asked_beside_a(16_384, 16_384, t0);
         assert_eq!(
             watch.observe(one("gpu0", seen(&["a"], 16_384, 16_384)), t0 + s(2)),
             None
@@ -354,12 +361,7 @@ mod tests {
     #[test]
     fn more_free_memory_wakes_the_job_and_more_reserved_does_not() {
         let t0 = Instant::now();
-        let mut watch = QueueWatch::new();
-        watch.asked(
-            one("gpu0", seen(&["a"], 8_000, 10_000)),
-            candidates(&["gpu0"]),
-            t0,
-        );
+        let mut watch = asked_beside_a(8_000, 10_000, t0);
         // Another job joined: more reserved, not a reason to ask.
         assert_eq!(
             watch.observe(one("gpu0", seen(&["a", "b"], 9_000, 10_000)), t0 + s(2)),
@@ -438,12 +440,7 @@ mod tests {
     #[test]
     fn asks_again_within_seconds_while_a_reservation_may_shrink() {
         let t0 = Instant::now();
-        let mut watch = QueueWatch::new();
-        watch.asked(
-            one("gpu0", seen(&["a"], 16_000, 16_000)),
-            candidates(&["gpu0"]),
-            t0,
-        );
+        let mut watch = asked_beside_a(16_000, 16_000, t0);
         // a is new to this job: its reservation may still shrink.
         assert_eq!(watch.ask_again_after(s(60), t0).after, SETTLING_RETRY);
         assert_eq!(
@@ -478,12 +475,7 @@ mod tests {
     #[test]
     fn the_wait_comes_with_its_reason() {
         let t0 = Instant::now();
-        let mut watch = QueueWatch::new();
-        watch.asked(
-            one("gpu0", seen(&["a"], 16_000, 16_000)),
-            candidates(&["gpu0"]),
-            t0,
-        );
+        let watch = asked_beside_a(16_000, 16_000, t0);
         let retry = |hint, at| watch.ask_again_after(hint, at);
         let later = t0 + SETTLING;
         assert_eq!(retry(s(60), t0).why, RetryWhy::Settling);
@@ -518,12 +510,7 @@ mod tests {
     #[test]
     fn says_when_it_asks_again_and_why_not_when_the_placer_suggests() {
         let t0 = Instant::now();
-        let mut watch = QueueWatch::new();
-        watch.asked(
-            one("gpu0", seen(&["a"], 16_000, 16_000)),
-            candidates(&["gpu0"]),
-            t0,
-        );
+        let watch = asked_beside_a(16_000, 16_000, t0);
         let sooner = "asking again as soon as a GPU is registered or one this job may use \
                       has more room, else in";
         assert_eq!(
@@ -562,12 +549,7 @@ mod tests {
     #[test]
     fn a_resident_seen_again_after_it_left_is_new() {
         let t0 = Instant::now();
-        let mut watch = QueueWatch::new();
-        watch.asked(
-            one("gpu0", seen(&["a"], 1_000, 16_000)),
-            candidates(&["gpu0"]),
-            t0,
-        );
+        let mut watch = asked_beside_a(1_000, 16_000, t0);
         let t1 = t0 + SETTLING * 2;
         watch.observe(one("gpu0", seen(&["b"], 1_000, 16_000)), t1);
         assert!(watch.settling(t1), "b is new");
