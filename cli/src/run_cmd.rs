@@ -462,48 +462,74 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         let Ran {
             status, enforced, ..
         } = ran?;
-        match enforced {
-            Some(sig) => tracing::warn!(task = %task_id, exit_code = status.code(),
-                signal = crate::ended::signal_name(status),
-                "job exited: stopped by iadeep run because of the eviction (still running \
-                 --evict-grace {} after it; sent {}, it {})",
-                humantime::format_duration(args.evict_grace),
-                if sig == Signal::SIGKILL { "SIGTERM, then SIGKILL" } else { "SIGTERM" },
-                crate::ended::Ended(status)),
-            None => tracing::info!(task = %task_id, exit_code = status.code(),
-                signal = crate::ended::signal_name(status), "job exited"),
-        }
+        log_exit(&task_id, status, enforced, args.evict_grace);
         if let Some(reason) = evicted {
             let next = after_eviction(requeue, requeued, args.max_requeues, released);
-            match next {
-                AfterEviction::Exit => tracing::warn!(task = %task_id, %reason, requeued,
-                    "the placer evicted the job; not restarting it (--no-requeue-on-evict, or --max-requeues {})",
-                    args.max_requeues),
-                AfterEviction::NotReleased => {
-                    tracing::error!(task = %task_id, %reason,
-                        "the placer evicted the job, but its placement could not be released; \
-                         not queueing it again (the placer would answer the evicted placement)");
-                    eprintln!(
-                        "iadeep run: evicted, and the placement could not be released; not re-queued (exit {EVICTED_NOT_REQUEUED_EXIT})"
-                    );
-                    return Ok(ExitCode::from(EVICTED_NOT_REQUEUED_EXIT));
-                }
-                AfterEviction::Requeue => {
+            match after_evicted(&task_id, reason, next, requeued, args.max_requeues) {
+                Some(reason) => {
                     requeued += 1;
-                    tracing::warn!(task = %task_id, %reason, requeued,
-                        "the placer evicted the job; queueing it again, to restart it with IADEEP_REQUEUED={requeued} \
-                         (it resumes from its checkpoint, if it wrote one)");
                     evicted_reason = Some(reason);
                     continue;
                 }
+                None if next == AfterEviction::NotReleased => {
+                    return Ok(ExitCode::from(EVICTED_NOT_REQUEUED_EXIT));
+                }
+                None => {}
             }
         }
         return Ok(exit_code(status));
     }
 }
 
+/// Logs how the job ended: on its own, or stopped by `iadeep run` (`enforced`: the last
+/// signal sent) because it outlived its eviction's `grace`.
+fn log_exit(task_id: &str, status: ExitStatus, enforced: Option<Signal>, grace: Duration) {
+    match enforced {
+        Some(sig) => tracing::warn!(task = %task_id, exit_code = status.code(),
+            signal = crate::ended::signal_name(status),
+            "job exited: stopped by iadeep run because of the eviction (still running \
+             --evict-grace {} after it; sent {}, it {})",
+            humantime::format_duration(grace),
+            if sig == Signal::SIGKILL { "SIGTERM, then SIGKILL" } else { "SIGTERM" },
+            crate::ended::Ended(status)),
+        None => tracing::info!(task = %task_id, exit_code = status.code(),
+            signal = crate::ended::signal_name(status), "job exited"),
+    }
+}
+
+/// Says what follows an eviction (`next`, after `requeued` restarts): the reason to
+/// restart the job with, or `None` when it is not restarted.
+fn after_evicted(
+    task_id: &str,
+    reason: String,
+    next: AfterEviction,
+    requeued: u32,
+    max_requeues: u32,
+) -> Option<String> {
+    match next {
+        AfterEviction::Exit => tracing::warn!(task = %task_id, %reason, requeued,
+            "the placer evicted the job; not restarting it (--no-requeue-on-evict, or --max-requeues {max_requeues})"),
+        AfterEviction::NotReleased => {
+            tracing::error!(task = %task_id, %reason,
+                "the placer evicted the job, but its placement could not be released; \
+                 not queueing it again (the placer would answer the evicted placement)");
+            eprintln!(
+                "iadeep run: evicted, and the placement could not be released; not re-queued (exit {EVICTED_NOT_REQUEUED_EXIT})"
+            );
+        }
+        AfterEviction::Requeue => {
+            let requeued = requeued + 1;
+            tracing::warn!(task = %task_id, %reason, requeued,
+                "the placer evicted the job; queueing it again, to restart it with IADEEP_REQUEUED={requeued} \
+                 (it resumes from its checkpoint, if it wrote one)");
+            return Some(reason);
+        }
+    }
+    None
+}
+
 /// What `iadeep run` does after the placer evicted the job.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AfterEviction {
     /// Queue it again and restart it.
     Requeue,
@@ -1234,32 +1260,53 @@ async fn run_job(
             () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
                 if deadline.is_some() =>
             {
-                let finished = tokio::time::timeout(FINISHED_CHECK, evictions.finished())
-                    .await
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {FINISHED_CHECK:?}")));
-                match finished {
-                    Ok(true) => {
-                        enforcer.spare();
-                        tracing::info!(task = %launch.task_id, pid,
-                            "the evicted job has not exited, but its last report says it \
-                             finished its work (it is writing its outputs); not stopping it");
-                        continue;
-                    }
-                    Ok(false) => {}
-                    // The GPU is at stake: stopped as if it had not finished.
-                    Err(err) => tracing::warn!(task = %launch.task_id, err = format!("{err:#}"),
-                        "cannot read whether the evicted job finished its work; stopping it"),
-                }
-                let Some(sig) = enforcer.due(tokio::time::Instant::now()) else {
-                    continue;
-                };
-                let job = pid.and_then(|pid| i32::try_from(pid).ok());
-                let others = signalled.signal(job, sig);
-                tracing::warn!(task = %launch.task_id, signal = %sig, pid, processes = others,
-                    "the evicted job has not exited; iadeep run sends {sig} to it and the \
-                     {others} process(es) it started");
+                let stopping = Stopping { task_id: &launch.task_id, pid };
+                stopping.at_deadline(&mut enforcer, evictions, &mut signalled).await;
             }
         }
+    }
+}
+
+/// The job `iadeep run` may have to stop for its eviction: its task and process.
+struct Stopping<'a> {
+    task_id: &'a str,
+    pid: Option<u32>,
+}
+
+impl Stopping<'_> {
+    /// At an enforcement deadline: spares a job whose last report says it finished (it
+    /// is writing its outputs), else sends the signal due to it and its process tree.
+    async fn at_deadline(
+        &self,
+        enforcer: &mut enforce::Enforcer,
+        evictions: &mut Evictions,
+        signalled: &mut tree::Signalled,
+    ) {
+        let (task_id, pid) = (self.task_id, self.pid);
+        let finished = tokio::time::timeout(FINISHED_CHECK, evictions.finished())
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {FINISHED_CHECK:?}")));
+        match finished {
+            Ok(true) => {
+                enforcer.spare();
+                tracing::info!(task = %task_id, pid,
+                    "the evicted job has not exited, but its last report says it \
+                     finished its work (it is writing its outputs); not stopping it");
+                return;
+            }
+            Ok(false) => {}
+            // The GPU is at stake: stopped as if it had not finished.
+            Err(err) => tracing::warn!(task = %task_id, err = format!("{err:#}"),
+                "cannot read whether the evicted job finished its work; stopping it"),
+        }
+        let Some(sig) = enforcer.due(tokio::time::Instant::now()) else {
+            return;
+        };
+        let job = pid.and_then(|pid| i32::try_from(pid).ok());
+        let others = signalled.signal(job, sig);
+        tracing::warn!(task = %task_id, signal = %sig, pid, processes = others,
+            "the evicted job has not exited; iadeep run sends {sig} to it and the \
+             {others} process(es) it started");
     }
 }
 

@@ -1052,23 +1052,31 @@ impl DeviceTuner {
             }
         };
         self.search = Some(Search { applied, ..search });
-        if let Some(session) = self.resumed.take() {
-            if session.task_ids == task_ids {
-                // Before the observations: a value measured above a cap is no improvement
-                // for the stopping rule, as when it was first recorded.
-                self.restore_over_cap(&session.over_cap, session.caps.as_deref());
-            }
-            if session.task_ids == task_ids && session.sizes == sizes {
-                self.replay(session.observations);
-            } else {
-                tracing::info!(device = %self.device_id, "persisted search is about other tasks; starting afresh");
-            }
-        }
+        self.resume_persisted(&task_ids, &sizes);
         if let Some(search) = &self.search {
             tracing::info!(device = %self.device_id, tasks = ?task_ids, sizes = ?sizes,
                 observations = search.observations.len(), "search starts");
         }
         out.push(Action::Persist(self.persisted(now_ms)));
+    }
+
+    /// Carries what a previous tuner of this device persisted into the new search, once,
+    /// when it was about the same tasks: its cap violations, then (at the same candidate
+    /// sizes) its observations.
+    fn resume_persisted(&mut self, task_ids: &[String], sizes: &[Vec<u32>]) {
+        let Some(session) = self.resumed.take() else {
+            return;
+        };
+        if session.task_ids == task_ids {
+            // Before the observations: a value measured above a cap is no improvement
+            // for the stopping rule, as when it was first recorded.
+            self.restore_over_cap(&session.over_cap, session.caps.as_deref());
+        }
+        if session.task_ids == task_ids && session.sizes == sizes {
+            self.replay(session.observations);
+        } else {
+            tracing::info!(device = %self.device_id, "persisted search is about other tasks; starting afresh");
+        }
     }
 
     /// A fresh search over `task_ids` at `sizes`, starting at `start`.
