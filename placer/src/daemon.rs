@@ -311,7 +311,9 @@ impl Daemon {
         )
         .await?;
         let service = PlacementService::new(store.clone(), view, Arc::new(placer))
-            .with_events(metrics.clone());
+            .with_events(metrics.clone())
+            .with_instance(instance_name());
+        tracing::info!(instance = %service.instance(), "placer instance (named in the evictions it writes)");
         let (stop, stop_rx) = watch::channel(false);
         let mut servers = Vec::new();
 
@@ -425,4 +427,15 @@ impl Daemon {
         }
         tracing::info!("placer stopped");
     }
+}
+
+/// This placer's name among those sharing the store: `host:pid`. The host name is the
+/// kernel's (a pod's name on Kubernetes, so two replicas differ even as pid 1 each).
+fn instance_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".to_owned());
+    format!("{host}:{}", std::process::id())
 }

@@ -116,7 +116,7 @@ fn decide(
     device_id: &str,
     model: &dyn iadeep_predictor::SlowdownModel,
     params: &PlacerParams,
-    now_unix_ms: i64,
+    (by, now_unix_ms): (&str, i64),
 ) -> Option<Decided> {
     let (breach, breach_revision) = view.breach(device_id)?;
     let breach = breach.clone();
@@ -142,7 +142,7 @@ fn decide(
                 breach.task_id, breach.opportunistic_task_ids
             )),
             Some(victim) => match device
-                .and_then(|d| evict_assignment(d, &victim.task_id, &victim.reason, now_unix_ms))
+                .and_then(|d| evict_assignment(d, &victim.task_id, &victim.reason, by, now_unix_ms))
             {
                 None => Plan::Drop(format!("stale: {} left the device", victim.task_id)),
                 Some((assignment, assignment_expect)) => {
@@ -230,7 +230,9 @@ pub async fn act_on_breach(service: &PlacementService, device_id: &str) -> Resul
     let model = service.placer().slowdown_model().clone();
     for _ in 0..params.max_reserve_attempts {
         let now = service.now_unix_ms();
-        let Some(decided) = decide(&service.view(), device_id, model.as_ref(), &params, now) else {
+        let by_now = (service.instance(), now);
+        let Some(decided) = decide(&service.view(), device_id, model.as_ref(), &params, by_now)
+        else {
             return Ok(Outcome::Gone);
         };
         let sent = txn(device_id, &decided);
@@ -286,7 +288,8 @@ fn committed(
                 victim = %victim.task_id, measured_pd = breach.measured_pd,
                 max_slowdown = breach.max_slowdown, blame = victim.blame,
                 round = assignment.round, avoid_until_unix_ms = avoid.until_unix_ms,
-                reason = %victim.reason, "evicting an opportunistic job for a production job's slowdown cap");
+                reason = %victim.reason, by = %assignment.evicted_by,
+                "evicting an opportunistic job for a production job's slowdown cap");
             Outcome::Evicted(Box::new(Eviction {
                 device_id: device_id.to_owned(),
                 production_task_id: breach.task_id,

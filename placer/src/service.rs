@@ -156,6 +156,7 @@ fn placement_assignments(
         predicted_slowdown_upper_90: Some(newcomer.upper_90.max(newcomer.slowdown)),
         evict: false,
         evict_reason: String::new(),
+        evicted_by: String::new(),
     }];
     for shrink in shrinks {
         let Some(r) = residents
@@ -267,6 +268,7 @@ pub(crate) fn evict_assignment(
     device: &crate::view::DeviceState,
     task_id: &str,
     reason: &str,
+    by: &str,
     now_unix_ms: i64,
 ) -> Option<(BatchSizeAssignment, Expect)> {
     let resident = device
@@ -291,6 +293,7 @@ pub(crate) fn evict_assignment(
     assignment.assigned_at_unix_ms = now_unix_ms;
     assignment.evict = true;
     assignment.evict_reason = reason.to_owned();
+    assignment.evicted_by = by.to_owned();
     Some((assignment, expect))
 }
 
@@ -464,9 +467,8 @@ fn evict_plan(
     task: &TaskSpec,
     device_id: &str,
     victims: &[String],
-    claim_mib: u64,
-    claim_until_unix_ms: i64,
-    now: i64,
+    (claim_mib, claim_until_unix_ms): (u64, i64),
+    (by, now): (&str, i64),
 ) -> Option<(
     DeviceResidents,
     Expect,
@@ -488,7 +490,7 @@ fn evict_plan(
         if resident.assignment.as_ref().is_some_and(|(a, _)| a.evict) {
             continue;
         }
-        let (assignment, expect) = evict_assignment(device, victim, &reason, now)?;
+        let (assignment, expect) = evict_assignment(device, victim, &reason, by, now)?;
         compares.push((keys::task_assignment(victim), expect));
         assignments.push(assignment);
     }
@@ -529,6 +531,16 @@ pub struct PlacementService {
     /// Tasks running without a reservation already warned about (see
     /// [`PlacementService::readmit_running`]), so each is logged once, not every pass.
     unreserved: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Who this service is among the placers sharing the store (see
+    /// [`PlacementService::with_instance`]).
+    instance: Arc<str>,
+}
+
+/// A name for a service that was given none: unique within this process.
+fn next_instance() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("placer service {n}")
 }
 
 /// Where the service reads the time (Unix ms): the wall clock in the daemon, the
@@ -704,7 +716,25 @@ impl PlacementService {
             clock: Clock::wall(),
             written: Arc::default(),
             unreserved: Arc::default(),
+            instance: next_instance().into(),
         }
+    }
+
+    /// The same service named `instance` among the placers sharing the store (the
+    /// daemon: `host:pid`). Each eviction it writes carries the name
+    /// (`BatchSizeAssignment::evicted_by`). Why: two placers deciding one eviction in
+    /// the same millisecond would otherwise write identical bytes, and each would take
+    /// the store's copy for its own committed write (a re-sent transaction is recognised
+    /// that way), counting one eviction twice. Without a name, services are numbered
+    /// within the process, which tells apart those of one process only.
+    pub fn with_instance(mut self, instance: impl Into<String>) -> PlacementService {
+        self.instance = instance.into().into();
+        self
+    }
+
+    /// This service's name among the placers sharing the store.
+    pub fn instance(&self) -> &str {
+        &self.instance
     }
 
     /// The same service reading the time from `clock` (the simulator's virtual time).
@@ -899,9 +929,8 @@ impl PlacementService {
                 task,
                 &device_id,
                 &victims,
-                claim_mib,
-                claim_until_unix_ms,
-                now,
+                (claim_mib, claim_until_unix_ms),
+                (&self.instance, now),
             ) {
                 Some((record, expect, assignment_compares, assignments)) => Step::Commit(
                     explanation,

@@ -327,9 +327,9 @@ async fn two_placers_racing_on_one_breach_evict_once() {
         .map_or(0, |(_, kv)| kv.version);
     write_breach(store.as_ref()).await;
 
-    // A millisecond apart: two placers deciding in the same millisecond on the same view
-    // send byte-identical transactions, and the loser takes the winner's commit for its
-    // own (see `eviction::absorb`): the store still holds one eviction, but both count it.
+    // In the same millisecond: their evictions differ only in the placer each names
+    // (`evicted_by`), which is what keeps the loser from taking the winner's commit for
+    // a re-sent one of its own (see `eviction::absorb`) and counting it too.
     let now = iadeep_proto::now_unix_ms();
     // Both placers' first transactions (their evictions) wait until both were sent, so
     // each decided on the breach before either committed: whichever commits second is
@@ -338,7 +338,8 @@ async fn two_placers_racing_on_one_breach_evict_once() {
     let racing = Arc::new(FaultStore::over(store.clone()));
     racing.hold_next(Op::Transact, 2);
     let (one, _one_sync) = bare_placer(racing.clone(), now).await;
-    let (two, _two_sync) = bare_placer(racing.clone(), now + 1).await;
+    let (two, _two_sync) = bare_placer(racing.clone(), now).await;
+    assert_ne!(one.instance(), two.instance());
     for service in [&one, &two] {
         assert!(service.view().breach(DEVICE).is_some(), "loaded");
     }
@@ -370,6 +371,10 @@ async fn two_placers_racing_on_one_breach_evict_once() {
         .await
         .expect("the victim's assignment");
     assert!(written.evict);
+    assert!(
+        [one.instance(), two.instance()].contains(&written.evicted_by.as_str()),
+        "{written:?}"
+    );
     assert_eq!(kv.version, victim_before + 1, "written once");
     let avoids = store.range(keys::AVOID).await.expect("range").kvs;
     assert_eq!(avoids.len(), 1, "{avoids:?}");
