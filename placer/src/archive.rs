@@ -68,14 +68,7 @@ mod tests {
     use super::*;
 
     fn kv(key: String, value: &[u8], mod_revision: i64) -> KeyValue {
-        KeyValue {
-            key,
-            value: value.to_vec(),
-            create_revision: mod_revision,
-            mod_revision,
-            version: 1,
-            lease: None,
-        }
+        KeyValue::created_at(key, value.to_vec(), mod_revision)
     }
 
     /// Every moved key is compared as read: present ones at their mod revision, absent

@@ -1234,14 +1234,8 @@ impl PlacementService {
     /// `written`); at most [`MAX_WRITTEN`] tasks (tasks released by another placer are
     /// never taken out), beyond which a Release reads the store as before.
     fn note_written(&self, task: &TaskSpec, assignments: &[BatchSizeAssignment], revision: i64) {
-        let kv = |key: String, value: Vec<u8>| iadeep_state::KeyValue {
-            key,
-            value,
-            create_revision: revision,
-            mod_revision: revision,
-            version: 1,
-            lease: None,
-        };
+        let kv =
+            |key: String, value: Vec<u8>| iadeep_state::KeyValue::created_at(key, value, revision);
         let mut live = vec![kv(keys::task_spec(&task.task_id), task.encode_to_vec())];
         if let Some(own) = assignments.iter().find(|a| a.task_id == task.task_id) {
             live.push(kv(

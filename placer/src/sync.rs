@@ -403,14 +403,7 @@ mod tests {
     }
 
     fn put(key: String, value: Vec<u8>, revision: Revision) -> WatchEvent {
-        WatchEvent::Put(KeyValue {
-            key,
-            value,
-            create_revision: revision,
-            mod_revision: revision,
-            version: 1,
-            lease: None,
-        })
+        WatchEvent::Put(KeyValue::created_at(key, value, revision))
     }
 
     /// The watch's echo of the placer's own commit (same key, same revision: the same

@@ -31,6 +31,22 @@ pub struct KeyValue {
     pub lease: Option<LeaseId>,
 }
 
+impl KeyValue {
+    /// The key as a put at `revision` leaves it when it did not exist before (version
+    /// 1, no lease): what the writer of a transaction that created it knows of it
+    /// without reading it back.
+    pub fn created_at(key: impl Into<String>, value: Vec<u8>, revision: Revision) -> KeyValue {
+        KeyValue {
+            key: key.into(),
+            value,
+            create_revision: revision,
+            mod_revision: revision,
+            version: 1,
+            lease: None,
+        }
+    }
+}
+
 /// A change seen by a watch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WatchEvent {

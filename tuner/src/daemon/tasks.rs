@@ -217,14 +217,7 @@ mod tests {
     use iadeep_state::keys;
 
     fn kv(key: String, value: Vec<u8>, rev: i64) -> KeyValue {
-        KeyValue {
-            key,
-            value,
-            create_revision: rev,
-            mod_revision: rev,
-            version: 1,
-            lease: None,
-        }
+        KeyValue::created_at(key, value, rev)
     }
 
     #[test]
