@@ -116,7 +116,8 @@ fn decide(
     device_id: &str,
     model: &dyn iadeep_predictor::SlowdownModel,
     params: &PlacerParams,
-    (by, now_unix_ms): (&str, i64),
+    by: &str,
+    now_unix_ms: i64,
 ) -> Option<Decided> {
     let (breach, breach_revision) = view.breach(device_id)?;
     let breach = breach.clone();
@@ -230,9 +231,14 @@ pub async fn act_on_breach(service: &PlacementService, device_id: &str) -> Resul
     let model = service.placer().slowdown_model().clone();
     for _ in 0..params.max_reserve_attempts {
         let now = service.now_unix_ms();
-        let by_now = (service.instance(), now);
-        let Some(decided) = decide(&service.view(), device_id, model.as_ref(), &params, by_now)
-        else {
+        let Some(decided) = decide(
+            &service.view(),
+            device_id,
+            model.as_ref(),
+            &params,
+            service.instance(),
+            now,
+        ) else {
             return Ok(Outcome::Gone);
         };
         let sent = txn(device_id, &decided);

@@ -458,9 +458,9 @@ fn settlement_txn(
 /// The record, compares and assignments of a room eviction decided on `view`: the
 /// device's record with the claim of `task` (replacing an earlier one of it, expired
 /// claims dropped), each victim's key and what the decision saw there, and its evict
-/// assignment, whose reason names the task; a victim leaving already (its assignment
-/// says evict) keeps the assignment it has. `None` when a victim is not resident
-/// there (the view changed under the decision).
+/// assignment, whose reason names the task and which names `by` as its writer; a victim
+/// leaving already (its assignment says evict) keeps the assignment it has. `None` when
+/// a victim is not resident there (the view changed under the decision).
 #[allow(clippy::type_complexity)]
 fn evict_plan(
     view: &ClusterView,
@@ -468,7 +468,8 @@ fn evict_plan(
     device_id: &str,
     victims: &[String],
     (claim_mib, claim_until_unix_ms): (u64, i64),
-    (by, now): (&str, i64),
+    by: &str,
+    now: i64,
 ) -> Option<(
     DeviceResidents,
     Expect,
@@ -930,7 +931,8 @@ impl PlacementService {
                 &device_id,
                 &victims,
                 (claim_mib, claim_until_unix_ms),
-                (&self.instance, now),
+                &self.instance,
+                now,
             ) {
                 Some((record, expect, assignment_compares, assignments)) => Step::Commit(
                     explanation,
