@@ -836,7 +836,7 @@ impl Follower {
         let backoff = iadeep_state::Backoff::doubling(FOLLOW_BACKOFF, FOLLOW_BACKOFF_MAX);
         let store = match self.store {
             Some(store) => store,
-            None => open_until_it_answers(&self.url, &key).await,
+            None => open_until_it_answers(&self.url, &key, backoff).await,
         };
         let mut follow = if self.watch_from_since {
             iadeep_state::Follow::after(store, key.clone(), self.since, backoff)
@@ -876,10 +876,14 @@ fn eviction_since(kv: &iadeep_state::KeyValue, key: &str, since: i64) -> Option<
     }
 }
 
-/// The store at `url`, opened however many tries it takes (`key` names what for, in
-/// the log).
-async fn open_until_it_answers(url: &StoreUrl, key: &str) -> Arc<dyn StateStore> {
-    let mut pause = FOLLOW_BACKOFF;
+/// The store at `url`, opened however many tries it takes, pausing as `backoff` says
+/// (`key` names what for, in the log).
+async fn open_until_it_answers(
+    url: &StoreUrl,
+    key: &str,
+    backoff: iadeep_state::Backoff,
+) -> Arc<dyn StateStore> {
+    let mut pause = backoff.first();
     loop {
         match timed("opening the state store", url.open()).await {
             Ok(store) => return store,
@@ -887,7 +891,7 @@ async fn open_until_it_answers(url: &StoreUrl, key: &str) -> Arc<dyn StateStore>
                 tracing::warn!(key, err = format!("{err:#}"), retry_in = ?pause,
                     "cannot open the state store to follow the job's assignment; retrying");
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(FOLLOW_BACKOFF_MAX);
+                pause = backoff.after(pause);
             }
         }
     }

@@ -51,6 +51,16 @@ impl Backoff {
             max: max.max(first),
         }
     }
+
+    /// The pause after the first failure (and after a success).
+    pub fn first(&self) -> Duration {
+        self.first
+    }
+
+    /// The pause after the next failure in a row, `pause` being the last one.
+    pub fn after(&self, pause: Duration) -> Duration {
+        pause.saturating_mul(2).min(self.max)
+    }
 }
 
 impl From<Duration> for Backoff {
@@ -184,7 +194,7 @@ impl Follow {
     fn lost(&mut self, err: &StateError, what: &str) {
         let pause = self.pause;
         tracing::warn!(prefix = %self.prefix, %err, retry_in = ?pause, "{what}");
-        self.pause = pause.saturating_mul(2).min(self.backoff.max);
+        self.pause = self.backoff.after(pause);
         self.phase = Phase::Pause {
             until: Instant::now() + pause,
         };
