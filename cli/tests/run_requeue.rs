@@ -9,7 +9,7 @@
 //! `iadeep run` after `--evict-grace` (SIGTERM, then SIGKILL, to its whole process tree)
 //! and re-queued like one that left; one whose last report says finished is not.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -270,6 +270,21 @@ fn a_production_job_is_not_restarted_and_a_cap_needs_the_production_class() {
 }
 
 /// Waits until `path` holds `line`.
+/// [`start_job`] for a job that writes the lines of its life to `{task}.marks`, once
+/// its first line, `started`, is there; with the marks' path.
+fn started(
+    cluster: &LocalCluster,
+    dir: &Path,
+    task: &str,
+    job: &str,
+    args: &[&str],
+) -> (Child, PathBuf) {
+    let marks = dir.join(format!("{task}.marks"));
+    let run = start_job(cluster, dir, task, job, args);
+    wait_for_line(dir, task, &marks, "started");
+    (run, marks)
+}
+
 fn wait_for_line(dir: &Path, task: &str, path: &Path, line: &str) {
     let started = Instant::now();
     while !read(path).lines().any(|l| l == line) {
@@ -329,15 +344,13 @@ fn a_job_that_ignores_its_eviction_is_stopped_after_the_grace_and_requeued() {
     let cluster = LocalCluster::start(tmp.path().join("cluster"));
     let dir = tmp.path();
     let task = "stubborn-1";
-    let marks = dir.join(format!("{task}.marks"));
-    let mut run = start_job(
+    let (mut run, marks) = started(
         &cluster,
         dir,
         task,
         STUBBORN_JOB,
         &["--evict-grace", "1s", "--evict-kill-after", "5s"],
     );
-    wait_for_line(dir, task, &marks, "started");
     let grandchild: i32 = read(&dir.join(format!("{task}.marks.grandchild")))
         .trim()
         .parse()
@@ -393,15 +406,13 @@ fn an_evicted_job_whose_report_says_finished_is_not_stopped() {
     let cluster = LocalCluster::start(tmp.path().join("cluster"));
     let dir = tmp.path();
     let task = "finishing-1";
-    let marks = dir.join(format!("{task}.marks"));
-    let mut run = start_job(
+    let (mut run, marks) = started(
         &cluster,
         dir,
         task,
         FINISHING_JOB,
         &["--evict-grace", "0s", "--evict-kill-after", "0s"],
     );
-    wait_for_line(dir, task, &marks, "started");
     let report = serde_json::json!({"taskId": task, "stepsDone": "20", "finished": true});
     let out = common::iadeep(&[
         "state",
