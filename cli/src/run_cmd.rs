@@ -17,9 +17,11 @@
 //! agent, a hung checkpoint) would otherwise keep the GPU and the production job it was
 //! evicted for above its cap. The signals go to the job's whole process tree as /proc
 //! shows it then ([`tree`]: a wrapper such as `bash train.sh` or `torchrun` would
-//! otherwise leave its trainer on the GPU), what is left of it once the job exited is
-//! killed, and a job whose last report says finished is not stopped (it is writing its
-//! outputs). Grace and kill-after together must stay under the placer's
+//! otherwise leave its trainer on the GPU; `iadeep run` is the subreaper of what the job
+//! starts, so a double-forked trainer stays in that tree), what is left of it once the
+//! job exited is killed, and a job whose last report says finished is not stopped (it
+//! is writing its outputs). A job that exits on its own is never stopped, but what it
+//! left running is named in the log. Grace and kill-after together must stay under the placer's
 //! `--dead-task-grace-s`: the agent revokes its lease as it raises `iadeep.Evicted`, and
 //! the placer gives the memory away that long after. When the job exits, `iadeep run`
 //! reads the task's assignment (what the watch saw, else the live key, else the
@@ -1187,6 +1189,7 @@ async fn kill_leftovers(task: &str, signalled: &mut tree::Signalled) {
     loop {
         let running = signalled.still_running();
         if running.is_empty() {
+            signalled.reap();
             return;
         }
         if Instant::now() >= until {
@@ -1195,6 +1198,19 @@ async fn kill_leftovers(task: &str, signalled: &mut tree::Signalled) {
             return;
         }
         tokio::time::sleep(LEFTOVER_POLL).await;
+    }
+}
+
+/// After a job exited on its own: names the processes it started that still run. They
+/// are not stopped (a job may leave a server it meant to), but the GPU is released, so
+/// any memory they hold on it is no longer reserved.
+fn warn_left_behind(task: &str, signalled: &tree::Signalled, job: Option<u32>) {
+    let job = job.and_then(|pid| i32::try_from(pid).ok());
+    let left = signalled.left_behind(job);
+    if !left.is_empty() {
+        tracing::warn!(task, pids = ?left,
+            "the job exited but processes it started still run; iadeep run releases the \
+             GPU, so memory they hold on it is no longer reserved");
     }
 }
 
@@ -1210,6 +1226,7 @@ async fn run_job(
 ) -> Result<Ran> {
     let mut eviction = evictions.eviction();
     let (program, args) = command.split_first().context("no command to run")?;
+    let adopter = tree::adopt_orphans();
     let mut job = tokio::process::Command::new(program);
     job.args(args)
         .envs(launch.vars())
@@ -1223,7 +1240,7 @@ async fn run_job(
     let mut interrupted = None;
     // Until the follower of the assignment ends (it ends once it saw an eviction).
     let mut following = true;
-    let mut signalled = tree::Signalled::default();
+    let mut signalled = tree::Signalled::new(adopter);
     loop {
         let deadline = enforcer.deadline();
         tokio::select! {
@@ -1234,6 +1251,8 @@ async fn run_job(
                 let status = status.with_context(|| format!("cannot wait for {program:?}"))?;
                 if enforcer.sent().is_some() {
                     kill_leftovers(&launch.task_id, &mut signalled).await;
+                } else {
+                    warn_left_behind(&launch.task_id, &signalled, pid);
                 }
                 return Ok(Ran { status, interrupted, enforced: enforcer.sent() });
             }

@@ -34,22 +34,27 @@ exec "$IADEEP_BIN" emulate-job --task-id "$IADEEP_TASK_ID" --model cifar10 \
 /// A job that ignores its eviction: no iadeep agent, and SIGTERM only noted in
 /// `$MARKS`; it runs until killed, and so does the process it started in the
 /// background (a trainer under a wrapper), which ignores SIGTERM and whose id is in
-/// `$MARKS.grandchild`. Restarted, it exits 0 at once.
+/// `$MARKS.grandchild`, and one it started with a double fork (its parent exits at once,
+/// as a daemonising launcher's does), id in `$MARKS.escaped`. Restarted, it exits 0 at
+/// once.
 const STUBBORN_JOB: &str = r#"
 echo "run ${IADEEP_REQUEUED:-0} ${IADEEP_PRIORITY_CLASS} ${IADEEP_EVICTED_REASON}" >> "$RUNS"
 if [ -n "$IADEEP_REQUEUED" ]; then exit 0; fi
 trap 'echo "got SIGTERM; carrying on" >> "$MARKS"' TERM
 sh -c 'trap "" TERM; while :; do sleep 0.1; done' &
 echo "$!" > "$MARKS.grandchild"
+(sh -c 'trap "" TERM; while :; do sleep 0.1; done' & echo "$!" > "$MARKS.escaped")
 echo started >> "$MARKS"
 while :; do sleep 0.1; done
 "#;
 
 /// A job without an agent that runs until `$MARKS.done` exists, noting SIGTERM in
-/// `$MARKS`: one writing its outputs after its last report said finished.
+/// `$MARKS`: one writing its outputs after its last report said finished. It leaves
+/// behind a server it started with a double fork (id in `$MARKS.server`).
 const FINISHING_JOB: &str = r#"
 echo "run ${IADEEP_REQUEUED:-0}" >> "$RUNS"
 trap 'echo "got SIGTERM" >> "$MARKS"' TERM
+(sh -c 'while :; do sleep 0.1; done' & echo "$!" > "$MARKS.server")
 echo started >> "$MARKS"
 while [ ! -e "$MARKS.done" ]; do sleep 0.1; done
 "#;
@@ -300,6 +305,21 @@ fn wait_for_line(dir: &Path, task: &str, path: &Path, line: &str) {
 
 /// Whether process `pid` still runs: listed by /proc and not a zombie (one that exited,
 /// unreaped, holds no memory).
+/// SIGKILL to the job's background processes when the test ends, however it ends: one
+/// that outlived a failed assertion would spin on for the rest of the test run.
+struct KillOnDrop(Vec<i32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
 fn runs(pid: i32) -> bool {
     read(Path::new(&format!("/proc/{pid}/stat")))
         .rsplit_once(')')
@@ -356,6 +376,12 @@ fn a_job_that_ignores_its_eviction_is_stopped_after_the_grace_and_requeued() {
         .parse()
         .expect("the grandchild's pid");
     assert!(runs(grandchild), "the grandchild started");
+    let escaped: i32 = read(&dir.join(format!("{task}.marks.escaped")))
+        .trim()
+        .parse()
+        .expect("the double-forked process's pid");
+    let _cleanup = KillOnDrop(vec![grandchild, escaped]);
+    assert!(runs(escaped), "the double-forked process started");
     evict(&cluster, task);
     let code = wait_for_exit(&cluster, dir, task, &mut run);
     let log = read(&dir.join(format!("{task}.log")));
@@ -363,6 +389,10 @@ fn a_job_that_ignores_its_eviction_is_stopped_after_the_grace_and_requeued() {
     assert!(
         !runs(grandchild),
         "the grandchild that ignored SIGTERM was killed with the job:\n{log}"
+    );
+    assert!(
+        !runs(escaped),
+        "the double-forked process, adopted by iadeep run, was killed with the job:\n{log}"
     );
     let sent = |sig: &str| {
         log.lines()
@@ -442,4 +472,19 @@ fn an_evicted_job_whose_report_says_finished_is_not_stopped() {
     assert_eq!(read(&marks), "started\n", "no SIGTERM:\n{log}");
     assert!(!log.contains("iadeep run sends"), "{log}");
     assert_eq!(read(&dir.join(format!("{task}.runs"))), "run 0\n", "{log}");
+    let server: i32 = read(&dir.join(format!("{task}.marks.server")))
+        .trim()
+        .parse()
+        .expect("the server's pid");
+    let _cleanup = KillOnDrop(vec![server]);
+    assert!(
+        log.lines()
+            .any(|line| line.contains("processes it started still run")
+                && line.contains(&server.to_string())),
+        "what the job left running is named, not stopped:\n{log}"
+    );
+    assert!(
+        runs(server),
+        "a job that was not stopped keeps what it started"
+    );
 }

@@ -11,11 +11,35 @@
 //! before (a process orphaned when the wrapper died has another parent since). A
 //! process is known by its id and its start time, so an id reused by an unrelated
 //! process later is never signalled. Linux only, as iadeep is.
+//!
+//! Why `iadeep run` makes itself the job's child subreaper ([`adopt_orphans`]): a
+//! process whose parent exits is re-parented to its nearest subreaper ancestor, init
+//! otherwise. A wrapper that starts the trainer with a double fork (`(python train.py
+//! &)`, a daemonising launcher) leaves it a child of init from the start, outside any
+//! walk down from the job. As a subreaper, `iadeep run` adopts every such process of
+//! the job instead, so its own children are the job and what escaped it, and the
+//! walk starts from there.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::Pid;
+
+/// Makes `iadeep run` the subreaper of the processes it starts (see the module docs),
+/// before it starts the job. Its process id when it is, to walk the tree from; `None`
+/// (with a warning) when the kernel refuses, and a process the job double-forks is not
+/// found then.
+pub(super) fn adopt_orphans() -> Option<i32> {
+    match nix::sys::prctl::set_child_subreaper(true) {
+        Ok(()) => i32::try_from(std::process::id()).ok(),
+        Err(err) => {
+            tracing::warn!(%err, "cannot make iadeep run the subreaper of the job's processes: \
+                one the job starts with a double fork escapes an eviction's signals");
+            None
+        }
+    }
+}
 
 /// One process as /proc shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,13 +111,25 @@ fn processes() -> Vec<Proc> {
 }
 
 /// The processes `iadeep run` signalled to enforce one run's eviction.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Signalled {
     /// Each by id, with its start time.
     known: BTreeMap<i32, u64>,
+    /// `iadeep run` itself when it adopts the job's orphans ([`adopt_orphans`]): every
+    /// process below it is the job's.
+    adopter: Option<i32>,
 }
 
 impl Signalled {
+    /// For a job started by `adopter` ([`adopt_orphans`]), or by a process that adopts
+    /// nothing (`None`).
+    pub(super) fn new(adopter: Option<i32>) -> Self {
+        Self {
+            known: BTreeMap::new(),
+            adopter,
+        }
+    }
+
     /// The known processes still running in `table` (same id and start time, not a
     /// zombie).
     fn running(&self, table: &[Proc]) -> Vec<Proc> {
@@ -105,12 +141,13 @@ impl Signalled {
     }
 
     /// Sends `sig` to the job (`job`, while it runs) and to every running process that
-    /// descends from it or from a process signalled before, as /proc shows them now.
-    /// Returns how many processes besides the job it signalled.
+    /// descends from it, from a process signalled before, or from the adopter, as /proc
+    /// shows them now. Returns how many processes besides the job it signalled.
     pub(super) fn signal(&mut self, job: Option<i32>, sig: Signal) -> usize {
         let table = processes();
         let mut roots: Vec<i32> = self.running(&table).iter().map(|p| p.pid).collect();
         roots.extend(job);
+        roots.extend(self.adopter);
         let mut targets = self.running(&table);
         targets.extend(
             descendants(&table, &roots)
@@ -139,6 +176,32 @@ impl Signalled {
     /// The ids of the processes signalled before that still run.
     pub(super) fn still_running(&self) -> Vec<i32> {
         self.running(&processes()).iter().map(|p| p.pid).collect()
+    }
+
+    /// The processes still running below the adopter other than `job`: after the job
+    /// exited, what it left behind (empty when `iadeep run` adopts nothing).
+    pub(super) fn left_behind(&self, job: Option<i32>) -> Vec<i32> {
+        let Some(adopter) = self.adopter else {
+            return Vec::new();
+        };
+        descendants(&processes(), &[adopter])
+            .into_iter()
+            .filter(|p| !p.zombie && Some(p.pid) != job)
+            .map(|p| p.pid)
+            .collect()
+    }
+
+    /// Collects the exit status of the signalled processes `iadeep run` adopted and
+    /// that have exited, so that none stays a zombie while it keeps running (re-queued
+    /// jobs). One that is not its child (init adopted it) or still runs is left alone.
+    pub(super) fn reap(&self) {
+        if self.adopter.is_none() {
+            return;
+        }
+        for &pid in self.known.keys() {
+            // ECHILD (not ours) and StillAlive are both "nothing to collect".
+            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+        }
     }
 }
 
