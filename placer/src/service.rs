@@ -1182,7 +1182,10 @@ impl PlacementService {
     /// figure and an earlier job of that model recorded one; as given otherwise. The
     /// registry is one store read, made only for such tasks; when it cannot be read,
     /// the task is decided without it (a provisional grant, see [`crate::policy`]).
-    async fn with_registry_profile(&self, mut task: TaskSpec, restrict: &[String]) -> TaskSpec {
+    ///
+    /// Public so that a diagnosis of a decision (the simulator's placement audit)
+    /// assesses the task exactly as [`PlacementService::place`] decides it.
+    pub async fn with_registry_profile(&self, mut task: TaskSpec, restrict: &[String]) -> TaskSpec {
         if task.profile.is_some() || task.gpu_mem_request_mib > 0 || task.model.is_empty() {
             return task;
         }

@@ -304,6 +304,31 @@ fn iadeep_co_locates_under_a_burst() {
     );
 }
 
+/// The placement audit assesses each task as the placer decides it: with the profile
+/// registry's entry of its model when it brings no profile. A "place" verdict is the
+/// placer's, so the task has started by then (the audit once assessed the task without
+/// the registry's profile, and said "place" for tasks the placer kept queued for hours).
+#[test]
+fn the_audit_sees_the_task_the_placer_decides_on() {
+    let experiment = experiment("k80", 80, 4, 2.0, 5);
+    let mut policy = experiment.policy("iadeep").expect("policy");
+    let (metrics, records) = experiment
+        .run_policy_audited(policy.as_mut(), &mut |_, _| {})
+        .expect("audited run");
+    assert_bookkeeping(&experiment, &metrics);
+    let placed: Vec<_> = records.iter().filter(|r| r.verdict == "place").collect();
+    assert!(placed.len() >= 80, "{} place verdicts", placed.len());
+    let wrong: Vec<_> = placed
+        .iter()
+        .filter(|r| r.started_s.is_none_or(|started| started > r.at_s + 1e-6))
+        .map(|r| (r.task, r.at_s, r.started_s))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "said place, but the task started later: {wrong:?}"
+    );
+}
+
 /// Runs every task alone at its smallest allowed batch size and never tunes: after the
 /// placement nothing on its device causes an event until it finishes.
 struct SmallestAlone;

@@ -514,8 +514,10 @@ impl SimPlacement {
     }
 
     /// The audit record of the decision about to be made: the same pure assessment the
-    /// service makes, on the same view at the same time.
+    /// service makes, of the task as the service sees it (with the profile registry's
+    /// entry of its model, when it brings none), on the same view at the same time.
     fn record_audit(&mut self, view: &dyn PolicyView, task: Waiting<'_>, spec: &ProtoSpec) {
+        let spec = &self.block_on(self.service.with_registry_profile(spec.clone(), &[]));
         let placer_view = self.view.read().unwrap_or_else(|e| e.into_inner());
         let placer = self.service.placer();
         let assessment = placer.assess_limited(
