@@ -18,10 +18,10 @@
 //! evicted for above its cap. The signals go to the job's whole process tree as /proc
 //! shows it then ([`tree`]: a wrapper such as `bash train.sh` or `torchrun` would
 //! otherwise leave its trainer on the GPU; `iadeep run` is the subreaper of what the job
-//! starts, so a double-forked trainer stays in that tree), what is left of it once the
-//! job exited is killed, and a job whose last report says finished is not stopped (it
-//! is writing its outputs). A job that exits on its own is never stopped, but what it
-//! left running is named in the log. Grace and kill-after together must stay under the placer's
+//! starts, so a double-forked trainer stays in that tree), what is left of an evicted
+//! job once it exited is killed (stopped or not), and a job whose last report says
+//! finished is not stopped (it is writing its outputs). What a job that was not evicted
+//! leaves running is named in the log, not stopped. Grace and kill-after together must stay under the placer's
 //! `--dead-task-grace-s`: the agent revokes its lease as it raises `iadeep.Evicted`, and
 //! the placer gives the memory away that long after. When the job exits, `iadeep run`
 //! reads the task's assignment (what the watch saw, else the live key, else the
@@ -444,7 +444,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             reserved_mib = placement.reserved_mem_mib, class = %args.class, requeued,
             command = ?args.command, "placed; starting the job");
         let enforcer = enforce::Enforcer::new(args.evict_grace, args.evict_kill_after);
-        let ran = run_job(
+        let mut ran = run_job(
             &args.command,
             &launch,
             &device,
@@ -460,6 +460,10 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             // A signal stopped it, or it could not be waited for: not an eviction.
             _ => None,
         };
+        if let Ok(ran) = &mut ran {
+            let evicted = evicted.is_some() || ran.enforced.is_some();
+            after_exit(&task_id, &mut ran.processes, evicted).await;
+        }
         let released = release(&mut client, &task_id).await;
         let Ran {
             status, enforced, ..
@@ -1145,6 +1149,8 @@ struct Ran {
     interrupted: Option<Signal>,
     /// The last signal `iadeep run` sent the job to enforce its eviction, if it did.
     enforced: Option<Signal>,
+    /// The job's processes as `iadeep run` knows them: what it signalled and adopted.
+    processes: tree::Signalled,
 }
 
 /// Sends `sig` to the job: how `iadeep run` forwards SIGTERM and SIGHUP. To the job's
@@ -1171,10 +1177,11 @@ const LEFTOVER_POLL: Duration = Duration::from_millis(50);
 /// memory soon (see `--evict-grace`), so a slow store does not hold it back.
 const FINISHED_CHECK: Duration = Duration::from_secs(3);
 
-/// Once a job `iadeep run` signalled has exited: SIGKILL to what is left of its tree
-/// (processes orphaned when the wrapper died, as Kubernetes kills a container's other
-/// processes when its main one exits), then waits (at most [`LEFTOVER_WAIT`]) until none
-/// runs, so that the GPU is released only once nothing of the job holds it.
+/// Once an evicted job has exited (stopped by `iadeep run` or on its own): SIGKILL to
+/// what is left of its tree (processes orphaned when the wrapper died, as Kubernetes
+/// kills a container's other processes when its main one exits), then waits (at most
+/// [`LEFTOVER_WAIT`]) until none runs, so that the GPU is released only once nothing of
+/// the job holds it.
 async fn kill_leftovers(task: &str, signalled: &mut tree::Signalled) {
     let left = signalled.signal(None, Signal::SIGKILL);
     if left == 0 {
@@ -1183,13 +1190,12 @@ async fn kill_leftovers(task: &str, signalled: &mut tree::Signalled) {
     tracing::warn!(
         task,
         processes = left,
-        "the stopped job left processes behind; iadeep run sends them SIGKILL"
+        "the evicted job left processes behind; iadeep run sends them SIGKILL"
     );
     let until = Instant::now() + LEFTOVER_WAIT;
     loop {
         let running = signalled.still_running();
         if running.is_empty() {
-            signalled.reap();
             return;
         }
         if Instant::now() >= until {
@@ -1201,12 +1207,24 @@ async fn kill_leftovers(task: &str, signalled: &mut tree::Signalled) {
     }
 }
 
+/// What `iadeep run` does about the job's processes once the job exited, before the
+/// GPU is released: an `evicted` job's GPU is being given away, so nothing of it may
+/// stay (whether it was signalled or left on its own); any other job's leftovers are
+/// named, not stopped. Then the adopted processes that exited are reaped.
+async fn after_exit(task: &str, processes: &mut tree::Signalled, evicted: bool) {
+    if evicted {
+        kill_leftovers(task, processes).await;
+    } else {
+        warn_left_behind(task, processes);
+    }
+    processes.reap();
+}
+
 /// After a job exited on its own: names the processes it started that still run. They
 /// are not stopped (a job may leave a server it meant to), but the GPU is released, so
 /// any memory they hold on it is no longer reserved.
-fn warn_left_behind(task: &str, signalled: &tree::Signalled, job: Option<u32>) {
-    let job = job.and_then(|pid| i32::try_from(pid).ok());
-    let left = signalled.left_behind(job);
+fn warn_left_behind(task: &str, signalled: &tree::Signalled) {
+    let left = signalled.left_behind();
     if !left.is_empty() {
         tracing::warn!(task, pids = ?left,
             "the job exited but processes it started still run; iadeep run releases the \
@@ -1226,7 +1244,7 @@ async fn run_job(
 ) -> Result<Ran> {
     let mut eviction = evictions.eviction();
     let (program, args) = command.split_first().context("no command to run")?;
-    let adopter = tree::adopt_orphans();
+    let adopting = tree::adopt_orphans();
     let mut job = tokio::process::Command::new(program);
     job.args(args)
         .envs(launch.vars())
@@ -1240,6 +1258,7 @@ async fn run_job(
     let mut interrupted = None;
     // Until the follower of the assignment ends (it ends once it saw an eviction).
     let mut following = true;
+    let adopter = pid.filter(|_| adopting).and_then(tree::Adopter::of_job);
     let mut signalled = tree::Signalled::new(adopter);
     loop {
         let deadline = enforcer.deadline();
@@ -1249,12 +1268,7 @@ async fn run_job(
             biased;
             status = child.wait() => {
                 let status = status.with_context(|| format!("cannot wait for {program:?}"))?;
-                if enforcer.sent().is_some() {
-                    kill_leftovers(&launch.task_id, &mut signalled).await;
-                } else {
-                    warn_left_behind(&launch.task_id, &signalled, pid);
-                }
-                return Ok(Ran { status, interrupted, enforced: enforcer.sent() });
+                return Ok(Ran { status, interrupted, enforced: enforcer.sent(), processes: signalled });
             }
             sig = signals.next() => {
                 interrupted = Some(sig);

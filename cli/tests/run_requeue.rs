@@ -59,6 +59,14 @@ echo started >> "$MARKS"
 while [ ! -e "$MARKS.done" ]; do sleep 0.1; done
 "#;
 
+/// Put before [`JOB`]: on its first run the job leaves behind a process it started with
+/// a double fork (id in `$RUNS.leftover`), as a daemonising data server would.
+const LEAVES_A_PROCESS: &str = r#"
+if [ -z "$IADEEP_REQUEUED" ]; then
+    (sh -c 'while :; do sleep 0.1; done' & echo "$!" > "$RUNS.leftover")
+fi
+"#;
+
 /// `iadeep run ARGS -- sh JOB` in the background, its output in `dir`/TASK.log.
 fn start_run(cluster: &LocalCluster, dir: &Path, task: &str, args: &[&str]) -> Child {
     start_job(cluster, dir, task, JOB, args)
@@ -186,12 +194,28 @@ fn an_evicted_job_is_released_placed_again_and_restarted_until_it_finishes() {
     let cluster = LocalCluster::start(tmp.path().join("cluster"));
     let dir = tmp.path();
     let task = "rq-1";
-    let mut run = start_run(&cluster, dir, task, &[]);
+    let job = format!("{LEAVES_A_PROCESS}{JOB}");
+    let mut run = start_job(&cluster, dir, task, &job, &[]);
     wait_for_steps(&cluster, dir, task);
+    let leftover: i32 = read(&dir.join(format!("{task}.runs.leftover")))
+        .trim()
+        .parse()
+        .expect("the leftover's pid");
+    let _cleanup = KillOnDrop::new(&[leftover]);
+    assert!(runs(leftover), "the leftover started");
     evict(&cluster, task);
     let code = wait_for_exit(&cluster, dir, task, &mut run);
     let log = read(&dir.join(format!("{task}.log")));
     assert_eq!(code, 0, "the restarted job's exit code:\n{log}");
+    // The job left on its own, but what it left behind would keep the GPU given away.
+    assert!(
+        !runs(leftover),
+        "the evicted job's leftover was killed:\n{log}"
+    );
+    assert!(
+        log.contains("the evicted job left processes behind"),
+        "{log}"
+    );
     assert_eq!(
         read(&dir.join(format!("{task}.runs"))),
         format!("run 0 opportunistic \nrun 1 opportunistic {REASON}\n"),
@@ -303,28 +327,46 @@ fn wait_for_line(dir: &Path, task: &str, path: &Path, line: &str) {
     }
 }
 
+/// `/proc/PID/stat`'s fields after the command name (the state first), while `pid` is
+/// listed.
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, tail) = stat.rsplit_once(')')?;
+    Some(tail.split_whitespace().map(str::to_owned).collect())
+}
+
 /// Whether process `pid` still runs: listed by /proc and not a zombie (one that exited,
 /// unreaped, holds no memory).
-/// SIGKILL to the job's background processes when the test ends, however it ends: one
-/// that outlived a failed assertion would spin on for the rest of the test run.
-struct KillOnDrop(Vec<i32>);
+fn runs(pid: i32) -> bool {
+    stat_fields(pid)
+        .and_then(|fields| fields.first().cloned())
+        .is_some_and(|state| state != "Z" && state != "X")
+}
 
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        for pid in &self.0 {
-            let _ = Command::new("kill")
-                .args(["-9", &pid.to_string()])
-                .stderr(Stdio::null())
-                .status();
-        }
+/// SIGKILL to the job's background processes when the test ends, however it ends: one
+/// that outlived a failed assertion would spin on for the rest of the test run. Each is
+/// known by its pid and start time, so a pid reused since is left alone.
+struct KillOnDrop(Vec<(i32, Option<String>)>);
+
+impl KillOnDrop {
+    fn new(pids: &[i32]) -> Self {
+        let start = |pid: i32| stat_fields(pid).and_then(|f| f.get(19).cloned());
+        Self(pids.iter().map(|&pid| (pid, start(pid))).collect())
     }
 }
 
-fn runs(pid: i32) -> bool {
-    read(Path::new(&format!("/proc/{pid}/stat")))
-        .rsplit_once(')')
-        .and_then(|(_, tail)| tail.split_whitespace().next().map(str::to_owned))
-        .is_some_and(|state| state != "Z" && state != "X")
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for (pid, start) in &self.0 {
+            let now = stat_fields(*pid).and_then(|f| f.get(19).cloned());
+            if start.is_some() && now == *start {
+                let _ = Command::new("kill")
+                    .args(["-9", &pid.to_string()])
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+    }
 }
 
 /// Waits until the log of `task` has a line holding every one of `parts`, while
@@ -380,7 +422,7 @@ fn a_job_that_ignores_its_eviction_is_stopped_after_the_grace_and_requeued() {
         .trim()
         .parse()
         .expect("the double-forked process's pid");
-    let _cleanup = KillOnDrop(vec![grandchild, escaped]);
+    let _cleanup = KillOnDrop::new(&[grandchild, escaped]);
     assert!(runs(escaped), "the double-forked process started");
     evict(&cluster, task);
     let code = wait_for_exit(&cluster, dir, task, &mut run);
@@ -476,7 +518,7 @@ fn an_evicted_job_whose_report_says_finished_is_not_stopped() {
         .trim()
         .parse()
         .expect("the server's pid");
-    let _cleanup = KillOnDrop(vec![server]);
+    let _cleanup = KillOnDrop::new(&[server]);
     assert!(
         log.lines()
             .any(|line| line.contains("processes it started still run")

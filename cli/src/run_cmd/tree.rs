@@ -27,17 +27,46 @@ use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::Pid;
 
 /// Makes `iadeep run` the subreaper of the processes it starts (see the module docs),
-/// before it starts the job. Its process id when it is, to walk the tree from; `None`
-/// (with a warning) when the kernel refuses, and a process the job double-forks is not
-/// found then.
-pub(super) fn adopt_orphans() -> Option<i32> {
+/// before it starts the job. False (with a warning) when the kernel refuses: a process
+/// the job double-forks is not found then.
+pub(super) fn adopt_orphans() -> bool {
     match nix::sys::prctl::set_child_subreaper(true) {
-        Ok(()) => i32::try_from(std::process::id()).ok(),
+        Ok(()) => true,
         Err(err) => {
             tracing::warn!(%err, "cannot make iadeep run the subreaper of the job's processes: \
                 one the job starts with a double fork escapes an eviction's signals");
-            None
+            false
         }
+    }
+}
+
+/// `iadeep run` as the subreaper of one run of the job ([`adopt_orphans`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Adopter {
+    pid: i32,
+    /// When the job started (clock ticks after boot). A child of `iadeep run` that
+    /// started before it is not the job's: `sh -c 'monitor & exec iadeep run -- …'`
+    /// leaves `monitor` a child of the process that became `iadeep run`.
+    since: u64,
+}
+
+impl Adopter {
+    /// `iadeep run`, adopting for the job it just started as `job` (`None` when /proc
+    /// cannot say when the job started).
+    pub(super) fn of_job(job: u32) -> Option<Adopter> {
+        let stat = std::fs::read_to_string(format!("/proc/{job}/stat")).ok()?;
+        Some(Adopter {
+            pid: i32::try_from(std::process::id()).ok()?,
+            since: parse_stat(&stat)?.start,
+        })
+    }
+
+    /// The processes of `table` that `iadeep run` adopted from the job (the job itself
+    /// among them while it runs): its children that started with the job or later.
+    fn adopted(self, table: &[Proc]) -> impl Iterator<Item = &Proc> {
+        table
+            .iter()
+            .filter(move |p| p.ppid == self.pid && p.start >= self.since)
     }
 }
 
@@ -115,15 +144,14 @@ fn processes() -> Vec<Proc> {
 pub(super) struct Signalled {
     /// Each by id, with its start time.
     known: BTreeMap<i32, u64>,
-    /// `iadeep run` itself when it adopts the job's orphans ([`adopt_orphans`]): every
-    /// process below it is the job's.
-    adopter: Option<i32>,
+    /// `iadeep run` when it adopts the job's orphans: the processes it adopted are the
+    /// job's.
+    adopter: Option<Adopter>,
 }
 
 impl Signalled {
-    /// For a job started by `adopter` ([`adopt_orphans`]), or by a process that adopts
-    /// nothing (`None`).
-    pub(super) fn new(adopter: Option<i32>) -> Self {
+    /// For a job whose orphans `adopter` adopts, or nobody (`None`).
+    pub(super) fn new(adopter: Option<Adopter>) -> Self {
         Self {
             known: BTreeMap::new(),
             adopter,
@@ -140,15 +168,26 @@ impl Signalled {
             .collect()
     }
 
+    /// The running processes of `table` that `iadeep run` adopted from the job.
+    fn adopted(&self, table: &[Proc]) -> Vec<Proc> {
+        self.adopter
+            .into_iter()
+            .flat_map(|a| a.adopted(table))
+            .filter(|p| !p.zombie)
+            .copied()
+            .collect()
+    }
+
     /// Sends `sig` to the job (`job`, while it runs) and to every running process that
-    /// descends from it, from a process signalled before, or from the adopter, as /proc
-    /// shows them now. Returns how many processes besides the job it signalled.
+    /// was adopted from it or descends from it, from an adopted one or from a process
+    /// signalled before, as /proc shows them now. Returns how many processes besides
+    /// the job it signalled.
     pub(super) fn signal(&mut self, job: Option<i32>, sig: Signal) -> usize {
         let table = processes();
-        let mut roots: Vec<i32> = self.running(&table).iter().map(|p| p.pid).collect();
-        roots.extend(job);
-        roots.extend(self.adopter);
         let mut targets = self.running(&table);
+        targets.extend(self.adopted(&table));
+        let mut roots: Vec<i32> = targets.iter().map(|p| p.pid).collect();
+        roots.extend(job);
         targets.extend(
             descendants(&table, &roots)
                 .into_iter()
@@ -178,29 +217,35 @@ impl Signalled {
         self.running(&processes()).iter().map(|p| p.pid).collect()
     }
 
-    /// The processes still running below the adopter other than `job`: after the job
-    /// exited, what it left behind (empty when `iadeep run` adopts nothing).
-    pub(super) fn left_behind(&self, job: Option<i32>) -> Vec<i32> {
-        let Some(adopter) = self.adopter else {
-            return Vec::new();
-        };
-        descendants(&processes(), &[adopter])
+    /// Once the job exited: the processes adopted from it that still run, and their
+    /// descendants (empty when `iadeep run` adopts nothing).
+    pub(super) fn left_behind(&self) -> Vec<i32> {
+        let table = processes();
+        let adopted = self.adopted(&table);
+        let roots: Vec<i32> = adopted.iter().map(|p| p.pid).collect();
+        let below = descendants(&table, &roots)
             .into_iter()
-            .filter(|p| !p.zombie && Some(p.pid) != job)
+            .filter(|p| !p.zombie);
+        adopted
+            .iter()
+            .copied()
+            .chain(below)
             .map(|p| p.pid)
             .collect()
     }
 
-    /// Collects the exit status of the signalled processes `iadeep run` adopted and
-    /// that have exited, so that none stays a zombie while it keeps running (re-queued
-    /// jobs). One that is not its child (init adopted it) or still runs is left alone.
+    /// Once the job was waited for: collects the exit status of every process adopted
+    /// from it that has exited, so that none stays a zombie while `iadeep run` goes on
+    /// (re-queued runs). By pid, never `waitpid(-1)`: only the job's adopted processes
+    /// are `iadeep run`'s to reap, and the job's own status is tokio's.
     pub(super) fn reap(&self) {
-        if self.adopter.is_none() {
+        let Some(adopter) = self.adopter else {
             return;
-        }
-        for &pid in self.known.keys() {
-            // ECHILD (not ours) and StillAlive are both "nothing to collect".
-            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+        };
+        let table = processes();
+        for zombie in adopter.adopted(&table).filter(|p| p.zombie) {
+            // ECHILD (collected meanwhile) is "nothing to collect" too.
+            let _ = waitpid(Pid::from_raw(zombie.pid), Some(WaitPidFlag::WNOHANG));
         }
     }
 }
@@ -245,6 +290,30 @@ mod tests {
         // a descendant of the process signalled before.
         let orphaned = [proc(1, 0), proc(11, 1), proc(12, 11), proc(20, 1)];
         assert_eq!(pids(&descendants(&orphaned, &[10, 11])), [12]);
+    }
+
+    /// `iadeep run` (5) adopted the job's orphan (30, started after the job) but not
+    /// the monitor (7) its shell started before `exec iadeep run`, nor the monitor's
+    /// child; a zombie is still listed (it is reaped, not signalled).
+    #[test]
+    fn what_is_adopted_from_the_job_started_with_it_or_later() {
+        let at = |pid, ppid, start| Proc {
+            pid,
+            ppid,
+            start,
+            zombie: false,
+        };
+        let adopter = Adopter { pid: 5, since: 100 };
+        let table = [
+            at(5, 1, 50),
+            at(7, 5, 60),
+            at(8, 7, 120),
+            at(10, 5, 100),
+            at(30, 5, 130),
+            at(31, 30, 131),
+        ];
+        let adopted: Vec<i32> = adopter.adopted(&table).map(|p| p.pid).collect();
+        assert_eq!(adopted, [10, 30]);
     }
 
     /// A table read while processes come and go may show a loop: each process once.
