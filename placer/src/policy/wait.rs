@@ -48,18 +48,22 @@ pub trait WaitModel: Send + Sync + fmt::Debug {
 
 /// How many completed waits the correction remembers: each completed task's weight
 /// decays by `1 − 1/WAIT_MEMORY_TASKS` with every later one. Fifteen: the waits of a
-/// burst change within an hour (in the simulator's audits `W` went from a third of the
-/// real wait in a burst's first hour to more than its double three hours on, with 50),
-/// and a short memory follows them; the overdue tasks ([`OVERDUE_PROJECTION`]) carry the
-/// rest. Chosen on the simulator's K80 seeds 1–5 (docs/simulator-world.md, "The queue
-/// rule's wait").
+/// burst change within hours, and with a memory of 50 `W` lagged them (in the
+/// simulator's audits it went from a third of the real wait in a burst's first hour to
+/// 1.7 times it in the third on the P100, seed 1, and from a quarter to four times over
+/// eight hours on the K80, seed 3); the overdue tasks ([`OVERDUE_PROJECTION`]) carry
+/// the rest. Chosen on the simulator's K80 seeds 1–5 among 15, 25 and 50
+/// (docs/simulator-world.md, "The queue rule's wait").
 pub const WAIT_MEMORY_TASKS: f64 = 15.0;
 
 /// What a task still waiting past its prediction is counted as having waited: this many
 /// times its wait so far. Its wait is not over, so what it waited so far is only a lower
-/// bound, and in a growing queue those are the waits that matter; a wait observed at a
-/// random moment of its course is, at the median, half over (Gott's argument), so its
-/// whole is about twice what is seen. Chosen with [`WAIT_MEMORY_TASKS`].
+/// bound, and in a growing queue those are the waits that matter. Why about twice: a
+/// wait seen at a random moment of its course is, at the median, half over (Gott's
+/// argument). That is the motivation; the value was chosen with [`WAIT_MEMORY_TASKS`]
+/// among 1, 2 and 3 on the same runs. Its cost: a task just past its prediction counts
+/// as at least twice the prediction, which pushes `W` up under a light load (there the
+/// audits over-estimate, by up to +36 %).
 pub const OVERDUE_PROJECTION: f64 = 2.0;
 
 /// Completed waits needed before the correction applies: below this, one task's
