@@ -78,6 +78,39 @@ fn sim_json_has_every_requested_policy_with_the_issue_keys() {
     assert_eq!(summary.lines().count(), 4, "{summary}");
 }
 
+/// The tuner warns of every out-of-memory event it sees, right for a daemon; in a
+/// simulation those are simulated events the table counts, and with the default filter
+/// they came by the thousand (3,437 lines for this run), burying the progress lines.
+#[test]
+fn sim_default_log_leaves_out_the_tuners_per_event_warnings() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_dir = dir.path().join("out");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args([
+            "sim",
+            "--tasks",
+            "60",
+            "--gpus",
+            "6",
+            "--policies",
+            "iadeep",
+        ])
+        .arg("--out")
+        .arg(&out_dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run iadeep");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("iadeep_tuner"), "{stderr}");
+    assert!(stderr.lines().count() < 20, "{stderr}");
+    assert!(stderr.contains("progress 100 %"), "{stderr}");
+}
+
 #[test]
 fn sim_rejects_bad_input_with_a_clear_error() {
     let out = iadeep(&["sim", "--worker-type", "v100"]);
