@@ -59,6 +59,8 @@ fn task_spec(c: &AgentConfig) -> TaskSpec {
         allowed_batch_sizes: Vec::new(),
         priority_class: c.priority_class as i32,
         max_slowdown: c.max_slowdown,
+        // Named by the placer's Kubernetes extender only.
+        kubernetes_pod: None,
     }
 }
 

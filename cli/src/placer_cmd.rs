@@ -81,6 +81,20 @@ struct DaemonArgs {
         requires = "extender"
     )]
     production_priority_classes: Vec<String>,
+    /// How long a pod the extender bound may keep running after the placer told its task
+    /// to leave (a room eviction, or a production job above its slowdown cap) before the
+    /// placer evicts the pod through the Kubernetes API (a policy/v1 Eviction, which
+    /// PodDisruptionBudgets may hold back; needs --kube-api and RBAC `create` on
+    /// `pods/eviction`), counted from when this placer first saw the order. Why: a
+    /// training loop that swallows `iadeep.Evicted`, hangs checkpointing or has no agent
+    /// would keep its pod on the GPU after the placer gave the GPU's memory to another
+    /// job, which it does --dead-task-grace-s after the job's agent gave up its lease.
+    /// Kubelet then gives the pod its terminationGracePeriodSeconds (30 s by default),
+    /// and this plus 30 s must stay under --dead-task-grace-s: the placer refuses to
+    /// start otherwise. A duration such as `20s`; `0s` evicts at once.
+    #[arg(long, value_name = "DURATION", default_value = "20s",
+        value_parser = parse_pod_evict_grace)]
+    pod_evict_grace: Duration,
     #[command(flatten)]
     tls: ServerTlsArgs,
     /// Verify clients of the gRPC API and the extender: each must present a
@@ -137,6 +151,12 @@ pub(crate) struct GraceArgs {
 /// A retention as typed: a duration, or none at all.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Retention(Option<Duration>);
+
+/// Parses `--pod-evict-grace`: a duration as `humantime` reads it.
+fn parse_pod_evict_grace(text: &str) -> std::result::Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|err| format!("{err}: give a duration such as 20s or 1m"))
+}
 
 /// Parses `--task-retention`: `never`, or a duration as `humantime` reads it.
 fn parse_retention(text: &str) -> std::result::Result<Retention, String> {
@@ -232,9 +252,14 @@ fn parse_positive_duration(text: &str) -> std::result::Result<Duration, String> 
 impl PolicyArgs {
     /// The policy, with the store's upkeep (retention, compaction) of `graces`.
     pub(crate) fn placer(&self, graces: &GraceArgs) -> Result<Placer> {
+        self.placer_over(graces.upkeep(PlacerParams::default()))
+    }
+
+    /// The policy with these flags over `base`, with a fresh slowdown predictor.
+    fn placer_over(&self, base: PlacerParams) -> Result<Placer> {
         let predictor = OnlinePredictor::new(LearnerParams::default())
             .context("cannot start the slowdown predictor")?;
-        self.placer_with(Arc::new(predictor), graces.upkeep(PlacerParams::default()))
+        self.placer_with(Arc::new(predictor), base)
     }
 
     /// The policy with these flags over `base` (which gives everything they do not set).
@@ -299,8 +324,16 @@ pub async fn run(args: PlacerArgs) -> Result<ExitCode> {
 }
 
 async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
-    let placer = args.policy.placer(&args.graces)?;
+    let placer = args.policy.placer_over(PlacerParams {
+        pod_evict_grace: args.pod_evict_grace,
+        ..args.graces.upkeep(PlacerParams::default())
+    })?;
     let (dead_task_grace, unstarted_task_grace) = args.graces.durations();
+    if args.kube_api.is_some() {
+        // Only then does the placer evict pods (see --pod-evict-grace).
+        iadeep_placer::pod_eviction::check_grace(args.pod_evict_grace, dead_task_grace)
+            .context("--pod-evict-grace with --dead-task-grace-s")?;
+    }
     let tls = args.tls.load(args.tls_client_ca.as_deref())?;
     let store = crate::open_store(&url).await?;
     if args.kube_api.is_some() && args.extender.is_none() {
@@ -837,6 +870,46 @@ mod tests {
         let parsed = Cli::try_parse_from(["iadeep", "--avoid-pairing-for", "2h"]).expect("2h");
         assert_eq!(parsed.policy.avoid_pairing_for, Duration::from_secs(7_200));
         assert!(Cli::try_parse_from(["iadeep", "--avoid-pairing-for", "0s"]).is_err());
+    }
+
+    /// The daemon's flags alone.
+    #[derive(clap::Parser)]
+    struct DaemonCli {
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    }
+
+    /// The pod-eviction grace defaults to the placer's, and with kubelet's termination
+    /// grace must stay under the dead-task grace when the placer evicts pods
+    /// (`--kube-api`): refused before the store is opened.
+    #[tokio::test]
+    async fn pod_evict_grace_must_end_before_the_dead_task_grace() {
+        use clap::Parser;
+        let parsed = DaemonCli::try_parse_from(["iadeep"]).expect("defaults");
+        assert_eq!(
+            parsed.daemon.pod_evict_grace,
+            iadeep_placer::PlacerParams::default().pod_evict_grace
+        );
+        let args = [
+            "iadeep",
+            "--grpc",
+            "127.0.0.1:0",
+            "--extender",
+            "127.0.0.1:0",
+            "--kube-api",
+            "http://127.0.0.1:1",
+            "--pod-evict-grace",
+            "31s",
+        ];
+        let parsed = DaemonCli::try_parse_from(args).expect("flags");
+        let err = daemon(StoreUrl::Memory, parsed.daemon)
+            .await
+            .expect_err("31 s + 30 s is not under 60 s");
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("--pod-evict-grace") && text.contains("dead-task"),
+            "{text}"
+        );
     }
 
     #[test]

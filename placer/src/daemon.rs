@@ -2,7 +2,9 @@
 //! reflection), the Kubernetes extender and the operators' HTTP endpoints
 //! (`/metrics`, `/healthz`, `/readyz`), each on its own listener, and the loops that
 //! keep the store in order (the [`crate::reaper`] and the [`crate::eviction`] loop that
-//! acts on the tuners' cap breaches), stopped together.
+//! acts on the tuners' cap breaches), and, when the extender binds pods through the
+//! Kubernetes API, the driver that evicts the pods of tasks that ignored their eviction
+//! (`extender::pod_evictor`), stopped together.
 //!
 //! Every listener is created by [`bind`] and every HTTP server started by
 //! [`serve_http`]. With [`DaemonConfig::tls`] every listener speaks TLS with the
@@ -22,6 +24,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::error::{PlacerError, Result};
+#[cfg(feature = "kubernetes")]
+use crate::extender::pod_evictor::{self, PodEvictor};
 #[cfg(feature = "kubernetes")]
 use crate::extender::{Extender, ExtenderConfig, kube_api::KubeApi};
 use crate::grpc::GrpcPlacer;
@@ -229,6 +233,24 @@ async fn serve_extender(
     ))
 }
 
+/// Starts the driver that evicts the pods of tasks that ignored their eviction
+/// (`extender::pod_evictor`), when the extender binds pods through the Kubernetes API:
+/// only then do tasks know their pod.
+#[cfg(feature = "kubernetes")]
+async fn spawn_pod_evictor(
+    extender: &ExtenderConfig,
+    service: &PlacementService,
+    metrics: &Arc<PlacerMetrics>,
+    stop: watch::Receiver<bool>,
+) -> Result<Option<JoinHandle<Result<()>>>> {
+    let Some(api) = &extender.kube_api else {
+        return Ok(None);
+    };
+    let kube = KubeApi::connect_without_retries(api).await?;
+    let evictor = PodEvictor::new(service.clone(), kube, metrics.clone());
+    Ok(Some(pod_evictor::spawn(evictor, stop)))
+}
+
 /// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` there until `stop`,
 /// without asking clients for certificates (kubelet's probes have none). Returns the
 /// address bound.
@@ -335,6 +357,12 @@ impl Daemon {
             .await?;
             extender_addr = Some(addr);
             servers.push(("extender", server));
+            // Kubernetes' counterpart of `iadeep run`'s enforcement of evictions.
+            if let Some(evictor) =
+                spawn_pod_evictor(extender, &service, &metrics, stop_rx.clone()).await?
+            {
+                servers.push(("pod evictor", evictor));
+            }
         }
 
         let mut metrics_addr = None;

@@ -34,6 +34,7 @@ pub mod eviction;
 mod group_commit;
 mod model;
 mod params;
+pub mod pod_eviction;
 pub mod policy;
 pub mod reaper;
 pub mod retention;

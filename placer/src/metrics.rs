@@ -116,6 +116,15 @@ pub struct PlacerMetrics {
     pub extender_filter: Counter,
     pub extender_prioritize: Counter,
     pub extender_bind: Counter,
+    /// Kubernetes Evictions of pods whose task did not leave when told to, by outcome
+    /// (see `extender::pod_evictor`): accepted by the API server.
+    pub pod_evicted: Counter,
+    /// Pods found gone, re-created, ended or terminating when due: nothing to evict.
+    pub pod_eviction_gone: Counter,
+    /// Evictions a PodDisruptionBudget refused for now (HTTP 429; retried next tick).
+    pub pod_eviction_blocked: Counter,
+    /// Evictions that failed otherwise (retried after a backoff).
+    pub pod_eviction_failed: Counter,
     /// Time of the pure decision (policy over the in-memory view).
     pub decision_latency: Histogram,
     /// Time of a whole Place, reservation in the store included.
@@ -184,6 +193,11 @@ impl PlacerMetrics {
             "iadeep_placer_evictions_total",
             "Opportunistic jobs told to leave their GPU, by trigger: cap (a production job stayed measured above its slowdown cap) or room (a production job's placement).",
             "trigger",
+        );
+        let pod_evictions = vec(
+            "iadeep_placer_pod_evictions_total",
+            "Kubernetes Evictions of pods whose task kept running past --pod-evict-grace after it was told to leave, by outcome: evicted (accepted), gone (nothing to evict), blocked (a PodDisruptionBudget refused it for now), failed.",
+            "outcome",
         );
         let gauge = |name: &str, help: &str| registered(&registry, IntGauge::new(name, help));
         PlacerMetrics {
@@ -254,6 +268,10 @@ impl PlacerMetrics {
             extender_filter: labelled(&verbs, "filter"),
             extender_prioritize: labelled(&verbs, "prioritize"),
             extender_bind: labelled(&verbs, "bind"),
+            pod_evicted: labelled(&pod_evictions, "evicted"),
+            pod_eviction_gone: labelled(&pod_evictions, "gone"),
+            pod_eviction_blocked: labelled(&pod_evictions, "blocked"),
+            pod_eviction_failed: labelled(&pod_evictions, "failed"),
             decision_latency: histogram(
                 &registry,
                 "iadeep_placer_decision_seconds",
@@ -343,6 +361,8 @@ mod tests {
             "iadeep_placer_evictions_total{trigger=\"room\"} 0",
             "iadeep_placer_cap_refusals_total 0",
             "iadeep_placer_avoided_pairings 0",
+            "iadeep_placer_pod_evictions_total{outcome=\"evicted\"} 0",
+            "iadeep_placer_pod_evictions_total{outcome=\"blocked\"} 0",
         ] {
             assert!(text.contains(series), "{series} missing from:\n{text}");
         }

@@ -85,6 +85,14 @@ pub struct PlacerParams {
     /// ahead of what a non-preemptive priority queue gives them, at the opportunistic
     /// jobs' expense (docs/simulator-experiments.md, "Waiting instead of evicting").
     pub room_eviction_patience: Duration,
+    /// How long a task told to leave (its assignment says `evict`) may keep running in
+    /// its Kubernetes pod, from when this placer first saw the order, before the placer
+    /// evicts the pod through the Kubernetes API (only with the extender and
+    /// `--kube-api`; see [`crate::pod_eviction`]). Time for the job to checkpoint and
+    /// exit on its own; kubelet then gives the pod its termination grace, and the two
+    /// together must stay under the dead-task grace
+    /// ([`crate::pod_eviction::check_grace`]). Zero evicts at the first tick.
+    pub pod_evict_grace: Duration,
 }
 
 /// Default of [`PlacerParams::task_retention`]: a day to look at a finished job.
@@ -122,6 +130,7 @@ impl Default for PlacerParams {
             avoid_pairing_for: DEFAULT_AVOID_PAIRING_FOR,
             room_claim_ttl: Duration::from_secs(60),
             room_eviction_patience: DEFAULT_ROOM_EVICTION_PATIENCE,
+            pod_evict_grace: crate::pod_eviction::DEFAULT_POD_EVICT_GRACE,
         }
     }
 }

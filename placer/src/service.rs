@@ -116,6 +116,7 @@ pub(crate) fn resident_spec(task: &TaskSpec) -> TaskSpec {
         profile: task.profile.clone(),
         allowed_batch_sizes,
         submitted_at_unix_ms: 0,
+        kubernetes_pod: task.kubernetes_pod.clone(),
         ..*task
     }
 }

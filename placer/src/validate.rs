@@ -10,7 +10,7 @@
 //! decision (a batch size of 4,294,967,295 reserves a whole card) but a record
 //! that every later reader pays for.
 
-use iadeep_proto::{LrScalingRule, SoloProfile, TaskSpec};
+use iadeep_proto::{KubernetesPod, LrScalingRule, SoloProfile, TaskSpec};
 #[cfg(feature = "daemon")]
 use iadeep_proto::{PlaceRequest, ReleaseRequest};
 use iadeep_state::keys;
@@ -104,6 +104,14 @@ pub fn place_request(request: &PlaceRequest) -> Result<()> {
         ));
     };
     task_spec("task", task)?;
+    if task.kubernetes_pod.is_some() {
+        return Err(PlacerError::invalid(
+            "task.kubernetes_pod",
+            "is set only by the placer's Kubernetes scheduler extender, from the pod it \
+             binds: the placer evicts that pod when the task ignores an eviction, so a \
+             client naming a pod could have it evict a pod the client does not own",
+        ));
+    }
     device_ids("candidate_device_ids", &request.candidate_device_ids)
 }
 
@@ -159,7 +167,34 @@ pub fn task_spec(prefix: &str, spec: &TaskSpec) -> Result<()> {
         solo_profile(prefix, profile)?;
     }
     priority(prefix, spec)?;
+    if let Some(pod) = &spec.kubernetes_pod {
+        kubernetes_pod(prefix, pod)?;
+    }
     allowed_batch_sizes(&f("allowed_batch_sizes"), &spec.allowed_batch_sizes)
+}
+
+/// Longest pod UID accepted, bytes (Kubernetes' are 36-byte UUIDs).
+pub const MAX_POD_UID_BYTES: usize = 128;
+
+/// Checks the pod a task runs in: names Kubernetes itself could have given, since they
+/// go into the URL path of the pod's Eviction, and a UID of lowercase letters, digits
+/// and '-'.
+fn kubernetes_pod(prefix: &str, pod: &KubernetesPod) -> Result<()> {
+    let f = |name: &str| format!("{prefix}.kubernetes_pod.{name}");
+    let invalid = |field: String| move |why: String| PlacerError::invalid(field, why);
+    check_dns1123_label("namespace", &pod.namespace).map_err(invalid(f("namespace")))?;
+    check_dns1123_subdomain("pod name", &pod.name).map_err(invalid(f("name")))?;
+    let uid_ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    if pod.uid.len() > MAX_POD_UID_BYTES || !pod.uid.chars().all(uid_ok) {
+        return Err(PlacerError::invalid(
+            f("uid"),
+            format!(
+                "is not a Kubernetes UID (at most {MAX_POD_UID_BYTES} lowercase letters, \
+                 digits and '-')"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks the priority class and the slowdown cap, which only production jobs have
@@ -284,6 +319,58 @@ pub fn device_ids(field: &str, ids: &[String]) -> Result<()> {
         id(&format!("{field}[{i}]"), "device", device)?;
     }
     Ok(())
+}
+
+/// Checks `value` is a DNS-1123 label, Kubernetes' rule for namespace names: at most
+/// 63 lowercase letters, digits and '-', starting and ending with a letter or digit.
+pub fn check_dns1123_label(what: &str, value: &str) -> std::result::Result<(), String> {
+    const MAX: usize = 63;
+    if value.len() > MAX {
+        return Err(format!(
+            "invalid {what} {value:?}: longer than {MAX} characters (a Kubernetes DNS-1123 label)"
+        ));
+    }
+    check_label(value).map_err(|why| {
+        format!(
+            "invalid {what} {value:?}: {why} (a Kubernetes DNS-1123 label: lowercase letters, \
+             digits and '-', starting and ending with a letter or digit)"
+        )
+    })
+}
+
+/// Checks `value` is a DNS-1123 subdomain, Kubernetes' rule for pod and node names:
+/// at most 253 characters, dot-separated labels of lowercase letters, digits and
+/// '-', each starting and ending with a letter or digit. Such a name is a safe URL
+/// path segment: it can hold no '/', '%', '?' or '#', and is never "." or "..".
+pub fn check_dns1123_subdomain(what: &str, value: &str) -> std::result::Result<(), String> {
+    const MAX: usize = 253;
+    if value.len() > MAX {
+        return Err(format!(
+            "invalid {what} {value:?}: longer than {MAX} characters (a Kubernetes DNS-1123 subdomain)"
+        ));
+    }
+    value.split('.').try_for_each(check_label).map_err(|why| {
+        format!(
+            "invalid {what} {value:?}: {why} (a Kubernetes DNS-1123 subdomain: lowercase \
+             letters, digits, '-' and '.', starting and ending with a letter or digit)"
+        )
+    })
+}
+
+/// One label of a DNS-1123 name, without the length limit of the whole.
+fn check_label(label: &str) -> std::result::Result<(), &'static str> {
+    let alphanumeric = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let bytes = label.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (None, _) | (_, None) => Err("empty (or an empty part between dots)"),
+        _ if !bytes.iter().all(|&c| alphanumeric(c) || c == b'-') => {
+            Err("a character other than a lowercase letter, a digit, '-' or '.'")
+        }
+        (Some(&first), Some(&last)) if !(alphanumeric(first) && alphanumeric(last)) => {
+            Err("a part starts or ends with something other than a letter or digit")
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Checks a task id.
@@ -508,6 +595,28 @@ mod tests {
                     ..good()
                 },
             ),
+            // The pod's names go into the Eviction's URL path.
+            (
+                "task.kubernetes_pod.name",
+                TaskSpec {
+                    kubernetes_pod: Some(pod("ml", "x/../../kube-system/pods/dns", "")),
+                    ..good()
+                },
+            ),
+            (
+                "task.kubernetes_pod.namespace",
+                TaskSpec {
+                    kubernetes_pod: Some(pod("", "train", "")),
+                    ..good()
+                },
+            ),
+            (
+                "task.kubernetes_pod.uid",
+                TaskSpec {
+                    kubernetes_pod: Some(pod("ml", "train", "a/b")),
+                    ..good()
+                },
+            ),
         ];
         for (field, spec) in cases {
             let err = task_spec("task", &spec).expect_err(field);
@@ -525,6 +634,37 @@ mod tests {
             err.to_string().starts_with("invalid candidate_device_ids:"),
             "{err}"
         );
+    }
+
+    fn pod(namespace: &str, name: &str, uid: &str) -> KubernetesPod {
+        KubernetesPod {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+
+    /// The extender's spec may name its pod; a gRPC client's may not (it would have the
+    /// placer evict a pod the client does not own).
+    #[test]
+    fn only_the_extender_names_a_pod() {
+        let named = TaskSpec {
+            kubernetes_pod: Some(pod("ml", "train-0", "0d4f6c1e-9b1a-4c55-8f1e-3c2b1a0f9e8d")),
+            ..good()
+        };
+        task_spec("pod", &named).expect("the extender's spec");
+        #[cfg(feature = "daemon")]
+        {
+            let err = place_request(&PlaceRequest {
+                task: Some(named),
+                candidate_device_ids: Vec::new(),
+            })
+            .expect_err("a gRPC Place naming a pod");
+            assert!(
+                err.to_string().starts_with("invalid task.kubernetes_pod:"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

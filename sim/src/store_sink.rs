@@ -65,6 +65,7 @@ fn task_spec(
             PriorityClass::Opportunistic
         } as i32,
         max_slowdown: template.max_slowdown,
+        kubernetes_pod: None,
     }
 }
 

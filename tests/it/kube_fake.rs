@@ -1,8 +1,10 @@
 //! A stand-in for the Kubernetes API server at the HTTP level (the one thing these
-//! tests cannot run for real): pods to read and annotate, and a `binding`
-//! subresource that records every Binding and answers as the test scripts it.
+//! tests cannot run for real): pods to read and annotate, a `binding` subresource
+//! that records every Binding and answers as the test scripts it, and an `eviction`
+//! subresource that records every Eviction and answers with the codes the test
+//! scripts (201 when none is left), leaving the pod as it is.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,6 +36,9 @@ struct Inner {
     /// "METHOD PATH" of every request that reached the fake.
     requests: Vec<String>,
     answer: BindAnswer,
+    evictions: Vec<(String, Value)>,
+    /// HTTP codes of the next Evictions' answers, in order; 201 once empty.
+    eviction_answers: VecDeque<u16>,
 }
 
 /// The fake API server and what it recorded.
@@ -140,6 +145,32 @@ async fn post_binding(
     }
 }
 
+async fn post_eviction(
+    State(inner): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let eviction: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let mut inner = inner.lock().expect("lock");
+    inner.evictions.push((key(&ns, &name), eviction));
+    if !inner.pods.contains_key(&key(&ns, &name)) {
+        return status(404, "NotFound", &format!("pods \"{name}\" not found"));
+    }
+    match inner.eviction_answers.pop_front().unwrap_or(201) {
+        201 => (
+            StatusCode::CREATED,
+            Json(json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})),
+        )
+            .into_response(),
+        429 => status(
+            429,
+            "TooManyRequests",
+            "Cannot evict pod as it would violate the pod's disruption budget.",
+        ),
+        code => status(code, "InternalError", "scripted failure"),
+    }
+}
+
 /// Notes every request, whether a route matches it or not.
 async fn record(
     State(inner): State<Shared>,
@@ -160,6 +191,8 @@ impl FakeKube {
             patches: Vec::new(),
             requests: Vec::new(),
             answer: BindAnswer::Create,
+            evictions: Vec::new(),
+            eviction_answers: VecDeque::new(),
         }));
         let app = axum::Router::new()
             .route(
@@ -169,6 +202,10 @@ impl FakeKube {
             .route(
                 "/api/v1/namespaces/{ns}/pods/{name}/binding",
                 axum::routing::post(post_binding),
+            )
+            .route(
+                "/api/v1/namespaces/{ns}/pods/{name}/eviction",
+                axum::routing::post(post_eviction),
             )
             .layer(axum::middleware::from_fn_with_state(inner.clone(), record))
             .with_state(inner.clone());
@@ -202,6 +239,20 @@ impl FakeKube {
     /// Every Binding posted: (namespace/name, body).
     pub fn bindings(&self) -> Vec<(String, Value)> {
         self.inner.lock().expect("lock").bindings.clone()
+    }
+
+    /// Scripts the HTTP codes of the next Evictions' answers (201, 429, 500, ...).
+    pub fn answer_evictions(&self, codes: &[u16]) {
+        self.inner
+            .lock()
+            .expect("lock")
+            .eviction_answers
+            .extend(codes);
+    }
+
+    /// Every Eviction posted: (namespace/name, body).
+    pub fn evictions(&self) -> Vec<(String, Value)> {
+        self.inner.lock().expect("lock").evictions.clone()
     }
 
     /// "METHOD PATH" of every request received, in order.

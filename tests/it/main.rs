@@ -9,6 +9,7 @@ mod manifests;
 mod placer;
 mod placer_decide;
 mod placer_evict;
+mod pod_evict;
 mod predictor;
 mod retention;
 mod sim;

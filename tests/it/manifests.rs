@@ -436,6 +436,35 @@ fn the_scheduler_configuration_matches_the_placer() {
     }
 }
 
+/// The placer's ClusterRole allows every call it makes: read and annotate pods, create
+/// their Bindings (bind) and their Evictions (a pod whose job ignored its eviction).
+#[test]
+fn the_placers_role_allows_every_call_it_makes() {
+    for dir in KUSTOMIZATIONS {
+        let objects = rendered(dir);
+        let role: ClusterRole = strict(find(&objects, "ClusterRole", "iadeep-placer"), dir);
+        let rules = role.rules.unwrap_or_default();
+        for (resource, verb) in [
+            ("pods", "get"),
+            ("pods", "patch"),
+            ("pods/binding", "create"),
+            ("pods/eviction", "create"),
+        ] {
+            let allowed = rules.iter().any(|rule| {
+                rule.api_groups
+                    .as_ref()
+                    .is_some_and(|g| g.iter().any(|g| g.is_empty()))
+                    && rule
+                        .resources
+                        .as_ref()
+                        .is_some_and(|r| r.iter().any(|r| r == resource))
+                    && rule.verbs.iter().any(|v| v == verb)
+            });
+            assert!(allowed, "{dir}: the placer may not {verb} {resource}");
+        }
+    }
+}
+
 #[test]
 fn the_tuner_runs_every_gpu_of_its_node_under_the_node_name() {
     for dir in KUSTOMIZATIONS {

@@ -1,5 +1,5 @@
-//! The extender's calls to the Kubernetes API: read a pod, annotate it with its
-//! GPU, create its Binding. Through the `kube` client, so the placer authenticates
+//! The placer's calls to the Kubernetes API: read a pod, annotate it with its
+//! GPU, create its Binding, and evict a pod whose task ignored its eviction. Through the `kube` client, so the placer authenticates
 //! like any in-cluster controller (service-account token and CA) or from a
 //! kubeconfig, over TLS; a plain-HTTP URL (e.g. `kubectl proxy`) works too.
 //!
@@ -13,7 +13,8 @@ use std::fmt;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::policy::v1::Eviction;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta, Preconditions};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::time::Instant;
 
@@ -65,57 +66,8 @@ impl fmt::Display for KubeApiConfig {
     }
 }
 
-/// Checks `value` is a DNS-1123 label, Kubernetes' rule for namespace names: at most
-/// 63 lowercase letters, digits and '-', starting and ending with a letter or digit.
-pub fn check_dns1123_label(what: &str, value: &str) -> std::result::Result<(), String> {
-    const MAX: usize = 63;
-    if value.len() > MAX {
-        return Err(format!(
-            "invalid {what} {value:?}: longer than {MAX} characters (a Kubernetes DNS-1123 label)"
-        ));
-    }
-    check_label(value).map_err(|why| {
-        format!(
-            "invalid {what} {value:?}: {why} (a Kubernetes DNS-1123 label: lowercase letters, \
-             digits and '-', starting and ending with a letter or digit)"
-        )
-    })
-}
-
-/// Checks `value` is a DNS-1123 subdomain, Kubernetes' rule for pod and node names:
-/// at most 253 characters, dot-separated labels of lowercase letters, digits and
-/// '-', each starting and ending with a letter or digit. Such a name is a safe URL
-/// path segment: it can hold no '/', '%', '?' or '#', and is never "." or "..".
-pub fn check_dns1123_subdomain(what: &str, value: &str) -> std::result::Result<(), String> {
-    const MAX: usize = 253;
-    if value.len() > MAX {
-        return Err(format!(
-            "invalid {what} {value:?}: longer than {MAX} characters (a Kubernetes DNS-1123 subdomain)"
-        ));
-    }
-    value.split('.').try_for_each(check_label).map_err(|why| {
-        format!(
-            "invalid {what} {value:?}: {why} (a Kubernetes DNS-1123 subdomain: lowercase \
-             letters, digits, '-' and '.', starting and ending with a letter or digit)"
-        )
-    })
-}
-
-/// One label of a DNS-1123 name, without the length limit of the whole.
-fn check_label(label: &str) -> std::result::Result<(), &'static str> {
-    let alphanumeric = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    let bytes = label.as_bytes();
-    match (bytes.first(), bytes.last()) {
-        (None, _) | (_, None) => Err("empty (or an empty part between dots)"),
-        _ if !bytes.iter().all(|&c| alphanumeric(c) || c == b'-') => {
-            Err("a character other than a lowercase letter, a digit, '-' or '.'")
-        }
-        (Some(&first), Some(&last)) if !(alphanumeric(first) && alphanumeric(last)) => {
-            Err("a part starts or ends with something other than a letter or digit")
-        }
-        _ => Ok(()),
-    }
-}
+// The name checks are the spec validation's too (`TaskSpec.kubernetes_pod`).
+pub use crate::validate::{check_dns1123_label, check_dns1123_subdomain};
 
 /// Why a call to the API did not succeed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -154,8 +106,21 @@ impl fmt::Debug for KubeApi {
 
 impl KubeApi {
     /// A client for `config`. Connects lazily: an unreachable API server shows up in
-    /// the first call, not here.
+    /// the first call, not here. The client retries 429, 503 and 504 answers by itself,
+    /// within each call's deadline.
     pub async fn connect(config: &KubeApiConfig) -> Result<KubeApi> {
+        Self::connect_with(config, true).await
+    }
+
+    /// A client for `config` that hands every answer back, 429 included, for a caller
+    /// that retries by itself: the pod evictor, for which a PodDisruptionBudget's 429 is
+    /// an answer to log and count and ask again at its next tick, not a blip to retry
+    /// until the call's deadline.
+    pub async fn connect_without_retries(config: &KubeApiConfig) -> Result<KubeApi> {
+        Self::connect_with(config, false).await
+    }
+
+    async fn connect_with(config: &KubeApiConfig, retries: bool) -> Result<KubeApi> {
         let failed = |reason: String| PlacerError::Kubernetes {
             what: format!("cannot configure the Kubernetes client ({config})"),
             reason,
@@ -172,6 +137,7 @@ impl KubeApi {
         // Calls are bounded by each caller's deadline; this only stops a connection
         // attempt from outliving it.
         kube_config.connect_timeout = Some(Duration::from_secs(5));
+        kube_config.default_retry = retries;
         let describe = kube_config.cluster_url.to_string();
         let client = kube::Client::try_from(kube_config).map_err(|e| failed(error_chain(&e)))?;
         Ok(KubeApi { client, describe })
@@ -260,6 +226,66 @@ impl KubeApi {
         )
         .await
         .map(|_| ())
+    }
+}
+
+/// What the API server answered to a pod's Eviction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EvictionAnswer {
+    /// Accepted (201): kubelet stops the pod, within its termination grace.
+    Accepted,
+    /// 404: the pod is gone already.
+    Gone,
+    /// 429: a PodDisruptionBudget does not allow it now; ask again later.
+    Blocked(String),
+    /// Anything else (no answer in time, a server error, a conflict, a refusal).
+    Failed(String),
+}
+
+impl KubeApi {
+    /// Creates a `policy/v1` Eviction of the pod (what `kubectl drain` does: it honours
+    /// PodDisruptionBudgets and the pod's termination grace), on condition that the pod
+    /// still has `uid` (when not empty), so a pod re-created under the same name is
+    /// left alone.
+    pub async fn evict(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        deadline: Instant,
+    ) -> EvictionAnswer {
+        if let Err(err) = Self::check_pod(namespace, name) {
+            return EvictionAnswer::Failed(err.to_string());
+        }
+        let eviction = Eviction {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(namespace.to_owned()),
+                ..Default::default()
+            },
+            delete_options: (!uid.is_empty()).then(|| DeleteOptions {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.to_owned()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        };
+        let pods = self.pods(namespace);
+        let params = PostParams::default();
+        let call =
+            pods.create_subresource::<_, serde_json::Value>("eviction", name, &params, &eviction);
+        match tokio::time::timeout_at(deadline, call).await {
+            Ok(Ok(_)) => EvictionAnswer::Accepted,
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 => EvictionAnswer::Gone,
+            Ok(Err(kube::Error::Api(status))) if status.code == 429 => {
+                EvictionAnswer::Blocked(status.message.clone())
+            }
+            Ok(Err(err)) => EvictionAnswer::Failed(classify(err).to_string()),
+            Err(_) => {
+                EvictionAnswer::Failed("no answer from the Kubernetes API in time".to_owned())
+            }
+        }
     }
 }
 

@@ -30,6 +30,7 @@
 
 pub mod kube_api;
 pub mod pod;
+pub mod pod_evictor;
 pub mod quantity;
 pub mod types;
 

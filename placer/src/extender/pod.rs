@@ -35,7 +35,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
 
-use iadeep_proto::{LrScalingRule, PriorityClass, SoloProfile, TaskSpec};
+use iadeep_proto::{KubernetesPod, LrScalingRule, PriorityClass, SoloProfile, TaskSpec};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::quantity;
@@ -253,6 +253,13 @@ pub fn task_spec(pod: &Pod, rule: &PriorityRule) -> Result<TaskSpec> {
         allowed_batch_sizes: Vec::new(),
         priority_class: priority_class as i32,
         max_slowdown,
+        // Which pod to evict should the task not leave when told to (see
+        // [`crate::pod_eviction`]).
+        kubernetes_pod: Some(KubernetesPod {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+        }),
     })
 }
 
@@ -290,6 +297,11 @@ mod tests {
         .expect("pod");
         let spec = task_spec(&pod, &PriorityRule::default()).expect("spec");
         assert_eq!(spec.task_id, "ml.train");
+        let named = spec.kubernetes_pod.as_ref().expect("the pod is named");
+        assert_eq!(
+            (named.namespace.as_str(), named.name.as_str()),
+            ("ml", "train")
+        );
         assert_eq!(
             (
                 spec.initial_batch_size,

@@ -1,0 +1,236 @@
+//! Evicts, through the Kubernetes API, the pods of tasks that did not leave when the
+//! placer told them to: the thin driver of [`crate::pod_eviction`], which decides.
+//!
+//! The daemon runs it (see [`spawn`]) only when the extender binds pods through the
+//! Kubernetes API (`--kube-api`): a task knows its pod only when the extender's bind
+//! placed it. Every [`PERIOD`] a [`PodEvictor::tick`] asks the decision which pods are
+//! due and, for each, reads the pod (a pod gone, re-created under the same name, ended
+//! or already terminating is left alone and counts as done) and creates its `policy/v1`
+//! Eviction with the pod's UID as precondition. Accepted (201) or gone (404): never
+//! again. Refused by a PodDisruptionBudget (429): again at the next tick. Any other
+//! failure: again after a backoff. Each outcome is logged with the task, the pod and the
+//! eviction's reason, and counted in `iadeep_placer_pod_evictions_total{outcome}`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::kube_api::{ApiCallError, EvictionAnswer, KubeApi};
+use crate::error::Result;
+use crate::metrics::PlacerMetrics;
+use crate::pod_eviction::{DuePod, PodEvictions};
+use crate::service::PlacementService;
+
+/// How often the daemon's driver looks for pods to evict; a pass with none reads the
+/// view only.
+pub const PERIOD: Duration = Duration::from_secs(1);
+
+/// Longest each call to the Kubernetes API may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What one tick did with a due pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodEvictionOutcome {
+    /// The API server accepted the pod's Eviction.
+    Evicted,
+    /// Nothing to evict (why): the pod is gone, was re-created, ended or is terminating.
+    Gone(String),
+    /// A PodDisruptionBudget refused the eviction for now; tried again next tick.
+    Blocked(String),
+    /// The eviction failed (why); tried again after `retry_in`.
+    Failed { why: String, retry_in: Duration },
+}
+
+/// The driver's state: the decision's memory, the API client and the grace.
+#[derive(Debug)]
+pub struct PodEvictor {
+    service: PlacementService,
+    kube: KubeApi,
+    metrics: Arc<PlacerMetrics>,
+    grace: Duration,
+    evictions: PodEvictions,
+}
+
+impl PodEvictor {
+    /// A driver for the tasks in `service`'s view, evicting through `kube` after the
+    /// placer's [`crate::PlacerParams::pod_evict_grace`], counting in `metrics`.
+    pub fn new(service: PlacementService, kube: KubeApi, metrics: Arc<PlacerMetrics>) -> Self {
+        let grace = service.placer().params().pod_evict_grace;
+        PodEvictor {
+            service,
+            kube,
+            metrics,
+            grace,
+            evictions: PodEvictions::default(),
+        }
+    }
+
+    /// The same driver with another grace.
+    pub fn with_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// One pass at `now_unix_ms`: evicts the pods due then. Returns what it did with each.
+    pub async fn tick(&mut self, now_unix_ms: i64) -> Vec<(DuePod, PodEvictionOutcome)> {
+        let due = {
+            let view = self.service.view();
+            self.evictions.due(&view, now_unix_ms, self.grace)
+        };
+        let mut done = Vec::with_capacity(due.len());
+        for pod in due {
+            let outcome = self.evict(&pod, now_unix_ms).await;
+            self.report(&pod, &outcome);
+            done.push((pod, outcome));
+        }
+        done
+    }
+
+    async fn evict(&mut self, pod: &DuePod, now_unix_ms: i64) -> PodEvictionOutcome {
+        if let Some(why) = self.nothing_to_evict(pod).await {
+            self.evictions.done(pod);
+            return PodEvictionOutcome::Gone(why);
+        }
+        let deadline = Instant::now() + CALL_TIMEOUT;
+        match self
+            .kube
+            .evict(&pod.namespace, &pod.name, &pod.uid, deadline)
+            .await
+        {
+            EvictionAnswer::Accepted => {
+                self.evictions.done(pod);
+                PodEvictionOutcome::Evicted
+            }
+            EvictionAnswer::Gone => {
+                self.evictions.done(pod);
+                PodEvictionOutcome::Gone("the pod no longer exists".to_owned())
+            }
+            EvictionAnswer::Blocked(why) => {
+                self.evictions.blocked(pod);
+                PodEvictionOutcome::Blocked(why)
+            }
+            EvictionAnswer::Failed(why) => {
+                let retry_in = self.evictions.failed(pod, now_unix_ms);
+                PodEvictionOutcome::Failed { why, retry_in }
+            }
+        }
+    }
+
+    /// Why the pod needs no eviction, if the API server's copy says so. A pod that
+    /// cannot be read is evicted all the same (the Eviction's own answer settles it).
+    async fn nothing_to_evict(&self, pod: &DuePod) -> Option<String> {
+        let deadline = Instant::now() + CALL_TIMEOUT;
+        match self.kube.pod(&pod.namespace, &pod.name, deadline).await {
+            Ok(now) => settled(&now, &pod.uid),
+            Err(ApiCallError::Refused { code: 404, .. }) => {
+                Some("the pod no longer exists".to_owned())
+            }
+            Err(_) => None,
+        }
+    }
+
+    fn report(&self, pod: &DuePod, outcome: &PodEvictionOutcome) {
+        let (task, name, device, reason) = (
+            pod.task_id.as_str(),
+            pod.pod(),
+            pod.device_id.as_str(),
+            pod.reason.as_str(),
+        );
+        let grace = self.grace;
+        match outcome {
+            PodEvictionOutcome::Evicted => {
+                self.metrics.pod_evicted.inc();
+                tracing::warn!(task, pod = %name, device, reason, ?grace,
+                    "evicted the pod of a task still running after it was told to leave");
+            }
+            PodEvictionOutcome::Gone(why) => {
+                self.metrics.pod_eviction_gone.inc();
+                tracing::info!(task, pod = %name, device, why = %why,
+                    "no pod to evict for a task told to leave");
+            }
+            PodEvictionOutcome::Blocked(why) => {
+                self.metrics.pod_eviction_blocked.inc();
+                tracing::info!(task, pod = %name, device, why = %why,
+                    "a PodDisruptionBudget refused the pod's eviction; trying again");
+            }
+            PodEvictionOutcome::Failed { why, retry_in } => {
+                self.metrics.pod_eviction_failed.inc();
+                tracing::warn!(task, pod = %name, device, why = %why, ?retry_in,
+                    "could not evict the pod of a task told to leave; trying again");
+            }
+        }
+    }
+}
+
+/// Why the API server's copy of a pod needs no eviction: it is another pod of the same
+/// name (not UID `uid`), it ended, or it is terminating already.
+fn settled(pod: &Pod, uid: &str) -> Option<String> {
+    let has = pod.metadata.uid.as_deref().unwrap_or("");
+    if !uid.is_empty() && has != uid {
+        return Some(format!(
+            "the pod was re-created under the same name (UID {has}, not {uid})"
+        ));
+    }
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if let Some(phase @ ("Succeeded" | "Failed")) = phase {
+        return Some(format!("the pod ended ({phase})"));
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Some("the pod is terminating already".to_owned());
+    }
+    None
+}
+
+/// Runs `evictor` every [`PERIOD`], at the service's time, until `stop` turns true (or
+/// its sender is dropped).
+pub fn spawn(mut evictor: PodEvictor, mut stop: watch::Receiver<bool>) -> JoinHandle<Result<()>> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let now = evictor.service.now_unix_ms();
+                    evictor.tick(now).await;
+                }
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).expect("pod")
+    }
+
+    #[test]
+    fn a_pod_that_ended_was_recreated_or_terminates_needs_no_eviction() {
+        let running = pod(json!({"metadata": {"name": "a", "uid": "u1"},
+            "status": {"phase": "Running"}}));
+        assert_eq!(settled(&running, "u1"), None);
+        assert_eq!(settled(&running, ""), None, "no UID to compare");
+        assert!(settled(&running, "u0").is_some_and(|w| w.contains("re-created")));
+        for phase in ["Succeeded", "Failed"] {
+            let ended = pod(json!({"metadata": {"name": "a", "uid": "u1"},
+                "status": {"phase": phase}}));
+            assert!(settled(&ended, "u1").is_some_and(|w| w.contains(phase)));
+        }
+        let terminating = pod(json!({"metadata": {"name": "a", "uid": "u1",
+            "deletionTimestamp": "2026-01-01T00:00:00Z"}, "status": {"phase": "Running"}}));
+        assert!(settled(&terminating, "u1").is_some_and(|w| w.contains("terminating")));
+    }
+}
