@@ -460,10 +460,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             // A signal stopped it, or it could not be waited for: not an eviction.
             _ => None,
         };
-        if let Ok(ran) = &mut ran {
-            let evicted = evicted.is_some() || ran.enforced.is_some();
-            after_exit(&task_id, &mut ran.processes, evicted).await;
-        }
+        after_exit(&task_id, &mut ran, evicted.is_some()).await;
         let released = release(&mut client, &task_id).await;
         let Ran {
             status, enforced, ..
@@ -1207,12 +1204,20 @@ async fn kill_leftovers(task: &str, signalled: &mut tree::Signalled) {
     }
 }
 
-/// What `iadeep run` does about the job's processes once the job exited, before the
-/// GPU is released: an `evicted` job's GPU is being given away, so nothing of it may
+/// What `iadeep run` does about the job's processes once the job exited (`ran`), before
+/// the GPU is released: an evicted job's GPU is being given away, so nothing of it may
 /// stay (whether it was signalled or left on its own); any other job's leftovers are
 /// named, not stopped. Then the adopted processes that exited are reaped.
-async fn after_exit(task: &str, processes: &mut tree::Signalled, evicted: bool) {
-    if evicted {
+async fn after_exit(task: &str, ran: &mut Result<Ran>, evicted: bool) {
+    let Ok(Ran {
+        processes,
+        enforced,
+        ..
+    }) = ran
+    else {
+        return;
+    };
+    if evicted || enforced.is_some() {
         kill_leftovers(task, processes).await;
     } else {
         warn_left_behind(task, processes);
