@@ -35,6 +35,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use iadeep_state::Backoff;
+
 use crate::error::{PlacerError, Result};
 use crate::view::ClusterView;
 
@@ -109,8 +111,12 @@ type Key = (String, String, String, String);
 
 #[derive(Clone, Debug, PartialEq)]
 enum State {
-    /// Not evicted yet; `failures` tries failed, the next not before `next_try_ms`.
-    Pending { failures: u32, next_try_ms: i64 },
+    /// Not evicted yet; the next try not before `next_try_ms`, `last_pause` after the
+    /// last failure in a row (`None` before any).
+    Pending {
+        last_pause: Option<Duration>,
+        next_try_ms: i64,
+    },
     /// The API accepted its Eviction, or the pod was gone: never again.
     Done,
 }
@@ -142,7 +148,7 @@ impl PodEvictions {
             let tracked = self.tracked.entry(pod.key()).or_insert(Tracked {
                 first_seen_ms: now_unix_ms,
                 state: State::Pending {
-                    failures: 0,
+                    last_pause: None,
                     next_try_ms: i64::MIN,
                 },
             });
@@ -176,15 +182,13 @@ impl PodEvictions {
         let Some(tracked) = self.tracked.get_mut(&pod.key()) else {
             return Duration::ZERO;
         };
-        let State::Pending { failures, .. } = tracked.state else {
+        let State::Pending { last_pause, .. } = tracked.state else {
             return Duration::ZERO;
         };
-        let failures = failures.saturating_add(1);
-        let wait = FIRST_BACKOFF
-            .saturating_mul(1 << (failures - 1).min(16))
-            .min(MAX_BACKOFF);
+        let backoff = Backoff::doubling(FIRST_BACKOFF, MAX_BACKOFF);
+        let wait = last_pause.map_or(backoff.first(), |p| backoff.after(p));
         tracked.state = State::Pending {
-            failures,
+            last_pause: Some(wait),
             next_try_ms: now_unix_ms
                 .saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX)),
         };
