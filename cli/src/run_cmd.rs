@@ -1367,10 +1367,13 @@ async fn release(client: &mut PlacerClient<Channel>, task_id: &str) -> bool {
                 return true;
             }
             Ok(_) => {
-                // Said, so a run's log always ends by saying its GPU is free again.
+                // Said, so a run's log always ends by saying its GPU is free again. Also
+                // the answer for a job that gave up while queued (--max-wait-s): it was
+                // never placed, which the log must not call a release by the placer.
                 tracing::info!(
                     task = task_id,
-                    "placement already released by the placer (the job's agent had finished or gone)"
+                    "no placement to release: never placed, or already released by the placer \
+                     (the job's agent had finished or gone)"
                 );
                 return true;
             }
