@@ -262,8 +262,15 @@ impl Agent {
         let change = self.shared.take_pending()?;
         let previous = self.shared.batch_size();
         self.shared.apply(&change);
+        // An assignment may keep the size (the placer's starting one, a tuner round that
+        // holds it); "batch size changed from=64 to=64" read as a bug to a new user.
+        let what = if previous == change.batch_size {
+            "assignment applied; batch size unchanged"
+        } else {
+            "batch size changed"
+        };
         tracing::info!(task = %self.config.task_id, from = previous, to = change.batch_size,
-            lr_factor = change.lr_factor, round = change.round, "batch size changed");
+            lr_factor = change.lr_factor, round = change.round, "{what}");
         Some(change)
     }
 
