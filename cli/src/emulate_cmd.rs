@@ -26,8 +26,9 @@ use crate::StoreArgs;
 /// unfinished and exits with status 75.
 #[derive(Debug, Args)]
 pub struct EmulateArgs {
-    /// Task id (letters, digits, '.', '_', '-', ':').
-    #[arg(long)]
+    /// Task id (letters, digits, '.', '_', '-', ':'). Under `iadeep run` it is the
+    /// placed task's, from IADEEP_TASK_ID, so `iadeep run -- iadeep emulate-job` works.
+    #[arg(long, env = "IADEEP_TASK_ID")]
     task_id: String,
     /// Bundled Pollux model: bert, cifar10, deepspeech2, imagenet, ncf, yolov3.
     #[arg(long, default_value = "cifar10")]

@@ -17,7 +17,7 @@ use iadeep_placer::{Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams};
 use iadeep_predictor::{LearnerParams, OnlinePredictor};
 use iadeep_proto::placer_client::PlacerClient;
 use iadeep_proto::{ListDevicesRequest, PlaceRequest, ReleaseRequest, place_response};
-use iadeep_state::StoreUrl;
+use iadeep_state::{StoreUrl, keys};
 
 use crate::StoreArgs;
 use crate::tls_args::ServerTlsArgs;
@@ -705,12 +705,48 @@ fn print_summary(args: &BenchArgs, run: &BenchRun<'_>) {
     }
 }
 
+/// Refuses to seed a store that holds a device the synthetic cluster does not have: a
+/// live cluster's (a shell that sourced `iadeep up`'s cluster.env names it through
+/// IADEEP_STORE), which the synthetic GPUs and residents would join and stay in, listed
+/// by `iadeep status` and offered to real jobs. A store this command seeded before (the
+/// same or a smaller synthetic cluster) is reused.
+async fn refuse_a_live_store(
+    store: &dyn iadeep_state::StateStore,
+    cluster: &SyntheticCluster,
+    url: &StoreUrl,
+) -> Result<()> {
+    let ours: std::collections::HashSet<String> = cluster
+        .devices
+        .iter()
+        .map(|d| keys::device_info(&d.device_id))
+        .collect();
+    let devices = store
+        .range(keys::DEVICES)
+        .await
+        .with_context(|| format!("cannot read the devices in {url}"))?;
+    let foreign = devices
+        .kvs
+        .iter()
+        .filter(|kv| kv.key.ends_with("/info") && !ours.contains(&kv.key))
+        .count();
+    if foreign > 0 {
+        bail!(
+            "{url} already holds {foreign} device(s) this benchmark did not seed: it looks like \
+             a live cluster's store (is IADEEP_STORE set, e.g. by a sourced cluster.env?). \
+             The benchmark writes synthetic GPUs and residents that would stay there; give it \
+             a store of its own with --store (e.g. --store /tmp/bench.redb)"
+        );
+    }
+    Ok(())
+}
+
 async fn bench_client(url: StoreUrl, args: BenchArgs) -> Result<ExitCode> {
     if args.concurrency == 0 || args.requests == 0 {
         bail!("--concurrency and --requests must be positive");
     }
     let store = crate::open_store(&url).await?;
     let cluster = SyntheticCluster::new(args.devices, args.residents, args.seed);
+    refuse_a_live_store(store.as_ref(), &cluster, &url).await?;
     let seeding = Instant::now();
     cluster
         .seed(store.as_ref())

@@ -8,9 +8,13 @@ use common::{iadeep, succeeded_json};
 
 #[test]
 fn bench_client_places_and_releases_over_grpc_and_reports_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("bench.redb");
     let out = iadeep(&[
         "placer",
         "bench-client",
+        "--store",
+        store.to_str().expect("utf-8 path"),
         "--devices",
         "16",
         "--residents",
@@ -38,6 +42,63 @@ fn bench_client_places_and_releases_over_grpc_and_reports_json() {
     ] {
         assert!(json[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {json}");
     }
+}
+
+/// A store holding a device the benchmark did not seed (a live cluster's, as a shell
+/// that sourced cluster.env names it) is refused before anything is written; a store
+/// the benchmark seeded before is used again.
+#[test]
+fn bench_client_refuses_to_seed_a_live_clusters_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let live = dir.path().join("live.redb");
+    let live = live.to_str().expect("utf-8 path");
+    let gpu = r#"{"deviceId": "vm-gpu0", "node": "vm", "memoryMib": "16384", "kind": "t4"}"#;
+    let put = iadeep(&[
+        "state",
+        "put",
+        "/iadeep/v1/devices/vm-gpu0/info",
+        gpu,
+        "--store",
+        live,
+    ]);
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let bench = |store: &str| {
+        iadeep(&[
+            "placer",
+            "bench-client",
+            "--store",
+            store,
+            "--devices",
+            "2",
+            "--residents",
+            "2",
+            "--requests",
+            "4",
+            "--json",
+        ])
+    };
+    let out = bench(live);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("already holds 1 device(s) this benchmark did not seed"),
+        "{err}"
+    );
+    let ls = iadeep(&["state", "ls", "/iadeep/v1/devices/", "--store", live]);
+    let listed = String::from_utf8_lossy(&ls.stdout);
+    assert!(
+        listed.lines().all(|line| !line.contains("node-")),
+        "nothing synthetic was written:\n{listed}"
+    );
+
+    let own = dir.path().join("bench.redb");
+    let own = own.to_str().expect("utf-8 path");
+    succeeded_json(&bench(own));
+    succeeded_json(&bench(own));
 }
 
 #[test]
