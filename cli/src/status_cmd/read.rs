@@ -43,7 +43,9 @@ pub struct Snapshot {
     pub released: usize,
     pub released_more: bool,
     /// Live task ids with no placement: a task released while its agent still runs (the
-    /// placer's reaper places it again), or one caught between two writes.
+    /// placer's reaper places it again), or one caught between two writes. Only while
+    /// its agent is alive: a job never placed (started without `iadeep run`) leaves its
+    /// spec and last report behind when it ends, and it runs nowhere then.
     pub unplaced: Vec<String>,
     /// Keys that did not decode, named, so an operator can look at them.
     pub problems: Vec<String>,
@@ -221,7 +223,9 @@ fn assemble(
     let mut unplaced = Vec::new();
     for (id, task) in &tasks {
         let Some(placement) = &task.placement else {
-            unplaced.push(id.clone());
+            if task.alive {
+                unplaced.push(id.clone());
+            }
             continue;
         };
         let device = devices.get(&placement.device_id);

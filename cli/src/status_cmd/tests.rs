@@ -149,6 +149,15 @@ async fn two_jobs() -> Snapshot {
     typed::put(&store, &keys::archived_spec("old"), &old, None)
         .await
         .expect("old");
+    // A job never placed that has ended: its last report stays, its agent is gone.
+    let gone = TaskReport {
+        task_id: "gone".into(),
+        finished: true,
+        ..TaskReport::default()
+    };
+    typed::put(&store, &keys::task_report("gone"), &gone, None)
+        .await
+        .expect("gone");
     // A live task without placement (its reservation lost while its agent runs).
     let lease = store
         .grant_lease(std::time::Duration::from_secs(60))
@@ -179,7 +188,11 @@ async fn figures_come_from_the_store_and_pd_is_the_tuners() {
         (1, false),
         "one release marker"
     );
-    assert_eq!(s.unplaced, ["lost"], "a live task without placement");
+    assert_eq!(
+        s.unplaced,
+        ["lost"],
+        "a live task without placement; not one whose agent is gone"
+    );
     let [a, b] = &s.jobs[..] else {
         panic!("two jobs: {:?}", s.jobs)
     };
