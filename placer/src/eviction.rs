@@ -409,22 +409,13 @@ pub async fn evict_on_breaches(service: &PlacementService) -> Vec<(String, Outco
 
 /// Runs [`evict_on_breaches`] every [`PERIOD`] until `stop` turns true (or its sender
 /// is dropped).
-pub fn spawn(service: PlacementService, mut stop: watch::Receiver<bool>) -> JoinHandle<Result<()>> {
+pub fn spawn(service: PlacementService, stop: watch::Receiver<bool>) -> JoinHandle<Result<()>> {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(PERIOD);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    evict_on_breaches(&service).await;
-                }
-                changed = stop.changed() => {
-                    if changed.is_err() || *stop.borrow() {
-                        return Ok(());
-                    }
-                }
-            }
+        let mut every = crate::every::Every::new(PERIOD, stop);
+        while every.next().await {
+            evict_on_breaches(&service).await;
         }
+        Ok(())
     })
 }
 

@@ -30,6 +30,7 @@ mod archive;
 pub mod compaction;
 mod error;
 mod events;
+mod every;
 pub mod eviction;
 mod group_commit;
 mod model;

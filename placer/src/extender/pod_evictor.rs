@@ -187,23 +187,14 @@ fn settled(pod: &Pod, uid: &str) -> Option<String> {
 
 /// Runs `evictor` every [`PERIOD`], at the service's time, until `stop` turns true (or
 /// its sender is dropped).
-pub fn spawn(mut evictor: PodEvictor, mut stop: watch::Receiver<bool>) -> JoinHandle<Result<()>> {
+pub fn spawn(mut evictor: PodEvictor, stop: watch::Receiver<bool>) -> JoinHandle<Result<()>> {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(PERIOD);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    let now = evictor.service.now_unix_ms();
-                    evictor.tick(now).await;
-                }
-                changed = stop.changed() => {
-                    if changed.is_err() || *stop.borrow() {
-                        return Ok(());
-                    }
-                }
-            }
+        let mut every = crate::every::Every::new(PERIOD, stop);
+        while every.next().await {
+            let now = evictor.service.now_unix_ms();
+            evictor.tick(now).await;
         }
+        Ok(())
     })
 }
 
