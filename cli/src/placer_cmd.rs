@@ -727,7 +727,13 @@ async fn refuse_a_live_store(
     let foreign = devices
         .kvs
         .iter()
-        .filter(|kv| kv.key.ends_with("/info") && !ours.contains(&kv.key))
+        .filter(|kv| {
+            matches!(
+                keys::KeyKind::parse(&kv.key),
+                keys::KeyKind::DeviceInfo { .. }
+            )
+        })
+        .filter(|kv| !ours.contains(&kv.key))
         .count();
     if foreign > 0 {
         bail!(

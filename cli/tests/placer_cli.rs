@@ -89,7 +89,13 @@ fn bench_client_refuses_to_seed_a_live_clusters_store() {
         "{err}"
     );
     let ls = iadeep(&["state", "ls", "/iadeep/v1/devices/", "--store", live]);
+    assert!(
+        ls.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
     let listed = String::from_utf8_lossy(&ls.stdout);
+    assert!(listed.contains("vm-gpu0"), "{listed}");
     assert!(
         listed.lines().all(|line| !line.contains("node-")),
         "nothing synthetic was written:\n{listed}"

@@ -173,6 +173,10 @@ async fn a_pod_still_running_after_its_grace_is_evicted_once() {
     assert_eq!(body["apiVersion"], "policy/v1");
     assert_eq!(body["metadata"]["name"], "opp");
     assert_eq!(body["deleteOptions"]["preconditions"]["uid"], "uid-opp");
+    assert_eq!(
+        body["deleteOptions"]["gracePeriodSeconds"], 30,
+        "at most kubelet's default termination grace: {body}"
+    );
     assert!(
         fake.requests()
             .contains(&"POST /api/v1/namespaces/ml/pods/opp/eviction".to_owned())

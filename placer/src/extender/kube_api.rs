@@ -244,7 +244,7 @@ pub enum EvictionAnswer {
 
 impl KubeApi {
     /// Creates a `policy/v1` Eviction of the pod (what `kubectl drain` does: it honours
-    /// PodDisruptionBudgets and the pod's termination grace), on condition that the pod
+    /// PodDisruptionBudgets), with `grace_period_s` to stop, on condition that the pod
     /// still has `uid` (when not empty), so a pod re-created under the same name is
     /// left alone.
     pub async fn evict(
@@ -252,6 +252,7 @@ impl KubeApi {
         namespace: &str,
         name: &str,
         uid: &str,
+        grace_period_s: i64,
         deadline: Instant,
     ) -> EvictionAnswer {
         if let Err(err) = Self::check_pod(namespace, name) {
@@ -263,8 +264,9 @@ impl KubeApi {
                 namespace: Some(namespace.to_owned()),
                 ..Default::default()
             },
-            delete_options: (!uid.is_empty()).then(|| DeleteOptions {
-                preconditions: Some(Preconditions {
+            delete_options: Some(DeleteOptions {
+                grace_period_seconds: Some(grace_period_s),
+                preconditions: (!uid.is_empty()).then(|| Preconditions {
                     uid: Some(uid.to_owned()),
                     ..Default::default()
                 }),

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use super::kube_api::{ApiCallError, EvictionAnswer, KubeApi};
 use crate::error::Result;
 use crate::metrics::PlacerMetrics;
-use crate::pod_eviction::{DuePod, PodEvictions};
+use crate::pod_eviction::{DuePod, KUBELET_TERMINATION_GRACE, PodEvictions};
 use crate::service::PlacementService;
 
 /// How often the daemon's driver looks for pods to evict; a pass with none reads the
@@ -91,14 +91,17 @@ impl PodEvictor {
     }
 
     async fn evict(&mut self, pod: &DuePod, now_unix_ms: i64) -> PodEvictionOutcome {
-        if let Some(why) = self.nothing_to_evict(pod).await {
-            self.evictions.done(pod);
-            return PodEvictionOutcome::Gone(why);
-        }
+        let grace_s = match self.to_evict(pod).await {
+            Ok(grace_s) => grace_s,
+            Err(why) => {
+                self.evictions.done(pod);
+                return PodEvictionOutcome::Gone(why);
+            }
+        };
         let deadline = Instant::now() + CALL_TIMEOUT;
         match self
             .kube
-            .evict(&pod.namespace, &pod.name, &pod.uid, deadline)
+            .evict(&pod.namespace, &pod.name, &pod.uid, grace_s, deadline)
             .await
         {
             EvictionAnswer::Accepted => {
@@ -114,22 +117,29 @@ impl PodEvictor {
                 PodEvictionOutcome::Blocked(why)
             }
             EvictionAnswer::Failed(why) => {
+                // From when the calls ended, which may be seconds after the tick began:
+                // a pause counted from before them could be over before it is set.
+                let now_unix_ms = self.service.now_unix_ms().max(now_unix_ms);
                 let retry_in = self.evictions.failed(pod, now_unix_ms);
                 PodEvictionOutcome::Failed { why, retry_in }
             }
         }
     }
 
-    /// Why the pod needs no eviction, if the API server's copy says so. A pod that
-    /// cannot be read is evicted all the same (the Eviction's own answer settles it).
-    async fn nothing_to_evict(&self, pod: &DuePod) -> Option<String> {
+    /// The termination grace to ask for the pod's eviction, or why it needs none, as
+    /// the API server's copy says. A pod that cannot be read is evicted all the same
+    /// (the Eviction's own answer settles it).
+    async fn to_evict(&self, pod: &DuePod) -> Result<i64, String> {
         let deadline = Instant::now() + CALL_TIMEOUT;
         match self.kube.pod(&pod.namespace, &pod.name, deadline).await {
-            Ok(now) => settled(&now, &pod.uid),
+            Ok(now) => match settled(&now, pod) {
+                Some(why) => Err(why),
+                None => Ok(termination_grace_s(&now)),
+            },
             Err(ApiCallError::Refused { code: 404, .. }) => {
-                Some("the pod no longer exists".to_owned())
+                Err("the pod no longer exists".to_owned())
             }
-            Err(_) => None,
+            Err(_) => Ok(termination_grace_s(&Pod::default())),
         }
     }
 
@@ -166,9 +176,44 @@ impl PodEvictor {
     }
 }
 
-/// Why the API server's copy of a pod needs no eviction: it is another pod of the same
-/// name (not UID `uid`), it ended, or it is terminating already.
-fn settled(pod: &Pod, uid: &str) -> Option<String> {
+/// The termination grace the Eviction asks for: the pod's own, at most kubelet's default
+/// ([`KUBELET_TERMINATION_GRACE`]), which [`crate::pod_eviction::check_grace`] counts on
+/// to end before the placer gives the pod's memory away (training pods often ask for
+/// minutes to checkpoint; they had `--pod-evict-grace` for that already).
+fn termination_grace_s(pod: &Pod) -> i64 {
+    let most = i64::try_from(KUBELET_TERMINATION_GRACE.as_secs()).unwrap_or(i64::MAX);
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+        .map_or(most, |own| own.clamp(0, most))
+}
+
+/// Why the API server's copy of a pod needs no eviction: it is not the pod the
+/// extender bound for `due`'s task on `due`'s device (its `iadeep.io/task-id` and
+/// `iadeep.io/device-id` annotations, which the bind writes, say otherwise), it is
+/// another pod of the same name (not `due`'s UID), it ended, or it is terminating
+/// already. The annotations are the check that matters: the pod a task names comes
+/// from its spec in the store, which the task's own agent may write (a readmission
+/// places a task again from it), so without them any store writer could have the
+/// placer evict any pod.
+fn settled(pod: &Pod, due: &DuePod) -> Option<String> {
+    let annotation = |key: &str| {
+        pod.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map_or("", String::as_str)
+    };
+    let task = annotation(&format!("{}task-id", super::pod::ANNOTATION_PREFIX));
+    let device = annotation(super::DEVICE_ANNOTATION);
+    if task != due.task_id || device != due.device_id {
+        return Some(format!(
+            "the pod is not the one bound for task {} on {} (its annotations say task \
+             {task:?} on {device:?}): not evicted",
+            due.task_id, due.device_id
+        ));
+    }
+    let uid = due.uid.as_str();
     let has = pod.metadata.uid.as_deref().unwrap_or("");
     if !uid.is_empty() && has != uid {
         return Some(format!(
@@ -210,18 +255,76 @@ mod tests {
 
     #[test]
     fn a_pod_that_ended_was_recreated_or_terminates_needs_no_eviction() {
-        let running = pod(json!({"metadata": {"name": "a", "uid": "u1"},
-            "status": {"phase": "Running"}}));
-        assert_eq!(settled(&running, "u1"), None);
-        assert_eq!(settled(&running, ""), None, "no UID to compare");
-        assert!(settled(&running, "u0").is_some_and(|w| w.contains("re-created")));
+        let bound = json!({"iadeep.io/task-id": "ml.a", "iadeep.io/device-id": "n1-gpu0"});
+        let running = pod(json!({"metadata": {"name": "a", "uid": "u1",
+            "annotations": bound}, "status": {"phase": "Running"}}));
+        assert_eq!(settled(&running, &due("u1")), None);
+        assert_eq!(settled(&running, &due("")), None, "no UID to compare");
+        assert!(settled(&running, &due("u0")).is_some_and(|w| w.contains("re-created")));
         for phase in ["Succeeded", "Failed"] {
-            let ended = pod(json!({"metadata": {"name": "a", "uid": "u1"},
-                "status": {"phase": phase}}));
-            assert!(settled(&ended, "u1").is_some_and(|w| w.contains(phase)));
+            let ended = pod(json!({"metadata": {"name": "a", "uid": "u1",
+                "annotations": bound}, "status": {"phase": phase}}));
+            assert!(settled(&ended, &due("u1")).is_some_and(|w| w.contains(phase)));
         }
         let terminating = pod(json!({"metadata": {"name": "a", "uid": "u1",
-            "deletionTimestamp": "2026-01-01T00:00:00Z"}, "status": {"phase": "Running"}}));
-        assert!(settled(&terminating, "u1").is_some_and(|w| w.contains("terminating")));
+            "annotations": bound, "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"phase": "Running"}}));
+        assert!(settled(&terminating, &due("u1")).is_some_and(|w| w.contains("terminating")));
+    }
+
+    /// A spec in the store can name any pod (the task's agent writes it): only the pod
+    /// the extender bound for that task on that device is evicted.
+    #[test]
+    fn a_pod_not_bound_for_the_task_is_never_evicted() {
+        let other = |annotations: serde_json::Value| {
+            pod(
+                json!({"metadata": {"name": "a", "uid": "u1", "annotations": annotations},
+                "status": {"phase": "Running"}}),
+            )
+        };
+        for annotations in [
+            json!({}),
+            json!({"iadeep.io/task-id": "ml.b", "iadeep.io/device-id": "n1-gpu0"}),
+            json!({"iadeep.io/task-id": "ml.a", "iadeep.io/device-id": "n1-gpu1"}),
+        ] {
+            let verdict = settled(&other(annotations.clone()), &due("u1"));
+            assert!(
+                verdict
+                    .as_deref()
+                    .is_some_and(|w| w.contains("not the one bound")),
+                "{annotations}: {verdict:?}"
+            );
+        }
+        let unannotated = pod(json!({"metadata": {"name": "a", "uid": "u1"},
+            "status": {"phase": "Running"}}));
+        assert!(settled(&unannotated, &due("")).is_some());
+    }
+
+    /// A pod that asks for minutes to stop gets kubelet's default at most; one asking
+    /// for less keeps its own.
+    #[test]
+    fn the_eviction_asks_for_at_most_kubelets_default_grace() {
+        let with = |grace: serde_json::Value| {
+            pod(json!({"metadata": {"name": "a"},
+                "spec": {"containers": [], "terminationGracePeriodSeconds": grace}}))
+        };
+        assert_eq!(termination_grace_s(&with(json!(600))), 30);
+        assert_eq!(termination_grace_s(&with(json!(5))), 5);
+        assert_eq!(
+            termination_grace_s(&pod(json!({"metadata": {"name": "a"}}))),
+            30
+        );
+    }
+
+    /// Task `ml.a` on `n1-gpu0`, its pod `ml/a` with UID `uid`.
+    fn due(uid: &str) -> DuePod {
+        DuePod {
+            task_id: "ml.a".into(),
+            device_id: "n1-gpu0".into(),
+            namespace: "ml".into(),
+            name: "a".into(),
+            uid: uid.into(),
+            reason: "test".into(),
+        }
     }
 }
