@@ -197,10 +197,7 @@ fn an_evicted_job_is_released_placed_again_and_restarted_until_it_finishes() {
     let job = format!("{LEAVES_A_PROCESS}{JOB}");
     let mut run = start_job(&cluster, dir, task, &job, &[]);
     wait_for_steps(&cluster, dir, task);
-    let leftover: i32 = read(&dir.join(format!("{task}.runs.leftover")))
-        .trim()
-        .parse()
-        .expect("the leftover's pid");
+    let leftover = pid_in(&dir.join(format!("{task}.runs.leftover")));
     let _cleanup = KillOnDrop::new(&[leftover]);
     assert!(runs(leftover), "the leftover started");
     evict(&cluster, task);
@@ -327,6 +324,14 @@ fn wait_for_line(dir: &Path, task: &str, path: &Path, line: &str) {
     }
 }
 
+/// The process id a job script wrote into `path` (`echo "$!" > path`).
+fn pid_in(path: &Path) -> i32 {
+    let text = read(path);
+    text.trim()
+        .parse()
+        .unwrap_or_else(|err| panic!("{}: {text:?} is not a pid: {err}", path.display()))
+}
+
 /// `/proc/PID/stat`'s fields after the command name (the state first), while `pid` is
 /// listed.
 fn stat_fields(pid: i32) -> Option<Vec<String>> {
@@ -413,15 +418,9 @@ fn a_job_that_ignores_its_eviction_is_stopped_after_the_grace_and_requeued() {
         STUBBORN_JOB,
         &["--evict-grace", "1s", "--evict-kill-after", "5s"],
     );
-    let grandchild: i32 = read(&dir.join(format!("{task}.marks.grandchild")))
-        .trim()
-        .parse()
-        .expect("the grandchild's pid");
+    let grandchild = pid_in(&dir.join(format!("{task}.marks.grandchild")));
     assert!(runs(grandchild), "the grandchild started");
-    let escaped: i32 = read(&dir.join(format!("{task}.marks.escaped")))
-        .trim()
-        .parse()
-        .expect("the double-forked process's pid");
+    let escaped = pid_in(&dir.join(format!("{task}.marks.escaped")));
     let _cleanup = KillOnDrop::new(&[grandchild, escaped]);
     assert!(runs(escaped), "the double-forked process started");
     evict(&cluster, task);
@@ -514,10 +513,7 @@ fn an_evicted_job_whose_report_says_finished_is_not_stopped() {
     assert_eq!(read(&marks), "started\n", "no SIGTERM:\n{log}");
     assert!(!log.contains("iadeep run sends"), "{log}");
     assert_eq!(read(&dir.join(format!("{task}.runs"))), "run 0\n", "{log}");
-    let server: i32 = read(&dir.join(format!("{task}.marks.server")))
-        .trim()
-        .parse()
-        .expect("the server's pid");
+    let server = pid_in(&dir.join(format!("{task}.marks.server")));
     let _cleanup = KillOnDrop::new(&[server]);
     assert!(
         log.lines()

@@ -29,8 +29,8 @@
 //! order starts a new grace.
 //!
 //! **Retries.** A PodDisruptionBudget that refuses the eviction (HTTP 429) is asked
-//! again at the next tick ([`PodEvictions::blocked`] changes nothing); any other
-//! failure backs off, doubling from [`FIRST_BACKOFF`] up to [`MAX_BACKOFF`].
+//! again at the next tick (the decision records nothing of it: the budget frees up
+//! when another pod becomes ready); any other failure backs off, doubling from [`FIRST_BACKOFF`] up to [`MAX_BACKOFF`].
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -170,10 +170,6 @@ impl PodEvictions {
             tracked.state = State::Done;
         }
     }
-
-    /// A disruption budget refused the eviction for now: it is due again at the next
-    /// tick, without backing off (the budget frees up when another pod becomes ready).
-    pub fn blocked(&mut self, _pod: &DuePod) {}
 
     /// The eviction failed otherwise at `now_unix_ms`: the pod waits before the next
     /// try, twice as long as after the previous failure (from [`FIRST_BACKOFF`], at
@@ -409,7 +405,7 @@ mod tests {
         evictions.due(&v, T0, GRACE);
         let at = T0 + 20_000;
         let due = evictions.due(&v, at, GRACE);
-        evictions.blocked(&due[0]);
+        // A disruption budget refused it: nothing is recorded, so it is due again.
         assert_eq!(names(&evictions.due(&v, at + 1, GRACE)), ["ml/a-0"]);
         // Other failures: 1 s, 2 s, 4 s, 8 s, 8 s.
         let mut now = at + 1;

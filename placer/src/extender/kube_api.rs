@@ -1,7 +1,8 @@
 //! The placer's calls to the Kubernetes API: read a pod, annotate it with its
-//! GPU, create its Binding, and evict a pod whose task ignored its eviction. Through the `kube` client, so the placer authenticates
-//! like any in-cluster controller (service-account token and CA) or from a
-//! kubeconfig, over TLS; a plain-HTTP URL (e.g. `kubectl proxy`) works too.
+//! GPU, create its Binding, and evict a pod whose task ignored its eviction. Through
+//! the `kube` client, so the placer authenticates like any in-cluster controller
+//! (service-account token and CA) or from a kubeconfig, over TLS; a plain-HTTP URL
+//! (e.g. `kubectl proxy`) works too.
 //!
 //! Every call runs under the caller's deadline, and its failure says whether the
 //! call is known *not* to have happened ([`ApiCallError::Refused`] with a definite

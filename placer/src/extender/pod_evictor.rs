@@ -112,10 +112,7 @@ impl PodEvictor {
                 self.evictions.done(pod);
                 PodEvictionOutcome::Gone("the pod no longer exists".to_owned())
             }
-            EvictionAnswer::Blocked(why) => {
-                self.evictions.blocked(pod);
-                PodEvictionOutcome::Blocked(why)
-            }
+            EvictionAnswer::Blocked(why) => PodEvictionOutcome::Blocked(why),
             EvictionAnswer::Failed(why) => {
                 // From when the calls ended, which may be seconds after the tick began:
                 // a pause counted from before them could be over before it is set.
