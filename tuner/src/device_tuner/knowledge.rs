@@ -239,7 +239,12 @@ impl TaskKnowledge {
     /// Past the largest size with a memory sample only sizes within
     /// [`MemoryModelParams::max_step_past_measured`] of it are allowed, or the next
     /// candidate size when none lies that close: the task approaches unmeasured sizes in
-    /// small steps, so no bound is extrapolated far before a report measures it.
+    /// small steps, so no bound is extrapolated far before a report measures it. That next
+    /// size, further out than a step, is bounded by the prior
+    /// ([`MemoryModel::prior_bound_mib`]) rather than by the measured curvature: the
+    /// curvature comes from sizes spaced like the data, and a bend in a stretch longer than
+    /// a step past the data is one it could not have seen (a task measured at 16, 32 and 64
+    /// on a straight stretch and grown to 128 across a knee, when its sizes double).
     ///
     /// Without any memory sample the only sizes allowed are those ≤ m0, bounded by what the
     /// placer reserved for the task at m0 (`reserved_mib`): the placement was made for m0, and
@@ -257,14 +262,22 @@ impl TaskKnowledge {
                     Some(b) => model.with_oom(b),
                     None => model,
                 };
-                let reach = step_reach(
+                let reach = StepReach::new(
                     sizes,
                     model.largest_observed(),
                     params.max_step_past_measured,
                 );
                 sizes
                     .iter()
-                    .map(|&b| (b <= reach).then(|| model.upper_bound_mib(b)).flatten())
+                    .map(|&b| {
+                        if b <= reach.step {
+                            model.upper_bound_mib(b)
+                        } else if b <= reach.next {
+                            model.prior_bound_mib(b)
+                        } else {
+                            None
+                        }
+                    })
                     .collect()
             }
             None => sizes
@@ -307,12 +320,25 @@ impl TaskKnowledge {
     }
 }
 
-/// The largest size a task whose memory was measured up to `largest` may take next:
-/// `step` × `largest`, or the smallest of `sizes` above `largest` when that is further.
-fn step_reach(sizes: &[u32], largest: u32, step: f64) -> u32 {
-    let within = (f64::from(largest) * step).floor().min(f64::from(u32::MAX)) as u32;
-    let next = sizes.iter().copied().filter(|&b| b > largest).min();
-    next.map_or(within, |n| n.max(within))
+/// How far a task whose memory was measured up to some size may grow next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StepReach {
+    /// The largest size within one step (`step` × the largest measured).
+    step: u32,
+    /// The largest size allowed at all: `step`, or the smallest candidate above the
+    /// largest measured when that is further.
+    next: u32,
+}
+
+impl StepReach {
+    fn new(sizes: &[u32], largest: u32, step: f64) -> StepReach {
+        let within = (f64::from(largest) * step).floor().min(f64::from(u32::MAX)) as u32;
+        let next = sizes.iter().copied().filter(|&b| b > largest).min();
+        StepReach {
+            step: within,
+            next: next.map_or(within, |n| n.max(within)),
+        }
+    }
 }
 
 /// Solo step times in their persisted form.
@@ -636,8 +662,31 @@ mod tests {
         assert!(k.upper_bounds(&[256], 32, 0.0, far)[0].is_some());
     }
 
-    /// Alone past its measured sizes, the first failure under the curvature's bound lifts
-    /// the bound to the prior's; a second makes the size the task's limit.
+    /// Memory measured on a straight stretch (16, 32, 64: ResNet-50 in the simulator's
+    /// K80 world) shows no curvature, and the curvature's bound at 128 is below the
+    /// 11,441 MiB the task needs there, past its knee. Where the task's sizes double, 128
+    /// is a jump longer than a step and gets the prior's bound, which covers it; on a
+    /// √2 grid the next size, 90, keeps the curvature's tighter bound.
+    #[test]
+    fn a_jump_past_a_step_is_bounded_by_the_prior() {
+        let p = MemoryModelParams::default();
+        let mut k = TaskKnowledge::default();
+        for (b, mib) in [(16, 420.0), (32, 1600.0), (64, 3900.0)] {
+            k.memory.insert(b, mib);
+        }
+        let model = k.memory_model(p).expect("model");
+        let curvature = model.upper_bound_mib(128).expect("feasible");
+        assert!(curvature < 11_441.0, "{curvature}");
+        let coarse = k.upper_bounds(&[64, 128], 16, 0.0, p);
+        assert_eq!(coarse[1], model.prior_bound_mib(128));
+        assert!(coarse[1].is_some_and(|b| b >= 11_441.0), "{coarse:?}");
+        let fine = k.upper_bounds(&[64, 90], 16, 0.0, p);
+        assert_eq!(fine[1], model.upper_bound_mib(90));
+    }
+
+    /// Alone past its measured sizes (within a step), the first failure under the
+    /// curvature's bound lifts the bound to the prior's; a second makes the size the
+    /// task's limit.
     #[test]
     fn an_oom_alone_past_the_data_first_widens_the_bound() {
         let p = MemoryModelParams::default();
@@ -645,13 +694,13 @@ mod tests {
         for (b, mib) in [(16, 1160.0), (32, 1320.0), (64, 1640.0)] {
             k.memory.insert(b, mib);
         }
-        let tight = k.upper_bounds(&[128], 32, 0.0, p)[0].expect("feasible");
-        assert!(k.learn_oom_alone_past(128, p));
+        let tight = k.upper_bounds(&[90], 32, 0.0, p)[0].expect("feasible");
+        assert!(k.learn_oom_alone_past(90, p));
         assert_eq!(k.smallest_oom, None);
-        let wider = k.upper_bounds(&[128], 32, 0.0, p)[0].expect("still feasible");
+        let wider = k.upper_bounds(&[90], 32, 0.0, p)[0].expect("still feasible");
         assert!(wider > tight, "{wider} ≤ {tight}");
-        assert!(k.learn_oom_alone_past(128, p));
-        assert_eq!(k.smallest_oom, Some(128));
+        assert!(k.learn_oom_alone_past(90, p));
+        assert_eq!(k.smallest_oom, Some(90));
         // Within the measured sizes an out-of-memory report is the task's limit at once.
         let mut measured = TaskKnowledge::default();
         measured.memory.insert(32, 1320.0);

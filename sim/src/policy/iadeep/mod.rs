@@ -79,11 +79,6 @@ pub enum Variant {
     NoPredictor,
 }
 
-/// Refit the predictor after this many new co-location samples. The daemons refit
-/// every few samples in the background; here refits are synchronous, so they are
-/// spaced further apart to keep large simulations fast.
-pub const REFIT_EVERY: usize = 25;
-
 /// iadeep (or an ablation).
 #[derive(Debug)]
 pub struct Iadeep {
@@ -121,7 +116,7 @@ pub struct Iadeep {
 impl Iadeep {
     /// A fresh policy of the given variant.
     pub fn new(variant: Variant, seed: u64) -> crate::Result<Iadeep> {
-        let model = Arc::new(SharedPredictor::new(SimPredictor::new(REFIT_EVERY)?));
+        let model = Arc::new(SharedPredictor::new(SimPredictor::new()?));
         // Without the predictor the placer still scores, with a model that is never
         // fed samples: the predictor's cold-start heuristic.
         let predictor = (variant != Variant::NoPredictor).then(|| model.clone());
@@ -138,7 +133,7 @@ impl Iadeep {
         starts: &[(usize, f64)],
         seed: u64,
     ) -> crate::Result<Iadeep> {
-        let learned = Arc::new(SharedPredictor::new(SimPredictor::new(REFIT_EVERY)?));
+        let learned = Arc::new(SharedPredictor::new(SimPredictor::new()?));
         let slowdown: Arc<dyn SlowdownModel> = if which.prediction() {
             Arc::new(TrueSlowdown(truth.clone()))
         } else {

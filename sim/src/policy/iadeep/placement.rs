@@ -701,8 +701,7 @@ mod tests {
     fn store_calls_complete_inside_a_tokio_task() {
         let (done, finished) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let predictor =
-                SimPredictor::new(crate::policy::iadeep::REFIT_EVERY).expect("predictor");
+            let predictor = SimPredictor::new().expect("predictor");
             let mut placement = SimPlacement::new(
                 Arc::new(SharedPredictor::new(predictor)),
                 Arc::new(iadeep_placer::ModelledMemory),

@@ -1,7 +1,8 @@
-//! The predictor as the simulator drives it: the same [`Learner`] (window, cadence)
-//! and [`ProfileTrainer`] (profile-feature forest, cold-start heuristic) that
-//! `OnlinePredictor` runs, but refitted synchronously when a refit is due, so a run
-//! does not depend on thread timing and the same seed gives the same numbers.
+//! The predictor as the simulator drives it: the same [`Learner`] (window, cadence, with
+//! production's `LearnerParams::default()`) and [`ProfileTrainer`] (profile-feature
+//! forest, cold-start heuristic) that `OnlinePredictor` runs, but refitted synchronously
+//! when a refit is due, so a run does not depend on thread timing and the same seed gives
+//! the same numbers.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,8 +21,6 @@ pub struct SimPredictor {
     model: Arc<FittedModel>,
     pub refits: u64,
     pub samples: u64,
-    /// `samples` at the last refit.
-    at_refit: u64,
     /// Predictions of the current model, by their exact inputs: the placer asks the
     /// same questions over and over (every waiting task, every device, at every event)
     /// while the model changes only at a refit, and a forest prediction costs
@@ -62,20 +61,10 @@ fn profile_key(names: &mut HashMap<String, u32>, p: &TaskProfile) -> ProfileKey 
     )
 }
 
-/// A refit waits until the samples seen grew by this fraction since the last one (on
-/// top of the learner's cadence). A refit trains the forest on the whole window,
-/// synchronously here where the daemon refits in the background; with a fixed
-/// cadence and thousands of samples the refits would dominate a run, while a model
-/// refitted after each 10% growth stays about as current relative to what it knows.
-pub const GROWTH_PER_REFIT: f64 = 0.1;
-
 impl SimPredictor {
-    /// A cold predictor. Refits every `refit_every` samples.
-    pub fn new(refit_every: usize) -> crate::Result<SimPredictor> {
-        let params = LearnerParams {
-            refit_every,
-            ..LearnerParams::default()
-        };
+    /// A cold predictor with production's parameters.
+    pub fn new() -> crate::Result<SimPredictor> {
+        let params = LearnerParams::default();
         let learner = Learner::new(params.clone()).map_err(|e| crate::SimError::Policy {
             policy: "iadeep".into(),
             reason: format!("predictor parameters: {e}"),
@@ -86,7 +75,6 @@ impl SimPredictor {
             model: Arc::new(FittedModel::ColdStart),
             refits: 0,
             samples: 0,
-            at_refit: 0,
             memo: HashMap::new(),
             names: HashMap::new(),
         })
@@ -122,15 +110,10 @@ impl SimPredictor {
         fresh
     }
 
-    /// Learns one measured co-location; refits when the cadence says so, and at most
-    /// once per [`GROWTH_PER_REFIT`] growth of the samples seen (see there).
+    /// Learns one measured co-location; refits when the learner's cadence says so.
     pub fn observe(&mut self, sample: CoLocationSample) {
         match self.learner.observe(sample) {
-            Ok(true)
-                if (self.samples - self.at_refit) as f64
-                    >= GROWTH_PER_REFIT * self.at_refit as f64 =>
-            {
-                self.at_refit = self.samples;
+            Ok(true) => {
                 let snapshot = self.learner.snapshot();
                 match self.trainer.fit(&snapshot) {
                     Ok(model) => {
