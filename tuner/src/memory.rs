@@ -70,8 +70,9 @@ pub struct MemoryModelParams {
     pub max_curvature: f64,
     /// How far past a task's largest measured size the tuner lets it grow in one step
     /// (`TaskKnowledge::upper_bounds` refuses bounds further out, except for the next
-    /// candidate size when the task's sizes are coarser): a bound is never trusted far past
-    /// the data before a report at the larger size replaces it with a measurement.
+    /// candidate size when the task's sizes are coarser, which it bounds with the prior's
+    /// growth): a bound is never trusted far past the data before a report at the larger
+    /// size replaces it with a measurement.
     pub max_step_past_measured: f64,
 }
 
@@ -356,8 +357,9 @@ impl MemoryModel {
 
     /// [`MemoryModel::upper_bound_mib`] with the growth past the data at least the prior
     /// `extrapolation_slope_factor` times the top secant, whatever the measured curvature:
-    /// the bound to fall back to where the curvature's tighter one was outgrown (see
-    /// `TaskKnowledge::learn_oom_alone_past`).
+    /// the bound for a jump further than the curvature can speak for, and to fall back to
+    /// where the curvature's tighter one was outgrown (see `TaskKnowledge::upper_bounds`
+    /// and `TaskKnowledge::learn_oom_alone_past`).
     pub fn prior_bound_mib(&self, batch_size: u32) -> Option<f64> {
         self.bound_mib(batch_size, true)
     }

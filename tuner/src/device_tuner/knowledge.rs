@@ -174,14 +174,15 @@ impl TaskKnowledge {
     /// the failure may say only that the extrapolation was too tight, not that the card is
     /// too small. The first such failure lifts the bound at that size and above to the
     /// prior's ([`MemoryModel::prior_bound_mib`]), so the size may be tried again under a
-    /// wider fence; a failure where the prior's bound held already, or within the measured
-    /// sizes, makes the size the task's limit ([`TaskKnowledge::smallest_oom`]). Returns
+    /// wider fence; a failure where the prior's bound held already (as it does at a size
+    /// further than a step past the data, see [`TaskKnowledge::upper_bounds`]), or within
+    /// the measured sizes, makes the size the task's limit ([`TaskKnowledge::smallest_oom`]). Returns
     /// whether that changed what is known.
     pub fn learn_oom_alone_past(&mut self, batch_size: u32, params: MemoryModelParams) -> bool {
         let lifted = self.memory_model(params).and_then(|model| {
             let past_data = batch_size > model.largest_observed();
             let prior = model.prior_bound_mib(batch_size)?;
-            let tight = model.upper_bound_mib(batch_size)?;
+            let tight = bound_at(&model, batch_size, params)?;
             (past_data && prior > tight).then_some(prior)
         });
         match lifted {
@@ -262,22 +263,14 @@ impl TaskKnowledge {
                     Some(b) => model.with_oom(b),
                     None => model,
                 };
-                let reach = StepReach::new(
+                let reach = next_size(
                     sizes,
                     model.largest_observed(),
                     params.max_step_past_measured,
                 );
                 sizes
                     .iter()
-                    .map(|&b| {
-                        if b <= reach.step {
-                            model.upper_bound_mib(b)
-                        } else if b <= reach.next {
-                            model.prior_bound_mib(b)
-                        } else {
-                            None
-                        }
-                    })
+                    .map(|&b| (b <= reach).then(|| bound_at(&model, b, params)).flatten())
                     .collect()
             }
             None => sizes
@@ -289,16 +282,17 @@ impl TaskKnowledge {
         }
     }
 
-    /// The model's conservative MiB at `batch_size` (with the floors crashes left and any
-    /// limit), without [`TaskKnowledge::upper_bounds`]' small steps past the largest
-    /// measured size; `None` without a model or where the model says nothing.
+    /// The conservative MiB at `batch_size` (with the floors crashes left and any limit),
+    /// without [`TaskKnowledge::upper_bounds`]' small steps past the largest measured size
+    /// (but with its prior's bound further than a step past it); `None` without a model or
+    /// where the model says nothing.
     pub fn bound_ignoring_reach(&self, batch_size: u32, params: MemoryModelParams) -> Option<f64> {
         let model = self.memory_model(params)?;
         let model = match self.smallest_oom {
             Some(b) => model.with_oom(b),
             None => model,
         };
-        model.upper_bound_mib(batch_size)
+        bound_at(&model, batch_size, params)
     }
 
     /// Step time alone at `batch_size`, if it was measured (profile or a round run alone).
@@ -320,24 +314,27 @@ impl TaskKnowledge {
     }
 }
 
-/// How far a task whose memory was measured up to some size may grow next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct StepReach {
-    /// The largest size within one step (`step` × the largest measured).
-    step: u32,
-    /// The largest size allowed at all: `step`, or the smallest candidate above the
-    /// largest measured when that is further.
-    next: u32,
+/// The largest size within one step past `largest` measured: `step` × `largest`.
+fn one_step(largest: u32, step: f64) -> u32 {
+    (f64::from(largest) * step).floor().min(f64::from(u32::MAX)) as u32
 }
 
-impl StepReach {
-    fn new(sizes: &[u32], largest: u32, step: f64) -> StepReach {
-        let within = (f64::from(largest) * step).floor().min(f64::from(u32::MAX)) as u32;
-        let next = sizes.iter().copied().filter(|&b| b > largest).min();
-        StepReach {
-            step: within,
-            next: next.map_or(within, |n| n.max(within)),
-        }
+/// The largest size a task whose memory was measured up to `largest` may take next: one
+/// step past it, or the smallest of `sizes` above `largest` when that is further.
+fn next_size(sizes: &[u32], largest: u32, step: f64) -> u32 {
+    let within = one_step(largest, step);
+    let next = sizes.iter().copied().filter(|&b| b > largest).min();
+    next.map_or(within, |n| n.max(within))
+}
+
+/// The bound the tuner holds a task to at `batch_size`: the model's, and further than one
+/// step past the largest measured size the prior's (see [`TaskKnowledge::upper_bounds`]).
+/// Never below the model's, and monotone in the size as both bounds are.
+fn bound_at(model: &MemoryModel, batch_size: u32, params: MemoryModelParams) -> Option<f64> {
+    if batch_size > one_step(model.largest_observed(), params.max_step_past_measured) {
+        model.prior_bound_mib(batch_size)
+    } else {
+        model.upper_bound_mib(batch_size)
     }
 }
 
@@ -663,8 +660,8 @@ mod tests {
     }
 
     /// Memory measured on a straight stretch (16, 32, 64: ResNet-50 in the simulator's
-    /// K80 world) shows no curvature, and the curvature's bound at 128 is below the
-    /// 11,441 MiB the task needs there, past its knee. Where the task's sizes double, 128
+    /// K80 world) shows no curvature, and the curvature's bound at 128 is below what the
+    /// task needs there, past its knee: the whole K80 card, 11,441 MiB. Where the task's sizes double, 128
     /// is a jump longer than a step and gets the prior's bound, which covers it; on a
     /// √2 grid the next size, 90, keeps the curvature's tighter bound.
     #[test]
@@ -680,13 +677,15 @@ mod tests {
         let coarse = k.upper_bounds(&[64, 128], 16, 0.0, p);
         assert_eq!(coarse[1], model.prior_bound_mib(128));
         assert!(coarse[1].is_some_and(|b| b >= 11_441.0), "{coarse:?}");
+        // So is the bound a production job may go back up to m0 under.
+        assert_eq!(k.bound_ignoring_reach(128, p), coarse[1]);
         let fine = k.upper_bounds(&[64, 90], 16, 0.0, p);
         assert_eq!(fine[1], model.upper_bound_mib(90));
     }
 
     /// Alone past its measured sizes (within a step), the first failure under the
     /// curvature's bound lifts the bound to the prior's; a second makes the size the
-    /// task's limit.
+    /// task's limit, as does a first one at a size jumped to under the prior's bound.
     #[test]
     fn an_oom_alone_past_the_data_first_widens_the_bound() {
         let p = MemoryModelParams::default();
@@ -701,6 +700,14 @@ mod tests {
         assert!(wider > tight, "{wider} ≤ {tight}");
         assert!(k.learn_oom_alone_past(90, p));
         assert_eq!(k.smallest_oom, Some(90));
+        // Where the sizes double, 128 was reached in one jump under the prior's bound
+        // already: a failure there is the task's limit at once.
+        let mut jumped = TaskKnowledge::default();
+        for (b, mib) in [(16, 1160.0), (32, 1320.0), (64, 1640.0)] {
+            jumped.memory.insert(b, mib);
+        }
+        assert!(jumped.learn_oom_alone_past(128, p));
+        assert_eq!(jumped.smallest_oom, Some(128));
         // Within the measured sizes an out-of-memory report is the task's limit at once.
         let mut measured = TaskKnowledge::default();
         measured.memory.insert(32, 1320.0);

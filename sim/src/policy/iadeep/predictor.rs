@@ -36,8 +36,8 @@ pub struct SimPredictor {
 type ProfileKey = (u32, u32, u64, Option<u64>, Option<u64>, Option<u64>);
 type PredictionKey = (u32, ProfileKey, Vec<ProfileKey>);
 
-/// Beyond this many memoised predictions the memo starts again (bounds its memory on
-/// long runs where the model stops refitting).
+/// Beyond this many memoised predictions the memo starts again (bounds its memory should
+/// a model go long without a refit, e.g. while the learner refuses samples).
 const MEMO_CAPACITY: usize = 1 << 20;
 
 /// The number of `name` in `names`, given the next free one when new.
