@@ -96,7 +96,7 @@ impl DuePod {
         format!("{}/{}", self.namespace, self.name)
     }
 
-    fn key(&self) -> Key {
+    pub(crate) fn key(&self) -> Key {
         (
             self.task_id.clone(),
             self.namespace.clone(),
@@ -107,7 +107,7 @@ impl DuePod {
 }
 
 /// A task and its pod: a task placed again in a new pod is a new entry.
-type Key = (String, String, String, String);
+pub(crate) type Key = (String, String, String, String);
 
 #[derive(Clone, Debug, PartialEq)]
 enum State {

@@ -185,28 +185,39 @@ async fn a_pod_still_running_after_its_grace_is_evicted_once() {
     daemon.shutdown().await;
 }
 
-/// A PodDisruptionBudget refuses (429): the next tick asks again, and the one
-/// success ends it.
+/// A PodDisruptionBudget refuses (429) twice: each next tick asks again (the second
+/// refusal is known as one that goes on, logged at debug), and the one success ends it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disruption_budget_is_asked_again_until_it_allows_the_eviction() {
     let (_server, store, fake, daemon) = setup(Duration::from_secs(3600)).await;
     bind(&daemon, &fake, "opp").await;
     let mut evictor = driver(&daemon, &fake).await;
     order_to_leave(store.as_ref(), &daemon, "ml.opp").await;
-    fake.answer_evictions(&[429]);
+    fake.answer_evictions(&[429, 429]);
 
     evictor.tick(T0).await;
     let done = evictor.tick(T0 + 20_000).await;
     assert!(
-        matches!(&done[..], [(_, PodEvictionOutcome::Blocked(_))]),
+        matches!(
+            &done[..],
+            [(_, PodEvictionOutcome::Blocked { again: false, .. })]
+        ),
         "{done:?}"
     );
     // At the very next tick: a budget's refusal does not back off.
     let done = evictor.tick(T0 + 20_001).await;
+    assert!(
+        matches!(
+            &done[..],
+            [(_, PodEvictionOutcome::Blocked { again: true, .. })]
+        ),
+        "{done:?}"
+    );
+    let done = evictor.tick(T0 + 20_002).await;
     assert_eq!(outcomes(&done), ["ml/opp Evicted"]);
     assert!(evictor.tick(T0 + 22_000).await.is_empty());
-    assert_eq!(fake.evictions().len(), 2, "one refused, one accepted");
-    assert_eq!(daemon.metrics().pod_eviction_blocked.get(), 1);
+    assert_eq!(fake.evictions().len(), 3, "two refused, one accepted");
+    assert_eq!(daemon.metrics().pod_eviction_blocked.get(), 2);
     assert_eq!(daemon.metrics().pod_evicted.get(), 1);
     daemon.shutdown().await;
 }

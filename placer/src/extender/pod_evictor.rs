@@ -7,10 +7,12 @@
 //! due and, for each, reads the pod (a pod gone, re-created under the same name, ended
 //! or already terminating is left alone and counts as done) and creates its `policy/v1`
 //! Eviction with the pod's UID as precondition. Accepted (201) or gone (404): never
-//! again. Refused by a PodDisruptionBudget (429): again at the next tick. Any other
+//! again. Refused by a PodDisruptionBudget (429): again at the next tick, logged at info
+//! when the refusals start and at debug while they go on. Any other
 //! failure: again after a backoff. Each outcome is logged with the task, the pod and the
 //! eviction's reason, and counted in `iadeep_placer_pod_evictions_total{outcome}`.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +24,7 @@ use tokio::time::Instant;
 use super::kube_api::{ApiCallError, EvictionAnswer, KubeApi};
 use crate::error::Result;
 use crate::metrics::PlacerMetrics;
-use crate::pod_eviction::{DuePod, KUBELET_TERMINATION_GRACE, PodEvictions};
+use crate::pod_eviction::{DuePod, KUBELET_TERMINATION_GRACE, Key, PodEvictions};
 use crate::service::PlacementService;
 
 /// How often the daemon's driver looks for pods to evict; a pass with none reads the
@@ -39,8 +41,9 @@ pub enum PodEvictionOutcome {
     Evicted,
     /// Nothing to evict (why): the pod is gone, was re-created, ended or is terminating.
     Gone(String),
-    /// A PodDisruptionBudget refused the eviction for now; tried again next tick.
-    Blocked(String),
+    /// A PodDisruptionBudget refused the eviction for now (why); tried again next tick.
+    /// `again`: it refused at the last tick too (logged then, so at debug now).
+    Blocked { why: String, again: bool },
     /// The eviction failed (why); tried again after `retry_in`.
     Failed { why: String, retry_in: Duration },
 }
@@ -53,6 +56,9 @@ pub struct PodEvictor {
     metrics: Arc<PlacerMetrics>,
     grace: Duration,
     evictions: PodEvictions,
+    /// The pods a PodDisruptionBudget refused at the last tick: a budget may refuse for
+    /// hours, and one line a second for it would bury the log.
+    blocked: HashSet<Key>,
 }
 
 impl PodEvictor {
@@ -66,6 +72,7 @@ impl PodEvictor {
             metrics,
             grace,
             evictions: PodEvictions::default(),
+            blocked: HashSet::new(),
         }
     }
 
@@ -82,11 +89,18 @@ impl PodEvictor {
             self.evictions.due(&view, now_unix_ms, self.grace)
         };
         let mut done = Vec::with_capacity(due.len());
+        let mut blocked = HashSet::new();
         for pod in due {
             let outcome = self.evict(&pod, now_unix_ms).await;
             self.report(&pod, &outcome);
+            if matches!(outcome, PodEvictionOutcome::Blocked { .. }) {
+                blocked.insert(pod.key());
+            }
             done.push((pod, outcome));
         }
+        // A pod refused at every tick is due at every tick, so this keeps exactly the
+        // refusals that go on (and forgets a withdrawn order's).
+        self.blocked = blocked;
         done
     }
 
@@ -112,7 +126,10 @@ impl PodEvictor {
                 self.evictions.done(pod);
                 PodEvictionOutcome::Gone("the pod no longer exists".to_owned())
             }
-            EvictionAnswer::Blocked(why) => PodEvictionOutcome::Blocked(why),
+            EvictionAnswer::Blocked(why) => PodEvictionOutcome::Blocked {
+                why,
+                again: self.blocked.contains(&pod.key()),
+            },
             EvictionAnswer::Failed(why) => {
                 // From when the calls ended, which may be seconds after the tick began:
                 // a pause counted from before them could be over before it is set.
@@ -159,10 +176,16 @@ impl PodEvictor {
                 tracing::info!(task, pod = %name, device, why = %why,
                     "no pod to evict for a task told to leave");
             }
-            PodEvictionOutcome::Blocked(why) => {
+            PodEvictionOutcome::Blocked { why, again } => {
                 self.metrics.pod_eviction_blocked.inc();
-                tracing::info!(task, pod = %name, device, why = %why,
-                    "a PodDisruptionBudget refused the pod's eviction; trying again");
+                if *again {
+                    tracing::debug!(task, pod = %name, device, why = %why,
+                        "a PodDisruptionBudget still refuses the pod's eviction");
+                } else {
+                    tracing::info!(task, pod = %name, device, why = %why,
+                        "a PodDisruptionBudget refused the pod's eviction; trying again \
+                         every tick (logged again when that changes)");
+                }
             }
             PodEvictionOutcome::Failed { why, retry_in } => {
                 self.metrics.pod_eviction_failed.inc();
