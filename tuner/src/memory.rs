@@ -4,8 +4,8 @@
 //! CUDA context, workspaces) plus activations proportional to the batch size. The model is
 //! therefore an affine least-squares fit with a non-negative slope (so it is monotone), shifted
 //! up to an *upper envelope* so it never predicts less than any sample it was fit on, plus a
-//! residual-based band, plus an explicit margin that grows with every doubling past the largest
-//! observed batch size. Extrapolating further than `max_extrapolation` × the largest observed
+//! residual-based band, plus an optional margin that grows with every doubling past the largest
+//! observed batch size (none by default). Extrapolating further than `max_extrapolation` × the largest observed
 //! size is refused. An out-of-memory report is a hard sample: that size and every larger one
 //! are infeasible. A cubic fit is deliberately not used: it extrapolates wildly.
 //!
@@ -24,7 +24,9 @@
 //! co-runner that does not fit. An under-estimate is no longer fatal to co-runners: the agent
 //! fences its allocator at the bound, so it costs the task one caught out-of-memory, and the
 //! tuner approaches unmeasured sizes in small steps
-//! ([`MemoryModelParams::max_step_past_measured`]) so no bound extrapolates far. Inside the
+//! ([`MemoryModelParams::max_step_past_measured`]) so no bound extrapolates far; where a
+//! task's sizes are coarser, the next one is a longer jump and gets the prior's growth
+//! ([`MemoryModel::prior_bound_mib`]), which no curvature measured below it can lower. Inside the
 //! observed range a convex curve lies below its chords, so the envelope of a line is safe
 //! there.
 //!
@@ -81,7 +83,8 @@ impl Default for MemoryModelParams {
     /// state, does not grow with the batch, so padding it per doubling only over-estimates);
     /// with curvature measured, 1.25 × what it predicts, else the prior twice the top secant;
     /// a curvature of at most 2 per doubling; no prediction past 8× the largest observed size;
-    /// and steps of at most 1.5× past what was measured. The safety factor was chosen on the
+    /// and steps of at most 1.5× past what was measured (a longer jump to a task's next
+    /// allowed size is bounded with the prior's growth). The safety factor was chosen on the
     /// derived transformer set; the figures on measured data and in the simulator were
     /// taken after (docs/tuner-experiments.md, "Memory bound").
     fn default() -> Self {

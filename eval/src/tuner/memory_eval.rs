@@ -76,9 +76,11 @@ pub struct EvalOptions {
     /// Fit on each model's rows with batch size ≤ this.
     pub fit_upto: u32,
     /// Predict the rows above the fit up to this many times the model's largest fitted
-    /// size: 2, one doubling, is as far as the tuner lets a bound run ahead of the data
-    /// (it grows a task by at most `max_step_past_measured`, or to the next size it may
-    /// take), so rows further out test a use the bound is not put to.
+    /// size: 2, one doubling, is the measure and a little further than the
+    /// tuner lets this bound run ahead of the data (it grows a task by at most
+    /// `max_step_past_measured`, 1.5×; a longer jump to a task's next allowed size is
+    /// bounded by the prior instead, which this does not score: docs/tuner-experiments.md),
+    /// so rows further out test a use the bound is not put to.
     pub horizon: f64,
     /// The memory model's parameters.
     pub params: MemoryModelParams,

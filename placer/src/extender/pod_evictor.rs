@@ -184,7 +184,7 @@ impl PodEvictor {
                 } else {
                     tracing::info!(task, pod = %name, device, why = %why,
                         "a PodDisruptionBudget refused the pod's eviction; trying again \
-                         every tick (logged again when that changes)");
+                         every tick (further refusals logged at debug)");
                 }
             }
             PodEvictionOutcome::Failed { why, retry_in } => {
