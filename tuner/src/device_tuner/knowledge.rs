@@ -209,7 +209,8 @@ impl TaskKnowledge {
         true
     }
 
-    /// The memory model, if any sample exists.
+    /// The memory model, if any sample exists, with the task's limit
+    /// ([`TaskKnowledge::smallest_oom`]) and the floors its crashes left.
     pub fn memory_model(&self, params: MemoryModelParams) -> Option<MemoryModel> {
         let samples: Vec<MemorySample> = self
             .memory
@@ -259,10 +260,6 @@ impl TaskKnowledge {
     ) -> Vec<Option<f64>> {
         match self.memory_model(params) {
             Some(model) => {
-                let model = match self.smallest_oom {
-                    Some(b) => model.with_oom(b),
-                    None => model,
-                };
                 let reach = next_size(
                     sizes,
                     model.largest_observed(),
@@ -288,10 +285,6 @@ impl TaskKnowledge {
     /// where the model says nothing.
     pub fn bound_ignoring_reach(&self, batch_size: u32, params: MemoryModelParams) -> Option<f64> {
         let model = self.memory_model(params)?;
-        let model = match self.smallest_oom {
-            Some(b) => model.with_oom(b),
-            None => model,
-        };
         bound_at(&model, batch_size, params)
     }
 
