@@ -5,9 +5,10 @@
 //! therefore an affine least-squares fit with a non-negative slope (so it is monotone), shifted
 //! up to an *upper envelope* so it never predicts less than any sample it was fit on, plus a
 //! residual-based band, plus an optional margin that grows with every doubling past the largest
-//! observed batch size (none by default). Extrapolating further than `max_extrapolation` × the largest observed
-//! size is refused. An out-of-memory report is a hard sample: that size and every larger one
-//! are infeasible. A cubic fit is deliberately not used: it extrapolates wildly.
+//! observed batch size (none by default). Extrapolating further than `max_extrapolation` × the
+//! largest observed size is refused. An out-of-memory report is a hard sample: that size and
+//! every larger one are infeasible. A cubic fit is deliberately not used: it extrapolates
+//! wildly.
 //!
 //! Past the largest observed size the bound grows faster than the data's top secant (the
 //! slope through the two largest observed sizes) by as much as the task's own data bends:
@@ -26,9 +27,9 @@
 //! tuner approaches unmeasured sizes in small steps
 //! ([`MemoryModelParams::max_step_past_measured`]) so no bound extrapolates far; where a
 //! task's sizes are coarser, the next one is a longer jump and gets the prior's growth
-//! ([`MemoryModel::prior_bound_mib`]), which no curvature measured below it can lower. Inside the
-//! observed range a convex curve lies below its chords, so the envelope of a line is safe
-//! there.
+//! ([`MemoryModel::prior_bound_mib`]), which no curvature measured below it can lower.
+//! Inside the observed range a convex curve lies below its chords, so the envelope of a line
+//! is safe there.
 //!
 //! An out-of-memory crash next to co-runners does not make a size infeasible for the task,
 //! but it says the task needed more than the memory the others left it: a *floor* on its peak

@@ -176,8 +176,8 @@ impl TaskKnowledge {
     /// prior's ([`MemoryModel::prior_bound_mib`]), so the size may be tried again under a
     /// wider fence; a failure where the prior's bound held already (as it does at a size
     /// further than a step past the data, see [`TaskKnowledge::upper_bounds`]), or within
-    /// the measured sizes, makes the size the task's limit ([`TaskKnowledge::smallest_oom`]). Returns
-    /// whether that changed what is known.
+    /// the measured sizes, makes the size the task's limit ([`TaskKnowledge::smallest_oom`]).
+    /// Returns whether that changed what is known.
     pub fn learn_oom_alone_past(&mut self, batch_size: u32, params: MemoryModelParams) -> bool {
         let lifted = self.memory_model(params).and_then(|model| {
             let past_data = batch_size > model.largest_observed();
@@ -654,16 +654,16 @@ mod tests {
 
     /// Memory measured on a straight stretch (16, 32, 64: ResNet-50 in the simulator's
     /// K80 world) shows no curvature, and the curvature's bound at 128 is below what the
-    /// task needs there, past its knee: the whole K80 card, 11,441 MiB. Where the task's sizes double, 128
-    /// is a jump longer than a step and gets the prior's bound, which covers it; on a
-    /// √2 grid the next size, 90, keeps the curvature's tighter bound.
+    /// task needs there, past its knee: the whole K80 card, 11,441 MiB. Where the task's
+    /// sizes double, 128 is a jump longer than a step and gets the prior's bound, which
+    /// covers it; on a √2 grid the next size, 90, keeps the curvature's tighter bound.
     #[test]
     fn a_jump_past_a_step_is_bounded_by_the_prior() {
         let p = MemoryModelParams::default();
-        let mut k = TaskKnowledge::default();
-        for (b, mib) in [(16, 420.0), (32, 1600.0), (64, 3900.0)] {
-            k.memory.insert(b, mib);
-        }
+        let k = TaskKnowledge {
+            memory: points(&[(16, 420.0), (32, 1600.0), (64, 3900.0)]),
+            ..TaskKnowledge::default()
+        };
         let model = k.memory_model(p).expect("model");
         let curvature = model.upper_bound_mib(128).expect("feasible");
         assert!(curvature < 11_441.0, "{curvature}");
@@ -682,10 +682,11 @@ mod tests {
     #[test]
     fn an_oom_alone_past_the_data_first_widens_the_bound() {
         let p = MemoryModelParams::default();
-        let mut k = TaskKnowledge::default();
-        for (b, mib) in [(16, 1160.0), (32, 1320.0), (64, 1640.0)] {
-            k.memory.insert(b, mib);
-        }
+        let measured_below = points(&[(16, 1160.0), (32, 1320.0), (64, 1640.0)]);
+        let mut k = TaskKnowledge {
+            memory: measured_below.clone(),
+            ..TaskKnowledge::default()
+        };
         let tight = k.upper_bounds(&[90], 32, 0.0, p)[0].expect("feasible");
         assert!(k.learn_oom_alone_past(90, p));
         assert_eq!(k.smallest_oom, None);
@@ -695,10 +696,10 @@ mod tests {
         assert_eq!(k.smallest_oom, Some(90));
         // Where the sizes double, 128 was reached in one jump under the prior's bound
         // already: a failure there is the task's limit at once.
-        let mut jumped = TaskKnowledge::default();
-        for (b, mib) in [(16, 1160.0), (32, 1320.0), (64, 1640.0)] {
-            jumped.memory.insert(b, mib);
-        }
+        let mut jumped = TaskKnowledge {
+            memory: measured_below,
+            ..TaskKnowledge::default()
+        };
         assert!(jumped.learn_oom_alone_past(128, p));
         assert_eq!(jumped.smallest_oom, Some(128));
         // Within the measured sizes an out-of-memory report is the task's limit at once.
