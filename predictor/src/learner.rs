@@ -76,9 +76,9 @@ pub struct LearnerParams {
     /// job's own effect is shrunk towards it by `job_effects_prior`, and the
     /// family's towards 0, the population. A job seen at a new batch size starts
     /// from its family's effect rather than from nothing. `None`: one level.
-    /// Chosen on the K80 samples (1, with `job_effects_prior` 3) but not the default
-    /// yet: with it the simulator's placements expose a memory-bound case that crashes
-    /// unfenced tasks (docs/predictor-experiments.md, "Transfer to models never seen").
+    /// Chosen on the K80 samples' MAPE (1, with `job_effects_prior` 3) but not the
+    /// default: the simulator on the K80 completed jobs no sooner with it
+    /// (docs/predictor-experiments.md, "Checked in the simulator").
     #[serde(default)]
     pub family_effects_prior: Option<f64>,
     /// Whether the model leaves out the columns that depend on the GPU's speed
