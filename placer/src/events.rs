@@ -36,6 +36,9 @@ pub enum PlacementEvent {
     DeadReleased,
     /// A reservation was given back because the task's agent never started.
     UnstartedReleased,
+    /// The keys of a task that held no placement were archived and marked for the
+    /// retention (a Release of it, or the reaper once its agent was gone).
+    UnplacedArchived,
     /// A released task's keys were deleted after its retention.
     RetentionDeleted,
     /// A task released while its agent kept running was admitted again on its device.

@@ -64,8 +64,8 @@ pub use policy::{
 pub use service::{Clock, PlaceOutcome, PlacementService};
 pub use sync::ViewSync;
 pub use view::{
-    ClusterView, DeadResident, DeviceState, DeviceSummary, Resident, UnreservedRunning,
-    UnstartedResident, WaitingTask, profile_of,
+    ClusterView, DeadResident, DeadUnreserved, DeviceState, DeviceSummary, Resident,
+    UnreservedRunning, UnstartedResident, WaitingTask, profile_of,
 };
 
 #[cfg(feature = "daemon")]

@@ -91,6 +91,9 @@ pub struct PlacerMetrics {
     /// Reservations given back because the task's agent never started (see
     /// [`DaemonConfig::unstarted_task_grace`](crate::DaemonConfig::unstarted_task_grace)).
     pub unstarted_released: Counter,
+    /// Tasks that held no placement whose keys were archived and marked for the
+    /// retention (see [`crate::PlacementService::archive_dead_unreserved`]).
+    pub unplaced_archived: Counter,
     /// Released tasks whose keys were deleted after their retention (see
     /// [`PlacerParams::task_retention`](crate::PlacerParams::task_retention)).
     pub retention_deleted: Counter,
@@ -230,6 +233,11 @@ impl PlacerMetrics {
                 "iadeep_placer_unstarted_task_releases_total",
                 "Reservations given back because the task's agent never started within its grace period.",
             ),
+            unplaced_archived: counter(
+                &registry,
+                "iadeep_placer_unplaced_archived_tasks_total",
+                "Tasks that never held a reservation (or lost it) whose keys were archived for the retention once their agent was gone.",
+            ),
             retention_deleted: counter(
                 &registry,
                 "iadeep_placer_retention_deleted_tasks_total",
@@ -311,6 +319,7 @@ impl PlacementEvents for PlacerMetrics {
             PlacementEvent::Released => self.released.inc(),
             PlacementEvent::DeadReleased => self.dead_released.inc(),
             PlacementEvent::UnstartedReleased => self.unstarted_released.inc(),
+            PlacementEvent::UnplacedArchived => self.unplaced_archived.inc(),
             PlacementEvent::RetentionDeleted => self.retention_deleted.inc(),
             PlacementEvent::Readmitted => self.readmitted.inc(),
             PlacementEvent::UnreservedRunning(tasks) => self.unreserved_running.set(tasks),

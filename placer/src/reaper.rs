@@ -20,7 +20,11 @@
 //!
 //! Each tick also gives a reservation back to tasks whose agent runs without one (they
 //! were released while it ran; see
-//! [`crate::service::PlacementService::readmit_running`]), or reports them.
+//! [`crate::service::PlacementService::readmit_running`]), or reports them; and once
+//! such an agent, or one of a job that was never placed, has been gone for the dead-task
+//! grace, it archives what the task left under `tasks/` with a release marker, so the
+//! retention deletes it like a released task's (see
+//! [`crate::service::PlacementService::archive_dead_unreserved`]).
 //!
 //! The reaper also deletes the keys of released tasks once their retention is over
 //! (see [`crate::retention`]), so that there is one loop that cleans up after tasks,
@@ -100,6 +104,7 @@ pub fn spawn(
                 _ = tick.tick() => {
                     if let Some(grace) = graces.dead {
                         service.release_dead(grace).await;
+                        service.archive_dead_unreserved(grace).await;
                     }
                     if let Some(grace) = graces.unstarted {
                         service.release_unstarted(grace).await;

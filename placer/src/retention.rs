@@ -402,6 +402,121 @@ mod tests {
         service.release(id).await.expect("release");
     }
 
+    /// What an agent that runs without a placement writes: its spec, its `alive`
+    /// key and a report (the view learns the last two, as the sync tells it).
+    async fn run_unplaced(store: &dyn StateStore, service: &PlacementService, id: &str) {
+        let report = iadeep_proto::TaskReport {
+            task_id: id.into(),
+            device_id: "d0".into(),
+            ..Default::default()
+        };
+        for (key, value) in [
+            (
+                keys::task_spec(id),
+                prost::Message::encode_to_vec(&spec(id)),
+            ),
+            (keys::task_alive(id), b"pid 1".to_vec()),
+            (
+                keys::task_report(id),
+                prost::Message::encode_to_vec(&report),
+            ),
+        ] {
+            store.put(&key, value, None).await.expect("agent's write");
+        }
+        let mut view = service.view_mut();
+        view.set_alive(id);
+        view.set_report(report);
+    }
+
+    /// A job whose agent ran without ever being placed (started outside `iadeep
+    /// run`) leaves its spec and report under `tasks/`, which nothing released. Once
+    /// its agent has been gone for the dead-task grace the reaper archives them with a
+    /// release marker, and the retention deletes them like a released task's. Not
+    /// while its agent runs, by the view or by the store.
+    #[tokio::test]
+    async fn a_task_that_ran_without_a_placement_is_archived_then_swept() {
+        let (store, now, service) = world();
+        let events = Arc::new(crate::events::Recorded::default());
+        let service = service.with_events(events.clone());
+        let grace = Duration::from_secs(60);
+        run_unplaced(store.as_ref(), &service, "solo").await;
+        assert!(service.archive_dead_unreserved(grace).await.is_empty());
+
+        // Its agent stops: the lease's key goes, the view notices.
+        store
+            .delete(&keys::task_alive("solo"))
+            .await
+            .expect("lease expiry");
+        service
+            .view_mut()
+            .set_not_alive("solo", now.load(Ordering::SeqCst));
+        advance(&now, grace - Duration::from_secs(1));
+        assert!(
+            service.archive_dead_unreserved(grace).await.is_empty(),
+            "within the grace"
+        );
+        advance(&now, Duration::from_secs(1));
+        // A view behind the store: the agent came back, its key is there again.
+        store
+            .put(&keys::task_alive("solo"), b"pid 2".to_vec(), None)
+            .await
+            .expect("agent's key");
+        assert!(
+            service.archive_dead_unreserved(grace).await.is_empty(),
+            "runs by the store"
+        );
+        assert_eq!(task_keys(store.as_ref(), "solo").await, 3);
+        store
+            .delete(&keys::task_alive("solo"))
+            .await
+            .expect("lease expiry");
+
+        assert_eq!(service.archive_dead_unreserved(grace).await, ["solo"]);
+        assert_eq!(task_keys(store.as_ref(), "solo").await, 0, "out of tasks/");
+        assert_eq!(
+            archived_keys(store.as_ref(), "solo").await,
+            2,
+            "spec and report"
+        );
+        assert_eq!(events.count(PlacementEvent::UnplacedArchived), 1);
+        advance(&now, HOUR);
+        let swept = sweep(&service, HOUR, 10, None).await.expect("sweep");
+        assert_eq!(swept.deleted, ["solo"]);
+        assert_eq!(archived_keys(store.as_ref(), "solo").await, 0);
+    }
+
+    /// A Release of a task that holds no placement archives what its agent left
+    /// (once that agent is gone) instead of answering "nothing held" and leaving it.
+    #[tokio::test]
+    async fn releasing_a_task_that_ran_without_a_placement_archives_it() {
+        let (store, _now, service) = world();
+        run_unplaced(store.as_ref(), &service, "solo").await;
+        assert_eq!(service.release("solo").await.expect("release"), None);
+        assert_eq!(task_keys(store.as_ref(), "solo").await, 3, "its agent runs");
+        store
+            .delete(&keys::task_alive("solo"))
+            .await
+            .expect("lease expiry");
+        assert_eq!(service.release("solo").await.expect("release"), None);
+        assert_eq!(task_keys(store.as_ref(), "solo").await, 0);
+        assert!(
+            store
+                .get(&keys::task_released("solo"))
+                .await
+                .expect("get")
+                .is_some()
+        );
+        // A task that left nothing (withdrawn while it waited) gets no marker.
+        assert_eq!(service.release("queued").await.expect("release"), None);
+        assert!(
+            store
+                .get(&keys::task_released("queued"))
+                .await
+                .expect("get")
+                .is_none()
+        );
+    }
+
     #[tokio::test]
     async fn a_released_task_moves_to_the_archive_until_its_retention_ends_then_is_gone() {
         let (store, now, service) = world();

@@ -1399,6 +1399,10 @@ impl PlacementService {
                 self.release_placement_only(task_id, &placement_key).await?;
             }
         }
+        if !had_placement && self.archive_unplaced(task_id).await? {
+            self.record(PlacementEvent::UnplacedArchived);
+            tracing::debug!(task = %task_id, "archived the keys of a task that held no placement");
+        }
         // A task withdrawn while it waited no longer holds the others back.
         self.view_mut().forget_waiting(task_id);
         self.placer.wait_model().forget(task_id);
@@ -1407,6 +1411,40 @@ impl PlacementService {
             tracing::debug!(task = %task_id, device = ?released, "released");
         }
         Ok(released)
+    }
+
+    /// Moves the keys an agent left under `tasks/` for a task that holds no placement to
+    /// the archive and writes its release marker, as a Release of a placed task does,
+    /// so the retention deletes them in time (see [`crate::retention`]); true when it
+    /// did. Nothing is done while the task's agent runs (its `alive` key exists: the
+    /// reaper may admit it again) or when it left nothing there (a task withdrawn while
+    /// it waited, the usual case, costs this one read). The transaction holds only if
+    /// no placement and no `alive` key appeared and the moved keys are as read; a lost
+    /// one is left to the next call.
+    async fn archive_unplaced(&self, task_id: &str) -> Result<bool> {
+        let live = self.store.range(&keys::task_prefix(task_id)).await?.kvs;
+        let alive_key = keys::task_alive(task_id);
+        let moved = keys::archived_task_keys(task_id);
+        let left_something = live
+            .iter()
+            .any(|kv| moved.iter().any(|(k, _)| *k == kv.key));
+        if !left_something || live.iter().any(|kv| kv.key == alive_key) {
+            return Ok(false);
+        }
+        let archive = crate::archive::archive_ops_from(&live, task_id);
+        let txn = Txn::new()
+            .compare(keys::task_placement(task_id), Expect::Absent)
+            .compare(alive_key, Expect::Absent)
+            .put(
+                keys::task_released(task_id),
+                typed::encode_released_at(self.clock.now_unix_ms()),
+                None,
+            );
+        Ok(self
+            .commits
+            .transact(archive.add_to(txn))
+            .await?
+            .committed())
     }
 
     /// Deletes `placement_key` (a placement without a reservation) with the task's
@@ -1608,6 +1646,35 @@ impl PlacementService {
             }
         }
         released
+    }
+
+    /// Archives, with a release marker, the keys left under `tasks/` by every task that
+    /// holds no reservation and whose agent has been gone for `grace` (at once when it
+    /// reported finishing), see [`ClusterView::dead_unreserved`], so the retention
+    /// deletes them as it does a released task's. Returns the tasks archived. One that
+    /// fails (a store error, or a key that changed meanwhile) is retried on the next
+    /// call.
+    pub async fn archive_dead_unreserved(&self, grace: std::time::Duration) -> Vec<String> {
+        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        let dead = self
+            .view_mut()
+            .dead_unreserved(self.clock.now_unix_ms(), grace_ms);
+        let mut archived = Vec::new();
+        for task in dead {
+            match self.archive_unplaced(&task.task_id).await {
+                Ok(true) => {
+                    self.record(PlacementEvent::UnplacedArchived);
+                    let gone_s = (self.clock.now_unix_ms() - task.gone_since_unix_ms).max(0) / 1000;
+                    tracing::info!(task = %task.task_id, finished = task.finished, gone_s,
+                        "archived the keys of a task that ran without a reservation and is gone");
+                    archived.push(task.task_id);
+                }
+                Ok(false) => {}
+                Err(err) => tracing::warn!(task = %task.task_id, %err,
+                    "cannot archive the keys of a task that ran without a reservation; retrying later"),
+            }
+        }
+        archived
     }
 
     /// Releases every resident task whose agent never appeared (no `alive` key, no

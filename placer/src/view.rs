@@ -446,6 +446,17 @@ pub struct DeadResident {
     pub finished: bool,
 }
 
+/// A task without a reservation whose agent is gone, as
+/// [`ClusterView::dead_unreserved`] reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadUnreserved {
+    pub task_id: String,
+    /// Since when (Unix ms) the task has been seen without its `alive` key.
+    pub gone_since_unix_ms: i64,
+    /// Its last report said it finished.
+    pub finished: bool,
+}
+
 /// A resident task whose agent never showed up, as
 /// [`ClusterView::unstarted_residents`] reports it.
 #[derive(Clone, Debug, PartialEq)]
@@ -463,6 +474,16 @@ pub struct UnreservedRunning {
     pub task_id: String,
     /// The device the task's last report names (where it runs), if it reported.
     pub device_id: Option<String>,
+}
+
+impl UnreservedRunning {
+    /// Whether a task runs without a reservation: its agent holds its `alive` key, it
+    /// holds no reservation, and its last report does not say it finished (its agent
+    /// is about to stop). The one definition that the placer's reaper
+    /// ([`ClusterView::unreserved_running`]) and `iadeep status` both apply.
+    pub fn applies(alive: bool, reserved: bool, report: Option<&TaskReport>) -> bool {
+        alive && !reserved && !report.is_some_and(|r| r.finished)
+    }
 }
 
 /// A task waiting for a device: one that was answered "queue" and is expected to ask
@@ -656,8 +677,10 @@ impl ClusterView {
         let mut found: Vec<UnreservedRunning> = self
             .alive
             .iter()
-            .filter(|task| !self.task_device.contains_key(*task))
-            .filter(|task| !self.reports.get(*task).is_some_and(|r| r.finished))
+            .filter(|task| {
+                let reserved = self.task_device.contains_key(*task);
+                UnreservedRunning::applies(true, reserved, self.reports.get(*task))
+            })
             .map(|task| UnreservedRunning {
                 task_id: task.clone(),
                 device_id: self
@@ -683,34 +706,63 @@ impl ClusterView {
     pub fn dead_residents(&mut self, now_unix_ms: i64, grace_ms: i64) -> Vec<DeadResident> {
         let mut dead = Vec::new();
         for (task_id, device_id) in &self.task_device {
-            if self.alive.contains(task_id) {
+            let Some((since, finished)) = gone_past(
+                (&self.alive, &self.reports, &mut self.gone_since),
+                task_id,
+                now_unix_ms,
+                grace_ms,
+            ) else {
                 continue;
-            }
-            let report = self.reports.get(task_id);
-            let since = match self.gone_since.get(task_id) {
-                Some(&since) => since,
-                None if report.is_some() => {
-                    self.gone_since.insert(task_id.clone(), now_unix_ms);
-                    now_unix_ms
-                }
-                None => continue,
             };
-            let finished = report.is_some_and(|r| r.finished);
-            if finished || now_unix_ms.saturating_sub(since) >= grace_ms {
-                dead.push(DeadResident {
-                    task_id: task_id.clone(),
-                    device_id: device_id.clone(),
+            dead.push(DeadResident {
+                task_id: task_id.clone(),
+                device_id: device_id.clone(),
+                gone_since_unix_ms: since,
+                finished,
+            });
+        }
+        self.forget_idle_clocks();
+        dead.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+        dead
+    }
+
+    /// Tasks that hold no reservation, whose agent ran (their report is under
+    /// `tasks/`) and is gone, by the same clock and grace as
+    /// [`ClusterView::dead_residents`]: a job whose agent ran without ever being
+    /// placed (started outside `iadeep run`), or one released while its agent ran
+    /// that could not be admitted again before it stopped. Nothing else would ever
+    /// take their keys out of `tasks/`, which the placer's start and every tuner read
+    /// whole; [`crate::PlacementService::release`] archives them like any released
+    /// task's.
+    pub fn dead_unreserved(&mut self, now_unix_ms: i64, grace_ms: i64) -> Vec<DeadUnreserved> {
+        let unreserved: Vec<String> = self
+            .reports
+            .keys()
+            .filter(|task| !self.task_device.contains_key(*task))
+            .cloned()
+            .collect();
+        let mut dead = Vec::new();
+        for task_id in unreserved {
+            let clocks = (&self.alive, &self.reports, &mut self.gone_since);
+            if let Some((since, finished)) = gone_past(clocks, &task_id, now_unix_ms, grace_ms) {
+                dead.push(DeadUnreserved {
+                    task_id,
                     gone_since_unix_ms: since,
                     finished,
                 });
             }
         }
-        // Tasks that hold nothing any more need no clock.
-        let task_device = &self.task_device;
-        self.gone_since
-            .retain(|task, _| task_device.contains_key(task));
+        self.forget_idle_clocks();
         dead.sort_by(|a, b| a.task_id.cmp(&b.task_id));
         dead
+    }
+
+    /// Drops the clocks of tasks that neither hold a reservation nor left a report:
+    /// nothing of theirs is left to release or archive.
+    fn forget_idle_clocks(&mut self) {
+        let (task_device, reports) = (&self.task_device, &self.reports);
+        self.gone_since
+            .retain(|task, _| task_device.contains_key(task) || reports.contains_key(task));
     }
 
     /// Resident tasks whose agent never appeared: no `alive` key now, none seen
@@ -990,6 +1042,42 @@ impl ClusterView {
             self.refresh_resident(task_id);
         }
     }
+}
+
+/// The view's fields [`gone_past`] reads and writes: the agents alive, the reports and
+/// the gone-since clocks.
+type GoneClocks<'a> = (
+    &'a HashSet<String>,
+    &'a HashMap<String, TaskReport>,
+    &'a mut HashMap<String, i64>,
+);
+
+/// Since when `task_id`'s agent has been gone and whether its last report said it
+/// finished, once it has been gone `grace_ms` by `now_unix_ms` (at once when it
+/// finished); `None` while its agent runs, before the grace, or when it never ran
+/// (no `alive` key seen, no report). The first call that notices a task with a
+/// report but no clock starts its clock at `now_unix_ms`. It takes the view's fields
+/// apart from the rest, so callers may iterate another field meanwhile.
+fn gone_past(
+    (alive, reports, gone_since): GoneClocks<'_>,
+    task_id: &str,
+    now_unix_ms: i64,
+    grace_ms: i64,
+) -> Option<(i64, bool)> {
+    if alive.contains(task_id) {
+        return None;
+    }
+    let report = reports.get(task_id);
+    let since = match gone_since.get(task_id) {
+        Some(&since) => since,
+        None => {
+            report?;
+            gone_since.insert(task_id.to_owned(), now_unix_ms);
+            now_unix_ms
+        }
+    };
+    let finished = report.is_some_and(|r| r.finished);
+    (finished || now_unix_ms.saturating_sub(since) >= grace_ms).then_some((since, finished))
 }
 
 /// FNV-1a: cheap, stable across runs and platforms.
@@ -1301,7 +1389,69 @@ mod tests {
         };
         view.apply_residents("d0", Some(record), 2);
         assert!(view.dead_residents(60_000, 5_000).is_empty());
+        // Their reports stay until the Release's archive move deletes them: until then
+        // the clocks are kept (for `dead_unreserved`), then dropped.
+        assert_eq!(view.gone_since.len(), 2, "{:?}", view.gone_since);
+        view.remove_report("reported");
+        view.remove_report("done");
+        assert!(view.dead_residents(60_000, 5_000).is_empty());
         assert!(view.gone_since.is_empty());
+    }
+
+    /// A task that never held a reservation (or lost it) and whose agent is gone is
+    /// found on the same clock as a dead resident; one whose agent runs, or that
+    /// left no report, is not, and one that holds a reservation is the other list's.
+    #[test]
+    fn dead_unreserved_are_those_without_a_reservation_whose_agent_ran_and_went() {
+        let mut view = ClusterView::new(Arc::new(crate::model::ModelledMemory));
+        let record = DeviceResidents {
+            device_id: "d0".into(),
+            reservations: vec![reservation("resident", 100)],
+            ..Default::default()
+        };
+        view.apply_residents("d0", Some(record), 1);
+        for (task, finished) in [
+            ("never-placed", false),
+            ("finished", true),
+            ("running", false),
+            ("resident", false),
+        ] {
+            view.set_alive(task);
+            view.set_report(TaskReport {
+                task_id: task.into(),
+                finished,
+                ..Default::default()
+            });
+        }
+        // An agent that ran and stopped before it ever reported leaves no report.
+        view.set_alive("no-report");
+        for task in ["never-placed", "finished", "resident", "no-report"] {
+            view.set_not_alive(task, 1_000);
+        }
+        let ids = |dead: Vec<DeadUnreserved>| -> Vec<String> {
+            dead.into_iter().map(|d| d.task_id).collect()
+        };
+        assert_eq!(ids(view.dead_unreserved(1_500, 5_000)), ["finished"]);
+        let dead = view.dead_unreserved(6_000, 5_000);
+        assert_eq!(ids(dead.clone()), ["finished", "never-placed"]);
+        assert_eq!(
+            (dead[1].gone_since_unix_ms, dead[1].finished),
+            (1_000, false)
+        );
+        // The resident's clock is shared with `dead_residents`, which reports it.
+        assert_eq!(
+            view.dead_residents(6_000, 5_000)
+                .into_iter()
+                .map(|d| d.task_id)
+                .collect::<Vec<_>>(),
+            ["resident"]
+        );
+        // Archived (the report deleted): no longer found, its clock dropped.
+        view.remove_report("never-placed");
+        view.remove_report("finished");
+        assert!(view.dead_unreserved(7_000, 5_000).is_empty());
+        assert!(!view.gone_since.contains_key("never-placed"));
+        assert!(!view.gone_since.contains_key("no-report"));
     }
 
     #[test]

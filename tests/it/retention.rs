@@ -180,3 +180,62 @@ async fn a_job_released_while_it_runs_holds_a_reservation_again() {
     .await;
     agent.finish().expect("finish");
 }
+
+/// A job whose agent runs without ever being placed (started outside `iadeep run`, on a
+/// GPU this placer does not know, so it cannot be admitted): once it has finished, the
+/// reaper archives what it left under `tasks/` and the retention deletes that, so no
+/// ended job stays among the live tasks that the placer and every tuner read at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_ran_without_a_placement_leaves_nothing_once_it_ends() {
+    let server = EtcdServer::start().expect("etcd");
+    let params = PlacerParams {
+        task_retention: Some(Duration::ZERO),
+        ..PlacerParams::default()
+    };
+    let (store, daemon) = cluster(&server, params).await;
+    let url = server.url();
+    let agent = tokio::task::spawn_blocking(move || {
+        Agent::builder()
+            .task_id("stray")
+            .store(&url)
+            .device_id("n9.gpu0")
+            .model("resnet50")
+            .initial_batch_size(32)
+            .use_nvml(false)
+            .memory_probe(|| Some(2_000))
+            .report_interval(Duration::from_millis(100))
+            .connect()
+            .expect("agent connects")
+    })
+    .await
+    .expect("agent thread");
+    agent.record_step(32, Duration::from_millis(5));
+    let s = store.as_ref();
+    eventually("the agent's report", async || {
+        s.get(&keys::task_report("stray"))
+            .await
+            .expect("get")
+            .is_some()
+    })
+    .await;
+    // While it runs, its keys stay where its agent reads them.
+    assert!(task_keys(s, "stray").await >= 3, "spec, alive, report");
+    agent.finish().expect("finish");
+    eventually("the ended job's keys to be gone", async || {
+        task_keys(s, "stray").await == 0
+            && s.range(&keys::archive_prefix("stray"))
+                .await
+                .expect("range")
+                .kvs
+                .is_empty()
+    })
+    .await;
+    assert!(daemon.metrics().unplaced_archived.get() >= 1);
+    assert!(
+        s.get(&keys::task_released("stray"))
+            .await
+            .expect("get")
+            .is_none(),
+        "its marker went with it"
+    );
+}

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use iadeep_tuner::daemon::tasks::TaskEntry;
 
 use iadeep_objective::PdInput;
+use iadeep_placer::UnreservedRunning;
 use iadeep_proto::{
     CapBreach, DeviceInfo, DeviceResidents, Placement, TaskReport, TaskSpec, TunerState,
 };
@@ -44,8 +45,9 @@ pub struct Snapshot {
     pub released_more: bool,
     /// Live task ids with no placement: a task released while its agent still runs (the
     /// placer's reaper places it again), or one caught between two writes. Only while
-    /// its agent is alive: a job never placed (started without `iadeep run`) leaves its
-    /// spec and last report behind when it ends, and it runs nowhere then.
+    /// its agent is alive and has not reported finishing, as the placer counts them
+    /// (`UnreservedRunning::applies`): a job never placed (started without `iadeep
+    /// run`) runs nowhere once it ends, and the reaper archives what it left.
     pub unplaced: Vec<String>,
     /// Keys that did not decode, named, so an operator can look at them.
     pub problems: Vec<String>,
@@ -223,7 +225,7 @@ fn assemble(
     let mut unplaced = Vec::new();
     for (id, task) in &tasks {
         let Some(placement) = &task.placement else {
-            if task.alive {
+            if UnreservedRunning::applies(task.alive, false, task.report.as_ref()) {
                 unplaced.push(id.clone());
             }
             continue;

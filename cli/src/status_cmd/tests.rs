@@ -167,6 +167,20 @@ async fn two_jobs() -> Snapshot {
         .put(&keys::task_alive("lost"), b"x".to_vec(), Some(lease))
         .await
         .expect("lost");
+    // One that reported finishing, its agent about to stop: the placer does not count
+    // it as running without a reservation, so neither does status.
+    let leaving = TaskReport {
+        task_id: "leaving".into(),
+        finished: true,
+        ..TaskReport::default()
+    };
+    typed::put(&store, &keys::task_report("leaving"), &leaving, None)
+        .await
+        .expect("leaving");
+    store
+        .put(&keys::task_alive("leaving"), b"x".to_vec(), Some(lease))
+        .await
+        .expect("leaving");
     read::read(&store, NOW_MS).await.expect("read")
 }
 
@@ -191,7 +205,7 @@ async fn figures_come_from_the_store_and_pd_is_the_tuners() {
     assert_eq!(
         s.unplaced,
         ["lost"],
-        "a live task without placement; not one whose agent is gone"
+        "a live task without placement; not one whose agent is gone or that finished"
     );
     let [a, b] = &s.jobs[..] else {
         panic!("two jobs: {:?}", s.jobs)
