@@ -323,6 +323,17 @@ impl Daemon {
         memory: Arc<dyn MemoryEstimator>,
         config: DaemonConfig,
     ) -> Result<Daemon> {
+        // The pod evictor runs only with the Kubernetes API; it must end an evicted pod
+        // before the reaper gives the pod's memory away.
+        #[cfg(feature = "kubernetes")]
+        if config
+            .extender
+            .as_ref()
+            .is_some_and(|e| e.kube_api.is_some())
+        {
+            let pod_evict_grace = placer.params().pod_evict_grace;
+            crate::pod_eviction::check_grace(pod_evict_grace, config.dead_task_grace)?;
+        }
         let metrics = Arc::new(PlacerMetrics::default());
         let view = Arc::new(RwLock::new(ClusterView::new(memory)));
         let sync = ViewSync::start(

@@ -11,7 +11,8 @@
 //! (`extender::pod_evictor`) asks the API server to evict such a pod (a `policy/v1`
 //! Eviction, which honours PodDisruptionBudgets), and kubelet then gives it its
 //! `terminationGracePeriodSeconds` to stop ([`KUBELET_TERMINATION_GRACE`] by default).
-//! [`check_grace`] keeps the two under the dead-task grace.
+//! [`check_grace`] keeps the two under the dead-task grace; the daemon refuses to start
+//! otherwise (`Daemon::start`).
 //!
 //! This module is the decision alone, without a clock or I/O (raft-rs style): the
 //! driver hands it the view and the time at each tick and tells it what the API

@@ -14,7 +14,7 @@ use iadeep_placer::{Daemon, DaemonConfig, ModelledMemory, Placer, PlacerParams};
 use iadeep_predictor::{LearnerParams, OnlinePredictor};
 use iadeep_proto::BatchSizeAssignment;
 use iadeep_state::testing::start_etcd;
-use iadeep_state::{EtcdStore, StateStore, keys, typed};
+use iadeep_state::{EmbeddedStore, EtcdStore, StateStore, keys, typed};
 use serde_json::{Value, json};
 
 use crate::http;
@@ -29,6 +29,18 @@ const T0: i64 = 1_800_000_000_000;
 /// A placer serving the extender with `fake` as its API server, whose own pod-eviction
 /// loop waits `pod_evict_grace`.
 async fn daemon(store: Arc<dyn StateStore>, fake: &FakeKube, pod_evict_grace: Duration) -> Daemon {
+    start(store, fake, pod_evict_grace, None)
+        .await
+        .expect("start the placer")
+}
+
+/// [`daemon`] releasing dead tasks' memory `dead_task_grace` after their agent went.
+async fn start(
+    store: Arc<dyn StateStore>,
+    fake: &FakeKube,
+    pod_evict_grace: Duration,
+    dead_task_grace: Option<Duration>,
+) -> iadeep_placer::Result<Daemon> {
     let params = PlacerParams {
         pod_evict_grace,
         ..PlacerParams::default()
@@ -47,13 +59,30 @@ async fn daemon(store: Arc<dyn StateStore>, fake: &FakeKube, pod_evict_grace: Du
             priority_rule: Default::default(),
         }),
         metrics: None,
-        dead_task_grace: None,
+        dead_task_grace,
         unstarted_task_grace: None,
         tls: None,
     };
-    Daemon::start(store, placer, Arc::new(ModelledMemory), config)
+    Daemon::start(store, placer, Arc::new(ModelledMemory), config).await
+}
+
+/// A daemon embedded without the CLI is held to the same rule as `iadeep placer`: a
+/// pod-eviction grace that, with kubelet's termination grace, does not end before the
+/// dead-task grace is refused at start (an evicted pod could still run on a GPU whose
+/// memory was given away); within it, the daemon starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_evict_grace_past_the_dead_task_grace_is_refused_at_start() {
+    let fake = FakeKube::start().await;
+    let store = || -> Arc<dyn StateStore> { Arc::new(EmbeddedStore::in_memory().expect("store")) };
+    let dead = Some(Duration::from_secs(40));
+    let err = start(store(), &fake, GRACE, dead)
         .await
-        .expect("start the placer")
+        .expect_err("20 s + 30 s is not under 40 s");
+    assert!(err.to_string().contains("pod_evict_grace"), "{err}");
+    let daemon = start(store(), &fake, Duration::from_secs(9), dead)
+        .await
+        .expect("9 s + 30 s is under 40 s");
+    daemon.shutdown().await;
 }
 
 async fn post(addr: &str, path: &str, body: &Value) -> Value {
