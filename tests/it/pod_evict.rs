@@ -106,31 +106,41 @@ async fn bind(daemon: &Daemon, fake: &FakeKube, name: &str) {
 /// Writes the task's assignment with `evict` set, as the placer's eviction executor
 /// does, and waits until the daemon's view has it.
 async fn order_to_leave(store: &dyn StateStore, daemon: &Daemon, task: &str) {
+    set_order(store, daemon, task, true).await;
+}
+
+/// Writes the task's next assignment with `evict` as given and waits until the
+/// daemon's view has it.
+async fn set_order(store: &dyn StateStore, daemon: &Daemon, task: &str, evict: bool) {
     let key = keys::task_assignment(task);
     let (last, _) = typed::get::<BatchSizeAssignment>(store, &key)
         .await
         .expect("get")
         .expect("the placement wrote a starting assignment");
-    let evict = BatchSizeAssignment {
+    let next = BatchSizeAssignment {
         round: last.round + 1,
-        evict: true,
-        evict_reason: "prod at PD 1.31 above its cap 1.10".into(),
+        evict,
+        evict_reason: if evict {
+            "prod at PD 1.31 above its cap 1.10".into()
+        } else {
+            String::new()
+        },
         ..last
     };
-    typed::put(store, &key, &evict, None).await.expect("put");
+    typed::put(store, &key, &next, None).await.expect("put");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let seen = daemon.service().view().devices().any(|(_, d)| {
             d.residents
                 .iter()
-                .any(|r| r.reservation.task_id == task && r.leaving())
+                .any(|r| r.reservation.task_id == task && r.leaving() == evict)
         });
         if seen {
             return;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the view never saw the order"
+            "the view never saw the order (evict: {evict})"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -241,6 +251,43 @@ async fn a_disruption_budget_is_asked_again_until_it_allows_the_eviction() {
     assert_eq!(fake.evictions().len(), 3, "two refused, one accepted");
     assert_eq!(daemon.metrics().pod_eviction_blocked.get(), 2);
     assert_eq!(daemon.metrics().pod_evicted.get(), 1);
+    daemon.shutdown().await;
+}
+
+/// A refusal that ends because the order was withdrawn is forgotten: the same pod
+/// ordered out again waits a new grace, and its first refusal then is a new one
+/// (logged at info), not "refused again".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withdrawn_order_forgets_the_budgets_refusal() {
+    let (_server, store, fake, daemon) = setup(Duration::from_secs(3600)).await;
+    bind(&daemon, &fake, "opp").await;
+    let mut evictor = driver(&daemon, &fake).await;
+    order_to_leave(store.as_ref(), &daemon, "ml.opp").await;
+    fake.answer_evictions(&[429, 429]);
+    let refused_again = |done: &[(_, PodEvictionOutcome)]| match done {
+        [(_, PodEvictionOutcome::Blocked { again, .. })] => Some(*again),
+        _ => None,
+    };
+    evictor.tick(T0).await;
+    let done = evictor.tick(T0 + 20_000).await;
+    assert_eq!(refused_again(&done), Some(false), "{done:?}");
+
+    // The production job fell back under its cap: the placer withdrew the order.
+    set_order(store.as_ref(), &daemon, "ml.opp", false).await;
+    assert!(
+        evictor.tick(T0 + 20_001).await.is_empty(),
+        "no order, no eviction"
+    );
+    order_to_leave(store.as_ref(), &daemon, "ml.opp").await;
+    assert!(
+        evictor.tick(T0 + 30_000).await.is_empty(),
+        "a new order starts a new grace"
+    );
+    let done = evictor.tick(T0 + 50_000).await;
+    assert_eq!(refused_again(&done), Some(false), "a new refusal: {done:?}");
+    let done = evictor.tick(T0 + 50_001).await;
+    assert_eq!(outcomes(&done), ["ml/opp Evicted"]);
+    assert_eq!(fake.evictions().len(), 3, "two refused, one accepted");
     daemon.shutdown().await;
 }
 
