@@ -233,6 +233,21 @@ async fn serve_extender(
     ))
 }
 
+/// Refuses a pod-eviction grace that does not end before the dead-task grace when the
+/// pod evictor runs (only with the Kubernetes API): it must end an evicted pod before
+/// the reaper gives the pod's memory away (see [`crate::pod_eviction::check_grace`]).
+#[cfg(feature = "kubernetes")]
+fn check_pod_evict_grace(placer: &Placer, config: &DaemonConfig) -> Result<()> {
+    if config
+        .extender
+        .as_ref()
+        .is_some_and(|e| e.kube_api.is_some())
+    {
+        crate::pod_eviction::check_grace(placer.params().pod_evict_grace, config.dead_task_grace)?;
+    }
+    Ok(())
+}
+
 /// Starts the driver that evicts the pods of tasks that ignored their eviction
 /// (`extender::pod_evictor`), when the extender binds pods through the Kubernetes API:
 /// only then do tasks know their pod.
@@ -323,17 +338,8 @@ impl Daemon {
         memory: Arc<dyn MemoryEstimator>,
         config: DaemonConfig,
     ) -> Result<Daemon> {
-        // The pod evictor runs only with the Kubernetes API; it must end an evicted pod
-        // before the reaper gives the pod's memory away.
         #[cfg(feature = "kubernetes")]
-        if config
-            .extender
-            .as_ref()
-            .is_some_and(|e| e.kube_api.is_some())
-        {
-            let pod_evict_grace = placer.params().pod_evict_grace;
-            crate::pod_eviction::check_grace(pod_evict_grace, config.dead_task_grace)?;
-        }
+        check_pod_evict_grace(&placer, &config)?;
         let metrics = Arc::new(PlacerMetrics::default());
         let view = Arc::new(RwLock::new(ClusterView::new(memory)));
         let sync = ViewSync::start(
