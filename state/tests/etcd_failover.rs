@@ -162,3 +162,94 @@ async fn requests_leases_and_watches_survive_a_follower_then_the_leader() {
         );
     }
 }
+
+/// A member that hangs rather than dies (SIGSTOP: its connections stay open and
+/// nothing is ever answered, as with a frozen machine or a network that drops
+/// packets): requests move on after one attempt timeout, a 3 s lease outlives it (its
+/// keep-alives wait a quarter of the TTL for one member, not 2 s), and the watch,
+/// whose stream was on the frozen member, follows the requests to another one without
+/// missing or repeating a put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_leases_and_watches_survive_a_frozen_member() {
+    let mut cluster = EtcdCluster::start().expect("etcd cluster");
+    let leader = cluster.leader(Duration::from_secs(10)).expect("leader");
+    let follower = (leader + 1) % 3;
+    let mut endpoints = cluster.endpoints();
+    endpoints.swap(0, follower);
+    let store = Arc::new(EtcdStore::connect(&endpoints).await.expect("connect"));
+    assert_eq!(store.current_endpoint(), cluster.endpoints()[follower]);
+
+    let ttl = Duration::from_secs(3);
+    let lease = store.grant_lease(ttl).await.expect("lease");
+    store
+        .put("/held", b"mine".to_vec(), Some(lease))
+        .await
+        .expect("leased put");
+    let keeper = LeaseKeeper::spawn(store.clone(), lease, ttl);
+    let mut watch = store.watch("/load/", None).await.expect("watch");
+
+    let load = Arc::new(Load::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = tokio::spawn(drive(store.clone(), load.clone(), stop.clone()));
+    answered(&load, 20, "before the freeze").await;
+    cluster.freeze(follower).expect("freeze");
+    let frozen_at = Instant::now();
+    let done_at_freeze = load.done.load(Ordering::Relaxed);
+    answered(&load, done_at_freeze + 20, "after the freeze").await;
+    let resumed_ms = frozen_at.elapsed().as_millis();
+    answered(&load, done_at_freeze + 40, "after the freeze").await;
+    stop.store(true, Ordering::Relaxed);
+    driver.await.expect("driver");
+    let (done, failed, slowest) = (
+        load.done.load(Ordering::Relaxed),
+        load.failed.load(Ordering::Relaxed),
+        load.slowest_ms.load(Ordering::Relaxed),
+    );
+
+    // Every put, in order, once; the bound is for a broken build only.
+    let mut seen = 0u64;
+    let mut last_revision = 0;
+    while seen < done {
+        let event = tokio::time::timeout(Duration::from_secs(60), watch.next())
+            .await
+            .expect("watch event in time")
+            .expect("watch open")
+            .expect("watch event");
+        let WatchEvent::Put(kv) = event else {
+            panic!("unexpected {event:?}");
+        };
+        assert!(kv.mod_revision > last_revision, "revisions go forward");
+        last_revision = kv.mod_revision;
+        seen += 1;
+    }
+    let watch_caught_up_ms = frozen_at.elapsed().as_millis();
+
+    // Past the lease's TTL since the freeze, counted from the member's last answer.
+    tokio::time::sleep(
+        (frozen_at + ttl + Duration::from_secs(1)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    assert_ne!(keeper.health(), LeaseHealth::Lost, "the lease was lost");
+    let held = store.get("/held").await.expect("get").expect("leased key");
+    assert_eq!(held.lease, Some(lease));
+    eprintln!(
+        "frozen member {follower}: requests now on {}; 20 requests answered {resumed_ms} ms \
+         after the freeze; {done} ok, {failed} failed, slowest {slowest} ms; the watch had \
+         every put {watch_caught_up_ms} ms after the freeze",
+        store.current_endpoint()
+    );
+    assert_eq!(failed, 0, "requests failed while a member was frozen");
+    let bound = FAILOVER_BOUND.as_millis();
+    assert!(
+        u128::from(slowest) < bound,
+        "{slowest} ms is over the bound {bound} ms"
+    );
+    assert_ne!(store.current_endpoint(), cluster.endpoints()[follower]);
+    // The watch follows the requests off the frozen member instead of waiting for its
+    // connection's pings (10 s + 5 s), so it too is back within the failover bound.
+    assert!(
+        watch_caught_up_ms < bound,
+        "the watch had every put {watch_caught_up_ms} ms after the freeze, over {bound} ms"
+    );
+    cluster.thaw(follower).expect("thaw");
+}

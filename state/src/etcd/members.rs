@@ -23,6 +23,10 @@
 //! loss of the leader costs it the election (about one etcd election timeout) or,
 //! for a write caught in flight, one write attempt timeout, and a hung member one
 //! attempt timeout; every request succeeds or fails within [`FAILOVER_BOUND`].
+//! Watches follow: a watch stream open on the member the requests moved away from
+//! is reopened on the new one ([`Members::moves`]), from the revision after the last
+//! one it delivered. A hung member keeps its streams open and silent, and its
+//! connection's pings would find it only after [`PING_INTERVAL`] + [`PING_TIMEOUT`].
 //!
 //! Re-sending is safe for every request the store makes: reads, lease keep-alives
 //! and revokes are idempotent; a put or a delete re-applied has the same effect;
@@ -65,7 +69,8 @@ pub const READ_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// are small; one that takes longer is re-sent, which is safe (module docs).
 pub const WRITE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The same for lease and status requests, which are tiny: a lease keep-alive
-/// stuck on a hung member must move long before the lease's TTL runs out.
+/// stuck on a hung member must move long before the lease's TTL runs out (a
+/// keep-alive of a short lease waits less, see `EtcdStore::keep_alive`).
 pub const LEASE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The longest any request can take before it succeeds or fails with
 /// [`StateError::Unavailable`]: the budget, plus the last attempt started within it.
@@ -120,6 +125,10 @@ pub(crate) enum Failure {
 pub(crate) struct Members {
     members: Vec<Member>,
     preferred: AtomicUsize,
+    /// The preferred member's index after each move, for watches: a watch stream
+    /// stays on the member it was opened on, and one that hangs (rather than closing
+    /// its connections) would hold it until the connection's pings time out.
+    moves: tokio::sync::watch::Sender<usize>,
     options: ConnectOptions,
     joined: String,
 }
@@ -176,6 +185,7 @@ impl Members {
         Ok(Members {
             members,
             preferred: AtomicUsize::new(0),
+            moves: tokio::sync::watch::Sender::new(0),
             options,
             joined,
         })
@@ -188,7 +198,19 @@ impl Members {
 
     /// The endpoint requests go to first.
     pub(crate) fn preferred_endpoint(&self) -> &str {
-        &self.members[self.preferred.load(Ordering::Relaxed) % self.members.len()].endpoint
+        &self.members[self.preferred_index()].endpoint
+    }
+
+    /// The index of the member requests go to first.
+    pub(crate) fn preferred_index(&self) -> usize {
+        self.preferred.load(Ordering::Relaxed) % self.members.len()
+    }
+
+    /// Tells of every move of the requests to another member (the new preferred
+    /// member's index): a watch open on the member left behind reopens on the new one
+    /// rather than wait for its connection's pings to find the member gone.
+    pub(crate) fn moves(&self) -> tokio::sync::watch::Receiver<usize> {
+        self.moves.subscribe()
     }
 
     async fn client(&self, member: &Member) -> Result<Client, etcd_client::Error> {
@@ -276,6 +298,7 @@ impl Members {
         let elapsed_ms = started.elapsed().as_millis();
         let failed = failures.join("; ");
         if previous.is_ok() && from != to {
+            self.moves.send_replace(to);
             tracing::warn!(from = %self.members[from].endpoint, to = %self.members[to].endpoint,
                 request = what, elapsed_ms, %failed,
                 "etcd member lost; requests now go to another member");

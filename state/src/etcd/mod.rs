@@ -51,7 +51,13 @@ pub struct EtcdStore {
     /// too large for one answer: later pages of that prefix (a paged reader's next
     /// call) ask for at most that many keys instead of learning it again.
     page_limits: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    /// Each lease's TTL as granted or last refreshed through this store, which bounds
+    /// its keep-alive attempts (see [`EtcdStore::keep_alive_attempt_timeout`]).
+    lease_ttls: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<i64, Duration>>>,
 }
+
+/// The shortest attempt a keep-alive gets on one member, however short its lease.
+const KEEP_ALIVE_ATTEMPT_MIN: Duration = Duration::from_millis(250);
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -83,6 +89,7 @@ impl EtcdStore {
             config: std::sync::Arc::new(config.clone()),
             page_size: crate::store::DEFAULT_PAGE_SIZE,
             page_limits: std::sync::Arc::default(),
+            lease_ttls: std::sync::Arc::default(),
         };
         store.status(CONNECT_BUDGET).await?;
         Ok(store)
@@ -213,6 +220,28 @@ impl EtcdStore {
                 },
                 other => self.failed("status", "the cluster", other),
             })
+    }
+
+    /// How long one keep-alive of `lease` may wait for one member: a quarter of the
+    /// lease's TTL (at least [`KEEP_ALIVE_ATTEMPT_MIN`]), at most
+    /// [`LEASE_ATTEMPT_TIMEOUT`]. A member that hangs (its connection open, nothing
+    /// answered) holds each attempt for the whole timeout before the next member is
+    /// asked; with [`crate::LeaseKeeper`] refreshing every third of the TTL, a fixed
+    /// 2 s let a 3 s lease expire behind a hung member.
+    fn keep_alive_attempt_timeout(&self, lease: LeaseId) -> Duration {
+        let ttls = self.lease_ttls.lock().unwrap_or_else(|e| e.into_inner());
+        ttls.get(&lease.0).map_or(LEASE_ATTEMPT_TIMEOUT, |ttl| {
+            (*ttl / 4).clamp(KEEP_ALIVE_ATTEMPT_MIN, LEASE_ATTEMPT_TIMEOUT)
+        })
+    }
+
+    /// Notes `lease`'s TTL (`None`: the lease is gone).
+    fn note_lease_ttl(&self, lease: LeaseId, ttl: Option<Duration>) {
+        let mut ttls = self.lease_ttls.lock().unwrap_or_else(|e| e.into_inner());
+        match ttl {
+            Some(ttl) => ttls.insert(lease.0, ttl),
+            None => ttls.remove(&lease.0),
+        };
     }
 
     /// One request through the members' failover (see [`members`]), each attempt
@@ -485,6 +514,7 @@ impl StateStore for EtcdStore {
             prefix: prefix.to_owned(),
             next_revision: start_revision,
             tx,
+            on_member: self.members.preferred_index(),
         };
         // The first attempt happens before returning, so a watch on an unreachable
         // cluster fails here rather than silently retrying forever.
@@ -501,7 +531,10 @@ impl StateStore for EtcdStore {
             })
             .await
             .map_err(|f| self.failed("lease grant", "the cluster", f))?;
-        Ok(LeaseId(resp.id()))
+        let lease = LeaseId(resp.id());
+        let granted = Duration::from_secs(resp.ttl().try_into().unwrap_or(secs.unsigned_abs()));
+        self.note_lease_ttl(lease, Some(granted));
+        Ok(lease)
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Duration> {
@@ -510,7 +543,7 @@ impl StateStore for EtcdStore {
         let ttl = self
             .request(
                 "lease keep-alive",
-                LEASE_ATTEMPT_TIMEOUT,
+                self.keep_alive_attempt_timeout(lease),
                 |client| async move {
                     let (mut keeper, mut responses) =
                         client.lease_client().keep_alive(lease.0).await?;
@@ -526,8 +559,11 @@ impl StateStore for EtcdStore {
             .await
             .map_err(|f| self.lease_failed("lease keep-alive", lease, f))?;
         if ttl > 0 {
-            Ok(Duration::from_secs(ttl.unsigned_abs()))
+            let ttl = Duration::from_secs(ttl.unsigned_abs());
+            self.note_lease_ttl(lease, Some(ttl));
+            Ok(ttl)
         } else {
+            self.note_lease_ttl(lease, None);
             Err(StateError::LeaseNotFound(lease))
         }
     }
@@ -538,6 +574,7 @@ impl StateStore for EtcdStore {
                 Ok(client.lease_client().revoke(lease.0).await?)
             })
             .await;
+        self.note_lease_ttl(lease, None);
         match revoked {
             Ok(_) => Ok(()),
             Err(f) => match self.lease_failed("lease revoke", lease, f) {
@@ -557,6 +594,9 @@ struct WatchSession {
     prefix: String,
     next_revision: Option<Revision>,
     tx: tokio::sync::mpsc::UnboundedSender<Result<WatchEvent>>,
+    /// The member the stream was opened on: the preferred one once `open` succeeded
+    /// (a member that answers becomes the preferred one).
+    on_member: usize,
 }
 
 impl WatchSession {
@@ -591,6 +631,7 @@ impl WatchSession {
         if self.next_revision.is_none() {
             self.next_revision = Some(header_revision(created.header()) + 1);
         }
+        self.on_member = self.store.members.preferred_index();
         self.deliver(&created)?;
         Ok(stream)
     }
@@ -636,13 +677,25 @@ impl WatchSession {
         Ok(())
     }
 
+    /// Delivers the stream's events until the reader goes, reopening the watch from
+    /// the next revision when the stream breaks, or when the store's requests moved
+    /// off the member it is on (a hung member keeps the stream open but silent; its
+    /// connection's pings would find it only after `PING_INTERVAL` + `PING_TIMEOUT`).
     async fn run(mut self, mut stream: etcd_client::WatchStream) {
         let mut backoff = WATCH_RETRY_MIN;
+        let mut moves = self.store.members.moves();
         loop {
             let broken = loop {
                 let message = tokio::select! {
                     _ = self.tx.closed() => return,
                     message = stream.message() => message,
+                    // The sender lives as long as the store this session holds.
+                    Ok(()) = moves.changed() => {
+                        if *moves.borrow_and_update() == self.on_member {
+                            continue;
+                        }
+                        break "the store's requests moved off this member".to_owned();
+                    }
                 };
                 match message {
                     Ok(Some(resp)) if resp.canceled() => {

@@ -388,6 +388,39 @@ impl EtcdCluster {
         }
     }
 
+    /// Freezes member `index` (SIGSTOP, as a machine that hangs, a long GC pause or a
+    /// network that drops packets): unlike a killed member, its connections stay open
+    /// and requests sent to it are never answered. [`EtcdCluster::thaw`] resumes it;
+    /// dropping the cluster kills it frozen or not.
+    pub fn freeze(&mut self, index: usize) -> Result<(), String> {
+        self.signal(index, "-STOP")
+    }
+
+    /// Resumes member `index` after [`EtcdCluster::freeze`] (SIGCONT).
+    pub fn thaw(&mut self, index: usize) -> Result<(), String> {
+        self.signal(index, "-CONT")
+    }
+
+    /// Sends `signal` (as `kill` takes it) to member `index`'s process.
+    fn signal(&mut self, index: usize, signal: &str) -> Result<(), String> {
+        let pid = self
+            .members
+            .get(index)
+            .and_then(|m| m.child.as_ref())
+            .map(Child::id)
+            .ok_or_else(|| format!("member {index} does not run"))?;
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .status()
+            .map_err(|e| format!("cannot run kill {signal} {pid}: {e}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("kill {signal} {pid} failed: {status}"))
+        }
+    }
+
     /// Starts member `index` again on its ports and data, and waits until it is healthy.
     pub fn restart(&mut self, index: usize) -> Result<(), String> {
         let member = self
