@@ -1,7 +1,7 @@
 //! A whole iadeep deployment on a real three-member etcd cluster loses a follower,
-//! then the leader: two training jobs (agent SDK), a tuner daemon and a placer
-//! daemon (real gRPC on loopback) keep running, and a client keeps placing and
-//! releasing tasks throughout.
+//! then the leader, then the member its placer uses hangs (SIGSTOP): two training jobs
+//! (agent SDK), a tuner daemon and a placer daemon (real gRPC on loopback) keep
+//! running, and a client keeps placing and releasing tasks throughout.
 //!
 //! Asserted, whatever the machine's speed: no Place or Release fails during
 //! either loss; nothing running loses its lease (the agents' alive keys and the
@@ -26,7 +26,7 @@ use iadeep_proto::{
 use iadeep_state::FAILOVER_BOUND;
 use iadeep_state::testing::EtcdCluster;
 use iadeep_state::testing::runtime;
-use iadeep_state::{StateStore, StoreUrl, WatchEvent, keys, typed};
+use iadeep_state::{EtcdStore, StateStore, StoreUrl, WatchEvent, keys, typed};
 use iadeep_tuner::daemon::{Daemon as Tuner, DaemonParams};
 
 const DEVICE: &str = "n1:gpu0";
@@ -164,7 +164,7 @@ fn lease_of(rt: &tokio::runtime::Runtime, store: &Arc<dyn StateStore>, key: &str
 }
 
 #[test]
-fn a_deployment_rides_out_losing_a_follower_then_the_leader() {
+fn a_deployment_rides_out_losing_a_follower_then_the_leader_then_a_frozen_member() {
     let mut cluster = EtcdCluster::start().unwrap_or_else(|err| panic!("{err}"));
     let leader = cluster.leader(Duration::from_secs(10)).expect("leader");
     let follower = (leader + 1) % 3;
@@ -180,6 +180,10 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader() {
         let parsed: StoreUrl = url.parse().expect("url");
         rt.block_on(parsed.open()).expect("open the cluster")
     };
+    // The placer's own store, kept typed to learn which member it uses (the last phase
+    // freezes that one).
+    let ordered = [follower, leader, other].map(|i| endpoints[i].clone());
+    let placer_store = Arc::new(rt.block_on(EtcdStore::connect(&ordered)).expect("connect"));
 
     // The tuner registers the device (leased) and runs.
     let tuner_store = open();
@@ -227,7 +231,7 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader() {
     };
     let daemon = rt
         .block_on(Daemon::start(
-            open(),
+            placer_store.clone(),
             placer,
             Arc::new(ModelledMemory),
             config,
@@ -311,13 +315,26 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader() {
     );
 
     let mut report = Vec::new();
-    for (phase, victim) in [("follower", follower), ("leader", usize::MAX)] {
-        let victim = if victim == usize::MAX {
-            cluster.leader(Duration::from_secs(10)).expect("leader")
-        } else {
-            victim
+    for phase in ["follower", "leader", "placer's member frozen"] {
+        let victim = match phase {
+            "follower" => follower,
+            "leader" => cluster.leader(Duration::from_secs(10)).expect("leader"),
+            _ => {
+                let on = placer_store.current_endpoint();
+                cluster
+                    .endpoints()
+                    .iter()
+                    .position(|e| *e == on)
+                    .expect("a member")
+            }
         };
-        cluster.kill(victim);
+        let frozen = phase.ends_with("frozen");
+        if frozen {
+            // Hangs instead of dying: its connections stay open, nothing is answered.
+            cluster.freeze(victim).expect("freeze");
+        } else {
+            cluster.kill(victim);
+        }
         // Longer than the agents' and the tuner's lease TTL plus the placer's grace.
         std::thread::sleep(LEASE_TTL + DEAD_TASK_GRACE);
         let (ok, failed, slowest) = counts.take();
@@ -330,7 +347,11 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader() {
             u128::from(slowest) < FAILOVER_BOUND.as_millis() + 1000,
             "a request took {slowest} ms"
         );
-        cluster.restart(victim).expect("member restarts");
+        if frozen {
+            cluster.thaw(victim).expect("member resumes");
+        } else {
+            cluster.restart(victim).expect("member restarts");
+        }
     }
     load_stop.store(true, Ordering::Relaxed);
     rt.block_on(load).expect("load");
