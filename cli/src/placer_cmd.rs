@@ -116,7 +116,9 @@ pub(crate) struct GraceArgs {
     /// Seconds a task's agent may be gone (its `alive` key deleted when its lease
     /// expired, without a Release) before the placer gives its GPU reservation back;
     /// long enough for a restarted agent to come back and keep its GPU. A task that
-    /// reported finishing is released as soon as its agent is gone. 0 never releases.
+    /// reported finishing is released as soon as its agent is gone. The same grace
+    /// archives what a job that ran without a placement left in the store (so the
+    /// task retention deletes it). 0 never releases nor archives.
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_DEAD_TASK_GRACE_S)]
     dead_task_grace_s: u64,
     /// Seconds after its placement a task whose agent never started (no `alive` key
@@ -330,7 +332,8 @@ async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
     })?;
     let (dead_task_grace, unstarted_task_grace) = args.graces.durations();
     if args.kube_api.is_some() {
-        // Only then does the placer evict pods (see --pod-evict-grace).
+        // Only then does the placer evict pods (see --pod-evict-grace). `Daemon::start`
+        // checks it too; here it fails before the store is opened, naming the flags.
         iadeep_placer::pod_eviction::check_grace(args.pod_evict_grace, dead_task_grace)
             .context("--pod-evict-grace with --dead-task-grace-s")?;
     }

@@ -470,7 +470,6 @@ mod tests {
             .delete(&keys::task_alive("solo"))
             .await
             .expect("lease expiry");
-
         assert_eq!(service.archive_dead_unreserved(grace).await, ["solo"]);
         assert_eq!(task_keys(store.as_ref(), "solo").await, 0, "out of tasks/");
         assert_eq!(
@@ -483,6 +482,111 @@ mod tests {
         let swept = sweep(&service, HOUR, 10, None).await.expect("sweep");
         assert_eq!(swept.deleted, ["solo"]);
         assert_eq!(archived_keys(store.as_ref(), "solo").await, 0);
+    }
+
+    /// A store whose next transaction is preceded by the given write, and a service on it
+    /// whose view holds an unplaced task `solo` whose agent is gone.
+    async fn gone_unplaced() -> (Arc<iadeep_state::testing::FaultStore>, PlacementService) {
+        let faults = Arc::new(iadeep_state::testing::FaultStore::in_memory());
+        let store: Arc<dyn StateStore> = faults.clone();
+        let service = crate::service::tests::service(store.clone());
+        run_unplaced(store.as_ref(), &service, "solo").await;
+        store
+            .delete(&keys::task_alive("solo"))
+            .await
+            .expect("lease expiry");
+        service.view_mut().set_not_alive("solo", 0);
+        (faults, service)
+    }
+
+    /// The archive's transaction holds only if nothing that makes the task live again
+    /// appeared between its read and its commit: its agent's `alive` key, a placement
+    /// or a release marker. Each is written just before the commit; the keys stay.
+    #[tokio::test]
+    async fn an_unplaced_tasks_archive_loses_to_a_task_that_came_back() {
+        for (key, value) in [
+            (keys::task_alive("solo"), b"pid 2".to_vec()),
+            (keys::task_placement("solo"), b"".to_vec()),
+            (keys::task_released("solo"), b"1".to_vec()),
+        ] {
+            let (faults, service) = gone_unplaced().await;
+            faults.put_before_next_transaction(key.clone(), value);
+            assert!(
+                service
+                    .archive_dead_unreserved(Duration::ZERO)
+                    .await
+                    .is_empty(),
+                "{key} appeared before the commit"
+            );
+            for kept in [keys::task_spec("solo"), keys::task_report("solo")] {
+                let found = faults.get(&kept).await.expect("get");
+                assert!(found.is_some(), "{kept} kept when {key} appeared");
+            }
+            assert_eq!(archived_keys(faults.as_ref(), "solo").await, 0, "{key}");
+        }
+    }
+
+    /// A task released while its agent ran has its spec in the archive and a marker;
+    /// what its agent wrote under `tasks/` afterwards is the retention's. Once that agent
+    /// is gone, the reaper must not move it again (the move would delete the archived
+    /// spec, which is not under `tasks/` any more, and restart the retention), and it
+    /// stops looking at the task; a report the store no longer holds leaves the view.
+    #[tokio::test]
+    async fn a_released_task_is_left_to_the_retention_and_a_stale_report_forgotten() {
+        let (store, now, service) = world();
+        service.place(spec("a"), vec![]).await.expect("place");
+        service.release("a").await.expect("release");
+        let archived_spec = store.get(&keys::archived_spec("a")).await.expect("get");
+        assert!(archived_spec.is_some());
+        let report = iadeep_proto::TaskReport {
+            task_id: "a".into(),
+            ..Default::default()
+        };
+        let bytes = prost::Message::encode_to_vec(&report);
+        store
+            .put(&keys::task_report("a"), bytes, None)
+            .await
+            .expect("the agent's report after the Release");
+        service.view_mut().set_report(report.clone());
+        let at = now.load(Ordering::SeqCst);
+        assert!(
+            service
+                .archive_dead_unreserved(Duration::ZERO)
+                .await
+                .is_empty()
+        );
+        assert_eq!(
+            store.get(&keys::archived_spec("a")).await.expect("get"),
+            archived_spec,
+            "the archive stays as the Release left it"
+        );
+        let marker = store.get(&keys::task_released("a")).await.expect("get");
+        let marker = marker.expect("marker");
+        assert_eq!(
+            typed::decode_released_at(&marker.key, &marker.value).expect("a time"),
+            at,
+            "the retention counts from the Release"
+        );
+        assert!(
+            service.view_mut().dead_unreserved(at, 0).is_empty(),
+            "set aside"
+        );
+
+        // A report in the view that the store no longer holds.
+        service.view_mut().set_report(iadeep_proto::TaskReport {
+            task_id: "ghost".into(),
+            ..Default::default()
+        });
+        assert!(
+            service
+                .archive_dead_unreserved(Duration::ZERO)
+                .await
+                .is_empty()
+        );
+        assert!(
+            service.view_mut().dead_unreserved(at, 0).is_empty(),
+            "forgotten"
+        );
     }
 
     /// A Release of a task that holds no placement archives what its agent left

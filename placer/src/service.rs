@@ -582,6 +582,26 @@ const MAX_WRITTEN: usize = 100_000;
 /// made progress, so this only bounds a request that keeps losing to a busy stream.
 const WAITS_PER_ATTEMPT: u32 = 4;
 
+/// The most tasks one [`PlacementService::archive_dead_unreserved`] archives: a placer
+/// started on a store full of ended jobs clears them over a few reaper ticks instead of
+/// holding the reaper's other work for one long pass.
+const ARCHIVE_PER_PASS: usize = 100;
+
+/// What [`PlacementService::archive_unplaced`] did with a task's keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum UnplacedArchive {
+    /// Moved to the archive and marked for the retention.
+    Archived,
+    /// Its agent runs.
+    Running,
+    /// Nothing of it is left under `tasks/` to move.
+    NothingLeft,
+    /// Left where it is, and why: nothing for this path to do.
+    Kept(&'static str),
+    /// One of its keys changed between the read and the commit: tried again later.
+    Changed,
+}
+
 /// The revision a decision expected, as the view stores it.
 fn expected_revision(expect: Expect) -> Option<iadeep_state::Revision> {
     match expect {
@@ -1399,9 +1419,19 @@ impl PlacementService {
                 self.release_placement_only(task_id, &placement_key).await?;
             }
         }
-        if !had_placement && self.archive_unplaced(task_id).await? {
-            self.record(PlacementEvent::UnplacedArchived);
-            tracing::debug!(task = %task_id, "archived the keys of a task that held no placement");
+        if !had_placement {
+            // Best effort: what a task that held nothing left behind must not fail its
+            // Release (the reaper archives it once its agent is gone).
+            match self.archive_unplaced(task_id).await {
+                Ok(UnplacedArchive::Archived) => {
+                    self.record(PlacementEvent::UnplacedArchived);
+                    tracing::debug!(task = %task_id,
+                        "archived the keys of a task that held no placement");
+                }
+                Ok(_) => {}
+                Err(err) => tracing::warn!(task = %task_id, %err,
+                    "cannot archive the keys of a released task that held no placement"),
+            }
         }
         // A task withdrawn while it waited no longer holds the others back.
         self.view_mut().forget_waiting(task_id);
@@ -1415,36 +1445,64 @@ impl PlacementService {
 
     /// Moves the keys an agent left under `tasks/` for a task that holds no placement to
     /// the archive and writes its release marker, as a Release of a placed task does,
-    /// so the retention deletes them in time (see [`crate::retention`]); true when it
-    /// did. Nothing is done while the task's agent runs (its `alive` key exists: the
-    /// reaper may admit it again) or when it left nothing there (a task withdrawn while
-    /// it waited, the usual case, costs this one read). The transaction holds only if
-    /// no placement and no `alive` key appeared and the moved keys are as read; a lost
-    /// one is left to the next call.
-    async fn archive_unplaced(&self, task_id: &str) -> Result<bool> {
+    /// so the retention deletes them in time (see [`crate::retention`]). Nothing is
+    /// done while the task's agent runs (its `alive` key exists: the reaper may admit
+    /// it again), when it left nothing there (a task withdrawn while it waited, the
+    /// usual case, costs this one read), when it holds a placement, or when it has a
+    /// release marker already: then it was released while its agent ran, its archive
+    /// holds what the Release moved (a second move would replace that with nothing,
+    /// see [`crate::archive::archive_ops_from`]) and the retention deletes what the
+    /// agent wrote since. The transaction holds only if no placement, `alive` key or
+    /// marker appeared and the moved keys are as read.
+    async fn archive_unplaced(&self, task_id: &str) -> Result<UnplacedArchive> {
         let live = self.store.range(&keys::task_prefix(task_id)).await?.kvs;
         let alive_key = keys::task_alive(task_id);
+        let placement_key = keys::task_placement(task_id);
         let moved = keys::archived_task_keys(task_id);
-        let left_something = live
-            .iter()
-            .any(|kv| moved.iter().any(|(k, _)| *k == kv.key));
-        if !left_something || live.iter().any(|kv| kv.key == alive_key) {
-            return Ok(false);
+        let holds = |key: &str| live.iter().any(|kv| kv.key == key);
+        if holds(&alive_key) {
+            return Ok(UnplacedArchive::Running);
+        }
+        if !moved.iter().any(|(key, _)| holds(key)) {
+            return Ok(UnplacedArchive::NothingLeft);
+        }
+        if holds(&placement_key) {
+            return Ok(UnplacedArchive::Kept(
+                "it holds a placement without a reservation",
+            ));
+        }
+        let marker = keys::task_released(task_id);
+        if self.store.get(&marker).await?.is_some() {
+            return Ok(UnplacedArchive::Kept(
+                "it is marked for the retention already",
+            ));
         }
         let archive = crate::archive::archive_ops_from(&live, task_id);
         let txn = Txn::new()
-            .compare(keys::task_placement(task_id), Expect::Absent)
+            .compare(placement_key, Expect::Absent)
             .compare(alive_key, Expect::Absent)
-            .put(
-                keys::task_released(task_id),
-                typed::encode_released_at(self.clock.now_unix_ms()),
-                None,
-            );
-        Ok(self
+            .compare(marker, Expect::Absent);
+        let committed = self
             .commits
-            .transact(archive.add_to(txn))
+            .transact(self.marked_archive(task_id, &archive, txn))
             .await?
-            .committed())
+            .committed();
+        Ok(if committed {
+            UnplacedArchive::Archived
+        } else {
+            UnplacedArchive::Changed
+        })
+    }
+
+    /// `txn` with `archive`'s moves of the task's keys and the task's release marker
+    /// (now): what every Release writes besides its own changes.
+    fn marked_archive(&self, task_id: &str, archive: &crate::archive::ArchiveOps, txn: Txn) -> Txn {
+        let txn = txn.put(
+            keys::task_released(task_id),
+            typed::encode_released_at(self.clock.now_unix_ms()),
+            None,
+        );
+        archive.add_to(txn)
     }
 
     /// Deletes `placement_key` (a placement without a reservation) with the task's
@@ -1453,17 +1511,8 @@ impl PlacementService {
         let attempts = self.placer.params().max_reserve_attempts;
         for _ in 0..attempts {
             let archive = crate::archive::archive_ops(self.store.as_ref(), task_id).await?;
-            let txn = Txn::new().delete(placement_key).put(
-                keys::task_released(task_id),
-                typed::encode_released_at(self.clock.now_unix_ms()),
-                None,
-            );
-            if self
-                .commits
-                .transact(archive.add_to(txn))
-                .await?
-                .committed()
-            {
+            let txn = self.marked_archive(task_id, &archive, Txn::new().delete(placement_key));
+            if self.commits.transact(txn).await?.committed() {
                 return Ok(());
             }
             self.record(PlacementEvent::CasConflict);
@@ -1651,26 +1700,35 @@ impl PlacementService {
     /// Archives, with a release marker, the keys left under `tasks/` by every task that
     /// holds no reservation and whose agent has been gone for `grace` (at once when it
     /// reported finishing), see [`ClusterView::dead_unreserved`], so the retention
-    /// deletes them as it does a released task's. Returns the tasks archived. One that
-    /// fails (a store error, or a key that changed meanwhile) is retried on the next
-    /// call.
+    /// deletes them as it does a released task's; at most [`ARCHIVE_PER_PASS`] a call.
+    /// Returns the tasks archived. One that fails (a store error, or a key that changed
+    /// meanwhile) is retried on the next call; one with nothing to archive (see
+    /// [`PlacementService::archive_unplaced`]) is set aside until it changes.
     pub async fn archive_dead_unreserved(&self, grace: std::time::Duration) -> Vec<String> {
         let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
         let dead = self
             .view_mut()
             .dead_unreserved(self.clock.now_unix_ms(), grace_ms);
         let mut archived = Vec::new();
-        for task in dead {
-            match self.archive_unplaced(&task.task_id).await {
-                Ok(true) => {
+        for task in dead.into_iter().take(ARCHIVE_PER_PASS) {
+            let id = task.task_id.as_str();
+            match self.archive_unplaced(id).await {
+                Ok(UnplacedArchive::Archived) => {
                     self.record(PlacementEvent::UnplacedArchived);
                     let gone_s = (self.clock.now_unix_ms() - task.gone_since_unix_ms).max(0) / 1000;
-                    tracing::info!(task = %task.task_id, finished = task.finished, gone_s,
+                    tracing::info!(task = %id, finished = task.finished, gone_s,
                         "archived the keys of a task that ran without a reservation and is gone");
                     archived.push(task.task_id);
                 }
-                Ok(false) => {}
-                Err(err) => tracing::warn!(task = %task.task_id, %err,
+                // The view's report outlived the store's (a Release or the retention
+                // took it; its deletion not seen yet, or missed while a watch was down).
+                Ok(UnplacedArchive::NothingLeft) => self.view_mut().remove_report(id),
+                Ok(UnplacedArchive::Kept(why)) => {
+                    tracing::debug!(task = %id, why, "left a gone task's keys where they are");
+                    self.view_mut().skip_archiving(id);
+                }
+                Ok(UnplacedArchive::Running | UnplacedArchive::Changed) => {}
+                Err(err) => tracing::warn!(task = %id, %err,
                     "cannot archive the keys of a task that ran without a reservation; retrying later"),
             }
         }

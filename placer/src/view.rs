@@ -421,9 +421,13 @@ pub struct ClusterView {
     waiting: HashMap<String, WaitingTask>,
     /// Tasks whose `alive` key exists (their agent holds its lease).
     alive: HashSet<String>,
-    /// Resident tasks noticed without an `alive` key after their agent had run, and
-    /// since when (Unix ms); see [`ClusterView::dead_residents`].
+    /// Tasks noticed without an `alive` key after their agent had run, and since when
+    /// (Unix ms); see [`ClusterView::dead_residents`] and
+    /// [`ClusterView::dead_unreserved`]. A task placed anew starts without one.
     gone_since: HashMap<String, i64>,
+    /// Tasks [`ClusterView::dead_unreserved`] leaves out (see
+    /// [`ClusterView::skip_archiving`]).
+    not_archivable: HashSet<String>,
     /// Each device's pending CapBreach (written by its tuner, acted on by
     /// [`crate::eviction`]) with its key's mod-revision, which the eviction compares.
     breaches: BTreeMap<String, (CapBreach, Revision)>,
@@ -512,6 +516,7 @@ impl ClusterView {
             waiting: HashMap::new(),
             alive: HashSet::new(),
             gone_since: HashMap::new(),
+            not_archivable: HashSet::new(),
             breaches: BTreeMap::new(),
             avoid_records: BTreeMap::new(),
             avoid_index: HashMap::new(),
@@ -648,6 +653,7 @@ impl ClusterView {
     /// The task's `alive` key exists: its agent runs (again).
     pub fn set_alive(&mut self, task_id: &str) {
         self.gone_since.remove(task_id);
+        self.not_archivable.remove(task_id);
         self.alive.insert(task_id.to_owned());
     }
 
@@ -705,13 +711,13 @@ impl ClusterView {
     /// said it finished (its agent will not come back for it).
     pub fn dead_residents(&mut self, now_unix_ms: i64, grace_ms: i64) -> Vec<DeadResident> {
         let mut dead = Vec::new();
+        let mut clocks = AgentClocks {
+            alive: &self.alive,
+            reports: &self.reports,
+            gone_since: &mut self.gone_since,
+        };
         for (task_id, device_id) in &self.task_device {
-            let Some((since, finished)) = gone_past(
-                (&self.alive, &self.reports, &mut self.gone_since),
-                task_id,
-                now_unix_ms,
-                grace_ms,
-            ) else {
+            let Some((since, finished)) = clocks.gone_past(task_id, now_unix_ms, grace_ms) else {
                 continue;
             };
             dead.push(DeadResident {
@@ -728,25 +734,26 @@ impl ClusterView {
 
     /// Tasks that hold no reservation, whose agent ran (their report is under
     /// `tasks/`) and is gone, by the same clock and grace as
-    /// [`ClusterView::dead_residents`]: a job whose agent ran without ever being
-    /// placed (started outside `iadeep run`), or one released while its agent ran
-    /// that could not be admitted again before it stopped. Nothing else would ever
-    /// take their keys out of `tasks/`, which the placer's start and every tuner read
-    /// whole; [`crate::PlacementService::release`] archives them like any released
-    /// task's.
+    /// [`ClusterView::dead_residents`], less those [`ClusterView::skip_archiving`]
+    /// set aside: mostly jobs whose agent ran without ever being placed (started
+    /// outside `iadeep run`), whose keys nothing else would ever take out of `tasks/`,
+    /// which the placer's start and every tuner read whole.
+    /// [`crate::PlacementService::archive_dead_unreserved`] archives them with a
+    /// release marker.
     pub fn dead_unreserved(&mut self, now_unix_ms: i64, grace_ms: i64) -> Vec<DeadUnreserved> {
-        let unreserved: Vec<String> = self
-            .reports
-            .keys()
-            .filter(|task| !self.task_device.contains_key(*task))
-            .cloned()
-            .collect();
         let mut dead = Vec::new();
+        let mut clocks = AgentClocks {
+            alive: &self.alive,
+            reports: &self.reports,
+            gone_since: &mut self.gone_since,
+        };
+        let unreserved = self.reports.keys().filter(|task| {
+            !self.task_device.contains_key(*task) && !self.not_archivable.contains(*task)
+        });
         for task_id in unreserved {
-            let clocks = (&self.alive, &self.reports, &mut self.gone_since);
-            if let Some((since, finished)) = gone_past(clocks, &task_id, now_unix_ms, grace_ms) {
+            if let Some((since, finished)) = clocks.gone_past(task_id, now_unix_ms, grace_ms) {
                 dead.push(DeadUnreserved {
-                    task_id,
+                    task_id: task_id.clone(),
                     gone_since_unix_ms: since,
                     finished,
                 });
@@ -755,6 +762,14 @@ impl ClusterView {
         self.forget_idle_clocks();
         dead.sort_by(|a, b| a.task_id.cmp(&b.task_id));
         dead
+    }
+
+    /// Sets `task_id` aside from [`ClusterView::dead_unreserved`] until its agent
+    /// runs again, it reports, it is reserved or its report is deleted: the reaper
+    /// found nothing for it to archive (its keys are already marked for the
+    /// retention, or it holds a placement without a reservation).
+    pub fn skip_archiving(&mut self, task_id: &str) {
+        self.not_archivable.insert(task_id.to_owned());
     }
 
     /// Drops the clocks of tasks that neither hold a reservation nor left a report:
@@ -932,6 +947,7 @@ impl ClusterView {
         if revision < device.seen_revision {
             return false;
         }
+        let mut held_here = HashSet::new();
         for old in device.residents.drain(..) {
             if self
                 .task_device
@@ -941,6 +957,7 @@ impl ClusterView {
             {
                 self.task_device.remove(&old.reservation.task_id);
             }
+            held_here.insert(old.reservation.task_id);
         }
         device.seen_revision = revision;
         match record {
@@ -948,6 +965,13 @@ impl ClusterView {
                 device.residents_revision = Some(revision);
                 device.claims = record.claims;
                 for reservation in record.reservations {
+                    let task_id = &reservation.task_id;
+                    if !held_here.contains(task_id) && !self.task_device.contains_key(task_id) {
+                        // Placed anew: a clock left by an earlier run of the same id (its
+                        // report still under `tasks/`) must not shorten this one's grace.
+                        self.gone_since.remove(task_id);
+                        self.not_archivable.remove(task_id);
+                    }
                     let report = self.reports.get(&reservation.task_id).cloned();
                     let assignment = self.assignments.get(&reservation.task_id).cloned();
                     self.task_device
@@ -990,12 +1014,14 @@ impl ClusterView {
     /// Records a task's latest report (and refreshes its resident entry).
     pub fn set_report(&mut self, report: TaskReport) {
         let task_id = report.task_id.clone();
+        self.not_archivable.remove(&task_id);
         self.reports.insert(task_id.clone(), report);
         self.refresh_resident(&task_id);
     }
 
     /// Forgets a task's report (its keys were deleted).
     pub fn remove_report(&mut self, task_id: &str) {
+        self.not_archivable.remove(task_id);
         self.reports.remove(task_id);
         self.refresh_resident(task_id);
     }
@@ -1044,40 +1070,36 @@ impl ClusterView {
     }
 }
 
-/// The view's fields [`gone_past`] reads and writes: the agents alive, the reports and
-/// the gone-since clocks.
-type GoneClocks<'a> = (
-    &'a HashSet<String>,
-    &'a HashMap<String, TaskReport>,
-    &'a mut HashMap<String, i64>,
-);
+/// The view's fields that say whether and since when a task's agent is gone, borrowed
+/// apart from the rest so that callers may iterate another field meanwhile.
+struct AgentClocks<'a> {
+    alive: &'a HashSet<String>,
+    reports: &'a HashMap<String, TaskReport>,
+    gone_since: &'a mut HashMap<String, i64>,
+}
 
-/// Since when `task_id`'s agent has been gone and whether its last report said it
-/// finished, once it has been gone `grace_ms` by `now_unix_ms` (at once when it
-/// finished); `None` while its agent runs, before the grace, or when it never ran
-/// (no `alive` key seen, no report). The first call that notices a task with a
-/// report but no clock starts its clock at `now_unix_ms`. It takes the view's fields
-/// apart from the rest, so callers may iterate another field meanwhile.
-fn gone_past(
-    (alive, reports, gone_since): GoneClocks<'_>,
-    task_id: &str,
-    now_unix_ms: i64,
-    grace_ms: i64,
-) -> Option<(i64, bool)> {
-    if alive.contains(task_id) {
-        return None;
-    }
-    let report = reports.get(task_id);
-    let since = match gone_since.get(task_id) {
-        Some(&since) => since,
-        None => {
-            report?;
-            gone_since.insert(task_id.to_owned(), now_unix_ms);
-            now_unix_ms
+impl AgentClocks<'_> {
+    /// Since when `task_id`'s agent has been gone and whether its last report said it
+    /// finished, once it has been gone `grace_ms` by `now_unix_ms` (at once when it
+    /// finished); `None` while its agent runs, before the grace, or when it never ran
+    /// (no `alive` key seen, no report). The first call that notices a task with a
+    /// report but no clock starts its clock at `now_unix_ms`.
+    fn gone_past(&mut self, task_id: &str, now_unix_ms: i64, grace_ms: i64) -> Option<(i64, bool)> {
+        if self.alive.contains(task_id) {
+            return None;
         }
-    };
-    let finished = report.is_some_and(|r| r.finished);
-    (finished || now_unix_ms.saturating_sub(since) >= grace_ms).then_some((since, finished))
+        let report = self.reports.get(task_id);
+        let since = match self.gone_since.get(task_id) {
+            Some(&since) => since,
+            None => {
+                report?;
+                self.gone_since.insert(task_id.to_owned(), now_unix_ms);
+                now_unix_ms
+            }
+        };
+        let finished = report.is_some_and(|r| r.finished);
+        (finished || now_unix_ms.saturating_sub(since) >= grace_ms).then_some((since, finished))
+    }
 }
 
 /// FNV-1a: cheap, stable across runs and platforms.
@@ -1396,6 +1418,36 @@ mod tests {
         view.remove_report("done");
         assert!(view.dead_residents(60_000, 5_000).is_empty());
         assert!(view.gone_since.is_empty());
+    }
+
+    /// An id placed again while an earlier run's report is still under `tasks/` starts
+    /// its grace afresh: the clock the earlier run left must not release the new
+    /// placement early.
+    #[test]
+    fn a_task_placed_anew_does_not_inherit_an_earlier_runs_clock() {
+        let mut view = ClusterView::new(Arc::new(crate::model::ModelledMemory));
+        view.set_alive("again");
+        view.set_report(TaskReport {
+            task_id: "again".into(),
+            ..Default::default()
+        });
+        view.set_not_alive("again", 1_000);
+        assert!(view.dead_unreserved(1_500, 5_000).is_empty());
+        view.skip_archiving("again");
+        let record = DeviceResidents {
+            device_id: "d0".into(),
+            reservations: vec![reservation("again", 100)],
+            ..Default::default()
+        };
+        view.apply_residents("d0", Some(record.clone()), 1);
+        // Its clock starts when first noticed now, not at 1,000 ms.
+        assert!(view.dead_residents(10_000, 5_000).is_empty());
+        assert!(view.dead_residents(14_999, 5_000).is_empty());
+        assert_eq!(view.dead_residents(15_000, 5_000).len(), 1);
+        // The same record again (its own echo) keeps the clock running.
+        view.apply_residents("d0", Some(record), 2);
+        assert_eq!(view.dead_residents(15_000, 5_000).len(), 1);
+        assert!(!view.not_archivable.contains("again"));
     }
 
     /// A task that never held a reservation (or lost it) and whose agent is gone is

@@ -47,7 +47,8 @@ pub struct Snapshot {
     /// placer's reaper places it again), or one caught between two writes. Only while
     /// its agent is alive and has not reported finishing, as the placer counts them
     /// (`UnreservedRunning::applies`): a job never placed (started without `iadeep
-    /// run`) runs nowhere once it ends, and the reaper archives what it left.
+    /// run`) runs nowhere once it ends, and the placer's reaper archives what it left
+    /// (unless its dead-task grace is 0).
     pub unplaced: Vec<String>,
     /// Keys that did not decode, named, so an operator can look at them.
     pub problems: Vec<String>,
