@@ -228,14 +228,15 @@ impl Members {
 
     /// Runs `attempt` on the preferred member and, while members cannot serve it,
     /// on the others, as the module documentation describes. `what` names the
-    /// request in messages; `attempt_timeout` bounds each attempt.
+    /// request in messages; `attempt_timeout` bounds each attempt. Returns the answer
+    /// and the index of the member that gave it.
     pub(crate) async fn call<T, F, Fut>(
         &self,
         what: &str,
         attempt_timeout: Duration,
         budget: Duration,
         mut attempt: F,
-    ) -> Result<T, Failure>
+    ) -> Result<(T, usize), Failure>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, AttemptError>>,
@@ -264,7 +265,7 @@ impl Members {
                         if index != first || !failures.is_empty() {
                             self.moved(first, index, what, started, &failures);
                         }
-                        return Ok(value);
+                        return Ok((value, index));
                     }
                     Err(AttemptError::Rejected(err)) => return Err(Failure::Rejected(err)),
                     Err(AttemptError::Member(reason)) => {

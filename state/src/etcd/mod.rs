@@ -51,13 +51,19 @@ pub struct EtcdStore {
     /// too large for one answer: later pages of that prefix (a paged reader's next
     /// call) ask for at most that many keys instead of learning it again.
     page_limits: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
-    /// Each lease's TTL as granted or last refreshed through this store, which bounds
-    /// its keep-alive attempts (see [`EtcdStore::keep_alive_attempt_timeout`]).
-    lease_ttls: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<i64, Duration>>>,
+    /// Each lease's TTL as granted or last refreshed through this store, and when,
+    /// which bounds its keep-alive attempts (see
+    /// [`EtcdStore::keep_alive_attempt_timeout`]).
+    lease_ttls: std::sync::Arc<std::sync::Mutex<LeaseTtls>>,
 }
 
-/// The shortest attempt a keep-alive gets on one member, however short its lease.
-const KEEP_ALIVE_ATTEMPT_MIN: Duration = Duration::from_millis(250);
+/// Lease id → (TTL, when it was granted or last refreshed).
+type LeaseTtls = std::collections::HashMap<i64, (Duration, std::time::Instant)>;
+
+/// The shortest attempt a keep-alive gets on one member, however short its lease: it
+/// also covers connecting to the member (TCP, TLS, authentication) when its channel
+/// has not been used yet.
+const KEEP_ALIVE_ATTEMPT_MIN: Duration = Duration::from_secs(1);
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -205,6 +211,7 @@ impl EtcdStore {
                 },
             )
             .await
+            .map(|(version, _)| version)
             .map_err(|f| match f {
                 Failure::Rejected(err) if is_auth_error(&err) => StateError::Backend {
                     op: "authenticate",
@@ -223,25 +230,32 @@ impl EtcdStore {
     }
 
     /// How long one keep-alive of `lease` may wait for one member: a quarter of the
-    /// lease's TTL (at least [`KEEP_ALIVE_ATTEMPT_MIN`]), at most
-    /// [`LEASE_ATTEMPT_TIMEOUT`]. A member that hangs (its connection open, nothing
-    /// answered) holds each attempt for the whole timeout before the next member is
-    /// asked; with [`crate::LeaseKeeper`] refreshing every third of the TTL, a fixed
-    /// 2 s let a 3 s lease expire behind a hung member.
+    /// lease's TTL, within [`KEEP_ALIVE_ATTEMPT_MIN`] and [`LEASE_ATTEMPT_TIMEOUT`]. A
+    /// member that hangs (its connection open, nothing answered) holds each attempt for
+    /// the whole timeout before the next member is asked; with [`crate::LeaseKeeper`]
+    /// refreshing every third of the TTL, a fixed 2 s let a 3 s lease expire behind a
+    /// hung member.
     fn keep_alive_attempt_timeout(&self, lease: LeaseId) -> Duration {
         let ttls = self.lease_ttls.lock().unwrap_or_else(|e| e.into_inner());
-        ttls.get(&lease.0).map_or(LEASE_ATTEMPT_TIMEOUT, |ttl| {
-            (*ttl / 4).clamp(KEEP_ALIVE_ATTEMPT_MIN, LEASE_ATTEMPT_TIMEOUT)
-        })
+        ttls.get(&lease.0)
+            .map_or(LEASE_ATTEMPT_TIMEOUT, |(ttl, _)| {
+                (*ttl / 4).clamp(KEEP_ALIVE_ATTEMPT_MIN, LEASE_ATTEMPT_TIMEOUT)
+            })
     }
 
-    /// Notes `lease`'s TTL (`None`: the lease is gone).
+    /// Notes `lease`'s TTL (`None`: the lease is gone). Leases not refreshed for twice
+    /// their TTL have expired (or were revoked out of sight) and are forgotten.
     fn note_lease_ttl(&self, lease: LeaseId, ttl: Option<Duration>) {
         let mut ttls = self.lease_ttls.lock().unwrap_or_else(|e| e.into_inner());
         match ttl {
-            Some(ttl) => ttls.insert(lease.0, ttl),
-            None => ttls.remove(&lease.0),
-        };
+            Some(ttl) => {
+                ttls.retain(|_, (ttl, at)| at.elapsed() <= *ttl * 2);
+                ttls.insert(lease.0, (ttl, std::time::Instant::now()));
+            }
+            None => {
+                ttls.remove(&lease.0);
+            }
+        }
     }
 
     /// One request through the members' failover (see [`members`]), each attempt
@@ -252,6 +266,21 @@ impl EtcdStore {
         attempt_timeout: Duration,
         attempt: F,
     ) -> Result<T, Failure>
+    where
+        F: FnMut(etcd_client::Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, AttemptError>>,
+    {
+        let (answer, _) = self.request_on(what, attempt_timeout, attempt).await?;
+        Ok(answer)
+    }
+
+    /// [`EtcdStore::request`], also saying which member answered (its index).
+    async fn request_on<T, F, Fut>(
+        &self,
+        what: &str,
+        attempt_timeout: Duration,
+        attempt: F,
+    ) -> Result<(T, usize), Failure>
     where
         F: FnMut(etcd_client::Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, AttemptError>>,
@@ -557,7 +586,13 @@ impl StateStore for EtcdStore {
                 },
             )
             .await
-            .map_err(|f| self.lease_failed("lease keep-alive", lease, f))?;
+            .map_err(|f| {
+                let err = self.lease_failed("lease keep-alive", lease, f);
+                if matches!(err, StateError::LeaseNotFound(_)) {
+                    self.note_lease_ttl(lease, None);
+                }
+                err
+            })?;
         if ttl > 0 {
             let ttl = Duration::from_secs(ttl.unsigned_abs());
             self.note_lease_ttl(lease, Some(ttl));
@@ -594,8 +629,7 @@ struct WatchSession {
     prefix: String,
     next_revision: Option<Revision>,
     tx: tokio::sync::mpsc::UnboundedSender<Result<WatchEvent>>,
-    /// The member the stream was opened on: the preferred one once `open` succeeded
-    /// (a member that answers becomes the preferred one).
+    /// The index of the member the stream was opened on.
     on_member: usize,
 }
 
@@ -608,9 +642,9 @@ impl WatchSession {
             options = options.with_start_revision(rev);
         }
         let prefix = self.prefix.as_str();
-        let (stream, created) = self
+        let ((stream, created), served_by) = self
             .store
-            .request("watch", READ_ATTEMPT_TIMEOUT, |client| {
+            .request_on("watch", READ_ATTEMPT_TIMEOUT, |client| {
                 let options = options.clone();
                 async move {
                     let mut stream = client.watch_client().watch(prefix, Some(options)).await?;
@@ -631,7 +665,7 @@ impl WatchSession {
         if self.next_revision.is_none() {
             self.next_revision = Some(header_revision(created.header()) + 1);
         }
-        self.on_member = self.store.members.preferred_index();
+        self.on_member = served_by;
         self.deliver(&created)?;
         Ok(stream)
     }
@@ -751,6 +785,60 @@ impl WatchSession {
 mod tests {
     use super::*;
     use crate::testing::{runtime, start_etcd};
+
+    /// A keep-alive waits a quarter of its lease's TTL for one member, within 1–2 s, and
+    /// the full 2 s for a lease this store did not grant nor refresh; a revoked lease,
+    /// or one the cluster no longer knows, is forgotten.
+    #[test]
+    fn a_keep_alive_waits_for_one_member_a_quarter_of_its_leases_ttl() {
+        let server = start_etcd();
+        runtime().block_on(async {
+            let store = EtcdStore::connect(&[server.endpoint()])
+                .await
+                .expect("connect to etcd");
+            let mut leases = Vec::new();
+            for (ttl_s, expected_ms) in [(3, 1_000), (6, 1_500), (60, 2_000)] {
+                let lease = store
+                    .grant_lease(Duration::from_secs(ttl_s))
+                    .await
+                    .expect("grant");
+                assert_eq!(
+                    store.keep_alive_attempt_timeout(lease),
+                    Duration::from_millis(expected_ms),
+                    "TTL {ttl_s} s"
+                );
+                leases.push(lease);
+            }
+            let unknown = LeaseId(leases[0].0 + 1_000_000);
+            assert_eq!(
+                store.keep_alive_attempt_timeout(unknown),
+                LEASE_ATTEMPT_TIMEOUT
+            );
+            store.revoke_lease(leases[1]).await.expect("revoke");
+            assert_eq!(
+                store.keep_alive_attempt_timeout(leases[1]),
+                LEASE_ATTEMPT_TIMEOUT
+            );
+            let other = EtcdStore::connect(&[server.endpoint()])
+                .await
+                .expect("connect to etcd");
+            other
+                .revoke_lease(leases[0])
+                .await
+                .expect("revoke elsewhere");
+            let err = store.keep_alive(leases[0]).await.expect_err("gone");
+            assert!(matches!(err, StateError::LeaseNotFound(_)), "{err}");
+            assert_eq!(
+                store.keep_alive_attempt_timeout(leases[0]),
+                LEASE_ATTEMPT_TIMEOUT
+            );
+            assert_eq!(
+                store.lease_ttls.lock().expect("lock").len(),
+                1,
+                "the 60 s lease"
+            );
+        });
+    }
 
     /// 500 values of 10 KB, then 400 small ones: a first page of 1,200 keys (5 MB) is
     /// too large for one answer, and so is one of 600; it is halved to 300. The next
