@@ -23,6 +23,7 @@ fn memory_eval_prints_both_models_as_json() {
     for key in ["underestimate_rate", "median_abs_rel_err", "p90_over"] {
         assert!(json[key].is_number(), "{key}");
         assert!(json["cubic_baseline"][key].is_number(), "cubic {key}");
+        assert!(json["held"][key].is_number(), "held {key}");
     }
     // A missing file and a bad header are clear errors.
     let out = iadeep(&["memory", "eval", "/nonexistent.csv", "--fit-upto", "16"]);

@@ -143,6 +143,11 @@ pub struct MemoryModel {
     floors: Vec<(u32, f64)>,
 }
 
+/// The largest size one step of `step` (a factor) past `largest` reaches.
+pub(crate) fn one_step(largest: u32, step: f64) -> u32 {
+    (f64::from(largest) * step).floor().min(f64::from(u32::MAX)) as u32
+}
+
 /// Least-squares affine fit through nalgebra's SVD; returns (intercept, slope).
 fn affine_least_squares(xs: &[f64], ys: &[f64]) -> Result<(f64, f64)> {
     let design = DMatrix::from_fn(xs.len(), 2, |i, j| if j == 0 { 1.0 } else { xs[i] });
@@ -366,6 +371,18 @@ impl MemoryModel {
     /// and `TaskKnowledge::learn_oom_alone_past`).
     pub fn prior_bound_mib(&self, batch_size: u32) -> Option<f64> {
         self.bound_mib(batch_size, true)
+    }
+
+    /// The bound the tuner holds a task to at `batch_size`: this model's
+    /// ([`MemoryModel::upper_bound_mib`]) within one step
+    /// ([`MemoryModelParams::max_step_past_measured`]) of the largest observed size, the
+    /// prior's ([`MemoryModel::prior_bound_mib`]) further out, where a jump to a task's
+    /// next allowed size crosses a stretch longer than a step, in which the measured
+    /// curvature cannot have seen a bend. Never below the model's, and monotone in the
+    /// size as both bounds are.
+    pub fn held_bound_mib(&self, batch_size: u32) -> Option<f64> {
+        let step = one_step(self.largest_observed, self.params.max_step_past_measured);
+        self.bound_mib(batch_size, batch_size > step)
     }
 
     fn bound_mib(&self, batch_size: u32, prior: bool) -> Option<f64> {

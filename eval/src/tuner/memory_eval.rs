@@ -77,10 +77,9 @@ pub struct EvalOptions {
     pub fit_upto: u32,
     /// Predict the rows above the fit up to this many times the model's largest fitted
     /// size: 2, one doubling, is the issue's measure and a little further than the
-    /// tuner lets this bound run ahead of the data (it grows a task by at most
+    /// tuner lets the model's bound run ahead of the data (it grows a task by at most
     /// `max_step_past_measured`, 1.5×; a longer jump to a task's next allowed size is
-    /// bounded by the prior instead, which this does not score: docs/tuner-experiments.md),
-    /// so rows further out test a use the bound is not put to.
+    /// bounded by the prior instead, which [`EvalReport::held`] scores).
     pub horizon: f64,
     /// The memory model's parameters.
     pub params: MemoryModelParams,
@@ -108,6 +107,12 @@ pub struct EvalReport {
     pub p90_over: f64,
     pub predictions: usize,
     pub refused: usize,
+    /// The bound the tuner would hold a task to that jumped from its fitted sizes
+    /// straight to each predicted size (`MemoryModel::held_bound_mib`): the model's
+    /// within a step of the largest fitted size, the prior's further out, as for a task
+    /// whose allowed sizes are coarser than a step (the figures above score the model's
+    /// bound at every size; on the default √2 grid the tuner never jumps past a step).
+    pub held: EvalFigures,
     pub cubic_baseline: EvalFigures,
 }
 
@@ -145,8 +150,8 @@ pub fn evaluate(rows: &[MemoryRow], options: EvalOptions) -> Result<EvalReport> 
     for row in rows {
         by_model.entry(&row.model).or_default().push(row.sample);
     }
-    let (mut ours, mut cubic) = (Vec::new(), Vec::new());
-    let (mut models, mut refused) = (0, 0);
+    let (mut ours, mut held, mut cubic) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut models, mut refused, mut held_refused) = (0, 0, 0);
     for (name, samples) in &by_model {
         let (fit, above): (Vec<MemorySample>, Vec<MemorySample>) =
             samples.iter().partition(|s| s.batch_size <= fit_upto);
@@ -175,6 +180,10 @@ pub fn evaluate(rows: &[MemoryRow], options: EvalOptions) -> Result<EvalReport> 
                 Some(p) => ours.push(p / s.peak_mib - 1.0),
                 None => refused += 1,
             }
+            match model.held_bound_mib(s.batch_size) {
+                Some(p) => held.push(p / s.peak_mib - 1.0),
+                None => held_refused += 1,
+            }
             cubic.push(baseline.predict(s.batch_size) / s.peak_mib - 1.0);
         }
     }
@@ -194,6 +203,7 @@ pub fn evaluate(rows: &[MemoryRow], options: EvalOptions) -> Result<EvalReport> 
         p90_over: f.p90_over,
         predictions: f.predictions,
         refused,
+        held: figures(models, &held, held_refused),
         cubic_baseline: figures(models, &cubic, 0),
     })
 }
@@ -242,5 +252,38 @@ mod tests {
         };
         assert_eq!(evaluate(&rows, far).expect("evaluates").predictions, 2);
         assert!(evaluate(&rows, EvalOptions::new(1000)).is_err());
+    }
+
+    /// The held bound is the model's within a step of the fitted sizes and the prior's
+    /// (wider) past it: on straight data fitted up to 32, 48 is within the 1.5× step and
+    /// 64 past it.
+    #[test]
+    fn the_held_bound_is_the_priors_past_a_step() {
+        let mut text = String::from(
+            "model,batch_size,memory_mib
+",
+        );
+        for b in [4, 8, 16, 32, 48, 64] {
+            text.push_str(&format!(
+                "m,{b},{}
+",
+                900 + 7 * b
+            ));
+        }
+        let rows = parse_csv(&text).expect("parses");
+        let options = EvalOptions {
+            horizon: 1.5,
+            ..EvalOptions::new(32)
+        };
+        let within = evaluate(&rows, options).expect("evaluates");
+        assert_eq!(within.predictions, 1, "48 only");
+        assert_eq!(within.held, figures(1, &[within.median_abs_rel_err], 0));
+        let doubling = evaluate(&rows, EvalOptions::new(32)).expect("evaluates");
+        assert_eq!(doubling.predictions, 2, "48 and 64");
+        assert_eq!(doubling.held.underestimate_rate, 0.0);
+        assert!(
+            doubling.held.p90_over > doubling.p90_over,
+            "the prior's bound at 64 is wider: {doubling:?}"
+        );
     }
 }

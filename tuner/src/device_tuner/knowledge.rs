@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use iadeep_proto::{TaskReport, TaskSpec, TunerMemorySample, TunerSoloTime, TunerTaskKnowledge};
 
-use crate::memory::{MemoryModel, MemoryModelParams, MemorySample};
+use crate::memory::{MemoryModel, MemoryModelParams, MemorySample, one_step};
 
 /// At most this many candidate sizes per task: the lattice is a product over tasks.
 pub const MAX_CANDIDATES: usize = 13;
@@ -182,7 +182,7 @@ impl TaskKnowledge {
         let lifted = self.memory_model(params).and_then(|model| {
             let past_data = batch_size > model.largest_observed();
             let prior = model.prior_bound_mib(batch_size)?;
-            let tight = bound_at(&model, batch_size, params)?;
+            let tight = model.held_bound_mib(batch_size)?;
             (past_data && prior > tight).then_some(prior)
         });
         match lifted {
@@ -267,7 +267,7 @@ impl TaskKnowledge {
                 );
                 sizes
                     .iter()
-                    .map(|&b| (b <= reach).then(|| bound_at(&model, b, params)).flatten())
+                    .map(|&b| (b <= reach).then(|| model.held_bound_mib(b)).flatten())
                     .collect()
             }
             None => sizes
@@ -285,7 +285,7 @@ impl TaskKnowledge {
     /// where the model says nothing.
     pub fn bound_ignoring_reach(&self, batch_size: u32, params: MemoryModelParams) -> Option<f64> {
         let model = self.memory_model(params)?;
-        bound_at(&model, batch_size, params)
+        model.held_bound_mib(batch_size)
     }
 
     /// Step time alone at `batch_size`, if it was measured (profile or a round run alone).
@@ -307,28 +307,12 @@ impl TaskKnowledge {
     }
 }
 
-/// The largest size within one step past `largest` measured: `step` × `largest`.
-fn one_step(largest: u32, step: f64) -> u32 {
-    (f64::from(largest) * step).floor().min(f64::from(u32::MAX)) as u32
-}
-
 /// The largest size a task whose memory was measured up to `largest` may take next: one
 /// step past it, or the smallest of `sizes` above `largest` when that is further.
 fn next_size(sizes: &[u32], largest: u32, step: f64) -> u32 {
     let within = one_step(largest, step);
     let next = sizes.iter().copied().filter(|&b| b > largest).min();
     next.map_or(within, |n| n.max(within))
-}
-
-/// The bound the tuner holds a task to at `batch_size`: the model's, and further than one
-/// step past the largest measured size the prior's (see [`TaskKnowledge::upper_bounds`]).
-/// Never below the model's, and monotone in the size as both bounds are.
-fn bound_at(model: &MemoryModel, batch_size: u32, params: MemoryModelParams) -> Option<f64> {
-    if batch_size > one_step(model.largest_observed(), params.max_step_past_measured) {
-        model.prior_bound_mib(batch_size)
-    } else {
-        model.upper_bound_mib(batch_size)
-    }
 }
 
 /// Solo step times in their persisted form.
