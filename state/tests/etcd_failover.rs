@@ -59,47 +59,84 @@ async fn answered(load: &Load, n: u64, when: &str) {
     }
 }
 
-/// Runs load around losing member `victim` (before the kill, until it resumed, and a
-/// little after).
+/// How a member is lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Loss {
+    /// SIGKILL: its connections are refused or reset.
+    Kill,
+    /// SIGSTOP: its connections stay open and nothing is answered.
+    Freeze,
+}
+
+/// What a stream of requests saw around one loss.
+#[derive(Debug)]
+struct Seen {
+    done: u64,
+    failed: u64,
+    slowest_ms: u64,
+    /// When the member was lost.
+    lost_at: Instant,
+}
+
+/// Runs load around losing member `victim` (before the loss, until requests are
+/// answered again, and a little after).
 async fn lose_member(
     cluster: &mut EtcdCluster,
     store: &Arc<EtcdStore>,
     victim: usize,
+    loss: Loss,
     what: &str,
-) -> (u64, u64, u64) {
+) -> Seen {
     let load = Arc::new(Load::default());
     let stop = Arc::new(AtomicBool::new(false));
     let driver = tokio::spawn(drive(store.clone(), load.clone(), stop.clone()));
-    // Load runs before the kill: 20 requests answered.
-    answered(&load, 20, "before the kill").await;
+    // Load runs before the loss: 20 requests answered.
+    answered(&load, 20, "before the loss").await;
     let before = store.current_endpoint();
-    cluster.kill(victim);
-    let killed_at = Instant::now();
+    match loss {
+        Loss::Kill => cluster.kill(victim),
+        Loss::Freeze => cluster.freeze(victim).expect("freeze"),
+    }
+    let lost_at = Instant::now();
     // Until requests are answered again, and 20 more. That each one was answered within
     // the failover bound is asserted from the slowest, once the load stops.
-    let done_at_kill = load.done.load(Ordering::Relaxed);
-    answered(&load, done_at_kill + 20, &format!("after {what}")).await;
-    let resumed_ms = killed_at.elapsed().as_millis();
-    answered(&load, done_at_kill + 40, &format!("after {what}")).await;
+    let done_at_loss = load.done.load(Ordering::Relaxed);
+    answered(&load, done_at_loss + 20, &format!("after {what}")).await;
+    let resumed_ms = lost_at.elapsed().as_millis();
+    answered(&load, done_at_loss + 40, &format!("after {what}")).await;
     stop.store(true, Ordering::Relaxed);
     driver.await.expect("driver");
-    let (done, failed, slowest) = (
-        load.done.load(Ordering::Relaxed),
-        load.failed.load(Ordering::Relaxed),
-        load.slowest_ms.load(Ordering::Relaxed),
-    );
+    let seen = Seen {
+        done: load.done.load(Ordering::Relaxed),
+        failed: load.failed.load(Ordering::Relaxed),
+        slowest_ms: load.slowest_ms.load(Ordering::Relaxed),
+        lost_at,
+    };
     eprintln!(
-        "{what}: member {victim} killed (requests were on {before}, now on {}); \
-         20 requests answered {resumed_ms} ms after the kill; {done} requests ok, \
-         {failed} failed, slowest {slowest} ms",
-        store.current_endpoint()
+        "{what}: member {victim} {loss:?} (requests were on {before}, now on {}); \
+         20 requests answered {resumed_ms} ms after; {} requests ok, {} failed, \
+         slowest {} ms",
+        store.current_endpoint(),
+        seen.done,
+        seen.failed,
+        seen.slowest_ms
     );
-    (failed, slowest, done)
+    seen
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_leases_and_watches_survive_a_follower_then_the_leader() {
-    let mut cluster = EtcdCluster::start().expect("etcd cluster");
+/// A three-member cluster, a store whose requests go first to a follower, a kept
+/// lease of `ttl` holding `/held`, and a watch on `/load/`.
+struct Setup {
+    cluster: EtcdCluster,
+    follower: usize,
+    store: Arc<EtcdStore>,
+    lease: iadeep_state::LeaseId,
+    keeper: LeaseKeeper,
+    watch: iadeep_state::WatchStream,
+}
+
+async fn setup(ttl: Duration) -> Setup {
+    let cluster = EtcdCluster::start().expect("etcd cluster");
     let leader = cluster.leader(Duration::from_secs(10)).expect("leader");
     let follower = (leader + 1) % 3;
     // Requests go to the first endpoint listed: the follower about to be lost.
@@ -107,60 +144,95 @@ async fn requests_leases_and_watches_survive_a_follower_then_the_leader() {
     endpoints.swap(0, follower);
     let store = Arc::new(EtcdStore::connect(&endpoints).await.expect("connect"));
     assert_eq!(store.current_endpoint(), cluster.endpoints()[follower]);
-
-    let ttl = Duration::from_secs(3);
     let lease = store.grant_lease(ttl).await.expect("lease");
     store
         .put("/held", b"mine".to_vec(), Some(lease))
         .await
         .expect("leased put");
     let keeper = LeaseKeeper::spawn(store.clone(), lease, ttl);
-    let mut watch = store.watch("/load/", None).await.expect("watch");
+    let watch = store.watch("/load/", None).await.expect("watch");
+    Setup {
+        cluster,
+        follower,
+        store,
+        lease,
+        keeper,
+        watch,
+    }
+}
 
-    let (failed_follower, slowest_follower, done_follower) =
-        lose_member(&mut cluster, &store, follower, "follower loss").await;
-    cluster.restart(follower).expect("restart follower");
+impl Setup {
+    /// Asserts the lease and its key survived.
+    async fn lease_held(&self) {
+        assert_ne!(
+            self.keeper.health(),
+            LeaseHealth::Lost,
+            "the lease was lost"
+        );
+        let held = self
+            .store
+            .get("/held")
+            .await
+            .expect("get")
+            .expect("leased key");
+        assert_eq!(held.lease, Some(self.lease));
+    }
 
-    let leader = cluster.leader(Duration::from_secs(10)).expect("leader");
-    let (failed_leader, slowest_leader, done_leader) =
-        lose_member(&mut cluster, &store, leader, "leader loss").await;
+    /// Reads `expected` puts from the watch: every put, in order, once (the bound is for
+    /// a broken build only).
+    async fn watch_saw(&mut self, expected: u64) {
+        let mut last_revision = 0;
+        for _ in 0..expected {
+            let event = tokio::time::timeout(Duration::from_secs(60), self.watch.next())
+                .await
+                .expect("watch event in time")
+                .expect("watch open")
+                .expect("watch event");
+            let WatchEvent::Put(kv) = event else {
+                panic!("unexpected {event:?}");
+            };
+            assert!(kv.mod_revision > last_revision, "revisions go forward");
+            last_revision = kv.mod_revision;
+        }
+    }
+}
+
+/// Asserts that no request failed and none took longer than the failover bound.
+fn within_bound(seen: &[&Seen]) {
+    let bound = FAILOVER_BOUND.as_millis();
+    for s in seen {
+        assert_eq!(s.failed, 0, "requests failed during a member loss: {s:?}");
+        assert!(
+            u128::from(s.slowest_ms) < bound,
+            "{} ms is over the bound {bound} ms",
+            s.slowest_ms
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_leases_and_watches_survive_a_follower_then_the_leader() {
+    let ttl = Duration::from_secs(3);
+    let mut s = setup(ttl).await;
+    let follower = s.follower;
+    let on_follower = lose_member(
+        &mut s.cluster,
+        &s.store,
+        follower,
+        Loss::Kill,
+        "follower loss",
+    )
+    .await;
+    s.cluster.restart(follower).expect("restart follower");
+
+    let leader = s.cluster.leader(Duration::from_secs(10)).expect("leader");
+    let on_leader = lose_member(&mut s.cluster, &s.store, leader, Loss::Kill, "leader loss").await;
 
     // Outlive the lease's TTL twice more on the two remaining members.
     tokio::time::sleep(ttl * 2).await;
-    assert_ne!(keeper.health(), LeaseHealth::Lost, "the lease was lost");
-    let held = store.get("/held").await.expect("get").expect("leased key");
-    assert_eq!(held.lease, Some(lease));
-
-    // The watch saw every put of both phases, in order, once.
-    let expected = done_follower + done_leader;
-    let mut seen = 0u64;
-    let mut last_revision = 0;
-    while seen < expected {
-        let event = tokio::time::timeout(Duration::from_secs(10), watch.next())
-            .await
-            .expect("watch event in time")
-            .expect("watch open")
-            .expect("watch event");
-        let WatchEvent::Put(kv) = event else {
-            panic!("unexpected {event:?}");
-        };
-        assert!(kv.mod_revision > last_revision, "revisions go forward");
-        last_revision = kv.mod_revision;
-        seen += 1;
-    }
-
-    let bound = (FAILOVER_BOUND).as_millis();
-    assert_eq!(
-        (failed_follower, failed_leader),
-        (0, 0),
-        "requests failed during a member loss"
-    );
-    for slowest in [slowest_follower, slowest_leader] {
-        assert!(
-            u128::from(slowest) < bound,
-            "{slowest} ms is over the bound {bound} ms"
-        );
-    }
+    s.lease_held().await;
+    s.watch_saw(on_follower.done + on_leader.done).await;
+    within_bound(&[&on_follower, &on_leader]);
 }
 
 /// A member that hangs rather than dies (SIGSTOP: its connections stay open and
@@ -171,85 +243,28 @@ async fn requests_leases_and_watches_survive_a_follower_then_the_leader() {
 /// missing or repeating a put.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_leases_and_watches_survive_a_frozen_member() {
-    let mut cluster = EtcdCluster::start().expect("etcd cluster");
-    let leader = cluster.leader(Duration::from_secs(10)).expect("leader");
-    let follower = (leader + 1) % 3;
-    let mut endpoints = cluster.endpoints();
-    endpoints.swap(0, follower);
-    let store = Arc::new(EtcdStore::connect(&endpoints).await.expect("connect"));
-    assert_eq!(store.current_endpoint(), cluster.endpoints()[follower]);
-
     let ttl = Duration::from_secs(3);
-    let lease = store.grant_lease(ttl).await.expect("lease");
-    store
-        .put("/held", b"mine".to_vec(), Some(lease))
-        .await
-        .expect("leased put");
-    let keeper = LeaseKeeper::spawn(store.clone(), lease, ttl);
-    let mut watch = store.watch("/load/", None).await.expect("watch");
-
-    let load = Arc::new(Load::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let driver = tokio::spawn(drive(store.clone(), load.clone(), stop.clone()));
-    answered(&load, 20, "before the freeze").await;
-    cluster.freeze(follower).expect("freeze");
-    let frozen_at = Instant::now();
-    let done_at_freeze = load.done.load(Ordering::Relaxed);
-    answered(&load, done_at_freeze + 20, "after the freeze").await;
-    let resumed_ms = frozen_at.elapsed().as_millis();
-    answered(&load, done_at_freeze + 40, "after the freeze").await;
-    stop.store(true, Ordering::Relaxed);
-    driver.await.expect("driver");
-    let (done, failed, slowest) = (
-        load.done.load(Ordering::Relaxed),
-        load.failed.load(Ordering::Relaxed),
-        load.slowest_ms.load(Ordering::Relaxed),
-    );
-
-    // Every put, in order, once; the bound is for a broken build only.
-    let mut seen = 0u64;
-    let mut last_revision = 0;
-    while seen < done {
-        let event = tokio::time::timeout(Duration::from_secs(60), watch.next())
-            .await
-            .expect("watch event in time")
-            .expect("watch open")
-            .expect("watch event");
-        let WatchEvent::Put(kv) = event else {
-            panic!("unexpected {event:?}");
-        };
-        assert!(kv.mod_revision > last_revision, "revisions go forward");
-        last_revision = kv.mod_revision;
-        seen += 1;
-    }
-    let watch_caught_up_ms = frozen_at.elapsed().as_millis();
+    let mut s = setup(ttl).await;
+    let follower = s.follower;
+    let frozen = lose_member(&mut s.cluster, &s.store, follower, Loss::Freeze, "freeze").await;
+    s.watch_saw(frozen.done).await;
+    let watch_caught_up_ms = frozen.lost_at.elapsed().as_millis();
+    eprintln!("the watch had every put {watch_caught_up_ms} ms after the freeze");
 
     // Past the lease's TTL since the freeze, counted from the member's last answer.
     tokio::time::sleep(
-        (frozen_at + ttl + Duration::from_secs(1)).saturating_duration_since(Instant::now()),
+        (frozen.lost_at + ttl + Duration::from_secs(1)).saturating_duration_since(Instant::now()),
     )
     .await;
-    assert_ne!(keeper.health(), LeaseHealth::Lost, "the lease was lost");
-    let held = store.get("/held").await.expect("get").expect("leased key");
-    assert_eq!(held.lease, Some(lease));
-    eprintln!(
-        "frozen member {follower}: requests now on {}; 20 requests answered {resumed_ms} ms \
-         after the freeze; {done} ok, {failed} failed, slowest {slowest} ms; the watch had \
-         every put {watch_caught_up_ms} ms after the freeze",
-        store.current_endpoint()
-    );
-    assert_eq!(failed, 0, "requests failed while a member was frozen");
-    let bound = FAILOVER_BOUND.as_millis();
-    assert!(
-        u128::from(slowest) < bound,
-        "{slowest} ms is over the bound {bound} ms"
-    );
-    assert_ne!(store.current_endpoint(), cluster.endpoints()[follower]);
+    s.lease_held().await;
+    within_bound(&[&frozen]);
+    assert_ne!(s.store.current_endpoint(), s.cluster.endpoints()[follower]);
     // The watch follows the requests off the frozen member instead of waiting for its
     // connection's pings (10 s + 5 s), so it too is back within the failover bound.
+    let bound = FAILOVER_BOUND.as_millis();
     assert!(
         watch_caught_up_ms < bound,
         "the watch had every put {watch_caught_up_ms} ms after the freeze, over {bound} ms"
     );
-    cluster.thaw(follower).expect("thaw");
+    s.cluster.thaw(follower).expect("thaw");
 }

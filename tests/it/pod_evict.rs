@@ -174,6 +174,16 @@ async fn driver(daemon: &Daemon, fake: &FakeKube) -> PodEvictor {
     PodEvictor::new(daemon.service().clone(), kube, daemon.metrics().clone()).with_grace(GRACE)
 }
 
+/// Whether the one pod of a tick was refused again, if it was refused.
+fn refused_again(
+    done: &[(iadeep_placer::pod_eviction::DuePod, PodEvictionOutcome)],
+) -> Option<bool> {
+    match done {
+        [(_, PodEvictionOutcome::Blocked { again, .. })] => Some(*again),
+        _ => None,
+    }
+}
+
 fn outcomes(done: &[(iadeep_placer::pod_eviction::DuePod, PodEvictionOutcome)]) -> Vec<String> {
     done.iter()
         .map(|(pod, outcome)| format!("{} {outcome:?}", pod.pod()))
@@ -234,11 +244,6 @@ async fn a_disruption_budget_is_asked_again_until_it_allows_the_eviction() {
     order_to_leave(store.as_ref(), &daemon, "ml.opp").await;
     fake.answer_evictions(&[429, 429]);
 
-    // Whether the one pod of a tick was refused again, if it was refused.
-    let refused_again = |done: &[(_, PodEvictionOutcome)]| match done {
-        [(_, PodEvictionOutcome::Blocked { again, .. })] => Some(*again),
-        _ => None,
-    };
     evictor.tick(T0).await;
     let done = evictor.tick(T0 + 20_000).await;
     assert_eq!(refused_again(&done), Some(false), "{done:?}");
@@ -264,10 +269,6 @@ async fn a_withdrawn_order_forgets_the_budgets_refusal() {
     let mut evictor = driver(&daemon, &fake).await;
     order_to_leave(store.as_ref(), &daemon, "ml.opp").await;
     fake.answer_evictions(&[429, 429]);
-    let refused_again = |done: &[(_, PodEvictionOutcome)]| match done {
-        [(_, PodEvictionOutcome::Blocked { again, .. })] => Some(*again),
-        _ => None,
-    };
     evictor.tick(T0).await;
     let done = evictor.tick(T0 + 20_000).await;
     assert_eq!(refused_again(&done), Some(false), "{done:?}");

@@ -66,6 +66,46 @@ async fn place_and_release(client: &mut PlacerClient<Channel>, id: &str, release
     }
 }
 
+/// A real agent of task `id` (on `device`, when given: otherwise the one its placement
+/// names) that has taken one step and whose first report is in the store.
+async fn start_agent(server: &EtcdServer, id: &'static str, device: Option<&'static str>) -> Agent {
+    let url = server.url();
+    let agent = tokio::task::spawn_blocking(move || {
+        let builder = Agent::builder()
+            .task_id(id)
+            .store(&url)
+            .model("resnet50")
+            .initial_batch_size(32)
+            .batch_size_bounds(16..=64)
+            .lr_rule(LrScalingRule::Linear)
+            .use_nvml(false)
+            .memory_probe(|| Some(2_000))
+            .report_interval(Duration::from_millis(100));
+        match device {
+            Some(device) => builder.device_id(device),
+            None => builder,
+        }
+        .connect()
+        .expect("agent connects")
+    })
+    .await
+    .expect("agent thread");
+    agent.record_step(32, Duration::from_millis(5));
+    let store = EtcdStore::connect(&[server.endpoint()])
+        .await
+        .expect("connect to etcd");
+    // The placer knows where the job runs from its report.
+    eventually("the agent's report", async || {
+        store
+            .get(&keys::task_report(id))
+            .await
+            .expect("get")
+            .is_some()
+    })
+    .await;
+    agent
+}
+
 async fn task_keys(store: &dyn StateStore, id: &str) -> usize {
     store
         .range(&keys::task_prefix(id))
@@ -124,33 +164,8 @@ async fn a_job_released_while_it_runs_holds_a_reservation_again() {
         .await
         .expect("connect");
     place_and_release(&mut client, "job", false).await;
-    let url = server.url();
-    let agent = tokio::task::spawn_blocking(move || {
-        Agent::builder()
-            .task_id("job")
-            .store(&url)
-            .model("resnet50")
-            .initial_batch_size(32)
-            .batch_size_bounds(16..=64)
-            .lr_rule(LrScalingRule::Linear)
-            .use_nvml(false)
-            .memory_probe(|| Some(2_000))
-            .report_interval(Duration::from_millis(100))
-            .connect()
-            .expect("agent connects")
-    })
-    .await
-    .expect("agent thread");
-    agent.record_step(32, Duration::from_millis(5));
+    let agent = start_agent(&server, "job", None).await;
     let s = store.as_ref();
-    // The placer knows where the job runs from its report.
-    eventually("the agent's report", async || {
-        s.get(&keys::task_report("job"))
-            .await
-            .expect("get")
-            .is_some()
-    })
-    .await;
     client
         .release(ReleaseRequest {
             task_id: "job".into(),
@@ -193,31 +208,8 @@ async fn a_job_that_ran_without_a_placement_leaves_nothing_once_it_ends() {
         ..PlacerParams::default()
     };
     let (store, daemon) = cluster(&server, params).await;
-    let url = server.url();
-    let agent = tokio::task::spawn_blocking(move || {
-        Agent::builder()
-            .task_id("stray")
-            .store(&url)
-            .device_id("n9.gpu0")
-            .model("resnet50")
-            .initial_batch_size(32)
-            .use_nvml(false)
-            .memory_probe(|| Some(2_000))
-            .report_interval(Duration::from_millis(100))
-            .connect()
-            .expect("agent connects")
-    })
-    .await
-    .expect("agent thread");
-    agent.record_step(32, Duration::from_millis(5));
+    let agent = start_agent(&server, "stray", Some("n9.gpu0")).await;
     let s = store.as_ref();
-    eventually("the agent's report", async || {
-        s.get(&keys::task_report("stray"))
-            .await
-            .expect("get")
-            .is_some()
-    })
-    .await;
     // While it runs, its keys stay where its agent reads them.
     assert!(task_keys(s, "stray").await >= 3, "spec, alive, report");
     agent.finish().expect("finish");
