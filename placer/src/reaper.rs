@@ -21,10 +21,12 @@
 //! Each tick also gives a reservation back to tasks whose agent runs without one (they
 //! were released while it ran; see
 //! [`crate::service::PlacementService::readmit_running`]), or reports them; and once
-//! such an agent, or one of a job that was never placed, has been gone for the dead-task
-//! grace, it archives what the task left under `tasks/` with a release marker, so the
-//! retention deletes it like a released task's (see
-//! [`crate::service::PlacementService::archive_dead_unreserved`]).
+//! the agent of a job that ran without ever being placed has been gone for the
+//! dead-task grace, it archives what the task left under `tasks/` with a release marker,
+//! so the retention deletes it like a released task's (see
+//! [`crate::service::PlacementService::archive_dead_unreserved`]). A task released while
+//! its agent ran has its marker already: the retention deletes what the agent wrote
+//! after the Release.
 //!
 //! The reaper also deletes the keys of released tasks once their retention is over
 //! (see [`crate::retention`]), so that there is one loop that cleans up after tasks,

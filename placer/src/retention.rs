@@ -589,6 +589,56 @@ mod tests {
         );
     }
 
+    /// One pass archives at most `ARCHIVE_PER_PASS` (100) tasks; the next takes the rest.
+    #[tokio::test]
+    async fn a_backlog_of_unplaced_tasks_is_archived_over_several_passes() {
+        let (store, now, service) = world();
+        let ids: Vec<String> = (0..101).map(|i| format!("t{i:03}")).collect();
+        for id in &ids {
+            run_unplaced(store.as_ref(), &service, id).await;
+            store
+                .delete(&keys::task_alive(id))
+                .await
+                .expect("lease expiry");
+            service
+                .view_mut()
+                .set_not_alive(id, now.load(Ordering::SeqCst));
+        }
+        assert_eq!(
+            service.archive_dead_unreserved(Duration::ZERO).await.len(),
+            100
+        );
+        // Its reports' deletions reach the view through the watch in the daemon.
+        for id in &ids[..100] {
+            service.view_mut().remove_report(id);
+        }
+        assert_eq!(
+            service.archive_dead_unreserved(Duration::ZERO).await,
+            ["t100"]
+        );
+    }
+
+    /// A Release never fails on what a task that held nothing left behind: the store
+    /// error of the archive's read is logged, and the reaper archives it later.
+    #[tokio::test]
+    async fn a_release_does_not_fail_on_the_archive_of_an_unplaced_task() {
+        let faults = Arc::new(iadeep_state::testing::FaultStore::in_memory());
+        let store: Arc<dyn StateStore> = faults.clone();
+        let service = crate::service::tests::service(store.clone());
+        run_unplaced(store.as_ref(), &service, "solo").await;
+        store
+            .delete(&keys::task_alive("solo"))
+            .await
+            .expect("lease expiry");
+        faults.fail_next(iadeep_state::testing::Op::Range, 1);
+        assert_eq!(service.release("solo").await.expect("release"), None);
+        assert_eq!(
+            task_keys(store.as_ref(), "solo").await,
+            2,
+            "left for the reaper"
+        );
+    }
+
     /// A Release of a task that holds no placement archives what its agent left
     /// (once that agent is gone) instead of answering "nothing held" and leaving it.
     #[tokio::test]

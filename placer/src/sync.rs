@@ -185,6 +185,23 @@ impl Ctx {
                 for task in gone {
                     view.set_not_alive(&task, now);
                 }
+                // Reports deleted while the watch was down (archived, swept).
+                let reported: HashSet<String> = snapshot
+                    .kvs
+                    .iter()
+                    .filter_map(|kv| match KeyKind::parse(&kv.key) {
+                        KeyKind::TaskReport { task } => Some(task),
+                        _ => None,
+                    })
+                    .collect();
+                let deleted: Vec<String> = view
+                    .reported_tasks()
+                    .filter(|t| !reported.contains(*t))
+                    .map(str::to_owned)
+                    .collect();
+                for task in deleted {
+                    view.remove_report(&task);
+                }
             }
             Prefix::Samples => {}
             Prefix::Avoid => {
@@ -404,6 +421,38 @@ mod tests {
 
     fn put(key: String, value: Vec<u8>, revision: Revision) -> WatchEvent {
         WatchEvent::Put(KeyValue::created_at(key, value, revision))
+    }
+
+    /// A reload of the tasks after the watch was down (its history compacted) drops the
+    /// reports deleted meanwhile, as it drops the `alive` keys: a report the store no
+    /// longer holds would otherwise say forever that the task's agent ran.
+    #[test]
+    fn a_reload_drops_the_reports_deleted_while_the_watch_was_down() {
+        let ctx = ctx();
+        let report = |task: &str| iadeep_proto::TaskReport {
+            task_id: task.into(),
+            ..Default::default()
+        };
+        for task in ["kept", "archived"] {
+            ctx.apply(put(
+                keys::task_report(task),
+                report(task).encode_to_vec(),
+                3,
+            ));
+        }
+        let snapshot = RangeSnapshot {
+            kvs: vec![KeyValue::created_at(
+                keys::task_report("kept"),
+                report("kept").encode_to_vec(),
+                3,
+            )],
+            revision: 9,
+        };
+        ctx.load(Prefix::Tasks, snapshot, 3);
+        let view = ctx.view.read().expect("view");
+        let mut left: Vec<&str> = view.reported_tasks().collect();
+        left.sort_unstable();
+        assert_eq!(left, ["kept"]);
     }
 
     /// The watch's echo of the placer's own commit (same key, same revision: the same

@@ -669,6 +669,11 @@ impl ClusterView {
         self.alive.contains(task_id)
     }
 
+    /// Tasks whose report the view holds, for re-reading the store.
+    pub fn reported_tasks(&self) -> impl Iterator<Item = &str> {
+        self.reports.keys().map(String::as_str)
+    }
+
     /// Tasks whose `alive` key the view holds, for re-reading the store.
     pub fn alive_tasks(&self) -> impl Iterator<Item = &str> {
         self.alive.iter().map(String::as_str)
@@ -968,9 +973,18 @@ impl ClusterView {
                     let task_id = &reservation.task_id;
                     if !held_here.contains(task_id) && !self.task_device.contains_key(task_id) {
                         // Placed anew: a clock left by an earlier run of the same id (its
-                        // report still under `tasks/`) must not shorten this one's grace.
+                        // report still under `tasks/`) must not shorten this one's grace,
+                        // nor may that run's report, written before this placement while
+                        // no agent runs, say this run's agent ran and went (or finished).
                         self.gone_since.remove(task_id);
                         self.not_archivable.remove(task_id);
+                        let stale = self
+                            .reports
+                            .get(task_id)
+                            .is_some_and(|r| r.reported_at_unix_ms < reservation.placed_at_unix_ms);
+                        if stale && !self.alive.contains(task_id) {
+                            self.reports.remove(task_id);
+                        }
                     }
                     let report = self.reports.get(&reservation.task_id).cloned();
                     let assignment = self.assignments.get(&reservation.task_id).cloned();
@@ -1448,6 +1462,31 @@ mod tests {
         view.apply_residents("d0", Some(record), 2);
         assert_eq!(view.dead_residents(15_000, 5_000).len(), 1);
         assert!(!view.not_archivable.contains("again"));
+
+        // An earlier run's last report, written before this placement ("finished"), is
+        // not this run's: it would release the placement before its agent started.
+        view.set_report(TaskReport {
+            task_id: "reused".into(),
+            finished: true,
+            reported_at_unix_ms: 100,
+            ..Default::default()
+        });
+        let placed = Reservation {
+            placed_at_unix_ms: 200,
+            ..reservation("reused", 100)
+        };
+        let record = DeviceResidents {
+            device_id: "d1".into(),
+            reservations: vec![placed],
+            ..Default::default()
+        };
+        view.apply_residents("d1", Some(record), 3);
+        let dead: Vec<String> = view
+            .dead_residents(16_000, 5_000)
+            .into_iter()
+            .map(|d| d.task_id)
+            .collect();
+        assert_eq!(dead, ["again"], "not the re-used id");
     }
 
     /// A task that never held a reservation (or lost it) and whose agent is gone is

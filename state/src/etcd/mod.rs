@@ -545,10 +545,12 @@ impl StateStore for EtcdStore {
             tx,
             on_member: self.members.preferred_index(),
         };
+        // Subscribed before the first open, so a move while it opens is seen.
+        let moves = self.members.moves();
         // The first attempt happens before returning, so a watch on an unreachable
         // cluster fails here rather than silently retrying forever.
         let first = session.open().await?;
-        tokio::spawn(session.run(first));
+        tokio::spawn(session.run(first, moves));
         Ok(stream)
     }
 
@@ -715,9 +717,12 @@ impl WatchSession {
     /// the next revision when the stream breaks, or when the store's requests moved
     /// off the member it is on (a hung member keeps the stream open but silent; its
     /// connection's pings would find it only after `PING_INTERVAL` + `PING_TIMEOUT`).
-    async fn run(mut self, mut stream: etcd_client::WatchStream) {
+    async fn run(
+        mut self,
+        mut stream: etcd_client::WatchStream,
+        mut moves: tokio::sync::watch::Receiver<usize>,
+    ) {
         let mut backoff = WATCH_RETRY_MIN;
-        let mut moves = self.store.members.moves();
         loop {
             let broken = loop {
                 let message = tokio::select! {
@@ -788,7 +793,8 @@ mod tests {
 
     /// A keep-alive waits a quarter of its lease's TTL for one member, within 1–2 s, and
     /// the full 2 s for a lease this store did not grant nor refresh; a revoked lease,
-    /// or one the cluster no longer knows, is forgotten.
+    /// one the cluster no longer knows, or one not refreshed for twice its TTL is
+    /// forgotten.
     #[test]
     fn a_keep_alive_waits_for_one_member_a_quarter_of_its_leases_ttl() {
         let server = start_etcd();
@@ -837,6 +843,20 @@ mod tests {
                 1,
                 "the 60 s lease"
             );
+            // A lease not refreshed for twice its TTL (expired, or revoked out of sight)
+            // is forgotten with the next one noted.
+            let long_ago = std::time::Instant::now()
+                .checked_sub(Duration::from_secs(10))
+                .expect("a monotonic clock past 10 s");
+            store
+                .lease_ttls
+                .lock()
+                .expect("lock")
+                .insert(42, (Duration::from_secs(3), long_ago));
+            store.keep_alive(leases[2]).await.expect("refresh");
+            let ttls = store.lease_ttls.lock().expect("lock");
+            assert!(!ttls.contains_key(&42), "{ttls:?}");
+            assert!(ttls.contains_key(&leases[2].0));
         });
     }
 
