@@ -44,6 +44,8 @@ pub(crate) fn placer() -> Placer {
 
 /// Short, so the dead-task test does not wait long; no other test has a dead agent.
 const DEAD_TASK_GRACE: Duration = Duration::from_millis(1500);
+/// The dead-task grace of a daemon that evicts pods: the production default.
+const KUBE_DEAD_TASK_GRACE: Duration = Duration::from_secs(60);
 
 pub(crate) fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
@@ -74,7 +76,14 @@ async fn daemon_with(
             priority_rule,
         }),
         metrics: Some(loopback()),
-        dead_task_grace: Some(DEAD_TASK_GRACE),
+        // With the Kubernetes API the daemon refuses a dead-task grace that an evicted
+        // pod could outlive (its pod-eviction grace plus kubelet's 30 s); the tests that
+        // bind pods never wait for a dead task.
+        dead_task_grace: Some(if kube.is_some() {
+            KUBE_DEAD_TASK_GRACE
+        } else {
+            DEAD_TASK_GRACE
+        }),
         unstarted_task_grace: unstarted,
         tls: None,
     };
