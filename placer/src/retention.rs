@@ -484,8 +484,8 @@ mod tests {
         assert_eq!(archived_keys(store.as_ref(), "solo").await, 0);
     }
 
-    /// A store whose next transaction is preceded by the given write, and a service on it
-    /// whose view holds an unplaced task `solo` whose agent is gone.
+    /// A fault-injecting store and a service on it holding an unplaced task `solo` whose
+    /// agent is gone (from the store and from the view).
     async fn gone_unplaced() -> (Arc<iadeep_state::testing::FaultStore>, PlacementService) {
         let faults = Arc::new(iadeep_state::testing::FaultStore::in_memory());
         let store: Arc<dyn StateStore> = faults.clone();
@@ -622,18 +622,11 @@ mod tests {
     /// error of the archive's read is logged, and the reaper archives it later.
     #[tokio::test]
     async fn a_release_does_not_fail_on_the_archive_of_an_unplaced_task() {
-        let faults = Arc::new(iadeep_state::testing::FaultStore::in_memory());
-        let store: Arc<dyn StateStore> = faults.clone();
-        let service = crate::service::tests::service(store.clone());
-        run_unplaced(store.as_ref(), &service, "solo").await;
-        store
-            .delete(&keys::task_alive("solo"))
-            .await
-            .expect("lease expiry");
+        let (faults, service) = gone_unplaced().await;
         faults.fail_next(iadeep_state::testing::Op::Range, 1);
         assert_eq!(service.release("solo").await.expect("release"), None);
         assert_eq!(
-            task_keys(store.as_ref(), "solo").await,
+            task_keys(faults.as_ref(), "solo").await,
             2,
             "left for the reaper"
         );

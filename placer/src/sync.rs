@@ -157,6 +157,24 @@ fn drop_gone_devices(view: &mut ClusterView, snapshot: &RangeSnapshot, revision:
     }
 }
 
+/// The tasks of `held` (what the view holds of one kind of task key) whose key, as
+/// `pick` finds it in a key's kind, is not in `snapshot`: deleted while the watch was
+/// down.
+fn missing_from<'a>(
+    snapshot: &RangeSnapshot,
+    held: impl Iterator<Item = &'a str>,
+    pick: impl Fn(KeyKind) -> Option<String>,
+) -> Vec<String> {
+    let present: HashSet<String> = snapshot
+        .kvs
+        .iter()
+        .filter_map(|kv| pick(KeyKind::parse(&kv.key)))
+        .collect();
+    held.filter(|t| !present.contains(*t))
+        .map(str::to_owned)
+        .collect()
+}
+
 impl Ctx {
     /// Puts a snapshot of `prefix` whole into the view, dropping what the view holds
     /// that is gone, and returns its revision. Samples written at or before `seen` were
@@ -168,37 +186,19 @@ impl Ctx {
             Prefix::Devices => drop_gone_devices(&mut view, &snapshot, revision),
             Prefix::Tasks => {
                 // Agents whose alive key went while the watch was down.
-                let alive: HashSet<String> = snapshot
-                    .kvs
-                    .iter()
-                    .filter_map(|kv| match KeyKind::parse(&kv.key) {
-                        KeyKind::TaskAlive { task } => Some(task),
-                        _ => None,
-                    })
-                    .collect();
-                let gone: Vec<String> = view
-                    .alive_tasks()
-                    .filter(|t| !alive.contains(*t))
-                    .map(str::to_owned)
-                    .collect();
+                let gone = missing_from(&snapshot, view.alive_tasks(), |kind| match kind {
+                    KeyKind::TaskAlive { task } => Some(task),
+                    _ => None,
+                });
                 let now = iadeep_proto::now_unix_ms();
                 for task in gone {
                     view.set_not_alive(&task, now);
                 }
                 // Reports deleted while the watch was down (archived, swept).
-                let reported: HashSet<String> = snapshot
-                    .kvs
-                    .iter()
-                    .filter_map(|kv| match KeyKind::parse(&kv.key) {
-                        KeyKind::TaskReport { task } => Some(task),
-                        _ => None,
-                    })
-                    .collect();
-                let deleted: Vec<String> = view
-                    .reported_tasks()
-                    .filter(|t| !reported.contains(*t))
-                    .map(str::to_owned)
-                    .collect();
+                let deleted = missing_from(&snapshot, view.reported_tasks(), |kind| match kind {
+                    KeyKind::TaskReport { task } => Some(task),
+                    _ => None,
+                });
                 for task in deleted {
                     view.remove_report(&task);
                 }

@@ -234,19 +234,32 @@ async fn a_pod_still_running_after_its_grace_is_evicted_once() {
     daemon.shutdown().await;
 }
 
-/// A PodDisruptionBudget refuses (429) twice: each next tick asks again (the second
-/// refusal is known as one that goes on, logged at debug), and the one success ends it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_disruption_budget_is_asked_again_until_it_allows_the_eviction() {
-    let (_server, store, fake, daemon) = setup(Duration::from_secs(3600)).await;
+/// The pod `ml/opp` bound and ordered out, the API answering its next two Evictions
+/// with a PodDisruptionBudget's 429, and the tests' driver past the grace, where the
+/// first refusal (a new one) came.
+async fn refused_once() -> (
+    iadeep_state::testing::EtcdServer,
+    Arc<dyn StateStore>,
+    FakeKube,
+    Daemon,
+    PodEvictor,
+) {
+    let (server, store, fake, daemon) = setup(Duration::from_secs(3600)).await;
     bind(&daemon, &fake, "opp").await;
     let mut evictor = driver(&daemon, &fake).await;
     order_to_leave(store.as_ref(), &daemon, "ml.opp").await;
     fake.answer_evictions(&[429, 429]);
-
     evictor.tick(T0).await;
     let done = evictor.tick(T0 + 20_000).await;
     assert_eq!(refused_again(&done), Some(false), "{done:?}");
+    (server, store, fake, daemon, evictor)
+}
+
+/// A PodDisruptionBudget refuses (429) twice: each next tick asks again (the second
+/// refusal is known as one that goes on, logged at debug), and the one success ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disruption_budget_is_asked_again_until_it_allows_the_eviction() {
+    let (_server, _store, fake, daemon, mut evictor) = refused_once().await;
     // At the very next tick: a budget's refusal does not back off.
     let done = evictor.tick(T0 + 20_001).await;
     assert_eq!(refused_again(&done), Some(true), "{done:?}");
@@ -264,14 +277,7 @@ async fn a_disruption_budget_is_asked_again_until_it_allows_the_eviction() {
 /// (logged at info), not "refused again".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_withdrawn_order_forgets_the_budgets_refusal() {
-    let (_server, store, fake, daemon) = setup(Duration::from_secs(3600)).await;
-    bind(&daemon, &fake, "opp").await;
-    let mut evictor = driver(&daemon, &fake).await;
-    order_to_leave(store.as_ref(), &daemon, "ml.opp").await;
-    fake.answer_evictions(&[429, 429]);
-    evictor.tick(T0).await;
-    let done = evictor.tick(T0 + 20_000).await;
-    assert_eq!(refused_again(&done), Some(false), "{done:?}");
+    let (_server, store, fake, daemon, mut evictor) = refused_once().await;
 
     // The production job fell back under its cap: the placer withdrew the order.
     set_order(store.as_ref(), &daemon, "ml.opp", false).await;
