@@ -32,8 +32,11 @@ use iadeep_tuner::daemon::{Daemon as Tuner, DaemonParams};
 const DEVICE: &str = "n1:gpu0";
 const JOBS: [&str; 2] = ["job-a", "job-b"];
 /// Short leases make a lost keep-alive show quickly; the grace lets the placer
-/// release a job whose alive key vanished, which is what must not happen.
-const LEASE_TTL: Duration = Duration::from_secs(3);
+/// release a job whose alive key vanished, which is what must not happen. 5 s, not 3:
+/// behind a frozen member a keep-alive may wait a third of the TTL, then one attempt
+/// (at least 1 s) before another member answers, which left a 3 s lease about 1 s of
+/// margin, and a loaded CI machine once took more (an agent's lease expired).
+const LEASE_TTL: Duration = Duration::from_secs(5);
 const DEAD_TASK_GRACE: Duration = Duration::from_secs(2);
 
 /// The shared job with a smaller, faster profile measured on a v100.
