@@ -381,6 +381,55 @@ impl EtcdCluster {
         }
     }
 
+    /// Hands the leadership to member `to` (etcd's MoveLeader, sent to the leader) and
+    /// waits until `to` reports it. Tests that freeze a member use it to keep the frozen
+    /// one a follower: etcd before 3.4.31 and 3.5.13 lets a leader that hung and resumes
+    /// revoke every lease it saw expire meanwhile, though the new leader kept them alive
+    /// (etcd-io/etcd#15247, fixed by #17425), which is etcd's fault, not the client's.
+    pub async fn move_leader(&self, to: usize) -> Result<(), String> {
+        let target = self
+            .members
+            .get(to)
+            .ok_or_else(|| format!("no member {to}"))?;
+        let target_url = format!("http://127.0.0.1:{}", target.client_port);
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if target.is_leader() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("member {to} did not become the leader"));
+            }
+            let Some(leader) = self
+                .members
+                .iter()
+                .find(|m| m.child.is_some() && m.is_leader())
+            else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            };
+            let endpoint = format!("127.0.0.1:{}", leader.client_port);
+            let mut client = etcd_client::Client::connect([endpoint], None)
+                .await
+                .map_err(|e| format!("connect to the leader: {e}"))?;
+            let members = client
+                .member_list()
+                .await
+                .map_err(|e| format!("member list: {e}"))?;
+            let id = members
+                .members()
+                .iter()
+                .find(|m| m.client_urls().contains(&target_url))
+                .map(etcd_client::Member::id)
+                .ok_or_else(|| format!("member {to} ({target_url}) is not listed"))?;
+            // A leader that lost its leadership meanwhile refuses; the loop asks the new one.
+            if let Err(err) = client.move_leader(id).await {
+                tracing::debug!(%err, "move leader refused; retrying");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Kills member `index` (SIGKILL, as a crash or a lost machine), keeping its data.
     pub fn kill(&mut self, index: usize) {
         if let Some(member) = self.members.get_mut(index) {
