@@ -518,6 +518,48 @@ fn a_device_has_one_live_tuner_which_keeps_its_record_published() {
     }
 }
 
+/// A tuner whose lease is revoked under it (as an etcd leader before 3.4.31 that hung and
+/// resumes does to every lease, etcd-io/etcd#15247) sees its record and owner key deleted,
+/// and takes the device again under a new lease: nobody else owns it, so it must not stop
+/// as if another tuner had taken it (it did, before: the record's deletion reached it
+/// before its keep-alive found the lease gone).
+#[test]
+fn a_tuner_whose_lease_is_revoked_takes_its_device_again() {
+    let etcd = EtcdServer::start().unwrap_or_else(|err| panic!("{err}"));
+    let rt = runtime();
+    let store = connect(&rt, &etcd);
+    let (stop, owner) = start_owner(&rt, &store);
+    let info_key = keys::device_info(DEVICE);
+    let lease_of = |key: &str| {
+        rt.block_on(store.get(key))
+            .expect("read")
+            .and_then(|kv| kv.lease)
+    };
+    let before = lease_of(&info_key).expect("the record is leased");
+    rt.block_on(store.revoke_lease(before)).expect("revoke");
+    let start = Instant::now();
+    loop {
+        let now = lease_of(&info_key);
+        if now.is_some_and(|lease| lease != before) {
+            break;
+        }
+        assert!(
+            !owner.is_finished(),
+            "the tuner stopped: {:?}",
+            rt.block_on(owner)
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the record did not come back under a new lease: {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(lease_of(&keys::device_owner(DEVICE)), lease_of(&info_key));
+    assert_eq!(registered_memory(&rt, &store), Some(CARD_MIB));
+    stop.send(()).expect("the owner runs");
+    rt.block_on(owner).expect("join").expect("a clean stop");
+}
+
 /// A tuner whose watch on its quiet device record breaks after the history was compacted
 /// past the record's last change (the placer compacts every few minutes, and the record is
 /// written once) still sees the record deleted afterwards and publishes it again: it

@@ -11,8 +11,10 @@
 //! While it runs, the owner keeps the lease alive, re-publishes the record if anything
 //! deletes or replaces it (compared with its own owner key, so it never writes for a device
 //! it no longer owns), and takes the device again when its lease was lost (the store was
-//! unreachable longer than the TTL); if another tuner took it meanwhile, the daemon stops
-//! with an error rather than tune a device someone else tunes. On shutdown it revokes the
+//! unreachable longer than the TTL, or the lease was revoked under it, which an etcd
+//! leader before 3.4.31 that hung and resumes does to every lease); if another tuner took
+//! it meanwhile, the daemon stops with an error rather than tune a device someone else
+//! tunes. On shutdown it revokes the
 //! lease, which deletes both keys at once.
 
 use std::sync::Arc;
@@ -190,8 +192,8 @@ async fn hold(store: &Arc<dyn StateStore>, info: &DeviceInfo, ttl: Duration, own
                 }
                 None => break,
             };
-            if changed && !republish(store, info, &record, owned).await {
-                return Held::Taken;
+            if changed && let Some(held) = republish(store, info, &record, owned).await {
+                return held;
             }
         }
         if let Some(held) =
@@ -233,15 +235,24 @@ async fn pause_then_catch_up(
     *from = snapshot.revision + 1;
     let current = snapshot.kvs.iter().find(|kv| kv.key == info_key);
     let changed = current.is_none_or(|kv| kv.value != record);
-    if changed && !republish(store, info, record, owned).await {
-        return Some(Held::Taken);
+    if changed {
+        return republish(store, info, record, owned).await;
     }
     None
 }
 
-/// Writes the record back under the owner's lease; false when the owner key is no longer
-/// this tuner's. A store error counts as still owned (the next change or the lease decides).
-async fn republish(store: &dyn StateStore, info: &DeviceInfo, record: &[u8], owned: Owned) -> bool {
+/// Writes the record back under the owner's lease. `None` while the device is still this
+/// tuner's; [`Held::Taken`] when the owner key is another tuner's; [`Held::LeaseLost`]
+/// when it is gone: the lease was revoked or expired and took both keys (the record's
+/// deletion can arrive before the keep-alive finds the lease gone), or someone deleted
+/// it, and either way the device is free to take again. A store error counts as still
+/// owned (the next change or the lease decides).
+async fn republish(
+    store: &dyn StateStore,
+    info: &DeviceInfo,
+    record: &[u8],
+    owned: Owned,
+) -> Option<Held> {
     let device = &info.device_id;
     let txn = Txn::new()
         .compare(
@@ -259,12 +270,24 @@ async fn republish(store: &dyn StateStore, info: &DeviceInfo, record: &[u8], own
                 device,
                 "the device record was deleted or replaced while the tuner runs; published again"
             );
-            true
+            None
         }
-        Ok(TxnOutcome::Failed { .. }) => false,
+        Ok(TxnOutcome::Failed { current }) => {
+            if current.into_iter().next().flatten().is_some() {
+                return Some(Held::Taken);
+            }
+            tracing::warn!(
+                device,
+                "the device's owner key is gone (its lease was revoked or expired); taking \
+                 the device again"
+            );
+            // The lease may still live if only the key was deleted; it holds nothing now.
+            revoke_quietly(store, owned.lease).await;
+            Some(Held::LeaseLost)
+        }
         Err(err) => {
             tracing::warn!(%err, device, "cannot publish the device record again");
-            true
+            None
         }
     }
 }
