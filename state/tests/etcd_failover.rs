@@ -238,7 +238,8 @@ async fn requests_leases_and_watches_survive_a_follower_then_the_leader() {
 /// A member that hangs rather than dies (SIGSTOP: its connections stay open and
 /// nothing is ever answered, as with a frozen machine or a network that drops
 /// packets): requests move on after one attempt timeout, a 3 s lease outlives it (its
-/// keep-alives wait a quarter of the TTL for one member, not 2 s), and the watch,
+/// keep-alives ask the next member too once the first has been silent for a tenth of the
+/// TTL, and wait at most a quarter of it for one member), and the watch,
 /// whose stream was on the frozen member, follows the requests to another one without
 /// missing or repeating a put.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

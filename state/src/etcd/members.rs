@@ -19,6 +19,11 @@
 //!   [`FAILOVER_BUDGET`] has passed since the request started; only then does the
 //!   caller see [`StateError::Unavailable`].
 //!
+//! Lease keep-alives are hedged ([`Members::call_hedged`]): once the member asked has
+//! been silent for a tenth of the lease's TTL, the next one is asked too, and the first
+//! answer wins, so a hung member costs a short lease a fraction of its TTL rather than an
+//! attempt timeout.
+//!
 //! So a killed member costs a request one refused connection (milliseconds), the
 //! loss of the leader costs it the election (about one etcd election timeout) or,
 //! for a write caught in flight, one write attempt timeout, and a hung member one
@@ -235,40 +240,91 @@ impl Members {
         what: &str,
         attempt_timeout: Duration,
         budget: Duration,
-        mut attempt: F,
+        attempt: F,
     ) -> Result<(T, usize), Failure>
     where
-        F: FnMut(Client) -> Fut,
+        F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, AttemptError>>,
     {
+        self.call_hedged(what, attempt_timeout, None, budget, attempt)
+            .await
+    }
+
+    /// [`Members::call`], except that with `hedge_after` an attempt that has not answered
+    /// within it no longer holds the next member back: that one is asked too, while the
+    /// first may still answer, and the first answer wins. For requests whose deadline is
+    /// shorter than an attempt timeout on a hung member (a short lease's keep-alive).
+    /// An answer that overtook a silent attempt does not move the preferred member
+    /// unless an attempt failed: a member that is slow but serving keeps the requests
+    /// and watches (a move reopens every watch), and the store's other requests move
+    /// them off a member that really hangs.
+    pub(crate) async fn call_hedged<T, F, Fut>(
+        &self,
+        what: &str,
+        attempt_timeout: Duration,
+        hedge_after: Option<Duration>,
+        budget: Duration,
+        attempt: F,
+    ) -> Result<(T, usize), Failure>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, AttemptError>>,
+    {
+        use futures::stream::{FuturesUnordered, StreamExt};
         let started = Instant::now();
         let count = self.members.len();
         let mut pause = ROUND_PAUSE_MIN;
         let mut failures: Vec<String> = Vec::new();
+        let attempt = &attempt;
         loop {
             let first = self.preferred.load(Ordering::Relaxed) % count;
-            for step in 0..count {
+            // The round's attempts, by step (0: the preferred member), as they end.
+            let mut in_flight = FuturesUnordered::new();
+            let mut pending: Vec<usize> = Vec::new();
+            let mut next_step = 0;
+            let mut hedge_at = None;
+            loop {
+                let hedge_due = hedge_at.is_some_and(|at| tokio::time::Instant::now() >= at);
+                if next_step < count && (in_flight.is_empty() || hedge_due) {
+                    let step = next_step;
+                    next_step += 1;
+                    let member = &self.members[(first + step) % count];
+                    in_flight.push(async move {
+                        (
+                            step,
+                            self.attempt_on(member, attempt_timeout, attempt).await,
+                        )
+                    });
+                    pending.push(step);
+                    hedge_at = hedge_after.map(|after| tokio::time::Instant::now() + after);
+                    continue;
+                }
+                let ended = match hedge_at.filter(|_| next_step < count) {
+                    Some(at) => tokio::select! {
+                        ended = in_flight.next() => ended,
+                        () = tokio::time::sleep_until(at) => continue,
+                    },
+                    None => in_flight.next().await,
+                };
+                let Some((step, outcome)) = ended else {
+                    break;
+                };
+                pending.retain(|s| *s != step);
                 let index = (first + step) % count;
-                let member = &self.members[index];
-                let outcome = tokio::time::timeout(attempt_timeout, async {
-                    let client = self.client(member).await?;
-                    attempt(client).await
-                })
-                .await
-                .unwrap_or_else(|_| {
-                    Err(AttemptError::Member(format!(
-                        "no answer within {attempt_timeout:?}"
-                    )))
-                });
                 match outcome {
                     Ok(value) => {
-                        if index != first || !failures.is_empty() {
+                        let overtook = pending.iter().any(|s| *s < step);
+                        if overtook && failures.is_empty() {
+                            tracing::debug!(member = %self.members[index].endpoint, request = what,
+                                "etcd request answered by a member asked after a silent one");
+                        } else if index != first || !failures.is_empty() {
                             self.moved(first, index, what, started, &failures);
                         }
                         return Ok((value, index));
                     }
                     Err(AttemptError::Rejected(err)) => return Err(Failure::Rejected(err)),
                     Err(AttemptError::Member(reason)) => {
+                        let member = &self.members[index];
                         tracing::debug!(member = %member.endpoint, request = what, %reason,
                             "etcd member could not serve the request; trying the next one");
                         failures.push(format!("{}: {reason}", member.endpoint));
@@ -276,19 +332,53 @@ impl Members {
                 }
             }
             if started.elapsed() + pause > budget {
-                let last = failures.iter().rev().take(count).rev().cloned();
-                return Err(Failure::Unreachable(StateError::Unavailable {
-                    endpoints: self.joined.clone(),
-                    reason: format!(
-                        "{what}: no member could serve it within {:.1} s ({})",
-                        started.elapsed().as_secs_f64(),
-                        last.collect::<Vec<_>>().join("; ")
-                    ),
-                }));
+                return Err(self.unreachable(what, started, &failures));
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(ROUND_PAUSE_MAX);
         }
+    }
+
+    /// One attempt of a request on `member`, bounded by `attempt_timeout`.
+    async fn attempt_on<T, F, Fut>(
+        &self,
+        member: &Member,
+        attempt_timeout: Duration,
+        attempt: &F,
+    ) -> Result<T, AttemptError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, AttemptError>>,
+    {
+        tokio::time::timeout(attempt_timeout, async {
+            let client = self.client(member).await?;
+            attempt(client).await
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(AttemptError::Member(format!(
+                "no answer within {attempt_timeout:?}"
+            )))
+        })
+    }
+
+    /// The failure of a request no member could serve within its budget, with the
+    /// reasons of the last round.
+    fn unreachable(&self, what: &str, started: Instant, failures: &[String]) -> Failure {
+        let last = failures
+            .iter()
+            .rev()
+            .take(self.members.len())
+            .rev()
+            .cloned();
+        Failure::Unreachable(StateError::Unavailable {
+            endpoints: self.joined.clone(),
+            reason: format!(
+                "{what}: no member could serve it within {:.1} s ({})",
+                started.elapsed().as_secs_f64(),
+                last.collect::<Vec<_>>().join("; ")
+            ),
+        })
     }
 
     /// Makes `to` the preferred member after a request succeeded there.

@@ -64,6 +64,13 @@ type LeaseTtls = std::collections::HashMap<i64, (Duration, std::time::Instant)>;
 /// also covers connecting to the member (TCP, TLS, authentication) when its channel
 /// has not been used yet.
 const KEEP_ALIVE_ATTEMPT_MIN: Duration = Duration::from_secs(1);
+/// How long a keep-alive waits for one member before it asks the next one as well
+/// (see [`members::Members::call_hedged`]), within these bounds: a tenth of the lease's
+/// TTL, so that a hung member costs a short lease a fraction of its TTL rather than an
+/// attempt timeout, but never so little that a member answering in a few hundred
+/// milliseconds on a loaded machine doubles every keep-alive.
+const KEEP_ALIVE_HEDGE_MIN: Duration = Duration::from_millis(200);
+const KEEP_ALIVE_HEDGE_MAX: Duration = Duration::from_secs(1);
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -236,11 +243,26 @@ impl EtcdStore {
     /// refreshing every third of the TTL, a fixed 2 s let a 3 s lease expire behind a
     /// hung member.
     fn keep_alive_attempt_timeout(&self, lease: LeaseId) -> Duration {
+        self.lease_ttl(lease).map_or(LEASE_ATTEMPT_TIMEOUT, |ttl| {
+            (ttl / 4).clamp(KEEP_ALIVE_ATTEMPT_MIN, LEASE_ATTEMPT_TIMEOUT)
+        })
+    }
+
+    /// How long one keep-alive of `lease` waits for a member before asking the next one
+    /// too: a tenth of its TTL, within [`KEEP_ALIVE_HEDGE_MIN`] and
+    /// [`KEEP_ALIVE_HEDGE_MAX`]. Even a quarter of the TTL left a 2 s lease a third of a
+    /// second of margin behind a hung member (a third of the TTL between refreshes, then
+    /// at least the 1 s attempt).
+    fn keep_alive_hedge(&self, lease: LeaseId) -> Duration {
+        self.lease_ttl(lease).map_or(KEEP_ALIVE_HEDGE_MAX, |ttl| {
+            (ttl / 10).clamp(KEEP_ALIVE_HEDGE_MIN, KEEP_ALIVE_HEDGE_MAX)
+        })
+    }
+
+    /// The TTL `lease` was granted or last refreshed with, if this store knows it.
+    fn lease_ttl(&self, lease: LeaseId) -> Option<Duration> {
         let ttls = self.lease_ttls.lock().unwrap_or_else(|e| e.into_inner());
-        ttls.get(&lease.0)
-            .map_or(LEASE_ATTEMPT_TIMEOUT, |(ttl, _)| {
-                (*ttl / 4).clamp(KEEP_ALIVE_ATTEMPT_MIN, LEASE_ATTEMPT_TIMEOUT)
-            })
+        ttls.get(&lease.0).map(|(ttl, _)| *ttl)
     }
 
     /// Notes `lease`'s TTL (`None`: the lease is gone). Leases not refreshed for twice
@@ -267,7 +289,7 @@ impl EtcdStore {
         attempt: F,
     ) -> Result<T, Failure>
     where
-        F: FnMut(etcd_client::Client) -> Fut,
+        F: Fn(etcd_client::Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, AttemptError>>,
     {
         let (answer, _) = self.request_on(what, attempt_timeout, attempt).await?;
@@ -282,7 +304,7 @@ impl EtcdStore {
         attempt: F,
     ) -> Result<(T, usize), Failure>
     where
-        F: FnMut(etcd_client::Client) -> Fut,
+        F: Fn(etcd_client::Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, AttemptError>>,
     {
         self.members
@@ -570,11 +592,15 @@ impl StateStore for EtcdStore {
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Duration> {
         // One short keep-alive stream per refresh, opened on whichever member can
-        // serve it: a stream kept open would die with its member.
+        // serve it: a stream kept open would die with its member. Hedged: a member that
+        // hangs would otherwise hold it for a whole attempt.
         let ttl = self
-            .request(
+            .members
+            .call_hedged(
                 "lease keep-alive",
                 self.keep_alive_attempt_timeout(lease),
+                Some(self.keep_alive_hedge(lease)),
+                FAILOVER_BUDGET,
                 |client| async move {
                     let (mut keeper, mut responses) =
                         client.lease_client().keep_alive(lease.0).await?;
@@ -588,6 +614,7 @@ impl StateStore for EtcdStore {
                 },
             )
             .await
+            .map(|(ttl, _)| ttl)
             .map_err(|f| {
                 let err = self.lease_failed("lease keep-alive", lease, f);
                 if matches!(err, StateError::LeaseNotFound(_)) {
@@ -791,10 +818,47 @@ mod tests {
     use super::*;
     use crate::testing::{runtime, start_etcd};
 
+    /// A keep-alive whose first member hangs (a listener that accepts connections and
+    /// never answers) is answered by the next member, asked once the first has been
+    /// silent for the hedge delay, while the hung attempt still runs: the requests stay
+    /// on the first member (an answer that overtook a silent attempt moves nothing),
+    /// where the sequential failover would have moved them after the attempt timed out.
+    #[test]
+    fn a_keep_alive_asks_the_next_member_while_the_first_is_silent() {
+        let server = start_etcd();
+        let hung = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let hung_endpoint = format!("127.0.0.1:{}", hung.local_addr().expect("addr").port());
+        runtime().block_on(async {
+            let granter = EtcdStore::connect(&[server.endpoint()])
+                .await
+                .expect("connect to etcd");
+            let lease = granter
+                .grant_lease(Duration::from_secs(60))
+                .await
+                .expect("grant");
+            // Not `connect`: its status request would move the requests off the hung
+            // member before the keep-alive is sent.
+            let config = EtcdConfig::plain(vec![hung_endpoint.clone(), server.endpoint()]);
+            let store = EtcdStore {
+                members: std::sync::Arc::new(Members::new(&config).expect("members")),
+                config: std::sync::Arc::new(config),
+                page_size: crate::store::DEFAULT_PAGE_SIZE,
+                page_limits: std::sync::Arc::default(),
+                lease_ttls: std::sync::Arc::default(),
+            };
+            // Not granted by this store: the full attempt (2 s), hedged after 1 s.
+            assert_eq!(store.keep_alive_hedge(lease), KEEP_ALIVE_HEDGE_MAX);
+            let ttl = store.keep_alive(lease).await.expect("kept alive");
+            assert_eq!(ttl, Duration::from_secs(60));
+            assert_eq!(store.current_endpoint(), hung_endpoint);
+        });
+        drop(hung);
+    }
+
     /// A keep-alive waits a quarter of its lease's TTL for one member, within 1–2 s, and
-    /// the full 2 s for a lease this store did not grant nor refresh; a revoked lease,
-    /// one the cluster no longer knows, or one not refreshed for twice its TTL is
-    /// forgotten.
+    /// the full 2 s for a lease this store did not grant nor refresh, and asks the next
+    /// member too after a tenth of the TTL, within 0.2–1 s; a revoked lease, one the
+    /// cluster no longer knows, or one not refreshed for twice its TTL is forgotten.
     #[test]
     fn a_keep_alive_waits_for_one_member_a_quarter_of_its_leases_ttl() {
         let server = start_etcd();
@@ -803,14 +867,21 @@ mod tests {
                 .await
                 .expect("connect to etcd");
             let mut leases = Vec::new();
-            for (ttl_s, expected_ms) in [(3, 1_000), (6, 1_500), (60, 2_000)] {
+            for (ttl_s, attempt_ms, hedge_ms) in
+                [(3, 1_000, 300), (6, 1_500, 600), (60, 2_000, 1_000)]
+            {
                 let lease = store
                     .grant_lease(Duration::from_secs(ttl_s))
                     .await
                     .expect("grant");
                 assert_eq!(
                     store.keep_alive_attempt_timeout(lease),
-                    Duration::from_millis(expected_ms),
+                    Duration::from_millis(attempt_ms),
+                    "TTL {ttl_s} s"
+                );
+                assert_eq!(
+                    store.keep_alive_hedge(lease),
+                    Duration::from_millis(hedge_ms),
                     "TTL {ttl_s} s"
                 );
                 leases.push(lease);
@@ -820,6 +891,7 @@ mod tests {
                 store.keep_alive_attempt_timeout(unknown),
                 LEASE_ATTEMPT_TIMEOUT
             );
+            assert_eq!(store.keep_alive_hedge(unknown), KEEP_ALIVE_HEDGE_MAX);
             store.revoke_lease(leases[1]).await.expect("revoke");
             assert_eq!(
                 store.keep_alive_attempt_timeout(leases[1]),
