@@ -24,7 +24,7 @@ use iadeep_proto::{
 };
 use iadeep_state::testing::EtcdServer;
 use iadeep_state::testing::runtime;
-use iadeep_state::{EtcdStore, StateStore, keys, typed};
+use iadeep_state::{EtcdStore, StateStore, Txn, keys, typed};
 use iadeep_tuner::daemon::{Daemon, DaemonParams, JournalEntry};
 use iadeep_tuner::{Action, DeviceTuner};
 
@@ -558,6 +558,48 @@ fn a_tuner_whose_lease_is_revoked_takes_its_device_again() {
     assert_eq!(registered_memory(&rt, &store), Some(CARD_MIB));
     stop.send(()).expect("the owner runs");
     rt.block_on(owner).expect("join").expect("a clean stop");
+}
+
+/// A tuner whose owner key and record are replaced by another tuner's (in one
+/// transaction, under that tuner's lease) stops with an error naming that, rather than
+/// tune a device someone else tunes or take it back.
+#[test]
+fn a_tuner_whose_device_another_tuner_took_stops() {
+    let etcd = EtcdServer::start().unwrap_or_else(|err| panic!("{err}"));
+    let rt = runtime();
+    let store = connect(&rt, &etcd);
+    let (_stop, owner) = start_owner(&rt, &store);
+    let mut other = device();
+    other.memory_mib = CARD_MIB / 2;
+    rt.block_on(async {
+        let lease = store
+            .grant_lease(Duration::from_secs(60))
+            .await
+            .expect("grant");
+        let txn = Txn::new()
+            .put(
+                keys::device_owner(DEVICE),
+                b"tuner pid 1 on another node".to_vec(),
+                Some(lease),
+            )
+            .put(
+                keys::device_info(DEVICE),
+                prost::Message::encode_to_vec(&other),
+                Some(lease),
+            );
+        store.transact(txn).await.expect("take the device");
+    });
+    let stopped = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(20), owner).await })
+        .expect("the tuner stops")
+        .expect("join");
+    let message = stopped.expect_err("stops with an error").to_string();
+    assert!(message.contains("taken by another tuner"), "{message}");
+    assert_eq!(
+        registered_memory(&rt, &store),
+        Some(CARD_MIB / 2),
+        "the other tuner's record stays"
+    );
 }
 
 /// A tuner whose watch on its quiet device record breaks after the history was compacted

@@ -391,7 +391,7 @@ impl EtcdCluster {
             .members
             .get(to)
             .ok_or_else(|| format!("no member {to}"))?;
-        let target_url = format!("http://127.0.0.1:{}", target.client_port);
+        let target_url = target.client_url();
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if target.is_leader() {
@@ -409,22 +409,28 @@ impl EtcdCluster {
                 continue;
             };
             let endpoint = format!("127.0.0.1:{}", leader.client_port);
-            let mut client = etcd_client::Client::connect([endpoint], None)
-                .await
-                .map_err(|e| format!("connect to the leader: {e}"))?;
-            let members = client
-                .member_list()
-                .await
-                .map_err(|e| format!("member list: {e}"))?;
-            let id = members
-                .members()
-                .iter()
-                .find(|m| m.client_urls().contains(&target_url))
-                .map(etcd_client::Member::id)
-                .ok_or_else(|| format!("member {to} ({target_url}) is not listed"))?;
-            // A leader that lost its leadership meanwhile refuses; the loop asks the new one.
-            if let Err(err) = client.move_leader(id).await {
-                tracing::debug!(%err, "move leader refused; retrying");
+            // Bounded: a member that stops answering must not hold the caller past the
+            // deadline. A leader that lost its leadership meanwhile refuses; the loop asks
+            // the new one.
+            let moved = tokio::time::timeout(Duration::from_secs(5), async {
+                let mut client = etcd_client::Client::connect([endpoint], None).await?;
+                let members = client.member_list().await?;
+                let Some(id) = members
+                    .members()
+                    .iter()
+                    .find(|m| m.client_urls().contains(&target_url))
+                    .map(etcd_client::Member::id)
+                else {
+                    return Ok(Err(format!("member {to} ({target_url}) is not listed")));
+                };
+                client.move_leader(id).await.map(|_| Ok(()))
+            })
+            .await;
+            match moved {
+                Ok(Ok(Err(unlisted))) => return Err(unlisted),
+                Ok(Ok(Ok(()))) => {}
+                Ok(Err(err)) => tracing::debug!(%err, "move leader refused; retrying"),
+                Err(_) => tracing::debug!("move leader unanswered; retrying"),
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

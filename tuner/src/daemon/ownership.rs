@@ -11,10 +11,10 @@
 //! While it runs, the owner keeps the lease alive, re-publishes the record if anything
 //! deletes or replaces it (compared with its own owner key, so it never writes for a device
 //! it no longer owns), and takes the device again when its lease was lost (the store was
-//! unreachable longer than the TTL, or the lease was revoked under it, which an etcd
-//! leader before 3.4.31 that hung and resumes does to every lease); if another tuner took
-//! it meanwhile, the daemon stops with an error rather than tune a device someone else
-//! tunes. On shutdown it revokes the
+//! unreachable longer than the TTL, or the lease was revoked under it, as an etcd leader
+//! before 3.4.31 or 3.5.13 that hung and resumes may do to the leases it saw expire); if
+//! another tuner took it meanwhile, the daemon stops with an error at once rather than
+//! tune a device someone else tunes. On shutdown it revokes the
 //! lease, which deletes both keys at once.
 
 use std::sync::Arc;
@@ -54,6 +54,23 @@ fn owner_note(info: &DeviceInfo) -> Vec<u8> {
 /// tuner's lease expiring; etcd notices expiries a little late), then refuses with the
 /// owner's note.
 pub async fn take(store: &dyn StateStore, info: &DeviceInfo, ttl: Duration) -> Result<Owned> {
+    take_waiting(store, info, ttl, true).await
+}
+
+/// [`take`], for a tuner that owned the device and lost its lease: an owner key with
+/// another tuner's note means that tuner took the device meanwhile, and this one stops at
+/// once rather than tune beside it while it waits; only its own note (a take whose answer
+/// was lost and whose lease could not be revoked) is waited for.
+async fn take_again(store: &dyn StateStore, info: &DeviceInfo, ttl: Duration) -> Result<Owned> {
+    take_waiting(store, info, ttl, false).await
+}
+
+async fn take_waiting(
+    store: &dyn StateStore,
+    info: &DeviceInfo,
+    ttl: Duration,
+    wait_for_others: bool,
+) -> Result<Owned> {
     let device = &info.device_id;
     let owner_key = keys::device_owner(device);
     let deadline = tokio::time::Instant::now() + ttl * 2;
@@ -80,9 +97,16 @@ pub async fn take(store: &dyn StateStore, info: &DeviceInfo, ttl: Duration) -> R
             }
         };
         revoke_quietly(store, lease).await;
-        let owner = current
-            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
-            .unwrap_or_default();
+        let owner_bytes = current.map(|kv| kv.value);
+        let owner =
+            String::from_utf8_lossy(owner_bytes.as_deref().unwrap_or_default()).into_owned();
+        let someone_else = owner_bytes.is_some_and(|note| note != owner_note(info));
+        if !wait_for_others && someone_else {
+            return Err(TunerError::Daemon(format!(
+                "device {device} was taken by another tuner ({owner}) while this one had \
+                 lost its lease; stopping"
+            )));
+        }
         if tokio::time::Instant::now() >= deadline {
             return Err(TunerError::Daemon(format!(
                 "device {device} is owned by another live tuner ({owner}); stop that one \
@@ -124,14 +148,14 @@ pub fn spawn_keeper(
                 }
                 Held::Taken => {
                     return TunerError::Daemon(format!(
-                        "device {} was taken by another tuner while this one could not reach \
-                         the store; stopping",
+                        "device {} was taken by another tuner (its owner key is another \
+                         tuner's); stopping",
                         info.device_id
                     ));
                 }
             }
             owned = loop {
-                match take(store.as_ref(), &info, ttl).await {
+                match take_again(store.as_ref(), &info, ttl).await {
                     Ok(owned) => break owned,
                     Err(TunerError::State(err)) => {
                         tracing::warn!(%err, device = %info.device_id, "cannot take the device again; retrying");
