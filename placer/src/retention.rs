@@ -589,6 +589,44 @@ mod tests {
         );
     }
 
+    /// A gone task whose keys the store no longer holds (its deletion not yet seen by the
+    /// view) is set aside, and its report is not dropped from the view: one written
+    /// after the archive's read (here, put into the view while that read is held) is
+    /// the new agent's, and the view must keep it.
+    #[tokio::test]
+    async fn a_report_that_arrives_during_the_archives_read_stays_in_the_view() {
+        let faults = Arc::new(iadeep_state::testing::FaultStore::in_memory());
+        let store: Arc<dyn StateStore> = faults.clone();
+        let service = Arc::new(crate::service::tests::service(store));
+        let stale = iadeep_proto::TaskReport {
+            task_id: "ghost".into(),
+            seq: 1,
+            ..Default::default()
+        };
+        service.view_mut().set_report(stale.clone());
+        faults.hold_next(iadeep_state::testing::Op::Range, 1);
+        let pass = tokio::spawn({
+            let service = service.clone();
+            async move { service.archive_dead_unreserved(Duration::ZERO).await }
+        });
+        faults.until_holding(1).await;
+        service
+            .view_mut()
+            .set_report(iadeep_proto::TaskReport { seq: 2, ..stale });
+        faults.release(1);
+        assert!(pass.await.expect("join").is_empty());
+        let view = service.view_mut();
+        assert!(
+            view.reported_tasks().any(|task| task == "ghost"),
+            "the fresh report was dropped"
+        );
+        drop(view);
+        assert!(
+            service.view_mut().dead_unreserved(0, 0).is_empty(),
+            "set aside until its next report"
+        );
+    }
+
     /// One pass archives at most `ARCHIVE_PER_PASS` (100) tasks; the next takes the rest.
     #[tokio::test]
     async fn a_backlog_of_unplaced_tasks_is_archived_over_several_passes() {

@@ -1721,8 +1721,11 @@ impl PlacementService {
                     archived.push(task.task_id);
                 }
                 // The view's report outlived the store's (a Release or the retention
-                // took it; its deletion not seen yet, or missed while a watch was down).
-                Ok(UnplacedArchive::NothingLeft) => self.view_mut().remove_report(id),
+                // took it; its deletion not yet seen, or missed while a watch was down,
+                // which the resync's reload drops). Set aside, not removed: a report
+                // written since the read (an agent of the same id starting) may be in
+                // the view by now, and its next report makes the task count again.
+                Ok(UnplacedArchive::NothingLeft) => self.view_mut().skip_archiving(id),
                 Ok(UnplacedArchive::Kept(why)) => {
                     tracing::debug!(task = %id, why, "left a gone task's keys where they are");
                     self.view_mut().skip_archiving(id);
