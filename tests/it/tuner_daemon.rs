@@ -594,7 +594,10 @@ fn a_tuner_whose_device_another_tuner_took_stops() {
         .expect("the tuner stops")
         .expect("join");
     let message = stopped.expect_err("stops with an error").to_string();
-    assert!(message.contains("taken by another tuner"), "{message}");
+    assert!(
+        message.contains("its owner key is another tuner's"),
+        "{message}"
+    );
     assert_eq!(
         registered_memory(&rt, &store),
         Some(CARD_MIB / 2),

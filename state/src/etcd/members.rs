@@ -6,7 +6,8 @@
 //! (they fail with "tcp connect error") and never re-sends them; it also shares one
 //! authentication token between members, while etcd's simple tokens are valid only
 //! on the member that issued them. Here each member has its own lazily connected
-//! channel and its own client, and every request goes through [`Members::call`]:
+//! channel and its own client, and every request goes through [`Members::call`] (lease
+//! keep-alives through its hedged form, below):
 //!
 //! - it is sent to the *preferred* member: the first endpoint listed at start,
 //!   afterwards the last member that answered (so an operator can spread clients
@@ -22,7 +23,8 @@
 //! Lease keep-alives are hedged ([`Members::call_hedged`]): once the member asked has
 //! been silent for a tenth of the lease's TTL, the next one is asked too, and the first
 //! answer wins, so a hung member costs a short lease a fraction of its TTL rather than an
-//! attempt timeout.
+//! attempt timeout. An answer that overtook the preferred member's makes the answering
+//! member preferred only the second time in a row (see [`OVERTAKES_BEFORE_MOVE`]).
 //!
 //! So a killed member costs a request one refused connection (milliseconds), the
 //! loss of the leader costs it the election (about one etcd election timeout) or,
@@ -87,6 +89,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// them (a host that lost power). etcd refuses pings more often than every 5 s.
 const PING_INTERVAL: Duration = Duration::from_secs(10);
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many hedged answers in a row must overtake the preferred member's silent attempt
+/// before the answering member becomes preferred. One is not enough: a member that is
+/// slow but serving (a loaded machine) would move every request and reopen every watch.
+/// Two are needed, not a failure: the overtaken attempt is cancelled, so it never fails,
+/// and a process whose only requests are keep-alives (a tuner holding its device) would
+/// otherwise keep its watches on a hung member until the connection's pings find it.
+const OVERTAKES_BEFORE_MOVE: usize = 2;
 /// First and largest pause between two rounds over every member.
 const ROUND_PAUSE_MIN: Duration = Duration::from_millis(50);
 const ROUND_PAUSE_MAX: Duration = Duration::from_millis(800);
@@ -130,6 +139,8 @@ pub(crate) enum Failure {
 pub(crate) struct Members {
     members: Vec<Member>,
     preferred: AtomicUsize,
+    /// Hedged answers in a row that overtook the preferred member's attempt.
+    overtaken: AtomicUsize,
     /// The preferred member's index after each move, for watches: a watch stream
     /// stays on the member it was opened on, and one that hangs (rather than closing
     /// its connections) would hold it until the connection's pings time out.
@@ -190,6 +201,7 @@ impl Members {
         Ok(Members {
             members,
             preferred: AtomicUsize::new(0),
+            overtaken: AtomicUsize::new(0),
             moves: tokio::sync::watch::Sender::new(0),
             options,
             joined,
@@ -254,10 +266,11 @@ impl Members {
     /// within it no longer holds the next member back: that one is asked too, while the
     /// first may still answer, and the first answer wins. For requests whose deadline is
     /// shorter than an attempt timeout on a hung member (a short lease's keep-alive).
-    /// An answer that overtook a silent attempt does not move the preferred member
-    /// unless an attempt failed: a member that is slow but serving keeps the requests
-    /// and watches (a move reopens every watch), and the store's other requests move
-    /// them off a member that really hangs.
+    /// An answer that overtook a silent attempt of the preferred member moves the
+    /// requests to its member only if an attempt failed or the previous hedged answer
+    /// overtook it too ([`OVERTAKES_BEFORE_MOVE`]): a member that is slow but serving
+    /// keeps the requests and watches (a move reopens every watch). A member that fails
+    /// while an earlier one is still silent is followed by the next one at once.
     pub(crate) async fn call_hedged<T, F, Fut>(
         &self,
         what: &str,
@@ -313,13 +326,8 @@ impl Members {
                 let index = (first + step) % count;
                 match outcome {
                     Ok(value) => {
-                        let overtook = pending.iter().any(|s| *s < step);
-                        if overtook && failures.is_empty() {
-                            tracing::debug!(member = %self.members[index].endpoint, request = what,
-                                "etcd request answered by a member asked after a silent one");
-                        } else if index != first || !failures.is_empty() {
-                            self.moved(first, index, what, started, &failures);
-                        }
+                        let overtook = pending.contains(&0);
+                        self.answered(first, index, overtook, what, started, &failures);
                         return Ok((value, index));
                     }
                     Err(AttemptError::Rejected(err)) => return Err(Failure::Rejected(err)),
@@ -328,6 +336,11 @@ impl Members {
                         tracing::debug!(member = %member.endpoint, request = what, %reason,
                             "etcd member could not serve the request; trying the next one");
                         failures.push(format!("{}: {reason}", member.endpoint));
+                        if hedge_after.is_some() {
+                            // Its turn to wait is over: the next member now, not a
+                            // hedge delay after the last one was asked.
+                            hedge_at = Some(tokio::time::Instant::now());
+                        }
                     }
                 }
             }
@@ -336,6 +349,34 @@ impl Members {
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(ROUND_PAUSE_MAX);
+        }
+    }
+
+    /// After member `index` answered a request that started on `first`: makes it the
+    /// preferred member when an attempt failed or it answered on another member, except
+    /// for a first hedged answer that overtook the preferred member's silent attempt (see
+    /// [`Members::call_hedged`]).
+    fn answered(
+        &self,
+        first: usize,
+        index: usize,
+        overtook: bool,
+        what: &str,
+        started: Instant,
+        failures: &[String],
+    ) {
+        if index == first {
+            self.overtaken.store(0, Ordering::Relaxed);
+        }
+        let hold = overtook
+            && failures.is_empty()
+            && self.overtaken.fetch_add(1, Ordering::Relaxed) + 1 < OVERTAKES_BEFORE_MOVE;
+        if hold {
+            tracing::debug!(member = %self.members[index].endpoint, request = what,
+                "etcd request answered by a member asked after a silent one");
+        } else if index != first || !failures.is_empty() {
+            self.overtaken.store(0, Ordering::Relaxed);
+            self.moved(first, index, what, started, failures);
         }
     }
 

@@ -67,8 +67,8 @@ const KEEP_ALIVE_ATTEMPT_MIN: Duration = Duration::from_secs(1);
 /// How long a keep-alive waits for one member before it asks the next one as well
 /// (see [`members::Members::call_hedged`]), within these bounds: a tenth of the lease's
 /// TTL, so that a hung member costs a short lease a fraction of its TTL rather than an
-/// attempt timeout, but never so little that a member answering in a few hundred
-/// milliseconds on a loaded machine doubles every keep-alive.
+/// attempt timeout, but at least 200 ms, so that only a keep-alive slower than that
+/// (not the milliseconds a healthy member takes) is sent twice.
 const KEEP_ALIVE_HEDGE_MIN: Duration = Duration::from_millis(200);
 const KEEP_ALIVE_HEDGE_MAX: Duration = Duration::from_secs(1);
 
@@ -237,11 +237,11 @@ impl EtcdStore {
     }
 
     /// How long one keep-alive of `lease` may wait for one member: a quarter of the
-    /// lease's TTL, within [`KEEP_ALIVE_ATTEMPT_MIN`] and [`LEASE_ATTEMPT_TIMEOUT`]. A
-    /// member that hangs (its connection open, nothing answered) holds each attempt for
-    /// the whole timeout before the next member is asked; with [`crate::LeaseKeeper`]
+    /// lease's TTL, within [`KEEP_ALIVE_ATTEMPT_MIN`] and [`LEASE_ATTEMPT_TIMEOUT`]. The
+    /// next member is asked long before (see [`EtcdStore::keep_alive_hedge`]); this
+    /// bounds the attempts that keep running beside it, and, with [`crate::LeaseKeeper`]
     /// refreshing every third of the TTL, a fixed 2 s let a 3 s lease expire behind a
-    /// hung member.
+    /// hung member before keep-alives were hedged.
     fn keep_alive_attempt_timeout(&self, lease: LeaseId) -> Duration {
         self.lease_ttl(lease).map_or(LEASE_ATTEMPT_TIMEOUT, |ttl| {
             (ttl / 4).clamp(KEEP_ALIVE_ATTEMPT_MIN, LEASE_ATTEMPT_TIMEOUT)
@@ -821,8 +821,9 @@ mod tests {
     /// A keep-alive whose first member hangs (a listener that accepts connections and
     /// never answers) is answered by the next member, asked once the first has been
     /// silent for the hedge delay, while the hung attempt still runs: the requests stay
-    /// on the first member (an answer that overtook a silent attempt moves nothing),
-    /// where the sequential failover would have moved them after the attempt timed out.
+    /// on the first member (one answer that overtook a silent attempt moves nothing),
+    /// where the sequential failover would have moved them after the attempt timed out;
+    /// the second such answer in a row moves them.
     #[test]
     fn a_keep_alive_asks_the_next_member_while_the_first_is_silent() {
         let server = start_etcd();
@@ -850,7 +851,17 @@ mod tests {
             assert_eq!(store.keep_alive_hedge(lease), KEEP_ALIVE_HEDGE_MAX);
             let ttl = store.keep_alive(lease).await.expect("kept alive");
             assert_eq!(ttl, Duration::from_secs(60));
-            assert_eq!(store.current_endpoint(), hung_endpoint);
+            assert_eq!(
+                store.current_endpoint(),
+                hung_endpoint,
+                "one overtake moves nothing"
+            );
+            store.keep_alive(lease).await.expect("kept alive again");
+            assert_eq!(
+                store.current_endpoint(),
+                server.endpoint(),
+                "the second in a row moves the requests"
+            );
         });
         drop(hung);
     }

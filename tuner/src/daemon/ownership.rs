@@ -340,3 +340,44 @@ pub async fn release(store: &dyn StateStore, device: &str, owned: Owned) {
         tracing::warn!(%err, device, "cannot delete the device's keys; they go when its lease expires");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iadeep_state::EmbeddedStore;
+
+    fn device() -> DeviceInfo {
+        DeviceInfo {
+            device_id: "n1:gpu0".into(),
+            node: "n1".into(),
+            memory_mib: 16_384,
+            ..Default::default()
+        }
+    }
+
+    /// A tuner that lost its lease and finds the device owned under another tuner's note
+    /// stops at once; under its own note (a take whose answer was lost) it waits for
+    /// that key to go, as a starting tuner waits for any owner's, and only then refuses.
+    #[tokio::test(start_paused = true)]
+    async fn taking_again_stops_at_once_only_for_another_tuners_key() {
+        let info = device();
+        let ttl = Duration::from_secs(10);
+        for (note, stops_at_once) in [
+            (b"tuner pid 1 on another node".to_vec(), true),
+            (owner_note(&info), false),
+        ] {
+            let store = EmbeddedStore::in_memory().expect("store");
+            store
+                .put(&keys::device_owner(&info.device_id), note, None)
+                .await
+                .expect("owner key");
+            let started = tokio::time::Instant::now();
+            let err = take_again(&store, &info, ttl)
+                .await
+                .expect_err("owned")
+                .to_string();
+            assert_eq!(err.contains("had lost its lease"), stops_at_once, "{err}");
+            assert_eq!(started.elapsed() >= ttl * 2, !stops_at_once, "{err}");
+        }
+    }
+}
