@@ -590,9 +590,9 @@ mod tests {
     }
 
     /// A gone task whose keys the store no longer holds (its deletion not yet seen by the
-    /// view) is set aside, and its report is not dropped from the view: one written
-    /// after the archive's read (here, put into the view while that read is held) is
-    /// the new agent's, and the view must keep it.
+    /// view) loses the report the reaper saw, not a newer one: one written after the
+    /// archive's read (here, put into the view while that read is held) is the new
+    /// agent's, and the view must keep it, and count it.
     #[tokio::test]
     async fn a_report_that_arrives_during_the_archives_read_stays_in_the_view() {
         let faults = Arc::new(iadeep_state::testing::FaultStore::in_memory());
@@ -615,16 +615,17 @@ mod tests {
             .set_report(iadeep_proto::TaskReport { seq: 2, ..stale });
         faults.release(1);
         assert!(pass.await.expect("join").is_empty());
-        let view = service.view_mut();
         assert!(
-            view.reported_tasks().any(|task| task == "ghost"),
+            service
+                .view_mut()
+                .reported_tasks()
+                .any(|task| task == "ghost"),
             "the fresh report was dropped"
         );
-        drop(view);
-        assert!(
-            service.view_mut().dead_unreserved(0, 0).is_empty(),
-            "set aside until its next report"
-        );
+        let now = service.now_unix_ms();
+        let dead = service.view_mut().dead_unreserved(now, 0);
+        assert_eq!(dead.len(), 1, "still counted: {dead:?}");
+        assert_eq!(dead[0].report_seq, 2);
     }
 
     /// One pass archives at most `ARCHIVE_PER_PASS` (100) tasks; the next takes the rest.

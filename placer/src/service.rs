@@ -1721,11 +1721,12 @@ impl PlacementService {
                     archived.push(task.task_id);
                 }
                 // The view's report outlived the store's (a Release or the retention
-                // took it; its deletion not yet seen, or missed while a watch was down,
-                // which the resync's reload drops). Set aside, not removed: a report
-                // written since the read (an agent of the same id starting) may be in
-                // the view by now, and its next report makes the task count again.
-                Ok(UnplacedArchive::NothingLeft) => self.view_mut().skip_archiving(id),
+                // took it; its deletion not yet seen, or missed while a watch was down).
+                // Only that report goes: one written since the read (an agent of the
+                // same id starting) may be in the view by now.
+                Ok(UnplacedArchive::NothingLeft) => {
+                    self.view_mut().remove_report_if_seq(id, task.report_seq);
+                }
                 Ok(UnplacedArchive::Kept(why)) => {
                     tracing::debug!(task = %id, why, "left a gone task's keys where they are");
                     self.view_mut().skip_archiving(id);

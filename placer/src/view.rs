@@ -459,6 +459,9 @@ pub struct DeadUnreserved {
     pub gone_since_unix_ms: i64,
     /// Its last report said it finished.
     pub finished: bool,
+    /// The sequence number of that report, to tell it from a newer one later (see
+    /// [`ClusterView::remove_report_if_seq`]).
+    pub report_seq: u64,
 }
 
 /// A resident task whose agent never showed up, as
@@ -761,6 +764,7 @@ impl ClusterView {
                     task_id: task_id.clone(),
                     gone_since_unix_ms: since,
                     finished,
+                    report_seq: self.reports.get(task_id).map_or(0, |r| r.seq),
                 });
             }
         }
@@ -1038,6 +1042,15 @@ impl ClusterView {
         self.not_archivable.remove(task_id);
         self.reports.remove(task_id);
         self.refresh_resident(task_id);
+    }
+
+    /// [`ClusterView::remove_report`], only while the task's report is still the one
+    /// numbered `seq`: a newer one (an agent of the same id that started since the
+    /// caller looked) is kept.
+    pub fn remove_report_if_seq(&mut self, task_id: &str, seq: u64) {
+        if self.reports.get(task_id).is_some_and(|r| r.seq == seq) {
+            self.remove_report(task_id);
+        }
     }
 
     /// Records a task's assignment as stored at `revision` (its key's mod-revision);

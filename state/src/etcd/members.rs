@@ -270,7 +270,7 @@ impl Members {
     /// requests to its member only if an attempt failed or the previous hedged answer
     /// overtook it too ([`OVERTAKES_BEFORE_MOVE`]): a member that is slow but serving
     /// keeps the requests and watches (a move reopens every watch). A member that fails
-    /// while an earlier one is still silent is followed by the next one at once.
+    /// while another is still silent is followed by the next one at once.
     pub(crate) async fn call_hedged<T, F, Fut>(
         &self,
         what: &str,
@@ -368,9 +368,13 @@ impl Members {
         if index == first {
             self.overtaken.store(0, Ordering::Relaxed);
         }
+        // Counted only while `first` is still the preferred member: a request that
+        // started before a move says nothing about the member requests go to now.
+        let still_preferred = self.preferred.load(Ordering::Relaxed) % self.members.len() == first;
         let hold = overtook
             && failures.is_empty()
-            && self.overtaken.fetch_add(1, Ordering::Relaxed) + 1 < OVERTAKES_BEFORE_MOVE;
+            && (!still_preferred
+                || self.overtaken.fetch_add(1, Ordering::Relaxed) + 1 < OVERTAKES_BEFORE_MOVE);
         if hold {
             tracing::debug!(member = %self.members[index].endpoint, request = what,
                 "etcd request answered by a member asked after a silent one");

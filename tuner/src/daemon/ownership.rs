@@ -356,8 +356,9 @@ mod tests {
     }
 
     /// A tuner that lost its lease and finds the device owned under another tuner's note
-    /// stops at once; under its own note (a take whose answer was lost) it waits for
-    /// that key to go, as a starting tuner waits for any owner's, and only then refuses.
+    /// stops at once; under its own note (a take whose answer was lost) it waits up to two
+    /// TTLs for that key to go, as a starting tuner waits for any owner's, taking the
+    /// device if it goes and refusing if not.
     #[tokio::test(start_paused = true)]
     async fn taking_again_stops_at_once_only_for_another_tuners_key() {
         let info = device();
