@@ -40,14 +40,27 @@ pub struct Owned {
     pub owner_revision: Revision,
 }
 
-/// What this process writes into the owner key: enough for an operator to find it.
+/// What this process writes into the owner key: enough for an operator to find it, and
+/// to tell it from another process's. The start time is in it because the pid and node
+/// are not enough: containers on one node all run as pid 1, and a tuner that lost its
+/// lease must not take a replacement's key (a new pod of the same device) for its own.
 fn owner_note(info: &DeviceInfo) -> Vec<u8> {
+    static STARTED_UNIX_MS: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    let started = STARTED_UNIX_MS.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis())
+    });
     let node = if info.node.is_empty() {
         "an unnamed node"
     } else {
         info.node.as_str()
     };
-    format!("tuner pid {} on {node}", std::process::id()).into_bytes()
+    format!(
+        "tuner pid {} on {node}, started at {started} ms past the epoch",
+        std::process::id()
+    )
+    .into_bytes()
 }
 
 /// Takes the device: waits at most twice `ttl` for another owner's key to go (a dead
