@@ -218,6 +218,14 @@ fn lose_member(
     )
 }
 
+/// The lease `key` is bound to now; `None` while the key is missing (or unleased).
+fn lease_now(rt: &tokio::runtime::Runtime, store: &Arc<dyn StateStore>, key: &str) -> Option<i64> {
+    rt.block_on(store.get(key))
+        .expect("get")
+        .and_then(|kv| kv.lease)
+        .map(|lease| lease.0)
+}
+
 fn lease_of(rt: &tokio::runtime::Runtime, store: &Arc<dyn StateStore>, key: &str) -> i64 {
     rt.block_on(store.get(key))
         .expect("get")
@@ -445,11 +453,7 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader_then_frozen_members(
     let resumed = Instant::now();
     let mut revoked_by_etcd = 0;
     for (key, before) in leased.iter().zip(&leases_before) {
-        let now = rt
-            .block_on(store.get(key))
-            .expect("get")
-            .and_then(|kv| kv.lease);
-        if now.is_some_and(|lease| lease.0 == *before) {
+        if lease_now(&rt, &store, key) == Some(*before) {
             match rt.block_on(store.revoke_lease(LeaseId(*before))) {
                 Ok(()) | Err(StateError::LeaseNotFound(_)) => {}
                 Err(err) => panic!("revoke {key}'s lease: {err}"),
@@ -461,11 +465,7 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader_then_frozen_members(
     let deadline = Instant::now() + LEASE_TTL * 3;
     for (key, before) in leased.iter().zip(&leases_before) {
         loop {
-            let now = rt
-                .block_on(store.get(key))
-                .expect("get")
-                .and_then(|kv| kv.lease);
-            if now.is_some_and(|lease| lease.0 != *before) {
+            if lease_now(&rt, &store, key).is_some_and(|lease| lease != *before) {
                 break;
             }
             assert!(

@@ -97,15 +97,20 @@ impl EtcdStore {
     /// (authenticating when credentials are given), so a wrong address, certificate
     /// or password fails here with a clear message rather than at first use.
     pub async fn connect_with(config: &EtcdConfig) -> Result<EtcdStore> {
-        let store = EtcdStore {
+        let store = Self::unchecked(config)?;
+        store.status(CONNECT_BUDGET).await?;
+        Ok(store)
+    }
+
+    /// The store for `config`, nothing asked of the cluster yet (no member connected).
+    fn unchecked(config: &EtcdConfig) -> Result<EtcdStore> {
+        Ok(EtcdStore {
             members: std::sync::Arc::new(Members::new(config)?),
             config: std::sync::Arc::new(config.clone()),
             page_size: crate::store::DEFAULT_PAGE_SIZE,
             page_limits: std::sync::Arc::default(),
             lease_ttls: std::sync::Arc::default(),
-        };
-        store.status(CONNECT_BUDGET).await?;
-        Ok(store)
+        })
     }
 
     /// The same store reading ranges in pages of at most `page_size` keys (at least 1)
@@ -840,13 +845,7 @@ mod tests {
             // Not `connect`: its status request would move the requests off the hung
             // member before the keep-alive is sent.
             let config = EtcdConfig::plain(vec![hung_endpoint.clone(), server.endpoint()]);
-            let store = EtcdStore {
-                members: std::sync::Arc::new(Members::new(&config).expect("members")),
-                config: std::sync::Arc::new(config),
-                page_size: crate::store::DEFAULT_PAGE_SIZE,
-                page_limits: std::sync::Arc::default(),
-                lease_ttls: std::sync::Arc::default(),
-            };
+            let store = EtcdStore::unchecked(&config).expect("store");
             // Not granted by this store: the full attempt (2 s), hedged after 1 s.
             assert_eq!(store.keep_alive_hedge(lease), KEEP_ALIVE_HEDGE_MAX);
             let ttl = store.keep_alive(lease).await.expect("kept alive");

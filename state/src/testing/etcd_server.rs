@@ -367,11 +367,7 @@ impl EtcdCluster {
     pub fn leader(&self, within: Duration) -> Result<usize, String> {
         let deadline = Instant::now() + within;
         loop {
-            if let Some(index) = self
-                .members
-                .iter()
-                .position(|m| m.child.is_some() && m.is_leader())
-            {
+            if let Some(index) = self.leader_now() {
                 return Ok(index);
             }
             if Instant::now() >= deadline {
@@ -379,6 +375,13 @@ impl EtcdCluster {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The index of the running member that says it leads, if one does.
+    fn leader_now(&self) -> Option<usize> {
+        self.members
+            .iter()
+            .position(|m| m.child.is_some() && m.is_leader())
     }
 
     /// Hands the leadership to member `to` (etcd's MoveLeader, sent to the leader) and
@@ -400,15 +403,11 @@ impl EtcdCluster {
             if Instant::now() >= deadline {
                 return Err(format!("member {to} did not become the leader"));
             }
-            let Some(leader) = self
-                .members
-                .iter()
-                .find(|m| m.child.is_some() && m.is_leader())
-            else {
+            let Some(leader) = self.leader_now() else {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             };
-            let endpoint = format!("127.0.0.1:{}", leader.client_port);
+            let endpoint = format!("127.0.0.1:{}", self.members[leader].client_port);
             // Bounded: a member that stops answering must not hold the caller past the
             // deadline. A leader that lost its leadership meanwhile refuses; the loop asks
             // the new one.
