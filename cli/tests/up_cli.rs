@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{DEADLINE, LocalCluster, free_port};
+use common::{DEADLINE, LocalCluster, free_ports};
 
 /// Runs `up` to its end (killing it after `DEADLINE`): exit status, stdout, stderr.
 fn finish(mut up: std::process::Command) -> (std::process::ExitStatus, String, String, Duration) {
@@ -84,11 +84,12 @@ fn a_second_cluster_on_the_same_ports_fails_at_once_naming_the_port_and_flag() {
     assert!(!second_dir.join("etcd").exists(), "no etcd was started");
 
     // Only the placer's port in the way: still refused before etcd starts.
+    let [etcd_port, etcd_peer_port] = free_ports();
     let third_dir = tmp.path().join("third");
     let (status, _, stderr, _) = finish(LocalCluster::command(
         &third_dir,
-        free_port(),
-        free_port(),
+        etcd_port,
+        etcd_peer_port,
         first.placer_port,
     ));
     assert!(!status.success(), "{stderr}");
@@ -155,8 +156,8 @@ fn iadeep_up_never_talks_to_an_etcd_it_did_not_start() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .expect("chmod");
-    let (client, peer) = (free_port(), free_port());
-    let mut up = LocalCluster::command(&tmp.path().join("cluster"), client, peer, free_port());
+    let [client, peer, placer, other_peer] = free_ports();
+    let mut up = LocalCluster::command(&tmp.path().join("cluster"), client, peer, placer);
     up.arg("--etcd-bin")
         .arg(&stand_in)
         .env("IADEEP_TEST_STARTED", &started)
@@ -174,7 +175,6 @@ fn iadeep_up_never_talks_to_an_etcd_it_did_not_start() {
 
     // Someone else's etcd on the port `iadeep up` gave its own.
     let etcd = iadeep_state::etcd_program::find().expect("etcd is installed");
-    let other_peer = free_port();
     let mut other = Killed(Some(
         std::process::Command::new(etcd)
             .arg("--name=other")
@@ -259,4 +259,73 @@ fn iadeep_run_defaults_to_the_sqrt_learning_rate_rule() {
         let stored = format!("LR_SCALING_RULE_{}", expected.to_ascii_uppercase());
         assert_eq!(spec["lrRule"], stored.as_str(), "{task}'s spec: {spec}");
     }
+}
+
+/// When another process takes a port `iadeep up` picked for etcd (`--etcd-port 0`) before
+/// etcd binds it, etcd exits at once; `iadeep up` starts it again on other ports and
+/// comes up, rather than failing (this failed a CI run: the two picked ports were the
+/// same). Here the first etcd is a stand-in that fails as etcd does on a taken port.
+#[test]
+fn iadeep_up_starts_etcd_again_when_a_port_it_picked_was_taken() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let etcd = iadeep_state::etcd_program::find().expect("etcd is installed");
+    let failed_once = tmp.path().join("failed-once");
+    let stand_in = tmp.path().join("etcd-fails-once");
+    std::fs::write(
+        &stand_in,
+        format!(
+            "#!/bin/sh\n\
+             if [ ! -e \"$IADEEP_TEST_FAILED_ONCE\" ]; then\n\
+             : > \"$IADEEP_TEST_FAILED_ONCE\"\n\
+             echo '{{\"level\":\"fatal\",\"msg\":\"discovery failed\",\"error\":\"listen tcp \
+             127.0.0.1:1: bind: address already in use\"}}' >&2\n\
+             exit 1\n\
+             fi\n\
+             exec '{}' \"$@\"\n",
+            etcd.display()
+        ),
+    )
+    .expect("write the stand-in");
+    std::fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let dir = tmp.path().join("cluster");
+    let mut up = LocalCluster::command(&dir, 0, 0, 0);
+    up.arg("--etcd-bin")
+        .arg(&stand_in)
+        .env("IADEEP_TEST_FAILED_ONCE", &failed_once)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut up = Killed(Some(up.spawn().expect("spawn iadeep up")));
+    let begun = Instant::now();
+    while !dir.join("cluster.env").exists() {
+        if let Some(status) = up.child().try_wait().expect("try_wait") {
+            let out = up.output();
+            panic!(
+                "iadeep up exited with {status}:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(
+            begun.elapsed() < DEADLINE,
+            "no cluster.env within {DEADLINE:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(failed_once.exists(), "the first start failed");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(up.child().id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let out = up.output();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "stopped cleanly: {}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stderr.contains("starting it again on other ports"),
+        "says why it started etcd twice:\n{stderr}"
+    );
 }

@@ -1,6 +1,7 @@
 //! The cluster's etcd: a child process on loopback ports, its data in the cluster's
 //! folder so a later `iadeep up` resumes it, stopped with SIGTERM.
 
+use std::io::{Seek, SeekFrom};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -28,6 +29,8 @@ pub struct LocalEtcd {
     client_port: u16,
     peer_port: u16,
     log_path: PathBuf,
+    /// Where this start's output begins in the log (earlier starts' is above it).
+    log_start: u64,
     pid_path: PathBuf,
 }
 
@@ -43,17 +46,47 @@ pub struct EtcdLaunch<'a> {
     pub peer_port: u16,
 }
 
-/// A port nobody listens on right now (etcd binds it a moment later).
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .context("cannot find a free loopback port")?
-        .port())
+/// How many times etcd is started on freshly picked ports when another process took a
+/// picked port before etcd bound it.
+const START_ATTEMPTS: u32 = 3;
+
+/// The ports etcd is given: each one asked for as is, and for each 0 a port free right
+/// now. The picked ones are held together while they are picked, so the two differ: a
+/// port released before the next is picked may be handed out again (it was, once, in
+/// CI, and etcd then failed to bind its second listener).
+fn choose_ports(client: u16, peer: u16) -> Result<(u16, u16)> {
+    let mut held = Vec::new();
+    let mut pick = |asked: u16, other: u16| -> Result<u16> {
+        if asked != 0 {
+            return Ok(asked);
+        }
+        loop {
+            let listener =
+                TcpListener::bind("127.0.0.1:0").context("cannot find a free loopback port")?;
+            let port = listener.local_addr()?.port();
+            held.push(listener);
+            if port != other {
+                return Ok(port);
+            }
+        }
+    };
+    let client = pick(client, peer)?;
+    let peer = pick(peer, client)?;
+    Ok((client, peer))
 }
 
-fn chosen(port: u16) -> Result<u16> {
-    if port == 0 { free_port() } else { Ok(port) }
+/// etcd could not listen on a port it was given: another process holds it. When the
+/// port was picked (0), another try on other ports may succeed.
+#[derive(Debug)]
+struct PortTaken(String);
+
+impl std::fmt::Display for PortTaken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
+
+impl std::error::Error for PortTaken {}
 
 /// The last lines of etcd's log, to show why it failed.
 fn log_tail(path: &Path) -> String {
@@ -70,17 +103,41 @@ impl LocalEtcd {
     /// process's child that listens on the client port, so that another etcd on the
     /// same port (taken in between) is never mistaken for this cluster's.
     pub async fn start(launch: EtcdLaunch<'_>) -> Result<(LocalEtcd, Arc<dyn StateStore>)> {
+        let picks_a_port = launch.client_port == 0 || launch.peer_port == 0;
+        let mut attempt = 1;
+        loop {
+            let (client_port, peer_port) = choose_ports(launch.client_port, launch.peer_port)?;
+            let mut etcd = LocalEtcd::spawn(&launch, client_port, peer_port)?;
+            let error = match etcd.wait_ready().await {
+                Ok(store) => return Ok((etcd, store)),
+                Err(error) => error,
+            };
+            etcd.stop().await;
+            if !(picks_a_port && error.is::<PortTaken>() && attempt < START_ATTEMPTS) {
+                return Err(error);
+            }
+            attempt += 1;
+            tracing::warn!(
+                client_port,
+                peer_port,
+                "another process took a port picked for etcd before etcd bound it; \
+                 starting it again on other ports"
+            );
+        }
+    }
+
+    /// Starts etcd on these ports, its output appended to the cluster's etcd.log.
+    fn spawn(launch: &EtcdLaunch<'_>, client_port: u16, peer_port: u16) -> Result<LocalEtcd> {
         let pid_path = pid_path(launch.dir);
-        let client_port = chosen(launch.client_port)?;
-        let peer_port = chosen(launch.peer_port)?;
         let client = format!("http://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
         let log_path = launch.dir.join("etcd.log");
-        let log = std::fs::OpenOptions::new()
+        let mut log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
             .with_context(|| format!("cannot open {}", log_path.display()))?;
+        let log_start = log.seek(SeekFrom::End(0))?;
         let log_err = log.try_clone()?;
         let child = Command::new(launch.binary)
             .arg("--name=iadeep")
@@ -107,20 +164,14 @@ impl LocalEtcd {
             std::fs::write(&pid_path, pid.to_string())
                 .with_context(|| format!("cannot write {}", pid_path.display()))?;
         }
-        let mut etcd = LocalEtcd {
+        Ok(LocalEtcd {
             child,
             client_port,
             peer_port,
             log_path,
+            log_start,
             pid_path,
-        };
-        match etcd.wait_ready().await {
-            Ok(store) => Ok((etcd, store)),
-            Err(err) => {
-                etcd.stop().await;
-                Err(err)
-            }
-        }
+        })
     }
 
     /// The store URL clients use.
@@ -137,7 +188,7 @@ impl LocalEtcd {
         let pid = self.child.id().context("etcd exited at once")?;
         loop {
             if let Some(status) = self.child.try_wait()? {
-                bail!(
+                let message = format!(
                     "etcd {} while starting (are its ports {} and {} taken? \
                      see --etcd-port and --etcd-peer-port); the end of {}:\n{}",
                     Ended(status),
@@ -146,6 +197,10 @@ impl LocalEtcd {
                     self.log_path.display(),
                     log_tail(&self.log_path)
                 );
+                if self.output().contains("address already in use") {
+                    return Err(PortTaken(message).into());
+                }
+                bail!(message);
             }
             match super::ports::listener(self.client_port, pid) {
                 Ok(Listener::Ours) => {}
@@ -162,13 +217,16 @@ impl LocalEtcd {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
-                Ok(Listener::Other(holder)) => bail!(
-                    "port {} is taken by another process{}, not by the etcd this `iadeep up` \
-                     started (pid {pid}); choose another port with --etcd-port PORT (0 picks a \
-                     free one)",
-                    self.client_port,
-                    holder.map(|h| format!(", {h}")).unwrap_or_default()
-                ),
+                Ok(Listener::Other(holder)) => {
+                    return Err(PortTaken(format!(
+                        "port {} is taken by another process{}, not by the etcd this `iadeep up` \
+                         started (pid {pid}); choose another port with --etcd-port PORT (0 picks \
+                         a free one)",
+                        self.client_port,
+                        holder.map(|h| format!(", {h}")).unwrap_or_default()
+                    ))
+                    .into());
+                }
                 // Without /proc, the port check before the start and etcd staying
                 // alive (checked above and after it answers) are all there is.
                 Err(err) => tracing::debug!(%err, "cannot tell who listens on etcd's port"),
@@ -205,6 +263,13 @@ impl LocalEtcd {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// What this start of etcd wrote to the log so far.
+    fn output(&self) -> String {
+        let text = std::fs::read(&self.log_path).unwrap_or_default();
+        let start = usize::try_from(self.log_start).map_or(text.len(), |s| s.min(text.len()));
+        String::from_utf8_lossy(&text[start..]).into_owned()
     }
 
     /// Resolves if etcd exits on its own.

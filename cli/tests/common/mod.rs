@@ -40,19 +40,22 @@ pub fn http_get(addr: &str, path: &str) -> Option<String> {
 
 /// A loopback address with a port that was free a moment ago.
 pub fn free_loopback_addr() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
-    format!("127.0.0.1:{port}")
+    format!("127.0.0.1:{}", free_port())
 }
 
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    let [port] = free_ports();
+    port
+}
+
+/// `N` different ports that were free a moment ago on 127.0.0.1: all are held while
+/// they are picked, since a port released before the next is picked may come again.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<std::net::TcpListener> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("a bound address").port())
 }
 
 /// An `iadeep up --no-nvml` cluster (one 16 GiB GPU) in its own folder, on ports
@@ -95,8 +98,28 @@ impl LocalCluster {
 
     /// Starts a cluster in `dir` and waits for its cluster.env and its GPU's tuner; its
     /// output goes to `dir`.out and `dir`.err.
+    ///
+    /// The ports are free when picked, but another process may take one before `iadeep up`
+    /// binds it; then `iadeep up` fails at once, naming it, and the cluster is started
+    /// again on other ports (a few times at most).
     pub fn start(dir: std::path::PathBuf) -> LocalCluster {
-        let (etcd_port, etcd_peer_port, placer_port) = (free_port(), free_port(), free_port());
+        let mut attempt = 1;
+        loop {
+            match LocalCluster::try_start(dir.clone()) {
+                Ok(cluster) => return cluster,
+                Err(log) if attempt < 3 && log.contains("already in use") => {
+                    eprintln!("a port picked for the cluster was taken meanwhile:\n{log}");
+                    attempt += 1;
+                }
+                Err(log) => panic!("iadeep up failed:\n{log}"),
+            }
+        }
+    }
+
+    /// Starts a cluster in `dir` on ports picked now; what `iadeep up` printed if it exits
+    /// before its GPU's tuner registers.
+    fn try_start(dir: std::path::PathBuf) -> Result<LocalCluster, String> {
+        let [etcd_port, etcd_peer_port, placer_port] = free_ports();
         let log = |ext: &str| {
             std::fs::File::create(dir.with_extension(ext)).expect("create the log of iadeep up")
         };
@@ -118,7 +141,8 @@ impl LocalCluster {
         let started = std::time::Instant::now();
         loop {
             if let Some(status) = cluster.child.as_mut().and_then(|c| c.try_wait().ok()?) {
-                panic!("iadeep up exited with {status}:\n{}", cluster.log());
+                cluster.child = None;
+                return Err(format!("exited with {status}:\n{}", cluster.log()));
             }
             if let Ok(text) = std::fs::read_to_string(&env_file) {
                 for line in text.lines() {
@@ -148,7 +172,7 @@ impl LocalCluster {
             );
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        cluster
+        Ok(cluster)
     }
 
     /// What `iadeep up` wrote to stdout and stderr so far.

@@ -16,10 +16,16 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How many times a start is tried on fresh ports.
 const START_ATTEMPTS: u32 = 3;
 
-fn free_port() -> Result<u16, String> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
+/// `count` different ports free right now: all are held while they are picked, since a
+/// port released before the next is picked may be handed out again.
+fn free_ports(count: usize) -> Result<Vec<u16>, String> {
+    let held = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("no free port: {e}"))?;
+    held.iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("no free port: {e}"))
 }
 
@@ -70,16 +76,18 @@ struct Member {
 }
 
 impl Member {
-    fn new(name: String, tls: Option<EtcdServerTls>) -> Result<Member, String> {
+    /// A member on `ports`: client, peer and metrics.
+    fn new(name: String, ports: [u16; 3], tls: Option<EtcdServerTls>) -> Result<Member, String> {
+        let [client_port, peer_port, metrics_port] = ports;
         Ok(Member {
             name,
             data_dir: tempfile::Builder::new()
                 .prefix("iadeep-etcd-")
                 .tempdir()
                 .map_err(|e| format!("cannot create etcd data dir: {e}"))?,
-            client_port: free_port()?,
-            peer_port: free_port()?,
-            metrics_port: free_port()?,
+            client_port,
+            peer_port,
+            metrics_port,
             tls,
             child: None,
         })
@@ -217,8 +225,11 @@ fn start_members(
     let binary = etcd_binary()?;
     let mut last_error = String::new();
     for attempt in 1..=START_ATTEMPTS {
-        let mut members = (0..count)
-            .map(|i| Member::new(format!("iadeep-test-{i}"), tls.clone()))
+        let ports = free_ports(3 * count)?;
+        let mut members = ports
+            .chunks_exact(3)
+            .enumerate()
+            .map(|(i, p)| Member::new(format!("iadeep-test-{i}"), [p[0], p[1], p[2]], tls.clone()))
             .collect::<Result<Vec<_>, _>>()?;
         let initial_cluster = members
             .iter()
