@@ -626,10 +626,11 @@ fn placers_killed_mid_load_leave_no_over_packed_device_and_no_double_reservation
     let (registered, from) = rt.block_on(Stored::read(store.as_ref()));
     let (history, watcher) = rt.block_on(record_history(store.as_ref(), from + 1));
 
+    let addrs = common::free_ports::<2>().map(|port| format!("127.0.0.1:{port}"));
     let mut placers: Vec<(String, PlacerProcess)> = ["a", "b"]
-        .iter()
-        .map(|name| {
-            let addr = common::free_loopback_addr();
+        .into_iter()
+        .zip(addrs)
+        .map(|(name, addr)| {
             let log = dir.path().join(format!("placer-{name}.log"));
             let placer = PlacerProcess::spawn(&store_url, &addr, log);
             (addr, placer)

@@ -10,7 +10,7 @@ use nix::unistd::Pid;
 
 mod common;
 
-use common::{free_loopback_addr, http_get};
+use common::{free_ports, http_get};
 use iadeep_state::testing::start_etcd;
 
 /// Polls `probe` every 100 ms for at most `limit`; whether it became true.
@@ -65,8 +65,7 @@ fn stop_cleanly(child: Child, signal: Signal, what: &str) {
 fn the_placer_stops_cleanly_on_sigterm_and_sigint() {
     let etcd = start_etcd();
     for signal in [Signal::SIGTERM, Signal::SIGINT] {
-        let metrics = free_loopback_addr();
-        let grpc = free_loopback_addr();
+        let [metrics, grpc] = free_ports().map(|port| format!("127.0.0.1:{port}"));
         let child = spawn(&[
             "placer",
             "--grpc",
