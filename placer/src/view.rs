@@ -952,11 +952,19 @@ impl ClusterView {
         record: Option<DeviceResidents>,
         revision: Revision,
     ) -> bool {
+        // Placed anew: the view holds no reservation of that id, or one from another
+        // placement (a release and a new placement of the same id may both fall in a
+        // compacted watch gap, so only the placement time tells them apart).
+        let placed_anew: HashSet<String> = record
+            .iter()
+            .flat_map(|r| &r.reservations)
+            .filter(|r| self.placed_at(&r.task_id) != Some(r.placed_at_unix_ms))
+            .map(|r| r.task_id.clone())
+            .collect();
         let device = Self::entry_in(&mut self.devices, device_id);
         if revision < device.seen_revision {
             return false;
         }
-        let mut held_here = HashSet::new();
         for old in device.residents.drain(..) {
             if self
                 .task_device
@@ -966,7 +974,6 @@ impl ClusterView {
             {
                 self.task_device.remove(&old.reservation.task_id);
             }
-            held_here.insert(old.reservation.task_id);
         }
         device.seen_revision = revision;
         match record {
@@ -975,8 +982,8 @@ impl ClusterView {
                 device.claims = record.claims;
                 for reservation in record.reservations {
                     let task_id = &reservation.task_id;
-                    if !held_here.contains(task_id) && !self.task_device.contains_key(task_id) {
-                        // Placed anew: a clock left by an earlier run of the same id (its
+                    if placed_anew.contains(task_id) {
+                        // A clock left by an earlier run of the same id (its
                         // report still under `tasks/`) must not shorten this one's grace,
                         // nor may that run's report, written before this placement while
                         // no agent runs, say this run's agent ran and went (or finished).
@@ -1009,6 +1016,16 @@ impl ClusterView {
             self.devices.remove(device_id);
         }
         true
+    }
+
+    /// When the reservation the view holds for `task_id` was placed.
+    fn placed_at(&self, task_id: &str) -> Option<i64> {
+        let device = self.devices.get(self.task_device.get(task_id)?)?;
+        device
+            .residents
+            .iter()
+            .find(|r| r.reservation.task_id == task_id)
+            .map(|r| r.reservation.placed_at_unix_ms)
     }
 
     /// Rebuilds a resident's entry from what the view holds about it now.
@@ -1500,6 +1517,53 @@ mod tests {
             .map(|d| d.task_id)
             .collect();
         assert_eq!(dead, ["again"], "not the re-used id");
+    }
+
+    /// A release and a new placement of the same id that both fell in a compacted watch
+    /// gap reach the view as one record that still lists the id: the placement time,
+    /// not the id, says it was placed anew, so the earlier run's clock and its stale
+    /// report go as they do when each write is seen.
+    #[test]
+    fn a_placement_missed_in_a_watch_gap_does_not_inherit_the_earlier_runs_clock() {
+        let mut view = ClusterView::new(Arc::new(crate::model::ModelledMemory));
+        let placed = |at: i64| Reservation {
+            placed_at_unix_ms: at,
+            ..reservation("again", 100)
+        };
+        let record = |at: i64| DeviceResidents {
+            device_id: "d0".into(),
+            reservations: vec![placed(at)],
+            ..Default::default()
+        };
+        view.apply_residents("d0", Some(record(100)), 1);
+        view.set_alive("again");
+        view.set_report(TaskReport {
+            task_id: "again".into(),
+            finished: true,
+            reported_at_unix_ms: 500,
+            ..Default::default()
+        });
+        view.set_not_alive("again", 1_000);
+        // Its own record again (an echo, or a shrink) keeps the clock and the report.
+        view.apply_residents("d0", Some(record(100)), 2);
+        assert_eq!(view.dead_residents(6_000, 5_000).len(), 1);
+        assert!(view.reports.contains_key("again"));
+
+        // Released and placed again at 2,000 ms, both missed: the view reloads.
+        view.apply_residents("d0", Some(record(2_000)), 5);
+        assert!(
+            view.dead_residents(6_000, 5_000).is_empty(),
+            "the new placement's grace starts when it is seen"
+        );
+        assert!(
+            !view.reports.contains_key("again"),
+            "the earlier run's finished report is not this run's"
+        );
+        assert_eq!(
+            view.dead_residents(11_000, 5_000).len(),
+            0,
+            "no agent seen yet"
+        );
     }
 
     /// A task that never held a reservation (or lost it) and whose agent is gone is
