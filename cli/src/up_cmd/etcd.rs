@@ -188,19 +188,7 @@ impl LocalEtcd {
         let pid = self.child.id().context("etcd exited at once")?;
         loop {
             if let Some(status) = self.child.try_wait()? {
-                let message = format!(
-                    "etcd {} while starting (are its ports {} and {} taken? \
-                     see --etcd-port and --etcd-peer-port); the end of {}:\n{}",
-                    Ended(status),
-                    self.client_port,
-                    self.peer_port,
-                    self.log_path.display(),
-                    log_tail(&self.log_path)
-                );
-                if self.output().contains("address already in use") {
-                    return Err(PortTaken(message).into());
-                }
-                bail!(message);
+                return Err(self.exited_while_starting(status));
             }
             match super::ports::listener(self.client_port, pid) {
                 Ok(Listener::Ours) => {}
@@ -262,6 +250,24 @@ impl LocalEtcd {
                 );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Why etcd exited before it answered: a [`PortTaken`] when it could not bind a port.
+    fn exited_while_starting(&self, status: ExitStatus) -> anyhow::Error {
+        let message = format!(
+            "etcd {} while starting (are its ports {} and {} taken? \
+             see --etcd-port and --etcd-peer-port); the end of {}:\n{}",
+            Ended(status),
+            self.client_port,
+            self.peer_port,
+            self.log_path.display(),
+            log_tail(&self.log_path)
+        );
+        if self.output().contains("address already in use") {
+            PortTaken(message).into()
+        } else {
+            anyhow::anyhow!(message)
         }
     }
 
