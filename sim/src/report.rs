@@ -709,7 +709,8 @@ mod tests {
             run.batch_trace.iter().map(|p| p.task).collect();
         assert_eq!(traced.len(), 12);
 
-        let dir = std::env::temp_dir().join(format!("iadeep-report-{}", std::process::id()));
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().to_path_buf();
         let written = write_all(&dir, std::slice::from_ref(&run), &[run.summary()]).expect("write");
         let svg = dir.join("tuner_iadeep.svg");
         assert!(written.contains(&svg), "{written:?}");
@@ -720,7 +721,6 @@ mod tests {
         );
         let csv = std::fs::read_to_string(dir.join("batch_trace.csv")).expect("csv");
         assert_eq!(csv.lines().count(), run.batch_trace.len() + 1);
-        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 
     /// A policy keeps its style whichever policies run with it.

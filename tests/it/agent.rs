@@ -18,7 +18,10 @@ fn agent(etcd: &EtcdServer, task: &str) -> Agent {
         .use_nvml(false)
         .report_interval(Duration::from_millis(200))
         .lease_ttl(Duration::from_secs(4))
-        .op_timeout(Duration::from_millis(500))
+        // Short enough that a loop waiting on the store would show (the outage test), long
+        // enough that a loaded machine's slow fsync does not fail a registration or the
+        // final report (the finishing budget is twice this plus a second).
+        .op_timeout(Duration::from_secs(2))
         .connect()
         .expect("connect")
 }
@@ -64,7 +67,10 @@ fn an_assignment_reaches_the_running_loop() {
             .expect("connect"),
     );
     let agent = agent(&etcd, "latency");
-    assert!(agent.is_registered());
+    wait_for(Duration::from_secs(30), || {
+        agent.is_registered().then_some(())
+    })
+    .expect("the agent registers");
     let assignment = BatchSizeAssignment {
         task_id: "latency".into(),
         batch_size: 256,
@@ -146,8 +152,8 @@ fn stopping_etcd_does_not_stop_the_loop_and_reports_resume() {
     etcd.stop();
     measure.store(true, Ordering::Relaxed);
     // The loop must go on stepping while etcd is down: the reporter tries to publish
-    // every 200 ms and each try waits up to the 500 ms operation timeout, so a loop that
-    // waited for the store would manage a step or two a second, not 500 in a minute.
+    // every 200 ms and each try waits up to the 2 s operation timeout, so a loop that
+    // waited for the store would manage a step every second or two, not 500 in a minute.
     let steps_at_stop = steps.load(Ordering::Relaxed);
     let during = 500;
     wait_for(Duration::from_secs(60), || {

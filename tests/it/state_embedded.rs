@@ -144,14 +144,16 @@ async fn watch_from_a_future_revision_skips_earlier_changes() {
 #[tokio::test]
 async fn lease_keeper_keeps_a_lease_until_stopped_and_reports_loss() {
     let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("open"));
-    let ttl = Duration::from_secs(1);
+    // The keeper refreshes every third of the TTL: a lapse needs a stall of over 2 s,
+    // which a loaded machine's scheduler must not cause.
+    let ttl = Duration::from_secs(3);
     let lease = store.grant_lease(ttl).await.expect("grant");
     store
         .put("/k/alive", vec![1], Some(lease))
         .await
         .expect("put");
     let keeper = LeaseKeeper::spawn(store.clone(), lease, ttl);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(ttl * 2).await;
     assert_eq!(keeper.health(), LeaseHealth::Alive);
     assert!(
         store.get("/k/alive").await.expect("get").is_some(),
