@@ -277,7 +277,7 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader_then_frozen_members(
     }));
 
     let store = open();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while rt
         .block_on(store.get(&keys::device_info(DEVICE)))
         .expect("get")
@@ -323,7 +323,7 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader_then_frozen_members(
         .iter()
         .map(|job| train(url.clone(), job, stop.clone()))
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(60);
     for job in JOBS {
         while rt
             .block_on(store.get(&keys::task_alive(job)))

@@ -39,6 +39,10 @@ fn report(
 }
 
 /// Polls `probe` every 10 ms until it returns `Some`, at most `limit`.
+/// How long a test waits for what must happen: what takes milliseconds may take seconds
+/// on a loaded 2-core machine, and a passing test never waits it out.
+const PATIENCE: Duration = Duration::from_secs(30);
+
 fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
@@ -118,7 +122,7 @@ fn registers_reports_and_finishes() {
         agent.record_step(bs, Duration::from_millis(5));
         agent.record_gradient_norms(16, 1.0 + 100.0 / 16.0, 64, 1.0 + 100.0 / 64.0);
     }
-    let measured = wait_for(Duration::from_secs(3), || {
+    let measured = wait_for(PATIENCE, || {
         report(&rt, &store, "job-1").filter(|r| r.steps_done == 40 && r.step_time_s > 0.0)
     })
     .expect("a report with the steps");
@@ -300,7 +304,7 @@ fn the_memory_limit_is_the_latest_of_the_reservation_and_the_applied_bounds() {
         None,
     ))
     .expect("put assignment");
-    let change = wait_for(Duration::from_secs(2), || agent.poll_change()).expect("change");
+    let change = wait_for(PATIENCE, || agent.poll_change()).expect("change");
     assert_eq!(change.memory_bound_mib, Some(6_144.5));
     assert_eq!(
         agent.memory_limit_mib(),
@@ -324,7 +328,7 @@ fn the_memory_limit_is_the_latest_of_the_reservation_and_the_applied_bounds() {
     ))
     .expect("put placement");
     assert_eq!(
-        wait_for(Duration::from_secs(2), || agent
+        wait_for(PATIENCE, || agent
             .memory_limit_mib()
             .filter(|&m| m == 3_000)),
         Some(3_000)
@@ -376,7 +380,7 @@ fn assignments_apply_at_poll_change_and_reports_carry_their_round() {
         .expect("put assignment");
     };
     assign(1, 128, 2.0);
-    let change = wait_for(Duration::from_secs(2), || agent.poll_change()).expect("change");
+    let change = wait_for(PATIENCE, || agent.poll_change()).expect("change");
     assert_eq!(
         change,
         BatchSizeChange {
@@ -394,13 +398,13 @@ fn assignments_apply_at_poll_change_and_reports_carry_their_round() {
 
     // Out of bounds: clamped, and the factor recomputed by the task's (linear) rule.
     assign(2, 4096, 64.0);
-    let change = wait_for(Duration::from_secs(2), || agent.poll_change()).expect("change");
+    let change = wait_for(PATIENCE, || agent.poll_change()).expect("change");
     assert_eq!((change.batch_size, change.lr_factor), (256, 4.0));
     // A stale round is ignored: once the agent has seen the placement written after it,
     // it has seen the stale assignment too.
     assign(1, 32, 0.5);
     put_placement(&rt, &store, "job-3", 5_000);
-    wait_for(Duration::from_secs(5), || {
+    wait_for(PATIENCE, || {
         agent.memory_limit_mib().filter(|&mib| mib == 5_000)
     })
     .expect("the placement written after the stale assignment");
@@ -410,7 +414,7 @@ fn assignments_apply_at_poll_change_and_reports_carry_their_round() {
         agent.record_step(agent.batch_size(), Duration::from_millis(10));
         std::thread::sleep(Duration::from_millis(10));
     }
-    let r = wait_for(Duration::from_secs(3), || {
+    let r = wait_for(PATIENCE, || {
         report(&rt, &store, "job-3").filter(|r| r.assignment_round == 2)
     })
     .expect("a report of round 2");
@@ -430,7 +434,7 @@ fn out_of_memory_falls_back_to_the_largest_size_that_fit_and_tells_the_tuner() {
     assert_eq!(change.batch_size, 96);
     assert_eq!(change.lr_factor, 96.0 / 64.0);
     assert_eq!(agent.batch_size(), 96);
-    let r = wait_for(Duration::from_secs(2), || {
+    let r = wait_for(PATIENCE, || {
         report(&rt, &store, "job-4").filter(|r| r.oom_batch_size == Some(200))
     });
     assert!(r.is_some(), "the OOM reaches the store promptly");
@@ -469,7 +473,7 @@ fn a_revoked_lease_is_granted_again_and_the_alive_key_comes_back() {
     let lease = kv.lease.expect("leased");
     // Someone (an operator, a store failover) kills the lease.
     rt.block_on(store.revoke_lease(lease)).expect("revoke");
-    let back = wait_for(Duration::from_secs(5), || {
+    let back = wait_for(PATIENCE, || {
         rt.block_on(store.get(&keys::task_alive("job-6")))
             .expect("get")
             .filter(|kv| kv.lease != Some(lease))
@@ -487,7 +491,7 @@ fn a_peak_the_trainer_records_reaches_the_report() {
     agent.record_peak_memory(1200);
     agent.record_peak_memory(1000);
     // A report may go out between two calls; the peak of the three arrives anyway.
-    let r = wait_for(Duration::from_secs(3), || {
+    let r = wait_for(PATIENCE, || {
         report(&rt, &store, "job-7").filter(|r| r.peak_mem_mib == Some(1200))
     });
     assert!(r.is_some(), "the largest recorded value reaches the store");
@@ -534,7 +538,7 @@ fn reported_peak_memory_belongs_to_the_current_batch_size() {
     let agent = builder(&store, "job-p").connect().expect("connect");
     agent.record_peak_memory(6000);
     agent.record_step(64, Duration::from_millis(10));
-    let first = wait_for(Duration::from_secs(5), || {
+    let first = wait_for(PATIENCE, || {
         report(&rt, &store, "job-p").filter(|r| r.peak_mem_mib == Some(6000))
     })
     .expect("peak at 64 reported");
@@ -551,11 +555,11 @@ fn reported_peak_memory_belongs_to_the_current_batch_size() {
         None,
     ))
     .expect("shrink");
-    let change = wait_for(Duration::from_secs(5), || agent.poll_change()).expect("the shrink");
+    let change = wait_for(PATIENCE, || agent.poll_change()).expect("the shrink");
     assert_eq!(change.batch_size, 32);
     agent.record_peak_memory(4500);
     agent.record_step(32, Duration::from_millis(5));
-    let after = wait_for(Duration::from_secs(5), || {
+    let after = wait_for(PATIENCE, || {
         report(&rt, &store, "job-p").filter(|r| r.peak_mem_batch_size == 32)
     })
     .expect("a report at the new size");
@@ -588,13 +592,13 @@ fn a_lost_and_restored_reservation_is_a_change_for_the_loop() {
     assert_eq!(agent.poll_change(), None, "placed: nothing to tell");
 
     rt.block_on(store.delete(&placement_key)).expect("release");
-    let lost = wait_for(Duration::from_secs(5), || agent.poll_change()).expect("told");
+    let lost = wait_for(PATIENCE, || agent.poll_change()).expect("told");
     assert_eq!(lost.reason, ChangeReason::ReservationLost);
     assert_eq!(lost.batch_size, 64, "the batch size stays");
 
     rt.block_on(typed::put(store.as_ref(), &placement_key, &placement, None))
         .expect("admitted again");
-    let restored = wait_for(Duration::from_secs(5), || agent.poll_change()).expect("told");
+    let restored = wait_for(PATIENCE, || agent.poll_change()).expect("told");
     assert_eq!(restored.reason, ChangeReason::ReservationRestored);
     agent.finish().expect("finish");
 }
@@ -646,7 +650,7 @@ fn an_evict_assignment_reaches_the_loop_once_and_leave_ends_the_task_unfinished(
     };
     assign(shrink.clone());
     agent.record_step(64, Duration::from_millis(5));
-    let change = wait_for(Duration::from_secs(5), || agent.poll_change()).expect("the shrink");
+    let change = wait_for(PATIENCE, || agent.poll_change()).expect("the shrink");
     assert_eq!(change.batch_size, 16);
     assert_eq!(agent.evicted(), None);
 
@@ -656,7 +660,7 @@ fn an_evict_assignment_reaches_the_loop_once_and_leave_ends_the_task_unfinished(
         evict_reason: "prod-1 ran at PD 1.31 above its cap 1.10".into(),
         ..shrink.clone()
     });
-    let reason = wait_for(Duration::from_secs(5), || agent.evicted()).expect("evicted");
+    let reason = wait_for(PATIENCE, || agent.evicted()).expect("evicted");
     assert_eq!(reason, "prod-1 ran at PD 1.31 above its cap 1.10");
     // A later assignment (a tuner that has not heard yet) neither hides nor undoes it.
     assign(BatchSizeAssignment {
@@ -666,7 +670,7 @@ fn an_evict_assignment_reaches_the_loop_once_and_leave_ends_the_task_unfinished(
     });
     // Once the agent has seen the placement rewritten after it, it has seen it.
     put_placement(&rt, &store, task, 2_500);
-    wait_for(Duration::from_secs(5), || {
+    wait_for(PATIENCE, || {
         agent.memory_limit_mib().filter(|&mib| mib == 2_500)
     })
     .expect("the placement written after the later assignment");
@@ -684,7 +688,7 @@ fn an_evict_assignment_reaches_the_loop_once_and_leave_ends_the_task_unfinished(
     assert_eq!(agent.evicted().as_deref(), Some(reason.as_str()));
     // While the job checkpoints, the task is still alive: its reservation stays counted.
     assert!(agent.is_registered());
-    let seq = wait_for(Duration::from_secs(5), || report(&rt, &store, task))
+    let seq = wait_for(PATIENCE, || report(&rt, &store, task))
         .expect("a report")
         .seq;
 
