@@ -17,10 +17,15 @@ GPU memory (iadeep.torch.peak_memory_mib): on CUDA, the peak PyTorch reserved si
 last batch-size change; on a machine without a GPU the process's peak resident memory
 stands in for it (the tuner needs some memory figure before it grows a batch). On CUDA
 the loader also fences PyTorch's allocator at the memory iadeep holds for the job.
+
+SIGTERM (Ctrl-C of `iadeep run` is forwarded as one; so is a pod's deletion) stops the
+training after the current step, and the job exits 0, its agent saying it finished.
 """
 
 import argparse
+import signal
 import sys
+import threading
 import time
 
 import torch
@@ -95,9 +100,15 @@ def main() -> int:
     )
     print(f"task {agent.task_id} on {device}: batch size {agent.batch_size}", flush=True)
     deadline = time.monotonic() + args.max_seconds if args.max_seconds is not None else float("inf")
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+
+    def should_stop() -> bool:
+        return stopping.is_set() or time.monotonic() > deadline
+
     with agent:
         for epoch in range(args.epochs):
-            if time.monotonic() > deadline:
+            if should_stop():
                 break
             model.train()
             loss_sum, correct, seen = 0.0, 0, 0
@@ -113,13 +124,15 @@ def main() -> int:
                     correct += int((logits.argmax(1) == labels).sum())
                     seen += len(labels)
                 agent.record_peak_memory(iadeep.torch.peak_memory_mib(device))
-                if time.monotonic() > deadline:
+                if should_stop():
                     break
             print(
                 f"epoch {epoch}: loss {loss_sum / max(seen, 1):.4f}, accuracy {correct / max(seen, 1):.3f}, "
                 f"batch size {loader.batch_size}",
                 flush=True,
             )
+    if stopping.is_set():
+        print("stopped on SIGTERM", flush=True)
     return 0
 
 

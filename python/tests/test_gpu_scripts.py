@@ -24,9 +24,9 @@ from conftest import DEADLINE_S, IADEEP, REPO
 SCRIPTS = REPO / "scripts" / "gpu"
 
 
-def script(name: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def script(name: str, *args: str, check: bool = True, timeout: float = DEADLINE_S) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=DEADLINE_S,
+        [sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=timeout,
         env=dict(os.environ, IADEEP_BIN=str(IADEEP)),
     )
     if check and result.returncode != 0:
@@ -155,7 +155,9 @@ def test_e2e_dry_run_drives_three_policies_and_a_real_iadeep_cluster(tmp_path: P
            "vit_small_patch16_224,lm-small,efficientnet_b0", "--batch-sizes", "16,32,64")
     out = tmp_path / "e2e"
     script("e2e.py", "--dry-run", "--out", str(out), "--jobs", "3", "--steps-scale", "0.02", "--mean-gap-s", "0.2",
-           "--iadeep", str(IADEEP), "--memory-csv", str(memory / "SYNTHETIC-memory-nvml.csv"))
+           "--iadeep", str(IADEEP), "--memory-csv", str(memory / "SYNTHETIC-memory-nvml.csv"),
+           # Three policies and an `iadeep up` cluster, each step with its own generous wait.
+           timeout=3 * DEADLINE_S)
     summary = json.loads((out / "SYNTHETIC-summary.json").read_text())
     assert "NOT measurements" in summary["note"]
     policies = summary["policies"]
