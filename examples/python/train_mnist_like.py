@@ -18,8 +18,9 @@ last batch-size change; on a machine without a GPU the process's peak resident m
 stands in for it (the tuner needs some memory figure before it grows a batch). On CUDA
 the loader also fences PyTorch's allocator at the memory iadeep holds for the job.
 
-SIGTERM (Ctrl-C of `iadeep run` is forwarded as one; so is a pod's deletion) stops the
-training after the current step, and the job exits 0, its agent saying it finished.
+SIGTERM (`iadeep run` forwards the one it gets, e.g. from `kill` or a pod's deletion)
+stops the training after the current step, and the job exits 0, its agent saying it
+finished.
 """
 
 import argparse
