@@ -225,6 +225,7 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
         dir: &dir.path,
         client_port: args.etcd_port,
         peer_port: args.etcd_peer_port,
+        keep_free: args.placer.port(),
     })
     .await?;
     let store_url = etcd.url();

@@ -261,28 +261,30 @@ fn iadeep_run_defaults_to_the_sqrt_learning_rate_rule() {
     }
 }
 
-/// When another process takes a port `iadeep up` picked for etcd (`--etcd-port 0`) before
-/// etcd binds it, etcd exits at once; `iadeep up` starts it again on other ports and
-/// comes up, rather than failing (this failed a CI run: the two picked ports were the
-/// same). Here the first etcd is a stand-in that fails as etcd does on a taken port.
-#[test]
-fn iadeep_up_starts_etcd_again_when_a_port_it_picked_was_taken() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+/// An etcd stand-in that records each start's arguments (a line each in `starts`), fails
+/// as etcd does when its peer port is taken for the first `fails` starts, then runs the
+/// real etcd.
+fn etcd_failing_on_its_peer_port(
+    dir: &std::path::Path,
+    fails: u32,
+) -> (std::path::PathBuf, std::path::PathBuf) {
     let etcd = iadeep_state::etcd_program::find().expect("etcd is installed");
-    let failed_once = tmp.path().join("failed-once");
-    let stand_in = tmp.path().join("etcd-fails-once");
+    let starts = dir.join("starts");
+    let stand_in = dir.join("etcd-stand-in");
     std::fs::write(
         &stand_in,
         format!(
             "#!/bin/sh\n\
-             if [ ! -e \"$IADEEP_TEST_FAILED_ONCE\" ]; then\n\
-             : > \"$IADEEP_TEST_FAILED_ONCE\"\n\
-             echo '{{\"level\":\"fatal\",\"msg\":\"discovery failed\",\"error\":\"listen tcp \
-             127.0.0.1:1: bind: address already in use\"}}' >&2\n\
+             echo \"$*\" >> '{starts}'\n\
+             if [ \"$(wc -l < '{starts}')\" -le {fails} ]; then\n\
+             for arg in \"$@\"; do case \"$arg\" in --listen-peer-urls=*) peer=\"${{arg##*:}}\";; esac; done\n\
+             echo \"{{\\\"level\\\":\\\"fatal\\\",\\\"msg\\\":\\\"discovery failed\\\",\\\"error\\\":\
+             \\\"listen tcp 127.0.0.1:$peer: bind: address already in use\\\"}}\" >&2\n\
              exit 1\n\
              fi\n\
-             exec '{}' \"$@\"\n",
-            etcd.display()
+             exec '{etcd}' \"$@\"\n",
+            starts = starts.display(),
+            etcd = etcd.display()
         ),
     )
     .expect("write the stand-in");
@@ -291,11 +293,30 @@ fn iadeep_up_starts_etcd_again_when_a_port_it_picked_was_taken() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .expect("chmod");
+    (stand_in, starts)
+}
+
+/// The arguments of each start of the stand-in, a line each.
+fn starts(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// When another process takes a port `iadeep up` picked for etcd (`--etcd-port 0`) before
+/// etcd binds it, etcd exits at once; `iadeep up` starts it again on other ports and
+/// comes up, rather than failing (this failed a CI run: the two picked ports were the
+/// same). Here the first etcd is a stand-in that fails as etcd does on a taken port.
+#[test]
+fn iadeep_up_starts_etcd_again_when_a_port_it_picked_was_taken() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (stand_in, starts_file) = etcd_failing_on_its_peer_port(tmp.path(), 1);
     let dir = tmp.path().join("cluster");
     let mut up = LocalCluster::command(&dir, 0, 0, 0);
     up.arg("--etcd-bin")
         .arg(&stand_in)
-        .env("IADEEP_TEST_FAILED_ONCE", &failed_once)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut up = Killed(Some(up.spawn().expect("spawn iadeep up")));
@@ -314,7 +335,6 @@ fn iadeep_up_starts_etcd_again_when_a_port_it_picked_was_taken() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(failed_once.exists(), "the first start failed");
     let pid = nix::unistd::Pid::from_raw(i32::try_from(up.child().id()).expect("pid"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
     let out = up.output();
@@ -328,4 +348,26 @@ fn iadeep_up_starts_etcd_again_when_a_port_it_picked_was_taken() {
         stderr.contains("starting it again on other ports"),
         "says why it started etcd twice:\n{stderr}"
     );
+    let starts = starts(&starts_file);
+    assert_eq!(starts.len(), 2, "{starts:#?}");
+    assert_ne!(starts[0], starts[1], "the second start is on other ports");
+}
+
+/// A port the user gave (`--etcd-peer-port`) is not picked again when etcd finds it
+/// taken: `iadeep up` fails after one start, naming the port, though it picked the
+/// other one (`--etcd-port 0`).
+#[test]
+fn iadeep_up_does_not_start_etcd_again_when_a_port_the_user_gave_was_taken() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (stand_in, starts_file) = etcd_failing_on_its_peer_port(tmp.path(), 99);
+    let [peer, placer] = free_ports();
+    let mut up = LocalCluster::command(&tmp.path().join("cluster"), 0, peer, placer);
+    up.arg("--etcd-bin").arg(&stand_in);
+    let (status, _, stderr, _) = finish(up);
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{peer}: bind: address already in use")),
+        "names the port:\n{stderr}"
+    );
+    assert_eq!(starts(&starts_file).len(), 1, "started once:\n{stderr}");
 }

@@ -74,6 +74,10 @@ def main() -> int:
     parser.add_argument("--report-interval-s", type=float, default=2.0)
     parser.add_argument("--max-seconds", type=float, default=None, help="stop training after this long")
     args = parser.parse_args()
+    # Before the agent starts: it then leaves SIGTERM to this handler (a handler set after
+    # it would replace the agent's, which finishes the task and ends the process at once).
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(args.seed)
@@ -101,9 +105,6 @@ def main() -> int:
     )
     print(f"task {agent.task_id} on {device}: batch size {agent.batch_size}", flush=True)
     deadline = time.monotonic() + args.max_seconds if args.max_seconds is not None else float("inf")
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
-
     def should_stop() -> bool:
         return stopping.is_set() or time.monotonic() > deadline
 

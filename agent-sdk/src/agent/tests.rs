@@ -38,11 +38,11 @@ fn report(
     .map(|(r, _)| r)
 }
 
-/// Polls `probe` every 10 ms until it returns `Some`, at most `limit`.
 /// How long a test waits for what must happen: what takes milliseconds may take seconds
 /// on a loaded 2-core machine, and a passing test never waits it out.
 const PATIENCE: Duration = Duration::from_secs(30);
 
+/// Polls `probe` every 10 ms until it returns `Some`, at most `limit`.
 fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {

@@ -1,7 +1,7 @@
 //! The cluster's etcd: a child process on loopback ports, its data in the cluster's
 //! folder so a later `iadeep up` resumes it, stopped with SIGTERM.
 
-use std::io::{Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -44,17 +44,20 @@ pub struct EtcdLaunch<'a> {
     pub client_port: u16,
     /// 0 picks a free port.
     pub peer_port: u16,
+    /// A port of this cluster's that another part listens on later (the placer's; 0 for
+    /// none): a picked port is never this one.
+    pub keep_free: u16,
 }
 
-/// How many times etcd is started on freshly picked ports when another process took a
-/// picked port before etcd bound it.
+/// How many times etcd is started in all, the first included, while each failure is a
+/// picked port that another process took before etcd bound it.
 const START_ATTEMPTS: u32 = 3;
 
 /// The ports etcd is given: each one asked for as is, and for each 0 a port free right
-/// now. The picked ones are held together while they are picked, so the two differ: a
-/// port released before the next is picked may be handed out again (it was, once, in
-/// CI, and etcd then failed to bind its second listener).
-fn choose_ports(client: u16, peer: u16) -> Result<(u16, u16)> {
+/// now, never `keep_free`. The picked ones are held together while they are picked, so
+/// the two differ: a port released before the next is picked may be handed out again
+/// (it was, once, in CI, and etcd then failed to bind its second listener).
+fn choose_ports(client: u16, peer: u16, keep_free: u16) -> Result<(u16, u16)> {
     let mut held = Vec::new();
     let mut pick = |asked: u16, other: u16| -> Result<u16> {
         if asked != 0 {
@@ -65,7 +68,7 @@ fn choose_ports(client: u16, peer: u16) -> Result<(u16, u16)> {
                 TcpListener::bind("127.0.0.1:0").context("cannot find a free loopback port")?;
             let port = listener.local_addr()?.port();
             held.push(listener);
-            if port != other {
+            if port != other && port != keep_free {
                 return Ok(port);
             }
         }
@@ -75,23 +78,33 @@ fn choose_ports(client: u16, peer: u16) -> Result<(u16, u16)> {
     Ok((client, peer))
 }
 
-/// etcd could not listen on a port it was given: another process holds it. When the
-/// port was picked (0), another try on other ports may succeed.
+/// etcd could not listen on `port`: another process holds it. When the port was picked
+/// (0), another try on other ports may succeed.
 #[derive(Debug)]
-struct PortTaken(String);
+struct PortTaken {
+    port: u16,
+    message: String,
+}
 
 impl std::fmt::Display for PortTaken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
 impl std::error::Error for PortTaken {}
 
-/// The last lines of etcd's log, to show why it failed.
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
+/// The port of the first "listen tcp HOST:PORT: bind: address already in use" in etcd's
+/// output, the line etcd logs when a port it was given is taken.
+fn taken_port(output: &str) -> Option<u16> {
+    let before = &output[..output.find(": bind: address already in use")?];
+    let digits = before.len() - before.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    before[before.len() - digits..].parse().ok()
+}
+
+/// The last lines of `output`, to show why etcd failed.
+fn tail(output: &str) -> String {
+    let lines: Vec<&str> = output.lines().collect();
     lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
@@ -103,17 +116,26 @@ impl LocalEtcd {
     /// process's child that listens on the client port, so that another etcd on the
     /// same port (taken in between) is never mistaken for this cluster's.
     pub async fn start(launch: EtcdLaunch<'_>) -> Result<(LocalEtcd, Arc<dyn StateStore>)> {
-        let picks_a_port = launch.client_port == 0 || launch.peer_port == 0;
         let mut attempt = 1;
         loop {
-            let (client_port, peer_port) = choose_ports(launch.client_port, launch.peer_port)?;
+            let (client_port, peer_port) =
+                choose_ports(launch.client_port, launch.peer_port, launch.keep_free)?;
             let mut etcd = LocalEtcd::spawn(&launch, client_port, peer_port)?;
             let error = match etcd.wait_ready().await {
                 Ok(store) => return Ok((etcd, store)),
                 Err(error) => error,
             };
             etcd.stop().await;
-            if !(picks_a_port && error.is::<PortTaken>() && attempt < START_ATTEMPTS) {
+            // Only a port this process picked is picked again: one the user gave stays
+            // taken, and says so.
+            let picked = |port: u16| {
+                (port == client_port && launch.client_port == 0)
+                    || (port == peer_port && launch.peer_port == 0)
+            };
+            let lost_a_pick = error
+                .downcast_ref::<PortTaken>()
+                .is_some_and(|taken| picked(taken.port));
+            if !lost_a_pick || attempt >= START_ATTEMPTS {
                 return Err(error);
             }
             attempt += 1;
@@ -199,20 +221,23 @@ impl LocalEtcd {
                             "etcd did not listen on port {} within {READY_TIMEOUT:?}; the end of {}:\n{}",
                             self.client_port,
                             self.log_path.display(),
-                            log_tail(&self.log_path)
+                            tail(&self.output())
                         );
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
                 Ok(Listener::Other(holder)) => {
-                    return Err(PortTaken(format!(
+                    return Err(PortTaken {
+                        port: self.client_port,
+                        message: format!(
                         "port {} is taken by another process{}, not by the etcd this `iadeep up` \
                          started (pid {pid}); choose another port with --etcd-port PORT (0 picks \
                          a free one)",
                         self.client_port,
                         holder.map(|h| format!(", {h}")).unwrap_or_default()
-                    ))
+                        ),
+                    }
                     .into());
                 }
                 // Without /proc, the port check before the start and etcd staying
@@ -233,7 +258,7 @@ impl LocalEtcd {
                             self.client_port,
                             Ended(status),
                             self.log_path.display(),
-                            log_tail(&self.log_path)
+                            tail(&self.output())
                         );
                     }
                     return Ok(store);
@@ -246,7 +271,7 @@ impl LocalEtcd {
                     "etcd did not answer on port {} within {READY_TIMEOUT:?}; the end of {}:\n{}",
                     self.client_port,
                     self.log_path.display(),
-                    log_tail(&self.log_path)
+                    tail(&self.output())
                 );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -262,20 +287,26 @@ impl LocalEtcd {
             self.client_port,
             self.peer_port,
             self.log_path.display(),
-            log_tail(&self.log_path)
+            tail(&self.output())
         );
-        if self.output().contains("address already in use") {
-            PortTaken(message).into()
-        } else {
-            anyhow::anyhow!(message)
+        match taken_port(&self.output()) {
+            Some(port) => PortTaken { port, message }.into(),
+            None => anyhow::anyhow!(message),
         }
     }
 
-    /// What this start of etcd wrote to the log so far.
+    /// What this start of etcd wrote to the log so far (earlier starts' lines are above
+    /// it, and may say why those failed).
     fn output(&self) -> String {
-        let text = std::fs::read(&self.log_path).unwrap_or_default();
-        let start = usize::try_from(self.log_start).map_or(text.len(), |s| s.min(text.len()));
-        String::from_utf8_lossy(&text[start..]).into_owned()
+        let mut text = Vec::new();
+        let read = std::fs::File::open(&self.log_path).and_then(|mut log| {
+            log.seek(SeekFrom::Start(self.log_start))?;
+            log.read_to_end(&mut text)
+        });
+        if let Err(err) = read {
+            tracing::debug!(%err, path = %self.log_path.display(), "cannot read etcd's log");
+        }
+        String::from_utf8_lossy(&text).into_owned()
     }
 
     /// Resolves if etcd exits on its own.
@@ -350,4 +381,34 @@ pub async fn stop_orphan(dir: &Path, binary: &Path) {
         }
     }
     let _ = std::fs::remove_file(pid_path);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The port comes from the line etcd 3.4 logs when a port it was given is taken
+    /// (copied from a CI run's etcd.log); other failures name none.
+    #[test]
+    fn the_taken_port_is_read_from_etcds_bind_error() {
+        let log = r#"{"level":"warn","ts":"2026-11-27T09:54:52.217Z","caller":"etcdmain/etcd.go:176","msg":"failed to start etcd","error":"listen tcp 127.0.0.1:39433: bind: address already in use"}"#;
+        assert_eq!(taken_port(log), Some(39433));
+        let other = r#"{"level":"fatal","msg":"discovery failed","error":"member has already been bootstrapped"}"#;
+        assert_eq!(taken_port(other), None);
+        assert_eq!(taken_port("bind: address already in use"), None);
+    }
+
+    /// Picked ports differ from each other and from the port kept free; given ones stay.
+    #[test]
+    fn picked_ports_are_distinct_and_given_ones_stay() {
+        let keep_free = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a port")
+            .port();
+        let (client, peer) = choose_ports(0, 0, keep_free).expect("ports");
+        assert_ne!(client, peer);
+        assert!(client != keep_free && peer != keep_free);
+        assert_eq!(choose_ports(23790, 0, 0).expect("ports").0, 23790);
+        assert_eq!(choose_ports(0, 23800, 0).expect("ports").1, 23800);
+    }
 }

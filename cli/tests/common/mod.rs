@@ -165,6 +165,10 @@ impl LocalCluster {
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
         while cluster.device_infos().is_empty() {
+            if let Some(status) = cluster.child.as_mut().and_then(|c| c.try_wait().ok()?) {
+                cluster.child = None;
+                return Err(format!("exited with {status}:\n{}", cluster.log()));
+            }
             assert!(
                 started.elapsed() < DEADLINE,
                 "no tuner registered its GPU within {DEADLINE:?}:\n{}",
