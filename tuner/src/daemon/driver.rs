@@ -7,8 +7,11 @@
 //! the tuner on a blocking thread (a step may fit a Gaussian process), and carries out the
 //! [`Action`]s:
 //! - a round's assignments in one transaction that compares the device's residents record
-//!   with the revision the inputs came from, so a round decided before a placement changed
-//!   the device is never written (the placer compares the residents' assignments in turn);
+//!   and each of the round's assignment keys with the revisions the inputs came from, so a
+//!   round decided before a placement changed the device, or before another writer's
+//!   assignment (the placer's shrink, written with the record but seen through another
+//!   watch) reached the tuner, is never written over it (the placer compares the
+//!   residents' assignments in turn);
 //! - each co-location sample under the device's sample sequence;
 //! - a production job's cap breach at `devices/{device}/breach` for the placer, deleted
 //!   when the breach ends (if the record still names that job);
@@ -53,8 +56,11 @@ pub(crate) struct Driver {
     /// See [`super::DaemonParams::samples_kept`].
     samples_kept: u64,
     told: Translator,
-    /// Mod-revision of the residents record the tuner's view came from.
-    told_revision: Option<Revision>,
+    /// The revisions the tuner's view came from, which a round's transaction compares.
+    decided_on: DecidedOn,
+    /// Assignment keys this driver wrote, with the revision of the commit: what is there
+    /// until the task table shows a newer write (its watch may not have delivered ours yet).
+    own_writes: BTreeMap<String, Revision>,
     /// The residents record did not decode when last looked at (logged once).
     warned_undecodable: bool,
     counters: Counters,
@@ -66,6 +72,14 @@ pub(crate) struct Driver {
     /// breach once per co-location, so without this a lost write would leave the job above
     /// its cap with no one evicted.
     pending_breach: Option<iadeep_proto::CapBreach>,
+}
+
+/// The revisions a round is decided on: the device's residents record's, and each task's
+/// assignment key's (a task missing here had none).
+#[derive(Clone, Debug, Default)]
+struct DecidedOn {
+    residents: Option<Revision>,
+    assignments: BTreeMap<String, Revision>,
 }
 
 /// Wakes at least this often while waiting, to notice a stop.
@@ -90,7 +104,8 @@ impl Driver {
             journal,
             samples_kept,
             told: Translator::default(),
-            told_revision: None,
+            decided_on: DecidedOn::default(),
+            own_writes: BTreeMap::new(),
             warned_undecodable: false,
             counters: Counters::default(),
             above_cap_since: None,
@@ -182,7 +197,7 @@ impl Driver {
             if inputs.is_empty() {
                 inputs.push(Input::Tick);
             }
-            let revision = self.told_revision;
+            let decided_on = self.decided_on.clone();
             let journal_inputs = self.journal.is_some().then(|| inputs.clone());
             let (back, actions) = tokio::task::spawn_blocking(move || {
                 let actions = tuner.step(now_ms, inputs);
@@ -198,7 +213,7 @@ impl Driver {
                     actions: actions.clone(),
                 });
             }
-            self.execute(actions, revision).await;
+            self.execute(actions, &decided_on).await;
             self.update_metrics(&tuner, now_ms);
         }
     }
@@ -252,11 +267,31 @@ impl Driver {
                 );
             }
         }
-        self.told_revision = record.mod_revision;
+        self.decided_on = self.decided_on_now(record.mod_revision, &table);
         self.told.diff(now)
     }
 
-    async fn execute(&mut self, actions: Vec<Action>, revision: Option<Revision>) {
+    /// The revisions of the residents record and of every assignment key as this step sees
+    /// them: the table's, or this driver's own later write that the table has not shown yet.
+    fn decided_on_now(&mut self, residents: Option<Revision>, table: &TaskTable) -> DecidedOn {
+        let mut assignments: BTreeMap<String, Revision> = table
+            .tasks
+            .iter()
+            .filter_map(|(id, t)| Some((id.clone(), t.assignment_revision?)))
+            .collect();
+        self.own_writes.retain(|id, own| {
+            table.tasks.contains_key(id) && assignments.get(id).is_none_or(|seen| *seen < *own)
+        });
+        for (id, own) in &self.own_writes {
+            assignments.insert(id.clone(), *own);
+        }
+        DecidedOn {
+            residents,
+            assignments,
+        }
+    }
+
+    async fn execute(&mut self, actions: Vec<Action>, decided_on: &DecidedOn) {
         // A breach whose write failed at an earlier step (see `pending_breach`); one
         // reported by this step writes itself.
         if !actions.iter().any(|a| matches!(a, Action::CapBreached(_))) {
@@ -265,7 +300,7 @@ impl Driver {
         let mut persist = None;
         for action in actions {
             match action {
-                Action::Assign(assignments) => self.assign(assignments, revision).await,
+                Action::Assign(assignments) => self.assign(assignments, decided_on).await,
                 Action::Sample { seq, sample } => {
                     let key = keys::sample(&self.info.device_id, seq);
                     let mut txn = Txn::new().put(key.as_str(), sample.encode_to_vec(), None);
@@ -311,21 +346,26 @@ impl Driver {
         }
     }
 
-    /// Writes one round in one transaction, compared with the residents record the round
-    /// was decided on.
-    async fn assign(&mut self, assignments: Vec<BatchSizeAssignment>, revision: Option<Revision>) {
-        let key = keys::device_residents(&self.info.device_id);
-        let expect = match revision {
+    /// Writes one round in one transaction, compared with the residents record and the
+    /// assignment keys the round was decided on.
+    async fn assign(&mut self, assignments: Vec<BatchSizeAssignment>, decided_on: &DecidedOn) {
+        let expect = |revision: Option<Revision>| match revision {
             Some(rev) => Expect::ModRevision(rev),
             None => Expect::Absent,
         };
-        let mut txn = Txn::new().compare(key.as_str(), expect);
+        let key = keys::device_residents(&self.info.device_id);
+        let mut txn = Txn::new().compare(key.as_str(), expect(decided_on.residents));
         for a in &assignments {
-            txn = txn.put(keys::task_assignment(&a.task_id), a.encode_to_vec(), None);
+            let key = keys::task_assignment(&a.task_id);
+            let seen = decided_on.assignments.get(&a.task_id).copied();
+            txn = txn
+                .compare(key.as_str(), expect(seen))
+                .put(key, a.encode_to_vec(), None);
         }
         match self.store.transact(txn).await {
-            Ok(TxnOutcome::Committed { .. }) => {
+            Ok(TxnOutcome::Committed { revision }) => {
                 for a in &assignments {
+                    self.own_writes.insert(a.task_id.clone(), revision);
                     Metrics::inc(&self.metrics.assignments);
                     tracing::debug!(task = %a.task_id, round = a.round, batch_size = a.batch_size,
                         lr_factor = a.lr_factor, "assignment written");
@@ -334,7 +374,7 @@ impl Driver {
             Ok(TxnOutcome::Failed { .. }) => {
                 Metrics::inc(&self.metrics.rounds_dropped);
                 tracing::info!(device = %self.info.device_id,
-                    "the device's reservations changed since the round was decided; round not written");
+                    "the device's reservations or a task's assignment changed since the round was decided; round not written");
             }
             Err(err) => {
                 Metrics::inc(&self.metrics.errors);
@@ -513,6 +553,7 @@ mod tests {
     use iadeep_state::EmbeddedStore;
     use iadeep_state::testing::{FaultStore, Op};
 
+    use super::super::tasks::TaskEntry;
     use super::*;
 
     /// A driver of device d0 over `store`, keeping 3 samples.
@@ -578,6 +619,76 @@ mod tests {
         );
     }
 
+    /// The placer writes the device's residents record and a resident's shrink in one
+    /// transaction; the tuner, whose task watch has not delivered the shrink yet, decides
+    /// a round on the new record. That round is not written over the shrink (its agent
+    /// would never run what the key then says); decided on what the store holds, or on the
+    /// driver's own last write that its watch has not shown yet, it is.
+    #[tokio::test]
+    async fn a_round_is_never_written_over_an_assignment_the_tuner_has_not_seen() {
+        let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
+        let mut driver = driver(&store);
+        let assignment = |batch_size: u32, round: u64| BatchSizeAssignment {
+            task_id: "a".into(),
+            batch_size,
+            round,
+            ..Default::default()
+        };
+        let record = iadeep_proto::DeviceResidents {
+            device_id: "d0".into(),
+            ..Default::default()
+        };
+        let placed = store
+            .transact(
+                Txn::new()
+                    .put(keys::device_residents("d0"), record.encode_to_vec(), None)
+                    .put(
+                        keys::task_assignment("a"),
+                        assignment(45, 4).encode_to_vec(),
+                        None,
+                    ),
+            )
+            .await
+            .expect("the placer's commit");
+        let TxnOutcome::Committed { revision } = placed else {
+            panic!("{placed:?}")
+        };
+        let stored = async || {
+            typed::get::<BatchSizeAssignment>(store.as_ref(), &keys::task_assignment("a"))
+                .await
+                .expect("read")
+                .map(|(a, _)| (a.batch_size, a.round))
+        };
+        let mut table = TaskTable::default();
+        table.tasks.insert("a".into(), TaskEntry::default());
+        // The record seen, the shrink not yet.
+        let lagging = driver.decided_on_now(Some(revision), &table);
+        let round = |b| vec![Action::Assign(vec![assignment(b, 4)])];
+        driver.execute(round(64), &lagging).await;
+        assert_eq!(stored().await, Some((45, 4)), "the placer's shrink stays");
+
+        // Once the watch has shown it, the tuner's next round is written.
+        table.tasks.insert(
+            "a".into(),
+            TaskEntry {
+                assignment: Some(assignment(45, 4)),
+                assignment_revision: Some(revision),
+                ..Default::default()
+            },
+        );
+        let seen = driver.decided_on_now(Some(revision), &table);
+        driver
+            .execute(vec![Action::Assign(vec![assignment(64, 5)])], &seen)
+            .await;
+        assert_eq!(stored().await, Some((64, 5)));
+        // And the one after, though the watch has not shown the driver's own write yet.
+        let own = driver.decided_on_now(Some(revision), &table);
+        driver
+            .execute(vec![Action::Assign(vec![assignment(90, 6)])], &own)
+            .await;
+        assert_eq!(stored().await, Some((90, 6)));
+    }
+
     /// Device d0's cap breach of `task`.
     fn breach(task: &str) -> iadeep_proto::CapBreach {
         iadeep_proto::CapBreach {
@@ -602,7 +713,10 @@ mod tests {
         let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
         let mut driver = driver(&store);
         driver
-            .execute(vec![Action::CapBreached(breach("p1"))], None)
+            .execute(
+                vec![Action::CapBreached(breach("p1"))],
+                &DecidedOn::default(),
+            )
             .await;
         assert_eq!(
             driver
@@ -612,7 +726,10 @@ mod tests {
             1
         );
         driver
-            .execute(vec![Action::CapBreached(breach("p2"))], None)
+            .execute(
+                vec![Action::CapBreached(breach("p2"))],
+                &DecidedOn::default(),
+            )
             .await;
         assert_eq!(breach_of(store.as_ref()).await.as_deref(), Some("p2"));
         driver
@@ -620,7 +737,7 @@ mod tests {
                 vec![Action::CapRestored {
                     task_id: "p1".into(),
                 }],
-                None,
+                &DecidedOn::default(),
             )
             .await;
         assert_eq!(
@@ -633,7 +750,7 @@ mod tests {
                 vec![Action::CapRestored {
                     task_id: "p2".into(),
                 }],
-                None,
+                &DecidedOn::default(),
             )
             .await;
         assert_eq!(breach_of(store.as_ref()).await, None);
@@ -643,7 +760,7 @@ mod tests {
                 vec![Action::CapRestored {
                     task_id: "p2".into(),
                 }],
-                None,
+                &DecidedOn::default(),
             )
             .await;
         assert_eq!(
@@ -670,14 +787,17 @@ mod tests {
         let mut driver = driver(&store);
         let key = keys::device_breach("d0");
         driver
-            .execute(vec![Action::CapBreached(breach("p1"))], None)
+            .execute(
+                vec![Action::CapBreached(breach("p1"))],
+                &DecidedOn::default(),
+            )
             .await;
         assert_eq!(
             breach_of(store.as_ref()).await,
             None,
             "the first write fails"
         );
-        driver.execute(Vec::new(), None).await;
+        driver.execute(Vec::new(), &DecidedOn::default()).await;
         assert_eq!(
             breach_of(store.as_ref()).await.as_deref(),
             Some("p1"),
@@ -685,23 +805,26 @@ mod tests {
         );
         // The placer evicts and deletes it: it is not written again.
         store.delete(&key).await.expect("delete");
-        driver.execute(Vec::new(), None).await;
+        driver.execute(Vec::new(), &DecidedOn::default()).await;
         assert_eq!(breach_of(store.as_ref()).await, None);
         // A breach that ends before its write succeeded is not written afterwards.
         let store: Arc<dyn StateStore> = failing_one_put();
         let mut driver = self::driver(&store);
         driver
-            .execute(vec![Action::CapBreached(breach("p1"))], None)
+            .execute(
+                vec![Action::CapBreached(breach("p1"))],
+                &DecidedOn::default(),
+            )
             .await;
         driver
             .execute(
                 vec![Action::CapRestored {
                     task_id: "p1".into(),
                 }],
-                None,
+                &DecidedOn::default(),
             )
             .await;
-        driver.execute(Vec::new(), None).await;
+        driver.execute(Vec::new(), &DecidedOn::default()).await;
         assert_eq!(store.get(&key).await.expect("read"), None);
     }
 
@@ -751,7 +874,7 @@ mod tests {
                 },
             })
             .collect();
-        driver.execute(actions, None).await;
+        driver.execute(actions, &DecidedOn::default()).await;
         let kept: Vec<String> = store
             .range(&keys::device_samples_prefix("d0"))
             .await

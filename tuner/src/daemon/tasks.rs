@@ -30,6 +30,8 @@ pub struct TaskEntry {
     pub alive: bool,
     pub report: Option<TaskReport>,
     pub assignment: Option<BatchSizeAssignment>,
+    /// The assignment key's mod-revision: what the tuner's round compares it with.
+    pub assignment_revision: Option<Revision>,
 }
 
 impl TaskEntry {
@@ -71,8 +73,10 @@ impl Fold for TaskTable {
                 }
             }
             KeyKind::TaskAssignment { task } => {
+                let entry = self.tasks.entry(task).or_default();
+                entry.assignment_revision = Some(kv.mod_revision);
                 if let Some(a) = decode::<BatchSizeAssignment>(kv) {
-                    self.tasks.entry(task).or_default().assignment = Some(a);
+                    entry.assignment = Some(a);
                 }
             }
             _ => {}
@@ -96,7 +100,10 @@ impl Fold for TaskTable {
                 KeyKind::TaskPlacement { .. } => entry.placement = None,
                 KeyKind::TaskAlive { .. } => entry.alive = false,
                 KeyKind::TaskReport { .. } => entry.report = None,
-                _ => entry.assignment = None,
+                _ => {
+                    entry.assignment = None;
+                    entry.assignment_revision = None;
+                }
             }
             if entry == &TaskEntry::default() {
                 self.tasks.remove(&task);

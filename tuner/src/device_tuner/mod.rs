@@ -813,8 +813,24 @@ impl DeviceTuner {
         if let Some(bound) = a.memory_bound_mib.filter(|b| b.is_finite() && *b > 0.0) {
             resident.fence_mib = Some(bound);
         }
-        if a.round > self.round {
-            self.round = a.round;
+        // Another writer that decided before it saw the tuner's last round numbers its
+        // assignment the same (the placer making room: one above every round *it* saw).
+        // The tuner's own write of that round then failed its comparison, so the store
+        // holds the other writer's size under the round the search applied: what runs is
+        // not what the search measures, and a report at that size under the round would
+        // read as an out-of-memory fall-back.
+        let same_round_other_size = self.search.as_ref().is_some_and(|search| {
+            search
+                .task_ids
+                .iter()
+                .position(|t| *t == a.task_id)
+                .zip(search.applied.as_ref())
+                .is_some_and(|(i, (config, rounds))| {
+                    rounds[i] == a.round && search.sizes[i].get(config[i]) != Some(&a.batch_size)
+                })
+        });
+        if a.round > self.round || same_round_other_size {
+            self.round = self.round.max(a.round);
             // Only the round (and the bound) moved, at the size the search applied:
             // the placer settled the task's reservation. What runs is unchanged;
             // its reports under the new round measure it as well.

@@ -1105,6 +1105,61 @@ fn a_placement_that_shrinks_a_resident_restarts_from_what_runs() {
     assert!(next[0].round > round + 1);
 }
 
+/// The placer, deciding before it saw the tuner's latest round, moves a resident under
+/// the same round number, and the tuner's own write of that round loses its comparison
+/// (found in a trial of the README's quick start: the task ran the placer's 45 under the
+/// round the tuner meant for 64, and the tuner took every report at 45 for an
+/// out-of-memory fall-back, keeping the task small for the rest of its life). What runs
+/// is the placer's size: the tuner learns no out-of-memory from it and goes on in rounds
+/// above it.
+#[test]
+fn a_placers_assignment_under_the_tuners_own_round_is_what_runs() {
+    let mut w = two_task_world();
+    w.join_all();
+    w.run(60);
+    w.lose_rounds = 1;
+    let lost_at = w.assignments().count();
+    while w.assignments().count() == lost_at {
+        w.run(2);
+    }
+    let (_, lost) = w.assignments().last().expect("the lost round");
+    let (round, meant) = (lost[0].round, lost[0].batch_size);
+    assert_eq!(w.lose_rounds, 0, "that round was never applied");
+    let moved = if meant > w.tasks[0].min {
+        meant / 2
+    } else {
+        meant * 2
+    };
+    let moved = moved.clamp(w.tasks[0].min, w.tasks[0].max);
+    assert_ne!(moved, meant);
+    w.tasks[0].batch = moved;
+    w.tasks[0].round = round;
+    let task = w.tasks[0].id.clone();
+    let oom_before = w.tuner.status().counters.out_of_memory;
+    w.step(vec![Input::Assigned(BatchSizeAssignment {
+        task_id: task,
+        batch_size: moved,
+        round,
+        ..Default::default()
+    })]);
+    w.run(120);
+    assert_eq!(
+        w.tuner.status().counters.out_of_memory,
+        oom_before,
+        "no out-of-memory read into the placer's size"
+    );
+    assert!(w.ooms.is_empty(), "{:?}", w.ooms);
+    let later: Vec<u64> = w
+        .assignments()
+        .skip(lost_at + 1)
+        .map(|(_, a)| a[0].round)
+        .collect();
+    assert!(
+        !later.is_empty() && later.iter().all(|&r| r > round),
+        "the search goes on above the placer's round: {later:?}"
+    );
+}
+
 #[test]
 fn parameters_are_checked() {
     assert!(params().check().is_ok());
