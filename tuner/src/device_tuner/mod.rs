@@ -1736,6 +1736,11 @@ impl DeviceTuner {
             }
             Outcome::OutOfMemory(tasks) => {
                 self.counters.out_of_memory += 1;
+                // What runs is no longer what was applied: each task that ran out fell
+                // back to a smaller size. Kept, the next decision would measure the
+                // failed configuration "as it runs" under the same rounds, read the
+                // fall-back's reports as the same out-of-memory again, and loop there.
+                search.applied = None;
                 let params = self.params.memory;
                 for &i in &tasks {
                     if lone && let Some(k) = self.knowledge.get_mut(&task_ids[i]) {
