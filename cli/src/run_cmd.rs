@@ -302,6 +302,39 @@ enum Waited {
     TimedOut,
 }
 
+/// The batch sizes as given, checked before anything is asked of the cluster, naming the
+/// flags (the placer checks the spec too, but names its fields).
+fn check_batch_sizes(args: &RunArgs) -> Result<()> {
+    let m0 = args.batch_size;
+    if m0 == 0 {
+        bail!("--batch-size 0: the batch size the job starts with must be at least 1");
+    }
+    for (flag, value) in [
+        ("--min-batch-size", args.min_batch_size),
+        ("--max-batch-size", args.max_batch_size),
+    ] {
+        if value == Some(0) {
+            bail!("{flag} 0: must be at least 1 (leave it out for --batch-size {m0})");
+        }
+    }
+    match (args.min_batch_size, args.max_batch_size) {
+        (Some(min), Some(max)) if min > max => {
+            bail!("--min-batch-size {min} is larger than --max-batch-size {max}")
+        }
+        (Some(min), _) if min > m0 => {
+            bail!(
+                "--min-batch-size {min} is larger than --batch-size {m0}, which must lie between them"
+            )
+        }
+        (_, Some(max)) if max < m0 => {
+            bail!(
+                "--max-batch-size {max} is smaller than --batch-size {m0}, which must lie between them"
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The job's class and cap as given, checked as the placer checks them.
 fn class_of(args: &RunArgs) -> Result<(PriorityClass, Option<f64>)> {
     let class = iadeep_proto::priority_class_from_name(&args.class)
@@ -406,6 +439,7 @@ fn base_launch(
 }
 
 pub async fn run(args: RunArgs) -> Result<ExitCode> {
+    check_batch_sizes(&args)?;
     let mut signals = Signals::install()?;
     let (placer, store) = placer_and_store(&args)?;
     let (class, max_slowdown) = class_of(&args)?;
@@ -1372,8 +1406,8 @@ async fn release(client: &mut PlacerClient<Channel>, task_id: &str) -> bool {
                 // never placed, which the log must not call a release by the placer.
                 tracing::info!(
                     task = task_id,
-                    "no placement to release: never placed, or already released by the placer \
-                     (the job's agent had finished or gone)"
+                    "the placement was released already (by the placer, once the job's agent \
+                     finished or went), or the job was never placed"
                 );
                 return true;
             }
@@ -1394,6 +1428,83 @@ async fn release(client: &mut PlacerClient<Channel>, task_id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `iadeep run ARGS -- python train.py`, parsed.
+    fn run_args(args: &[&str]) -> RunArgs {
+        #[derive(clap::Parser)]
+        struct Run {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let command = [
+            "iadeep-run",
+            "--placer",
+            "127.0.0.1:1",
+            "--store",
+            "memory:",
+        ];
+        let all = command
+            .iter()
+            .chain(args)
+            .chain(&["--", "python", "train.py"]);
+        <Run as clap::Parser>::try_parse_from(all)
+            .expect("parses")
+            .run
+    }
+
+    /// Batch sizes that cannot work are refused before the cluster is asked, naming the
+    /// flags; sizes that can are let through.
+    #[test]
+    fn batch_sizes_are_checked_naming_the_flags() {
+        let refused = |args: &[&str]| {
+            check_batch_sizes(&run_args(args))
+                .expect_err("refused")
+                .to_string()
+        };
+        assert!(refused(&["--batch-size", "0"]).starts_with("--batch-size 0:"));
+        assert!(
+            refused(&["--batch-size", "8", "--min-batch-size", "0"])
+                .starts_with("--min-batch-size 0:")
+        );
+        assert_eq!(
+            refused(&[
+                "--batch-size",
+                "64",
+                "--min-batch-size",
+                "512",
+                "--max-batch-size",
+                "16"
+            ]),
+            "--min-batch-size 512 is larger than --max-batch-size 16"
+        );
+        assert!(
+            refused(&["--batch-size", "64", "--min-batch-size", "128"]).contains("--batch-size 64")
+        );
+        assert!(
+            refused(&["--batch-size", "64", "--max-batch-size", "32"]).contains("--batch-size 64")
+        );
+        for fine in [
+            &["--batch-size", "64"][..],
+            &[
+                "--batch-size",
+                "64",
+                "--min-batch-size",
+                "16",
+                "--max-batch-size",
+                "512",
+            ],
+            &[
+                "--batch-size",
+                "64",
+                "--min-batch-size",
+                "64",
+                "--max-batch-size",
+                "64",
+            ],
+        ] {
+            assert!(check_batch_sizes(&run_args(fine)).is_ok(), "{fine:?}");
+        }
+    }
 
     #[test]
     fn the_job_is_named_after_its_script() {

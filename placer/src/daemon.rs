@@ -65,7 +65,8 @@ pub struct Daemon {
     metrics: Arc<PlacerMetrics>,
     stop: watch::Sender<bool>,
     servers: Vec<(&'static str, JoinHandle<Result<()>>)>,
-    _sync: ViewSync,
+    /// The tasks following the store into the view: stopped, and waited for, last.
+    view_sync: ViewSync,
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener> {
@@ -407,7 +408,7 @@ impl Daemon {
             metrics,
             stop,
             servers,
-            _sync: sync,
+            view_sync: sync,
         })
     }
 
@@ -470,6 +471,7 @@ impl Daemon {
                 Err(err) => tracing::warn!(server = what, %err, "server task failed"),
             }
         }
+        self.view_sync.stop().await;
         tracing::info!("placer stopped");
     }
 }

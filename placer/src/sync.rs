@@ -39,6 +39,20 @@ pub struct ViewSync {
     tasks: Vec<JoinHandle<()>>,
 }
 
+impl ViewSync {
+    /// Stops the tasks and waits until they are gone, so that none of them meets the store
+    /// going away after its owner stopped (a watch that breaks then warns it reconnects).
+    pub async fn stop(mut self) {
+        let tasks = std::mem::take(&mut self.tasks);
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+}
+
 impl Drop for ViewSync {
     fn drop(&mut self) {
         for task in &self.tasks {
