@@ -564,7 +564,7 @@ impl Policy for Iadeep {
         }
         format!(
             "predictor samples {} from the tuners, accepted {accepted}, refits {refits}; \
-             tuning searches {}, rounds measured {}, dropped {}, out of memory {}, \
+             tuning searches {}, rounds measured {}, dropped {}, ended by an out-of-memory {}, \
              settled checks {}, re-opened on drift {}; evictions for room {}, for caps {}",
             self.samples,
             tuners.searches,
