@@ -1972,6 +1972,18 @@ impl DeviceTuner {
             }
         }
         if next == base {
+            // Not a configuration that ran out of memory (what the assignments still say
+            // after a fall-back): assigned again, it would fail again every round. The
+            // search moves elsewhere instead.
+            let ran_out = self.search.as_ref().is_some_and(|s| {
+                let sizes = s.batch_sizes(&base);
+                s.observations
+                    .iter()
+                    .any(|o| o.sum_pd.is_none() && o.batch_sizes == sizes)
+            });
+            if ran_out {
+                return false;
+            }
             self.begin_round(now_ms, base, Purpose::Guard, out);
             return true;
         }

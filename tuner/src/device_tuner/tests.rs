@@ -1370,6 +1370,65 @@ fn above_a_cap_opportunistic_co_runners_shrink_first_and_never_grow() {
     }
 }
 
+/// A production job stays above its cap with every opportunistic co-runner at its
+/// smallest size, and the configuration they run has just run out of memory (the search
+/// no longer holds it as what runs; the assignments still name it): the guard does not
+/// assign it again, where it would fail again every round.
+#[test]
+fn the_cap_guard_does_not_assign_again_a_configuration_that_ran_out_of_memory() {
+    let mut w = capped_world(1.3, params());
+    w.join_all();
+    w.run(60);
+    // p above its cap at its m0, o at its smallest size.
+    let search = w.tuner.search.as_ref().expect("a search");
+    let ids = search.task_ids.clone();
+    let home = w.tuner.home_indices(search);
+    let base: Vec<usize> = ids
+        .iter()
+        .zip(&home)
+        .map(|(id, h)| {
+            if id == "p" {
+                h.expect("p's m0 is a candidate")
+            } else {
+                0
+            }
+        })
+        .collect();
+    w.tuner.caps.entry("p".into()).or_default().above = true;
+    let search = w.tuner.search.as_mut().expect("a search");
+    let rounds = search.applied.clone().expect("what runs").1;
+    let sizes = search.batch_sizes(&base);
+    search.applied = Some((base.clone(), rounds.clone()));
+    for (i, id) in ids.iter().enumerate() {
+        if let Some(r) = w.tuner.residents.get_mut(id) {
+            r.assigned = Some((sizes[i], rounds[i]));
+        }
+    }
+    // Without the failure, the guard measures `base` as it runs.
+    let mut out = Vec::new();
+    assert!(
+        w.tuner.guard_caps(w.now_ms, &mut out),
+        "the guard measures what runs"
+    );
+    let search = w.tuner.search.as_mut().expect("a search");
+    // The round at `base` ran out of memory: what `conclude` leaves behind.
+    search.controller.record(&base, None).expect("recorded");
+    search.observations.push(TunerObservation {
+        batch_sizes: sizes,
+        sum_pd: None,
+        round: rounds[0],
+    });
+    search.applied = None;
+    search.phase = Phase::Idle;
+    let mut out = Vec::new();
+    let guarded = w.tuner.guard_caps(w.now_ms, &mut out);
+    let again = out.iter().any(|a| match a {
+        Action::Assign(round) => round.iter().any(|x| x.task_id == "o"),
+        _ => false,
+    });
+    assert!(!guarded && !again, "guarded {guarded}, assigned {out:?}");
+}
+
 /// A configuration measured with `p` above its cap is infeasible, and so is every larger
 /// `o` beside the same `p`: although Σ PD is lower there, the search never goes back, and
 /// it settles under the cap.
