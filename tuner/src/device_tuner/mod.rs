@@ -1975,13 +1975,7 @@ impl DeviceTuner {
             // Not a configuration that ran out of memory (what the assignments still say
             // after a fall-back): assigned again, it would fail again every round. The
             // search moves elsewhere instead.
-            let ran_out = self.search.as_ref().is_some_and(|s| {
-                let sizes = s.batch_sizes(&base);
-                s.observations
-                    .iter()
-                    .any(|o| o.sum_pd.is_none() && o.batch_sizes == sizes)
-            });
-            if ran_out {
+            if self.ran_out_of_memory_at(&base) {
                 return false;
             }
             self.begin_round(now_ms, base, Purpose::Guard, out);
@@ -1998,6 +1992,16 @@ impl DeviceTuner {
             to = ?search.batch_sizes(&next), "{why}");
         self.begin_round(now_ms, next, purpose, out);
         true
+    }
+
+    /// The search observed `config` run out of memory.
+    fn ran_out_of_memory_at(&self, config: &[usize]) -> bool {
+        self.search.as_ref().is_some_and(|s| {
+            let sizes = s.batch_sizes(config);
+            s.observations
+                .iter()
+                .any(|o| o.sum_pd.is_none() && o.batch_sizes == sizes)
+        })
     }
 
     /// Each task's submitted size m0 as an index into its candidate sizes.
