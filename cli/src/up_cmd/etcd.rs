@@ -280,6 +280,7 @@ impl LocalEtcd {
 
     /// Why etcd exited before it answered: a [`PortTaken`] when it could not bind a port.
     fn exited_while_starting(&self, status: ExitStatus) -> anyhow::Error {
+        let output = self.output();
         let message = format!(
             "etcd {} while starting (are its ports {} and {} taken? \
              see --etcd-port and --etcd-peer-port); the end of {}:\n{}",
@@ -287,9 +288,9 @@ impl LocalEtcd {
             self.client_port,
             self.peer_port,
             self.log_path.display(),
-            tail(&self.output())
+            tail(&output)
         );
-        match taken_port(&self.output()) {
+        match taken_port(&output) {
             Some(port) => PortTaken { port, message }.into(),
             None => anyhow::anyhow!(message),
         }

@@ -49,13 +49,11 @@ pub fn free_port() -> u16 {
     port
 }
 
-/// `N` different ports that were free a moment ago on 127.0.0.1: all are held while
-/// they are picked, since a port released before the next is picked may come again.
+/// `N` different ports that were free a moment ago on 127.0.0.1 (see
+/// [`iadeep_state::testing::free_ports`]).
 pub fn free_ports<const N: usize>() -> [u16; N] {
-    let held: Vec<std::net::TcpListener> = (0..N)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
-        .collect();
-    std::array::from_fn(|i| held[i].local_addr().expect("a bound address").port())
+    let ports = iadeep_state::testing::free_ports(N).expect("free ports");
+    <[u16; N]>::try_from(ports).expect("as many ports as asked")
 }
 
 /// An `iadeep up --no-nvml` cluster (one 16 GiB GPU) in its own folder, on ports

@@ -16,9 +16,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How many times a start is tried on fresh ports.
 const START_ATTEMPTS: u32 = 3;
 
-/// `count` different ports free right now: all are held while they are picked, since a
-/// port released before the next is picked may be handed out again.
-fn free_ports(count: usize) -> Result<Vec<u16>, String> {
+/// `count` different loopback ports free right now: all are held while they are picked,
+/// since a port released before the next is picked may be handed out again.
+pub fn free_ports(count: usize) -> Result<Vec<u16>, String> {
     let held = (0..count)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<Result<Vec<_>, _>>()

@@ -9,13 +9,15 @@
 //! - [`FaultStore`]: a store wrapper that fails, loses the answers of, re-sends or holds
 //!   the calls a test scripts, and counts them.
 //! - [`start_etcd`] and [`runtime`]: the two lines every store test starts with, once.
+//! - [`free_ports`]: loopback ports free right now, all different, for processes a test
+//!   starts on them.
 
 pub mod conformance;
 mod etcd_server;
 mod fault_store;
 mod pki;
 
-pub use etcd_server::{EtcdCluster, EtcdServer, EtcdServerTls};
+pub use etcd_server::{EtcdCluster, EtcdServer, EtcdServerTls, free_ports};
 pub use fault_store::{Fault, FaultStore, Op};
 pub use pki::Pki;
 
