@@ -11,7 +11,9 @@
 //!   round decided before a placement changed the device, or before another writer's
 //!   assignment (the placer's shrink, written with the record but seen through another
 //!   watch) reached the tuner, is never written over it (the placer compares the
-//!   residents' assignments in turn);
+//!   residents' assignments in turn). A round that failed so is told to the tuner as lost
+//!   once the watches show what beat it, with the assignments the store holds, and the
+//!   tuner decides again at once rather than wait out the round's timeout;
 //! - each co-location sample under the device's sample sequence;
 //! - a production job's cap breach at `devices/{device}/breach` for the placer, deleted
 //!   when the breach ends (if the record still names that job);
@@ -72,6 +74,41 @@ pub(crate) struct Driver {
     /// breach once per co-location, so without this a lost write would leave the job above
     /// its cap with no one evicted.
     pending_breach: Option<iadeep_proto::CapBreach>,
+    /// The last round whose transaction failed its comparison, until the watches show what
+    /// beat it (see [`LostRound`]); a later round replaces it.
+    lost_round: Option<LostRound>,
+}
+
+/// A round the tuner assigned that was never written: another writer changed a compared
+/// key first. The tuner is told ([`Input::RoundLost`]) once the driver's view shows that
+/// write, so it decides again on it at once; told earlier, it would decide on the view that
+/// lost and lose again, and not told at all, it would wait out the round's timeout.
+#[derive(Clone, Debug)]
+struct LostRound {
+    round: u64,
+    /// The residents record's mod-revision when the round failed (`None`: absent).
+    residents_now: Option<Revision>,
+    /// Each task of the round, with its assignment key's mod-revision then.
+    assignments_now: Vec<(String, Option<Revision>)>,
+}
+
+impl LostRound {
+    /// Whether a view of the residents record at `residents` and of `table` shows every
+    /// compared key as it was when the round failed, or later.
+    fn seen_in(&self, residents: Option<Revision>, table: &TaskTable) -> bool {
+        let residents_seen = match self.residents_now {
+            Some(now) => residents.is_some_and(|seen| seen >= now),
+            None => residents.is_none(),
+        };
+        residents_seen
+            && self.assignments_now.iter().all(|(id, now)| match now {
+                Some(now) => table.revision >= *now,
+                None => table
+                    .tasks
+                    .get(id)
+                    .is_none_or(|t| t.assignment_revision.is_none()),
+            })
+    }
 }
 
 /// The revisions a round is decided on: the device's residents record's, and each task's
@@ -110,6 +147,7 @@ impl Driver {
             counters: Counters::default(),
             above_cap_since: None,
             pending_breach: None,
+            lost_round: None,
         }
     }
 
@@ -268,7 +306,35 @@ impl Driver {
             }
         }
         self.decided_on = self.decided_on_now(record.mod_revision, &table);
-        self.told.diff(now)
+        let mut inputs = self.lost_round_seen(record.mod_revision, &table, &now);
+        inputs.extend(self.told.diff(now));
+        inputs
+    }
+
+    /// The lost round, once this view shows what beat it: [`Input::RoundLost`], then the
+    /// assignment the store holds for each of its tasks still on the device (what the tuner
+    /// takes for what runs in place of the round).
+    fn lost_round_seen(
+        &mut self,
+        residents: Option<Revision>,
+        table: &TaskTable,
+        on_device: &BTreeMap<String, DeviceTask>,
+    ) -> Vec<Input> {
+        let Some(lost) = self
+            .lost_round
+            .take_if(|lost| lost.seen_in(residents, table))
+        else {
+            return Vec::new();
+        };
+        let held = lost
+            .assignments_now
+            .iter()
+            .filter(|(id, _)| on_device.contains_key(id))
+            .filter_map(|(id, _)| table.tasks.get(id)?.assignment.clone())
+            .map(Input::Assigned);
+        std::iter::once(Input::RoundLost { round: lost.round })
+            .chain(held)
+            .collect()
     }
 
     /// The revisions of the residents record and of every assignment key as this step sees
@@ -362,6 +428,8 @@ impl Driver {
                 .compare(key.as_str(), expect(seen))
                 .put(key, a.encode_to_vec(), None);
         }
+        // A newer round supersedes a lost one: the tuner has moved past it.
+        self.lost_round = None;
         match self.store.transact(txn).await {
             Ok(TxnOutcome::Committed { revision }) => {
                 for a in &assignments {
@@ -371,10 +439,27 @@ impl Driver {
                         lr_factor = a.lr_factor, "assignment written");
                 }
             }
-            Ok(TxnOutcome::Failed { .. }) => {
-                Metrics::inc(&self.metrics.rounds_dropped);
-                tracing::info!(device = %self.info.device_id,
+            Ok(TxnOutcome::Failed { current }) => {
+                let revision_at = |i: usize| {
+                    current
+                        .get(i)
+                        .and_then(|kv| kv.as_ref())
+                        .map(|kv| kv.mod_revision)
+                };
+                let Some(round) = assignments.first().map(|a| a.round) else {
+                    return;
+                };
+                tracing::info!(device = %self.info.device_id, round,
                     "the device's reservations or a task's assignment changed since the round was decided; round not written");
+                self.lost_round = Some(LostRound {
+                    round,
+                    residents_now: revision_at(0),
+                    assignments_now: assignments
+                        .iter()
+                        .enumerate()
+                        .map(|(i, a)| (a.task_id.clone(), revision_at(i + 1)))
+                        .collect(),
+                });
             }
             Err(err) => {
                 Metrics::inc(&self.metrics.errors);
@@ -687,6 +772,90 @@ mod tests {
             .execute(vec![Action::Assign(vec![assignment(90, 6)])], &own)
             .await;
         assert_eq!(stored().await, Some((90, 6)));
+    }
+
+    /// A round that lost its transaction is told to the tuner as lost, with the assignment
+    /// the store holds, once the view shows the write that beat it (told on the view that
+    /// lost, the tuner would decide on it again and lose again), and only once. A round
+    /// written later supersedes it.
+    #[tokio::test]
+    async fn a_lost_round_is_told_once_the_view_shows_what_beat_it() {
+        let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
+        let mut driver = driver(&store);
+        let assignment = |batch_size: u32, round: u64| BatchSizeAssignment {
+            task_id: "a".into(),
+            batch_size,
+            round,
+            ..Default::default()
+        };
+        let record = iadeep_proto::DeviceResidents {
+            device_id: "d0".into(),
+            ..Default::default()
+        };
+        let placed = store
+            .transact(
+                Txn::new()
+                    .put(keys::device_residents("d0"), record.encode_to_vec(), None)
+                    .put(
+                        keys::task_assignment("a"),
+                        assignment(45, 4).encode_to_vec(),
+                        None,
+                    ),
+            )
+            .await
+            .expect("the placer's commit");
+        let TxnOutcome::Committed { revision } = placed else {
+            panic!("{placed:?}")
+        };
+        let on_device = BTreeMap::from([("a".to_owned(), DeviceTask::Held { mib: 0 })]);
+        let mut table = TaskTable::default();
+        table.tasks.insert("a".into(), TaskEntry::default());
+        let lagging = driver.decided_on_now(Some(revision), &table);
+        driver
+            .execute(vec![Action::Assign(vec![assignment(64, 4)])], &lagging)
+            .await;
+        assert!(
+            driver
+                .lost_round_seen(Some(revision), &table, &on_device)
+                .is_empty(),
+            "not told before the view shows the placer's write"
+        );
+        table.revision = revision;
+        table.tasks.insert(
+            "a".into(),
+            TaskEntry {
+                assignment: Some(assignment(45, 4)),
+                assignment_revision: Some(revision),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            driver.lost_round_seen(Some(revision), &table, &on_device),
+            vec![
+                Input::RoundLost { round: 4 },
+                Input::Assigned(assignment(45, 4))
+            ]
+        );
+        assert!(
+            driver
+                .lost_round_seen(Some(revision), &table, &on_device)
+                .is_empty(),
+            "told once"
+        );
+
+        // Lost again, then a later round written: nothing is told of the lost one.
+        driver
+            .execute(vec![Action::Assign(vec![assignment(64, 5)])], &lagging)
+            .await;
+        let seen = driver.decided_on_now(Some(revision), &table);
+        driver
+            .execute(vec![Action::Assign(vec![assignment(64, 6)])], &seen)
+            .await;
+        assert!(
+            driver
+                .lost_round_seen(Some(revision), &table, &on_device)
+                .is_empty()
+        );
     }
 
     /// Device d0's cap breach of `task`.

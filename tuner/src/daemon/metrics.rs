@@ -21,7 +21,8 @@ use crate::error::{Result, TunerError};
 pub struct Metrics {
     /// Rounds whose Σ PD (or out-of-memory) was observed.
     pub rounds: AtomicU64,
-    /// Rounds dropped: a task did not report in time or the residents changed.
+    /// Rounds dropped: a task did not report in time, or the round was not written because
+    /// the store changed since it was decided.
     pub rounds_dropped: AtomicU64,
     /// Configurations that ran out of memory.
     pub out_of_memory: AtomicU64,
@@ -115,7 +116,7 @@ const ROWS: [(&str, Kind, &str, Read); 12] = [
     (
         "iadeep_tuner_rounds_dropped_total",
         Kind::Counter,
-        "Rounds dropped (a task did not report in time, or the residents changed).",
+        "Rounds dropped (a task did not report in time, or the store changed before the round was written).",
         |m| load(&m.rounds_dropped),
     ),
     (

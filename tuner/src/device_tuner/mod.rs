@@ -208,6 +208,12 @@ pub enum Input {
     /// The store holds this assignment for a task: one of ours coming back, or one another
     /// writer made (the placer shrinking a resident to make room).
     Assigned(BatchSizeAssignment),
+    /// The round numbered `round` that this tuner assigned was never written: the store
+    /// changed since it was decided (a placement, or another writer's assignment), so its
+    /// transaction failed. Told once the driver's view shows what beat it, followed by the
+    /// assignment the store holds for each task of the round: the round is dropped at once
+    /// and decided again on that view, rather than waited for until its timeout.
+    RoundLost { round: u64 },
     /// Only time passed (a round's timeout, a settled check).
     Tick,
 }
@@ -250,7 +256,8 @@ pub struct Counters {
     pub rounds: u64,
     /// Explore rounds measured and observed.
     pub measured: u64,
-    /// Rounds dropped: too few fresh reports before the timeout, or Σ PD not computable.
+    /// Rounds dropped: too few fresh reports before the timeout, Σ PD not computable, or
+    /// the round never written ([`Input::RoundLost`]).
     pub dropped: u64,
     /// Rounds that ran out of memory.
     pub out_of_memory: u64,
@@ -681,6 +688,7 @@ impl DeviceTuner {
             }
             Input::Report(report) => self.on_report(report),
             Input::Assigned(a) => self.on_assigned(a),
+            Input::RoundLost { round } => self.on_round_lost(round),
             Input::Tick => {}
         }
     }
@@ -856,6 +864,43 @@ impl DeviceTuner {
                 }
             }
         }
+    }
+
+    /// The tuner's round `round` was not written (see [`Input::RoundLost`]). Its tasks'
+    /// assignments are unknown until the driver tells what the store holds (it does so next,
+    /// in the same step); their fences fall back to their reservations unless that
+    /// assignment carries a bound. A round being measured is dropped without waiting for its
+    /// timeout, and what runs is no longer taken for what the round applied.
+    fn on_round_lost(&mut self, round: u64) {
+        let mut unwritten = Vec::new();
+        for (id, resident) in &mut self.residents {
+            if resident.assigned.is_some_and(|(_, r)| r == round) {
+                resident.assigned = None;
+                resident.fence_mib =
+                    (resident.reserved_mib > 0).then_some(resident.reserved_mib as f64);
+                unwritten.push(id.clone());
+            }
+        }
+        let Some(search) = &mut self.search else {
+            return;
+        };
+        if search
+            .applied
+            .as_ref()
+            .is_some_and(|(_, rounds)| rounds.contains(&round))
+        {
+            search.applied = None;
+        }
+        let measuring_it =
+            matches!(&search.phase, Phase::Measuring(m) if m.rounds.contains(&round));
+        if measuring_it {
+            search.phase = Phase::Idle;
+        }
+        if measuring_it || !unwritten.is_empty() {
+            self.counters.dropped += 1;
+        }
+        tracing::info!(device = %self.device_id, round, tasks = ?unwritten, dropped = measuring_it,
+            "round not written: the store changed since it was decided; deciding again on what it holds");
     }
 
     /// A report of an out-of-memory crash under an assignment at or above the crashed size:

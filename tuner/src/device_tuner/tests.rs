@@ -1192,6 +1192,58 @@ fn a_placers_assignment_under_the_tuners_own_round_is_what_runs() {
     );
 }
 
+/// The placer settled a's reservation under the round number the tuner used next, at the
+/// size the tuner meant, so the tuner's round was never written and b never got it. Told
+/// the round was lost, with what the store holds, the tuner assigns a round again at once:
+/// before, it waited out the round's timeout (30 s) for reports b would never make.
+#[test]
+fn a_lost_round_is_decided_again_at_once() {
+    let mut w = two_task_world();
+    w.join_all();
+    w.run(60);
+    w.lose_rounds = 1;
+    let lost_at = w.assignments().count();
+    while w.assignments().count() == lost_at {
+        w.run(2);
+    }
+    let (_, lost) = w.assignments().last().expect("the lost round");
+    let (round, a_size) = (lost[0].round, lost[0].batch_size);
+    w.tasks[0].batch = a_size;
+    w.tasks[0].round = round;
+    let held = |t: &Task| {
+        Input::Assigned(BatchSizeAssignment {
+            task_id: t.id.clone(),
+            batch_size: t.batch,
+            round: t.round,
+            ..Default::default()
+        })
+    };
+    let (a, b) = (held(&w.tasks[0]), held(&w.tasks[1]));
+    let dropped = w.tuner.status().counters.dropped;
+    let told_at = w.now_ms;
+    w.step(vec![Input::RoundLost { round }, a, b]);
+    let next: Vec<(i64, u64)> = w
+        .assignments()
+        .skip(lost_at + 1)
+        .map(|(at, r)| (at, r[0].round))
+        .collect();
+    assert!(
+        next.first()
+            .is_some_and(|&(at, r)| at == told_at && r > round),
+        "a round assigned again at once, above the lost one: {next:?}"
+    );
+    let measured = w.tuner.status().counters.measured;
+    w.run(120);
+    let status = w.tuner.status();
+    assert_eq!(
+        status.counters.dropped,
+        dropped + 1,
+        "the lost round, and no timeout: {status:?}"
+    );
+    assert!(status.counters.measured > measured, "{status:?}");
+    assert!(w.ooms.is_empty(), "{:?}", w.ooms);
+}
+
 #[test]
 fn parameters_are_checked() {
     assert!(params().check().is_ok());
