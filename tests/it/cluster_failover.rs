@@ -1,6 +1,6 @@
 //! A whole iadeep deployment on a real three-member etcd cluster loses a follower,
-//! then the leader, then the member its placer uses hangs (SIGSTOP; made a follower
-//! first, see `EtcdCluster::move_leader`): two training jobs
+//! then the leader, then the member its placer uses hangs (SIGSTOP, as a follower: see
+//! `EtcdCluster::freeze_follower`): two training jobs
 //! (agent SDK), a tuner daemon and a placer daemon (real gRPC on loopback) keep
 //! running, and a client keeps placing and releasing tasks throughout.
 //!
@@ -189,22 +189,11 @@ fn damage_until_now(
     }
 }
 
-/// Loses member `victim` of `cluster` (frozen, or killed) for longer than the leases' TTL
-/// plus the placer's grace while the client load runs and checks that no request failed
-/// or took too long; the caller brings it back. Returns the line for the report.
-fn lose_member(
-    cluster: &mut EtcdCluster,
-    counts: &Requests,
-    phase: &str,
-    victim: usize,
-    frozen: bool,
-) -> String {
-    if frozen {
-        // Hangs instead of dying: its connections stay open, nothing is answered.
-        cluster.freeze(victim).expect("freeze");
-    } else {
-        cluster.kill(victim);
-    }
+/// Keeps member `victim` lost (frozen, or killed, by the caller) for longer than the
+/// leases' TTL plus the placer's grace while the client load runs and checks that no
+/// request failed or took too long; the caller brings it back. Returns the line for the
+/// report.
+fn lose_member(counts: &Requests, phase: &str, victim: usize) -> String {
     std::thread::sleep(LEASE_TTL + DEAD_TASK_GRACE);
     let (ok, failed, slowest) = counts.take();
     assert!(ok > 0, "no request answered after the {phase} was lost");
@@ -401,13 +390,16 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader_then_frozen_members(
             }
         };
         let frozen = phase.ends_with("frozen");
-        if frozen && cluster.leader(Duration::from_secs(10)).expect("leader") == victim {
-            // A follower: a hung leader that resumes may revoke the leases (the phase
-            // after this one).
-            rt.block_on(cluster.move_leader((victim + 1) % 3))
-                .expect("move the leadership off the member to freeze");
+        if frozen {
+            // Hangs instead of dying: its connections stay open, nothing is answered. A
+            // follower: a hung leader that resumes may revoke the leases (the phase after
+            // this one).
+            rt.block_on(cluster.freeze_follower(victim))
+                .expect("freeze the member as a follower");
+        } else {
+            cluster.kill(victim);
         }
-        report.push(lose_member(&mut cluster, &counts, phase, victim, frozen));
+        report.push(lose_member(&counts, phase, victim));
         if frozen {
             cluster.thaw(victim).expect("member resumes");
         } else {
@@ -437,13 +429,8 @@ fn a_deployment_rides_out_losing_a_follower_then_the_leader_then_frozen_members(
     // keep-alive and register again, well within the placer's dead-task grace, so that
     // nothing is released and no request fails.
     let leader = cluster.leader(Duration::from_secs(10)).expect("leader");
-    report.push(lose_member(
-        &mut cluster,
-        &counts,
-        "leader frozen",
-        leader,
-        true,
-    ));
+    cluster.freeze(leader).expect("freeze");
+    report.push(lose_member(&counts, "leader frozen", leader));
     let leases_frozen: Vec<i64> = leased.iter().map(|k| lease_of(&rt, &store, k)).collect();
     assert_eq!(
         leases_frozen, leases_before,

@@ -461,6 +461,35 @@ impl EtcdCluster {
         self.signal(index, "-STOP")
     }
 
+    /// Freezes member `index` while it is a follower (see [`EtcdCluster::move_leader`] for
+    /// why a test may need it so). The leadership is moved off it first if it leads; an
+    /// election between that and the freeze could still make it the leader, so after the
+    /// freeze the member that led must still say it leads (had `index` won an election, that
+    /// one would have stepped down, and cannot lead again before an election timeout).
+    /// Otherwise `index` is resumed and frozen again.
+    pub async fn freeze_follower(&mut self, index: usize) -> Result<(), String> {
+        const ATTEMPTS: usize = 5;
+        let count = self.members.len();
+        for _ in 0..ATTEMPTS {
+            let leader = match self.leader_now() {
+                Some(leader) if leader != index => leader,
+                _ => {
+                    let to = (index + 1) % count;
+                    self.move_leader(to).await?;
+                    to
+                }
+            };
+            self.freeze(index)?;
+            if self.members[leader].is_leader() {
+                return Ok(());
+            }
+            self.thaw(index)?;
+        }
+        Err(format!(
+            "member {index} could not be frozen as a follower in {ATTEMPTS} attempts"
+        ))
+    }
+
     /// Resumes member `index` after [`EtcdCluster::freeze`] (SIGCONT).
     pub fn thaw(&mut self, index: usize) -> Result<(), String> {
         self.signal(index, "-CONT")
