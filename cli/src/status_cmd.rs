@@ -32,6 +32,10 @@ pub struct StatusArgs {
     /// One JSON object (one line) instead of the tables; with --watch, one per refresh.
     #[arg(long)]
     json: bool,
+    /// Cut nothing: full task and GPU ids, however wide the lines (the table is cut to
+    /// 100 columns otherwise, long ids in their middle).
+    #[arg(long, conflicts_with = "json")]
+    wide: bool,
     /// Refresh every SECS seconds (2 when no value is given) until Ctrl-C.
     #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2")]
     watch: Option<f64>,
@@ -67,14 +71,19 @@ pub async fn run(args: StatusArgs) -> Result<ExitCode> {
                 timeout.as_secs_f64()
             )
         })??;
+    let view = if args.json {
+        View::Json
+    } else {
+        View::Text(render::Layout { wide: args.wide })
+    };
     let Some(every) = every else {
-        show(store.as_ref(), timeout, args.json, false).await?;
+        show(store.as_ref(), timeout, view, false).await?;
         return Ok(ExitCode::SUCCESS);
     };
     // A terminal gets the view redrawn in place; a pipe or file gets one after another.
     let redraw = !args.json && std::io::stdout().is_terminal();
     loop {
-        if let Err(err) = show(store.as_ref(), timeout, args.json, redraw).await {
+        if let Err(err) = show(store.as_ref(), timeout, view, redraw).await {
             // The reader left (`iadeep status --watch | head`): nobody to show it to, so
             // end as `main` ends on a closed pipe, quietly.
             if crate::is_broken_pipe(&err) {
@@ -90,8 +99,15 @@ pub async fn run(args: StatusArgs) -> Result<ExitCode> {
     }
 }
 
+/// What `show` prints.
+#[derive(Clone, Copy, Debug)]
+enum View {
+    Json,
+    Text(render::Layout),
+}
+
 /// Reads the store once and prints the view.
-async fn show(store: &dyn StateStore, timeout: Duration, json: bool, redraw: bool) -> Result<()> {
+async fn show(store: &dyn StateStore, timeout: Duration, view: View, redraw: bool) -> Result<()> {
     let snapshot = tokio::time::timeout(timeout, read::read(store, now_unix_ms()))
         .await
         .map_err(|_| {
@@ -102,16 +118,19 @@ async fn show(store: &dyn StateStore, timeout: Duration, json: bool, redraw: boo
             )
         })?
         .with_context(|| format!("cannot read the state store {}", store.describe()))?;
-    if json {
-        outln!("{}", render::json(&snapshot))?;
-        return Ok(());
-    }
+    let layout = match view {
+        View::Json => {
+            outln!("{}", render::json(&snapshot))?;
+            return Ok(());
+        }
+        View::Text(layout) => layout,
+    };
     let mut text = String::new();
     if redraw {
         // Cursor home and clear the screen.
         text.push_str("\x1b[H\x1b[2J");
     }
-    for line in render::text(&snapshot) {
+    for line in render::text(&snapshot, layout) {
         text.push_str(&line);
         text.push('\n');
     }

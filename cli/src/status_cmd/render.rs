@@ -1,4 +1,4 @@
-//! `iadeep status` as text (at most [`WIDTH`] columns) and as JSON.
+//! `iadeep status` as text (at most [`WIDTH`] columns unless wide) and as JSON.
 
 use serde_json::{Value, json};
 
@@ -34,6 +34,41 @@ fn cut_id(id: &str, width: usize) -> String {
     out
 }
 
+/// How the text view fits its lines: cut to [`WIDTH`] columns (the default), or `wide`:
+/// nothing cut, and the id columns as wide as their longest id, so every task id can be
+/// copied into another command (`iadeep state get`, a release).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Layout {
+    pub wide: bool,
+}
+
+impl Layout {
+    fn cut(self, text: &str, width: usize) -> String {
+        if self.wide {
+            text.to_owned()
+        } else {
+            cut(text, width)
+        }
+    }
+
+    fn cut_id(self, id: &str, width: usize) -> String {
+        if self.wide {
+            id.to_owned()
+        } else {
+            cut_id(id, width)
+        }
+    }
+
+    /// The width of a column of `ids`: `fitted` when fitted, else as wide as the longest.
+    fn column<'a>(self, fitted: usize, ids: impl Iterator<Item = &'a str>) -> usize {
+        if self.wide {
+            ids.map(|id| id.chars().count()).fold(fitted, usize::max)
+        } else {
+            fitted
+        }
+    }
+}
+
 /// Seconds as `4s`, `3m`, `2h`, `5d`: how long ago, in the fewest characters.
 fn age(seconds: f64) -> String {
     let s = seconds.max(0.0);
@@ -54,10 +89,10 @@ fn age_since(now_ms: i64, at_ms: i64) -> f64 {
 }
 
 /// The text view: GPUs, then jobs, then what is missing or damaged.
-pub fn text(snapshot: &Snapshot) -> Vec<String> {
+pub fn text(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
     let mut lines = vec![format!(
         "{} at revision {}",
-        cut(&snapshot.store, 60),
+        layout.cut(&snapshot.store, 60),
         snapshot.revision
     )];
     lines.push(String::new());
@@ -68,17 +103,17 @@ pub fn text(snapshot: &Snapshot) -> Vec<String> {
         );
         lines.push("or `iadeep tuner --device ID`), or --store names another cluster.".to_owned());
     } else {
-        lines.extend(device_lines(snapshot));
+        lines.extend(device_lines(snapshot, layout));
     }
     lines.push(String::new());
     if snapshot.jobs.is_empty() {
         lines.push("No jobs placed.".to_owned());
     } else {
-        lines.extend(job_lines(snapshot));
+        lines.extend(job_lines(snapshot, layout));
     }
     if !snapshot.unplaced.is_empty() {
         let ids = snapshot.unplaced.join(", ");
-        lines.push(cut(&format!("Running without a reservation: {ids}"), WIDTH));
+        lines.push(layout.cut(&format!("Running without a reservation: {ids}"), WIDTH));
     }
     if snapshot.released > 0 {
         let more = if snapshot.released_more { "+" } else { "" };
@@ -93,12 +128,20 @@ pub fn text(snapshot: &Snapshot) -> Vec<String> {
             .to_owned(),
     );
     for problem in &snapshot.problems {
-        lines.push(cut(&format!("unreadable: {problem}"), WIDTH));
+        lines.push(layout.cut(&format!("unreadable: {problem}"), WIDTH));
     }
     lines
 }
 
-fn device_lines(snapshot: &Snapshot) -> Vec<String> {
+fn device_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
+    let id_w = layout.column(16, snapshot.devices.iter().map(|d| d.id.as_str()));
+    let kind_w = layout.column(
+        7,
+        snapshot
+            .devices
+            .iter()
+            .filter_map(|d| Some(d.info.as_ref()?.kind.as_str())),
+    );
     let row = |cells: [&str; 11]| {
         let [
             id,
@@ -114,7 +157,7 @@ fn device_lines(snapshot: &Snapshot) -> Vec<String> {
             updated,
         ] = cells;
         format!(
-            "{id:<16} {kind:<7} {total:>7} {reserved:>8} {measured:>8} {free:>7} {jobs:>4} \
+            "{id:<id_w$} {kind:<kind_w$} {total:>7} {reserved:>8} {measured:>8} {free:>7} {jobs:>4} \
              {round:>5} {tried:>5} {best:>8} {updated:>7}"
         )
     };
@@ -133,13 +176,13 @@ fn device_lines(snapshot: &Snapshot) -> Vec<String> {
     ])];
     for d in &snapshot.devices {
         let (kind, total) = match &d.info {
-            Some(info) => (cut(&info.kind, 7), info.memory_mib.to_string()),
+            Some(info) => (layout.cut(&info.kind, 7), info.memory_mib.to_string()),
             // The record is leased by the device's tuner: without it, the tuner stopped.
             None => ("gone".to_owned(), "-".to_owned()),
         };
         let tuner = d.tuner.as_ref();
         let line = row([
-            &cut(&d.id, 16),
+            &layout.cut(&d.id, 16),
             &kind,
             &total,
             &d.reserved_mib.to_string(),
@@ -151,7 +194,7 @@ fn device_lines(snapshot: &Snapshot) -> Vec<String> {
             &opt(tuner.and_then(|t| t.best_sum_pd).map(|b| format!("{b:.2}"))),
             &opt(tuner.map(|t| age(age_since(snapshot.now_unix_ms, t.updated_at_unix_ms)))),
         ]);
-        lines.push(cut(&line, WIDTH));
+        lines.push(layout.cut(&line, WIDTH));
     }
     lines.push(
         "RESERVED: the placer's reservations; MEASURED: the jobs' last reported peaks; FREE: MiB"
@@ -161,12 +204,12 @@ fn device_lines(snapshot: &Snapshot) -> Vec<String> {
         "less the larger of the two; TRIED: configurations its tuner measured (Σ PD known)."
             .to_owned(),
     );
-    lines.extend(breach_lines(snapshot));
+    lines.extend(breach_lines(snapshot, layout));
     lines
 }
 
 /// One line per device whose tuner recorded a cap breach: the placer's next eviction.
-fn breach_lines(snapshot: &Snapshot) -> Vec<String> {
+fn breach_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
     snapshot
         .devices
         .iter()
@@ -183,16 +226,18 @@ fn breach_lines(snapshot: &Snapshot) -> Vec<String> {
                 b.rounds_above,
                 b.opportunistic_task_ids.join(", ")
             );
-            Some(cut(&line, WIDTH))
+            Some(layout.cut(&line, WIDTH))
         })
         .collect()
 }
 
-fn job_lines(snapshot: &Snapshot) -> Vec<String> {
+fn job_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
+    let id_w = layout.column(16, snapshot.jobs.iter().map(|j| j.id.as_str()));
+    let gpu_w = layout.column(12, snapshot.jobs.iter().map(|j| j.device.as_str()));
     let row = |cells: [&str; 11]| {
         let [id, gpu, batch, m0, bounds, lr, cap, pd, mib, seen, state] = cells;
         format!(
-            "{id:<16} {gpu:<12} {batch:>5} {m0:>5} {bounds:>9} {lr:>4} {cap:>4} {pd:>5} \
+            "{id:<id_w$} {gpu:<gpu_w$} {batch:>5} {m0:>5} {bounds:>9} {lr:>4} {cap:>4} {pd:>5} \
              {mib:>5} {seen:>4} {state}"
         )
     };
@@ -208,8 +253,8 @@ fn job_lines(snapshot: &Snapshot) -> Vec<String> {
         // A production job measured above its cap is marked where its PD is read.
         let mark = if j.above_cap == Some(true) { "!" } else { "" };
         let line = row([
-            &cut_id(&j.id, 16),
-            &cut(&j.device, 12),
+            &layout.cut_id(&j.id, 16),
+            &layout.cut(&j.device, 12),
             &batch_cell(j),
             &j.m0.to_string(),
             &format!("{}-{}", j.min_batch_size, j.max_batch_size),
@@ -222,7 +267,7 @@ fn job_lines(snapshot: &Snapshot) -> Vec<String> {
             &seen,
             &job_state(j),
         ]);
-        lines.push(cut(&line, WIDTH));
+        lines.push(layout.cut(&line, WIDTH));
     }
     lines.push(
         "MiB: the last reported peak, else the reservation; SEEN: since the last report."
@@ -232,6 +277,18 @@ fn job_lines(snapshot: &Snapshot) -> Vec<String> {
         "CAP: a production job's slowdown cap (- for opportunistic); PD!: measured above it."
             .to_owned(),
     );
+    if id_w
+        < snapshot
+            .jobs
+            .iter()
+            .map(|j| j.id.chars().count())
+            .max()
+            .unwrap_or(0)
+    {
+        lines.push(
+            "JOB ids cut in the middle (…): `iadeep status --wide` shows them whole.".to_owned(),
+        );
+    }
     if snapshot.jobs.iter().any(moving) {
         lines.push(
             "BATCH*: its assignment names another size, not reported yet (LR× is the assignment's)."
@@ -245,7 +302,7 @@ fn job_lines(snapshot: &Snapshot) -> Vec<String> {
         .filter_map(|j| Some(format!("{} ({:.2} > {:.2})", j.id, j.pd?, j.cap?)))
         .collect();
     if !above.is_empty() {
-        lines.push(cut(&format!("ABOVE CAP: {}", above.join(", ")), WIDTH));
+        lines.push(layout.cut(&format!("ABOVE CAP: {}", above.join(", ")), WIDTH));
     }
     for j in snapshot.jobs.iter() {
         if let Some(reason) = &j.evicted {
@@ -254,10 +311,10 @@ fn job_lines(snapshot: &Snapshot) -> Vec<String> {
             } else {
                 reason
             };
-            lines.push(cut(&format!("EVICTED {}: {reason}", j.id), WIDTH));
+            lines.push(layout.cut(&format!("EVICTED {}: {reason}", j.id), WIDTH));
         }
     }
-    lines.extend(phase_lines(snapshot));
+    lines.extend(phase_lines(snapshot, layout));
     lines
 }
 
@@ -290,7 +347,7 @@ fn job_state(job: &JobRow) -> String {
 }
 
 /// One line per (phase, why) shown, naming its jobs: the table has no room for the why.
-fn phase_lines(snapshot: &Snapshot) -> Vec<String> {
+fn phase_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
     let mut phases: Vec<(&str, &str, Vec<&str>)> = Vec::new();
     for j in &snapshot.jobs {
         let (phase, why) = (j.tuning.phase, j.tuning.why.as_str());
@@ -301,7 +358,7 @@ fn phase_lines(snapshot: &Snapshot) -> Vec<String> {
     }
     phases
         .into_iter()
-        .map(|(phase, why, ids)| cut(&format!("{phase}: {why} ({})", ids.join(", ")), WIDTH))
+        .map(|(phase, why, ids)| layout.cut(&format!("{phase}: {why} ({})", ids.join(", ")), WIDTH))
         .collect()
 }
 

@@ -8,7 +8,7 @@ use iadeep_proto::{
 use iadeep_state::{EmbeddedStore, StateStore, keys, typed};
 
 use super::read::{self, Snapshot};
-use super::render;
+use super::render::{self, Layout};
 
 const NOW_MS: i64 = 1_700_000_010_000;
 
@@ -231,7 +231,7 @@ async fn figures_come_from_the_store_and_pd_is_the_tuners() {
 #[tokio::test]
 async fn text_fits_100_columns_and_json_carries_every_figure() {
     let s = two_jobs().await;
-    let lines = render::text(&s);
+    let lines = render::text(&s, Layout::default());
     for line in &lines {
         assert!(
             line.chars().count() <= render::WIDTH,
@@ -262,7 +262,7 @@ async fn text_fits_100_columns_and_json_carries_every_figure() {
 async fn an_empty_store_says_so() {
     let store = EmbeddedStore::in_memory().expect("store");
     let s = read::read(&store, NOW_MS).await.expect("read");
-    let text = render::text(&s).join("\n");
+    let text = render::text(&s, Layout::default()).join("\n");
     assert!(text.contains("No GPUs registered"), "{text}");
     assert!(text.contains("No jobs placed."), "{text}");
 }
@@ -417,7 +417,7 @@ async fn class_cap_breach_and_eviction_are_shown_and_above_cap_is_flagged() {
     let breach = s.devices[0].breach.as_ref().expect("the breach record");
     assert_eq!((breach.task_id.as_str(), breach.rounds_above), ("p", 3));
 
-    let lines = render::text(&s);
+    let lines = render::text(&s, Layout::default());
     for line in &lines {
         assert!(
             line.chars().count() <= render::WIDTH,
@@ -499,7 +499,7 @@ async fn two_jobs_of_one_script_are_told_apart_in_the_table() {
     let mut s = two_jobs().await;
     s.jobs[0].id = "train_mnist_like-1795685033-20793".into();
     s.jobs[1].id = "train_mnist_like-1795685053-21163".into();
-    let lines = render::text(&s);
+    let lines = render::text(&s, Layout::default());
     let rows = job_rows(&lines);
     let cells: Vec<&str> = rows
         .iter()
@@ -512,19 +512,51 @@ async fn two_jobs_of_one_script_are_told_apart_in_the_table() {
         "{cells:?}"
     );
     assert!(rows.iter().all(|r| r.chars().count() <= render::WIDTH));
+    assert!(
+        lines.iter().any(|l| l.contains("`iadeep status --wide`")),
+        "the cut is said, with the way to see whole ids: {lines:#?}"
+    );
+}
+
+#[tokio::test]
+async fn the_wide_table_shows_whole_ids_in_aligned_columns() {
+    let mut s = two_jobs().await;
+    s.jobs[0].id = "train_mnist_like-1795685033-20793".into();
+    s.jobs[1].id = "b".into();
+    let wide = Layout { wide: true };
+    let lines = render::text(&s, wide);
+    let rows = job_rows(&lines);
+    let cells: Vec<&str> = rows
+        .iter()
+        .map(|r| r.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        cells,
+        ["train_mnist_like-1795685033-20793", "b"],
+        "{lines:#?}"
+    );
+    // The columns after the id start at the same place in every row and the header.
+    let gpu_at = |row: &str| row.find("gpu-0");
+    assert_eq!(gpu_at(rows[0]), gpu_at(rows[1]), "{lines:#?}");
+    let header = lines
+        .iter()
+        .find(|l| l.starts_with("JOB "))
+        .expect("the jobs' header");
+    assert_eq!(header.find("GPU"), gpu_at(rows[0]), "{lines:#?}");
+    assert!(!lines.iter().any(|l| l.contains("--wide")), "{lines:#?}");
 }
 
 #[tokio::test]
 async fn a_batch_size_being_moved_is_marked_next_to_the_new_lr_factor() {
     let mut s = two_jobs().await;
-    let lines = render::text(&s);
+    let lines = render::text(&s, Layout::default());
     assert!(
         !lines.iter().any(|l| l.starts_with("BATCH*")),
         "reports match assignments: no mark\n{lines:#?}"
     );
     // a reported 64; the tuner has since assigned 128 (whose LR× the table shows).
     s.jobs[0].assigned_batch_size = Some(128);
-    let lines = render::text(&s);
+    let lines = render::text(&s, Layout::default());
     let rows = job_rows(&lines);
     assert!(rows[0].contains(" 64* "), "{lines:#?}");
     assert!(!rows[1].contains('*'), "{lines:#?}");
