@@ -269,6 +269,33 @@ fn job_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
         ]);
         lines.push(layout.cut(&line, WIDTH));
     }
+    lines.extend(job_notes(snapshot, id_w));
+    let above: Vec<String> = snapshot
+        .jobs
+        .iter()
+        .filter(|j| j.above_cap == Some(true))
+        .filter_map(|j| Some(format!("{} ({:.2} > {:.2})", j.id, j.pd?, j.cap?)))
+        .collect();
+    if !above.is_empty() {
+        lines.push(layout.cut(&format!("ABOVE CAP: {}", above.join(", ")), WIDTH));
+    }
+    for j in snapshot.jobs.iter() {
+        if let Some(reason) = &j.evicted {
+            let reason = if reason.is_empty() {
+                "no reason given"
+            } else {
+                reason
+            };
+            lines.push(layout.cut(&format!("EVICTED {}: {reason}", j.id), WIDTH));
+        }
+    }
+    lines.extend(phase_lines(snapshot, layout));
+    lines
+}
+
+/// What the jobs' table needs said under it: its columns, and its marks where shown.
+fn job_notes(snapshot: &Snapshot, id_w: usize) -> Vec<String> {
+    let mut lines = Vec::new();
     lines.push(
         "MiB: the last reported peak, else the reservation; SEEN: since the last report."
             .to_owned(),
@@ -295,26 +322,6 @@ fn job_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
                 .to_owned(),
         );
     }
-    let above: Vec<String> = snapshot
-        .jobs
-        .iter()
-        .filter(|j| j.above_cap == Some(true))
-        .filter_map(|j| Some(format!("{} ({:.2} > {:.2})", j.id, j.pd?, j.cap?)))
-        .collect();
-    if !above.is_empty() {
-        lines.push(layout.cut(&format!("ABOVE CAP: {}", above.join(", ")), WIDTH));
-    }
-    for j in snapshot.jobs.iter() {
-        if let Some(reason) = &j.evicted {
-            let reason = if reason.is_empty() {
-                "no reason given"
-            } else {
-                reason
-            };
-            lines.push(layout.cut(&format!("EVICTED {}: {reason}", j.id), WIDTH));
-        }
-    }
-    lines.extend(phase_lines(snapshot, layout));
     lines
 }
 
