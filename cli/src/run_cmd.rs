@@ -78,69 +78,90 @@ mod wake;
 /// Example: `source ~/.local/share/iadeep/cluster/cluster.env;
 /// iadeep run --batch-size 64 --max-batch-size 256 -- python train.py`
 #[derive(Debug, Args)]
+// clap's own usage line names every argument given, from the environment too: after
+// `source cluster.env` a mistake would be answered with `--placer <URL> --store <URL>`
+// as if they had to be typed.
+#[command(override_usage = "iadeep run [OPTIONS] --batch-size <M0> -- <CMD>...")]
 pub struct RunArgs {
-    /// The placer's gRPC address (`iadeep up` prints it and writes it to cluster.env):
-    /// HOST:PORT or http://HOST:PORT, or https://HOST:PORT for a placer serving TLS
-    /// (with --placer-ca).
-    #[arg(long, env = "IADEEP_PLACER", value_name = "URL")]
-    placer: Option<String>,
-    #[command(flatten)]
-    placer_tls: PlacerTlsArgs,
-    /// The state store the job's agent reports to (etcd; from cluster.env).
-    #[arg(long, env = "IADEEP_STORE", value_name = "URL")]
-    store: Option<StoreUrl>,
     /// The task's id (letters, digits, '.', '_', '-', ':'). Default: the script's name,
     /// the time and this process's id.
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", help_heading = THE_JOB)]
     task_id: Option<String>,
-    /// Model name: jobs of one model share an entry of the profile registry, from which
-    /// the placer fills a new job's profile (the memory it reserves, the speed alone the
-    /// tuner measures PD against) before the job has measured its own. Default: the script's file name without its extension (`train.py`: `train`).
-    #[arg(long, value_name = "NAME")]
+    /// Model name. Default: the script's file name without its extension (`train.py`:
+    /// `train`).
+    ///
+    /// Jobs of one model share an entry of the profile registry, from which the placer
+    /// fills a new job's profile (the memory it reserves, the speed alone the tuner
+    /// measures PD against) before the job has measured its own.
+    #[arg(long, value_name = "NAME", help_heading = THE_JOB)]
     model: Option<String>,
-    /// The batch size the job starts with (m0). Required: the placer reserves memory for
-    /// it and the tuner measures the job's slowdown against it.
-    #[arg(long = "batch-size", value_name = "M0")]
+    /// The batch size the job starts with (m0). Required.
+    ///
+    /// The placer reserves memory for it and the tuner measures the job's slowdown
+    /// against it.
+    #[arg(long = "batch-size", value_name = "M0", help_heading = THE_JOB)]
     batch_size: u32,
     /// Smallest batch size the tuner may assign (default: M0).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help_heading = THE_JOB)]
     min_batch_size: Option<u32>,
     /// Largest batch size the tuner may assign (default: M0).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help_heading = THE_JOB)]
     max_batch_size: Option<u32>,
     /// GPU memory the job needs at M0, MiB, if known (helps the placer before the job
     /// has reported any).
-    #[arg(long, value_name = "MIB")]
+    #[arg(long, value_name = "MIB", help_heading = THE_JOB)]
     gpu_mem_mib: Option<u64>,
-    /// How the job rescales its learning rate when the batch size changes: sent to the
-    /// placer and the tuner, and to the job as IADEEP_LR_RULE, where it takes precedence
-    /// over the rule the script passes to `Agent.from_env` (whose default is sqrt too).
+    /// How the job rescales its learning rate when the batch size changes.
+    ///
+    /// Sent to the placer and the tuner, and to the job as IADEEP_LR_RULE, where it takes
+    /// precedence over the rule the script passes to `Agent.from_env` (whose default is
+    /// sqrt too).
     #[arg(long, value_name = "RULE", default_value = DEFAULT_LR_RULE,
-        value_parser = PossibleValuesParser::new(launch::LR_RULE_NAMES))]
+        value_parser = PossibleValuesParser::new(launch::LR_RULE_NAMES), help_heading = THE_JOB)]
     lr_rule: String,
     /// Total work in samples, if known (lets the placer weigh waiting against sharing).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help_heading = THE_JOB)]
     total_samples: Option<u64>,
+    /// The placer's gRPC address (`iadeep up` prints it and writes it to cluster.env).
+    ///
+    /// HOST:PORT or http://HOST:PORT, or https://HOST:PORT for a placer serving TLS
+    /// (with --placer-ca).
+    #[arg(long, env = "IADEEP_PLACER", value_name = "URL", help_heading = CONNECTION)]
+    placer: Option<String>,
+    #[command(flatten, next_help_heading = CONNECTION)]
+    placer_tls: PlacerTlsArgs,
+    /// The state store the job's agent reports to (etcd; from cluster.env).
+    #[arg(long, env = "IADEEP_STORE", value_name = "URL", help_heading = CONNECTION)]
+    store: Option<StoreUrl>,
     /// Give up (exit 75) after waiting this long in the queue. Default: wait as long as
     /// it takes.
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", help_heading = PLACEMENT)]
     max_wait_s: Option<u64>,
-    /// Let the placer choose a GPU of any machine, not only this one's (the command
-    /// still runs here: only for a cluster whose machines share this one's GPUs).
-    #[arg(long)]
+    /// Let the placer choose a GPU of any machine, not only this one's.
+    ///
+    /// The command still runs here: only for a cluster whose machines share this one's
+    /// GPUs.
+    #[arg(long, help_heading = PLACEMENT)]
     any_node: bool,
-    /// The job's priority class. `production`: must run nearly as fast as alone;
-    /// placement, batch-size tuning and eviction keep its slowdown (PD) at or under
-    /// --max-slowdown. `opportunistic`: uses what production jobs leave; shrunk first,
-    /// and evicted when a production job on its GPU stays above its cap.
+    /// The job's priority class.
+    ///
+    /// `production`: must run nearly as fast as alone; placement, batch-size tuning and
+    /// eviction keep its slowdown (PD) at or under --max-slowdown. `opportunistic`: uses
+    /// what production jobs leave; shrunk first, and evicted when a production job on
+    /// its GPU stays above its cap.
     #[arg(long = "class", value_name = "CLASS", default_value = "opportunistic",
+        help_heading = PRIORITY,
         value_parser = PossibleValuesParser::new(iadeep_proto::PRIORITY_CLASS_NAMES))]
     class: String,
-    /// Production jobs only: the most slowdown the job accepts, as PD (its time per
-    /// sample relative to running alone at M0), greater than 1 and at most 10; 1.1
-    /// means at most 10 % slower. Default: 1.10.
-    #[arg(long, value_name = "X")]
+    /// Production jobs only: the most slowdown the job accepts, as PD. Default: 1.10.
+    ///
+    /// PD is the job's time per sample relative to running alone at M0; greater than 1
+    /// and at most 10; 1.1 means at most 10 % slower.
+    #[arg(long, value_name = "X", help_heading = PRIORITY)]
     max_slowdown: Option<f64>,
+    /// After an eviction, queue the job again and restart CMD. Default: on for
+    /// opportunistic jobs, off for production ones.
+    ///
     /// When the placer evicts the job: release it, queue it again (same task id) and
     /// restart CMD once placed, with IADEEP_REQUEUED=N (the restart's number) and
     /// IADEEP_EVICTED_REASON set, so it resumes from its checkpoint (`iadeep.torch`'s
@@ -149,17 +170,20 @@ pub struct RunArgs {
     /// jobs, off for production ones. When the evicted placement cannot be released
     /// (the placer does not answer Release), `iadeep run` exits 69 instead of queueing
     /// it again.
-    #[arg(long, overrides_with = "no_requeue_on_evict")]
+    #[arg(long, overrides_with = "no_requeue_on_evict", help_heading = PRIORITY)]
     requeue_on_evict: bool,
     /// After an eviction, exit with the job's exit code instead of starting it again.
-    #[arg(long, overrides_with = "requeue_on_evict")]
+    #[arg(long, overrides_with = "requeue_on_evict", help_heading = PRIORITY)]
     no_requeue_on_evict: bool,
     /// The most restarts after evictions; after that, an eviction ends `iadeep run` with
     /// the job's exit code.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_REQUEUES)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_REQUEUES,
+        help_heading = PRIORITY)]
     max_requeues: u32,
     /// How long an evicted job has to checkpoint and exit on its own (`30s`, `1m`; `0s`:
-    /// none; at most 1h). A job still running then is stopped by `iadeep run`: SIGTERM
+    /// none; at most 1h).
+    ///
+    /// A job still running then is stopped by `iadeep run`: SIGTERM
     /// to it and every process it started, and SIGKILL --evict-kill-after later; then it
     /// is released and re-queued as after any eviction. Why: the production job it was
     /// evicted for stays above its slowdown cap until its GPU is free, and a job that
@@ -170,18 +194,25 @@ pub struct RunArgs {
     /// GPU memory to another job that long after, while a job that swallowed the
     /// eviction may still be using it.
     #[arg(long, value_name = "DURATION", default_value = enforce::DEFAULT_GRACE,
-        value_parser = enforce::parse_grace)]
+        value_parser = enforce::parse_grace, help_heading = PRIORITY)]
     evict_grace: Duration,
     /// How long an evicted job stopped with SIGTERM (see --evict-grace) has to exit
-    /// before SIGKILL (at most 1h; with --evict-grace, under the placer's
-    /// --dead-task-grace-s).
+    /// before SIGKILL.
+    ///
+    /// At most 1h; with --evict-grace, under the placer's --dead-task-grace-s.
     #[arg(long, value_name = "DURATION", default_value = enforce::DEFAULT_KILL_AFTER,
-        value_parser = enforce::parse_grace)]
+        value_parser = enforce::parse_grace, help_heading = PRIORITY)]
     evict_kill_after: Duration,
     /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    #[arg(last = true, required = true, value_name = "CMD", help_heading = THE_JOB)]
     command: Vec<String>,
 }
+
+/// `iadeep run --help`'s groups of options.
+const THE_JOB: &str = "The job";
+const CONNECTION: &str = "Connection";
+const PLACEMENT: &str = "Placement";
+const PRIORITY: &str = "Priority and eviction";
 
 /// The learning-rate rule of a job launched without --lr-rule: the Python agent's
 /// (`Agent.from_env`) default too, so that the tuner's factors and the job's agree.

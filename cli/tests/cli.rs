@@ -273,3 +273,27 @@ fn a_closed_pipe_ends_the_command_quietly() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
 }
+
+/// After `source cluster.env`, a mistake in `iadeep run` is answered with a usage line
+/// that asks for what is missing only, not for the placer and store the environment gave
+/// (clap names every argument it was given in its own usage line).
+#[test]
+fn run_usage_does_not_ask_for_what_the_environment_gave() {
+    let out = Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args(["run", "--", "true"])
+        .env("IADEEP_PLACER", "127.0.0.1:9")
+        .env("IADEEP_STORE", "etcd://127.0.0.1:9")
+        .output()
+        .expect("run iadeep");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--batch-size <M0>"), "{err}");
+    let usage = err
+        .lines()
+        .find(|l| l.starts_with("Usage:"))
+        .unwrap_or_else(|| panic!("no usage line: {err}"));
+    assert!(
+        !usage.contains("--placer") && !usage.contains("--store"),
+        "{usage}"
+    );
+}
