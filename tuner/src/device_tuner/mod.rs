@@ -335,13 +335,17 @@ struct TunedTask {
 /// reported and what it was last assigned (it may run at either), on the safe side.
 fn fixed_size(task: &TunedTask) -> Option<u32> {
     task.evict.as_ref()?;
-    let reported = task
-        .report
-        .as_ref()
-        .map(|r| r.batch_size)
-        .filter(|&b| b > 0);
+    let reported = reported_size(task);
     let assigned = task.assigned.map(|(b, _)| b).filter(|&b| b > 0);
     reported.max(assigned)
+}
+
+/// The batch size `task` last reported running at, if it reported one.
+fn reported_size(task: &TunedTask) -> Option<u32> {
+    task.report
+        .as_ref()
+        .map(|r| r.batch_size)
+        .filter(|&b| b > 0)
 }
 
 /// Why the search holds the batch sizes.
@@ -943,12 +947,7 @@ impl DeviceTuner {
             if *id == report.task_id {
                 continue;
             }
-            let size = other
-                .report
-                .as_ref()
-                .map(|r| r.batch_size)
-                .filter(|&b| b > 0)
-                .or(other.assigned.map(|(b, _)| b));
+            let size = reported_size(other).or(other.assigned.map(|(b, _)| b));
             let measured = size.and_then(|b| {
                 self.knowledge
                     .get(id)
@@ -1082,10 +1081,7 @@ impl DeviceTuner {
                     running = false;
                     return m0_at;
                 }
-                let now = r
-                    .assigned
-                    .map(|(b, _)| b)
-                    .or_else(|| r.report.as_ref().map(|r| r.batch_size).filter(|&b| b > 0));
+                let now = r.assigned.map(|(b, _)| b).or_else(|| reported_size(r));
                 match now.and_then(|b| s.iter().position(|&x| x == b)) {
                     Some(i) => i,
                     None => {
@@ -1428,40 +1424,7 @@ impl DeviceTuner {
         let first_lone_round = search.task_ids.len() == 1 && search.observations.is_empty();
         let unknown = self.unmeasurable(search);
         if !unknown.is_empty() && !first_lone_round {
-            // Tasks that never ran alone here: measure what runs now, and estimate their
-            // solo step times from it (see `estimate_missing_solos`), rather than leave
-            // them untuned until they happen to run alone.
-            let applied = search.applied.as_ref().map(|(c, _)| c.clone());
-            let Some(search) = &mut self.search else {
-                return;
-            };
-            // What runs, or else the sizes the search started from if the memory model
-            // vouches for them: never a configuration that could overflow the card.
-            let feasible =
-                |search: &mut Search, config: &[usize]| search.controller.search().feasible(config);
-            let (config, assign_afresh) = match applied {
-                // Under a round of its own, assigned to every task: what runs may be under
-                // rounds this tuner never saw written (the placer's newcomer round, a round
-                // of ours whose write lost to that placement), whose reports never come.
-                Some(config) if feasible(search, &config) => (config, true),
-                // Measured as it runs: assigning it would move the agents' fences to
-                // bounds the memory model does not vouch for together.
-                Some(config) => (config, false),
-                None => {
-                    let start = search.controller.search().space().start.clone();
-                    if !feasible(search, &start) {
-                        self.hold(now_ms, Hold::Unmeasurable(unknown));
-                        return;
-                    }
-                    (start, true)
-                }
-            };
-            tracing::info!(device = %self.device_id, tasks = ?unknown,
-                "no solo step time measured alone: measuring what runs to estimate it from the placer's predicted slowdown");
-            if assign_afresh && let Some(search) = &mut self.search {
-                search.applied = None;
-            }
-            self.begin_round(now_ms, config, Purpose::Explore, out);
+            self.measure_to_estimate(now_ms, unknown, out);
             return;
         }
         let max_observations = self.params.max_observations;
@@ -1487,6 +1450,53 @@ impl DeviceTuner {
             }
             Err(err) => self.hold(now_ms, Hold::Infeasible(err.to_string())),
         }
+    }
+
+    /// Tasks that never ran alone here (`unknown`): measures what runs now, and estimates
+    /// their solo step times from it (see `estimate_missing_solos`), rather than leave them
+    /// untuned until they happen to run alone.
+    fn measure_to_estimate(&mut self, now_ms: i64, unknown: Vec<String>, out: &mut Vec<Action>) {
+        let Some(search) = &self.search else {
+            return;
+        };
+        let applied = search.applied.as_ref().map(|(c, _)| c.clone());
+        let reported = self.reported_config(search);
+        let Some(search) = &mut self.search else {
+            return;
+        };
+        // What runs, or else the sizes the search started from if the memory model
+        // vouches for them: never a configuration that could overflow the card.
+        let feasible =
+            |search: &mut Search, config: &[usize]| search.controller.search().feasible(config);
+        let (config, assign_afresh) = match applied {
+            // Under a round of its own, assigned to every task: what runs may be under
+            // rounds this tuner never saw written (the placer's newcomer round, a round
+            // of ours whose write lost to that placement), whose reports never come.
+            Some(config) if feasible(search, &config) => (config, true),
+            // Measured as it runs: assigning it would move the agents' fences to
+            // bounds the memory model does not vouch for together.
+            Some(config) => (config, false),
+            // The sizes the search started from, or else what the agents report: after
+            // the start ran out of memory, what they fell back to.
+            None => {
+                let start = search.controller.search().space().start.clone();
+                let Some(config) = [Some(start), reported]
+                    .into_iter()
+                    .flatten()
+                    .find(|config| feasible(search, config))
+                else {
+                    self.hold(now_ms, Hold::Unmeasurable(unknown));
+                    return;
+                };
+                (config, true)
+            }
+        };
+        tracing::info!(device = %self.device_id, tasks = ?unknown,
+            "no solo step time measured alone: measuring what runs to estimate it from the placer's predicted slowdown");
+        if assign_afresh && let Some(search) = &mut self.search {
+            search.applied = None;
+        }
+        self.begin_round(now_ms, config, Purpose::Explore, out);
     }
 
     /// Settles on `best`, or keeps what runs when switching is not worth it (hysteresis).
@@ -2065,16 +2075,30 @@ impl DeviceTuner {
     /// The configuration the tasks run now by their latest assignments (or reports), when
     /// every one is a candidate size.
     fn running_config(&self, search: &Search) -> Option<Vec<usize>> {
+        self.config_by(search, |r| {
+            r.assigned.map(|(b, _)| b).or_else(|| reported_size(r))
+        })
+    }
+
+    /// The configuration the tasks last reported running at, when every one is a
+    /// candidate size: after an out-of-memory, what the agents fell back to.
+    fn reported_config(&self, search: &Search) -> Option<Vec<usize>> {
+        self.config_by(search, reported_size)
+    }
+
+    /// The configuration of each search task's size by `size`, when every one is a
+    /// candidate.
+    fn config_by(
+        &self,
+        search: &Search,
+        size: impl Fn(&TunedTask) -> Option<u32>,
+    ) -> Option<Vec<usize>> {
         search
             .task_ids
             .iter()
             .zip(&search.sizes)
             .map(|(id, sizes)| {
-                let r = self.residents.get(id)?;
-                let b = r
-                    .assigned
-                    .map(|(b, _)| b)
-                    .or_else(|| r.report.as_ref().map(|r| r.batch_size).filter(|&b| b > 0))?;
+                let b = size(self.residents.get(id)?)?;
                 sizes.iter().position(|&x| x == b)
             })
             .collect()

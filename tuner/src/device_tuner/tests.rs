@@ -585,6 +585,58 @@ fn after_an_out_of_memory_round_the_failed_configuration_is_not_what_runs() {
     );
 }
 
+/// A task that never ran alone joins a tuned resident, and the round that measures what
+/// runs (to estimate its solo time) runs out of memory: it falls back to a smaller size.
+/// The tuner measures what the agents fell back to. Before, it held ("no solo step time")
+/// until the residents changed, since the only configuration it would measure was the
+/// search's start, the one that failed (the simulator, K80 seed 1: six holds, the first
+/// of them for the rest of its resident's run).
+#[test]
+fn after_the_start_ran_out_of_memory_what_the_agents_fell_back_to_is_measured() {
+    let (mut w, _) = a_tuned_alone_and_b_about_to_join();
+    w.tasks[1].running = true;
+    w.tasks[1].profiled = false;
+    let b = w.tasks[1].spec(KIND);
+    w.step(vec![
+        Input::Joined {
+            spec: b,
+            reserved_mib: 3_000,
+        },
+        Input::Assigned(BatchSizeAssignment {
+            task_id: "b".into(),
+            batch_size: 64,
+            round: w.tuner.status().round + 1,
+            predicted_slowdown: Some(1.4),
+            ..Default::default()
+        }),
+    ]);
+    w.tasks[1].round = w.tuner.status().round;
+    w.run(4);
+    let search = w.tuner.search.as_ref().expect("a search");
+    assert!(
+        matches!(&search.phase, Phase::Measuring(m) if m.batch_sizes[1] == 64),
+        "what runs is measured: {:?}",
+        search.phase
+    );
+    // b ran out of memory next to a and fell back to half its size.
+    w.tasks[1].oom_at = Some(64);
+    w.tasks[1].batch = 32;
+    let mut out = Vec::new();
+    w.tuner
+        .conclude(w.now_ms, Outcome::OutOfMemory(vec![1]), &mut out);
+    let measured = w.tuner.status().counters.measured;
+    w.run(120);
+    let status = w.tuner.status();
+    assert!(!status.holding, "{status:?}");
+    assert!(status.counters.measured > measured, "{status:?}");
+    assert!(
+        w.tuner
+            .knowledge("b")
+            .is_some_and(|k| !k.solo_estimated.is_empty()),
+        "b's solo time estimated"
+    );
+}
+
 /// A task that restarts after its crash is held aside (`Reserved`) and joins again: its
 /// first report after the restart tells of the crash under the assignment it had before,
 /// and leaves the floor as if it had never left. Before, the restart forgot the
