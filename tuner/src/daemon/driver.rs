@@ -704,21 +704,19 @@ mod tests {
         );
     }
 
-    /// The placer writes the device's residents record and a resident's shrink in one
-    /// transaction; the tuner, whose task watch has not delivered the shrink yet, decides
-    /// a round on the new record. That round is not written over the shrink (its agent
-    /// would never run what the key then says); decided on what the store holds, or on the
-    /// driver's own last write that its watch has not shown yet, it is.
-    #[tokio::test]
-    async fn a_round_is_never_written_over_an_assignment_the_tuner_has_not_seen() {
-        let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
-        let mut driver = driver(&store);
-        let assignment = |batch_size: u32, round: u64| BatchSizeAssignment {
+    /// Task a's assignment at `batch_size` under `round`.
+    fn assignment(batch_size: u32, round: u64) -> BatchSizeAssignment {
+        BatchSizeAssignment {
             task_id: "a".into(),
             batch_size,
             round,
             ..Default::default()
-        };
+        }
+    }
+
+    /// The placer writes d0's residents record and a's shrink to 45 under round 4 in one
+    /// transaction; returns its revision.
+    async fn placer_shrinks_a(store: &Arc<dyn StateStore>) -> Revision {
         let record = iadeep_proto::DeviceResidents {
             device_id: "d0".into(),
             ..Default::default()
@@ -738,6 +736,32 @@ mod tests {
         let TxnOutcome::Committed { revision } = placed else {
             panic!("{placed:?}")
         };
+        revision
+    }
+
+    /// The task watch shows [`placer_shrinks_a`]'s write, committed at `revision`.
+    fn shrink_seen(table: &mut TaskTable, revision: Revision) {
+        table.revision = table.revision.max(revision);
+        table.tasks.insert(
+            "a".into(),
+            TaskEntry {
+                assignment: Some(assignment(45, 4)),
+                assignment_revision: Some(revision),
+                ..Default::default()
+            },
+        );
+    }
+
+    /// The placer writes the device's residents record and a resident's shrink in one
+    /// transaction; the tuner, whose task watch has not delivered the shrink yet, decides
+    /// a round on the new record. That round is not written over the shrink (its agent
+    /// would never run what the key then says); decided on what the store holds, or on the
+    /// driver's own last write that its watch has not shown yet, it is.
+    #[tokio::test]
+    async fn a_round_is_never_written_over_an_assignment_the_tuner_has_not_seen() {
+        let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
+        let mut driver = driver(&store);
+        let revision = placer_shrinks_a(&store).await;
         let stored = async || {
             typed::get::<BatchSizeAssignment>(store.as_ref(), &keys::task_assignment("a"))
                 .await
@@ -753,14 +777,7 @@ mod tests {
         assert_eq!(stored().await, Some((45, 4)), "the placer's shrink stays");
 
         // Once the watch has shown it, the tuner's next round is written.
-        table.tasks.insert(
-            "a".into(),
-            TaskEntry {
-                assignment: Some(assignment(45, 4)),
-                assignment_revision: Some(revision),
-                ..Default::default()
-            },
-        );
+        shrink_seen(&mut table, revision);
         let seen = driver.decided_on_now(Some(revision), &table);
         driver
             .execute(vec![Action::Assign(vec![assignment(64, 5)])], &seen)
@@ -782,32 +799,11 @@ mod tests {
     async fn a_lost_round_is_told_once_the_view_shows_what_beat_it() {
         let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
         let mut driver = driver(&store);
-        let assignment = |batch_size: u32, round: u64| BatchSizeAssignment {
-            task_id: "a".into(),
-            batch_size,
-            round,
-            ..Default::default()
-        };
-        let record = iadeep_proto::DeviceResidents {
-            device_id: "d0".into(),
-            ..Default::default()
-        };
-        let placed = store
-            .transact(
-                Txn::new()
-                    .put(keys::device_residents("d0"), record.encode_to_vec(), None)
-                    .put(
-                        keys::task_assignment("a"),
-                        assignment(45, 4).encode_to_vec(),
-                        None,
-                    ),
-            )
-            .await
-            .expect("the placer's commit");
-        let TxnOutcome::Committed { revision } = placed else {
-            panic!("{placed:?}")
-        };
+        let revision = placer_shrinks_a(&store).await;
         let on_device = BTreeMap::from([("a".to_owned(), DeviceTask::Held { mib: 0 })]);
+        let told = |driver: &mut Driver, table: &TaskTable| {
+            driver.lost_round_seen(Some(revision), table, &on_device)
+        };
         let mut table = TaskTable::default();
         table.tasks.insert("a".into(), TaskEntry::default());
         let lagging = driver.decided_on_now(Some(revision), &table);
@@ -815,33 +811,18 @@ mod tests {
             .execute(vec![Action::Assign(vec![assignment(64, 4)])], &lagging)
             .await;
         assert!(
-            driver
-                .lost_round_seen(Some(revision), &table, &on_device)
-                .is_empty(),
+            told(&mut driver, &table).is_empty(),
             "not told before the view shows the placer's write"
         );
-        table.revision = revision;
-        table.tasks.insert(
-            "a".into(),
-            TaskEntry {
-                assignment: Some(assignment(45, 4)),
-                assignment_revision: Some(revision),
-                ..Default::default()
-            },
-        );
+        shrink_seen(&mut table, revision);
         assert_eq!(
-            driver.lost_round_seen(Some(revision), &table, &on_device),
+            told(&mut driver, &table),
             vec![
                 Input::RoundLost { round: 4 },
                 Input::Assigned(assignment(45, 4))
             ]
         );
-        assert!(
-            driver
-                .lost_round_seen(Some(revision), &table, &on_device)
-                .is_empty(),
-            "told once"
-        );
+        assert!(told(&mut driver, &table).is_empty(), "told once");
 
         // Lost again, then a later round written: nothing is told of the lost one.
         driver
@@ -851,11 +832,7 @@ mod tests {
         driver
             .execute(vec![Action::Assign(vec![assignment(64, 6)])], &seen)
             .await;
-        assert!(
-            driver
-                .lost_round_seen(Some(revision), &table, &on_device)
-                .is_empty()
-        );
+        assert!(told(&mut driver, &table).is_empty());
     }
 
     /// Device d0's cap breach of `task`.

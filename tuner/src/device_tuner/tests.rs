@@ -1198,14 +1198,7 @@ fn a_placement_that_shrinks_a_resident_restarts_from_what_runs() {
 /// above it.
 #[test]
 fn a_placers_assignment_under_the_tuners_own_round_is_what_runs() {
-    let mut w = two_task_world();
-    w.join_all();
-    w.run(60);
-    w.lose_rounds = 1;
-    let lost_at = w.assignments().count();
-    while w.assignments().count() == lost_at {
-        w.run(2);
-    }
+    let (mut w, lost_at) = two_tasks_tuned_and_a_round_lost();
     let (_, lost) = w.assignments().last().expect("the lost round");
     let (round, meant) = (lost[0].round, lost[0].batch_size);
     assert_eq!(w.lose_rounds, 0, "that round was never applied");
@@ -1244,12 +1237,9 @@ fn a_placers_assignment_under_the_tuners_own_round_is_what_runs() {
     );
 }
 
-/// The placer settled a's reservation under the round number the tuner used next, at the
-/// size the tuner meant, so the tuner's round was never written and b never got it. Told
-/// the round was lost, with what the store holds, the tuner assigns a round again at once:
-/// before, it waited out the round's timeout (30 s) for reports b would never make.
-#[test]
-fn a_lost_round_is_decided_again_at_once() {
+/// Two tasks tuned for a minute, then the next round the tuner assigns lost (never
+/// applied); returns the world and the lost round's index among the assignments.
+fn two_tasks_tuned_and_a_round_lost() -> (World, usize) {
     let mut w = two_task_world();
     w.join_all();
     w.run(60);
@@ -1258,6 +1248,16 @@ fn a_lost_round_is_decided_again_at_once() {
     while w.assignments().count() == lost_at {
         w.run(2);
     }
+    (w, lost_at)
+}
+
+/// The placer settled a's reservation under the round number the tuner used next, at the
+/// size the tuner meant, so the tuner's round was never written and b never got it. Told
+/// the round was lost, with what the store holds, the tuner assigns a round again at once:
+/// before, it waited out the round's timeout (30 s) for reports b would never make.
+#[test]
+fn a_lost_round_is_decided_again_at_once() {
+    let (mut w, lost_at) = two_tasks_tuned_and_a_round_lost();
     let (_, lost) = w.assignments().last().expect("the lost round");
     let (round, a_size) = (lost[0].round, lost[0].batch_size);
     w.tasks[0].batch = a_size;
