@@ -309,7 +309,10 @@ impl MemoryModel {
         if let Some(oom) = smallest_oom
             && oom <= largest_observed
         {
-            tracing::warn!(
+            // Debug, not a warning: the tuner fits a task's model at every decision, so a
+            // warning here repeated itself all the task's life (80 times in one simulated
+            // day), while the crash itself is warned of once, when the tuner learns it.
+            tracing::debug!(
                 oom,
                 largest_observed,
                 "an out-of-memory batch size is not above a successful one; the OOM wins"
