@@ -484,8 +484,9 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         .with_context(|| format!("--lr-rule {}: not a rule", args.lr_rule))?;
     let spec = task_spec(&args, &task_id, &name, lr_rule, class);
     let base = base_launch(&args, &task_id, &store, lr_rule, class, max_slowdown);
-    let mut client = connect(placer, &args.placer_tls).await?;
     let mut evictions = Evictions::new(store.clone(), &task_id);
+    evictions.reachable().await?;
+    let mut client = connect(placer, &args.placer_tls).await?;
     let mut requeued = 0u32;
     let mut evicted_reason: Option<String> = None;
 
@@ -698,6 +699,28 @@ impl Evictions {
         }
     }
 
+    /// Fails unless the store answers a read: a job whose agent reports to a store
+    /// nobody reads (a mistyped --store) would be placed and run untuned, its agent
+    /// warning all its life, and an unreachable store stops the placer too.
+    async fn reachable(&mut self) -> Result<()> {
+        let checked = async {
+            let store = self.open().await?;
+            timed(
+                "reading the store",
+                store.get(&keys::task_placement(&self.task_id)),
+            )
+            .await
+        };
+        checked.await.map(|_| ()).with_context(|| {
+            format!(
+                "the state store {} (--store or IADEEP_STORE) does not answer; the job's agent \
+                 reports there: is it the store `iadeep up` wrote to cluster.env, and does that \
+                 cluster run?",
+                self.url
+            )
+        })
+    }
+
     async fn open(&mut self) -> Result<Arc<dyn StateStore>> {
         if let Some(store) = &self.store {
             return Ok(store.clone());
@@ -731,8 +754,12 @@ impl Evictions {
             let since = match snapshot.kvs.iter().find(|kv| kv.key == placement_key) {
                 Some(kv) => kv.create_revision,
                 None => {
-                    tracing::debug!(task = %self.task_id,
-                        "no placement in the store; counting evictions from this read on");
+                    // Released already (rare this soon), or this store is not the one the
+                    // placer writes to: then the job runs untuned and its evictions go unseen.
+                    tracing::warn!(task = %self.task_id, store = %self.url,
+                        "the state store holds no placement of this task just placed: if --store \
+                         (IADEEP_STORE) names another cluster than the placer's, the job runs \
+                         untuned; counting evictions from this read on");
                     snapshot.revision
                 }
             };

@@ -135,9 +135,11 @@ impl Drop for Running {
 /// `iadeep run` against the placer at `placer` with `tls` flags: its exit code and
 /// stderr. No GPU is registered, so a Place that gets through is told to wait, and
 /// `--max-wait-s 0` ends the run there (exit 75) without starting the job.
-fn run_against(placer: &str, tls: &[&str]) -> (Option<i32>, String) {
+/// `store` is an etcd the job's agent would report to (`iadeep run` refuses a store that
+/// does not answer).
+fn run_against(placer: &str, store: &str, tls: &[&str]) -> (Option<i32>, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"))
-        .args(["run", "--placer", placer, "--store", "etcd://127.0.0.1:1"])
+        .args(["run", "--placer", placer, "--store", store])
         .args(["--batch-size", "32", "--max-wait-s", "0"])
         .args(tls)
         .args(["--", "true"])
@@ -188,6 +190,8 @@ fn the_placer_binary_serves_tls_and_verifies_iadeep_runs_certificate() {
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    let etcd = iadeep_state::testing::EtcdServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let store = etcd.url();
     let https = format!("https://{grpc}");
     let ca = path(&pki.ca);
     let (cert, key) = (path(&pki.client_cert), path(&pki.client_key));
@@ -195,6 +199,7 @@ fn the_placer_binary_serves_tls_and_verifies_iadeep_runs_certificate() {
 
     let (code, err) = run_against(
         &https,
+        &store,
         &[
             "--placer-ca",
             &ca,
@@ -209,7 +214,7 @@ fn the_placer_binary_serves_tls_and_verifies_iadeep_runs_certificate() {
         "with the CA and a client certificate the Place gets an answer: {code:?} {err}"
     );
 
-    let (code, err) = run_against(&https, &["--placer-ca", &ca]);
+    let (code, err) = run_against(&https, &store, &["--placer-ca", &ca]);
     assert!(
         code != Some(0) && !err.contains(placed_or_told_to_wait),
         "without a client certificate no Place is answered: {code:?} {err}"
@@ -218,6 +223,7 @@ fn the_placer_binary_serves_tls_and_verifies_iadeep_runs_certificate() {
     let other_ca = path(&stranger.ca);
     let (code, err) = run_against(
         &https,
+        &store,
         &[
             "--placer-ca",
             &other_ca,
@@ -232,13 +238,13 @@ fn the_placer_binary_serves_tls_and_verifies_iadeep_runs_certificate() {
         "trusting another CA, the placer's certificate is refused: {code:?} {err}"
     );
 
-    let (code, err) = run_against(&https, &[]);
+    let (code, err) = run_against(&https, &store, &[]);
     assert!(
         code == Some(1) && err.contains("--placer-ca"),
         "an https:// placer without a CA says what is missing: {code:?} {err}"
     );
 
-    let (code, err) = run_against(&format!("http://{grpc}"), &[]);
+    let (code, err) = run_against(&format!("http://{grpc}"), &store, &[]);
     assert!(
         code != Some(0) && !err.contains(placed_or_told_to_wait),
         "plain text is not served: {code:?} {err}"
