@@ -339,7 +339,7 @@ fn batch_cell(job: &JobRow) -> String {
 }
 
 /// The job's last column: the tuner's phase (or that the placer evicted it), and
-/// whether its agent is gone.
+/// whether its agent is gone or not started yet.
 fn job_state(job: &JobRow) -> String {
     let phase = if job.evicted.is_some() {
         "evicted"
@@ -347,7 +347,14 @@ fn job_state(job: &JobRow) -> String {
         job.tuning.phase
     };
     if !job.running && !job.finished {
-        format!("{phase} (agent gone)")
+        // A job placed moments ago whose agent has not started (the interpreter is still
+        // importing) has never reported; one that has, and holds no alive key, is gone.
+        let agent = if job.reported_at_unix_ms.is_some() {
+            "agent gone"
+        } else {
+            "no agent yet"
+        };
+        format!("{phase} ({agent})")
     } else {
         phase.to_owned()
     }

@@ -518,6 +518,25 @@ async fn two_jobs_of_one_script_are_told_apart_in_the_table() {
     );
 }
 
+/// A job placed moments ago, its agent not started yet (Python still importing), is not
+/// shown as one whose agent is gone.
+#[tokio::test]
+async fn a_job_whose_agent_never_started_is_not_gone() {
+    let mut s = two_jobs().await;
+    s.jobs[1].running = false;
+    s.jobs[1].finished = false;
+    s.jobs[1].reported_at_unix_ms = Some(NOW_MS - 3_000);
+    let rows = |s: &Snapshot| {
+        job_rows(&render::text(s, Layout::default()))
+            .iter()
+            .map(|r| (*r).to_owned())
+            .collect::<Vec<String>>()
+    };
+    assert!(rows(&s)[1].ends_with("(agent gone)"), "{:?}", rows(&s));
+    s.jobs[1].reported_at_unix_ms = None;
+    assert!(rows(&s)[1].ends_with("(no agent yet)"), "{:?}", rows(&s));
+}
+
 #[tokio::test]
 async fn the_wide_table_shows_whole_ids_in_aligned_columns() {
     let mut s = two_jobs().await;
