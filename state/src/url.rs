@@ -235,6 +235,18 @@ impl FromStr for StoreUrl {
         if let Some((scheme, _)) = url.split_once("://") {
             return Err(invalid(format!("unknown scheme {scheme:?}: {FORMS}")));
         }
+        // `etcd:/HOST:PORT` or `etcd:HOST:PORT`: a scheme with its slashes mistyped.
+        for scheme in ["etcd", "etcds"] {
+            if let Some(rest) = url
+                .strip_prefix(scheme)
+                .and_then(|rest| rest.strip_prefix(':'))
+            {
+                let hosts = rest.trim_start_matches('/');
+                return Err(invalid(format!(
+                    "did you mean {scheme}://{hosts}? ({FORMS})"
+                )));
+            }
+        }
         if url.contains(':') {
             return Err(invalid(format!(
                 "ambiguous: HOST:PORT or a file name? Write etcd://{url} for etcd, or \
@@ -335,6 +347,15 @@ mod tests {
             ("file:", "empty path"),
             ("127.0.0.1:2379", "etcd://127.0.0.1:2379"),
             ("localhost:2379/x", "ambiguous"),
+            (
+                "etcd:/127.0.0.1:23790",
+                "did you mean etcd://127.0.0.1:23790?",
+            ),
+            (
+                "etcd:127.0.0.1:23790",
+                "did you mean etcd://127.0.0.1:23790?",
+            ),
+            ("etcds:/h:1", "did you mean etcds://h:1?"),
             ("state", "./state"),
         ] {
             let err = url.parse::<StoreUrl>().expect_err(url).to_string();
