@@ -2130,11 +2130,21 @@ impl DeviceTuner {
             }
             let slowdown = k.placed_slowdown.unwrap_or(1.0);
             let estimate_s = step_s / slowdown;
+            // Said once per task; every later round re-estimates (the trial's log had the
+            // line at every round).
+            let first = k.solo_estimated.is_empty();
             k.learn_solo_estimate(b, estimate_s);
-            tracing::info!(device = %self.device_id, task = %id, batch_size = b,
-                co_located_step_s = step_s, predicted_slowdown = slowdown,
-                predicted = k.placed_slowdown.is_some(), solo_step_s = estimate_s,
-                "solo step time estimated (never ran alone here); a measurement alone replaces it");
+            let message =
+                "solo step time estimated (never ran alone here); a measurement alone replaces it";
+            if first {
+                tracing::info!(device = %self.device_id, task = %id, batch_size = b,
+                    co_located_step_s = step_s, predicted_slowdown = slowdown,
+                    predicted = k.placed_slowdown.is_some(), solo_step_s = estimate_s, "{message}");
+            } else {
+                tracing::debug!(device = %self.device_id, task = %id, batch_size = b,
+                    co_located_step_s = step_s, predicted_slowdown = slowdown,
+                    solo_step_s = estimate_s, "{message}");
+            }
         }
     }
 
