@@ -2,9 +2,9 @@
 //! read from the state store (etcd or the embedded file) without writing to it.
 //!
 //! What the tuner is doing with a job is derived, not read: the tuner persists its
-//! observations, not its phase (see `read::tuning`). Queued jobs are not in the store
-//! (the placer answers "queue" to whoever asked, who waits), so the view says so rather
-//! than showing an empty queue. A job's priority class and cap are its spec's; whether
+//! observations and whether its search settled, not its phase (see `read::tuning`).
+//! Queued jobs are not in the store (the placer answers "queue" to whoever asked, who
+//! waits), so the view says so rather than showing an empty queue. A job's priority class and cap are its spec's; whether
 //! it is above its cap is the tuner's test (measured PD > cap) on the PD shown.
 
 mod read;

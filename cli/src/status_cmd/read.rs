@@ -127,10 +127,11 @@ pub struct JobRow {
 }
 
 /// The tuner's state for one job, as far as the store tells it. The tuner persists its
-/// observations, not its phase, so this is derived (see [`tuning`]).
+/// observations and whether its search settled, not its phase, so this is derived (see
+/// [`tuning`]).
 #[derive(Debug, PartialEq)]
 pub struct Tuning {
-    /// `fixed`, `waiting`, `holding`, `tuning` or `finished`.
+    /// `fixed`, `waiting`, `holding`, `tuning`, `settled` or `finished`.
     pub phase: &'static str,
     pub why: String,
 }
@@ -438,10 +439,20 @@ pub fn tuning(
             t.observations.iter().filter(|o| o.sum_pd.is_some()).count()
         });
         let plural = if measured == 1 { "" } else { "s" };
-        (
-            "tuning",
-            format!("{measured} configuration{plural} of its GPU measured"),
-        )
+        if tuner.is_some_and(|t| t.settled) {
+            (
+                "settled",
+                format!(
+                    "{measured} configuration{plural} of its GPU measured; what runs is kept \
+                     and checked for drift"
+                ),
+            )
+        } else {
+            (
+                "tuning",
+                format!("{measured} configuration{plural} of its GPU measured"),
+            )
+        }
     };
     Tuning { phase, why }
 }

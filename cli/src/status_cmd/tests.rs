@@ -320,6 +320,12 @@ fn the_tuner_phase_is_derived_from_what_the_store_holds() {
     );
     assert_eq!(phase(&movable, false, false, Some(&with_j)), "holding");
     assert_eq!(phase(&movable, false, true, Some(&with_j)), "tuning");
+    let settled = TunerState {
+        settled: true,
+        ..with_j.clone()
+    };
+    assert_eq!(phase(&movable, false, true, Some(&settled)), "settled");
+    assert_eq!(phase(&movable, false, false, Some(&settled)), "holding");
 }
 
 /// A job pinned at m0 = 32 with a solo profile of 0.1 s per step, in `class` with `cap`.

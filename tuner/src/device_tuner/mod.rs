@@ -664,6 +664,7 @@ impl DeviceTuner {
             next_sample_seq: self.next_sample_seq,
             session,
             knowledge: self.knowledge.clone(),
+            settled: self.status().settled,
         }
         .to_proto(&self.device_id, now_ms)
     }
@@ -1543,6 +1544,8 @@ impl DeviceTuner {
                 check_at_ms: now_ms.saturating_add(millis(self.params.settled_interval)),
             };
         }
+        // The state says it settled (`TunerState::settled`) from now, not from the next check.
+        out.push(Action::Persist(self.persisted(now_ms)));
     }
 
     /// Writes one round of assignments for `config`; returns the round.

@@ -34,6 +34,9 @@ pub struct Persisted {
     pub next_sample_seq: u64,
     pub session: Session,
     pub knowledge: BTreeMap<String, TaskKnowledge>,
+    /// The search had settled (for views; a restarted tuner settles again from the
+    /// observations).
+    pub settled: bool,
 }
 
 impl Persisted {
@@ -94,6 +97,7 @@ impl Persisted {
                 .iter()
                 .map(|k| (k.task_id.clone(), TaskKnowledge::from_proto(k)))
                 .collect(),
+            settled: s.settled,
         }
     }
 
@@ -118,6 +122,7 @@ impl Persisted {
                 .map(|(id, k)| k.to_proto(id))
                 .collect(),
             updated_at_unix_ms: now_unix_ms,
+            settled: self.settled,
             over_cap: self
                 .session
                 .over_cap
@@ -158,6 +163,7 @@ mod tests {
                 caps: Some(vec![None, Some(1.5)]),
             },
             knowledge: BTreeMap::new(),
+            settled: true,
         };
         p.knowledge.insert("a".into(), TaskKnowledge::default());
         let back = Persisted::from_proto(&p.to_proto("d", 0));

@@ -375,6 +375,10 @@ fn two_tasks_are_tuned_to_a_better_configuration_and_settle() {
     let status = w.tuner.status();
     assert!(status.settled, "{status:?}");
     assert!(
+        w.last_persisted().is_some_and(|s| s.settled),
+        "the persisted state says so (iadeep status reads it)"
+    );
+    assert!(
         w.true_sum_pd() < start * 0.9,
         "Σ PD {start} → {}",
         w.true_sum_pd()
@@ -1656,6 +1660,7 @@ fn resumed_with_violation(
             caps,
         },
         knowledge: BTreeMap::new(),
+        settled: false,
     }
     .to_proto("gpu0", 0);
     let device = DeviceInfo {
