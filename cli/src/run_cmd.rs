@@ -203,8 +203,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = enforce::DEFAULT_KILL_AFTER,
         value_parser = enforce::parse_grace, help_heading = PRIORITY)]
     evict_kill_after: Duration,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD", help_heading = THE_JOB)]
+    /// The command and its arguments, after `--` (or from its first word on: every
+    /// argument after it is the command's).
+    #[arg(trailing_var_arg = true, required = true,
+        value_name = "CMD", help_heading = THE_JOB)]
     command: Vec<String>,
 }
 
@@ -1508,6 +1510,31 @@ mod tests {
         <Run as clap::Parser>::try_parse_from(all)
             .expect("parses")
             .run
+    }
+
+    /// The command after `--`, or without it from its first word on (a user who forgot
+    /// the `--` got only "unexpected argument"): the command's own flags stay its own.
+    #[test]
+    fn the_command_is_everything_from_its_first_word() {
+        #[derive(clap::Parser)]
+        struct Run {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let parse = |args: &[&str]| {
+            <Run as clap::Parser>::try_parse_from(
+                ["iadeep-run", "--batch-size", "8"].iter().chain(args),
+            )
+            .map(|r| r.run.command)
+        };
+        let job = ["python", "x.py", "--batch-size", "3", "--", "-v"];
+        assert_eq!(parse(&job).expect("parses"), job);
+        let with_dashes = ["--", "python", "x.py", "--batch-size", "3"];
+        assert_eq!(parse(&with_dashes).expect("parses"), with_dashes[1..]);
+        assert!(
+            parse(&["--bogus", "--", "true"]).is_err(),
+            "a mistyped flag of iadeep run is not the command"
+        );
     }
 
     /// Batch sizes that cannot work are refused before the cluster is asked, naming the
