@@ -94,19 +94,34 @@ struct LostRound {
 
 impl LostRound {
     /// Whether a view of the residents record at `residents` and of `table` shows every
-    /// compared key as it was when the round failed, or later.
+    /// compared key as it was when the round failed, or later. Key by key: the task table
+    /// folds a transaction's events one at a time, so its revision may reach a commit
+    /// before every key that commit wrote is in it. A key absent then counts as seen while
+    /// the view has it absent too, or written after every key the failure showed; a
+    /// residents record gone since counts as seen (its tasks leave the tuner anyway).
     fn seen_in(&self, residents: Option<Revision>, table: &TaskTable) -> bool {
-        let residents_seen = match self.residents_now {
-            Some(now) => residents.is_some_and(|seen| seen >= now),
-            None => residents.is_none(),
+        let latest = self
+            .assignments_now
+            .iter()
+            .filter_map(|(_, now)| *now)
+            .chain(self.residents_now)
+            .max()
+            .unwrap_or(0);
+        let residents_seen = match (self.residents_now, residents) {
+            (Some(now), Some(seen)) => seen >= now,
+            (None, Some(seen)) => seen > latest,
+            (_, None) => true,
         };
         residents_seen
-            && self.assignments_now.iter().all(|(id, now)| match now {
-                Some(now) => table.revision >= *now,
-                None => table
-                    .tasks
-                    .get(id)
-                    .is_none_or(|t| t.assignment_revision.is_none()),
+            && self.assignments_now.iter().all(|(id, now)| {
+                let seen = table.tasks.get(id).and_then(|t| t.assignment_revision);
+                match (now, seen) {
+                    (Some(now), Some(seen)) => seen >= *now,
+                    // Deleted since: the table has folded events past the failure.
+                    (Some(now), None) => table.revision > *now,
+                    (None, Some(seen)) => seen > latest,
+                    (None, None) => true,
+                }
             })
     }
 }
@@ -256,8 +271,9 @@ impl Driver {
         }
     }
 
-    /// What changed since the tuner was last told, as inputs: departures first, then
-    /// arrivals and holds, then assignments, then reports.
+    /// What changed since the tuner was last told, as inputs: a lost round the view now
+    /// explains first (with the assignments the store holds for its tasks), then
+    /// departures, then arrivals and holds, then assignments, then reports.
     fn diff(&mut self) -> Vec<Input> {
         let record = self.residents_rx.borrow_and_update().clone();
         let table = self.tasks_rx.borrow_and_update().clone();
@@ -332,9 +348,17 @@ impl Driver {
             .filter(|(id, _)| on_device.contains_key(id))
             .filter_map(|(id, _)| table.tasks.get(id)?.assignment.clone())
             .map(Input::Assigned);
-        std::iter::once(Input::RoundLost { round: lost.round })
-            .chain(held)
-            .collect()
+        let task_ids = lost
+            .assignments_now
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect();
+        std::iter::once(Input::RoundLost {
+            round: lost.round,
+            task_ids,
+        })
+        .chain(held)
+        .collect()
     }
 
     /// The revisions of the residents record and of every assignment key as this step sees
@@ -428,16 +452,36 @@ impl Driver {
                 .compare(key.as_str(), expect(seen))
                 .put(key, a.encode_to_vec(), None);
         }
-        // A newer round supersedes a lost one: the tuner has moved past it.
-        self.lost_round = None;
+        // A newer round supersedes a lost one the tuner was not told of yet: counted here,
+        // since the tuner, which counts the rounds it drops, never learns of it.
+        if self.lost_round.take().is_some() {
+            Metrics::inc(&self.metrics.rounds_dropped);
+        }
         match self.store.transact(txn).await {
             Ok(TxnOutcome::Committed { revision }) => {
-                for a in &assignments {
-                    self.own_writes.insert(a.task_id.clone(), revision);
-                    Metrics::inc(&self.metrics.assignments);
-                    tracing::debug!(task = %a.task_id, round = a.round, batch_size = a.batch_size,
-                        lr_factor = a.lr_factor, "assignment written");
-                }
+                let revisions = vec![Some(revision); assignments.len()];
+                self.written(&assignments, &revisions);
+            }
+            // A transaction the etcd client sent again after a member failed may have
+            // committed the first time and fail its comparisons the second, against its own
+            // writes (`iadeep_state::etcd`): the keys hold exactly what the round wrote.
+            Ok(TxnOutcome::Failed { current })
+                if assignments.iter().enumerate().all(|(i, a)| {
+                    current
+                        .get(i + 1)
+                        .and_then(|kv| kv.as_ref())
+                        .is_some_and(|kv| kv.value == a.encode_to_vec())
+                }) =>
+            {
+                let revisions: Vec<Option<Revision>> = (0..assignments.len())
+                    .map(|i| {
+                        current
+                            .get(i + 1)
+                            .and_then(|kv| kv.as_ref())
+                            .map(|kv| kv.mod_revision)
+                    })
+                    .collect();
+                self.written(&assignments, &revisions);
             }
             Ok(TxnOutcome::Failed { current }) => {
                 let revision_at = |i: usize| {
@@ -465,6 +509,18 @@ impl Driver {
                 Metrics::inc(&self.metrics.errors);
                 tracing::warn!(%err, "cannot write the round's assignments; the round will time out and be tried again");
             }
+        }
+    }
+
+    /// Notes the round's assignments as written, each at its commit's revision.
+    fn written(&mut self, assignments: &[BatchSizeAssignment], revisions: &[Option<Revision>]) {
+        for (a, revision) in assignments.iter().zip(revisions) {
+            if let Some(revision) = revision {
+                self.own_writes.insert(a.task_id.clone(), *revision);
+            }
+            Metrics::inc(&self.metrics.assignments);
+            tracing::debug!(task = %a.task_id, round = a.round, batch_size = a.batch_size,
+                lr_factor = a.lr_factor, "assignment written");
         }
     }
 
@@ -814,17 +870,28 @@ mod tests {
             told(&mut driver, &table).is_empty(),
             "not told before the view shows the placer's write"
         );
+        // The table's revision has reached the placer's commit, but its fold has not taken
+        // in a's key yet (it applies a commit's events one at a time).
+        table.revision = revision;
+        assert!(
+            told(&mut driver, &table).is_empty(),
+            "not told before the view holds the key that beat the round"
+        );
         shrink_seen(&mut table, revision);
         assert_eq!(
             told(&mut driver, &table),
             vec![
-                Input::RoundLost { round: 4 },
+                Input::RoundLost {
+                    round: 4,
+                    task_ids: vec!["a".into()]
+                },
                 Input::Assigned(assignment(45, 4))
             ]
         );
         assert!(told(&mut driver, &table).is_empty(), "told once");
 
-        // Lost again, then a later round written: nothing is told of the lost one.
+        // Lost again, then a later round written: nothing is told of the lost one, which
+        // counts as dropped.
         driver
             .execute(vec![Action::Assign(vec![assignment(64, 5)])], &lagging)
             .await;
@@ -833,6 +900,32 @@ mod tests {
             .execute(vec![Action::Assign(vec![assignment(64, 6)])], &seen)
             .await;
         assert!(told(&mut driver, &table).is_empty());
+        assert_eq!(driver_metric(&driver.metrics.rounds_dropped), 1);
+    }
+
+    fn driver_metric(counter: &std::sync::atomic::AtomicU64) -> u64 {
+        counter.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A round whose transaction committed but came back failed (the etcd client sent it
+    /// again after a member failed, and the second attempt met its own writes) is taken as
+    /// written: the store holds exactly what it wrote.
+    #[tokio::test]
+    async fn a_round_that_failed_against_its_own_writes_was_written() {
+        let store: Arc<dyn StateStore> = Arc::new(EmbeddedStore::in_memory().expect("store"));
+        let mut driver = driver(&store);
+        let revision = placer_shrinks_a(&store).await;
+        let mut table = TaskTable::default();
+        shrink_seen(&mut table, revision);
+        let seen = driver.decided_on_now(Some(revision), &table);
+        let round = vec![Action::Assign(vec![assignment(64, 5)])];
+        driver.execute(round.clone(), &seen).await;
+        // The same transaction again, as the client's second attempt.
+        driver.own_writes.clear();
+        driver.execute(round, &seen).await;
+        assert!(driver.lost_round.is_none(), "{:?}", driver.lost_round);
+        assert!(driver.own_writes.contains_key("a"), "noted as written");
+        assert_eq!(driver_metric(&driver.metrics.rounds_dropped), 0);
     }
 
     /// Device d0's cap breach of `task`.

@@ -208,12 +208,13 @@ pub enum Input {
     /// The store holds this assignment for a task: one of ours coming back, or one another
     /// writer made (the placer shrinking a resident to make room).
     Assigned(BatchSizeAssignment),
-    /// The round numbered `round` that this tuner assigned was never written: the store
-    /// changed since it was decided (a placement, or another writer's assignment), so its
-    /// transaction failed. Told once the driver's view shows what beat it, followed by the
-    /// assignment the store holds for each task of the round: the round is dropped at once
-    /// and decided again on that view, rather than waited for until its timeout.
-    RoundLost { round: u64 },
+    /// The round numbered `round` that this tuner assigned to `task_ids` was not written:
+    /// the store changed since it was decided (a placement, or another writer's
+    /// assignment), so its transaction failed its comparisons. Told once the driver's view
+    /// shows what beat it, followed by the assignment the store holds for each task of the
+    /// round: the round is dropped at once and decided again on that view, rather than
+    /// waited for until its timeout.
+    RoundLost { round: u64, task_ids: Vec<String> },
     /// Only time passed (a round's timeout, a settled check).
     Tick,
 }
@@ -338,6 +339,12 @@ fn fixed_size(task: &TunedTask) -> Option<u32> {
     let reported = reported_size(task);
     let assigned = task.assigned.map(|(b, _)| b).filter(|&b| b > 0);
     reported.max(assigned)
+}
+
+/// Where a task's agent fences its allocator before any assignment with a bound: its
+/// reservation (none when unknown, 0).
+fn reservation_fence(reserved_mib: u64) -> Option<f64> {
+    (reserved_mib > 0).then_some(reserved_mib as f64)
 }
 
 /// The batch size `task` last reported running at, if it reported one.
@@ -693,7 +700,7 @@ impl DeviceTuner {
             }
             Input::Report(report) => self.on_report(report),
             Input::Assigned(a) => self.on_assigned(a),
-            Input::RoundLost { round } => self.on_round_lost(round),
+            Input::RoundLost { round, task_ids } => self.on_round_lost(round, &task_ids),
             Input::Tick => {}
         }
     }
@@ -749,7 +756,7 @@ impl DeviceTuner {
                 )
             })
             .unwrap_or_default();
-        let fence_mib = fence_mib.or((reserved_mib > 0).then_some(reserved_mib as f64));
+        let fence_mib = fence_mib.or(reservation_fence(reserved_mib));
         self.residents.insert(
             spec.task_id.clone(),
             TunedTask {
@@ -871,34 +878,42 @@ impl DeviceTuner {
         }
     }
 
-    /// The tuner's round `round` was not written (see [`Input::RoundLost`]). Its tasks'
-    /// assignments are unknown until the driver tells what the store holds (it does so next,
-    /// in the same step); their fences fall back to their reservations unless that
+    /// The tuner's round `round` was not written to `task_ids` (see [`Input::RoundLost`]).
+    /// Their assignments are unknown until the driver tells what the store holds (it does
+    /// so next, in the same step); their fences fall back to their reservations unless that
     /// assignment carries a bound. A round being measured is dropped without waiting for its
-    /// timeout, and what runs is no longer taken for what the round applied.
-    fn on_round_lost(&mut self, round: u64) {
+    /// timeout, a settled configuration that round was to apply is decided again, and what
+    /// runs is no longer taken for what the round applied.
+    fn on_round_lost(&mut self, round: u64, task_ids: &[String]) {
         let mut unwritten = Vec::new();
-        for (id, resident) in &mut self.residents {
-            if resident.assigned.is_some_and(|(_, r)| r == round) {
-                resident.assigned = None;
-                resident.fence_mib =
-                    (resident.reserved_mib > 0).then_some(resident.reserved_mib as f64);
+        for id in task_ids {
+            // A task parked meanwhile (restarting) takes its assignment back when it runs.
+            let Some(task) = self
+                .residents
+                .get_mut(id)
+                .or_else(|| self.parked.get_mut(id))
+            else {
+                continue;
+            };
+            if task.assigned.is_some_and(|(_, r)| r == round) {
+                task.assigned = None;
+                task.fence_mib = reservation_fence(task.reserved_mib);
                 unwritten.push(id.clone());
             }
         }
         let Some(search) = &mut self.search else {
             return;
         };
-        if search
+        let applied_it = search
             .applied
             .as_ref()
-            .is_some_and(|(_, rounds)| rounds.contains(&round))
-        {
+            .is_some_and(|(_, rounds)| rounds.contains(&round));
+        if applied_it {
             search.applied = None;
         }
         let measuring_it =
             matches!(&search.phase, Phase::Measuring(m) if m.rounds.contains(&round));
-        if measuring_it {
+        if measuring_it || applied_it && matches!(search.phase, Phase::Settled { .. }) {
             search.phase = Phase::Idle;
         }
         if measuring_it || !unwritten.is_empty() {

@@ -1277,7 +1277,8 @@ fn a_lost_round_is_decided_again_at_once() {
     let (a, b) = (held(&w.tasks[0]), held(&w.tasks[1]));
     let dropped = w.tuner.status().counters.dropped;
     let told_at = w.now_ms;
-    w.step(vec![Input::RoundLost { round }, a, b]);
+    let task_ids = vec!["a".to_owned(), "b".to_owned()];
+    w.step(vec![Input::RoundLost { round, task_ids }, a, b]);
     let next: Vec<(i64, u64)> = w
         .assignments()
         .skip(lost_at + 1)
@@ -1298,6 +1299,46 @@ fn a_lost_round_is_decided_again_at_once() {
     );
     assert!(status.counters.measured > measured, "{status:?}");
     assert!(w.ooms.is_empty(), "{:?}", w.ooms);
+}
+
+/// The round that was to apply a settled configuration was not written: the tuner
+/// decides again at once, not at the next settled check.
+#[test]
+fn a_lost_settling_round_is_decided_again_at_once() {
+    let mut w = two_task_world();
+    w.join_all();
+    w.run(900);
+    assert!(w.tuner.status().settled, "{:?}", w.tuner.status());
+    let rounds = w
+        .tuner
+        .search
+        .as_ref()
+        .and_then(|s| s.applied.as_ref())
+        .map(|(_, rounds)| rounds.clone())
+        .expect("what runs is known");
+    let round = rounds[0];
+    let held: Vec<Input> = w
+        .tasks
+        .iter()
+        .map(|t| {
+            Input::Assigned(BatchSizeAssignment {
+                task_id: t.id.clone(),
+                batch_size: t.batch,
+                round: t.round,
+                ..Default::default()
+            })
+        })
+        .collect();
+    let before = w.assignments().count();
+    let task_ids = w.tasks.iter().map(|t| t.id.clone()).collect();
+    let mut inputs = vec![Input::RoundLost { round, task_ids }];
+    inputs.extend(held);
+    w.step(inputs);
+    assert!(
+        w.assignments().count() > before,
+        "a round assigned at once: {:?}",
+        w.tuner.status()
+    );
 }
 
 #[test]

@@ -145,7 +145,7 @@ mod tests {
                 Input::Left { task_id } => format!("left {task_id}"),
                 Input::Report(r) => format!("report {} {}", r.task_id, r.seq),
                 Input::Assigned(a) => format!("assigned {} {}", a.task_id, a.round),
-                Input::RoundLost { round } => format!("lost {round}"),
+                Input::RoundLost { round, .. } => format!("lost {round}"),
                 Input::Tick => "tick".into(),
             })
             .collect()
