@@ -166,10 +166,9 @@ pub struct RunArgs {
     /// restart CMD once placed, with IADEEP_REQUEUED=N (the restart's number) and
     /// IADEEP_EVICTED_REASON set, so it resumes from its checkpoint (`iadeep.torch`'s
     /// `on_evict` hook, or the Lightning callback's `checkpoint_path`). A job without a
-    /// checkpoint loses all its progress: it starts over. Default: on for opportunistic
-    /// jobs, off for production ones. When the evicted placement cannot be released
-    /// (the placer does not answer Release), `iadeep run` exits 69 instead of queueing
-    /// it again.
+    /// checkpoint loses all its progress: it starts over. When the evicted placement
+    /// cannot be released (the placer does not answer Release), `iadeep run` exits 69
+    /// instead of queueing it again.
     #[arg(long, overrides_with = "no_requeue_on_evict", help_heading = PRIORITY)]
     requeue_on_evict: bool,
     /// After an eviction, exit with the job's exit code instead of starting it again.
@@ -701,7 +700,8 @@ impl Evictions {
         }
     }
 
-    /// Fails unless the store answers a read: a job whose agent reports to a store
+    /// Fails unless the store answers a read (unreachable, or refusing this client's
+    /// credentials or certificate): a job whose agent reports to a store
     /// nobody reads (a mistyped --store) would be placed and run untuned, its agent
     /// warning all its life, and an unreachable store stops the placer too.
     async fn reachable(&mut self) -> Result<()> {
@@ -715,7 +715,7 @@ impl Evictions {
         };
         checked.await.map(|_| ()).with_context(|| {
             format!(
-                "the state store {} (--store or IADEEP_STORE) does not answer; the job's agent \
+                "the state store {} (--store or IADEEP_STORE) cannot be read; the job's agent \
                  reports there: is it the store `iadeep up` wrote to cluster.env, and does that \
                  cluster run?",
                 self.url

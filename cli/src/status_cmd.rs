@@ -4,8 +4,9 @@
 //! What the tuner is doing with a job is derived, not read: the tuner persists its
 //! observations and whether its search settled, not its phase (see `read::tuning`).
 //! Queued jobs are not in the store (the placer answers "queue" to whoever asked, who
-//! waits), so the view says so rather than showing an empty queue. A job's priority class and cap are its spec's; whether
-//! it is above its cap is the tuner's test (measured PD > cap) on the PD shown.
+//! waits), so the view says so rather than showing an empty queue. A job's priority class
+//! and cap are its spec's; whether it is above its cap is the tuner's test (measured PD >
+//! cap) on the PD shown.
 
 mod read;
 mod render;

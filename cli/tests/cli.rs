@@ -301,7 +301,7 @@ fn run_usage_does_not_ask_for_what_the_environment_gave() {
 /// A store that does not answer is refused before the placer is asked: a mistyped
 /// `--store` would otherwise be placed and run untuned, its agent warning all its life.
 #[test]
-fn run_refuses_a_store_that_does_not_answer() {
+fn run_refuses_a_store_that_cannot_be_read() {
     let ports = iadeep_state::testing::free_ports(2).expect("free ports");
     let (store_port, placer_port) = (ports[0], ports[1]);
     let out = Command::new(env!("CARGO_BIN_EXE_iadeep"))
@@ -313,7 +313,7 @@ fn run_refuses_a_store_that_does_not_answer() {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains(&format!("etcd://127.0.0.1:{store_port}")) && err.contains("does not answer"),
+        err.contains(&format!("etcd://127.0.0.1:{store_port}")) && err.contains("cannot be read"),
         "{err}"
     );
     assert!(!err.contains("cannot reach the placer"), "{err}");

@@ -242,6 +242,9 @@ impl FromStr for StoreUrl {
                 .and_then(|rest| rest.strip_prefix(':'))
             {
                 let hosts = rest.trim_start_matches('/');
+                if hosts.is_empty() {
+                    return Err(invalid(format!("no host after {scheme}: {FORMS}")));
+                }
                 return Err(invalid(format!(
                     "did you mean {scheme}://{hosts}? ({FORMS})"
                 )));
@@ -356,6 +359,7 @@ mod tests {
                 "did you mean etcd://127.0.0.1:23790?",
             ),
             ("etcds:/h:1", "did you mean etcds://h:1?"),
+            ("etcd:", "no host after etcd"),
             ("state", "./state"),
         ] {
             let err = url.parse::<StoreUrl>().expect_err(url).to_string();

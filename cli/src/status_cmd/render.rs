@@ -269,7 +269,13 @@ fn job_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
         ]);
         lines.push(layout.cut(&line, WIDTH));
     }
-    lines.extend(job_notes(snapshot, id_w));
+    // Job ids in the JOB column, GPU ids in the GPU columns of both tables.
+    let longest = |ids: &mut dyn Iterator<Item = &str>| ids.map(|id| id.chars().count()).max();
+    let ids_cut = !layout.wide
+        && (longest(&mut snapshot.jobs.iter().map(|j| j.id.as_str())) > Some(id_w)
+            || longest(&mut snapshot.jobs.iter().map(|j| j.device.as_str())) > Some(gpu_w)
+            || longest(&mut snapshot.devices.iter().map(|d| d.id.as_str())) > Some(16));
+    lines.extend(job_notes(snapshot, ids_cut));
     let above: Vec<String> = snapshot
         .jobs
         .iter()
@@ -294,7 +300,7 @@ fn job_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
 }
 
 /// What the jobs' table needs said under it: its columns, and its marks where shown.
-fn job_notes(snapshot: &Snapshot, id_w: usize) -> Vec<String> {
+fn job_notes(snapshot: &Snapshot, ids_cut: bool) -> Vec<String> {
     let mut lines = Vec::new();
     lines.push(
         "MiB: the last reported peak, else the reservation; SEEN: since the last report."
@@ -304,17 +310,8 @@ fn job_notes(snapshot: &Snapshot, id_w: usize) -> Vec<String> {
         "CAP: a production job's slowdown cap (- for opportunistic); PD!: measured above it."
             .to_owned(),
     );
-    if id_w
-        < snapshot
-            .jobs
-            .iter()
-            .map(|j| j.id.chars().count())
-            .max()
-            .unwrap_or(0)
-    {
-        lines.push(
-            "JOB ids cut in the middle (…): `iadeep status --wide` shows them whole.".to_owned(),
-        );
+    if ids_cut {
+        lines.push("Ids cut (…): `iadeep status --wide` shows them whole.".to_owned());
     }
     if snapshot.jobs.iter().any(moving) {
         lines.push(

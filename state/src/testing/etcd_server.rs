@@ -466,7 +466,8 @@ impl EtcdCluster {
     /// election between that and the freeze could still make it the leader, so after the
     /// freeze the member that led must still say it leads (had `index` won an election, that
     /// one would have stepped down, and cannot lead again before an election timeout).
-    /// Otherwise `index` is resumed and frozen again.
+    /// Otherwise `index` is resumed and frozen again. Not airtight: a leader that has not
+    /// heard of a newer term yet still says it leads, a window of one heartbeat.
     pub async fn freeze_follower(&mut self, index: usize) -> Result<(), String> {
         const ATTEMPTS: usize = 5;
         let count = self.members.len();
@@ -474,7 +475,10 @@ impl EtcdCluster {
             let leader = match self.leader_now() {
                 Some(leader) if leader != index => leader,
                 _ => {
-                    let to = (index + 1) % count;
+                    let to = (1..count)
+                        .map(|step| (index + step) % count)
+                        .find(|&m| self.members[m].child.is_some())
+                        .ok_or_else(|| format!("no running member but {index} to lead"))?;
                     self.move_leader(to).await?;
                     to
                 }
