@@ -19,8 +19,8 @@ stands in for it (the tuner needs some memory figure before it grows a batch). O
 the loader also fences PyTorch's allocator at the memory iadeep holds for the job.
 
 SIGTERM (`iadeep run` forwards the one it gets, e.g. from `kill` or a pod's deletion)
-stops the training after the current step, and the job exits 0, its agent saying it
-finished.
+and Ctrl-C (SIGINT) stop the training after the current step, and the job exits 0, its
+agent saying it finished.
 """
 
 import argparse
@@ -76,8 +76,16 @@ def main() -> int:
     args = parser.parse_args()
     # Before the agent starts: it then leaves SIGTERM to this handler (a handler set after
     # it would replace the agent's, which finishes the task and ends the process at once).
+    # Ctrl-C too, so that it ends the run as SIGTERM does, not with a traceback.
     stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    stopped_by: list[str] = []
+
+    def stop(signum: int, frame: object) -> None:
+        stopped_by.append(signal.Signals(signum).name)
+        stopping.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(args.seed)
@@ -128,13 +136,14 @@ def main() -> int:
                 agent.record_peak_memory(iadeep.torch.peak_memory_mib(device))
                 if should_stop():
                     break
+            cut = " (stopped before the epoch's end)" if stopping.is_set() else ""
             print(
                 f"epoch {epoch}: loss {loss_sum / max(seen, 1):.4f}, accuracy {correct / max(seen, 1):.3f}, "
-                f"batch size {loader.batch_size}",
+                f"batch size {loader.batch_size}{cut}",
                 flush=True,
             )
-    if stopping.is_set():
-        print("stopped on SIGTERM", flush=True)
+    if stopped_by:
+        print(f"stopped on {stopped_by[0]}", flush=True)
     return 0
 
 

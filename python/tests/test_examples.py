@@ -6,7 +6,9 @@ Each skips, saying so, where its framework is not importable.
 from __future__ import annotations
 
 import ast
+import os
 import re
+import signal
 import subprocess
 
 import pytest
@@ -39,6 +41,32 @@ def test_the_pytorch_example_trains_under_iadeep_run(cluster: Cluster):
     pytest.importorskip("torch", reason="torch is not importable: the PyTorch example did not run")
     out = run_example(cluster, "torch-example", "train_mnist_like.py", "--epochs", "1", "--samples", "3000")
     assert "epoch 0: loss" in out
+
+
+def test_ctrl_c_stops_the_pytorch_example_after_its_step(cluster: Cluster):
+    # A terminal's Ctrl-C reaches the whole foreground process group: `iadeep run` waits,
+    # the job ends its step and exits 0 (before, it died with a KeyboardInterrupt traceback).
+    pytest.importorskip("torch", reason="torch is not importable: the PyTorch example did not run")
+    task = "ctrl-c-example"
+    job = cluster.run_job(
+        ["--batch-size", "64", "--min-batch-size", "16", "--max-batch-size", "512", "--task-id", task],
+        python_job(EXAMPLES / "train_mnist_like.py", "--epochs", "1000", "--report-interval-s", "0.5"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    assert job.stdout is not None
+    lines = []
+    for line in job.stdout:
+        lines.append(line)
+        if line.startswith(f"task {task} on"):
+            break
+    else:
+        raise AssertionError("the example never started:\n" + "".join(lines))
+    os.killpg(job.pid, signal.SIGINT)
+    out, _ = job.communicate(timeout=DEADLINE_S)
+    out = "".join(lines) + out
+    assert job.returncode == 0, out
+    assert "stopped on SIGINT" in out and "Traceback" not in out, out
+    assert cluster.placement(task) is None
 
 
 def _peak_memory_reports(source: str) -> list:
