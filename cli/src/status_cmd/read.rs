@@ -84,6 +84,7 @@ pub struct TunerSummary {
     pub measured: usize,
     /// Configurations that ran out of memory.
     pub out_of_memory: usize,
+    /// The lowest Σ PD measured, while every task of the co-location still runs here.
     pub best_sum_pd: Option<f64>,
     pub updated_at_unix_ms: i64,
 }
@@ -278,11 +279,14 @@ fn device_row(id: String, keys: DeviceKeys, tasks: &BTreeMap<String, TaskEntry>)
             .iter()
             .filter(|o| o.sum_pd.is_none())
             .count(),
+        // Only while its co-location still runs: with its jobs gone, the observations the
+        // tuner keeps (until its residents change) describe nothing on the card.
         best_sum_pd: state
             .observations
             .iter()
             .filter_map(|o| o.sum_pd)
-            .min_by(f64::total_cmp),
+            .min_by(f64::total_cmp)
+            .filter(|_| state.task_ids.iter().all(|t| residents.contains(t))),
         task_ids: state.task_ids,
         updated_at_unix_ms: state.updated_at_unix_ms,
     });

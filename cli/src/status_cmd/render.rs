@@ -250,8 +250,15 @@ fn job_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
             |at| age(age_since(snapshot.now_unix_ms, at)),
         );
         let mib = j.peak_mem_mib.or(j.reserved_mib);
-        // A production job measured above its cap is marked where its PD is read.
-        let mark = if j.above_cap == Some(true) { "!" } else { "" };
+        // A production job measured above its cap is marked where its PD is read, and so is
+        // a PD against an estimated solo time (the job never ran alone).
+        let above = if j.above_cap == Some(true) { "!" } else { "" };
+        let estimated = if j.pd_basis == Some("estimated") {
+            "~"
+        } else {
+            ""
+        };
+        let mark = format!("{above}{estimated}");
         let line = row([
             &layout.cut_id(&j.id, 16),
             &layout.cut(&j.device, 12),
@@ -310,6 +317,16 @@ fn job_notes(snapshot: &Snapshot, ids_cut: bool) -> Vec<String> {
         "CAP: a production job's slowdown cap (- for opportunistic); PD!: measured above it."
             .to_owned(),
     );
+    if snapshot
+        .jobs
+        .iter()
+        .any(|j| j.pd.is_some() && j.pd_basis == Some("estimated"))
+    {
+        lines.push(
+            "PD~: against a solo step time estimated next to co-runners (never ran alone)."
+                .to_owned(),
+        );
+    }
     if ids_cut {
         lines.push("Ids cut (…): `iadeep status --wide` shows them whole.".to_owned());
     }

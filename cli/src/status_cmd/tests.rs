@@ -65,6 +65,11 @@ async fn put_task(store: &dyn StateStore, spec: &TaskSpec, batch: u32, step_s: f
 /// One 16 GiB GPU with two jobs: `a` (tuned, its solo step time at m0 known to the tuner)
 /// and `b` (pinned at m0, with a solo profile at m0).
 async fn two_jobs() -> Snapshot {
+    two_jobs_reserved(&["a", "b"]).await
+}
+
+/// [`two_jobs`] with only `reserved` in the GPU's residents record (the others released).
+async fn two_jobs_reserved(reserved: &[&str]) -> Snapshot {
     let store = EmbeddedStore::in_memory().expect("store");
     let info = DeviceInfo {
         device_id: "gpu-0".into(),
@@ -82,7 +87,10 @@ async fn two_jobs() -> Snapshot {
     };
     let residents = DeviceResidents {
         device_id: "gpu-0".into(),
-        reservations: vec![reservation("a", 5000), reservation("b", 4000)],
+        reservations: vec![reservation("a", 5000), reservation("b", 4000)]
+            .into_iter()
+            .filter(|r| reserved.contains(&r.task_id.as_str()))
+            .collect(),
         ..Default::default()
     };
     typed::put(&store, &keys::device_residents("gpu-0"), &residents, None)
@@ -182,6 +190,28 @@ async fn two_jobs() -> Snapshot {
         .await
         .expect("leaving");
     read::read(&store, NOW_MS).await.expect("read")
+}
+
+/// A PD against an estimated solo time is marked, and the mark explained.
+#[tokio::test]
+async fn a_pd_against_an_estimated_solo_time_is_marked() {
+    let mut s = two_jobs().await;
+    let lines = render::text(&s, Layout::default());
+    assert!(!lines.iter().any(|l| l.starts_with("PD~")), "{lines:#?}");
+    s.jobs[0].pd_basis = Some("estimated");
+    let lines = render::text(&s, Layout::default());
+    assert!(job_rows(&lines)[0].contains("1.25~"), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.starts_with("PD~: ")), "{lines:#?}");
+}
+
+/// The best Σ PD of a co-location is shown while it runs, not after one of its jobs left
+/// (the tuner keeps its observations until its residents change).
+#[tokio::test]
+async fn the_best_sum_pd_is_that_of_a_co_location_that_still_runs() {
+    let best = |s: &Snapshot| s.devices[0].tuner.as_ref().and_then(|t| t.best_sum_pd);
+    assert_eq!(best(&two_jobs().await), Some(2.25));
+    assert_eq!(best(&two_jobs_reserved(&["a"]).await), None);
+    assert_eq!(best(&two_jobs_reserved(&[]).await), None);
 }
 
 #[tokio::test]
