@@ -462,34 +462,24 @@ impl Driver {
                 let revisions = vec![Some(revision); assignments.len()];
                 self.written(&assignments, &revisions);
             }
-            // A transaction the etcd client sent again after a member failed may have
-            // committed the first time and fail its comparisons the second, against its own
-            // writes (`iadeep_state::etcd`): the keys hold exactly what the round wrote.
-            Ok(TxnOutcome::Failed { current })
-                if assignments.iter().enumerate().all(|(i, a)| {
-                    current
-                        .get(i + 1)
-                        .and_then(|kv| kv.as_ref())
-                        .is_some_and(|kv| kv.value == a.encode_to_vec())
-                }) =>
-            {
-                let revisions: Vec<Option<Revision>> = (0..assignments.len())
-                    .map(|i| {
-                        current
-                            .get(i + 1)
-                            .and_then(|kv| kv.as_ref())
-                            .map(|kv| kv.mod_revision)
-                    })
-                    .collect();
-                self.written(&assignments, &revisions);
-            }
             Ok(TxnOutcome::Failed { current }) => {
-                let revision_at = |i: usize| {
-                    current
-                        .get(i)
-                        .and_then(|kv| kv.as_ref())
-                        .map(|kv| kv.mod_revision)
-                };
+                // What each compared key holds now: the residents record at 0, then the
+                // round's assignment keys in order.
+                let now = |i: usize| current.get(i).and_then(Option::as_ref);
+                // A transaction the etcd client sent again after a member failed may have
+                // committed the first time and fail its comparisons the second, against its
+                // own writes (`iadeep_state::etcd`): the keys hold exactly what it wrote.
+                let own = assignments
+                    .iter()
+                    .enumerate()
+                    .all(|(i, a)| now(i + 1).is_some_and(|kv| kv.value == a.encode_to_vec()));
+                let revisions: Vec<Option<Revision>> = (0..assignments.len())
+                    .map(|i| now(i + 1).map(|kv| kv.mod_revision))
+                    .collect();
+                if own {
+                    self.written(&assignments, &revisions);
+                    return;
+                }
                 let Some(round) = assignments.first().map(|a| a.round) else {
                     return;
                 };
@@ -497,11 +487,11 @@ impl Driver {
                     "the device's reservations or a task's assignment changed since the round was decided; round not written");
                 self.lost_round = Some(LostRound {
                     round,
-                    residents_now: revision_at(0),
+                    residents_now: now(0).map(|kv| kv.mod_revision),
                     assignments_now: assignments
                         .iter()
-                        .enumerate()
-                        .map(|(i, a)| (a.task_id.clone(), revision_at(i + 1)))
+                        .map(|a| a.task_id.clone())
+                        .zip(revisions)
                         .collect(),
                 });
             }
