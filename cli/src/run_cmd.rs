@@ -1489,13 +1489,15 @@ async fn release(client: &mut PlacerClient<Channel>, task_id: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// `iadeep run`'s arguments as a command of their own, to parse them.
+    #[derive(clap::Parser)]
+    struct Run {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
     /// `iadeep run ARGS -- python train.py`, parsed.
     fn run_args(args: &[&str]) -> RunArgs {
-        #[derive(clap::Parser)]
-        struct Run {
-            #[command(flatten)]
-            run: RunArgs,
-        }
         let command = [
             "iadeep-run",
             "--placer",
@@ -1516,11 +1518,6 @@ mod tests {
     /// the `--` got only "unexpected argument"): the command's own flags stay its own.
     #[test]
     fn the_command_is_everything_from_its_first_word() {
-        #[derive(clap::Parser)]
-        struct Run {
-            #[command(flatten)]
-            run: RunArgs,
-        }
         let parse = |args: &[&str]| {
             <Run as clap::Parser>::try_parse_from(
                 ["iadeep-run", "--batch-size", "8"].iter().chain(args),

@@ -62,11 +62,26 @@ impl Layout {
     /// The width of a column of `ids`: `fitted` when fitted, else as wide as the longest.
     fn column<'a>(self, fitted: usize, ids: impl Iterator<Item = &'a str>) -> usize {
         if self.wide {
-            ids.map(|id| id.chars().count()).fold(fitted, usize::max)
+            longest(ids).max(fitted)
         } else {
             fitted
         }
     }
+}
+
+/// Characters of the longest of `ids` (0 for none).
+fn longest<'a>(ids: impl Iterator<Item = &'a str>) -> usize {
+    ids.map(|id| id.chars().count()).max().unwrap_or(0)
+}
+
+/// Fitted widths of the id columns: a GPU's in its table, a job's and its GPU's in theirs.
+const DEVICE_ID_W: usize = 16;
+const JOB_ID_W: usize = 16;
+const JOB_GPU_W: usize = 12;
+
+/// Whether a job's PD is measured against a solo time estimated next to co-runners.
+fn pd_estimated(job: &JobRow) -> bool {
+    job.pd_basis == Some("estimated")
 }
 
 /// Seconds as `4s`, `3m`, `2h`, `5d`: how long ago, in the fewest characters.
@@ -134,7 +149,7 @@ pub fn text(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
 }
 
 fn device_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
-    let id_w = layout.column(16, snapshot.devices.iter().map(|d| d.id.as_str()));
+    let id_w = layout.column(DEVICE_ID_W, snapshot.devices.iter().map(|d| d.id.as_str()));
     let kind_w = layout.column(
         7,
         snapshot
@@ -182,7 +197,7 @@ fn device_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
         };
         let tuner = d.tuner.as_ref();
         let line = row([
-            &layout.cut(&d.id, 16),
+            &layout.cut(&d.id, DEVICE_ID_W),
             &kind,
             &total,
             &d.reserved_mib.to_string(),
@@ -232,8 +247,8 @@ fn breach_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
 }
 
 fn job_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
-    let id_w = layout.column(16, snapshot.jobs.iter().map(|j| j.id.as_str()));
-    let gpu_w = layout.column(12, snapshot.jobs.iter().map(|j| j.device.as_str()));
+    let id_w = layout.column(JOB_ID_W, snapshot.jobs.iter().map(|j| j.id.as_str()));
+    let gpu_w = layout.column(JOB_GPU_W, snapshot.jobs.iter().map(|j| j.device.as_str()));
     let row = |cells: [&str; 11]| {
         let [id, gpu, batch, m0, bounds, lr, cap, pd, mib, seen, state] = cells;
         format!(
@@ -253,15 +268,11 @@ fn job_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
         // A production job measured above its cap is marked where its PD is read, and so is
         // a PD against an estimated solo time (the job never ran alone).
         let above = if j.above_cap == Some(true) { "!" } else { "" };
-        let estimated = if j.pd_basis == Some("estimated") {
-            "~"
-        } else {
-            ""
-        };
+        let estimated = if pd_estimated(j) { "~" } else { "" };
         let mark = format!("{above}{estimated}");
         let line = row([
-            &layout.cut_id(&j.id, 16),
-            &layout.cut(&j.device, 12),
+            &layout.cut_id(&j.id, JOB_ID_W),
+            &layout.cut(&j.device, JOB_GPU_W),
             &batch_cell(j),
             &j.m0.to_string(),
             &format!("{}-{}", j.min_batch_size, j.max_batch_size),
@@ -277,11 +288,10 @@ fn job_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
         lines.push(layout.cut(&line, WIDTH));
     }
     // Job ids in the JOB column, GPU ids in the GPU columns of both tables.
-    let longest = |ids: &mut dyn Iterator<Item = &str>| ids.map(|id| id.chars().count()).max();
     let ids_cut = !layout.wide
-        && (longest(&mut snapshot.jobs.iter().map(|j| j.id.as_str())) > Some(id_w)
-            || longest(&mut snapshot.jobs.iter().map(|j| j.device.as_str())) > Some(gpu_w)
-            || longest(&mut snapshot.devices.iter().map(|d| d.id.as_str())) > Some(16));
+        && (longest(snapshot.jobs.iter().map(|j| j.id.as_str())) > id_w
+            || longest(snapshot.jobs.iter().map(|j| j.device.as_str())) > gpu_w
+            || longest(snapshot.devices.iter().map(|d| d.id.as_str())) > DEVICE_ID_W);
     lines.extend(job_notes(snapshot, ids_cut));
     let above: Vec<String> = snapshot
         .jobs
@@ -320,7 +330,7 @@ fn job_notes(snapshot: &Snapshot, ids_cut: bool) -> Vec<String> {
     if snapshot
         .jobs
         .iter()
-        .any(|j| j.pd.is_some() && j.pd_basis == Some("estimated"))
+        .any(|j| j.pd.is_some() && pd_estimated(j))
     {
         lines.push(
             "PD~: against a solo step time estimated next to co-runners (never ran alone)."
