@@ -114,6 +114,9 @@ pub struct JobRow {
     pub pd: Option<f64>,
     pub pd_basis: Option<&'static str>,
     pub reported_at_unix_ms: Option<i64>,
+    /// When the placer placed the job (`None` where the placement does not say), so that
+    /// a job whose agent never reported can be told from one placed moments ago.
+    pub placed_at_unix_ms: Option<i64>,
     pub tuning: Tuning,
     /// `production` or `opportunistic` ([`TaskSpec::class_name`]).
     pub class: &'static str,
@@ -350,6 +353,7 @@ fn job_row(
         pd,
         pd_basis,
         reported_at_unix_ms: report.map(|r| r.reported_at_unix_ms),
+        placed_at_unix_ms: (placement.placed_at_unix_ms > 0).then_some(placement.placed_at_unix_ms),
         tuning: tuning(id, &spec, finished, pd.is_some(), tuner),
         class: spec.class_name(),
         cap,

@@ -283,7 +283,7 @@ fn job_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
                 .map_or_else(|| "-".to_owned(), |p| format!("{p:.2}{mark}")),
             &opt(mib),
             &seen,
-            &job_state(j),
+            &job_state(j, snapshot.now_unix_ms),
         ]);
         lines.push(layout.cut(&line, WIDTH));
     }
@@ -337,6 +337,17 @@ fn job_notes(snapshot: &Snapshot, ids_cut: bool) -> Vec<String> {
                 .to_owned(),
         );
     }
+    if snapshot
+        .jobs
+        .iter()
+        .any(|j| agent_overdue(j, snapshot.now_unix_ms).is_some())
+    {
+        lines.push(
+            "no agent T: placed T ago, never reported: is its process up, with an iadeep Agent \
+             in its loop?"
+                .to_owned(),
+        );
+    }
     if ids_cut {
         lines.push("Ids cut (…): `iadeep status --wide` shows them whole.".to_owned());
     }
@@ -362,9 +373,23 @@ fn batch_cell(job: &JobRow) -> String {
     format!("{}{mark}", job.batch_size)
 }
 
+/// How long a placed job may go without its agent's first report before `status` says
+/// so: a PyTorch script's imports and CUDA start take tens of seconds, rarely minutes.
+const AGENT_PATIENCE_S: f64 = 120.0;
+
+/// How long ago a job was placed whose agent never reported, once that is longer than
+/// [`AGENT_PATIENCE_S`].
+fn agent_overdue(job: &JobRow, now_ms: i64) -> Option<f64> {
+    if job.running || job.finished || job.reported_at_unix_ms.is_some() {
+        return None;
+    }
+    let waited = age_since(now_ms, job.placed_at_unix_ms?);
+    (waited > AGENT_PATIENCE_S).then_some(waited)
+}
+
 /// The job's last column: the tuner's phase (or that the placer evicted it), and
-/// whether its agent is gone or not started yet.
-fn job_state(job: &JobRow) -> String {
+/// whether its agent is gone, not started yet, or overdue.
+fn job_state(job: &JobRow, now_ms: i64) -> String {
     let phase = if job.evicted.is_some() {
         "evicted"
     } else {
@@ -374,9 +399,11 @@ fn job_state(job: &JobRow) -> String {
         // A job placed moments ago whose agent has not started (the interpreter is still
         // importing) has never reported; one that has, and holds no alive key, is gone.
         let agent = if job.reported_at_unix_ms.is_some() {
-            "agent gone"
+            "agent gone".to_owned()
+        } else if let Some(waited) = agent_overdue(job, now_ms) {
+            format!("no agent {}", age(waited))
         } else {
-            "no agent yet"
+            "no agent yet".to_owned()
         };
         format!("{phase} ({agent})")
     } else {
@@ -469,6 +496,7 @@ fn job_json(j: &JobRow, now_ms: i64) -> Value {
         "pd_basis": j.pd_basis,
         "reported_at_unix_ms": j.reported_at_unix_ms,
         "report_age_s": j.reported_at_unix_ms.map(|at| age_since(now_ms, at)),
+        "placed_at_unix_ms": j.placed_at_unix_ms,
         "tuner": {"phase": j.tuning.phase, "why": j.tuning.why, "derived": true},
         "class": j.class,
         "max_slowdown": j.cap,

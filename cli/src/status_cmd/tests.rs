@@ -571,6 +571,36 @@ async fn a_job_whose_agent_never_started_is_not_gone() {
     assert!(rows(&s)[1].ends_with("(agent gone)"), "{:?}", rows(&s));
     s.jobs[1].reported_at_unix_ms = None;
     assert!(rows(&s)[1].ends_with("(no agent yet)"), "{:?}", rows(&s));
+    s.jobs[1].placed_at_unix_ms = Some(NOW_MS - 30_000);
+    assert!(rows(&s)[1].ends_with("(no agent yet)"), "{:?}", rows(&s));
+}
+
+/// A job placed minutes ago whose agent never reported is not "yet": its script may not
+/// run at all, or run without an agent, and the table says which question to ask.
+#[tokio::test]
+async fn a_job_whose_agent_never_came_says_for_how_long() {
+    let mut s = two_jobs().await;
+    s.jobs[1].running = false;
+    s.jobs[1].finished = false;
+    s.jobs[1].reported_at_unix_ms = None;
+    s.jobs[1].placed_at_unix_ms = Some(NOW_MS - 600_000);
+    let lines = render::text(&s, Layout::default());
+    let rows = job_rows(&lines);
+    assert!(rows[1].ends_with("(no agent 10m)"), "{rows:?}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("no agent T:")),
+        "the mark is explained: {lines:#?}"
+    );
+    assert_eq!(
+        render::json(&s)["jobs"][1]["placed_at_unix_ms"],
+        NOW_MS - 600_000
+    );
+    s.jobs[1].running = true;
+    let lines = render::text(&s, Layout::default());
+    assert!(
+        !lines.iter().any(|l| l.starts_with("no agent T:")),
+        "{lines:#?}"
+    );
 }
 
 #[tokio::test]
