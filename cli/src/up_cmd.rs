@@ -84,12 +84,21 @@ const CLUSTER_ENV: &str = "cluster.env";
 #[derive(Debug)]
 struct ClusterDir {
     path: PathBuf,
+    /// The outermost folder this `iadeep up` created for `path` (`path` itself, or an
+    /// ancestor), if it created one: removed again when the cluster fails to start, so a
+    /// mistyped `--dir` or a busy port leaves nothing behind.
+    created: Option<PathBuf>,
     /// Holds the lock; released when the process ends, however it ends.
     _lock: File,
 }
 
 impl ClusterDir {
     fn open(path: PathBuf) -> Result<ClusterDir> {
+        let created = path
+            .ancestors()
+            .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
+            .last()
+            .map(PathBuf::from);
         std::fs::create_dir_all(&path)
             .with_context(|| format!("cannot create {}", path.display()))?;
         let lock_path = path.join("up.lock");
@@ -110,7 +119,27 @@ impl ClusterDir {
         }
         lock.set_len(0)?;
         write!(lock, "pid {}", std::process::id())?;
-        Ok(ClusterDir { path, _lock: lock })
+        Ok(ClusterDir {
+            path,
+            created,
+            _lock: lock,
+        })
+    }
+
+    /// After a failed start: removes the folder if this `iadeep up` created it (no cluster
+    /// ran on it, so nothing in it is worth keeping); a folder that existed before is kept.
+    fn discard_if_new(&self) {
+        let Some(created) = &self.created else {
+            return;
+        };
+        match std::fs::remove_dir_all(created) {
+            Ok(()) => {
+                tracing::info!(dir = %created.display(), "removed the folder this start created")
+            }
+            Err(err) => {
+                tracing::warn!(dir = %created.display(), %err, "cannot remove the folder this start created")
+            }
+        }
     }
 
     fn env_path(&self) -> PathBuf {
@@ -214,14 +243,42 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
             .clone()
             .unwrap_or_else(|| iadeep_state::embedded_data_dir().join("cluster")),
     )?;
+    let mut running = match start(&args, &dir, &etcd_bin, placer, devices).await {
+        Ok(running) => running,
+        Err(err) => {
+            dir.discard_if_new();
+            return Err(err);
+        }
+    };
+    let outcome = tokio::select! {
+        _ = crate::signals::shutdown() => {
+            tracing::info!("stopping the cluster");
+            Ok(ExitCode::SUCCESS)
+        }
+        failure = running.failed() => Err(failure),
+    };
+    let _ = std::fs::remove_file(dir.env_path());
+    running.stop().await;
+    outcome
+}
+
+/// Starts etcd, the placer and the tuners on `dir`, writes cluster.env and says so: the
+/// cluster is up when this returns `Ok`.
+async fn start(
+    args: &UpArgs,
+    dir: &ClusterDir,
+    etcd_bin: &std::path::Path,
+    placer: iadeep_placer::Placer,
+    devices: Vec<DeviceInfo>,
+) -> Result<Running> {
     // Fail now, naming the port and its flag, if another cluster (or anything else)
     // holds one: a second `iadeep up` on the default ports must not run next to the
     // first one's etcd (see also LocalEtcd::start).
-    etcd::stop_orphan(&dir.path, &etcd_bin).await;
-    ensure_ports_free(&args)?;
+    etcd::stop_orphan(&dir.path, etcd_bin).await;
+    ensure_ports_free(args)?;
 
     let (etcd, store) = LocalEtcd::start(EtcdLaunch {
-        binary: &etcd_bin,
+        binary: etcd_bin,
         dir: &dir.path,
         client_port: args.etcd_port,
         peer_port: args.etcd_peer_port,
@@ -230,8 +287,8 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
     .await?;
     let store_url = etcd.url();
     tracing::info!(store = %store_url, dir = %dir.path.display(), "etcd ready");
-    let running = Running::start(etcd, store, placer, &args, devices).await;
-    let mut running = match running {
+    let running = Running::start(etcd, store, placer, args, devices).await;
+    let running = match running {
         Ok(running) => running,
         Err((etcd, err)) => {
             etcd.stop().await;
@@ -255,16 +312,7 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
         dir.env_path().display()
     );
 
-    let outcome = tokio::select! {
-        _ = crate::signals::shutdown() => {
-            tracing::info!("stopping the cluster");
-            Ok(ExitCode::SUCCESS)
-        }
-        failure = running.failed() => Err(failure),
-    };
-    let _ = std::fs::remove_file(dir.env_path());
-    running.stop().await;
-    outcome
+    Ok(running)
 }
 
 /// The placer and the tuners, on the cluster's etcd.

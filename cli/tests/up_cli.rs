@@ -80,8 +80,9 @@ fn a_second_cluster_on_the_same_ports_fails_at_once_naming_the_port_and_flag() {
     // The holder is the first cluster's etcd (same user: /proc shows it).
     let holder = format!("--data-dir={}", first.dir.join("etcd").display());
     assert!(stderr.contains(&holder), "names the holder:\n{stderr}");
-    // No etcd of its own was started: its folder has no etcd data.
+    // No etcd of its own was started, and the folder it created is gone again.
     assert!(!second_dir.join("etcd").exists(), "no etcd was started");
+    assert!(!second_dir.exists(), "the folder it created is removed");
 
     // Only the placer's port in the way: still refused before etcd starts.
     let [etcd_port, etcd_peer_port] = free_ports();
@@ -99,6 +100,23 @@ fn a_second_cluster_on_the_same_ports_fails_at_once_naming_the_port_and_flag() {
         "only the placer's port:\n{stderr}"
     );
     assert!(!third_dir.join("etcd").exists(), "no etcd was started");
+    assert!(!third_dir.exists(), "the folder it created is removed");
+
+    // A folder that existed before the failed start is kept, with what it held.
+    let fourth_dir = tmp.path().join("fourth");
+    std::fs::create_dir(&fourth_dir).expect("mkdir");
+    std::fs::write(fourth_dir.join("notes.txt"), "mine").expect("write");
+    let (status, _, stderr, _) = finish(LocalCluster::command(
+        &fourth_dir,
+        etcd_port,
+        etcd_peer_port,
+        first.placer_port,
+    ));
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        fourth_dir.join("notes.txt").exists(),
+        "a folder it did not create is kept"
+    );
 
     assert!(first.running(), "the first cluster still runs");
     assert_eq!(first.device_infos().len(), 1, "its GPU is still registered");
