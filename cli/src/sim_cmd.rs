@@ -85,7 +85,8 @@ pub struct SimArgs {
     /// oracle-prediction, oracle-memory, oracle-tuning, oracle-wait). Default: all of
     /// them. The `oracle-*` policies are iadeep with one learned part replaced by the
     /// truth; with iadeep and oracle, the output says how much of the gap between them
-    /// each closes (`gap_closed` in --json). `oracle-wait` runs iadeep once more first.
+    /// each closes (`gap_closed` in --json). `oracle-wait` needs iadeep's run: listed after
+    /// `iadeep`, it reads that one; otherwise it runs iadeep once more first.
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     policies: Vec<String>,
     /// Directory for the CSV files and plots.
@@ -197,7 +198,12 @@ fn simulate(
     let experiment = Experiment::new(params, gavel, &trace)?;
     let mut runs: Vec<RunMetrics> = Vec::new();
     for name in &names {
-        let mut policy = experiment.policy(name)?;
+        // `oracle-wait` needs iadeep's run; one already made here is not made again.
+        let iadeep_run = names
+            .iter()
+            .position(|n| n == "iadeep")
+            .and_then(|i| runs.get(i));
+        let mut policy = experiment.policy_after(name, iadeep_run)?;
         let mut shown = Progress::start(name);
         let mut progress = |done: usize, total: usize| shown.update(done, total);
         let run = if audit {

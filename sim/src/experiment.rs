@@ -100,15 +100,28 @@ impl Experiment {
     /// experiment's world, the others only what the engine shows them. `oracle-wait`
     /// runs `iadeep` on the stream first, for the waits its tasks really had.
     pub fn policy(&self, name: &str) -> Result<Box<dyn Policy>> {
+        self.policy_after(name, None)
+    }
+
+    /// [`Experiment::policy`], given `iadeep`'s run of this experiment if one was made:
+    /// `oracle-wait` reads its waits there rather than running `iadeep` again. The run is
+    /// deterministic, so the waits are the same either way.
+    pub fn policy_after(
+        &self,
+        name: &str,
+        iadeep_run: Option<&RunMetrics>,
+    ) -> Result<Box<dyn Policy>> {
         use crate::policy::iadeep::{Iadeep, Oracle, Variant, oracle::Truth};
         let seed = self.params.workload.seed;
         if let Some(which) = Oracle::from_name(name) {
-            let starts = if which.wait() {
-                let mut iadeep = Iadeep::new(Variant::Full, seed)?;
-                let run = self.run_policy(&mut iadeep, &mut |_, _| {})?;
-                run.tasks.iter().map(|t| (t.id, t.start_s)).collect()
-            } else {
-                Vec::new()
+            let starts = match (which.wait(), iadeep_run) {
+                (false, _) => Vec::new(),
+                (true, Some(run)) => run.tasks.iter().map(|t| (t.id, t.start_s)).collect(),
+                (true, None) => {
+                    let mut iadeep = Iadeep::new(Variant::Full, seed)?;
+                    let run = self.run_policy(&mut iadeep, &mut |_, _| {})?;
+                    run.tasks.iter().map(|t| (t.id, t.start_s)).collect()
+                }
             };
             let truth = Truth::new(&self.world);
             return Ok(Box::new(Iadeep::oracle(truth, which, &starts, seed)?));

@@ -809,3 +809,20 @@ fn each_single_part_oracle_replaces_its_part_only() {
         }
     }
 }
+
+/// `oracle-wait` given iadeep's run of the experiment (as `iadeep sim` does when iadeep
+/// ran first) reads the same waits as when it runs iadeep itself, so its figures are
+/// the same: the run it skips is deterministic.
+#[test]
+fn oracle_wait_from_iadeeps_run_is_oracle_wait() {
+    let experiment = experiment("k80", 30, 3, 3.0, 5);
+    let iadeep = run(&experiment, "iadeep");
+    let mut given = experiment
+        .policy_after("oracle-wait", Some(&iadeep))
+        .expect("policy");
+    let given = experiment
+        .run_policy(given.as_mut(), &mut |_, _| {})
+        .expect("run");
+    let own = run(&experiment, "oracle-wait");
+    assert_eq!(given.tasks, own.tasks);
+}
