@@ -55,9 +55,12 @@ use tokio::signal::unix::{SignalKind, signal};
 use tonic::transport::Channel;
 use wake::QueueWatch;
 
+mod agent_check;
 mod enforce;
 mod tree;
 mod wake;
+
+pub(crate) use agent_check::AGENT_START_PATIENCE;
 
 /// Run a training command on a GPU of this machine chosen by iadeep's placer.
 ///
@@ -202,6 +205,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = enforce::DEFAULT_KILL_AFTER,
         value_parser = enforce::parse_grace, help_heading = PRIORITY)]
     evict_kill_after: Duration,
+    /// How long the job may run before its iadeep agent's first report is overdue; then
+    /// `iadeep run` warns, once (0s: never).
+    ///
+    /// A job without an agent (a script that never creates `iadeep.Agent.from_env(...)`)
+    /// is never tuned, and the placer gives its GPU memory back after its
+    /// unstarted-task grace (10 min by default) while the job may still use it.
+    #[arg(long, value_name = "DURATION", default_value = agent_check::DEFAULT_PATIENCE,
+        value_parser = agent_check::parse_patience, help_heading = THE_JOB)]
+    agent_patience: Duration,
     /// The command and its arguments, after `--` (or from its first word on: every
     /// argument after it is the command's).
     #[arg(trailing_var_arg = true, required = true,
@@ -510,16 +522,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         tracing::info!(task = %task_id, device = %placement.device_id, gpu_index = device.index,
             reserved_mib = placement.reserved_mem_mib, class = %args.class, requeued,
             command = ?args.command, "placed; starting the job");
-        let enforcer = enforce::Enforcer::new(args.evict_grace, args.evict_kill_after);
-        let mut ran = run_job(
-            &args.command,
-            &launch,
-            &device,
-            &mut signals,
-            &mut evictions,
-            enforcer,
-        )
-        .await;
+        let mut ran = start_job(&args, &launch, &device, &mut signals, &mut evictions).await;
         // Read before the Release, which moves the keys to the archive (read there too,
         // for a task the reaper released first, once its agent had left).
         let evicted = match &ran {
@@ -549,6 +552,26 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         }
         return Ok(exit_code(status));
     }
+}
+
+/// Runs one start of the job to its exit, enforcing its eviction, and looks for its
+/// agent meanwhile.
+async fn start_job(
+    args: &RunArgs,
+    launch: &Launch,
+    device: &DeviceInfo,
+    signals: &mut Signals,
+    evictions: &mut Evictions,
+) -> Result<Ran> {
+    let enforcer = enforce::Enforcer::new(args.evict_grace, args.evict_kill_after);
+    // Called off when the job exits (dropped at the end of this function).
+    let _agent_check = agent_check::AgentCheck::start(
+        evictions.store.clone(),
+        evictions.url.clone(),
+        launch.task_id.clone(),
+        args.agent_patience,
+    );
+    run_job(&args.command, launch, device, signals, evictions, enforcer).await
 }
 
 /// Logs how the job ended: on its own, or stopped by `iadeep run` (`enforced`: the last

@@ -389,3 +389,44 @@ fn iadeep_up_does_not_start_etcd_again_when_a_port_the_user_gave_was_taken() {
     );
     assert_eq!(starts(&starts_file).len(), 1, "started once:\n{stderr}");
 }
+
+/// A job that runs without an iadeep agent is said to, once, `--agent-patience` after it
+/// started: it is never tuned, and the placer gives its memory back after its
+/// unstarted-task grace. The job runs on and exits as it would.
+#[test]
+fn iadeep_run_warns_once_when_no_agent_reports() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cluster = LocalCluster::start(tmp.path().join("cluster"));
+    let done = tmp.path().join("done");
+    let err_path = tmp.path().join("run.err");
+    // The job waits for the test, not for a time: the warning comes while it runs.
+    let script = format!("while [ ! -e '{}' ]; do sleep 0.1; done", done.display());
+    let run = Killed(Some(
+        std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"))
+            .args(["run", "--task-id", "no-agent", "--batch-size", "32"])
+            .args(["--agent-patience", "1s", "--", "sh", "-c", &script])
+            .env("IADEEP_STORE", &cluster.store)
+            .env("IADEEP_PLACER", &cluster.placer)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&err_path).expect("run.err"))
+            .spawn()
+            .expect("spawn iadeep run"),
+    ));
+    let warning = "no iadeep agent has reported 1s after the job started";
+    let started = Instant::now();
+    let log = || std::fs::read_to_string(&err_path).unwrap_or_default();
+    while !log().contains(warning) {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no warning within {DEADLINE:?}:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::write(&done, "").expect("done");
+    let out = run.output();
+    assert!(out.status.success(), "{}\n{}", out.status, log());
+    assert_eq!(log().matches(warning).count(), 1, "once:\n{}", log());
+    assert!(log().contains("--agent-patience"), "{}", log());
+}

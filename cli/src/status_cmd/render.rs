@@ -373,18 +373,14 @@ fn batch_cell(job: &JobRow) -> String {
     format!("{}{mark}", job.batch_size)
 }
 
-/// How long a placed job may go without its agent's first report before `status` says
-/// so: a PyTorch script's imports and CUDA start take tens of seconds, rarely minutes.
-const AGENT_PATIENCE_S: f64 = 120.0;
-
 /// How long ago a job was placed whose agent never reported, once that is longer than
-/// [`AGENT_PATIENCE_S`].
+/// [`crate::run_cmd::AGENT_START_PATIENCE`] (as long as `iadeep run` waits before it warns).
 fn agent_overdue(job: &JobRow, now_ms: i64) -> Option<f64> {
     if job.running || job.finished || job.reported_at_unix_ms.is_some() {
         return None;
     }
     let waited = age_since(now_ms, job.placed_at_unix_ms?);
-    (waited > AGENT_PATIENCE_S).then_some(waited)
+    (waited > crate::run_cmd::AGENT_START_PATIENCE.as_secs_f64()).then_some(waited)
 }
 
 /// The job's last column: the tuner's phase (or that the placer evicted it), and
