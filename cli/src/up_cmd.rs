@@ -243,6 +243,7 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
             .clone()
             .unwrap_or_else(|| iadeep_state::embedded_data_dir().join("cluster")),
     )?;
+    let args = resume_ports(args, &dir);
     let mut running = match start(&args, &dir, &etcd_bin, placer, devices).await {
         Ok(running) => running,
         Err(err) => {
@@ -260,6 +261,24 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
     let _ = std::fs::remove_file(dir.env_path());
     running.stop().await;
     outcome
+}
+
+/// `args` with each port asked as 0 (any free one) replaced by the one `dir`'s last start
+/// used, where that one is free ([`ports::LastPorts`]).
+fn resume_ports(mut args: UpArgs, dir: &ClusterDir) -> UpArgs {
+    let last = ports::LastPorts::read(&dir.path);
+    let loopback = |port| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let asked = (args.etcd_port, args.etcd_peer_port, args.placer);
+    args.etcd_port = ports::LastPorts::prefer(loopback(args.etcd_port), last.etcd_client).port();
+    args.etcd_peer_port =
+        ports::LastPorts::prefer(loopback(args.etcd_peer_port), last.etcd_peer).port();
+    args.placer = ports::LastPorts::prefer(args.placer, last.placer);
+    if asked != (args.etcd_port, args.etcd_peer_port, args.placer) {
+        tracing::info!(etcd_port = args.etcd_port, etcd_peer_port = args.etcd_peer_port,
+            placer = %args.placer,
+            "port 0: taking this folder's last ports again, which its jobs still running know");
+    }
+    args
 }
 
 /// Starts etcd, the placer and the tuners on `dir`, writes cluster.env and says so: the
@@ -286,6 +305,7 @@ async fn start(
     })
     .await?;
     let store_url = etcd.url();
+    let etcd_ports = etcd.ports();
     tracing::info!(store = %store_url, dir = %dir.path.display(), "etcd ready");
     let running = Running::start(etcd, store, placer, args, devices).await;
     let running = match running {
@@ -300,6 +320,12 @@ async fn start(
         running.stop().await;
         return Err(err);
     }
+    ports::LastPorts {
+        etcd_client: etcd_ports.0,
+        etcd_peer: etcd_ports.1,
+        placer: running.placer.grpc_addr().port(),
+    }
+    .write(&dir.path);
     println!(
         "iadeep cluster up: {} GPU(s) ({}), store {store_url}, placer {placer_url}",
         running.device_ids.len(),
@@ -318,6 +344,8 @@ async fn start(
 /// The placer and the tuners, on the cluster's etcd.
 struct Running {
     etcd: LocalEtcd,
+    /// The store on `etcd`.
+    store: Arc<dyn StateStore>,
     placer: PlacerDaemon,
     tuners: JoinSet<(String, iadeep_tuner::Result<()>)>,
     device_ids: Vec<String>,
@@ -325,6 +353,33 @@ struct Running {
 }
 
 impl Running {
+    /// Names the jobs whose agents still run as the cluster stops: they go on at their
+    /// last batch sizes, untuned, their agents retrying the store's address, and find the
+    /// cluster again when `iadeep up` starts on the same folder (whose ports it takes
+    /// again where they are free, also after port 0).
+    async fn say_running_jobs(&self) {
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            self.store.range(iadeep_state::keys::TASKS),
+        );
+        let Ok(Ok(tasks)) = read.await else {
+            return;
+        };
+        let running: Vec<String> = tasks
+            .kvs
+            .iter()
+            .filter_map(|kv| match iadeep_state::keys::KeyKind::parse(&kv.key) {
+                iadeep_state::keys::KeyKind::TaskAlive { task } => Some(task),
+                _ => None,
+            })
+            .collect();
+        if !running.is_empty() {
+            tracing::warn!(jobs = running.len(), ids = %running.join(", "),
+                "jobs still run: they go on untuned at their last batch sizes until \
+                 `iadeep up` starts again on this --dir, whose ports it takes again");
+        }
+    }
+
     /// Starts the placer and a tuner per device; on failure hands etcd back to stop.
     async fn start(
         etcd: LocalEtcd,
@@ -379,6 +434,7 @@ impl Running {
         }
         Ok(Running {
             etcd,
+            store,
             placer,
             tuners,
             device_ids,
@@ -406,6 +462,7 @@ impl Running {
 
     /// Tuners first (they delete their device records), then the placer, then etcd.
     async fn stop(mut self) {
+        self.say_running_jobs().await;
         let _ = self.stop_tuners.send(true);
         while let Some(joined) = self.tuners.join_next().await {
             match joined {

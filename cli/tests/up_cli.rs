@@ -22,7 +22,7 @@ fn finish(mut up: std::process::Command) -> (std::process::ExitStatus, String, S
             let _ = child.kill();
             let out = child.wait_with_output().expect("wait");
             panic!(
-                "the second `iadeep up` still ran after {DEADLINE:?}:\n{}{}",
+                "`iadeep up` still ran after {DEADLINE:?}:\n{}{}",
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
@@ -429,4 +429,68 @@ fn iadeep_run_warns_once_when_no_agent_reports() {
     assert!(out.status.success(), "{}\n{}", out.status, log());
     assert_eq!(log().matches(warning).count(), 1, "once:\n{}", log());
     assert!(log().contains("--agent-patience"), "{}", log());
+}
+
+/// A cluster asked for any free ports (0) takes its folder's last ones again when started
+/// again there, while they are free: the jobs still running from before the stop know
+/// only those addresses. Stopping it with a job's agent still alive names the job.
+#[test]
+fn port_zero_takes_the_folders_last_ports_again() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("cluster");
+    let mut first = LocalCluster::start_on_any_ports(dir.clone());
+    let (store, placer) = (first.store.clone(), first.placer.clone());
+    // An agent's alive key, as a job still running has one.
+    let put = common::iadeep(&[
+        "state",
+        "put",
+        "--store",
+        &store,
+        "/iadeep/v1/tasks/still-running/alive",
+        "",
+    ]);
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    assert!(first.stop().expect("stopped").success(), "{}", first.log());
+    assert!(
+        first.log().contains("still-running"),
+        "the job still running is named:\n{}",
+        first.log()
+    );
+
+    let mut again = LocalCluster::start_on_any_ports(dir);
+    let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    if again.etcd_port != first.etcd_port && !free(first.etcd_port) {
+        eprintln!("another process took port {} meanwhile", first.etcd_port);
+    } else {
+        assert_eq!(again.store, store, "{}", again.log());
+    }
+    if again.placer_port != first.placer_port && !free(first.placer_port) {
+        eprintln!("another process took port {} meanwhile", first.placer_port);
+    } else {
+        assert_eq!(again.placer, placer, "{}", again.log());
+    }
+    assert!(again.stop().expect("stopped").success(), "{}", again.log());
+}
+
+/// Two of the cluster's own ports given the same number are refused before anything
+/// starts, naming both flags.
+#[test]
+fn the_clusters_own_ports_must_differ() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("cluster");
+    let [port, placer] = free_ports();
+    for (etcd_peer, placer) in [(port, placer), (0, port)] {
+        let (status, _, stderr, _) = finish(LocalCluster::command(&dir, port, etcd_peer, placer));
+        assert!(!status.success(), "{stderr}");
+        assert!(
+            stderr.contains(&format!("are both port {port}")),
+            "{stderr}"
+        );
+        assert!(stderr.contains("--etcd-port PORT"), "{stderr}");
+        assert!(!dir.exists(), "nothing started, nothing left");
+    }
 }

@@ -197,6 +197,11 @@ impl LocalEtcd {
     }
 
     /// The store URL clients use.
+    /// Its client and peer ports.
+    pub fn ports(&self) -> (u16, u16) {
+        (self.client_port, self.peer_port)
+    }
+
     pub fn url(&self) -> StoreUrl {
         StoreUrl::Etcd(iadeep_state::EtcdConfig::plain(vec![format!(
             "127.0.0.1:{}",

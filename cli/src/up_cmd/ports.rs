@@ -23,6 +23,22 @@ pub struct Wanted<'a> {
 /// flag that moves it, unless all of `wanted` can be bound now. Port 0 (any free
 /// port) is always free.
 pub fn ensure_free(wanted: &[Wanted<'_>]) -> Result<()> {
+    for (i, a) in wanted.iter().enumerate() {
+        if let Some(b) = wanted[i + 1..]
+            .iter()
+            .find(|b| a.addr.port() != 0 && b.addr.port() == a.addr.port())
+        {
+            bail!(
+                "cannot start the cluster: {} and {} are both port {}: give them different \
+                 ports ({} and {}; 0 picks a free one)",
+                a.what,
+                b.what,
+                a.addr.port(),
+                a.flag,
+                b.flag
+            );
+        }
+    }
     let mut taken = Vec::new();
     for w in wanted.iter().filter(|w| w.addr.port() != 0) {
         // Bound and dropped at once: the real listener binds it a moment later.
@@ -54,6 +70,67 @@ pub fn ensure_free(wanted: &[Wanted<'_>]) -> Result<()> {
          stop it, or give this cluster other ports (0 picks a free one).",
         taken.join("\n")
     )
+}
+
+/// The ports a cluster folder's last start listened on, kept in `DIR/ports` so that a
+/// start asked for any free port (0) takes the same ones again while they are free: the
+/// jobs still running from before the stop (their agents, `iadeep run`) know only those
+/// addresses, and find the restarted cluster there.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LastPorts {
+    pub etcd_client: u16,
+    pub etcd_peer: u16,
+    pub placer: u16,
+}
+
+impl LastPorts {
+    const FILE: &'static str = "ports";
+
+    /// What `dir` remembers; nothing (all 0) when it remembers nothing readable.
+    pub fn read(dir: &std::path::Path) -> LastPorts {
+        let text = std::fs::read_to_string(dir.join(Self::FILE)).unwrap_or_default();
+        let mut last = LastPorts::default();
+        for line in text.lines() {
+            let Some((name, value)) = line.split_once('=') else {
+                continue;
+            };
+            let Ok(port) = value.trim().parse::<u16>() else {
+                continue;
+            };
+            match name.trim() {
+                "etcd_client" => last.etcd_client = port,
+                "etcd_peer" => last.etcd_peer = port,
+                "placer" => last.placer = port,
+                _ => {}
+            }
+        }
+        last
+    }
+
+    /// Remembers these ports in `dir` (a failure only costs the next start's reuse).
+    pub fn write(self, dir: &std::path::Path) {
+        let text = format!(
+            "# The ports of this folder's last `iadeep up`; port 0 takes them again while free.\n\
+             etcd_client={}\netcd_peer={}\nplacer={}\n",
+            self.etcd_client, self.etcd_peer, self.placer
+        );
+        if let Err(err) = std::fs::write(dir.join(Self::FILE), text) {
+            tracing::warn!(%err, dir = %dir.display(), "cannot remember the cluster's ports");
+        }
+    }
+
+    /// `asked`, or when its port is 0 the port remembered for it (`last`) if that one is
+    /// free on `asked`'s address now.
+    pub fn prefer(asked: SocketAddr, last: u16) -> SocketAddr {
+        if asked.port() != 0 || last == 0 {
+            return asked;
+        }
+        let again = SocketAddr::new(asked.ip(), last);
+        match TcpListener::bind(again) {
+            Ok(_) => again,
+            Err(_) => asked,
+        }
+    }
 }
 
 /// Who listens on a loopback port, as seen from /proc.

@@ -117,7 +117,31 @@ impl LocalCluster {
     /// Starts a cluster in `dir` on ports picked now; what `iadeep up` printed if it exits
     /// before its GPU's tuner registers.
     fn try_start(dir: std::path::PathBuf) -> Result<LocalCluster, String> {
-        let [etcd_port, etcd_peer_port, placer_port] = free_ports();
+        LocalCluster::try_start_on(dir, free_ports())
+    }
+
+    /// A cluster in `dir` whose every port is asked as 0 (`iadeep up` picks them, or takes
+    /// the folder's last ones again); `etcd_port` and `placer_port` are read back from its
+    /// cluster.env, `etcd_peer_port` stays 0.
+    pub fn start_on_any_ports(dir: std::path::PathBuf) -> LocalCluster {
+        let mut cluster = LocalCluster::try_start_on(dir, [0, 0, 0])
+            .unwrap_or_else(|log| panic!("iadeep up failed:\n{log}"));
+        let port = |url: &str| -> u16 {
+            let port = url.rsplit(':').next().unwrap_or_default();
+            port.trim_end_matches('/')
+                .parse()
+                .expect("a port in the URL")
+        };
+        cluster.etcd_port = port(&cluster.store);
+        cluster.placer_port = port(&cluster.placer);
+        cluster
+    }
+
+    /// Starts a cluster in `dir` on these ports (0: any free one).
+    fn try_start_on(
+        dir: std::path::PathBuf,
+        [etcd_port, etcd_peer_port, placer_port]: [u16; 3],
+    ) -> Result<LocalCluster, String> {
         let log = |ext: &str| {
             std::fs::File::create(dir.with_extension(ext)).expect("create the log of iadeep up")
         };
