@@ -88,7 +88,7 @@ pub(crate) use agent_check::AGENT_START_PATIENCE;
 pub struct RunArgs {
     /// The task's id (letters, digits, '.', '_', '-', ':'). Default: the script's name,
     /// the time and this process's id.
-    #[arg(long, value_name = "ID", help_heading = THE_JOB)]
+    #[arg(long, value_name = "ID", value_parser = parse_task_id, help_heading = THE_JOB)]
     task_id: Option<String>,
     /// Model name. Default: the script's file name without its extension (`train.py`:
     /// `train`).
@@ -407,6 +407,13 @@ fn requeues(args: &RunArgs, class: PriorityClass) -> bool {
     }
 }
 
+/// Parses `--task-id`: checked here as the store checks it, so a bad one is refused
+/// before the placer is asked.
+fn parse_task_id(text: &str) -> std::result::Result<String, String> {
+    keys::validate_id("task", text).map_err(|err| err.to_string())?;
+    Ok(text.to_owned())
+}
+
 /// The placer's address and the store, both required: the job's agent and the placer
 /// run in different processes, so only a shared etcd store lets them see each other.
 fn placer_and_store(args: &RunArgs) -> Result<(&str, StoreUrl)> {
@@ -438,11 +445,11 @@ async fn placed_or_exit(
         Ok(Waited::Placed(placed)) => Ok(Ok(*placed)),
         Ok(Waited::Interrupted(sig)) => {
             tracing::info!(signal = %sig, "interrupted while queued");
-            release(client, task_id).await;
+            release(client, task_id, false).await;
             Ok(Err(ExitCode::from(128 + sig as i32 as u8)))
         }
         Ok(Waited::TimedOut) => {
-            release(client, task_id).await;
+            release(client, task_id, false).await;
             eprintln!(
                 "iadeep run: still queued after --max-wait-s {}; giving up",
                 args.max_wait_s.unwrap_or(0)
@@ -451,7 +458,7 @@ async fn placed_or_exit(
         }
         Err(err) => {
             // A Place may have committed before the failure: give it back.
-            release(client, task_id).await;
+            release(client, task_id, false).await;
             Err(err)
         }
     }
@@ -531,7 +538,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             _ => None,
         };
         after_exit(&task_id, &mut ran, evicted.is_some()).await;
-        let released = release(&mut client, &task_id).await;
+        let released = release(&mut client, &task_id, true).await;
         let Ran {
             status, enforced, ..
         } = ran?;
@@ -1394,8 +1401,16 @@ async fn run_job(
             }
             sig = signals.next() => {
                 interrupted = Some(sig);
-                if sig == Signal::SIGINT {
-                    tracing::info!("Ctrl-C: the job got it too; waiting for it to exit");
+                // SIGINT is not sent on: a Ctrl-C at the terminal, or a signal to the
+                // process group, reached the job already, and a second KeyboardInterrupt
+                // would break its clean-up. Only what reached `iadeep run` alone is missed.
+                if sig == Signal::SIGINT && tree::in_terminal_foreground() {
+                    tracing::info!("Ctrl-C: the job got it too from the terminal; waiting for it \
+                        to exit");
+                } else if sig == Signal::SIGINT {
+                    tracing::info!(pid, "SIGINT: not sent on to the job (a signal to the process \
+                        group reached it already); waiting for it to exit. To stop the job by \
+                        signalling iadeep run alone, send SIGTERM, which it forwards");
                 } else {
                     tracing::info!(signal = %sig, pid, "forwarding to the job");
                     signal_job(pid, sig);
@@ -1473,7 +1488,11 @@ impl Stopping<'_> {
 /// placer's reaper releases it anyway once the job's agent is gone for the grace.
 /// Whether the placement is gone now: released, or the placer had none to release
 /// (false when every try failed).
-async fn release(client: &mut PlacerClient<Channel>, task_id: &str) -> bool {
+///
+/// `placed`: whether this run knows the task was placed. A run that ended while queued
+/// releases too (a Place may have committed as the wait ended) but has nothing to say
+/// when there was nothing to give back.
+async fn release(client: &mut PlacerClient<Channel>, task_id: &str, placed: bool) -> bool {
     for attempt in 1..=3 {
         let request = ReleaseRequest {
             task_id: task_id.to_owned(),
@@ -1483,15 +1502,17 @@ async fn release(client: &mut PlacerClient<Channel>, task_id: &str) -> bool {
                 tracing::info!(task = task_id, device = %answer.device_id, "placement released");
                 return true;
             }
-            Ok(_) => {
-                // Said, so a run's log always ends by saying its GPU is free again. Also
-                // the answer for a job that gave up while queued (--max-wait-s): it was
-                // never placed, which the log must not call a release by the placer.
+            Ok(_) if placed => {
+                // Said, so a run's log always ends by saying its GPU is free again.
                 tracing::info!(
                     task = task_id,
                     "the placement was released already (by the placer, once the job's agent \
-                     finished or went), or the job was never placed"
+                     finished or went)"
                 );
+                return true;
+            }
+            Ok(_) => {
+                tracing::debug!(task = task_id, "never placed: nothing to release");
                 return true;
             }
             Err(status) => {
@@ -1554,6 +1575,31 @@ mod tests {
         assert!(
             parse(&["--bogus", "--", "true"]).is_err(),
             "a mistyped flag of iadeep run is not the command"
+        );
+    }
+
+    /// A task id the store would refuse is refused as an argument, before the placer is
+    /// asked (the trial's `bad/id` was placed-then-released three times first).
+    #[test]
+    fn a_bad_task_id_is_refused_as_an_argument() {
+        let parse = |id: &str| {
+            <Run as clap::Parser>::try_parse_from([
+                "iadeep-run",
+                "--batch-size",
+                "8",
+                "--task-id",
+                id,
+                "--",
+                "true",
+            ])
+            .map(|r| r.run.task_id)
+        };
+        let err = parse("bad/id").expect_err("refused").to_string();
+        assert!(err.contains("may only contain"), "{err}");
+        assert!(err.contains("--task-id"), "{err}");
+        assert_eq!(
+            parse("job-1.a:b").expect("parses"),
+            Some("job-1.a:b".into())
         );
     }
 

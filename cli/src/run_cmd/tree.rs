@@ -26,6 +26,17 @@ use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::Pid;
 
+/// Whether `iadeep run` runs in the foreground process group of its controlling
+/// terminal: then a SIGINT is a Ctrl-C there, which reached the job too (it shares
+/// `iadeep run`'s process group). Otherwise it came from `kill` or a supervisor, to the
+/// group or to `iadeep run` alone, which cannot be told apart.
+pub(super) fn in_terminal_foreground() -> bool {
+    let Ok(tty) = std::fs::File::open("/dev/tty") else {
+        return false;
+    };
+    nix::unistd::tcgetpgrp(&tty).is_ok_and(|group| group == nix::unistd::getpgrp())
+}
+
 /// Makes `iadeep run` the subreaper of the processes it starts (see the module docs),
 /// before it starts the job. False (with a warning) when the kernel refuses: a process
 /// the job double-forks is not found then.
