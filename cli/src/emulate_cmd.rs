@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use iadeep_agent::{Agent, ChangeReason, DEFAULT_LEASE_TTL, DEFAULT_REPORT_INTERVAL};
+use iadeep_agent::{Agent, ChangeReason, DEFAULT_LEASE_TTL, DEFAULT_REPORT_INTERVAL, launch};
 use iadeep_eval::EmulatedJob;
 use iadeep_proto::LrScalingRule;
 
@@ -30,17 +30,21 @@ pub struct EmulateArgs {
     /// placed task's, from IADEEP_TASK_ID, so `iadeep run -- iadeep emulate-job` works.
     #[arg(long, env = "IADEEP_TASK_ID")]
     task_id: String,
-    /// Bundled Pollux model: bert, cifar10, deepspeech2, imagenet, ncf, yolov3.
-    #[arg(long, default_value = "cifar10")]
+    /// Bundled Pollux model: bert, cifar10, deepspeech2, imagenet, ncf, yolov3. Under
+    /// `iadeep run --model M`, M (IADEEP_MODEL).
+    #[arg(long, env = launch::MODEL, default_value = "cifar10")]
     model: String,
-    /// Batch size the job is submitted with (m0). Default: the smallest measured one.
-    #[arg(long)]
+    /// Batch size the job is submitted with (m0). Default: under `iadeep run`, its
+    /// --batch-size (IADEEP_BATCH_SIZE), else the smallest measured one.
+    #[arg(long, env = launch::BATCH_SIZE)]
     initial_batch_size: Option<u32>,
-    /// Smallest batch size the tuner may assign. Default: the smallest measured one.
-    #[arg(long)]
+    /// Smallest batch size the tuner may assign. Default: under `iadeep run`, its
+    /// --min-batch-size (IADEEP_MIN_BATCH_SIZE), else the smallest measured one.
+    #[arg(long, env = launch::MIN_BATCH_SIZE)]
     min_batch_size: Option<u32>,
-    /// Largest batch size the tuner may assign. Default: the largest measured one.
-    #[arg(long)]
+    /// Largest batch size the tuner may assign. Default: under `iadeep run`, its
+    /// --max-batch-size (IADEEP_MAX_BATCH_SIZE), else the largest measured one.
+    #[arg(long, env = launch::MAX_BATCH_SIZE)]
     max_batch_size: Option<u32>,
     /// Number of steps to run; without it, run until interrupted.
     #[arg(long)]

@@ -90,8 +90,9 @@ pub struct RunArgs {
     /// the time and this process's id.
     #[arg(long, value_name = "ID", value_parser = parse_task_id, help_heading = THE_JOB)]
     task_id: Option<String>,
-    /// Model name. Default: the script's file name without its extension (`train.py`:
-    /// `train`).
+    /// Model name. Default: the command's own `--model` value (`train.py --model
+    /// resnet50`: `resnet50`), else the script's file name without its extension
+    /// (`train.py`: `train`).
     ///
     /// Jobs of one model share an entry of the profile registry, from which the placer
     /// fills a new job's profile (the memory it reserves, the speed alone the tuner
@@ -299,6 +300,29 @@ fn job_name(command: &[String]) -> String {
         .or(command.first())
         .and_then(stem)
         .unwrap_or_else(|| "job".to_owned())
+}
+
+/// The model a job is of, when `--model` does not say: the value of the command's own
+/// `--model` flag (`train.py --model resnet50`, `iadeep emulate-job --model cifar10`),
+/// else the job's name ([`job_name`]). The profile registry is per model: one script
+/// that trains several models must not share one entry, nor `iadeep emulate-job`'s
+/// models the name `iadeep`.
+fn model_name(command: &[String], job_name: &str) -> String {
+    let mut args = command.iter().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            break;
+        }
+        let value = match arg.strip_prefix("--model") {
+            Some("") => args.next().cloned(),
+            Some(rest) => rest.strip_prefix('=').map(str::to_owned),
+            None => None,
+        };
+        if let Some(model) = value.filter(|m| !m.is_empty() && !m.starts_with('-')) {
+            return model;
+        }
+    }
+    job_name.to_owned()
 }
 
 /// A task id from the job's name: id characters only, unique per launch.
@@ -1034,7 +1058,10 @@ fn task_spec(
 ) -> TaskSpec {
     TaskSpec {
         task_id: task_id.to_owned(),
-        model: args.model.clone().unwrap_or_else(|| name.to_owned()),
+        model: args
+            .model
+            .clone()
+            .unwrap_or_else(|| model_name(&args.command, name)),
         initial_batch_size: args.batch_size,
         min_batch_size: args.min_batch_size.unwrap_or(0),
         max_batch_size: args.max_batch_size.unwrap_or(0),
@@ -1669,6 +1696,18 @@ mod tests {
         ];
         assert_eq!(job_name(&command), "train_mnist");
         assert_eq!(job_name(&["./train.sh".to_owned()]), "train");
+        let words = |text: &str| text.split(' ').map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(model_name(&command, "train_mnist"), "train_mnist");
+        for (command, model) in [
+            ("python train.py --model resnet50 --epochs 3", "resnet50"),
+            ("python train.py --model=vit_b --epochs 3", "vit_b"),
+            ("iadeep emulate-job --model cifar10", "cifar10"),
+            ("python train.py --models a --model", "train"),
+            ("python train.py --model --epochs 3", "train"),
+            ("sh -c x -- --model m", "train"),
+        ] {
+            assert_eq!(model_name(&words(command), "train"), model, "{command}");
+        }
         let id = default_task_id("my job/1");
         assert!(id.starts_with("my-job-1-"), "{id}");
         assert!(iadeep_state::keys::validate_id("task", &id).is_ok(), "{id}");
