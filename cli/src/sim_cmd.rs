@@ -85,8 +85,8 @@ pub struct SimArgs {
     /// oracle-prediction, oracle-memory, oracle-tuning, oracle-wait). Default: all of
     /// them. The `oracle-*` policies are iadeep with one learned part replaced by the
     /// truth; with iadeep and oracle, the output says how much of the gap between them
-    /// each closes (`gap_closed` in --json). `oracle-wait` needs iadeep's run: listed after
-    /// `iadeep`, it reads that one; otherwise it runs iadeep once more first.
+    /// each closes (`gap_closed` in --json). `oracle-wait` reads the waits of iadeep's run,
+    /// made first when both are listed.
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     policies: Vec<String>,
     /// Directory for the CSV files and plots.
@@ -184,6 +184,20 @@ pub async fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The order to run `names` in (indices into it): as given, except that `iadeep` runs
+/// before an `oracle-wait` listed ahead of it, whose queue rule reads iadeep's waits.
+fn run_order(names: &[String]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..names.len()).collect();
+    let at = |name: &str| names.iter().position(|n| n == name);
+    if let (Some(iadeep), Some(wait)) = (at("iadeep"), at("oracle-wait"))
+        && wait < iadeep
+    {
+        order.remove(iadeep);
+        order.insert(wait, iadeep);
+    }
+    order
+}
+
 /// Runs every policy, prints the table (and JSON), writes CSV and plots.
 fn simulate(
     params: ExperimentParams,
@@ -196,13 +210,12 @@ fn simulate(
     let names = params.policies.clone();
     let started = std::time::Instant::now();
     let experiment = Experiment::new(params, gavel, &trace)?;
-    let mut runs: Vec<RunMetrics> = Vec::new();
-    for name in &names {
-        // `oracle-wait` needs iadeep's run; one already made here is not made again.
-        let iadeep_run = names
-            .iter()
-            .position(|n| n == "iadeep")
-            .and_then(|i| runs.get(i));
+    let mut runs: Vec<Option<RunMetrics>> = vec![None; names.len()];
+    let iadeep_at = names.iter().position(|n| n == "iadeep");
+    for index in run_order(&names) {
+        let name = &names[index];
+        // `oracle-wait` needs iadeep's run, made first ([`run_order`]) and not again.
+        let iadeep_run = iadeep_at.and_then(|i| runs[i].as_ref());
         let mut policy = experiment.policy_after(name, iadeep_run)?;
         let mut shown = Progress::start(name);
         let mut progress = |done: usize, total: usize| shown.update(done, total);
@@ -220,8 +233,9 @@ fn simulate(
                 .with_context(|| format!("simulating policy {name}"))?
         };
         shown.finish();
-        runs.push(run);
+        runs[index] = Some(run);
     }
+    let runs: Vec<RunMetrics> = runs.into_iter().flatten().collect();
     let summaries: Vec<_> = runs.iter().map(RunMetrics::summary).collect();
     let files = report::write_all(out, &runs, &summaries)?;
     tracing::info!(
@@ -259,4 +273,20 @@ fn simulate(
         outln!("{}", object)?;
     }
     Ok((experiment, runs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_order;
+
+    #[test]
+    fn iadeep_runs_before_an_oracle_wait_listed_ahead_of_it() {
+        let names = |list: &[&str]| list.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            run_order(&names(&["exclusive", "oracle-wait", "pollux", "iadeep"])),
+            [0, 3, 1, 2]
+        );
+        assert_eq!(run_order(&names(&["iadeep", "oracle-wait"])), [0, 1]);
+        assert_eq!(run_order(&names(&["oracle-wait", "pollux"])), [0, 1]);
+    }
 }
