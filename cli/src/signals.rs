@@ -1,24 +1,39 @@
 //! The signals that stop a foreground daemon (`iadeep placer`, `iadeep up`).
 
-/// Resolves on Ctrl-C (SIGINT) or SIGTERM, whichever comes first.
-pub async fn shutdown() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
+/// Ctrl-C (SIGINT) and SIGTERM, caught from when [`Shutdown::install`] returns: one that
+/// comes before [`Shutdown::wait`] is awaited is kept, not lost, and not the default
+/// action that would end the process at once (a daemon still starting would leave what
+/// it started behind).
+pub struct Shutdown {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl Shutdown {
+    pub fn install() -> std::io::Result<Shutdown> {
+        Ok(Shutdown {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// Resolves on the first SIGINT or SIGTERM since [`Shutdown::install`].
+    pub async fn wait(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM, whichever comes first.
+pub async fn shutdown() {
+    match Shutdown::install() {
+        Ok(mut shutdown) => shutdown.wait().await,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

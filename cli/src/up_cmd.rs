@@ -226,6 +226,9 @@ fn ensure_ports_free(args: &UpArgs) -> Result<()> {
 }
 
 pub async fn run(args: UpArgs) -> Result<ExitCode> {
+    // Caught from here on: a Ctrl-C while etcd starts stops the cluster once it stands,
+    // rather than ending this process and leaving etcd and the folder behind.
+    let mut shutdown = crate::signals::Shutdown::install().context("cannot catch signals")?;
     let etcd_bin = match &args.etcd_bin {
         Some(path) => path.clone(),
         None => iadeep_state::etcd_program::find().with_context(|| {
@@ -252,7 +255,7 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
         }
     };
     let outcome = tokio::select! {
-        _ = crate::signals::shutdown() => {
+        () = shutdown.wait() => {
             tracing::info!("stopping the cluster");
             Ok(ExitCode::SUCCESS)
         }

@@ -494,3 +494,53 @@ fn the_clusters_own_ports_must_differ() {
         assert!(!dir.exists(), "nothing started, nothing left");
     }
 }
+
+/// SIGTERM (or Ctrl-C) while `iadeep up` is still starting etcd stops it cleanly once
+/// the cluster stands: it exits 0 and leaves no etcd running (before, the signal's
+/// default action ended it at once, with its etcd orphaned).
+#[test]
+fn a_signal_while_starting_stops_the_cluster_cleanly() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("cluster");
+    let err_path = tmp.path().join("up.err");
+    let up = LocalCluster::command(&dir, 0, 0, 0)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).expect("up.err"))
+        .spawn()
+        .expect("spawn iadeep up");
+    let mut up = Killed(Some(up));
+    // etcd's pid file: `iadeep up` is past catching signals and starting etcd.
+    let pid_file = dir.join("etcd.pid");
+    let started = Instant::now();
+    while !pid_file.exists() {
+        assert!(started.elapsed() < DEADLINE, "etcd never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let etcd_pid: i32 = std::fs::read_to_string(&pid_file)
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(up.child().id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let status = loop {
+        if let Some(status) = up.child().try_wait().expect("try_wait") {
+            up.0 = None;
+            break status;
+        }
+        // A signal lost while starting (as it once was) leaves the cluster running.
+        assert!(
+            started.elapsed() < DEADLINE,
+            "still running {DEADLINE:?} after SIGTERM:\n{}",
+            std::fs::read_to_string(&err_path).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    assert!(status.success(), "{status}\n{stderr}");
+    assert!(!dir.join("cluster.env").exists(), "{stderr}");
+    let etcd_gone = !std::path::Path::new(&format!("/proc/{etcd_pid}")).exists()
+        || std::fs::read_to_string(format!("/proc/{etcd_pid}/stat"))
+            .is_ok_and(|stat| stat.contains(") Z "));
+    assert!(etcd_gone, "etcd {etcd_pid} still runs:\n{stderr}");
+}
