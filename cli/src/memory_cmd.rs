@@ -15,14 +15,17 @@ pub struct MemoryArgs {
 
 #[derive(Debug, Subcommand)]
 enum MemoryCommand {
-    /// Test how well the memory model extrapolates: for each model in FILE, fit on the rows
-    /// with batch_size ≤ N and predict the rows above N, up to the horizon. Prints the underestimate rate
-    /// (prediction below 0.98 × measured: the dangerous error, an OOM), the median absolute
-    /// relative error and the 90th percentile of the overestimate, for iadeep's conservative
-    /// model, for the bound the tuner holds a task to that jumps straight to each size (the
-    /// same within a 1.5× step of the fitted sizes, the prior's wider one past it: a task
-    /// whose allowed sizes are that coarse) and for a plain least-squares cubic, side by
-    /// side.
+    /// Test how well the memory model extrapolates past the batch sizes it was fitted on.
+    ///
+    /// For each model in FILE: fit on the rows with batch_size ≤ N, predict the rows above
+    /// N up to the horizon, and print for three predictors side by side the underestimate
+    /// rate (predictions below 0.98 × measured: the dangerous error, an out-of-memory),
+    /// the median absolute relative error and the 90th percentile of the overestimate.
+    ///
+    /// The predictors: iadeep's conservative model; the bound the tuner holds a task to
+    /// that jumps straight to each size (the model's within a 1.5× step of the fitted
+    /// sizes, the prior's wider one past it, as for a task whose allowed sizes are that
+    /// coarse); a plain least-squares cubic.
     Eval {
         /// CSV with the header `model,batch_size,memory_mib` (peak memory in MiB).
         file: PathBuf,

@@ -23,6 +23,7 @@ pub struct StateArgs {
 enum StateCommand {
     /// Print the value at KEY (JSON for iadeep's own keys). Exits 1 if absent.
     Get {
+        /// The key, e.g. /iadeep/v1/tasks/ID/report (`iadeep state ls` lists them).
         key: String,
         /// Also print revision, version and lease to stderr.
         #[arg(long)]
@@ -33,7 +34,9 @@ enum StateCommand {
     /// .../devices/ID/tuner) and is checked, including that its id is the key's;
     /// a key under /iadeep/v1/ outside the layout is refused. `-` reads stdin.
     Put {
+        /// The key, e.g. /iadeep/v1/devices/ID/info.
         key: String,
+        /// The value: JSON of the key's message for iadeep's keys, `-` for stdin.
         value: String,
         /// Store VALUE's bytes as given, without checking them against the key's message.
         #[arg(long)]
@@ -44,7 +47,10 @@ enum StateCommand {
         lease_ttl: Option<u64>,
     },
     /// Delete KEY.
-    Del { key: String },
+    Del {
+        /// The key, e.g. /iadeep/v1/tasks/ID/alive.
+        key: String,
+    },
     /// List keys under PREFIX, one per line.
     Ls {
         /// Key prefix, e.g. /iadeep/v1/tasks/
@@ -56,6 +62,7 @@ enum StateCommand {
     },
     /// Print changes under PREFIX as they happen, one line each, until interrupted.
     Watch {
+        /// Key prefix, e.g. /iadeep/v1/tasks/
         #[arg(default_value = iadeep_state::keys::ROOT)]
         prefix: String,
         /// Replay history from this revision first (inclusive).

@@ -34,8 +34,8 @@ pub struct StatusArgs {
     #[arg(long)]
     json: bool,
     /// Cut nothing: full task and GPU ids, however wide the lines (the table is cut to
-    /// 100 columns otherwise, long ids in their middle).
-    #[arg(long, conflicts_with = "json")]
+    /// 100 columns otherwise, long ids in their middle; --json never cuts).
+    #[arg(long)]
     wide: bool,
     /// Refresh every SECS seconds (2 when no value is given) until Ctrl-C.
     #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2")]
