@@ -553,7 +553,14 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         tracing::info!(task = %task_id, device = %placement.device_id, gpu_index = device.index,
             reserved_mib = placement.reserved_mem_mib, class = %args.class, requeued,
             command = ?args.command, "placed; starting the job");
-        let mut ran = start_job(&args, &launch, &device, &mut signals, &mut evictions).await;
+        let mut ran = start_job(
+            &args,
+            &launch,
+            (&device, placement.reserved_mem_mib),
+            &mut signals,
+            &mut evictions,
+        )
+        .await;
         // Read before the Release, which moves the keys to the archive (read there too,
         // for a task the reaper released first, once its agent had left).
         let evicted = match &ran {
@@ -585,12 +592,12 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     }
 }
 
-/// Runs one start of the job to its exit, enforcing its eviction, and looks for its
-/// agent meanwhile.
+/// Runs one start of the job to its exit on `device`, where it holds `reserved_mib`,
+/// enforcing its eviction, and looks for its agent meanwhile.
 async fn start_job(
     args: &RunArgs,
     launch: &Launch,
-    device: &DeviceInfo,
+    (device, reserved_mib): (&DeviceInfo, u64),
     signals: &mut Signals,
     evictions: &mut Evictions,
 ) -> Result<Ran> {
@@ -600,6 +607,7 @@ async fn start_job(
         evictions.store.clone(),
         evictions.url.clone(),
         launch.task_id.clone(),
+        reserved_mib,
         args.agent_patience,
     );
     run_job(&args.command, launch, device, signals, evictions, enforcer).await

@@ -429,6 +429,7 @@ fn iadeep_run_warns_once_when_no_agent_reports() {
     assert!(out.status.success(), "{}\n{}", out.status, log());
     assert_eq!(log().matches(warning).count(), 1, "once:\n{}", log());
     assert!(log().contains("--agent-patience"), "{}", log());
+    assert!(log().contains("its reservation ("), "{}", log());
 }
 
 /// A cluster asked for any free ports (0) takes its folder's last ones again when started

@@ -38,6 +38,7 @@ impl AgentCheck {
         store: Option<Arc<dyn StateStore>>,
         url: StoreUrl,
         task_id: String,
+        reserved_mib: u64,
         patience: Duration,
     ) -> AgentCheck {
         if patience.is_zero() {
@@ -54,7 +55,7 @@ impl AgentCheck {
             };
             match seen.await {
                 Ok(true) => {}
-                Ok(false) => warn_no_agent(&task_id, patience),
+                Ok(false) => warn_no_agent(&task_id, reserved_mib, patience),
                 Err(err) => tracing::debug!(task = %task_id, err = format!("{err:#}"),
                     "cannot look for the job's agent"),
             }
@@ -78,14 +79,16 @@ impl Drop for AgentCheck {
     }
 }
 
-fn warn_no_agent(task_id: &str, patience: Duration) {
+fn warn_no_agent(task_id: &str, reserved_mib: u64, patience: Duration) {
     let waited = humantime::format_duration(patience);
-    tracing::warn!(task = %task_id,
-        "no iadeep agent has reported {waited} after the job started: it is not tuned, its \
-         PD is not measured, and the placer gives its GPU memory back after its \
-         unstarted-task grace (10 min by default) while the job may still use it. Does the \
-         script create an agent (`iadeep.Agent.from_env(...)`, README \"In a Python \
-         training loop\")? A job that starts slowly: raise --agent-patience (0s: never look)");
+    tracing::warn!(task = %task_id, reserved_mib,
+        "no iadeep agent has reported {waited} after the job started: it is not tuned and its \
+         PD is not measured; its reservation ({reserved_mib} MiB: all the GPU's free memory \
+         when neither a report nor --gpu-mem-mib said what it needs) keeps other jobs off its \
+         GPU until the placer's unstarted-task grace ends (10 min by default), and then the \
+         job runs on unreserved. Does the script create an agent \
+         (`iadeep.Agent.from_env(...)`, README \"In a Python training loop\")? A job that \
+         starts slowly: raise --agent-patience (0s: never look)");
 }
 
 #[cfg(test)]
