@@ -1110,16 +1110,20 @@ async fn wait_for_placement(
     let mut seen = wake::Snapshot::new();
     let mut candidates = std::collections::BTreeSet::new();
     let mut watch = QueueWatch::new();
+    let mut said = wake::QueueLog::default();
     loop {
         let attempt = ask(client, spec, args, &node, &mut seen, &mut candidates);
         let hint = match attempt.await {
             Ok((devices, _, None)) => return Err(none_local(&devices, &node)),
             Ok((_, local, Some(response))) => {
                 unavailable_since = None;
-                let summary = response
-                    .explanation
-                    .map(|e| e.summary)
-                    .filter(|s| !s.is_empty());
+                let (summary, why) = match response.explanation {
+                    Some(e) => (
+                        Some(e.summary).filter(|s| !s.is_empty()),
+                        wake::rejections(&e.candidates, 3),
+                    ),
+                    None => (None, None),
+                };
 
                 match response.decision {
                     Some(place_response::Decision::Placed(placement)) => {
@@ -1134,13 +1138,16 @@ async fn wait_for_placement(
                             asked,
                         );
                         let hint = Duration::from_millis(queued.retry_after_ms);
-                        // The summary repeats the reason with the candidates' counts.
-                        tracing::info!(
-                            waited_s = started.elapsed().as_secs(),
-                            "the placer says wait ({}); {}",
-                            summary.unwrap_or(queued.reason),
-                            watch.next_ask(hint, asked)
-                        );
+                        if said.say(&queued.reason, asked) {
+                            // The summary repeats the reason with the candidates' counts.
+                            let summary = summary.unwrap_or(queued.reason);
+                            let why = why.map(|w| format!("; {w}")).unwrap_or_default();
+                            tracing::info!(
+                                waited_s = started.elapsed().as_secs(),
+                                "the placer says wait ({summary}{why}); {}",
+                                watch.next_ask(hint, asked)
+                            );
+                        }
                         hint
                     }
                     None => bail!("the placer answered neither placed nor queued"),

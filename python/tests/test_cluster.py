@@ -212,6 +212,7 @@ def test_a_job_that_does_not_fit_waits_in_the_queue_saying_why(tmp_path: Path):
         _, log = gave_up.communicate(timeout=DEADLINE_S)
         assert gave_up.returncode == 75, log
         assert "the placer says wait" in log and "giving up" in log
+        assert "memory: the task needs" in log, "the GPU's own reason is said: " + log
         assert small.placement("impatient") is None
 
         waiting = small.run_job(

@@ -245,7 +245,7 @@ impl QueueWatch {
             )),
             RetryWhy::Settling => Some(format!(
                 ", because a job that arrived on a GPU this job may use less than {} ago \
-                 may still shrink its reservation",
+                 may still shrink its reservation or change what the placer predicts",
                 secs(SETTLING)
             )),
             RetryWhy::AtLeastEvery => Some(format!(
@@ -296,6 +296,48 @@ fn secs(d: Duration) -> String {
     } else {
         format!("{:.1} s", d.as_secs_f64())
     }
+}
+
+/// How often a wait whose reason has not changed is said again.
+const SAY_AGAIN: Duration = Duration::from_secs(60);
+
+/// What `iadeep run` says of the placer's "wait" answers: each new reason at once, with
+/// the GPUs' own reasons; the same reason again only after [`SAY_AGAIN`] (a job asks
+/// every few seconds while a neighbour settles, and a 400-character line every 5 s
+/// buried the log).
+#[derive(Debug, Default)]
+pub struct QueueLog {
+    last: Option<(String, Instant)>,
+}
+
+impl QueueLog {
+    /// Whether the answer whose reason is `reason` is to be said at `at`: a new reason,
+    /// or the same one [`SAY_AGAIN`] after it was last said.
+    pub fn say(&mut self, reason: &str, at: Instant) -> bool {
+        let due = match &self.last {
+            Some((said, when)) => {
+                said != reason || at.saturating_duration_since(*when) >= SAY_AGAIN
+            }
+            None => true,
+        };
+        if due {
+            self.last = Some((reason.to_owned(), at));
+        }
+        due
+    }
+}
+
+/// The rejected GPUs' own reasons in the placer's explanation, the first `most` of
+/// them: "GPU: why; GPU: why". The placer's summary only counts them by kind
+/// (`throughput_gain: 1`), which says little to someone who has not read its code.
+pub fn rejections(candidates: &[iadeep_proto::CandidateScore], most: usize) -> Option<String> {
+    let named: Vec<String> = candidates
+        .iter()
+        .filter(|c| !c.feasible && !c.rejected_because.is_empty())
+        .take(most)
+        .map(|c| format!("{}: {}", c.device_id, c.rejected_because))
+        .collect();
+    (!named.is_empty()).then(|| named.join("; "))
 }
 
 #[cfg(test)]
@@ -518,7 +560,7 @@ mod tests {
             format!(
                 "{sooner} 5 s rather than the 60 s the placer suggests, because a job that \
                  arrived on a GPU this job may use less than 60 s ago may still shrink its \
-                 reservation"
+                 reservation or change what the placer predicts"
             )
         );
         assert_eq!(
@@ -578,5 +620,38 @@ mod tests {
             snapshot(&[status, nameless]),
             one("gpu0", seen(&["a", "b"], 3_000, 16_000))
         );
+    }
+
+    /// A reason is said when new, and the same one again only a minute later.
+    #[test]
+    fn a_wait_is_said_when_its_reason_changes_and_once_a_minute() {
+        let t0 = Instant::now();
+        let mut log = QueueLog::default();
+        assert!(log.say("full", t0));
+        assert!(!log.say("full", t0 + s(5)));
+        assert!(log.say("capped", t0 + s(10)));
+        assert!(!log.say("capped", t0 + s(69)));
+        assert!(log.say("capped", t0 + s(70)));
+    }
+
+    #[test]
+    fn the_rejected_gpus_are_named_with_their_reasons() {
+        let candidate = |id: &str, feasible, why: &str| iadeep_proto::CandidateScore {
+            device_id: id.into(),
+            feasible,
+            rejected_because: why.into(),
+            ..Default::default()
+        };
+        let all = [
+            candidate("gpu0", true, ""),
+            candidate("gpu1", false, "sharing gains too little"),
+            candidate("gpu2", false, "memory"),
+            candidate("gpu3", false, "claimed"),
+        ];
+        assert_eq!(
+            rejections(&all, 2).as_deref(),
+            Some("gpu1: sharing gains too little; gpu2: memory")
+        );
+        assert_eq!(rejections(&all[..1], 2), None);
     }
 }
