@@ -419,7 +419,11 @@ fn phase_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
     }
     phases
         .into_iter()
-        .map(|(phase, why, ids)| layout.cut(&format!("{phase}: {why} ({})", ids.join(", ")), WIDTH))
+        .map(|(phase, why, ids)| {
+            // Ids as the JOB column shows them, so that two of one script stay apart.
+            let ids: Vec<String> = ids.iter().map(|id| layout.cut_id(id, JOB_ID_W)).collect();
+            layout.cut(&format!("{phase}: {why} ({})", ids.join(", ")), WIDTH)
+        })
         .collect()
 }
 

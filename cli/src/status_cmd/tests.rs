@@ -552,6 +552,15 @@ async fn two_jobs_of_one_script_are_told_apart_in_the_table() {
         lines.iter().any(|l| l.starts_with("Ids cut")),
         "the cut is said, with the way to see whole ids: {lines:#?}"
     );
+    // The lines under the table name the jobs as the table does.
+    for (phase, id) in [("tuning:", cells[0]), ("fixed:", cells[1])] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(phase) && l.ends_with(&format!("({id})"))),
+            "{lines:#?}"
+        );
+    }
 }
 
 /// A job placed moments ago, its agent not started yet (Python still importing), is not
