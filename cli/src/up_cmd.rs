@@ -88,6 +88,9 @@ struct ClusterDir {
     /// ancestor), if it created one: removed again when the cluster fails to start, so a
     /// mistyped `--dir` or a busy port leaves nothing behind.
     created: Option<PathBuf>,
+    /// Whether the folder held etcd's data before this start: a start that fails on a
+    /// folder without it removes the data its etcd began (tens of MB, no cluster's).
+    had_etcd_data: bool,
     /// Holds the lock; released when the process ends, however it ends.
     _lock: File,
 }
@@ -120,6 +123,7 @@ impl ClusterDir {
         lock.set_len(0)?;
         write!(lock, "pid {}", std::process::id())?;
         Ok(ClusterDir {
+            had_etcd_data: path.join(etcd::DATA_DIR).exists(),
             path,
             created,
             _lock: lock,
@@ -127,9 +131,18 @@ impl ClusterDir {
     }
 
     /// After a failed start: removes the folder if this `iadeep up` created it (no cluster
-    /// ran on it, so nothing in it is worth keeping); a folder that existed before is kept.
+    /// ran on it, so nothing in it is worth keeping); a folder that existed before is kept,
+    /// less the etcd data this start began there.
     fn discard_if_new(&self) {
         let Some(created) = &self.created else {
+            if !self.had_etcd_data {
+                let data = self.path.join(etcd::DATA_DIR);
+                if data.exists()
+                    && let Err(err) = std::fs::remove_dir_all(&data)
+                {
+                    tracing::warn!(dir = %data.display(), %err, "cannot remove the etcd data this start began");
+                }
+            }
             return;
         };
         match std::fs::remove_dir_all(created) {

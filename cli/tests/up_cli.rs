@@ -545,3 +545,34 @@ fn a_signal_while_starting_stops_the_cluster_cleanly() {
             .is_ok_and(|stat| stat.contains(") Z "));
     assert!(etcd_gone, "etcd {etcd_pid} still runs:\n{stderr}");
 }
+
+/// A start that fails in a folder that existed keeps the folder and what it held, but
+/// not the etcd data the failed start began there (here an etcd that creates its data
+/// folder and exits).
+#[test]
+fn a_failed_start_in_an_existing_folder_removes_only_its_etcd_data() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let stand_in = tmp.path().join("etcd-that-fails");
+    std::fs::write(
+        &stand_in,
+        "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in --data-dir=*) mkdir -p \"${a#--data-dir=}/member\";; esac; done\nexit 1\n",
+    )
+    .expect("write the stand-in");
+    std::fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let dir = tmp.path().join("mine");
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::fs::write(dir.join("notes.txt"), "mine").expect("write");
+    let mut up = LocalCluster::command(&dir, 0, 0, 0);
+    up.arg("--etcd-bin").arg(&stand_in);
+    let (status, _, stderr, _) = finish(up);
+    assert!(!status.success(), "{stderr}");
+    assert!(dir.join("notes.txt").exists(), "{stderr}");
+    assert!(
+        !dir.join("etcd").exists(),
+        "the failed start's etcd data is gone: {stderr}"
+    );
+}

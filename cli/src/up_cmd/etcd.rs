@@ -34,6 +34,9 @@ pub struct LocalEtcd {
     pid_path: PathBuf,
 }
 
+/// etcd's data folder in the cluster's folder.
+pub const DATA_DIR: &str = "etcd";
+
 /// Where and how to start etcd.
 #[derive(Debug)]
 pub struct EtcdLaunch<'a> {
@@ -163,7 +166,10 @@ impl LocalEtcd {
         let log_err = log.try_clone()?;
         let child = Command::new(launch.binary)
             .arg("--name=iadeep")
-            .arg(format!("--data-dir={}", launch.dir.join("etcd").display()))
+            .arg(format!(
+                "--data-dir={}",
+                launch.dir.join(DATA_DIR).display()
+            ))
             .arg(format!("--listen-client-urls={client}"))
             .arg(format!("--advertise-client-urls={client}"))
             .arg(format!("--listen-peer-urls={peer}"))
