@@ -46,6 +46,11 @@ pub struct EmulateArgs {
     /// --max-batch-size (IADEEP_MAX_BATCH_SIZE), else the largest measured one.
     #[arg(long, env = launch::MAX_BATCH_SIZE)]
     max_batch_size: Option<u32>,
+    /// The learning-rate rule the job registers (none, linear, sqrt, adascale). Default: under
+    /// `iadeep run`, its --lr-rule (IADEEP_LR_RULE), else sqrt.
+    #[arg(long, env = launch::LR_RULE, default_value = "sqrt",
+        value_parser = clap::builder::PossibleValuesParser::new(launch::LR_RULE_NAMES))]
+    lr_rule: String,
     /// Number of steps to run; without it, run until interrupted.
     #[arg(long)]
     steps: Option<u64>,
@@ -88,7 +93,13 @@ fn check_timings(args: &EmulateArgs) -> anyhow::Result<()> {
 /// measured sizes, widened so the initial size always lies within the bounds.
 fn batch_sizes(args: &EmulateArgs) -> anyhow::Result<(u32, u32, u32)> {
     let measured_sizes = EmulatedJob::bundled(&args.model, 1)
-        .with_context(|| format!("cannot emulate model {:?}", args.model))?
+        .with_context(|| {
+            format!(
+                "cannot emulate model {:?} (--model, or {} from `iadeep run --model`)",
+                args.model,
+                launch::MODEL
+            )
+        })?
         .measured_batch_sizes();
     let (smallest, largest) = match (measured_sizes.first(), measured_sizes.last()) {
         (Some(&s), Some(&l)) => (s, l),
@@ -113,7 +124,7 @@ async fn start_agent(
         .model(&args.model)
         .initial_batch_size(initial)
         .batch_size_bounds(min..=max)
-        .lr_rule(LrScalingRule::Sqrt)
+        .lr_rule(launch::lr_rule_from_name(&args.lr_rule).unwrap_or(LrScalingRule::Sqrt))
         .report_interval(Duration::from_secs_f64(args.report_interval))
         .lease_ttl(Duration::from_secs(args.lease_ttl));
     if let Some(device) = &args.device_id {

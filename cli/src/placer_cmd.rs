@@ -196,6 +196,9 @@ impl GraceArgs {
 pub(crate) const DEFAULT_DEAD_TASK_GRACE_S: u64 = 60;
 /// Default of `--unstarted-task-grace-s`: ten minutes cover a slow image pull.
 const DEFAULT_UNSTARTED_TASK_GRACE_S: u64 = 600;
+/// [`DEFAULT_UNSTARTED_TASK_GRACE_S`] as a duration, for messages that name it.
+pub(crate) const DEFAULT_UNSTARTED_TASK_GRACE: Duration =
+    Duration::from_secs(DEFAULT_UNSTARTED_TASK_GRACE_S);
 
 /// Policy knobs (see `iadeep_placer::PlacerParams` for what each means). The memory
 /// margin is not one of them: it is defined once (5 % of each GPU plus 256 MiB) so that
@@ -432,7 +435,7 @@ async fn start_local_placer(
         metrics: None,
         // As the daemon runs by default.
         dead_task_grace: Some(Duration::from_secs(DEFAULT_DEAD_TASK_GRACE_S)),
-        unstarted_task_grace: Some(Duration::from_secs(DEFAULT_UNSTARTED_TASK_GRACE_S)),
+        unstarted_task_grace: Some(DEFAULT_UNSTARTED_TASK_GRACE),
         tls: None,
     };
     let placer = args

@@ -302,6 +302,9 @@ fn job_name(command: &[String]) -> String {
         .unwrap_or_else(|| "job".to_owned())
 }
 
+/// The longest model name taken from a command (the placer refuses longer names).
+const MAX_MODEL_NAME_BYTES: usize = 256;
+
 /// The model a job is of, when `--model` does not say: the value of the command's own
 /// `--model` flag (`train.py --model resnet50`, `iadeep emulate-job --model cifar10`),
 /// else the job's name ([`job_name`]). The profile registry is per model: one script
@@ -318,7 +321,17 @@ fn model_name(command: &[String], job_name: &str) -> String {
             Some(rest) => rest.strip_prefix('=').map(str::to_owned),
             None => None,
         };
-        if let Some(model) = value.filter(|m| !m.is_empty() && !m.starts_with('-')) {
+        // A path (`--model /ckpt/run3/resnet.pt`) names its file: one entry per model,
+        // not per checkpoint.
+        let model = value
+            .filter(|m| !m.is_empty() && !m.starts_with('-'))
+            .map(|m| match m.contains('/') {
+                true => std::path::Path::new(&m)
+                    .file_stem()
+                    .map_or(m.clone(), |s| s.to_string_lossy().into_owned()),
+                false => m,
+            });
+        if let Some(model) = model.filter(|m| !m.is_empty() && m.len() <= MAX_MODEL_NAME_BYTES) {
             return model;
         }
     }
@@ -1450,9 +1463,10 @@ async fn run_job(
                     tracing::info!("Ctrl-C: the job got it too from the terminal; waiting for it \
                         to exit");
                 } else if sig == Signal::SIGINT {
-                    tracing::info!(pid, "SIGINT: not sent on to the job (a signal to the process \
-                        group reached it already); waiting for it to exit. To stop the job by \
-                        signalling iadeep run alone, send SIGTERM, which it forwards");
+                    tracing::info!(pid, "SIGINT: not sent on to the job (one sent to the \
+                        process group reached it already, and a second would interrupt its \
+                        clean-up); waiting for it to exit. If it went to iadeep run alone, the \
+                        job did not get it: send SIGTERM, which iadeep run forwards");
                 } else {
                     tracing::info!(signal = %sig, pid, "forwarding to the job");
                     signal_job(pid, sig);
@@ -1720,6 +1734,7 @@ mod tests {
             ("python train.py --models a --model", "train"),
             ("python train.py --model --epochs 3", "train"),
             ("sh -c x -- --model m", "train"),
+            ("python train.py --model /ckpt/run3/resnet.pt", "resnet"),
         ] {
             assert_eq!(model_name(&words(command), "train"), model, "{command}");
         }

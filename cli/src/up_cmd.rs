@@ -44,17 +44,19 @@ pub struct UpArgs {
     /// in your data directory, e.g. ~/.local/share/iadeep/cluster.
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
-    /// etcd's client port on 127.0.0.1 (0 picks a free one). Not etcd's usual 2379, which
-    /// Debian's etcd-server service takes.
+    /// etcd's client port on 127.0.0.1 (0: the folder's last one while free, else any free
+    /// one). Not etcd's usual 2379, which Debian's etcd-server service takes.
     #[arg(long, value_name = "PORT", default_value_t = 23790)]
     etcd_port: u16,
-    /// etcd's peer port on 127.0.0.1 (0 picks a free one).
+    /// etcd's peer port on 127.0.0.1 (0: the folder's last one while free, else any free
+    /// one).
     #[arg(long, value_name = "PORT", default_value_t = 23800)]
     etcd_peer_port: u16,
     /// The etcd program. Default: $ETCD_BIN, else `etcd` on the PATH, else /usr/bin/etcd.
     #[arg(long, value_name = "PATH")]
     etcd_bin: Option<PathBuf>,
-    /// The placer's gRPC address (port 0 picks a free one).
+    /// The placer's gRPC address (port 0: the folder's last one while free, else any free
+    /// one).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50061")]
     placer: SocketAddr,
     /// Do not use NVML: describe the GPUs with --devices and --memory-mib (machines
@@ -79,6 +81,8 @@ pub struct UpArgs {
 
 /// What the cluster writes for its users to `source`.
 const CLUSTER_ENV: &str = "cluster.env";
+/// The lock one `iadeep up` at a time holds on its folder.
+const LOCK_FILE: &str = "up.lock";
 
 /// The cluster's folder, held by one `iadeep up` at a time.
 #[derive(Debug)]
@@ -104,7 +108,7 @@ impl ClusterDir {
             .map(PathBuf::from);
         std::fs::create_dir_all(&path)
             .with_context(|| format!("cannot create {}", path.display()))?;
-        let lock_path = path.join("up.lock");
+        let lock_path = path.join(LOCK_FILE);
         let mut lock = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -130,27 +134,44 @@ impl ClusterDir {
         })
     }
 
-    /// After a failed start: removes the folder if this `iadeep up` created it (no cluster
-    /// ran on it, so nothing in it is worth keeping); a folder that existed before is kept,
-    /// less the etcd data this start began there.
+    /// After a failed start: removes what this start wrote into a folder it created, then
+    /// the folder and the ancestors it created while they are empty (never recursively:
+    /// another `iadeep up` may have begun a folder beside it meanwhile). A folder that
+    /// existed before is kept, less the etcd data this start began there.
     fn discard_if_new(&self) {
+        let remove_data = || {
+            let data = self.path.join(etcd::DATA_DIR);
+            if data.exists()
+                && let Err(err) = std::fs::remove_dir_all(&data)
+            {
+                tracing::warn!(dir = %data.display(), %err, "cannot remove the etcd data this start began");
+            }
+        };
         let Some(created) = &self.created else {
             if !self.had_etcd_data {
-                let data = self.path.join(etcd::DATA_DIR);
-                if data.exists()
-                    && let Err(err) = std::fs::remove_dir_all(&data)
-                {
-                    tracing::warn!(dir = %data.display(), %err, "cannot remove the etcd data this start began");
-                }
+                remove_data();
             }
             return;
         };
-        match std::fs::remove_dir_all(created) {
-            Ok(()) => {
-                tracing::info!(dir = %created.display(), "removed the folder this start created")
+        remove_data();
+        for file in [
+            LOCK_FILE,
+            CLUSTER_ENV,
+            etcd::LOG_FILE,
+            etcd::PID_FILE,
+            ports::LastPorts::FILE,
+        ] {
+            let _ = std::fs::remove_file(self.path.join(file));
+        }
+        let _ = std::fs::remove_file(self.path.join(format!("{CLUSTER_ENV}.tmp")));
+        for dir in self.path.ancestors() {
+            if let Err(err) = std::fs::remove_dir(dir) {
+                tracing::info!(dir = %dir.display(), %err, "kept a folder this start created: not empty");
+                return;
             }
-            Err(err) => {
-                tracing::warn!(dir = %created.display(), %err, "cannot remove the folder this start created")
+            if dir == created.as_path() {
+                tracing::info!(dir = %created.display(), "removed the folder this start created");
+                return;
             }
         }
     }
@@ -214,11 +235,10 @@ fn describe_devices(args: &UpArgs, node: &str) -> Result<Vec<DeviceInfo>> {
         .collect()
 }
 
-/// Fails, naming the port and its flag, if anything holds one of the ports the
-/// cluster needs.
-fn ensure_ports_free(args: &UpArgs) -> Result<()> {
+/// The ports the cluster needs, each with the flag that moves it.
+fn wanted_ports(args: &UpArgs) -> [ports::Wanted<'static>; 3] {
     let loopback = |port| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    ports::ensure_free(&[
+    [
         ports::Wanted {
             what: "etcd's client port",
             addr: loopback(args.etcd_port),
@@ -234,8 +254,7 @@ fn ensure_ports_free(args: &UpArgs) -> Result<()> {
             addr: args.placer,
             flag: "--placer 127.0.0.1:PORT",
         },
-    ])?;
-    Ok(())
+    ]
 }
 
 pub async fn run(args: UpArgs) -> Result<ExitCode> {
@@ -252,6 +271,7 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
         })?,
     };
     let node = crate::local::node_name();
+    ports::ensure_distinct(&wanted_ports(&args))?;
     let devices = describe_devices(&args, &node)?;
     let placer = args.policy.placer(&args.graces)?;
     let dir = ClusterDir::open(
@@ -259,12 +279,27 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
             .clone()
             .unwrap_or_else(|| iadeep_state::embedded_data_dir().join("cluster")),
     )?;
-    let args = resume_ports(args, &dir);
-    let mut running = match start(&args, &dir, &etcd_bin, placer, devices).await {
-        Ok(running) => running,
-        Err(err) => {
+    // Before the last ports are looked at: an orphan etcd of this folder holds them.
+    etcd::stop_orphan(&dir.path, &etcd_bin).await;
+    let last = ports::LastPorts::read(&dir.path);
+    let mut args = args;
+    args.placer = last.placer_or(args.placer, &[args.etcd_port, args.etcd_peer_port]);
+    // The start may take minutes (etcd's attempts): a signal meanwhile abandons it, and
+    // what it started stops with it (etcd is killed on drop).
+    let started = tokio::select! {
+        started = start(&args, &dir, &etcd_bin, last, placer, devices) => Some(started),
+        () = shutdown.wait() => None,
+    };
+    let mut running = match started {
+        Some(Ok(running)) => running,
+        Some(Err(err)) => {
             dir.discard_if_new();
             return Err(err);
+        }
+        None => {
+            tracing::info!("interrupted while starting; stopped");
+            dir.discard_if_new();
+            return Ok(ExitCode::SUCCESS);
         }
     };
     let outcome = tokio::select! {
@@ -279,38 +314,20 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
     outcome
 }
 
-/// `args` with each port asked as 0 (any free one) replaced by the one `dir`'s last start
-/// used, where that one is free ([`ports::LastPorts`]).
-fn resume_ports(mut args: UpArgs, dir: &ClusterDir) -> UpArgs {
-    let last = ports::LastPorts::read(&dir.path);
-    let loopback = |port| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let asked = (args.etcd_port, args.etcd_peer_port, args.placer);
-    args.etcd_port = ports::LastPorts::prefer(loopback(args.etcd_port), last.etcd_client).port();
-    args.etcd_peer_port =
-        ports::LastPorts::prefer(loopback(args.etcd_peer_port), last.etcd_peer).port();
-    args.placer = ports::LastPorts::prefer(args.placer, last.placer);
-    if asked != (args.etcd_port, args.etcd_peer_port, args.placer) {
-        tracing::info!(etcd_port = args.etcd_port, etcd_peer_port = args.etcd_peer_port,
-            placer = %args.placer,
-            "port 0: taking this folder's last ports again, which its jobs still running know");
-    }
-    args
-}
-
 /// Starts etcd, the placer and the tuners on `dir`, writes cluster.env and says so: the
 /// cluster is up when this returns `Ok`.
 async fn start(
     args: &UpArgs,
     dir: &ClusterDir,
     etcd_bin: &std::path::Path,
+    last: ports::LastPorts,
     placer: iadeep_placer::Placer,
     devices: Vec<DeviceInfo>,
 ) -> Result<Running> {
     // Fail now, naming the port and its flag, if another cluster (or anything else)
     // holds one: a second `iadeep up` on the default ports must not run next to the
     // first one's etcd (see also LocalEtcd::start).
-    etcd::stop_orphan(&dir.path, etcd_bin).await;
-    ensure_ports_free(args)?;
+    ports::ensure_free(&wanted_ports(args))?;
 
     let (etcd, store) = LocalEtcd::start(EtcdLaunch {
         binary: etcd_bin,
@@ -318,6 +335,7 @@ async fn start(
         client_port: args.etcd_port,
         peer_port: args.etcd_peer_port,
         keep_free: args.placer.port(),
+        last: (last.etcd_client, last.etcd_peer),
     })
     .await?;
     let store_url = etcd.url();
@@ -375,11 +393,19 @@ impl Running {
     /// again where they are free, also after port 0).
     async fn say_running_jobs(&self) {
         let read = tokio::time::timeout(
-            std::time::Duration::from_secs(2),
+            std::time::Duration::from_secs(10),
             self.store.range(iadeep_state::keys::TASKS),
         );
-        let Ok(Ok(tasks)) = read.await else {
-            return;
+        let tasks = match read.await {
+            Ok(Ok(tasks)) => tasks,
+            Ok(Err(err)) => {
+                tracing::warn!(%err, "cannot tell which jobs still run");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!("cannot tell which jobs still run: the store did not answer");
+                return;
+            }
         };
         let running: Vec<String> = tasks
             .kvs

@@ -323,7 +323,8 @@ impl Agent {
             ))
         })?;
         // `iadeep run` passes a model only when the user gave `--model`; otherwise it
-        // named the placed task after the script, and the script's own name wins.
+        // named the placed task after the command (its own `--model` value, else the
+        // script's file name), and the script's own name wins in the spec.
         let model_replaces_placed = env.model.is_none() && model.is_some();
         let task = Task {
             task_id: env.task_id,

@@ -56,19 +56,26 @@ impl AgentCheck {
             match seen.await {
                 Ok(true) => {}
                 Ok(false) => warn_no_agent(&task_id, reserved_mib, patience),
-                Err(err) => tracing::debug!(task = %task_id, err = format!("{err:#}"),
-                    "cannot look for the job's agent"),
+                Err(err) => tracing::warn!(task = %task_id, err = format!("{err:#}"),
+                    "cannot tell whether the job's agent started: the store does not answer"),
             }
         })))
     }
 }
 
 /// Whether the store shows a sign of `task_id`'s agent: its `alive` key, or a report (an
-/// agent that reported and left).
+/// agent that reported and left), also one archived when the task was released (an
+/// agent that finished its work while the process goes on, saving or evaluating).
 async fn agent_seen(store: &dyn StateStore, task_id: &str) -> anyhow::Result<bool> {
     let task = timed("reading the task", store.range(&keys::task_prefix(task_id))).await?;
     let signs = [keys::task_alive(task_id), keys::task_report(task_id)];
-    Ok(task.kvs.iter().any(|kv| signs.contains(&kv.key)))
+    if task.kvs.iter().any(|kv| signs.contains(&kv.key)) {
+        return Ok(true);
+    }
+    let archived = keys::archived_report(task_id);
+    Ok(timed("reading the task's archive", store.get(&archived))
+        .await?
+        .is_some())
 }
 
 impl Drop for AgentCheck {
@@ -81,14 +88,15 @@ impl Drop for AgentCheck {
 
 fn warn_no_agent(task_id: &str, reserved_mib: u64, patience: Duration) {
     let waited = humantime::format_duration(patience);
+    let grace = humantime::format_duration(crate::placer_cmd::DEFAULT_UNSTARTED_TASK_GRACE);
     tracing::warn!(task = %task_id, reserved_mib,
         "no iadeep agent has reported {waited} after the job started: it is not tuned and its \
          PD is not measured; its reservation ({reserved_mib} MiB: all the GPU's free memory \
-         when neither a report nor --gpu-mem-mib said what it needs) keeps other jobs off its \
-         GPU until the placer's unstarted-task grace ends (10 min by default), and then the \
-         job runs on unreserved. Does the script create an agent \
-         (`iadeep.Agent.from_env(...)`, README \"In a Python training loop\")? A job that \
-         starts slowly: raise --agent-patience (0s: never look)");
+         when neither a report, --gpu-mem-mib nor the model's registry entry said what it \
+         needs) keeps other jobs off its GPU until the placer's unstarted-task grace ends \
+         ({grace} by default), and then the job runs on unreserved. Does the script create an \
+         agent (`iadeep.Agent.from_env(...)`, README \"In a Python training loop\")? A job \
+         that starts slowly: raise --agent-patience (0s: never look)");
 }
 
 #[cfg(test)]
@@ -118,6 +126,12 @@ mod tests {
         assert!(!agent_seen(&store, "t").await.expect("read"));
         put(keys::task_report("t")).await;
         assert!(agent_seen(&store, "t").await.expect("read"));
+        let archived = iadeep_state::EmbeddedStore::in_memory().expect("store");
+        archived
+            .put(&keys::archived_report("t"), Vec::new(), None)
+            .await
+            .expect("put");
+        assert!(agent_seen(&archived, "t").await.expect("read"));
         let store2 = iadeep_state::EmbeddedStore::in_memory().expect("store");
         store2
             .put(&keys::task_alive("t"), Vec::new(), None)

@@ -312,8 +312,11 @@ pub struct QueueLog {
 
 impl QueueLog {
     /// Whether the answer whose reason is `reason` is to be said at `at`: a new reason,
-    /// or the same one [`SAY_AGAIN`] after it was last said.
+    /// or the same one [`SAY_AGAIN`] after it was last said. Reasons are compared without
+    /// their figures, which move at every ask (a predicted wait, a PD).
     pub fn say(&mut self, reason: &str, at: Instant) -> bool {
+        let reason: String = reason.chars().filter(|c| !c.is_ascii_digit()).collect();
+        let reason = reason.as_str();
         let due = match &self.last {
             Some((said, when)) => {
                 said != reason || at.saturating_duration_since(*when) >= SAY_AGAIN
@@ -632,6 +635,11 @@ mod tests {
         assert!(log.say("capped", t0 + s(10)));
         assert!(!log.say("capped", t0 + s(69)));
         assert!(log.say("capped", t0 + s(70)));
+        assert!(log.say("waiting about 120 s", t0 + s(71)));
+        assert!(
+            !log.say("waiting about 95 s", t0 + s(76)),
+            "only its figure moved"
+        );
     }
 
     #[test]

@@ -36,6 +36,10 @@ pub struct LocalEtcd {
 
 /// etcd's data folder in the cluster's folder.
 pub const DATA_DIR: &str = "etcd";
+/// etcd's log in the cluster's folder.
+pub const LOG_FILE: &str = "etcd.log";
+/// The pid of the cluster's etcd, for the next `iadeep up` to stop an orphan.
+pub const PID_FILE: &str = "etcd.pid";
 
 /// Where and how to start etcd.
 #[derive(Debug)]
@@ -50,21 +54,39 @@ pub struct EtcdLaunch<'a> {
     /// A port of this cluster's that another part listens on later (the placer's; 0 for
     /// none): a picked port is never this one.
     pub keep_free: u16,
+    /// The client and peer ports the folder's last start used (0: none): a port asked as
+    /// 0 is one of these again while it is free ([`super::ports::LastPorts`]).
+    pub last: (u16, u16),
 }
 
 /// How many times etcd is started in all, the first included, while each failure is a
 /// picked port that another process took before etcd bound it.
 const START_ATTEMPTS: u32 = 3;
 
-/// The ports etcd is given: each one asked for as is, and for each 0 a port free right
-/// now, never `keep_free`. The picked ones are held together while they are picked, so
-/// the two differ: a port released before the next is picked may be handed out again
-/// (it was, once, in CI, and etcd then failed to bind its second listener).
-fn choose_ports(client: u16, peer: u16, keep_free: u16) -> Result<(u16, u16)> {
+/// The ports etcd is given: each one asked for as is, and for each 0 the port `last`
+/// names for it if that one is free now, else a port free right now; never `keep_free`,
+/// and never both the same. The ones chosen are held together while they are chosen,
+/// since a port released before the next is picked may be handed out again (it was,
+/// once, in CI, and etcd then failed to bind its second listener). Either way a port
+/// asked as 0 counts as picked: taken before etcd binds it, another is picked.
+fn choose_ports(client: u16, peer: u16, keep_free: u16, last: (u16, u16)) -> Result<(u16, u16)> {
     let mut held = Vec::new();
-    let mut pick = |asked: u16, other: u16| -> Result<u16> {
+    let mut pick = |asked: u16, other: u16, last: u16| -> Result<u16> {
         if asked != 0 {
             return Ok(asked);
+        }
+        if last != 0 && last != other && last != keep_free {
+            match TcpListener::bind(("127.0.0.1", last)) {
+                Ok(listener) => {
+                    held.push(listener);
+                    return Ok(last);
+                }
+                Err(_) => tracing::warn!(
+                    port = last,
+                    "the port this folder's last etcd used is taken; picking another (jobs \
+                     still running from its last start will not find this cluster)"
+                ),
+            }
         }
         loop {
             let listener =
@@ -76,8 +98,8 @@ fn choose_ports(client: u16, peer: u16, keep_free: u16) -> Result<(u16, u16)> {
             }
         }
     };
-    let client = pick(client, peer)?;
-    let peer = pick(peer, client)?;
+    let client = pick(client, peer, last.0)?;
+    let peer = pick(peer, client, last.1)?;
     Ok((client, peer))
 }
 
@@ -121,8 +143,12 @@ impl LocalEtcd {
     pub async fn start(launch: EtcdLaunch<'_>) -> Result<(LocalEtcd, Arc<dyn StateStore>)> {
         let mut attempt = 1;
         loop {
-            let (client_port, peer_port) =
-                choose_ports(launch.client_port, launch.peer_port, launch.keep_free)?;
+            let (client_port, peer_port) = choose_ports(
+                launch.client_port,
+                launch.peer_port,
+                launch.keep_free,
+                launch.last,
+            )?;
             let mut etcd = LocalEtcd::spawn(&launch, client_port, peer_port)?;
             let error = match etcd.wait_ready().await {
                 Ok(store) => return Ok((etcd, store)),
@@ -156,7 +182,7 @@ impl LocalEtcd {
         let pid_path = pid_path(launch.dir);
         let client = format!("http://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
-        let log_path = launch.dir.join("etcd.log");
+        let log_path = launch.dir.join(LOG_FILE);
         let mut log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -186,6 +212,9 @@ impl LocalEtcd {
             .stderr(Stdio::from(log_err))
             // If this process dies without stopping it, the next `iadeep up` does.
             .kill_on_drop(true)
+            // Its own process group: a Ctrl-C at the terminal goes to `iadeep up`, which
+            // stops the tuners and the placer while etcd still serves them, then etcd.
+            .process_group(0)
             .spawn()
             .with_context(|| format!("cannot start {}", launch.binary.display()))?;
         if let Some(pid) = child.id() {
@@ -202,12 +231,12 @@ impl LocalEtcd {
         })
     }
 
-    /// The store URL clients use.
     /// Its client and peer ports.
     pub fn ports(&self) -> (u16, u16) {
         (self.client_port, self.peer_port)
     }
 
+    /// The store URL clients use.
     pub fn url(&self) -> StoreUrl {
         StoreUrl::Etcd(iadeep_state::EtcdConfig::plain(vec![format!(
             "127.0.0.1:{}",
@@ -351,7 +380,7 @@ impl LocalEtcd {
 
 /// Where the pid of the etcd of the cluster in `dir` is kept while it runs.
 fn pid_path(dir: &Path) -> PathBuf {
-    dir.join("etcd.pid")
+    dir.join(PID_FILE)
 }
 
 /// An etcd left running by an `iadeep up` on `dir` that was killed (SIGKILL leaves no
@@ -417,10 +446,36 @@ mod tests {
             .and_then(|l| l.local_addr())
             .expect("a port")
             .port();
-        let (client, peer) = choose_ports(0, 0, keep_free).expect("ports");
+        let (client, peer) = choose_ports(0, 0, keep_free, (0, 0)).expect("ports");
         assert_ne!(client, peer);
         assert!(client != keep_free && peer != keep_free);
-        assert_eq!(choose_ports(23790, 0, 0).expect("ports").0, 23790);
-        assert_eq!(choose_ports(0, 23800, 0).expect("ports").1, 23800);
+        assert_eq!(choose_ports(23790, 0, 0, (0, 0)).expect("ports").0, 23790);
+        assert_eq!(choose_ports(0, 23800, 0, (0, 0)).expect("ports").1, 23800);
+    }
+
+    /// A port asked as 0 is the folder's last one while that is free, and never the
+    /// port kept free nor the other one; a given port stays.
+    #[test]
+    fn the_last_ports_are_taken_again_while_free() {
+        let free = || {
+            TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a port")
+                .port()
+        };
+        let (a, b) = (free(), free());
+        assert_eq!(choose_ports(0, 0, 0, (a, b)).expect("ports"), (a, b));
+        assert_eq!(
+            choose_ports(0, 23800, 0, (a, b)).expect("ports"),
+            (a, 23800)
+        );
+        let (client, _) = choose_ports(0, 0, a, (a, b)).expect("ports");
+        assert_ne!(client, a, "never the port kept free");
+        let (client, peer) = choose_ports(0, 0, 0, (a, a)).expect("ports");
+        assert_ne!(client, peer);
+        let holder = TcpListener::bind(("127.0.0.1", a)).expect("hold a");
+        let (client, _) = choose_ports(0, 0, 0, (a, 0)).expect("ports");
+        assert_ne!(client, a, "a taken one is not");
+        drop(holder);
     }
 }

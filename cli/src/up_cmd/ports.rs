@@ -19,10 +19,9 @@ pub struct Wanted<'a> {
     pub flag: &'a str,
 }
 
-/// Fails, naming every port already in use, who holds it (when /proc says) and the
-/// flag that moves it, unless all of `wanted` can be bound now. Port 0 (any free
-/// port) is always free.
-pub fn ensure_free(wanted: &[Wanted<'_>]) -> Result<()> {
+/// Fails, naming both flags, if two of `wanted` are the same port (0, any free port,
+/// excepted): checked before anything starts.
+pub fn ensure_distinct(wanted: &[Wanted<'_>]) -> Result<()> {
     for (i, a) in wanted.iter().enumerate() {
         if let Some(b) = wanted[i + 1..]
             .iter()
@@ -39,6 +38,14 @@ pub fn ensure_free(wanted: &[Wanted<'_>]) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// Fails, naming every port already in use, who holds it (when /proc says) and the
+/// flag that moves it, unless all of `wanted` can be bound now. Port 0 (any free
+/// port) is always free.
+pub fn ensure_free(wanted: &[Wanted<'_>]) -> Result<()> {
+    ensure_distinct(wanted)?;
     let mut taken = Vec::new();
     for w in wanted.iter().filter(|w| w.addr.port() != 0) {
         // Bound and dropped at once: the real listener binds it a moment later.
@@ -84,7 +91,7 @@ pub struct LastPorts {
 }
 
 impl LastPorts {
-    const FILE: &'static str = "ports";
+    pub const FILE: &'static str = "ports";
 
     /// What `dir` remembers; nothing (all 0) when it remembers nothing readable.
     pub fn read(dir: &std::path::Path) -> LastPorts {
@@ -119,16 +126,24 @@ impl LastPorts {
         }
     }
 
-    /// `asked`, or when its port is 0 the port remembered for it (`last`) if that one is
-    /// free on `asked`'s address now.
-    pub fn prefer(asked: SocketAddr, last: u16) -> SocketAddr {
-        if asked.port() != 0 || last == 0 {
+    /// The placer's address: `asked`, or when its port is 0 the placer's last port if
+    /// that one is free on `asked`'s address now and none of `others` (the ports given
+    /// to etcd).
+    pub fn placer_or(self, asked: SocketAddr, others: &[u16]) -> SocketAddr {
+        if asked.port() != 0 || self.placer == 0 || others.contains(&self.placer) {
             return asked;
         }
-        let again = SocketAddr::new(asked.ip(), last);
+        let again = SocketAddr::new(asked.ip(), self.placer);
         match TcpListener::bind(again) {
             Ok(_) => again,
-            Err(_) => asked,
+            Err(_) => {
+                tracing::warn!(
+                    port = self.placer,
+                    "the port this folder's last placer used is taken; picking another (jobs \
+                     still running from its last start will not find this cluster)"
+                );
+                asked
+            }
         }
     }
 }
