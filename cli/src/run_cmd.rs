@@ -302,6 +302,19 @@ fn job_name(command: &[String]) -> String {
         .unwrap_or_else(|| "job".to_owned())
 }
 
+/// A `--model` value as a model name: a path's last part, less a checkpoint file's
+/// suffix (`/ckpt/run3/resnet.pt` → `resnet`); a hub name keeps its dots
+/// (`facebook/opt-1.3b` → `opt-1.3b`).
+fn model_of_path(value: &str) -> String {
+    let last = value.rsplit('/').next().unwrap_or(value);
+    const CHECKPOINTS: [&str; 6] = [".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".onnx"];
+    CHECKPOINTS
+        .iter()
+        .find_map(|suffix| last.strip_suffix(suffix))
+        .unwrap_or(last)
+        .to_owned()
+}
+
 /// The longest model name taken from a command (the placer refuses longer names).
 const MAX_MODEL_NAME_BYTES: usize = 256;
 
@@ -325,12 +338,7 @@ fn model_name(command: &[String], job_name: &str) -> String {
         // not per checkpoint.
         let model = value
             .filter(|m| !m.is_empty() && !m.starts_with('-'))
-            .map(|m| match m.contains('/') {
-                true => std::path::Path::new(&m)
-                    .file_stem()
-                    .map_or(m.clone(), |s| s.to_string_lossy().into_owned()),
-                false => m,
-            });
+            .map(|m| model_of_path(&m));
         if let Some(model) = model.filter(|m| !m.is_empty() && m.len() <= MAX_MODEL_NAME_BYTES) {
             return model;
         }
@@ -1735,6 +1743,8 @@ mod tests {
             ("python train.py --model --epochs 3", "train"),
             ("sh -c x -- --model m", "train"),
             ("python train.py --model /ckpt/run3/resnet.pt", "resnet"),
+            ("python train.py --model facebook/opt-1.3b", "opt-1.3b"),
+            ("python train.py --model Qwen/Qwen2.5-0.5B", "Qwen2.5-0.5B"),
         ] {
             assert_eq!(model_name(&words(command), "train"), model, "{command}");
         }

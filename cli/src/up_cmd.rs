@@ -155,7 +155,6 @@ impl ClusterDir {
         };
         remove_data();
         for file in [
-            LOCK_FILE,
             CLUSTER_ENV,
             etcd::LOG_FILE,
             etcd::PID_FILE,
@@ -164,6 +163,8 @@ impl ClusterDir {
             let _ = std::fs::remove_file(self.path.join(file));
         }
         let _ = std::fs::remove_file(self.path.join(format!("{CLUSTER_ENV}.tmp")));
+        // Last: once it is gone another `iadeep up` may lock the folder and begin.
+        let _ = std::fs::remove_file(self.path.join(LOCK_FILE));
         for dir in self.path.ancestors() {
             if let Err(err) = std::fs::remove_dir(dir) {
                 tracing::info!(dir = %dir.display(), %err, "kept a folder this start created: not empty");
@@ -258,8 +259,8 @@ fn wanted_ports(args: &UpArgs) -> [ports::Wanted<'static>; 3] {
 }
 
 pub async fn run(args: UpArgs) -> Result<ExitCode> {
-    // Caught from here on: a Ctrl-C while etcd starts stops the cluster once it stands,
-    // rather than ending this process and leaving etcd and the folder behind.
+    // Caught from here on: a Ctrl-C while the cluster starts abandons the start, rather
+    // than ending this process and leaving etcd and the folder behind.
     let mut shutdown = crate::signals::Shutdown::install().context("cannot catch signals")?;
     let etcd_bin = match &args.etcd_bin {
         Some(path) => path.clone(),
@@ -297,8 +298,11 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
             return Err(err);
         }
         None => {
-            tracing::info!("interrupted while starting; stopped");
+            // The start's etcd was killed as the start was dropped: wait until it is
+            // gone (and its pid file with it) before its folder is cleared.
+            etcd::stop_orphan(&dir.path, &etcd_bin).await;
             dir.discard_if_new();
+            tracing::info!("interrupted while starting; stopped");
             return Ok(ExitCode::SUCCESS);
         }
     };

@@ -315,7 +315,7 @@ impl QueueLog {
     /// or the same one [`SAY_AGAIN`] after it was last said. Reasons are compared without
     /// their figures, which move at every ask (a predicted wait, a PD).
     pub fn say(&mut self, reason: &str, at: Instant) -> bool {
-        let reason: String = reason.chars().filter(|c| !c.is_ascii_digit()).collect();
+        let reason = without_figures(reason);
         let reason = reason.as_str();
         let due = match &self.last {
             Some((said, when)) => {
@@ -328,6 +328,27 @@ impl QueueLog {
         }
         due
     }
+}
+
+/// `text` without its figures: the runs of digits that begin a word (`120 s`, `+0.12`),
+/// not those inside one (`gpu0`, `lab1`), which name things.
+fn without_figures(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut previous: Option<char> = None;
+    let mut in_figure = false;
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            in_figure = in_figure || !previous.is_some_and(|p| p.is_alphanumeric());
+            if !in_figure {
+                out.push(c);
+            }
+        } else {
+            in_figure = false;
+            out.push(c);
+        }
+        previous = Some(c);
+    }
+    out
 }
 
 /// The rejected GPUs' own reasons in the placer's explanation, the first `most` of
@@ -639,6 +660,15 @@ mod tests {
         assert!(
             !log.say("waiting about 95 s", t0 + s(76)),
             "only its figure moved"
+        );
+        assert!(log.say("waiting about 95 s for lab1-gpu1", t0 + s(77)));
+        assert!(
+            log.say("waiting about 95 s for lab1-gpu2", t0 + s(78)),
+            "another GPU"
+        );
+        assert_eq!(
+            without_figures("PD +0.12 on gpu10, 3 ahead"),
+            "PD +. on gpu10,  ahead"
         );
     }
 

@@ -414,14 +414,24 @@ pub async fn stop_orphan(dir: &Path, binary: &Path) {
         );
         let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
         let deadline = Instant::now() + STOP_TIMEOUT;
-        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+        while alive(pid) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        if Path::new(&format!("/proc/{pid}")).exists() {
+        if alive(pid) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
     }
     let _ = std::fs::remove_file(pid_path);
+}
+
+/// Whether process `pid` runs: it exists and is not a zombie (one that exited and is
+/// not reaped yet, as this process's own killed etcd is until tokio reaps it).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command's closing parenthesis: "pid (comm) S ...".
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
 }
 
 #[cfg(test)]

@@ -3,8 +3,6 @@
 // Each test binary uses a different part of it.
 #![allow(dead_code)]
 
-use std::os::unix::process::CommandExt;
-
 use std::process::{Command, Output};
 
 /// Runs the `iadeep` binary under test with `args`, logging only warnings.
@@ -150,9 +148,6 @@ impl LocalCluster {
         let child = LocalCluster::command(&dir, etcd_port, etcd_peer_port, placer_port)
             .stdout(log("out"))
             .stderr(log("err"))
-            // A process group of its own, stopped as a whole, as a terminal's Ctrl-C
-            // stops a foreground `iadeep up` ([`LocalCluster::stop`]).
-            .process_group(0)
             .spawn()
             .expect("spawn iadeep up");
         let mut cluster = LocalCluster {
@@ -252,13 +247,12 @@ impl LocalCluster {
             .expect("run iadeep run")
     }
 
-    /// SIGTERM to its process group, as a terminal's Ctrl-C reaches a foreground job,
-    /// and the exit status (etcd, in a group of its own, stops with it: nothing is left
-    /// behind).
+    /// SIGTERM and the exit status (etcd stops with it: nothing is left behind). The
+    /// cluster shares the test's process group, so an interrupted test run stops it too.
     pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
         let mut child = self.child.take()?;
         let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
-        let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let started = std::time::Instant::now();
         loop {
             if let Ok(Some(status)) = child.try_wait() {
