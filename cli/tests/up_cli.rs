@@ -124,6 +124,13 @@ fn a_second_cluster_on_the_same_ports_fails_at_once_naming_the_port_and_flag() {
     assert!(status.success(), "{status}\n{}", first.log());
 }
 
+/// Writes `script` to `path` as an executable: a stand-in for etcd (`--etcd-bin`).
+fn write_stand_in(path: &std::path::Path, script: impl AsRef<[u8]>) {
+    std::fs::write(path, script).expect("write the stand-in");
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+}
+
 /// Kills a process the test started when the test ends, however it ends.
 struct Killed(Option<std::process::Child>);
 
@@ -164,16 +171,10 @@ fn iadeep_up_never_talks_to_an_etcd_it_did_not_start() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let started = tmp.path().join("stand-in-started");
     let stand_in = tmp.path().join("etcd-stand-in");
-    std::fs::write(
+    write_stand_in(
         &stand_in,
         "#!/bin/sh\n: > \"$IADEEP_TEST_STARTED\"\nexec sleep 600\n",
-    )
-    .expect("write the stand-in");
-    std::fs::set_permissions(
-        &stand_in,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
+    );
     let [client, peer, placer, other_peer] = free_ports();
     let mut up = LocalCluster::command(&tmp.path().join("cluster"), client, peer, placer);
     up.arg("--etcd-bin")
@@ -289,7 +290,7 @@ fn etcd_failing_on_its_peer_port(
     let etcd = iadeep_state::etcd_program::find().expect("etcd is installed");
     let starts = dir.join("starts");
     let stand_in = dir.join("etcd-stand-in");
-    std::fs::write(
+    write_stand_in(
         &stand_in,
         format!(
             "#!/bin/sh\n\
@@ -304,13 +305,7 @@ fn etcd_failing_on_its_peer_port(
             starts = starts.display(),
             etcd = etcd.display()
         ),
-    )
-    .expect("write the stand-in");
-    std::fs::set_permissions(
-        &stand_in,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
+    );
     (stand_in, starts)
 }
 
@@ -563,16 +558,10 @@ fn a_signal_while_starting_stops_the_cluster_cleanly() {
 fn a_failed_start_in_an_existing_folder_removes_only_its_etcd_data() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let stand_in = tmp.path().join("etcd-that-fails");
-    std::fs::write(
+    write_stand_in(
         &stand_in,
         "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in --data-dir=*) mkdir -p \"${a#--data-dir=}/member\";; esac; done\nexit 1\n",
-    )
-    .expect("write the stand-in");
-    std::fs::set_permissions(
-        &stand_in,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
+    );
     let dir = tmp.path().join("mine");
     std::fs::create_dir(&dir).expect("mkdir");
     std::fs::write(dir.join("notes.txt"), "mine").expect("write");

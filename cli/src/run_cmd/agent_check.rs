@@ -111,32 +111,28 @@ mod tests {
         assert!(err.contains("not a duration"), "{err}");
     }
 
+    /// Whether the agent of `t` is seen in a store holding only `keys`.
+    async fn seen_with(keys: &[String]) -> bool {
+        let store = iadeep_state::EmbeddedStore::in_memory().expect("store");
+        for key in keys {
+            store.put(key, b"x".to_vec(), None).await.expect("put");
+        }
+        agent_seen(&store, "t").await.expect("read")
+    }
+
     /// A placed task whose agent never came shows nothing but what the placer wrote; its
-    /// `alive` key or a report is a sign of the agent.
+    /// `alive` key or a report (also an archived one) is a sign of the agent.
     #[tokio::test]
     async fn the_agent_is_seen_by_its_alive_key_or_a_report() {
-        let store = iadeep_state::EmbeddedStore::in_memory().expect("store");
-        let put = |key: String| {
-            let store = &store;
-            async move { store.put(&key, b"x".to_vec(), None).await.expect("put") }
-        };
-        put(keys::task_placement("t")).await;
-        put(keys::task_assignment("t")).await;
-        put(keys::task_report("other")).await;
-        assert!(!agent_seen(&store, "t").await.expect("read"));
-        put(keys::task_report("t")).await;
-        assert!(agent_seen(&store, "t").await.expect("read"));
-        let archived = iadeep_state::EmbeddedStore::in_memory().expect("store");
-        archived
-            .put(&keys::archived_report("t"), Vec::new(), None)
-            .await
-            .expect("put");
-        assert!(agent_seen(&archived, "t").await.expect("read"));
-        let store2 = iadeep_state::EmbeddedStore::in_memory().expect("store");
-        store2
-            .put(&keys::task_alive("t"), Vec::new(), None)
-            .await
-            .expect("put");
-        assert!(agent_seen(&store2, "t").await.expect("read"));
+        let placed = [
+            keys::task_placement("t"),
+            keys::task_assignment("t"),
+            keys::task_report("other"),
+        ];
+        assert!(!seen_with(&placed).await);
+        let reported = [placed.as_slice(), &[keys::task_report("t")]].concat();
+        assert!(seen_with(&reported).await);
+        assert!(seen_with(&[keys::archived_report("t")]).await);
+        assert!(seen_with(&[keys::task_alive("t")]).await);
     }
 }

@@ -81,11 +81,7 @@ fn choose_ports(client: u16, peer: u16, keep_free: u16, last: (u16, u16)) -> Res
                     held.push(listener);
                     return Ok(last);
                 }
-                Err(_) => tracing::warn!(
-                    port = last,
-                    "the port this folder's last etcd used is taken; picking another (jobs \
-                     still running from its last start will not find this cluster)"
-                ),
+                Err(_) => super::ports::last_port_taken("etcd", last),
             }
         }
         loop {

@@ -137,15 +137,21 @@ impl LastPorts {
         match TcpListener::bind(again) {
             Ok(_) => again,
             Err(_) => {
-                tracing::warn!(
-                    port = self.placer,
-                    "the port this folder's last placer used is taken; picking another (jobs \
-                     still running from its last start will not find this cluster)"
-                );
+                last_port_taken("placer", self.placer);
                 asked
             }
         }
     }
+}
+
+/// Says that the port `what` (etcd, placer) listened on at the folder's last start is
+/// taken now, and what that costs.
+pub fn last_port_taken(what: &str, port: u16) {
+    tracing::warn!(
+        port,
+        "the port this folder's last {what} used is taken; picking another (jobs still \
+         running from its last start will not find this cluster)"
+    );
 }
 
 /// Who listens on a loopback port, as seen from /proc.
