@@ -283,8 +283,6 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
     // Before the last ports are looked at: an orphan etcd of this folder holds them.
     etcd::stop_orphan(&dir.path, &etcd_bin).await;
     let last = ports::LastPorts::read(&dir.path);
-    let mut args = args;
-    args.placer = last.placer_or(args.placer, &[args.etcd_port, args.etcd_peer_port]);
     // The start may take minutes (etcd's attempts): a signal meanwhile abandons it, and
     // what it started stops with it (etcd is killed on drop).
     let started = tokio::select! {
@@ -332,20 +330,22 @@ async fn start(
     // holds one: a second `iadeep up` on the default ports must not run next to the
     // first one's etcd (see also LocalEtcd::start).
     ports::ensure_free(&wanted_ports(args))?;
+    let placer_preference =
+        last.placer_preference(args.placer, &[args.etcd_port, args.etcd_peer_port]);
 
     let (etcd, store) = LocalEtcd::start(EtcdLaunch {
         binary: etcd_bin,
         dir: &dir.path,
         client_port: args.etcd_port,
         peer_port: args.etcd_peer_port,
-        keep_free: args.placer.port(),
+        keep_free: placer_preference.map_or(args.placer.port(), |addr| addr.port()),
         last: (last.etcd_client, last.etcd_peer),
     })
     .await?;
     let store_url = etcd.url();
     let etcd_ports = etcd.ports();
     tracing::info!(store = %store_url, dir = %dir.path.display(), "etcd ready");
-    let running = Running::start(etcd, store, placer, args, devices).await;
+    let running = Running::start(etcd, store, placer, args, placer_preference, devices).await;
     let running = match running {
         Ok(running) => running,
         Err((etcd, err)) => {
@@ -377,6 +377,41 @@ async fn start(
     );
 
     Ok(running)
+}
+
+/// Starts the placer on `args.placer`, or first on `preference` (the folder's last port,
+/// when any free port was asked for): a preference taken by now is said and given up
+/// for any free port rather than failing the start.
+async fn start_placer(
+    store: &Arc<dyn StateStore>,
+    placer: iadeep_placer::Placer,
+    args: &UpArgs,
+    preference: Option<SocketAddr>,
+) -> Result<PlacerDaemon> {
+    let (dead_task_grace, unstarted_task_grace) = args.graces.durations();
+    let start = |grpc: SocketAddr, placer: iadeep_placer::Placer| {
+        let config = DaemonConfig {
+            grpc,
+            extender: None,
+            metrics: None,
+            dead_task_grace,
+            unstarted_task_grace,
+            tls: None,
+        };
+        PlacerDaemon::start(store.clone(), placer, Arc::new(ModelledMemory), config)
+    };
+    if let Some(preferred) = preference {
+        match start(preferred, placer.clone()).await {
+            Ok(daemon) => return Ok(daemon),
+            Err(err) => {
+                tracing::debug!(%err, "the placer cannot start on the folder's last port");
+                ports::last_port_taken("placer", preferred.port());
+            }
+        }
+    }
+    start(args.placer, placer)
+        .await
+        .context("cannot start the placer")
 }
 
 /// The placer and the tuners, on the cluster's etcd.
@@ -432,25 +467,13 @@ impl Running {
         store: Arc<dyn StateStore>,
         placer: iadeep_placer::Placer,
         args: &UpArgs,
+        placer_preference: Option<SocketAddr>,
         devices: Vec<DeviceInfo>,
     ) -> std::result::Result<Running, (LocalEtcd, anyhow::Error)> {
-        let (dead_task_grace, unstarted_task_grace) = args.graces.durations();
-        let config = DaemonConfig {
-            grpc: args.placer,
-            extender: None,
-            metrics: None,
-            dead_task_grace,
-            unstarted_task_grace,
-            tls: None,
+        let placer = match start_placer(&store, placer, args, placer_preference).await {
+            Ok(placer) => placer,
+            Err(err) => return Err((etcd, err)),
         };
-        let placer =
-            match PlacerDaemon::start(store.clone(), placer, Arc::new(ModelledMemory), config)
-                .await
-                .context("cannot start the placer")
-            {
-                Ok(placer) => placer,
-                Err(err) => return Err((etcd, err)),
-            };
         let (stop_tuners, stop_rx) = watch::channel(false);
         let mut tuners = JoinSet::new();
         let mut device_ids = Vec::new();

@@ -468,6 +468,42 @@ fn port_zero_takes_the_folders_last_ports_again() {
     assert!(again.stop().expect("stopped").success(), "{}", again.log());
 }
 
+/// A remembered placer port that another program holds now is given up for any free
+/// port, said in the log, rather than failing the start; the new port is remembered.
+#[test]
+fn a_remembered_placer_port_taken_meanwhile_is_given_up() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("cluster");
+    let mut first = LocalCluster::start_on_any_ports(dir.clone());
+    let placer = first.placer.clone();
+    assert!(first.stop().expect("stopped").success(), "{}", first.log());
+    let port = placer
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse::<u16>().ok())
+        .expect("the placer's URL ends in its port");
+    let _holder = std::net::TcpListener::bind(("127.0.0.1", port)).expect("hold the port");
+
+    let mut again = LocalCluster::start_on_any_ports(dir.clone());
+    assert!(
+        again
+            .log()
+            .contains("the port this folder's last placer used is taken"),
+        "{}",
+        again.log()
+    );
+    assert_ne!(again.placer, placer, "{}", again.log());
+    let remembered = std::fs::read_to_string(dir.join("ports")).expect("ports");
+    assert!(
+        remembered.contains(&format!(
+            "placer={}",
+            again.placer.rsplit(':').next().unwrap_or("")
+        )),
+        "{remembered}"
+    );
+    assert!(again.stop().expect("stopped").success(), "{}", again.log());
+}
+
 /// Two of the cluster's own ports given the same number are refused before anything
 /// starts, naming both flags.
 #[test]

@@ -126,21 +126,17 @@ impl LastPorts {
         }
     }
 
-    /// The placer's address: `asked`, or when its port is 0 the placer's last port if
-    /// that one is free on `asked`'s address now and none of `others` (the ports given
-    /// to etcd).
-    pub fn placer_or(self, asked: SocketAddr, others: &[u16]) -> SocketAddr {
+    /// The address the placer tries first when it was asked for any free port (`asked`
+    /// has port 0): the folder's last placer port on `asked`'s address, unless that is
+    /// one of `others` (the ports given to etcd). Only a preference: when it is taken by
+    /// the time the placer binds, the placer takes any free port
+    /// (`start_placer` in `up_cmd`), so a port taken meanwhile never
+    /// fails the start.
+    pub fn placer_preference(self, asked: SocketAddr, others: &[u16]) -> Option<SocketAddr> {
         if asked.port() != 0 || self.placer == 0 || others.contains(&self.placer) {
-            return asked;
+            return None;
         }
-        let again = SocketAddr::new(asked.ip(), self.placer);
-        match TcpListener::bind(again) {
-            Ok(_) => again,
-            Err(_) => {
-                last_port_taken("placer", self.placer);
-                asked
-            }
-        }
+        Some(SocketAddr::new(asked.ip(), self.placer))
     }
 }
 
