@@ -1,6 +1,7 @@
 //! `iadeep`: the command operators and orchestrators run.
 //!
-//! One binary, one subcommand per job. Each subcommand lives in its own module;
+//! One binary, one subcommand per job. Each subcommand lives in its own module
+//! (`demo` shares `sim_cmd` with `sim`);
 //! this file only parses the command line, sets up logging and reports errors.
 
 #[macro_use]

@@ -10,12 +10,14 @@
 //!   peaks;
 //! - [`SyntheticCluster`]: a seeded cluster of any size, load for the placer's
 //!   benchmarks;
-//! - [`EmulatedJob`]: a training job that follows measured (Pollux) step times.
+//! - [`EmulatedJob`]: a training job that follows measured (Pollux) step times;
+//! - [`random`]: the one normal sampler of the evaluation and the simulator.
 //!
 //! None of it is in the libraries' API: the daemons and the agent never need it,
 //! and keeping it apart keeps the measured data sets (and their readers) out of
 //! what production links — the agent SDK, and so the Python wheel, in particular.
-//! The CLI's `bench`, `eval` and `emulate` commands and the benchmarks use it.
+//! `iadeep tuner bench`, `memory eval`, `predictor eval`, `emulate-job`, `data
+//! gavel-pairs`, the simulator and the benchmarks use it.
 
 mod cluster;
 mod emulate;

@@ -4,8 +4,10 @@
 //! least performance degradation (Σ PD) — or waits, when waiting for a device to
 //! free up is predicted to cost less. The decision ([`Placer::decide`], described
 //! in [`policy`]) is a pure function over an in-memory [`ClusterView`], shared by
-//! the daemon and the simulator. The [`PlacementService`] makes each placement real with a
-//! compare-and-swap on the device's residents record in a state store, and reports
+//! the daemon and the simulator. The [`PlacementService`] makes each placement real with
+//! one state-store transaction that compares the device's residents record and its
+//! residents' assignments with what the decision saw (concurrent ones on different
+//! devices merged into one by its group commit), and reports
 //! what it does to a [`PlacementEvents`] observer; [`ViewSync`] keeps the view
 //! fresh from the store, and the [`reaper`] gives back what dead or never-started
 //! tasks hold (deleting released tasks after their [`retention`]) and keeps the

@@ -2,7 +2,7 @@
 //!
 //! A Release deletes the task's placement, gives its memory back and moves its spec, its
 //! last report and its assignment from `tasks/{task}/` to `archive/{task}/` (see
-//! [`crate::archive`]), so an operator can still read a finished job (`iadeep state get
+//! `archive.rs`), so an operator can still read a finished job (`iadeep state get
 //! /iadeep/v1/archive/ID/report`) while everything that reads `tasks/` whole (the
 //! placer's start, every tuner) reads only live tasks. Without an end to that, the store
 //! grows with every job ever run. So the Release transaction also writes a marker,

@@ -1385,9 +1385,9 @@ impl PlacementService {
     /// The reservation's removal and the placement's deletion are one transaction.
     /// Since Place writes both in one transaction too, the view's device for the task
     /// is normally all that is needed: the usual Release costs one range read of the
-    /// task's keys (to move them to the archive, see [`crate::archive`]; none when this
+    /// task's keys (to move them to the archive, see `archive.rs`; none when this
     /// process placed the task and its agent never reported) and that one commit
-    /// (shared with concurrent ones, see [`crate::group_commit`]); the placement is read from the store only when the view does not hold
+    /// (shared with concurrent ones, see `group_commit.rs`); the placement is read from the store only when the view does not hold
     /// the task (not synced yet, or a record written by hand or by an older placer).
     pub async fn release(&self, task_id: &str) -> Result<Option<String>> {
         validate::task_id("task_id", task_id)?;
@@ -1700,10 +1700,10 @@ impl PlacementService {
     /// Archives, with a release marker, the keys left under `tasks/` by every task that
     /// holds no reservation and whose agent has been gone for `grace` (at once when it
     /// reported finishing), see [`ClusterView::dead_unreserved`], so the retention
-    /// deletes them as it does a released task's; at most [`ARCHIVE_PER_PASS`] a call.
+    /// deletes them as it does a released task's; at most `ARCHIVE_PER_PASS` a call.
     /// Returns the tasks archived. One that fails (a store error, or a key that changed
     /// meanwhile) is retried on the next call; one with nothing to archive (see
-    /// [`PlacementService::archive_unplaced`]) is set aside until it changes.
+    /// `archive_unplaced`) is set aside until it changes.
     pub async fn archive_dead_unreserved(&self, grace: std::time::Duration) -> Vec<String> {
         let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
         let dead = self
