@@ -68,7 +68,8 @@ pub(crate) use agent_check::AGENT_START_PATIENCE;
 /// while it is queued; then runs CMD with IADEEP_TASK_ID, IADEEP_STORE and
 /// CUDA_VISIBLE_DEVICES set (the job's `iadeep.Agent.from_env()` reads them, together
 /// with the batch sizes given here), releases the placement when CMD exits (also
-/// after Ctrl-C, SIGTERM or a crash), and exits with CMD's exit code.
+/// after Ctrl-C, SIGTERM or a crash), and exits with CMD's exit code (127, asking
+/// nothing, when CMD is not found).
 ///
 /// Production jobs (`--class production`) keep their slowdown under `--max-slowdown`;
 /// opportunistic ones (the default) use what production jobs leave and may be evicted.
@@ -233,6 +234,28 @@ const PRIORITY: &str = "Priority and eviction";
 const DEFAULT_LR_RULE: &str = "sqrt";
 /// Exit status when the queue wait ran out (EX_TEMPFAIL: try again later).
 const QUEUE_TIMEOUT_EXIT: u8 = 75;
+/// Exit status when the command does not exist, as a shell's.
+const COMMAND_NOT_FOUND_EXIT: u8 = 127;
+
+/// The command's program when it cannot be run: a path that is no executable file, or a
+/// name no directory of PATH holds as one. Checked before the placer is asked, so a typo
+/// costs no placement (and no GPU reserved for a job that cannot start).
+fn missing_program(command: &[String]) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let program = command.first()?;
+    let executable = |path: &std::path::Path| {
+        std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let found = if program.contains('/') {
+        executable(std::path::Path::new(program))
+    } else {
+        std::env::var_os("PATH").is_some_and(|path| {
+            std::env::split_paths(&path).any(|dir| executable(&dir.join(program)))
+        })
+    };
+    (!found).then(|| program.clone())
+}
+
 /// Exit status when the placer evicted the job and it is to be queued again, but its
 /// placement could not be released (EX_UNAVAILABLE). Why not queue it anyway: Place is
 /// idempotent per task id, so it would answer the old placement, whose evict assignment
@@ -536,6 +559,10 @@ fn base_launch(
 
 pub async fn run(args: RunArgs) -> Result<ExitCode> {
     check_batch_sizes(&args)?;
+    if let Some(missing) = missing_program(&args.command) {
+        eprintln!("iadeep run: {missing}: command not found (nothing was placed)");
+        return Ok(ExitCode::from(COMMAND_NOT_FOUND_EXIT));
+    }
     let mut signals = Signals::install()?;
     let (placer, store) = placer_and_store(&args)?;
     let (class, max_slowdown) = class_of(&args)?;
@@ -550,7 +577,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let spec = task_spec(&args, &task_id, &name, lr_rule, class);
     let base = base_launch(&args, &task_id, &store, lr_rule, class, max_slowdown);
     let mut evictions = Evictions::new(store.clone(), &task_id);
-    evictions.reachable().await?;
+    evictions.reachable_and_free().await?;
     let mut client = connect(placer, &args.placer_tls).await?;
     let mut requeued = 0u32;
     let mut evicted_reason: Option<String> = None;
@@ -787,23 +814,40 @@ impl Evictions {
     /// credentials or certificate): a job whose agent reports to a store
     /// nobody reads (a mistyped --store) would be placed and run untuned, its agent
     /// warning all its life, and an unreachable store stops the placer too.
-    async fn reachable(&mut self) -> Result<()> {
+    ///
+    /// Fails too when an agent of this task id runs (its `alive` key): a second run
+    /// under a live id would be answered with the first one's placement (a Place is
+    /// idempotent, so that a retry finds its own), start a second copy, and on its exit
+    /// release the first one's placement under it. A placement with no agent is not
+    /// refused: that is a run that stopped without releasing it, which a new run of the
+    /// same id takes over.
+    async fn reachable_and_free(&mut self) -> Result<()> {
         let checked = async {
             let store = self.open().await?;
             timed(
                 "reading the store",
-                store.get(&keys::task_placement(&self.task_id)),
+                store.range(&keys::task_prefix(&self.task_id)),
             )
             .await
         };
-        checked.await.map(|_| ()).with_context(|| {
+        let task = checked.await.with_context(|| {
             format!(
                 "the state store {} (--store or IADEEP_STORE) cannot be read; the job's agent \
                  reports there: is it the store `iadeep up` wrote to cluster.env, and does that \
                  cluster run?",
                 self.url
             )
-        })
+        })?;
+        let alive = keys::task_alive(&self.task_id);
+        if task.kvs.iter().any(|kv| kv.key == alive) {
+            bail!(
+                "task id {} is in use: a job's agent runs under it now ({alive} is in the \
+                 store; `iadeep status` shows the job). Give this run another --task-id, or \
+                 leave it out for a new one; stop the running job first to reuse its id.",
+                self.task_id
+            );
+        }
+        Ok(())
     }
 
     async fn open(&mut self) -> Result<Arc<dyn StateStore>> {
@@ -1113,9 +1157,18 @@ async fn connect(placer: &str, tls: &PlacerTlsArgs) -> Result<PlacerClient<Chann
         .await
         .map_err(|_| anyhow::anyhow!("no answer within {CALL_TIMEOUT:?}"))
         .and_then(|r| r.map_err(anyhow::Error::from));
-    channel
-        .map(PlacerClient::new)
-        .with_context(|| format!("cannot reach the placer at {endpoint}: is `iadeep up` running?"))
+    channel.map(PlacerClient::new).map_err(|err| {
+        // A TLS failure is not an absent placer: say which setting to look at.
+        let chain = format!("{err:#}");
+        let hint = if chain.contains("UnknownIssuer") || chain.contains("invalid peer certificate")
+        {
+            "its certificate is not signed by --placer-ca (give the CA that signed it, not \
+             the placer's own certificate), or names another host than the address"
+        } else {
+            "is `iadeep up` running?"
+        };
+        err.context(format!("cannot reach the placer at {endpoint}: {hint}"))
+    })
 }
 
 /// Asks the placer until it places the task, saying why it waits meanwhile.
@@ -1276,8 +1329,15 @@ fn none_local(devices: &[DeviceInfo], node: &str) -> anyhow::Error {
 fn refused(status: &tonic::Status) -> anyhow::Error {
     let chain = iadeep_placer::extender::kube_api::error_chain(status);
     let cause = chain.strip_prefix(&status.to_string()).unwrap_or_default();
+    // What a TLS placer's answer looks like to a plain-text HTTP/2 client.
+    let hint = if chain.contains("h2 protocol error") || chain.contains("frame with invalid size") {
+        "\n(a placer that serves TLS answers an http:// client so: give its address as \
+         https://HOST:PORT with --placer-ca)"
+    } else {
+        ""
+    };
     anyhow::anyhow!(
-        "the placer refused the task: {} ({:?}){cause}",
+        "the placer refused the task: {} ({:?}){cause}{hint}",
         status.message(),
         status.code(),
     )
@@ -1548,16 +1608,16 @@ impl Stopping<'_> {
     }
 }
 
-/// Gives the task's reservation back (a few tries); failures are logged, because the
-/// placer's reaper releases it anyway once the job's agent is gone for the grace.
-/// Whether the placement is gone now: released, or the placer had none to release
-/// (false when every try failed).
-///
-/// `placed`: whether this run knows the task was placed. A run that ended while queued
-/// releases too (a Place may have committed as the wait ended) but has nothing to say
-/// when there was nothing to give back.
+/// Gives the task's placement back. `placed`: the job ran on it, so the release is tried
+/// three times and a failure said at warn level. Otherwise (the run stops queued, or its
+/// ask failed) a placement can exist only if a Place committed without its answer
+/// arriving: one try, and a placer that does not answer is said quietly, since it most
+/// likely never placed anything (a placer that cannot be reached at all would make the
+/// failure that brought the run here look like a lost placement). Returns whether the
+/// placement is gone now: released, or the placer had none (false when no try got an answer).
 async fn release(client: &mut PlacerClient<Channel>, task_id: &str, placed: bool) -> bool {
-    for attempt in 1..=3 {
+    let attempts = if placed { 3 } else { 1 };
+    for attempt in 1..=attempts {
         let request = ReleaseRequest {
             task_id: task_id.to_owned(),
         };
@@ -1579,10 +1639,18 @@ async fn release(client: &mut PlacerClient<Channel>, task_id: &str, placed: bool
                 tracing::debug!(task = task_id, "never placed: nothing to release");
                 return true;
             }
-            Err(status) => {
+            Err(status) if placed => {
                 tracing::warn!(task = task_id, attempt, code = ?status.code(), message = status.message(),
                     "cannot release the placement");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                if attempt < attempts {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+            Err(status) => {
+                tracing::info!(task = task_id, code = ?status.code(), message = status.message(),
+                    "the placer did not answer the release of a task it had not placed for this \
+                     run; had it placed it meanwhile, it gives the GPU back after its grace period");
+                return false;
             }
         }
     }
@@ -1644,6 +1712,29 @@ mod tests {
 
     /// A task id the store would refuse is refused as an argument, before the placer is
     /// asked (the trial's `bad/id` was placed-then-released three times first).
+    #[test]
+    fn a_command_that_cannot_run_is_named_before_placing() {
+        let cmd = |parts: &[&str]| parts.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        assert_eq!(missing_program(&cmd(&["sh", "-c", "true"])), None);
+        assert_eq!(missing_program(&cmd(&["/bin/sh"])), None);
+        assert_eq!(
+            missing_program(&cmd(&["no-such-program-iadeep", "x"])).as_deref(),
+            Some("no-such-program-iadeep")
+        );
+        assert_eq!(
+            missing_program(&cmd(&["/nonexistent/prog"])).as_deref(),
+            Some("/nonexistent/prog")
+        );
+        // A directory, and a file without the execute bit, do not run either.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let plain = dir.path().join("train.py");
+        std::fs::write(&plain, "print()").expect("write");
+        for path in [dir.path(), plain.as_path()] {
+            let path = path.to_str().expect("UTF-8").to_owned();
+            assert_eq!(missing_program(&[path.clone()]), Some(path));
+        }
+    }
+
     #[test]
     fn a_bad_task_id_is_refused_as_an_argument() {
         let parse = |id: &str| {

@@ -237,6 +237,10 @@ fn the_placer_binary_serves_tls_and_verifies_iadeep_runs_certificate() {
         code == Some(1) && err.contains("cannot reach the placer"),
         "trusting another CA, the placer's certificate is refused: {code:?} {err}"
     );
+    assert!(
+        err.contains("not signed by --placer-ca") && !err.contains("is `iadeep up` running"),
+        "the refused certificate is named as the cause: {err}"
+    );
 
     let (code, err) = run_against(&https, &store, &[]);
     assert!(
@@ -248,6 +252,14 @@ fn the_placer_binary_serves_tls_and_verifies_iadeep_runs_certificate() {
     assert!(
         code != Some(0) && !err.contains(placed_or_told_to_wait),
         "plain text is not served: {code:?} {err}"
+    );
+    assert!(
+        err.contains("give its address as https://"),
+        "a plain-text client of a TLS placer is told so: {err}"
+    );
+    assert!(
+        !err.contains("cannot release the placement") && !err.contains("placement not released"),
+        "nothing was placed, so no lost placement is reported: {err}"
     );
 }
 

@@ -427,6 +427,59 @@ fn iadeep_run_warns_once_when_no_agent_reports() {
     assert!(log().contains("its reservation ("), "{}", log());
 }
 
+/// A second `iadeep run` under a task id whose agent runs is refused before it asks the
+/// placer: it would get the first run's placement, start a second copy and, on its
+/// exit, release the placement under the first.
+#[test]
+fn a_task_id_whose_agent_runs_is_refused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cluster = LocalCluster::start(tmp.path().join("cluster"));
+    let put = common::iadeep(&[
+        "state",
+        "put",
+        "--store",
+        &cluster.store,
+        "/iadeep/v1/tasks/busy/alive",
+        "",
+    ]);
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let run = |task: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"))
+            .args(["run", "--task-id", task, "--batch-size", "32", "--", "true"])
+            .env("IADEEP_STORE", &cluster.store)
+            .env("IADEEP_PLACER", &cluster.placer)
+            .output()
+            .expect("iadeep run")
+    };
+    let refused = run("busy");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("task id busy is in use"), "{stderr}");
+    let placement = common::iadeep(&[
+        "state",
+        "get",
+        "--store",
+        &cluster.store,
+        "/iadeep/v1/tasks/busy/placement",
+    ]);
+    assert!(
+        !placement.status.success(),
+        "nothing was placed: {}",
+        String::from_utf8_lossy(&placement.stdout)
+    );
+    // Another id runs as usual.
+    let other = run("free");
+    assert!(
+        other.status.success(),
+        "{}",
+        String::from_utf8_lossy(&other.stderr)
+    );
+}
+
 /// A cluster asked for any free ports (0) takes its folder's last ones again when started
 /// again there, while they are free: the jobs still running from before the stop know
 /// only those addresses. Stopping it with a job's agent still alive names the job.
