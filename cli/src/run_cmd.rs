@@ -1731,7 +1731,7 @@ mod tests {
         std::fs::write(&plain, "print()").expect("write");
         for path in [dir.path(), plain.as_path()] {
             let path = path.to_str().expect("UTF-8").to_owned();
-            assert_eq!(missing_program(&[path.clone()]), Some(path));
+            assert_eq!(missing_program(std::slice::from_ref(&path)), Some(path));
         }
     }
 
