@@ -328,7 +328,11 @@ class AdaptiveDataLoader:
         if self._evict_in_callback:
             return
         reason = self.agent.evicted or ""
-        _log.warning("task %s evicted (%s); checkpointing and stopping", self.agent.task_id, reason)
+        if self.on_evict is not None:
+            plan = "calling on_evict, then stopping"
+        else:
+            plan = "no on_evict hook, so nothing is saved: the job starts over if re-queued; stopping"
+        _log.warning("task %s evicted (%s); %s", self.agent.task_id, reason, plan)
         if self.on_evict is not None:
             self.on_evict(reason)
         self.agent.poll_change()  # ends the agent and raises iadeep.Evicted
@@ -577,7 +581,16 @@ class IadeepCallback(_lightning_callback_base()):  # type: ignore[misc]
 
     def _evicted(self, trainer: Any, reason: str) -> None:
         """Checkpoint, the hook, then stop fit with Evicted (the agent ends first)."""
-        _log.warning("task %s evicted (%s); checkpointing and stopping fit", self.agent.task_id, reason)
+        steps = []
+        if self.checkpoint_path is not None:
+            steps.append(f"saving the checkpoint to {self.checkpoint_path}")
+        if self.on_evict is not None:
+            steps.append("calling on_evict")
+        if steps:
+            plan = " and ".join(steps) + ", then stopping fit"
+        else:
+            plan = "no checkpoint_path or on_evict, so nothing is saved: the job starts over if re-queued; stopping fit"
+        _log.warning("task %s evicted (%s); %s", self.agent.task_id, reason, plan)
         if self.checkpoint_path is not None:
             trainer.save_checkpoint(self.checkpoint_path)
         if self.on_evict is not None:

@@ -8,8 +8,10 @@ Also: the priority class and slowdown cap reach the spec the agent registers.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -99,7 +101,12 @@ def test_the_class_and_the_cap_reach_the_spec_and_are_checked(cluster: Cluster, 
     agent.finish()
 
 
-def test_the_loaders_checkpoint_hook_runs_before_evicted_is_raised(cluster: Cluster):
+def evict_log(caplog: pytest.LogCaptureFixture) -> list:
+    """What iadeep.torch logged about the eviction."""
+    return [r.getMessage() for r in caplog.records if r.name == "iadeep.torch" and "evicted" in r.getMessage()]
+
+
+def test_the_loaders_checkpoint_hook_runs_before_evicted_is_raised(cluster: Cluster, caplog: pytest.LogCaptureFixture):
     torch = pytest.importorskip("torch", reason="torch is not importable: the iadeep.torch eviction test did not run")
     import iadeep.torch as it
     from torch.utils.data import TensorDataset
@@ -123,10 +130,53 @@ def test_the_loaders_checkpoint_hook_runs_before_evicted_is_raised(cluster: Clus
     assert raised.value.reason == REASON
     assert hooked == [(REASON, True, False, trained)], "once, before Evicted, after the last trained step"
     assert_left_unfinished(cluster, agent)
+    assert evict_log(caplog) == [f"task evict-loader evicted ({REASON}); calling on_evict, then stopping"]
+
+
+def test_the_loader_without_a_hook_says_nothing_is_saved(cluster: Cluster, caplog: pytest.LogCaptureFixture):
+    # Before, it said "checkpointing and stopping" with nothing to checkpoint.
+    torch = pytest.importorskip("torch", reason="torch is not importable: the iadeep.torch eviction test did not run")
+    import iadeep.torch as it
+    from torch.utils.data import TensorDataset
+
+    caplog.set_level(logging.WARNING, logger="iadeep.torch")
+    agent = agent_of(cluster, "evict-no-hook")
+    loader = it.AdaptiveDataLoader(TensorDataset(torch.arange(40000).float()), agent)
+    evict(cluster, "evict-no-hook", 4)
+    wait_for("the eviction to reach the agent", lambda: agent.evicted)
+    with pytest.raises(iadeep.Evicted):
+        for _ in loader:
+            pass
+    assert evict_log(caplog) == [
+        f"task evict-no-hook evicted ({REASON}); no on_evict hook, so nothing is saved: "
+        "the job starts over if re-queued; stopping"
+    ]
+    assert_left_unfinished(cluster, agent)
+
+
+def test_the_lightning_callback_without_a_checkpoint_says_nothing_is_saved(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+):
+    pytest.importorskip("lightning.pytorch", reason="lightning is not importable: its eviction test did not run")
+    import iadeep.torch as it
+
+    caplog.set_level(logging.WARNING, logger="iadeep.torch")
+    agent = agent_of(cluster, "evict-lightning-bare")
+    evict(cluster, "evict-lightning-bare", 4)
+    reason = wait_for("the eviction to reach the agent", lambda: agent.evicted)
+    trainer = SimpleNamespace(should_stop=False)  # no save_checkpoint: it must not be called
+    with pytest.raises(iadeep.Evicted):
+        it.IadeepCallback(agent)._evicted(trainer, reason)
+    assert trainer.should_stop
+    assert evict_log(caplog) == [
+        f"task evict-lightning-bare evicted ({REASON}); no checkpoint_path or on_evict, so nothing is saved: "
+        "the job starts over if re-queued; stopping fit"
+    ]
+    assert_left_unfinished(cluster, agent)
 
 
 def test_the_lightning_callback_saves_a_checkpoint_and_stops_fit_with_evicted(
-    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):
     torch = pytest.importorskip("torch", reason="torch is not importable: the Lightning eviction test did not run")
     pl = pytest.importorskip("lightning.pytorch", reason="lightning is not importable: its eviction test did not run")
@@ -176,6 +226,10 @@ def test_the_lightning_callback_saves_a_checkpoint_and_stops_fit_with_evicted(
     # The loader left it to the callback, which acted after the next step.
     assert len(steps) == 4, f"fit stopped after the step following the eviction: {steps}"
     assert hooked == [(REASON, True)], "the checkpoint is written before the hook and before Evicted"
+    assert evict_log(caplog) == [
+        f"task evict-lightning evicted ({REASON}); saving the checkpoint to {checkpoint} and calling on_evict, "
+        "then stopping fit"
+    ]
     saved = torch.load(checkpoint, weights_only=False)
     assert saved["global_step"] == 4 and "state_dict" in saved
     assert_left_unfinished(cluster, agent)

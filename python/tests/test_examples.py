@@ -6,14 +6,18 @@ Each skips, saying so, where its framework is not importable.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import signal
 import subprocess
+import threading
+from pathlib import Path
+from typing import List
 
 import pytest
 
-from conftest import DEADLINE_S, EXAMPLES, REPO, Cluster, python_job
+from conftest import DEADLINE_S, EXAMPLES, REPO, Cluster, iadeep, python_job, wait_for
 
 
 def run_example(cluster: Cluster, task: str, script: str, *args: str) -> str:
@@ -66,6 +70,91 @@ def test_ctrl_c_stops_the_pytorch_example_after_its_step(cluster: Cluster):
     out = "".join(lines) + out
     assert job.returncode == 0, out
     assert "stopped on SIGINT" in out and "Traceback" not in out, out
+    assert cluster.placement(task) is None
+
+
+class Lines:
+    """A process's output lines, read as they come by a thread (a wait never hangs on a read)."""
+
+    def __init__(self, job: subprocess.Popen) -> None:
+        assert job.stdout is not None
+        self.lines: List[str] = []
+        self.thread = threading.Thread(target=self._read, args=(job.stdout,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def after(self, start: int, prefix: str) -> int:
+        """Waits for a line from the `start`th on beginning with `prefix`; returns its index."""
+        def found():
+            ended = not self.thread.is_alive()  # before looking: a line read meanwhile is seen
+            at = next((i for i, line in enumerate(self.lines[start:], start) if line.startswith(prefix)), None)
+            if at is None and ended:
+                raise AssertionError(f"the output ended with no line {prefix!r}:\n{self.text()}")
+            return None if at is None else at + 1
+        return wait_for(f"a line {prefix!r}", found) - 1
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def test_an_evicted_pytorch_example_saves_its_checkpoint_exits_3_and_resumes_when_requeued(
+    cluster: Cluster, tmp_path: Path
+):
+    # A new-user trial: evicted, the example logged "checkpointing" but saved nothing, died
+    # with an iadeep.Evicted traceback, and `iadeep run` restarted it from epoch 0.
+    torch = pytest.importorskip("torch", reason="torch is not importable: the PyTorch example did not run")
+    task, reason = "evicted-example", "prod-1 ran at PD 1.31 above its cap 1.10 for 3 rounds"
+    checkpoint = tmp_path / "mnist-like.pt"
+    job = cluster.run_job(
+        ["--batch-size", "64", "--min-batch-size", "16", "--max-batch-size", "512", "--task-id", task],
+        python_job(
+            EXAMPLES / "train_mnist_like.py", "--epochs", "1000", "--samples", "1000",
+            "--checkpoint", str(checkpoint), "--report-interval-s", "0.5",
+        ),
+        env={"RUST_LOG": "info"},  # iadeep run's "job exited" line, with the exit code
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    out = Lines(job)
+    try:
+        trained = out.after(0, "epoch 0: loss")
+        # The placer's evict assignment: the last one, with evict set.
+        key = f"/iadeep/v1/tasks/{task}/assignment"
+        assignment = cluster.get(key) or {"taskId": task, "batchSize": 64, "lrFactor": 1.0, "round": "1"}
+        assignment.update(evict=True, evictReason=reason)
+        iadeep("state", "put", key, json.dumps(assignment), "--store", cluster.store)
+        evicted = out.after(trained, "evicted (")
+        resumed = out.after(evicted, "resumed from ")
+        saved = re.fullmatch(
+            rf"evicted \({re.escape(reason)}\); epoch (\d+) saved to {re.escape(str(checkpoint))}; "
+            r"iadeep run re-queues the job to resume there\n",
+            out.lines[evicted],
+        )
+        assert saved, out.text()
+        epoch = int(saved.group(1))
+        assert epoch >= 1 and out.lines[resumed] == f"resumed from {checkpoint} at epoch {epoch}\n", out.text()
+        # The restarted run trains on from the saved epoch; then SIGTERM stops it as before.
+        out.after(resumed, f"epoch {epoch}: loss")
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=DEADLINE_S)
+        out.thread.join(timeout=DEADLINE_S)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    text = out.text()
+    assert job.returncode == 0, text
+    assert "Traceback" not in text, text
+    assert f"evicted ({reason}); calling on_evict, then stopping" in text, "the library's log says so"
+    assert not any(line.startswith("epoch 0:") for line in out.lines[resumed:]), "not started over"
+    exits = [line for line in out.lines if "job exited" in line]
+    assert len(exits) == 2 and "exit_code=3" in exits[0] and "exit_code=0" in exits[1], text
+    assert "stopped on SIGTERM" in text, text
+    state = torch.load(checkpoint, weights_only=True)
+    assert state["epoch"] == epoch and {"model", "optimizer"} <= state.keys(), state.keys()
+    report = cluster.get(f"/iadeep/v1/tasks/{task}/report")
+    assert report is not None and report["finished"], report
     assert cluster.placement(task) is None
 
 
