@@ -94,6 +94,20 @@ pub async fn open_store(url: &StoreUrl) -> anyhow::Result<Arc<dyn StateStore>> {
         .with_context(|| format!("cannot open the state store {url}"))
 }
 
+/// Says at a daemon's start when the etcd behind `url` has a known bug that costs its
+/// clients their leases ([`iadeep_state::EtcdStore::lease_bug_warning`]): nothing else
+/// tells an operator which etcd the cluster runs.
+pub async fn warn_of_etcd_bugs(url: &StoreUrl) {
+    let StoreUrl::Etcd(config) = url else {
+        return;
+    };
+    if let Ok(store) = iadeep_state::EtcdStore::connect_with(config).await
+        && let Some(warning) = store.lease_bug_warning().await
+    {
+        tracing::warn!("{warning}");
+    }
+}
+
 /// [`open_store`] for commands that only read: an embedded store file is opened read-only,
 /// never created, repaired or rewritten.
 pub async fn open_store_read_only(url: &StoreUrl) -> anyhow::Result<Arc<dyn StateStore>> {

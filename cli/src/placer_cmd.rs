@@ -342,6 +342,7 @@ async fn daemon(url: StoreUrl, args: DaemonArgs) -> Result<ExitCode> {
     }
     let tls = args.tls.load(args.tls_client_ca.as_deref())?;
     let store = crate::open_store(&url).await?;
+    crate::warn_of_etcd_bugs(&url).await;
     if args.kube_api.is_some() && args.extender.is_none() {
         bail!("--kube-api is for the extender's bind verb: give --extender ADDR too");
     }

@@ -212,6 +212,7 @@ async fn run_daemon(args: DaemonArgs) -> Result<ExitCode> {
         infos.push(daemon::device::describe(&flags, nvml)?);
     }
     let store = crate::open_store(&args.store.url()).await?;
+    crate::warn_of_etcd_bugs(&args.store.url()).await;
     let mut tuners = Vec::new();
     for info in &infos {
         tracing::info!(device = %info.device_id, node = %info.node, memory_mib = info.memory_mib,

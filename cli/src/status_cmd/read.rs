@@ -26,6 +26,8 @@ struct DeviceKeys {
     residents: Option<DeviceResidents>,
     tuner: Option<TunerState>,
     breach: Option<CapBreach>,
+    /// Whether the device's `owner` key is there: a tuner holds the device.
+    owned: bool,
 }
 
 /// The cluster as `iadeep status` shows it.
@@ -69,6 +71,10 @@ pub struct DeviceRow {
     pub free_mib: Option<u64>,
     pub residents: Vec<String>,
     pub tuner: Option<TunerSummary>,
+    /// Whether a tuner holds the device (its leased `owner` key). A record without one
+    /// was written by hand or outlived its tuner: the placer places there all the same,
+    /// and nothing tunes what runs there.
+    pub tuner_running: bool,
     /// The tuner's record of a production job staying above its cap with every
     /// opportunistic co-runner at its floor: the placer is about to evict one of them.
     pub breach: Option<CapBreach>,
@@ -190,6 +196,7 @@ fn group_devices(kvs: &[KeyValue], problems: &mut Vec<String>) -> BTreeMap<Strin
             KeyKind::DeviceBreach { device } => {
                 devices.entry(device).or_default().breach = decoded(kv, problems);
             }
+            KeyKind::DeviceOwner { device } => devices.entry(device).or_default().owned = true,
             _ => {}
         }
     }
@@ -301,6 +308,7 @@ fn device_row(id: String, keys: DeviceKeys, tasks: &BTreeMap<String, TaskEntry>)
         free_mib,
         residents,
         tuner,
+        tuner_running: keys.owned,
         breach: keys.breach,
     }
 }

@@ -219,8 +219,29 @@ fn device_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
         "less the larger of the two; TRIED: configurations its tuner measured (Σ PD known)."
             .to_owned(),
     );
+    lines.extend(untuned_line(snapshot, layout));
     lines.extend(breach_lines(snapshot, layout));
     lines
+}
+
+/// The line naming the GPUs whose record no running tuner holds, if any.
+fn untuned_line(snapshot: &Snapshot, layout: Layout) -> Option<String> {
+    let untuned: Vec<&str> = snapshot
+        .devices
+        .iter()
+        .filter(|d| d.info.is_some() && !d.tuner_running)
+        .map(|d| d.id.as_str())
+        .collect();
+    (!untuned.is_empty()).then(|| {
+        layout.cut(
+            &format!(
+                "NO TUNER: {} (a record no running tuner holds, e.g. written by hand: jobs are \
+                 placed there and never tuned; `iadeep state del` it, or start its tuner)",
+                untuned.join(", ")
+            ),
+            WIDTH,
+        )
+    })
 }
 
 /// One line per device whose tuner recorded a cap breach: the placer's next eviction.
@@ -446,6 +467,7 @@ fn device_json(d: &DeviceRow) -> Value {
     json!({
         "id": d.id,
         "registered": d.info.is_some(),
+        "tuner_running": d.tuner_running,
         "node": d.info.as_ref().map(|i| i.node.clone()),
         "name": d.info.as_ref().map(|i| i.name.clone()),
         "kind": d.info.as_ref().map(|i| i.kind.clone()),

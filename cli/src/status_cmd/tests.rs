@@ -147,6 +147,10 @@ async fn two_jobs_reserved(reserved: &[&str]) -> Snapshot {
         .put(&keys::task_alive("a"), b"x".to_vec(), Some(lease))
         .await
         .expect("alive");
+    store
+        .put(&keys::device_owner("gpu-0"), b"tuner".to_vec(), Some(lease))
+        .await
+        .expect("owner");
     // A released task: its marker, its keys in the archive.
     let marker = typed::encode_released_at(NOW_MS - 60_000);
     store
@@ -190,6 +194,38 @@ async fn two_jobs_reserved(reserved: &[&str]) -> Snapshot {
         .await
         .expect("leaving");
     read::read(&store, NOW_MS).await.expect("read")
+}
+
+/// A device record no tuner holds (written by hand, or left by its tuner) is named: the
+/// placer places there, and nothing tunes it.
+#[tokio::test]
+async fn a_gpu_without_its_tuner_is_named() {
+    let mut s = two_jobs().await;
+    assert!(s.devices[0].tuner_running);
+    let no_tuner = |s: &Snapshot| {
+        render::text(s, Layout::default())
+            .into_iter()
+            .filter(|l| l.starts_with("NO TUNER: "))
+            .collect::<Vec<_>>()
+    };
+    assert!(no_tuner(&s).is_empty());
+    let json = render::json(&s);
+    assert_eq!(json["devices"][0]["tuner_running"], true, "{json}");
+
+    let store = EmbeddedStore::in_memory().expect("store");
+    let info = DeviceInfo {
+        device_id: "n1:gpu0".into(),
+        memory_mib: 24_576,
+        ..DeviceInfo::default()
+    };
+    typed::put(&store, &keys::device_info("n1:gpu0"), &info, None)
+        .await
+        .expect("info");
+    s = read::read(&store, NOW_MS).await.expect("read");
+    assert!(!s.devices[0].tuner_running);
+    let lines = no_tuner(&s);
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("n1:gpu0"), "{lines:#?}");
 }
 
 /// A PD against an estimated solo time is marked, and the mark explained.

@@ -206,6 +206,24 @@ impl EtcdStore {
         self.status(FAILOVER_BUDGET).await
     }
 
+    /// A warning for an operator when the etcd answering has etcd-io/etcd#15247: in a
+    /// cluster of several members, a leader that hung and resumes revokes the leases it
+    /// saw expire meanwhile, though the new leader kept them alive. `None` for a fixed
+    /// etcd (3.4.31, 3.5.13 and later) or one that does not say its version.
+    pub async fn lease_bug_warning(&self) -> Option<String> {
+        let version = self.server_version().await.ok()?;
+        revokes_live_leases(&version).then(|| {
+            format!(
+                "etcd {version} answers at {}: in a cluster of several members, a leader \
+                 that hangs and resumes may revoke leases the new leader kept alive \
+                 (etcd-io/etcd#15247, fixed in 3.4.31 and 3.5.13). Agents and tuners then \
+                 register again, and nothing is released before the placer's dead-task \
+                 grace; upgrade etcd to avoid it",
+                self.current_endpoint()
+            )
+        })
+    }
+
     /// The member requests go to first now (`host:port`): the last one that answered.
     pub fn current_endpoint(&self) -> String {
         self.members.preferred_endpoint().to_owned()
@@ -818,10 +836,47 @@ impl WatchSession {
     }
 }
 
+/// Whether etcd `version` (`3.4.23`, `v3.5.9`) has etcd-io/etcd#15247: 3.x before
+/// 3.4.31, and 3.5 before 3.5.13. An unreadable version is not flagged.
+pub fn revokes_live_leases(version: &str) -> bool {
+    let mut parts = version
+        .trim()
+        .trim_start_matches('v')
+        .split(['.', '-', '+'])
+        .map(str::parse::<u32>);
+    let (Some(Ok(major)), Some(Ok(minor)), Some(Ok(patch))) =
+        (parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    major == 3 && (minor < 4 || (minor == 4 && patch < 31) || (minor == 5 && patch < 13))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::{runtime, start_etcd};
+
+    /// The versions with etcd-io/etcd#15247 are flagged, the fixed ones and anything
+    /// unreadable are not.
+    #[test]
+    fn the_etcd_versions_that_revoke_live_leases() {
+        for affected in [
+            "3.4.23",
+            "v3.4.30",
+            "3.5.0",
+            "3.5.12",
+            "3.3.27",
+            "3.4.23-rc1",
+        ] {
+            assert!(revokes_live_leases(affected), "{affected}");
+        }
+        for fixed in [
+            "3.4.31", "3.5.13", "v3.5.17", "3.6.0", "4.0.0", "", "unknown", "3.4",
+        ] {
+            assert!(!revokes_live_leases(fixed), "{fixed}");
+        }
+    }
 
     /// A keep-alive whose first member hangs (a listener that accepts connections and
     /// never answers) is answered by the next member, asked once the first has been

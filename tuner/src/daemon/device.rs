@@ -97,7 +97,8 @@ pub fn describe(flags: &DeviceFlags, nvml: Option<NvmlDevice>) -> Result<DeviceI
         None => {
             let memory_mib = flags.memory_mib.filter(|&m| m > 0).ok_or_else(|| {
                 TunerError::Daemon(
-                    "no GPU found through NVML, so --memory-mib is required (the card's total memory in MiB)"
+                    "the GPU is not described by NVML (--no-nvml, or NVML found none), so --memory-mib is \
+                     required (the card's total memory in MiB)"
                         .to_owned(),
                 )
             })?;

@@ -45,19 +45,18 @@ pub struct Owned {
 /// are not enough: containers on one node all run as pid 1, and a tuner that lost its
 /// lease must not take a replacement's key (a new pod of the same device) for its own.
 fn owner_note(info: &DeviceInfo) -> Vec<u8> {
-    static STARTED_UNIX_MS: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
-    let started = STARTED_UNIX_MS.get_or_init(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_millis())
-    });
+    // To the millisecond, which with the pid and node tells one tuner from its
+    // replacement; in UTC as a date, for the operator the refusal names it to.
+    static STARTED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let started = STARTED
+        .get_or_init(|| humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string());
     let node = if info.node.is_empty() {
         "an unnamed node"
     } else {
         info.node.as_str()
     };
     format!(
-        "tuner pid {} on {node}, started at {started} ms past the epoch",
+        "tuner pid {} on {node}, started at {started}",
         std::process::id()
     )
     .into_bytes()
