@@ -405,7 +405,7 @@ impl Agent {
     pub fn leave(mut self) -> Result<()> {
         let timeout = self.config.op_timeout * 2 + FINISH_SLACK;
         self.stop(Control::Abandon)
-            .map_err(|reason| AgentError::FinishIncomplete { timeout, reason })
+            .map_err(|reason| AgentError::LeaveIncomplete { timeout, reason })
     }
 
     /// [`Agent::finish`] for async code.

@@ -26,6 +26,15 @@ pub enum AgentError {
     /// lease revoked; the task's keys then disappear when the lease expires.
     #[error("task could not be marked finished within {timeout:?}: {reason}")]
     FinishIncomplete { timeout: Duration, reason: String },
+
+    /// `leave()` could not confirm that its last report was written and its lease
+    /// revoked (it does not mark the task finished); the task's keys then disappear
+    /// when the lease expires.
+    #[error(
+        "could not leave the task cleanly (tried for at most {timeout:?}): {reason}; its keys go \
+         when its lease expires"
+    )]
+    LeaveIncomplete { timeout: Duration, reason: String },
 }
 
 /// Shorthand used throughout the crate.

@@ -142,7 +142,8 @@ pub async fn run(args: EmulateArgs) -> anyhow::Result<ExitCode> {
     let job = EmulatedJob::bundled(&args.model, initial)?;
     let agent = start_agent(&args, initial, min, max).await?;
     tracing::info!(task = %args.task_id, model = job.name(), initial, min, max,
-        "emulated job started");
+        "emulated job started; it reports no GPU memory, so unless `iadeep run \
+         --gpu-mem-mib` said what it needs, the placer holds its whole card for it");
 
     let total = args.steps;
     let mut step = 0u64;

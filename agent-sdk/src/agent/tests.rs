@@ -204,6 +204,24 @@ fn the_loop_never_waits_for_a_store_that_stopped_answering() {
     assert!(last.finished && last.oom_batch_size == Some(64), "{last:?}");
 }
 
+/// `leave()` that cannot reach the store says it could not leave, not that the task could
+/// not be marked finished (it never marks it finished).
+#[test]
+fn leaving_without_the_store_says_so() {
+    let faults = Arc::new(FaultStore::in_memory());
+    for op in Op::ALL {
+        faults.fail_next(op, usize::MAX / 2);
+    }
+    let store: Arc<dyn StateStore> = faults.clone();
+    let agent = builder(&store, "job-l").connect().expect("connect");
+    let err = agent.leave().expect_err("no store, no clean leave");
+    assert!(matches!(err, AgentError::LeaveIncomplete { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("could not leave the task"),
+        "{err}"
+    );
+}
+
 #[test]
 fn an_existing_spec_written_by_the_placer_is_kept() {
     let rt = runtime();
