@@ -577,8 +577,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let spec = task_spec(&args, &task_id, &name, lr_rule, class);
     let base = base_launch(&args, &task_id, &store, lr_rule, class, max_slowdown);
     let mut evictions = Evictions::new(store.clone(), &task_id);
-    evictions.reachable_and_free().await?;
-    let mut client = connect(placer, &args.placer_tls).await?;
+    let mut client = checked_client(&args, placer, &store, &mut evictions).await?;
     let mut requeued = 0u32;
     let mut evicted_reason: Option<String> = None;
 
@@ -1295,6 +1294,57 @@ async fn ask(
     Ok((devices, local, response))
 }
 
+/// The placer's client, once the store answers, no agent runs under the task id, and the
+/// placer and the store are of one cluster.
+async fn checked_client(
+    args: &RunArgs,
+    placer: &str,
+    store: &StoreUrl,
+    evictions: &mut Evictions,
+) -> Result<PlacerClient<Channel>> {
+    evictions.reachable_and_free().await?;
+    let mut client = connect(placer, &args.placer_tls).await?;
+    let opened = evictions.open().await?;
+    same_cluster(&mut client, opened.as_ref(), placer, store).await?;
+    Ok(client)
+}
+
+/// Fails when the placer and the store are of different clusters: the placer lists GPUs
+/// and the store holds none of them (a `--store` or `IADEEP_STORE` of another cluster,
+/// e.g. a shell that sourced another `cluster.env`). The job would be placed, and its
+/// agent would report where no tuner reads: untuned, its evictions unseen. A placer
+/// that lists nothing, or cannot answer now, is left to the asks that follow.
+async fn same_cluster(
+    client: &mut PlacerClient<Channel>,
+    store: &dyn StateStore,
+    placer: &str,
+    url: &StoreUrl,
+) -> Result<()> {
+    let Ok(listed) = call("ListDevices", client.list_devices(ListDevicesRequest {})).await else {
+        return Ok(());
+    };
+    let ids: Vec<String> = listed
+        .devices
+        .into_iter()
+        .filter_map(|d| d.device.map(|d| d.device_id))
+        .collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let records = timed("reading the store's GPUs", store.range(keys::DEVICES)).await?;
+    let known = |id: &String| records.kvs.iter().any(|kv| kv.key == keys::device_info(id));
+    if ids.iter().any(known) {
+        return Ok(());
+    }
+    bail!(
+        "the placer at {placer} and the state store {url} are of different clusters: the \
+         placer's GPUs ({}) are not in the store, so the job's agent would report where no \
+         tuner reads. Give both of one cluster (`source` its cluster.env, or --placer and \
+         --store)",
+        ids.join(", ")
+    )
+}
+
 /// The device of `placement` among this machine's, `local`.
 fn placed_device(local: Vec<DeviceInfo>, placement: &Placement) -> Result<DeviceInfo> {
     match local
@@ -1329,9 +1379,11 @@ fn none_local(devices: &[DeviceInfo], node: &str) -> anyhow::Error {
 fn refused(status: &tonic::Status) -> anyhow::Error {
     let chain = iadeep_placer::extender::kube_api::error_chain(status);
     let cause = chain.strip_prefix(&status.to_string()).unwrap_or_default();
-    // What a TLS placer's answer looks like to a plain-text HTTP/2 client.
-    let hint = if chain.contains("h2 protocol error") || chain.contains("frame with invalid size") {
-        "\n(a placer that serves TLS answers an http:// client so: give its address as \
+    // What a TLS placer's answer looks like to a plain-text HTTP/2 client: a protocol
+    // error on the first call, a bare connection error on the calls after it.
+    let transport = status.code() == tonic::Code::Unknown && status.message().contains("transport");
+    let hint = if transport || chain.contains("h2 protocol error") {
+        "\n(if the placer serves TLS, an http:// client gets this: give its address as \
          https://HOST:PORT with --placer-ca)"
     } else {
         ""

@@ -480,6 +480,44 @@ fn a_task_id_whose_agent_runs_is_refused() {
     );
 }
 
+/// `iadeep run` with the placer of one cluster and the store of another is refused
+/// before anything is placed: its agent would report where no tuner reads.
+#[test]
+fn a_placer_and_a_store_of_different_clusters_are_refused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cluster = LocalCluster::start(tmp.path().join("cluster"));
+    let other = iadeep_state::testing::EtcdServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args([
+            "run",
+            "--task-id",
+            "astray",
+            "--batch-size",
+            "32",
+            "--",
+            "true",
+        ])
+        .env("IADEEP_STORE", other.url())
+        .env("IADEEP_PLACER", &cluster.placer)
+        .output()
+        .expect("iadeep run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("are of different clusters"), "{stderr}");
+    let placement = common::iadeep(&[
+        "state",
+        "get",
+        "--store",
+        &cluster.store,
+        "/iadeep/v1/tasks/astray/placement",
+    ]);
+    assert!(
+        !placement.status.success(),
+        "nothing was placed: {}",
+        String::from_utf8_lossy(&placement.stdout)
+    );
+}
+
 /// A cluster asked for any free ports (0) takes its folder's last ones again when started
 /// again there, while they are free: the jobs still running from before the stop know
 /// only those addresses. Stopping it with a job's agent still alive names the job.

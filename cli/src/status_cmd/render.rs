@@ -224,6 +224,45 @@ fn device_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
     lines
 }
 
+/// The production jobs whose measured PD is above their cap; a job alone on its GPU is
+/// marked, since no co-runner is to blame there: its PD is its own (the tuner's batch
+/// size, or step times that vary against its solo ones, as on a busy CPU).
+fn above_cap_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
+    let alone = |j: &JobRow| {
+        !snapshot
+            .jobs
+            .iter()
+            .any(|other| other.device == j.device && other.id != j.id)
+    };
+    let above: Vec<(String, bool)> = snapshot
+        .jobs
+        .iter()
+        .filter(|j| j.above_cap == Some(true))
+        .filter_map(|j| {
+            let mark = if alone(j) { ", alone" } else { "" };
+            Some((
+                format!("{} ({:.2} > {:.2}{mark})", j.id, j.pd?, j.cap?),
+                alone(j),
+            ))
+        })
+        .collect();
+    let mut lines = Vec::new();
+    if above.is_empty() {
+        return lines;
+    }
+    let names: Vec<&str> = above.iter().map(|(line, _)| line.as_str()).collect();
+    lines.push(layout.cut(&format!("ABOVE CAP: {}", names.join(", ")), WIDTH));
+    if above.iter().any(|(_, alone)| *alone) {
+        lines.push(layout.cut(
+            "alone: no co-runner on its GPU, so nobody is evicted for it; its PD is its own \
+             (its batch size, or step times that vary against its solo ones, e.g. on a busy \
+             CPU)",
+            WIDTH,
+        ));
+    }
+    lines
+}
+
 /// The line naming the GPUs whose record no running tuner holds, if any.
 fn untuned_line(snapshot: &Snapshot, layout: Layout) -> Option<String> {
     let untuned: Vec<&str> = snapshot
@@ -314,15 +353,7 @@ fn job_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
             || longest(snapshot.jobs.iter().map(|j| j.device.as_str())) > gpu_w
             || longest(snapshot.devices.iter().map(|d| d.id.as_str())) > DEVICE_ID_W);
     lines.extend(job_notes(snapshot, ids_cut));
-    let above: Vec<String> = snapshot
-        .jobs
-        .iter()
-        .filter(|j| j.above_cap == Some(true))
-        .filter_map(|j| Some(format!("{} ({:.2} > {:.2})", j.id, j.pd?, j.cap?)))
-        .collect();
-    if !above.is_empty() {
-        lines.push(layout.cut(&format!("ABOVE CAP: {}", above.join(", ")), WIDTH));
-    }
+    lines.extend(above_cap_lines(snapshot, layout));
     for j in snapshot.jobs.iter() {
         if let Some(reason) = &j.evicted {
             let reason = if reason.is_empty() {

@@ -461,6 +461,18 @@ async fn classes_and_eviction() -> Snapshot {
     read::read(&store, NOW_MS).await.expect("read")
 }
 
+/// A production job above its cap alone on its GPU is marked: no co-runner is to blame.
+#[tokio::test]
+async fn a_job_above_its_cap_alone_is_marked() {
+    let mut s = classes_and_eviction().await;
+    s.jobs.retain(|j| j.id == "p");
+    let text = render::text(&s, Layout::default()).join("\n");
+    assert!(
+        text.contains("ABOVE CAP: p (1.30 > 1.20, alone)") && text.contains("alone: no co-runner"),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn class_cap_breach_and_eviction_are_shown_and_above_cap_is_flagged() {
     let s = classes_and_eviction().await;
@@ -518,6 +530,7 @@ async fn class_cap_breach_and_eviction_are_shown_and_above_cap_is_flagged() {
     );
     assert!(row("o").contains("evicted"), "{text}");
     assert!(text.contains("ABOVE CAP: p (1.30 > 1.20)"), "{text}");
+    assert!(!text.contains("alone"), "p has co-runners: {text}");
     assert!(
         text.contains(&format!(
             "EVICTED o: {}",
