@@ -190,11 +190,14 @@ impl Command {
     /// warnings are left out too: in a simulation each one is a simulated event (a
     /// job ran out of memory) that the table counts, and they came by the thousand
     /// (2,320 for the demo's iadeep policy alone, 19,199 for the README's `iadeep sim`).
+    /// The placer's load test likewise keeps the in-process placer to its warnings: one
+    /// info line per Place is 20,000 lines before the summary.
     fn default_log_filter(&self) -> &'static str {
         match self {
             Command::Sim(_) | Command::Demo(_) => {
                 "warn,iadeep_tuner=error,iadeep_sim=info,iadeep::sim_cmd=info,iadeep::progress=info"
             }
+            Command::Placer(args) if args.is_benchmark() => "info,iadeep_placer=warn",
             _ => "info",
         }
     }

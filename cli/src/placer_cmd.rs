@@ -37,6 +37,13 @@ pub struct PlacerArgs {
     daemon: DaemonArgs,
 }
 
+impl PlacerArgs {
+    /// Whether this runs the load test (`bench-client`) rather than the daemon.
+    pub fn is_benchmark(&self) -> bool {
+        matches!(self.command, Some(PlacerCommand::BenchClient(_)))
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum PlacerCommand {
     /// Measure Place latency and throughput over loopback gRPC on a synthetic cluster.

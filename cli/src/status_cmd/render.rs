@@ -129,6 +129,14 @@ pub fn text(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
     if !snapshot.unplaced.is_empty() {
         let ids = snapshot.unplaced.join(", ");
         lines.push(layout.cut(&format!("Running without a reservation: {ids}"), WIDTH));
+        lines.push(
+            "(their agents run, but nothing placed them: one started without `iadeep run` is"
+                .to_owned(),
+        );
+        lines.push(
+            "never tuned; one whose placement was released while it ran is placed again)"
+                .to_owned(),
+        );
     }
     if snapshot.released > 0 {
         let more = if snapshot.released_more { "+" } else { "" };

@@ -313,7 +313,8 @@ async fn text_fits_100_columns_and_json_carries_every_figure() {
     );
     assert!(text.contains("fixed"), "{text}");
     assert!(
-        text.contains("Running without a reservation: lost"),
+        text.contains("Running without a reservation: lost")
+            && text.contains("one started without `iadeep run` is"),
         "{text}"
     );
     assert!(text.contains("1 released job(s)"), "{text}");
