@@ -427,6 +427,17 @@ fn iadeep_run_warns_once_when_no_agent_reports() {
     assert!(log().contains("its reservation ("), "{}", log());
 }
 
+/// Asserts that the store at `store` holds no placement of `task`.
+fn assert_not_placed(store: &str, task: &str) {
+    let key = format!("/iadeep/v1/tasks/{task}/placement");
+    let placement = common::iadeep(&["state", "get", "--store", store, &key]);
+    assert!(
+        !placement.status.success(),
+        "{task} was placed: {}",
+        String::from_utf8_lossy(&placement.stdout)
+    );
+}
+
 /// A second `iadeep run` under a task id whose agent runs is refused before it asks the
 /// placer: it would get the first run's placement, start a second copy and, on its
 /// exit, release the placement under the first.
@@ -459,18 +470,7 @@ fn a_task_id_whose_agent_runs_is_refused() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{stderr}");
     assert!(stderr.contains("task id busy is in use"), "{stderr}");
-    let placement = common::iadeep(&[
-        "state",
-        "get",
-        "--store",
-        &cluster.store,
-        "/iadeep/v1/tasks/busy/placement",
-    ]);
-    assert!(
-        !placement.status.success(),
-        "nothing was placed: {}",
-        String::from_utf8_lossy(&placement.stdout)
-    );
+    assert_not_placed(&cluster.store, "busy");
     // Another id runs as usual.
     let other = run("free");
     assert!(
@@ -504,18 +504,7 @@ fn a_placer_and_a_store_of_different_clusters_are_refused() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("are of different clusters"), "{stderr}");
-    let placement = common::iadeep(&[
-        "state",
-        "get",
-        "--store",
-        &cluster.store,
-        "/iadeep/v1/tasks/astray/placement",
-    ]);
-    assert!(
-        !placement.status.success(),
-        "nothing was placed: {}",
-        String::from_utf8_lossy(&placement.stdout)
-    );
+    assert_not_placed(&cluster.store, "astray");
 }
 
 /// A cluster asked for any free ports (0) takes its folder's last ones again when started
