@@ -234,6 +234,11 @@ const PRIORITY: &str = "Priority and eviction";
 const DEFAULT_LR_RULE: &str = "sqrt";
 /// Exit status when the queue wait ran out (EX_TEMPFAIL: try again later).
 const QUEUE_TIMEOUT_EXIT: u8 = 75;
+/// How long a run waits for an agent already under its task id to go: a killed job's
+/// agent keeps its `alive` key until its lease ends, the default lease plus etcd's lag.
+const AGENT_GONE_WAIT: Duration =
+    Duration::from_secs(2 * iadeep_agent::DEFAULT_LEASE_TTL.as_secs());
+
 /// Exit status when the command does not exist, as a shell's.
 const COMMAND_NOT_FOUND_EXIT: u8 = 127;
 
@@ -249,11 +254,19 @@ fn missing_program(command: &[String]) -> Option<String> {
     let found = if program.contains('/') {
         executable(std::path::Path::new(program))
     } else {
-        std::env::var_os("PATH").is_some_and(|path| {
+        // No PATH: the exec searches its default one; let it tell.
+        std::env::var_os("PATH").is_none_or(|path| {
             std::env::split_paths(&path).any(|dir| executable(&dir.join(program)))
         })
     };
     (!found).then(|| program.clone())
+}
+
+/// The exit code when the command cannot be run, said as a shell says it.
+fn command_not_found(command: &[String]) -> Option<ExitCode> {
+    let missing = missing_program(command)?;
+    eprintln!("iadeep run: {missing}: command not found (nothing was placed)");
+    Some(ExitCode::from(COMMAND_NOT_FOUND_EXIT))
 }
 
 /// Exit status when the placer evicted the job and it is to be queued again, but its
@@ -559,9 +572,8 @@ fn base_launch(
 
 pub async fn run(args: RunArgs) -> Result<ExitCode> {
     check_batch_sizes(&args)?;
-    if let Some(missing) = missing_program(&args.command) {
-        eprintln!("iadeep run: {missing}: command not found (nothing was placed)");
-        return Ok(ExitCode::from(COMMAND_NOT_FOUND_EXIT));
+    if let Some(code) = command_not_found(&args.command) {
+        return Ok(code);
     }
     let mut signals = Signals::install()?;
     let (placer, store) = placer_and_store(&args)?;
@@ -819,13 +831,16 @@ impl Evictions {
     /// idempotent, so that a retry finds its own), start a second copy, and on its exit
     /// release the first one's placement under it. A placement with no agent is not
     /// refused: that is a run that stopped without releasing it, which a new run of the
-    /// same id takes over.
+    /// same id takes over. A killed job's agent holds the id until its lease ends, so a
+    /// leased `alive` key is waited for (twice the agents' default lease) before the
+    /// refusal: a retry right after a crash goes ahead. Two runs started at the same
+    /// moment are not told apart (the read comes before the Place).
     async fn reachable_and_free(&mut self) -> Result<()> {
+        let store = self.open().await;
         let checked = async {
-            let store = self.open().await?;
             timed(
                 "reading the store",
-                store.range(&keys::task_prefix(&self.task_id)),
+                store?.range(&keys::task_prefix(&self.task_id)),
             )
             .await
         };
@@ -838,15 +853,34 @@ impl Evictions {
             )
         })?;
         let alive = keys::task_alive(&self.task_id);
-        if task.kvs.iter().any(|kv| kv.key == alive) {
-            bail!(
-                "task id {} is in use: a job's agent runs under it now ({alive} is in the \
-                 store; `iadeep status` shows the job). Give this run another --task-id, or \
-                 leave it out for a new one; stop the running job first to reuse its id.",
-                self.task_id
-            );
+        let Some(key) = task.kvs.iter().find(|kv| kv.key == alive) else {
+            return Ok(());
+        };
+        if key.lease.is_some() && self.alive_goes(&alive).await? {
+            return Ok(());
         }
-        Ok(())
+        bail!(
+            "task id {} is in use: a job's agent runs under it ({alive} is in the store; \
+             `iadeep status` shows the job). Give this run another --task-id, or leave it out \
+             for a new one; to reuse the id, stop that job first.",
+            self.task_id
+        )
+    }
+
+    /// Whether the leased `alive` key goes within [`AGENT_GONE_WAIT`] (a killed agent's
+    /// lease ending).
+    async fn alive_goes(&mut self, alive: &str) -> Result<bool> {
+        let store = self.open().await?;
+        tracing::info!(task = %self.task_id, wait_s = AGENT_GONE_WAIT.as_secs(),
+            "an agent holds this task id; waiting for its lease to end in case its job was killed");
+        let deadline = Instant::now() + AGENT_GONE_WAIT;
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if timed("reading the task", store.get(alive)).await?.is_none() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     async fn open(&mut self) -> Result<Arc<dyn StateStore>> {
@@ -1159,10 +1193,14 @@ async fn connect(placer: &str, tls: &PlacerTlsArgs) -> Result<PlacerClient<Chann
     channel.map(PlacerClient::new).map_err(|err| {
         // A TLS failure is not an absent placer: say which setting to look at.
         let chain = format!("{err:#}");
-        let hint = if chain.contains("UnknownIssuer") || chain.contains("invalid peer certificate")
-        {
+        // BadSignature: an issuer of the CA's name whose key did not sign it.
+        let hint = if chain.contains("UnknownIssuer") || chain.contains("BadSignature") {
             "its certificate is not signed by --placer-ca (give the CA that signed it, not \
-             the placer's own certificate), or names another host than the address"
+             the placer's own certificate)"
+        } else if chain.contains("NotValidForName") {
+            "its certificate names another host than the address"
+        } else if chain.contains("invalid peer certificate") {
+            "its certificate was refused (see the cause)"
         } else {
             "is `iadeep up` running?"
         };
@@ -1232,7 +1270,7 @@ async fn wait_for_placement(
                     unreachable_s = since.elapsed().as_secs(), "the placer cannot answer now; asking again");
                 Duration::from_secs(2)
             }
-            Err(status) => return Err(refused(&status)),
+            Err(status) => return Err(refused(&status, args.placer.as_deref())),
         };
         let max_wait = args.max_wait_s.map(Duration::from_secs);
         if max_wait.is_some_and(|max| started.elapsed() >= max) {
@@ -1309,11 +1347,15 @@ async fn checked_client(
     Ok(client)
 }
 
-/// Fails when the placer and the store are of different clusters: the placer lists GPUs
-/// and the store holds none of them (a `--store` or `IADEEP_STORE` of another cluster,
-/// e.g. a shell that sourced another `cluster.env`). The job would be placed, and its
-/// agent would report where no tuner reads: untuned, its evictions unseen. A placer
-/// that lists nothing, or cannot answer now, is left to the asks that follow.
+/// Fails when the placer and the store are of different clusters, as far as their GPUs
+/// tell: the placer lists GPUs and the store holds no key of any of them (a `--store` or
+/// `IADEEP_STORE` of another cluster, e.g. a shell that sourced another `cluster.env`).
+/// The job would be placed, and its agent would report where no tuner reads: untuned,
+/// its evictions unseen. Any key of a device counts, not only its `info`, which its
+/// tuner's lease holds and a restarting tuner leaves out for a while; the residents
+/// record is not leased. A heuristic: two clusters of one machine name their GPUs alike
+/// (`HOST-gpuN`) and pass. A placer that lists nothing, or cannot answer now, is left to
+/// the asks that follow.
 async fn same_cluster(
     client: &mut PlacerClient<Channel>,
     store: &dyn StateStore,
@@ -1328,12 +1370,17 @@ async fn same_cluster(
         .into_iter()
         .filter_map(|d| d.device.map(|d| d.device_id))
         .collect();
-    if ids.is_empty() {
-        return Ok(());
+    for id in &ids {
+        let keys = timed(
+            "reading a GPU's keys",
+            store.range(&keys::device_prefix(id)),
+        )
+        .await?;
+        if !keys.kvs.is_empty() {
+            return Ok(());
+        }
     }
-    let records = timed("reading the store's GPUs", store.range(keys::DEVICES)).await?;
-    let known = |id: &String| records.kvs.iter().any(|kv| kv.key == keys::device_info(id));
-    if ids.iter().any(known) {
+    if ids.is_empty() {
         return Ok(());
     }
     bail!(
@@ -1376,13 +1423,16 @@ fn none_local(devices: &[DeviceInfo], node: &str) -> anyhow::Error {
 /// The error for a refusal the placer will not change its mind about, with a transport
 /// failure's cause, e.g. the TLS alert of a placer that wants a client certificate
 /// (--placer-cert).
-fn refused(status: &tonic::Status) -> anyhow::Error {
+/// `placer`: its address, to tell whether it was asked over `http://`, where a TLS
+/// placer's answer is a transport error.
+fn refused(status: &tonic::Status, placer: Option<&str>) -> anyhow::Error {
+    let plain = placer.is_some_and(|p| endpoint(p).starts_with("http://"));
     let chain = iadeep_placer::extender::kube_api::error_chain(status);
     let cause = chain.strip_prefix(&status.to_string()).unwrap_or_default();
     // What a TLS placer's answer looks like to a plain-text HTTP/2 client: a protocol
     // error on the first call, a bare connection error on the calls after it.
     let transport = status.code() == tonic::Code::Unknown && status.message().contains("transport");
-    let hint = if transport || chain.contains("h2 protocol error") {
+    let hint = if plain && (transport || chain.contains("h2 protocol error")) {
         "\n(if the placer serves TLS, an http:// client gets this: give its address as \
          https://HOST:PORT with --placer-ca)"
     } else {
@@ -1663,13 +1713,13 @@ impl Stopping<'_> {
 /// Gives the task's placement back. `placed`: the job ran on it, so the release is tried
 /// three times and a failure said at warn level. Otherwise (the run stops queued, or its
 /// ask failed) a placement can exist only if a Place committed without its answer
-/// arriving: one try, and a placer that does not answer is said quietly, since it most
-/// likely never placed anything (a placer that cannot be reached at all would make the
-/// failure that brought the run here look like a lost placement). Returns whether the
-/// placement is gone now: released, or the placer had none (false when no try got an answer).
+/// arriving, as when a slow placer's answer came after the call's timeout: a timed-out
+/// release is tried again then, any other failure ends it at once and quietly (a
+/// placer that cannot be reached at all would make the failure that brought the run
+/// here look like a lost placement). Returns whether the placement is gone now:
+/// released, or the placer had none (false when no try got an answer).
 async fn release(client: &mut PlacerClient<Channel>, task_id: &str, placed: bool) -> bool {
-    let attempts = if placed { 3 } else { 1 };
-    for attempt in 1..=attempts {
+    for attempt in 1..=3 {
         let request = ReleaseRequest {
             task_id: task_id.to_owned(),
         };
@@ -1691,17 +1741,25 @@ async fn release(client: &mut PlacerClient<Channel>, task_id: &str, placed: bool
                 tracing::debug!(task = task_id, "never placed: nothing to release");
                 return true;
             }
-            Err(status) if placed => {
-                tracing::warn!(task = task_id, attempt, code = ?status.code(), message = status.message(),
-                    "cannot release the placement");
-                if attempt < attempts {
+            Err(status) if placed || status.code() == tonic::Code::DeadlineExceeded => {
+                if placed {
+                    tracing::warn!(task = task_id, attempt, code = ?status.code(),
+                        message = status.message(), "cannot release the placement");
+                } else {
+                    tracing::debug!(
+                        task = task_id,
+                        attempt,
+                        message = status.message(),
+                        "the release of a task perhaps placed timed out"
+                    );
+                }
+                if attempt < 3 {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
             Err(status) => {
-                tracing::info!(task = task_id, code = ?status.code(), message = status.message(),
-                    "the placer did not answer the release of a task it had not placed for this \
-                     run; had it placed it meanwhile, it gives the GPU back after its grace period");
+                tracing::debug!(task = task_id, code = ?status.code(), message = status.message(),
+                    "no release of a task never placed for this run");
                 return false;
             }
         }
@@ -1762,8 +1820,8 @@ mod tests {
         );
     }
 
-    /// A task id the store would refuse is refused as an argument, before the placer is
-    /// asked (the trial's `bad/id` was placed-then-released three times first).
+    /// A command that is not there (no executable file at its path, or none of that name
+    /// on PATH) is named before the placer is asked.
     #[test]
     fn a_command_that_cannot_run_is_named_before_placing() {
         let cmd = |parts: &[&str]| parts.iter().map(|p| p.to_string()).collect::<Vec<_>>();
@@ -1787,6 +1845,8 @@ mod tests {
         }
     }
 
+    /// A task id the store would refuse is refused as an argument, before the placer is
+    /// asked (the trial's `bad/id` was placed-then-released three times first).
     #[test]
     fn a_bad_task_id_is_refused_as_an_argument() {
         let parse = |id: &str| {

@@ -379,9 +379,9 @@ async fn start(
     Ok(running)
 }
 
-/// Starts the placer on `args.placer`, or first on `preference` (the folder's last port,
-/// when any free port was asked for): a preference taken by now is said and given up
-/// for any free port rather than failing the start.
+/// Starts the placer on `args.placer`, or on `preference` (the folder's last port, when
+/// any free port was asked for) while that is free: a preference taken by now is said
+/// and given up for any free port rather than failing the start.
 async fn start_placer(
     store: &Arc<dyn StateStore>,
     placer: iadeep_placer::Placer,
@@ -400,18 +400,18 @@ async fn start_placer(
         };
         PlacerDaemon::start(store.clone(), placer, Arc::new(ModelledMemory), config)
     };
-    if let Some(preferred) = preference {
-        match start(preferred, placer.clone()).await {
-            Ok(daemon) => return Ok(daemon),
-            Err(err) => {
-                tracing::debug!(%err, "the placer cannot start on the folder's last port");
-                ports::last_port_taken("placer", preferred.port());
-            }
+    // Checked as late as can be: etcd's start took seconds, in which another program may
+    // have taken it. Only a port found taken gives the preference up; any other failure
+    // to start is the placer's, and said as such.
+    let grpc = match preference {
+        Some(preferred) if std::net::TcpListener::bind(preferred).is_ok() => preferred,
+        Some(preferred) => {
+            ports::last_port_taken("placer", preferred.port());
+            args.placer
         }
-    }
-    start(args.placer, placer)
-        .await
-        .context("cannot start the placer")
+        None => args.placer,
+    };
+    start(grpc, placer).await.context("cannot start the placer")
 }
 
 /// The placer and the tuners, on the cluster's etcd.

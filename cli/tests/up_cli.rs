@@ -478,6 +478,26 @@ fn a_task_id_whose_agent_runs_is_refused() {
         "{}",
         String::from_utf8_lossy(&other.stderr)
     );
+    // A killed job's agent holds its id until its lease ends: a retry waits for that.
+    let put = common::iadeep(&[
+        "state",
+        "put",
+        "--store",
+        &cluster.store,
+        "--lease-ttl",
+        "2",
+        "/iadeep/v1/tasks/crashed/alive",
+        "",
+    ]);
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let retry = run("crashed");
+    let stderr = String::from_utf8_lossy(&retry.stderr);
+    assert!(retry.status.success(), "{stderr}");
+    assert!(stderr.contains("waiting for its lease to end"), "{stderr}");
 }
 
 /// `iadeep run` with the placer of one cluster and the store of another is refused
@@ -487,6 +507,18 @@ fn a_placer_and_a_store_of_different_clusters_are_refused() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let cluster = LocalCluster::start(tmp.path().join("cluster"));
     let other = iadeep_state::testing::EtcdServer::start().unwrap_or_else(|e| panic!("{e}"));
+    // A job placed on the cluster's own store first: the placer lists its GPU by then.
+    let placed = std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args(["run", "--batch-size", "32", "--", "true"])
+        .env("IADEEP_STORE", &cluster.store)
+        .env("IADEEP_PLACER", &cluster.placer)
+        .output()
+        .expect("iadeep run");
+    assert!(
+        placed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&placed.stderr)
+    );
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"))
         .args([
             "run",

@@ -154,6 +154,7 @@ def main() -> int:
     def should_stop() -> bool:
         return stopping.is_set() or time.monotonic() > deadline
 
+    completed = False  # every epoch trained to its end
     try:
         with agent:
             for epoch in range(start_epoch, args.epochs):
@@ -175,6 +176,8 @@ def main() -> int:
                     agent.record_peak_memory(iadeep.torch.peak_memory_mib(device))
                     if should_stop():
                         break
+                else:  # the epoch ran to its end
+                    completed = epoch == args.epochs - 1
                 cut = " (stopped before the epoch's end)" if stopping.is_set() else ""
                 print(
                     f"epoch {epoch}: loss {loss_sum / max(seen, 1):.4f}, accuracy {correct / max(seen, 1):.3f}, "
@@ -188,7 +191,7 @@ def main() -> int:
             what = "nothing saved (no --checkpoint); iadeep run re-queues the job, which starts over"
         print(f"evicted ({evicted.reason}); {what}", flush=True)
         return EVICTED_EXIT
-    if not stopped_by and args.checkpoint is not None and os.path.exists(args.checkpoint):
+    if completed and args.checkpoint is not None and os.path.exists(args.checkpoint):
         os.remove(args.checkpoint)  # trained to the end: a later run starts afresh
     if stopped_by:
         print(f"stopped on {stopped_by[0]}", flush=True)

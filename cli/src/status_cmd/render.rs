@@ -237,20 +237,22 @@ fn device_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
 /// size, or step times that vary against its solo ones, as on a busy CPU).
 fn above_cap_lines(snapshot: &Snapshot, layout: Layout) -> Vec<String> {
     let alone = |j: &JobRow| {
-        !snapshot
-            .jobs
-            .iter()
-            .any(|other| other.device == j.device && other.id != j.id)
+        !j.device.is_empty()
+            && !snapshot
+                .jobs
+                .iter()
+                .any(|other| other.device == j.device && other.id != j.id)
     };
     let above: Vec<(String, bool)> = snapshot
         .jobs
         .iter()
         .filter(|j| j.above_cap == Some(true))
         .filter_map(|j| {
-            let mark = if alone(j) { ", alone" } else { "" };
+            let alone = alone(j);
+            let mark = if alone { ", alone" } else { "" };
             Some((
                 format!("{} ({:.2} > {:.2}{mark})", j.id, j.pd?, j.cap?),
-                alone(j),
+                alone,
             ))
         })
         .collect();

@@ -206,13 +206,15 @@ impl EtcdStore {
         self.status(FAILOVER_BUDGET).await
     }
 
-    /// A warning for an operator when the etcd answering has etcd-io/etcd#15247: in a
-    /// cluster of several members, a leader that hung and resumes revokes the leases it
+    /// A warning for an operator when the etcd answering has etcd-io/etcd#15247 and the
+    /// cluster has several members: a leader that hung and resumes revokes the leases it
     /// saw expire meanwhile, though the new leader kept them alive. `None` for a fixed
-    /// etcd (3.4.31, 3.5.13 and later) or one that does not say its version.
+    /// etcd (3.4.31, 3.5.13 and later), a one-member cluster, or an etcd that does not say
+    /// its version or members.
     pub async fn lease_bug_warning(&self) -> Option<String> {
         let version = self.server_version().await.ok()?;
-        revokes_live_leases(&version).then(|| {
+        // One member has no other leader to keep leases alive while it hangs.
+        (revokes_live_leases(&version) && self.member_count().await.ok()? > 1).then(|| {
             format!(
                 "etcd {version} answers at {}: in a cluster of several members, a leader \
                  that hangs and resumes may revoke leases the new leader kept alive \
@@ -227,6 +229,23 @@ impl EtcdStore {
     /// The member requests go to first now (`host:port`): the last one that answered.
     pub fn current_endpoint(&self) -> String {
         self.members.preferred_endpoint().to_owned()
+    }
+
+    /// How many members the cluster lists.
+    async fn member_count(&self) -> Result<usize> {
+        self.members
+            .call(
+                "member list",
+                LEASE_ATTEMPT_TIMEOUT,
+                FAILOVER_BUDGET,
+                |client| async move {
+                    let listed = client.cluster_client().member_list().await?;
+                    Ok(listed.members().len())
+                },
+            )
+            .await
+            .map(|(count, _)| count)
+            .map_err(|f| self.failed("member list", "the cluster", f))
     }
 
     async fn status(&self, budget: Duration) -> Result<String> {
