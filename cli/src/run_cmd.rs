@@ -235,7 +235,8 @@ const DEFAULT_LR_RULE: &str = "sqrt";
 /// Exit status when the queue wait ran out (EX_TEMPFAIL: try again later).
 const QUEUE_TIMEOUT_EXIT: u8 = 75;
 /// How long a run waits for an agent already under its task id to go: a killed job's
-/// agent keeps its `alive` key until its lease ends, the default lease plus etcd's lag.
+/// agent keeps its `alive` key until its lease ends, the default lease plus etcd's lag
+/// (an agent given a longer lease is waited for only this long).
 const AGENT_GONE_WAIT: Duration =
     Duration::from_secs(2 * iadeep_agent::DEFAULT_LEASE_TTL.as_secs());
 
@@ -572,9 +573,6 @@ fn base_launch(
 
 pub async fn run(args: RunArgs) -> Result<ExitCode> {
     check_batch_sizes(&args)?;
-    if let Some(code) = command_not_found(&args.command) {
-        return Ok(code);
-    }
     let mut signals = Signals::install()?;
     let (placer, store) = placer_and_store(&args)?;
     let (class, max_slowdown) = class_of(&args)?;
@@ -589,10 +587,13 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let spec = task_spec(&args, &task_id, &name, lr_rule, class);
     let base = base_launch(&args, &task_id, &store, lr_rule, class, max_slowdown);
     let mut evictions = Evictions::new(store.clone(), &task_id);
-    let mut client = checked_client(&args, placer, &store, &mut evictions).await?;
+    let mut client =
+        match checked_client(&args, placer, &store, &mut evictions, &mut signals).await? {
+            Ok(client) => client,
+            Err(code) => return Ok(code),
+        };
     let mut requeued = 0u32;
     let mut evicted_reason: Option<String> = None;
-
     loop {
         let waited = wait_for_placement(&mut client, &spec, &args, &mut signals).await;
         let (placement, device) = match placed_or_exit(waited, &mut client, &task_id, &args).await?
@@ -868,16 +869,22 @@ impl Evictions {
     }
 
     /// Whether the leased `alive` key goes within [`AGENT_GONE_WAIT`] (a killed agent's
-    /// lease ending).
+    /// lease ending). A new report meanwhile ends the wait at once: that agent runs.
     async fn alive_goes(&mut self, alive: &str) -> Result<bool> {
         let store = self.open().await?;
         tracing::info!(task = %self.task_id, wait_s = AGENT_GONE_WAIT.as_secs(),
             "an agent holds this task id; waiting for its lease to end in case its job was killed");
+        let report = keys::task_report(&self.task_id);
+        let reported = |kv: Option<iadeep_state::KeyValue>| kv.map(|kv| kv.mod_revision);
+        let first = reported(timed("reading the task", store.get(&report)).await?);
         let deadline = Instant::now() + AGENT_GONE_WAIT;
         while Instant::now() < deadline {
             tokio::time::sleep(Duration::from_secs(1)).await;
             if timed("reading the task", store.get(alive)).await?.is_none() {
                 return Ok(true);
+            }
+            if reported(timed("reading the task", store.get(&report)).await?) != first {
+                return Ok(false);
             }
         }
         Ok(false)
@@ -1197,7 +1204,7 @@ async fn connect(placer: &str, tls: &PlacerTlsArgs) -> Result<PlacerClient<Chann
         let hint = if chain.contains("UnknownIssuer") || chain.contains("BadSignature") {
             "its certificate is not signed by --placer-ca (give the CA that signed it, not \
              the placer's own certificate)"
-        } else if chain.contains("NotValidForName") {
+        } else if chain.contains("NotValidForName") || chain.contains("not valid for name") {
             "its certificate names another host than the address"
         } else if chain.contains("invalid peer certificate") {
             "its certificate was refused (see the cause)"
@@ -1332,19 +1339,34 @@ async fn ask(
     Ok((devices, local, response))
 }
 
-/// The placer's client, once the store answers, no agent runs under the task id, and the
-/// placer and the store are of one cluster.
+/// The placer's client, once the command is found, the store answers, no agent runs
+/// under the task id, and the placer and the store are of one cluster. Else the exit code
+/// when a check or a signal ends the run first (the checks may wait for a killed job's
+/// lease; nothing is placed yet to give back).
 async fn checked_client(
     args: &RunArgs,
     placer: &str,
     store: &StoreUrl,
     evictions: &mut Evictions,
-) -> Result<PlacerClient<Channel>> {
-    evictions.reachable_and_free().await?;
-    let mut client = connect(placer, &args.placer_tls).await?;
-    let opened = evictions.open().await?;
-    same_cluster(&mut client, opened.as_ref(), placer, store).await?;
-    Ok(client)
+    signals: &mut Signals,
+) -> Result<std::result::Result<PlacerClient<Channel>, ExitCode>> {
+    if let Some(code) = command_not_found(&args.command) {
+        return Ok(Err(code));
+    }
+    let checks = async {
+        evictions.reachable_and_free().await?;
+        let mut client = connect(placer, &args.placer_tls).await?;
+        let opened = evictions.open().await?;
+        same_cluster(&mut client, opened.as_ref(), placer, store).await?;
+        anyhow::Ok(client)
+    };
+    tokio::select! {
+        checked = checks => checked.map(Ok),
+        sig = signals.next() => {
+            tracing::info!(signal = %sig, "interrupted before anything was placed");
+            Ok(Err(ExitCode::from(128 + sig as i32 as u8)))
+        }
+    }
 }
 
 /// Fails when the placer and the store are of different clusters, as far as their GPUs
@@ -1764,10 +1786,18 @@ async fn release(client: &mut PlacerClient<Channel>, task_id: &str, placed: bool
             }
         }
     }
-    tracing::warn!(
-        task = task_id,
-        "placement not released; the placer gives the GPU back after its grace period"
-    );
+    if placed {
+        tracing::warn!(
+            task = task_id,
+            "placement not released; the placer gives the GPU back after its grace period"
+        );
+    } else {
+        tracing::info!(
+            task = task_id,
+            "the placer did not answer in time; had it placed the task, it gives the GPU back \
+             after its grace period"
+        );
+    }
     false
 }
 

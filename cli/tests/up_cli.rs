@@ -478,14 +478,15 @@ fn a_task_id_whose_agent_runs_is_refused() {
         "{}",
         String::from_utf8_lossy(&other.stderr)
     );
-    // A killed job's agent holds its id until its lease ends: a retry waits for that.
+    // A killed job's agent holds its id until its lease ends: a retry waits for that
+    // (5 s, so the key is still there when the run reads it on a loaded machine).
     let put = common::iadeep(&[
         "state",
         "put",
         "--store",
         &cluster.store,
         "--lease-ttl",
-        "2",
+        "5",
         "/iadeep/v1/tasks/crashed/alive",
         "",
     ]);
@@ -498,6 +499,71 @@ fn a_task_id_whose_agent_runs_is_refused() {
     let stderr = String::from_utf8_lossy(&retry.stderr);
     assert!(retry.status.success(), "{stderr}");
     assert!(stderr.contains("waiting for its lease to end"), "{stderr}");
+}
+
+/// The trial's case: a job runs under `--task-id dup` and a second `iadeep run` of the
+/// same id is started. The second is refused (its agent keeps reporting, so the wait for
+/// a killed job's lease ends early), and the first keeps its placement.
+#[test]
+fn a_second_run_of_a_running_task_id_is_refused_and_the_first_keeps_its_gpu() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cluster = LocalCluster::start(tmp.path().join("cluster"));
+    let run = || {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"));
+        command
+            .args(["run", "--task-id", "dup", "--batch-size", "64"])
+            .args([
+                "--",
+                env!("CARGO_BIN_EXE_iadeep"),
+                "emulate-job",
+                "--model",
+                "cifar10",
+            ])
+            .args(["--report-interval", "0.5", "--time-scale", "0.1"])
+            .env("IADEEP_STORE", &cluster.store)
+            .env("IADEEP_PLACER", &cluster.placer)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        command
+    };
+    let _first = Killed(Some(run().spawn().expect("spawn the first run")));
+    let alive = || {
+        common::iadeep(&[
+            "state",
+            "get",
+            "--store",
+            &cluster.store,
+            "/iadeep/v1/tasks/dup/alive",
+        ])
+        .status
+        .success()
+    };
+    let started = Instant::now();
+    while !alive() {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the first job's agent never came"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let second = run()
+        .stderr(Stdio::piped())
+        .output()
+        .expect("the second run");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{stderr}");
+    assert!(stderr.contains("task id dup is in use"), "{stderr}");
+    let placement = common::iadeep(&[
+        "state",
+        "get",
+        "--store",
+        &cluster.store,
+        "/iadeep/v1/tasks/dup/placement",
+    ]);
+    assert!(
+        placement.status.success() && alive(),
+        "the first run keeps its placement and its agent"
+    );
 }
 
 /// `iadeep run` with the placer of one cluster and the store of another is refused

@@ -154,7 +154,7 @@ def main() -> int:
     def should_stop() -> bool:
         return stopping.is_set() or time.monotonic() > deadline
 
-    completed = False  # every epoch trained to its end
+    completed = start_epoch >= args.epochs  # every epoch trained to its end
     try:
         with agent:
             for epoch in range(start_epoch, args.epochs):
