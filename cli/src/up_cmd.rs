@@ -388,18 +388,6 @@ async fn start_placer(
     args: &UpArgs,
     preference: Option<SocketAddr>,
 ) -> Result<PlacerDaemon> {
-    let (dead_task_grace, unstarted_task_grace) = args.graces.durations();
-    let start = |grpc: SocketAddr, placer: iadeep_placer::Placer| {
-        let config = DaemonConfig {
-            grpc,
-            extender: None,
-            metrics: None,
-            dead_task_grace,
-            unstarted_task_grace,
-            tls: None,
-        };
-        PlacerDaemon::start(store.clone(), placer, Arc::new(ModelledMemory), config)
-    };
     // Checked as late as can be: etcd's start took seconds, in which another program may
     // have taken it. Only a port found taken gives the preference up; any other failure
     // to start is the placer's, and said as such.
@@ -411,7 +399,18 @@ async fn start_placer(
         }
         None => args.placer,
     };
-    start(grpc, placer).await.context("cannot start the placer")
+    let (dead_task_grace, unstarted_task_grace) = args.graces.durations();
+    let config = DaemonConfig {
+        grpc,
+        extender: None,
+        metrics: None,
+        dead_task_grace,
+        unstarted_task_grace,
+        tls: None,
+    };
+    PlacerDaemon::start(store.clone(), placer, Arc::new(ModelledMemory), config)
+        .await
+        .context("cannot start the placer")
 }
 
 /// The placer and the tuners, on the cluster's etcd.

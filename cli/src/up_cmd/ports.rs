@@ -128,10 +128,9 @@ impl LastPorts {
 
     /// The address the placer tries first when it was asked for any free port (`asked`
     /// has port 0): the folder's last placer port on `asked`'s address, unless that is
-    /// one of `others` (the ports given to etcd). Only a preference: when it is taken by
-    /// the time the placer binds, the placer takes any free port
-    /// (`start_placer` in `up_cmd`), so a port taken meanwhile never
-    /// fails the start.
+    /// one of `others` (the ports given to etcd). Only a preference: when it is found
+    /// taken just before the placer binds (`start_placer` in `up_cmd`), the placer takes
+    /// any free port instead.
     pub fn placer_preference(self, asked: SocketAddr, others: &[u16]) -> Option<SocketAddr> {
         if asked.port() != 0 || self.placer == 0 || others.contains(&self.placer) {
             return None;

@@ -857,7 +857,7 @@ impl WatchSession {
 
 /// Whether etcd `version` (`3.4.23`, `v3.5.9`) has etcd-io/etcd#15247: 3.x before
 /// 3.4.31, and 3.5 before 3.5.13. An unreadable version is not flagged.
-pub fn revokes_live_leases(version: &str) -> bool {
+fn revokes_live_leases(version: &str) -> bool {
     let mut parts = version
         .trim()
         .trim_start_matches('v')
