@@ -1451,10 +1451,12 @@ fn refused(status: &tonic::Status, placer: Option<&str>) -> anyhow::Error {
     let plain = placer.is_some_and(|p| endpoint(p).starts_with("http://"));
     let chain = iadeep_placer::extender::kube_api::error_chain(status);
     let cause = chain.strip_prefix(&status.to_string()).unwrap_or_default();
-    // What a TLS placer's answer looks like to a plain-text HTTP/2 client: a protocol
-    // error on the first call, a bare connection error on the calls after it.
-    let transport = status.code() == tonic::Code::Unknown && status.message().contains("transport");
-    let hint = if plain && (transport || chain.contains("h2 protocol error")) {
+    // What a TLS placer's answer looks like to a plain-text HTTP/2 client: a failure of
+    // the connection, not an answer. Its code and message vary with when the connection
+    // broke (Unknown "h2 protocol error" or "connection error", Cancelled "operation was
+    // canceled"); the chain names the transport in each.
+    let transport = chain.contains("transport error") || chain.contains("h2 protocol error");
+    let hint = if plain && transport {
         "\n(if the placer serves TLS, an http:// client gets this: give its address as \
          https://HOST:PORT with --placer-ca)"
     } else {
