@@ -171,6 +171,9 @@ def test_e2e_dry_run_drives_three_policies_and_a_real_iadeep_cluster(tmp_path: P
     run = json.loads((out / "iadeep" / "run.json").read_text())
     for task in run["tasks"]:
         assert f"/iadeep/v1/tasks/{task}/placement" in events, task
+    # `iadeep status --json` was watched while the jobs ran: one object per refresh.
+    snapshots = [json.loads(line) for line in (out / "iadeep" / "status.jsonl").read_text().splitlines()]
+    assert snapshots and all("devices" in snapshot for snapshot in snapshots), snapshots[:1]
     assignments = rows(out / "iadeep" / "assignments.csv")
     assert all(a["job"] and int(a["batch_size"]) > 0 for a in assignments)
     assert (out / "SYNTHETIC-assignments.svg").read_text().startswith("<svg")

@@ -21,7 +21,8 @@ and a job that still crashes is restarted the same way.
 Recorded per policy, in OUT/POLICY/: jobs.csv (arrival, start, end, completion time,
 restarts, out-of-memory events), each job's result JSON and log; for iadeep also the
 store's history under /iadeep/v1/tasks/ (`iadeep state watch --from-revision 1`,
-store-events.log) and the tuner's assignments over time (assignments.csv).
+store-events.log), the tuner's assignments over time (assignments.csv) and what
+`iadeep status --json` showed every 3 s (status.jsonl).
 In OUT: stream.json, summary.csv and summary.json (average and median completion
 time, makespan, out-of-memory crashes and events per policy), assignments.svg (the
 batch size of each job over time under iadeep) and e2e-metadata.json. The summary
@@ -160,6 +161,7 @@ class Cluster:
         self.folder = folder
         self.process: Optional[subprocess.Popen] = None
         self.watch: Optional[subprocess.Popen] = None
+        self.status: Optional[subprocess.Popen] = None
         self.env: Dict[str, str] = {}
         self.cluster_dir = folder
 
@@ -199,6 +201,14 @@ class Cluster:
             stdout=events, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         events.close()
+        # What `iadeep status` showed while the jobs ran: placements, reservations,
+        # batch sizes and the tuner's state, one JSON object per refresh.
+        status = open(self.folder / "status.jsonl", "w")
+        self.status = subprocess.Popen(
+            [a.iadeep, "status", "--json", "--watch", "3", "--store", self.env["IADEEP_STORE"]],
+            stdout=status, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        status.close()
         return self
 
     def keys(self, prefix: str) -> List[str]:
@@ -207,8 +217,9 @@ class Cluster:
         return out.stdout.split() if out.returncode == 0 else []
 
     def stop(self) -> None:
-        if self.watch is not None:
-            stop_process(self.watch, signal.SIGINT, 30)  # the watch stops on Ctrl-C
+        for watch in (self.watch, self.status):
+            if watch is not None:
+                stop_process(watch, signal.SIGINT, 30)  # both watches stop on Ctrl-C
         if self.process is not None:
             stop_process(self.process, signal.SIGTERM, 120)  # tuners, placer, then etcd
             etcd_log = self.cluster_dir / "etcd.log"
