@@ -234,7 +234,9 @@ impl Agent {
     /// `torch.cuda.max_memory_reserved()` since the last batch-size change), for a
     /// job whose memory NVML cannot see: the tuner needs it to grow the batch size.
     /// One relaxed atomic maximum; the reporter sends the largest value recorded
-    /// between two reports. When NVML sees this process, its figure is used instead.
+    /// between two reports, once a step at the current batch size has been recorded
+    /// (a figure from before it is not a training step's peak). When NVML sees this
+    /// process, its figure is used instead.
     #[inline]
     pub fn record_peak_memory(&self, mib: u64) {
         self.shared.record_peak(mib);

@@ -130,11 +130,20 @@ impl PeakMemory {
     /// starts a new peak). NVML comes first: it sees the whole process, including the
     /// framework's caching allocator and the CUDA context; then what the trainer
     /// `recorded` itself (`Agent::record_peak_memory`), then the caller's probe.
+    ///
+    /// `stepped` says whether a step has ended under the generation; the peak is
+    /// returned only once one has: before it, the process holds the CUDA
+    /// context and the weights but not the activations and optimiser state of a step,
+    /// and after a change it holds what the previous size left in the allocator's
+    /// cache. On a real GPU the first such figure (the CUDA context, about 500 MiB) was
+    /// reported as the peak, and the placer settled the job's reservation at it while
+    /// the job went on to use several GiB (`data/measured/h200/README.md`).
     pub(crate) fn sample(
         &mut self,
         recorded: Option<u64>,
         generation: u64,
         batch_size: u32,
+        stepped: bool,
     ) -> Option<(u64, u32)> {
         if self.generation != Some(generation) {
             self.generation = Some(generation);
@@ -150,6 +159,9 @@ impl PeakMemory {
         if let Some(now) = now {
             self.peak = Some(self.peak.map_or(now, |p| p.max(now)));
         }
+        if !stepped {
+            return None;
+        }
         self.peak.map(|p| (p, self.batch_size))
     }
 }
@@ -162,33 +174,49 @@ mod tests {
     fn peak_is_the_largest_value_a_probe_showed() {
         let mut values = vec![Some(300), None, Some(900), Some(500)].into_iter();
         let mut peak = PeakMemory::new(None, Some(Box::new(move || values.next().flatten())));
-        assert_eq!(peak.sample(None, 0, 32), Some((300, 32)));
-        assert_eq!(peak.sample(None, 0, 32), Some((300, 32)));
-        assert_eq!(peak.sample(None, 0, 32), Some((900, 32)));
-        assert_eq!(peak.sample(None, 0, 32), Some((900, 32)));
+        assert_eq!(peak.sample(None, 0, 32, true), Some((300, 32)));
+        assert_eq!(peak.sample(None, 0, 32, true), Some((300, 32)));
+        assert_eq!(peak.sample(None, 0, 32, true), Some((900, 32)));
+        assert_eq!(peak.sample(None, 0, 32, true), Some((900, 32)));
     }
 
-    /// After a shrink the peak starts again, at the new size.
+    /// What the process holds before its first step (the CUDA context, on a real GPU)
+    /// is not the peak of a training step: nothing is given until a step ended, and
+    /// then the largest figure seen, the one before the step included.
+    #[test]
+    fn no_peak_is_given_before_a_step_of_its_generation_ended() {
+        let mut values = vec![Some(518), Some(520), Some(6400)].into_iter();
+        let mut peak = PeakMemory::new(None, Some(Box::new(move || values.next().flatten())));
+        assert_eq!(peak.sample(None, 0, 64, false), None);
+        assert_eq!(peak.sample(None, 0, 64, false), None);
+        assert_eq!(peak.sample(None, 0, 64, true), Some((6400, 64)));
+    }
+
+    /// After a shrink the peak starts again, at the new size, once a step ran at it.
     #[test]
     fn a_new_generation_starts_a_new_peak_at_its_batch_size() {
         let mut values = vec![Some(6000), Some(4500), Some(4400)].into_iter();
         let mut peak = PeakMemory::new(None, Some(Box::new(move || values.next().flatten())));
-        assert_eq!(peak.sample(None, 0, 64), Some((6000, 64)));
-        assert_eq!(peak.sample(None, 1, 32), Some((4500, 32)));
-        assert_eq!(peak.sample(None, 1, 32), Some((4500, 32)));
+        assert_eq!(peak.sample(None, 0, 64, true), Some((6000, 64)));
+        assert_eq!(peak.sample(None, 1, 32, false), None, "no step at 32 yet");
+        assert_eq!(peak.sample(None, 1, 32, true), Some((4500, 32)));
     }
 
     #[test]
     fn a_recorded_peak_comes_before_the_callers_probe() {
         let mut peak = PeakMemory::new(None, Some(Box::new(|| Some(100))));
-        assert_eq!(peak.sample(Some(700), 0, 8), Some((700, 8)));
-        assert_eq!(peak.sample(None, 0, 8), Some((700, 8)), "the peak stays");
+        assert_eq!(peak.sample(Some(700), 0, 8, true), Some((700, 8)));
+        assert_eq!(
+            peak.sample(None, 0, 8, true),
+            Some((700, 8)),
+            "the peak stays"
+        );
         let mut recorded_only = PeakMemory::new(None, None);
-        assert_eq!(recorded_only.sample(Some(400), 0, 8), Some((400, 8)));
+        assert_eq!(recorded_only.sample(Some(400), 0, 8, true), Some((400, 8)));
     }
 
     #[test]
     fn no_probe_reports_nothing() {
-        assert_eq!(PeakMemory::new(None, None).sample(None, 0, 8), None);
+        assert_eq!(PeakMemory::new(None, None).sample(None, 0, 8, true), None);
     }
 }

@@ -432,12 +432,13 @@ impl Reporter {
     fn sample_memory(&mut self) -> Option<(u64, u32)> {
         let generation = self.shared.generation();
         let batch_size = self.shared.batch_size();
-        let peak = self
-            .memory
-            .sample(self.shared.take_recorded_peak(), generation, batch_size);
-        if let Some((mib, batch_size)) = peak
-            && self.shared.steps() > 0
-        {
+        let peak = self.memory.sample(
+            self.shared.take_recorded_peak(),
+            generation,
+            batch_size,
+            self.shared.stepped_in_generation(),
+        );
+        if let Some((mib, batch_size)) = peak {
             self.shared.record_fit_peak(batch_size, mib);
         }
         peak

@@ -100,6 +100,9 @@ pub(crate) struct Shared {
     // Bumped whenever the batch size or round the loop trains under changes, so
     // the reporter never mixes steps of two configurations in one measurement.
     generation: AtomicU64,
+    /// `steps` when the generation began: a peak is measured only once a step of the
+    /// generation ended (see [`crate::memory::PeakMemory::sample`]).
+    generation_start_steps: AtomicU64,
     round: AtomicU64,
     lr_factor_bits: AtomicU64,
     /// Smallest batch size that ran out of memory; 0 = none.
@@ -146,6 +149,7 @@ impl Shared {
             nanos: AtomicU64::new(0),
             largest_fit: AtomicU32::new(0),
             generation: AtomicU64::new(0),
+            generation_start_steps: AtomicU64::new(0),
             round: AtomicU64::new(0),
             lr_factor_bits: AtomicU64::new(1.0f64.to_bits()),
             oom_batch_size: AtomicU32::new(0),
@@ -192,6 +196,11 @@ impl Shared {
     /// Steps recorded so far.
     pub(crate) fn steps(&self) -> u64 {
         self.steps.load(Ordering::Relaxed)
+    }
+
+    /// Whether a step ended under the generation the loop trains under now.
+    pub(crate) fn stepped_in_generation(&self) -> bool {
+        self.steps() > self.generation_start_steps.load(Ordering::Relaxed)
     }
 
     /// The generation the loop trains under (bumped by every applied change).
@@ -320,6 +329,8 @@ impl Shared {
         {
             self.limit_mib.store(bound as u64, Ordering::Relaxed);
         }
+        self.generation_start_steps
+            .store(self.steps(), Ordering::Relaxed);
         self.generation.fetch_add(1, Ordering::Release);
     }
 

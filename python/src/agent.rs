@@ -423,7 +423,8 @@ impl Agent {
 
     /// Records the peak GPU memory (MiB) the job measured itself, e.g.
     /// `torch.cuda.max_memory_reserved() // 2**20`; NVML's figure wins when NVML
-    /// sees this process. Without any memory figure the tuner never grows the batch.
+    /// sees this process. Either is reported once a step at the current batch size
+    /// was recorded. Without any memory figure the tuner never grows the batch.
     fn record_peak_memory(&self, mib: u64) -> PyResult<()> {
         self.with(|a| a.record_peak_memory(mib))
     }

@@ -508,11 +508,40 @@ fn a_peak_the_trainer_records_reaches_the_report() {
     agent.record_peak_memory(900);
     agent.record_peak_memory(1200);
     agent.record_peak_memory(1000);
+    // A peak is reported once a step has ended (see memory::PeakMemory::sample).
+    agent.record_step(32, Duration::from_millis(10));
     // A report may go out between two calls; the peak of the three arrives anyway.
     let r = wait_for(PATIENCE, || {
         report(&rt, &store, "job-7").filter(|r| r.peak_mem_mib == Some(1200))
     });
     assert!(r.is_some(), "the largest recorded value reaches the store");
+    agent.finish().expect("finish");
+}
+
+/// On a real GPU the process holds its CUDA context before the first step, and that
+/// figure, reported as the peak, settled the job's reservation far below what its steps
+/// then used (`data/measured/h200/README.md`). Reports carry no peak until a step ended.
+#[test]
+fn no_peak_is_reported_before_the_first_step() {
+    let rt = runtime();
+    let store = memory_store();
+    let agent = builder(&store, "job-c").connect().expect("connect");
+    agent.record_peak_memory(518);
+    let before = wait_for(PATIENCE, || {
+        report(&rt, &store, "job-c").filter(|r| r.seq >= 3)
+    })
+    .expect("reports before any step");
+    assert_eq!(before.peak_mem_mib, None, "{before:?}");
+    agent.record_peak_memory(6400);
+    agent.record_step(64, Duration::from_millis(10));
+    let after = wait_for(PATIENCE, || {
+        report(&rt, &store, "job-c").filter(|r| r.peak_mem_mib.is_some())
+    })
+    .expect("the peak once a step ended");
+    assert_eq!(
+        (after.peak_mem_mib, after.peak_mem_batch_size),
+        (Some(6400), 64)
+    );
     agent.finish().expect("finish");
 }
 
