@@ -6,17 +6,20 @@ Under `iadeep run` (the iadeep policy) it embeds iadeep's agent: before each ste
 takes the agent's batch size, after it records the step's time and PyTorch's peak
 reserved memory, applies the tuner's changes between steps (learning rate scaled by
 the change's factor), and on running out of GPU memory reports it and continues at
-the agent's fall-back size. With --no-agent (the exclusive and packing baselines) it
-trains at --batch-size throughout, and running out of memory ends it with exit status
-3, as a crash would end an unmanaged job (e2e.py then restarts it at half the size).
+the agent's fall-back size. With the torch backend it also fences PyTorch's allocator
+at the agent's memory fence (`iadeep.torch.MemoryFence`, as `AdaptiveDataLoader` does
+for a user's loop) and records the fences set. With --no-agent (the exclusive and
+packing baselines) it trains at --batch-size throughout, and running out of memory
+ends it with exit status 3, as a crash would end an unmanaged job (e2e.py then
+restarts it at half the size).
 
 --backend synthetic (e2e.py --dry-run) trains nothing: each step sleeps the synthetic
 step time of gpubench/synthetic.py, slowed by the other synthetic jobs registered in
 --synthetic-registry, and runs out of memory when it starts or changes its batch size
 while the registered jobs' synthetic memory would exceed the synthetic card.
 
-Writes a JSON result to --result: times, steps, batch sizes over time, out-of-memory
-events.
+Writes a JSON result to --result: times, steps, batch sizes and memory fences over
+time, out-of-memory events.
 """
 
 from __future__ import annotations
@@ -122,6 +125,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
         result["task_id"] = agent.task_id
     trainer: Trainer = build_trainer(args.backend, spec, args.precision, nvml_index(), sleep=True)
+    fence = None
+    if agent is not None and not synthetic_backend:
+        import iadeep.torch
+
+        fence = iadeep.torch.MemoryFence(agent)
+    fences: List[List[float]] = []
     registry = SyntheticRegistry(args.synthetic_registry, spec) if synthetic_backend else None
     timeline: List[List[float]] = []
     samples_done = steps = 0
@@ -131,6 +140,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         while samples_done < args.samples and not stop:
             bs = agent.batch_size if agent is not None else args.batch_size
+            if fence is not None:
+                fence.update()
+                if fence.fence_mib is not None and (not fences or fences[-1][1] != fence.fence_mib):
+                    fences.append([time.time(), fence.fence_mib])
             try:
                 if bs != current:
                     if registry is not None:
@@ -172,7 +185,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if agent is not None and status == "ok":
             agent.finish()
     result.update(ended_at=time.time(), steps=steps, samples_done=samples_done, status=status,
-                  terminated=bool(stop), batch_sizes=timeline)
+                  terminated=bool(stop), batch_sizes=timeline, memory_fences_mib=fences)
     tmp = args.result.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))
     os.replace(tmp, args.result)
