@@ -101,6 +101,9 @@ pub(crate) struct PeakMemory {
     /// The generation and batch size the peak belongs to.
     generation: Option<u64>,
     batch_size: u32,
+    /// The last peak given, with its batch size: what is given under a generation that
+    /// has no step yet.
+    last_given: Option<(u64, u32)>,
 }
 
 impl fmt::Debug for PeakMemory {
@@ -122,6 +125,7 @@ impl PeakMemory {
             peak: None,
             generation: None,
             batch_size: 0,
+            last_given: None,
         }
     }
 
@@ -131,13 +135,15 @@ impl PeakMemory {
     /// framework's caching allocator and the CUDA context; then what the trainer
     /// `recorded` itself (`Agent::record_peak_memory`), then the caller's probe.
     ///
-    /// `stepped` says whether a step has ended under the generation; the peak is
-    /// returned only once one has: before it, the process holds the CUDA
-    /// context and the weights but not the activations and optimiser state of a step,
-    /// and after a change it holds what the previous size left in the allocator's
-    /// cache. On a real GPU the first such figure (the CUDA context, about 500 MiB) was
-    /// reported as the peak, and the placer settled the job's reservation at it while
-    /// the job went on to use several GiB (`data/measured/h200/README.md`).
+    /// `stepped` says whether a step has ended under the generation. Until one has, the
+    /// generation's peak is not given: before the first step the process holds its CUDA
+    /// context and weights but not a step's activations and optimiser state. On a real
+    /// GPU that figure (the CUDA context, about 500 MiB) was reported as the peak, and
+    /// the placer settled the job's reservation at it while the job went on to use
+    /// several GiB (`data/measured/h200/README.md`). Meanwhile the last peak given is
+    /// given again, labelled with its own batch size, so that a report after a change
+    /// still tells the placer what the process held (it counts a resident at its
+    /// reported peak); nothing is given before the first step of all.
     pub(crate) fn sample(
         &mut self,
         recorded: Option<u64>,
@@ -160,9 +166,13 @@ impl PeakMemory {
             self.peak = Some(self.peak.map_or(now, |p| p.max(now)));
         }
         if !stepped {
-            return None;
+            return self.last_given;
         }
-        self.peak.map(|p| (p, self.batch_size))
+        let given = self.peak.map(|p| (p, self.batch_size));
+        if given.is_some() {
+            self.last_given = given;
+        }
+        given
     }
 }
 
@@ -198,7 +208,11 @@ mod tests {
         let mut values = vec![Some(6000), Some(4500), Some(4400)].into_iter();
         let mut peak = PeakMemory::new(None, Some(Box::new(move || values.next().flatten())));
         assert_eq!(peak.sample(None, 0, 64, true), Some((6000, 64)));
-        assert_eq!(peak.sample(None, 1, 32, false), None, "no step at 32 yet");
+        assert_eq!(
+            peak.sample(None, 1, 32, false),
+            Some((6000, 64)),
+            "no step at 32 yet: the last peak given, at its own size"
+        );
         assert_eq!(peak.sample(None, 1, 32, true), Some((4500, 32)));
     }
 

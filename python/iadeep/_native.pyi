@@ -115,7 +115,9 @@ class Agent:
     ) -> None:
         """Squared gradient norms over two batch sizes of one step (small < big)."""
     def record_peak_memory(self, mib: int) -> None:
-        """Peak GPU memory (MiB) the job measured itself."""
+        """Peak GPU memory (MiB) the job measured itself; NVML's figure wins when NVML
+        sees this process. Either is reported once a step at the current batch size was
+        recorded."""
     def report_oom(self, batch_size: Optional[int] = None) -> BatchSizeChange:
         """Out of GPU memory at batch_size (default: the current one): the fall-back."""
     def report_now(self) -> None: ...

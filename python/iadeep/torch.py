@@ -556,7 +556,9 @@ class IadeepCallback(_lightning_callback_base()):  # type: ignore[misc]
 
             warnings.warn(
                 "IadeepCallback: the train dataloader is not an iadeep.torch.AdaptiveDataLoader, "
-                "so batch-size changes are not applied",
+                "so batch-size changes are not applied, and no step is recorded: the job reports "
+                "neither step times nor a memory peak (a peak is reported once a step is), so it "
+                "is never tuned and keeps the memory it was placed with",
                 stacklevel=3,
             )
 

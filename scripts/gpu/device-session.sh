@@ -51,21 +51,30 @@ step() {
     archive
 }
 
-if ! scripts/gpu/device-setup.sh; then
+if ! timeout 180 scripts/gpu/device-setup.sh; then
     echo "== setup failed: nothing measured"
     exit 1
 fi
 . target/gpu-carry/env.sh
 export PYTHONUNBUFFERED=1
 
-# POLICY:SECONDS, in order; each policy's run is stopped 10 s before its step's limit.
+# POLICY:SECONDS, in order; each policy's run is stopped 10 s before its step's limit
+# (the limit cut to the time left first, so that the policy stops itself cleanly).
 for item in ${E2E_STEPS:-iadeep:200 exclusive:150 packing:90}; do
     policy=${item%%:*}
     limit=${item##*:}
+    left=$(( deadline - $(date +%s) ))
+    [ "$limit" -gt "$left" ] && limit=$left
     step "e2e $policy" "$limit" python3 scripts/gpu/e2e.py --policies "$policy" \
-        --policy-timeout-s "$(( limit - 10 ))" "${e2e_args[@]}"
+        --policy-timeout-s "$(( limit > 20 ? limit - 10 : 10 ))" "${e2e_args[@]}"
 done
 left=$(( deadline - $(date +%s) - 20 ))
-step "interference" "$left" python3 scripts/gpu/measure_interference.py --budget-s "$(( left > 40 ? left - 30 : 10 ))" \
+# An interference run of this kind already begun is continued, never refused.
+resume=()
+for raw in data/measured/*/interference/interference-raw.jsonl; do
+    [ -f "$raw" ] && resume=(--resume)
+done
+step "interference" "$left" python3 scripts/gpu/measure_interference.py "${resume[@]}" \
+    --budget-s "$(( left > 40 ? left - 30 : 10 ))" \
     --jobs "$interference_jobs" --warmup-s 2 --measure-s 4 --triples 0
 echo "== done: $(ls "$out")"

@@ -20,8 +20,9 @@ pub const MAX_RETRY: Duration = Duration::from_secs(60);
 pub const SETTLING_RETRY: Duration = Duration::from_secs(5);
 /// How long after this job first sees a resident its reservation may still shrink: a
 /// job starts on a provisional reservation (its memory figure, an estimate, or the
-/// whole card) that the placer cuts to the measured peak on its first report, about
-/// 10 s after it starts on a warm machine, later on a slow one.
+/// whole card) that the placer cuts to the measured peak on its first report with one,
+/// after its first training step: about 10 s after it starts on a warm machine (8 to 13 s
+/// on the H200 of `data/measured/h200/`), later on a slow one.
 pub const SETTLING: Duration = Duration::from_secs(60);
 
 /// What a queued job sees of a device at one ListDevices.
