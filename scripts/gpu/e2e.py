@@ -195,21 +195,19 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise SystemExit("error: no tuner registered its GPU within 180 s")
             time.sleep(0.2)
-        events = open(self.folder / "store-events.log", "w")
-        self.watch = subprocess.Popen(
-            [a.iadeep, "state", "watch", "/iadeep/v1/tasks/", "--from-revision", "1", "--store", self.env["IADEEP_STORE"]],
-            stdout=events, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        events.close()
+        self.watch = self.watch_into("store-events.log", "state", "watch", "/iadeep/v1/tasks/", "--from-revision", "1")
         # What `iadeep status` showed while the jobs ran: placements, reservations,
         # batch sizes and the tuner's state, one JSON object per refresh.
-        status = open(self.folder / "status.jsonl", "w")
-        self.status = subprocess.Popen(
-            [a.iadeep, "status", "--json", "--watch", "3", "--store", self.env["IADEEP_STORE"]],
-            stdout=status, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        status.close()
+        self.status = self.watch_into("status.jsonl", "status", "--json", "--watch", "3")
         return self
+
+    def watch_into(self, file_name: str, *command: str) -> subprocess.Popen:
+        """Starts `iadeep COMMAND --store STORE` writing into FOLDER/file_name until stopped."""
+        with open(self.folder / file_name, "w") as out:
+            return subprocess.Popen(
+                [self.args.iadeep, *command, "--store", self.env["IADEEP_STORE"]],
+                stdout=out, stderr=subprocess.DEVNULL, start_new_session=True,
+            )
 
     def keys(self, prefix: str) -> List[str]:
         out = subprocess.run([self.args.iadeep, "state", "ls", prefix, "--store", self.env["IADEEP_STORE"]],
