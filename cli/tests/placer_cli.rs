@@ -53,19 +53,7 @@ fn bench_client_refuses_to_seed_a_live_clusters_store() {
     let live = dir.path().join("live.redb");
     let live = live.to_str().expect("utf-8 path");
     let gpu = r#"{"deviceId": "vm-gpu0", "node": "vm", "memoryMib": "16384", "kind": "t4"}"#;
-    let put = iadeep(&[
-        "state",
-        "put",
-        "/iadeep/v1/devices/vm-gpu0/info",
-        gpu,
-        "--store",
-        live,
-    ]);
-    assert!(
-        put.status.success(),
-        "{}",
-        String::from_utf8_lossy(&put.stderr)
-    );
+    common::state_put(live, &["/iadeep/v1/devices/vm-gpu0/info", gpu]);
     let bench = |store: &str| {
         iadeep(&[
             "placer",

@@ -128,19 +128,7 @@ fn evict(cluster: &LocalCluster, task: &str) {
     );
     assignment["evict"] = Value::Bool(true);
     assignment["evictReason"] = Value::String(REASON.into());
-    let out = common::iadeep(&[
-        "state",
-        "put",
-        &key,
-        &assignment.to_string(),
-        "--store",
-        &cluster.store,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::state_put(&cluster.store, &[&key, &assignment.to_string()]);
 }
 
 /// Waits until `task` has reported steps, checking it is placed at most once meanwhile.
@@ -485,18 +473,12 @@ fn an_evicted_job_whose_report_says_finished_is_not_stopped() {
         &["--evict-grace", "0s", "--evict-kill-after", "0s"],
     );
     let report = serde_json::json!({"taskId": task, "stepsDone": "20", "finished": true});
-    let out = common::iadeep(&[
-        "state",
-        "put",
-        &format!("/iadeep/v1/tasks/{task}/report"),
-        &report.to_string(),
-        "--store",
+    common::state_put(
         &cluster.store,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        &[
+            &format!("/iadeep/v1/tasks/{task}/report"),
+            &report.to_string(),
+        ],
     );
     evict(&cluster, task);
     // Said where SIGTERM would have been sent.

@@ -427,18 +427,6 @@ fn iadeep_run_warns_once_when_no_agent_reports() {
     assert!(log().contains("its reservation ("), "{}", log());
 }
 
-/// `iadeep state put --store STORE ARGS...`, which must succeed.
-fn state_put(store: &str, args: &[&str]) {
-    let mut all = vec!["state", "put", "--store", store];
-    all.extend_from_slice(args);
-    let put = common::iadeep(&all);
-    assert!(
-        put.status.success(),
-        "{}",
-        String::from_utf8_lossy(&put.stderr)
-    );
-}
-
 /// Asserts that the store at `store` holds no placement of `task`.
 fn assert_not_placed(store: &str, task: &str) {
     let key = format!("/iadeep/v1/tasks/{task}/placement");
@@ -457,7 +445,7 @@ fn assert_not_placed(store: &str, task: &str) {
 fn a_task_id_whose_agent_runs_is_refused() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let cluster = LocalCluster::start(tmp.path().join("cluster"));
-    state_put(&cluster.store, &["/iadeep/v1/tasks/busy/alive", ""]);
+    common::state_put(&cluster.store, &["/iadeep/v1/tasks/busy/alive", ""]);
     let run = |task: &str| {
         std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"))
             .args(["run", "--task-id", task, "--batch-size", "32", "--", "true"])
@@ -480,7 +468,7 @@ fn a_task_id_whose_agent_runs_is_refused() {
     );
     // A killed job's agent holds its id until its lease ends: a retry waits for that
     // (5 s, so the key is still there when the run reads it on a loaded machine).
-    state_put(
+    common::state_put(
         &cluster.store,
         &["--lease-ttl", "5", "/iadeep/v1/tasks/crashed/alive", ""],
     );
@@ -604,7 +592,7 @@ fn port_zero_takes_the_folders_last_ports_again() {
     let mut first = LocalCluster::start_on_any_ports(dir.clone());
     let (store, placer) = (first.store.clone(), first.placer.clone());
     // An agent's alive key, as a job still running has one.
-    state_put(&store, &["/iadeep/v1/tasks/still-running/alive", ""]);
+    common::state_put(&store, &["/iadeep/v1/tasks/still-running/alive", ""]);
     assert!(first.stop().expect("stopped").success(), "{}", first.log());
     assert!(
         first.log().contains("still-running"),

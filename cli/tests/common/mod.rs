@@ -14,6 +14,18 @@ pub fn iadeep(args: &[&str]) -> Output {
         .expect("run iadeep")
 }
 
+/// `iadeep state put --store STORE ARGS...`, which must succeed (its stderr shown if not).
+pub fn state_put(store: &str, args: &[&str]) {
+    let mut all = vec!["state", "put", "--store", store];
+    all.extend_from_slice(args);
+    let put = iadeep(&all);
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+}
+
 /// Asserts that `out` succeeded (showing its stderr if not) and parses the last
 /// line of its stdout, where every `--json` command prints its result.
 pub fn succeeded_json(out: &Output) -> serde_json::Value {
