@@ -244,6 +244,12 @@ pub(crate) struct PolicyArgs {
     /// work (docs/simulator-experiments.md, "Waiting instead of evicting").
     #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
     room_eviction_patience: Duration,
+    /// How long a GPU that a job waiting ahead would be placed on is kept for it while
+    /// that job does not ask again: a job submitted later is told to queue meanwhile, so
+    /// queued jobs are placed in the order they were submitted, not the order their
+    /// requests arrive. `0s` serves requests as they come.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    waiter_hold: Duration,
 }
 
 /// Parses a duration, zero included, as `humantime` reads it (`0s`, `30m`, `2h`).
@@ -285,6 +291,7 @@ impl PolicyArgs {
             max_scored_devices: self.max_scored_devices,
             avoid_pairing_for: self.avoid_pairing_for,
             room_eviction_patience: self.room_eviction_patience,
+            waiter_hold: self.waiter_hold,
             ..base
         };
         Ok(Placer::new(params, predictor)?)
@@ -979,5 +986,17 @@ mod tests {
         let parsed = Cli::try_parse_from(["iadeep", "--room-eviction-patience", "0s"]).expect("0s");
         assert_eq!(parsed.policy.room_eviction_patience, Duration::ZERO);
         assert!(Cli::try_parse_from(["iadeep", "--room-eviction-patience", "soon"]).is_err());
+    }
+
+    #[test]
+    fn waiter_hold_defaults_to_the_placers_and_may_be_zero() {
+        use clap::Parser;
+        let parsed = Cli::try_parse_from(["iadeep"]).expect("defaults");
+        assert_eq!(
+            parsed.policy.waiter_hold,
+            iadeep_placer::PlacerParams::default().waiter_hold
+        );
+        let parsed = Cli::try_parse_from(["iadeep", "--waiter-hold", "0s"]).expect("0s");
+        assert_eq!(parsed.policy.waiter_hold, Duration::ZERO);
     }
 }

@@ -93,6 +93,13 @@ pub struct PlacerParams {
     /// together must stay under the dead-task grace
     /// ([`crate::pod_eviction::check_grace`]). Zero evicts at the first tick.
     pub pod_evict_grace: Duration,
+    /// How long a device is held for a task waiting ahead that the decision would place
+    /// there, while that task does not ask again (see [`crate::policy`], "Room held for
+    /// a task waiting ahead"): a task submitted later is told to queue meanwhile. Clients
+    /// that wait (`iadeep run`) look for freed room every 2 s and ask at once when they
+    /// see it, so a live one comes back well within it; one that does not stops holding
+    /// room until it asks again. Zero holds nothing: requests are served as they come.
+    pub waiter_hold: Duration,
 }
 
 /// Default of [`PlacerParams::task_retention`]: a day to look at a finished job.
@@ -103,6 +110,10 @@ pub const DEFAULT_TASK_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// that kept every run's production jobs within 5 % of the completion time `priority`
 /// gives them (docs/simulator-experiments.md, "Waiting instead of evicting").
 pub const DEFAULT_ROOM_EVICTION_PATIENCE: Duration = Duration::from_secs(30 * 60);
+
+/// Default of [`PlacerParams::waiter_hold`]: five of `iadeep run`'s 2 s looks at the
+/// devices, so a waiting run that is alive always comes back within it.
+pub const DEFAULT_WAITER_HOLD: Duration = Duration::from_secs(10);
 
 /// Default of [`PlacerParams::avoid_pairing_for`]: half an hour.
 pub const DEFAULT_AVOID_PAIRING_FOR: Duration = Duration::from_secs(30 * 60);
@@ -131,6 +142,7 @@ impl Default for PlacerParams {
             room_claim_ttl: Duration::from_secs(60),
             room_eviction_patience: DEFAULT_ROOM_EVICTION_PATIENCE,
             pod_evict_grace: crate::pod_eviction::DEFAULT_POD_EVICT_GRACE,
+            waiter_hold: DEFAULT_WAITER_HOLD,
         }
     }
 }

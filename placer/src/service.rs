@@ -832,7 +832,7 @@ impl PlacementService {
             let (explanation, work) = match self.decide_step(&task, &restrict) {
                 Step::Answer(outcome) => return Ok(outcome),
                 Step::Queue(explanation, retry_after, reason) => {
-                    return Ok(self.queued(&task, retry_after, reason, explanation));
+                    return Ok(self.queued(&task, &restrict, retry_after, reason, explanation));
                 }
                 Step::Commit(explanation, work) => (explanation, work),
             };
@@ -869,7 +869,10 @@ impl PlacementService {
             attempt += 1;
             let outcome = match work {
                 Work::Place(plan) => self.commit(&task, plan, explanation, attempt).await?,
-                Work::Evict(plan) => self.commit_evict(&task, plan, explanation, attempt).await?,
+                Work::Evict(plan) => {
+                    self.commit_evict(&task, &restrict, plan, explanation, attempt)
+                        .await?
+                }
             };
             if let Some(outcome) = outcome {
                 return Ok(outcome);
@@ -932,10 +935,26 @@ impl PlacementService {
             verdict,
             explanation,
             cap_refusals,
+            held_for,
         } = self.placer.decide(&view, task, restrict, now);
         self.record(PlacementEvent::DecisionTime(started.elapsed()));
         for _ in 0..cap_refusals {
             self.record(PlacementEvent::CapRefusal);
+        }
+        // A hold is a queue answer; the hold's clock starts with the first one.
+        if let (
+            Some(waiter),
+            Verdict::Queue {
+                retry_after,
+                reason,
+            },
+        ) = (held_for, &verdict)
+        {
+            let (retry_after, reason) = (*retry_after, reason.clone());
+            drop(view);
+            tracing::debug!(task = %task.task_id, %waiter, "device held for a task waiting ahead");
+            self.view_mut().note_hold(&waiter, now);
+            return Step::Queue(explanation, retry_after, reason);
         }
         if let Verdict::Evict {
             device_id,
@@ -1042,11 +1061,12 @@ impl PlacementService {
     fn queued(
         &self,
         task: &TaskSpec,
+        restrict: &[String],
         retry_after: Duration,
         reason: String,
         explanation: Explanation,
     ) -> PlaceOutcome {
-        self.note_queued(task, retry_after);
+        self.note_queued(task, restrict, retry_after);
         tracing::debug!(task = %task.task_id, retry_after_s = retry_after.as_secs(), %reason, "queued");
         PlaceOutcome {
             decision: place_response::Decision::Queued(QueueDecision {
@@ -1153,6 +1173,7 @@ impl PlacementService {
     async fn commit_evict(
         &self,
         task: &TaskSpec,
+        restrict: &[String],
         plan: Box<EvictPlan>,
         explanation: Explanation,
         attempt: u32,
@@ -1182,7 +1203,13 @@ impl PlacementService {
                         victim = %a.task_id, attempt, reason = %a.evict_reason,
                         "evicting an opportunistic job to make room for a production job");
                 }
-                Ok(Some(self.queued(task, retry_after, reason, explanation)))
+                Ok(Some(self.queued(
+                    task,
+                    restrict,
+                    retry_after,
+                    reason,
+                    explanation,
+                )))
             }
             TxnOutcome::Failed { current } => self.lost_commit(
                 task,
@@ -1249,11 +1276,16 @@ impl PlacementService {
     /// The queue is this process's: placers sharing a store do not see each other's
     /// waiting tasks (a task that is refused by one and retries on another is counted
     /// by both until it expires, which errs towards placing).
-    pub fn note_queued(&self, task: &TaskSpec, retry_after: std::time::Duration) {
+    pub fn note_queued(
+        &self,
+        task: &TaskSpec,
+        restrict: &[String],
+        retry_after: std::time::Duration,
+    ) {
         let now = self.clock.now_unix_ms();
         let hold_ms = i64::try_from(retry_after.as_millis().saturating_mul(2)).unwrap_or(i64::MAX);
         self.view_mut()
-            .note_waiting(task, now, now.saturating_add(hold_ms));
+            .note_waiting(task, restrict, now, now.saturating_add(hold_ms));
     }
 
     /// Keeps the task keys `task`'s Place wrote at `revision` for its Release (see
@@ -3069,6 +3101,64 @@ pub(crate) mod tests {
         assert_eq!(record.reservations.len(), 2);
     }
 
+    /// Queued tasks are placed in the order they were submitted, whichever asks first
+    /// when room appears; a waiter that does not come back holds the room only for
+    /// [`PlacerParams::waiter_hold`].
+    #[tokio::test]
+    async fn room_that_appears_goes_to_the_task_submitted_first() {
+        use std::sync::atomic::{AtomicI64, Ordering};
+        let store: Arc<dyn StateStore> =
+            Arc::new(EmbeddedStore::in_memory().expect("in-memory store"));
+        // Submission times must be real ones: a day ago is the start.
+        let t0 = iadeep_proto::now_unix_ms() - 86_400_000;
+        let now = Arc::new(AtomicI64::new(t0));
+        let (placer, _) = capped_service(store.clone(), now.clone());
+        let d0 = || vec!["d0".to_owned()];
+        let submitted = |id: &str, at: i64| TaskSpec {
+            submitted_at_unix_ms: at,
+            ..job(id, 12_000, false)
+        };
+        placer
+            .place(job("resident", 12_000, false), d0())
+            .await
+            .expect("resident");
+        for (id, at) in [("early", 2_000), ("late", 3_000), ("later", 3_500)] {
+            let at = t0 + at;
+            now.store(at, Ordering::SeqCst);
+            let q = placer.place(submitted(id, at), d0()).await.expect(id);
+            assert!(queued(&q).reason.contains("memory"), "{id}: {q:?}");
+        }
+        placer.release("resident").await.expect("release");
+        // The later tasks ask first: the room is held for the earliest.
+        now.store(t0 + 5_000, Ordering::SeqCst);
+        for id in ["later", "late"] {
+            let q = placer.place(submitted(id, 0), d0()).await.expect(id);
+            assert!(
+                queued(&q).reason.contains("d0 is held for early"),
+                "{id}: {q:?}"
+            );
+        }
+        let p = placer
+            .place(submitted("early", t0 + 2_000), d0())
+            .await
+            .expect("early");
+        assert_eq!(placed(&p).device_id, "d0");
+        // Without a word from the task ahead, the hold ends after `waiter_hold`.
+        placer.release("early").await.expect("release early");
+        let hold = i64::try_from(PlacerParams::default().waiter_hold.as_millis()).expect("ms");
+        let q = placer
+            .place(submitted("later", 0), d0())
+            .await
+            .expect("later");
+        assert!(queued(&q).reason.contains("held for late"), "{q:?}");
+        now.store(t0 + 5_000 + hold, Ordering::SeqCst);
+        let p = placer
+            .place(submitted("later", 0), d0())
+            .await
+            .expect("later");
+        assert_eq!(placed(&p).device_id, "d0");
+    }
+
     /// A claim whose claimant does not come back holds its room only until it expires,
     /// also on a device its victims left empty; a production job that fits does not
     /// evict, and an opportunistic one never does.
@@ -3090,6 +3180,8 @@ pub(crate) mod tests {
             .await
             .expect("opp2");
         assert!(!queued(&q).reason.contains("evicting"), "{q:?}");
+        // It gives up (its `iadeep run` is stopped), so it holds no room for later jobs.
+        placer.release("opp2").await.expect("withdraw opp2");
         // A production job evicts the only resident.
         let q = placer
             .place(job("prod", 6_000, true), d0())

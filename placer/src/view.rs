@@ -505,6 +505,16 @@ pub struct WaitingTask {
     /// Until when the task counts as waiting (Unix ms): a client that does not come
     /// back by then has given up, and must not hold others back forever.
     pub expires_at_unix_ms: i64,
+    /// The task as it was decided on when last told to queue (its profile from the
+    /// registry included), so a decision for a task submitted later can ask where this
+    /// one would go now (see [`crate::policy`], "Room held for a task waiting ahead").
+    pub spec: TaskSpec,
+    /// The devices its request was restricted to (empty: every device).
+    pub restrict: Vec<String>,
+    /// Since when (Unix ms) a device has been held for it while it did not ask again,
+    /// if one has: a client that stays away longer than the hold allows stops holding
+    /// devices until it asks again.
+    pub held_since_unix_ms: Option<i64>,
 }
 
 impl ClusterView {
@@ -820,11 +830,19 @@ impl ClusterView {
         unstarted
     }
 
-    /// Records that `task` waits for a device until `expires_at_unix_ms` (or refreshes
-    /// the expiry of a task already waiting, keeping its place in the queue). Its
-    /// submission time is the spec's, or `now_unix_ms` when the spec has none. Expired
-    /// entries are dropped on the way, so the set stays as small as the real queue.
-    pub fn note_waiting(&mut self, task: &TaskSpec, now_unix_ms: i64, expires_at_unix_ms: i64) {
+    /// Records that `task`, decided on over `restrict` (empty: every device), waits for
+    /// a device until `expires_at_unix_ms` (or refreshes the entry of a task already
+    /// waiting, keeping its place in the queue: it asked again, so any hold for it
+    /// starts afresh). Its submission time is the spec's, or `now_unix_ms` when the
+    /// spec has none. Expired entries are dropped on the way, so the set stays as small
+    /// as the real queue.
+    pub fn note_waiting(
+        &mut self,
+        task: &TaskSpec,
+        restrict: &[String],
+        now_unix_ms: i64,
+        expires_at_unix_ms: i64,
+    ) {
         self.waiting
             .retain(|_, w| w.expires_at_unix_ms > now_unix_ms);
         let submitted = if task.submitted_at_unix_ms > 0 {
@@ -834,11 +852,27 @@ impl ClusterView {
         };
         self.waiting
             .entry(task.task_id.clone())
-            .and_modify(|w| w.expires_at_unix_ms = w.expires_at_unix_ms.max(expires_at_unix_ms))
-            .or_insert(WaitingTask {
+            .and_modify(|w| {
+                w.expires_at_unix_ms = w.expires_at_unix_ms.max(expires_at_unix_ms);
+                w.spec = task.clone();
+                w.restrict = restrict.to_vec();
+                w.held_since_unix_ms = None;
+            })
+            .or_insert_with(|| WaitingTask {
                 submitted_at_unix_ms: submitted,
                 expires_at_unix_ms,
+                spec: task.clone(),
+                restrict: restrict.to_vec(),
+                held_since_unix_ms: None,
             });
+    }
+
+    /// Records that a device was held for waiting task `task_id` at `now_unix_ms`,
+    /// unless one already was since it last asked (the hold's clock keeps running).
+    pub fn note_hold(&mut self, task_id: &str, now_unix_ms: i64) {
+        if let Some(w) = self.waiting.get_mut(task_id) {
+            w.held_since_unix_ms.get_or_insert(now_unix_ms);
+        }
     }
 
     /// Forgets a waiting task (it was placed, released or withdrawn). True when it was there.
@@ -860,20 +894,30 @@ impl ClusterView {
     /// then task id). `task` itself never counts; when it is not waiting yet, it is
     /// ordered by its spec's submission time, or as the newest when it has none.
     pub fn waiting_ahead_of(&self, task: &TaskSpec, now_unix_ms: i64) -> usize {
+        self.waiting_ahead(task, now_unix_ms).len()
+    }
+
+    /// The unexpired waiting tasks submitted before `task`, first submitted first (see
+    /// [`Self::waiting_ahead_of`]).
+    pub fn waiting_ahead(&self, task: &TaskSpec, now_unix_ms: i64) -> Vec<(&str, &WaitingTask)> {
         let mine = match self.waiting.get(&task.task_id) {
             Some(w) => w.submitted_at_unix_ms,
             None if task.submitted_at_unix_ms > 0 => task.submitted_at_unix_ms,
             None => i64::MAX,
         };
         let key = (mine, task.task_id.as_str());
-        self.waiting
+        let mut ahead: Vec<(&str, &WaitingTask)> = self
+            .waiting
             .iter()
+            .map(|(id, w)| (id.as_str(), w))
             .filter(|(id, w)| {
                 w.expires_at_unix_ms > now_unix_ms
-                    && id.as_str() != task.task_id
-                    && (w.submitted_at_unix_ms, id.as_str()) < key
+                    && *id != task.task_id
+                    && (w.submitted_at_unix_ms, *id) < key
             })
-            .count()
+            .collect();
+        ahead.sort_unstable_by_key(|(id, w)| (w.submitted_at_unix_ms, *id));
+        ahead
     }
 
     /// The memory estimator of this view.
@@ -1372,11 +1416,11 @@ mod tests {
             submitted_at_unix_ms: ms,
             ..Default::default()
         };
-        view.note_waiting(&at("b", 200), 1_000, 5_000);
-        view.note_waiting(&at("a", 200), 1_000, 5_000);
-        view.note_waiting(&at("c", 100), 1_000, 2_000);
+        view.note_waiting(&at("b", 200), &[], 1_000, 5_000);
+        view.note_waiting(&at("a", 200), &[], 1_000, 5_000);
+        view.note_waiting(&at("c", 100), &[], 1_000, 2_000);
         // No submission time: ordered by when the placer first saw it.
-        view.note_waiting(&at("d", 0), 1_500, 5_000);
+        view.note_waiting(&at("d", 0), &[], 1_500, 5_000);
         assert_eq!(view.waiting_ahead_of(&at("c", 100), 1_000), 0);
         // Ties by id: "a" is ahead of "b".
         assert_eq!(view.waiting_ahead_of(&at("a", 200), 1_000), 1);
@@ -1386,14 +1430,14 @@ mod tests {
         assert_eq!(view.waiting_ahead_of(&at("new", 0), 1_000), 4);
         assert_eq!(view.waiting_ahead_of(&at("early", 50), 1_000), 0);
         // "c" expires at 2,000 ms; refreshing "a" keeps its place in the queue.
-        view.note_waiting(&at("a", 900), 1_800, 9_000);
+        view.note_waiting(&at("a", 900), &[], 1_800, 9_000);
         assert_eq!(view.waiting_ahead_of(&at("b", 200), 2_000), 1);
         assert_eq!(view.waiting_ahead_of(&at("new", 0), 2_000), 3);
         assert!(view.forget_waiting("a"));
         assert!(!view.forget_waiting("a"));
         assert_eq!(view.waiting_ahead_of(&at("new", 0), 2_000), 2);
         // Noting drops expired entries.
-        view.note_waiting(&at("e", 300), 6_000, 7_000);
+        view.note_waiting(&at("e", 300), &[], 6_000, 7_000);
         let mut left: Vec<&str> = view.waiting().map(|(id, _)| id).collect();
         left.sort_unstable();
         assert_eq!(left, ["e"]);

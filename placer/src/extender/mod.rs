@@ -399,7 +399,7 @@ async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
     };
     // kube-scheduler retries a pending pod by itself: it waits like a gRPC client told to queue.
     if let Some(retry_after) = queued_for {
-        ext.service.note_queued(&spec, retry_after);
+        ext.service.note_queued(&spec, &[], retry_after);
     }
     match (args.nodes, args.node_names) {
         (Some(mut list), _) => {

@@ -100,6 +100,24 @@
 //!    When no device can take the task, the queue reason counts the rejections by
 //!    kind and names which production job's cap refused which device.
 //!
+//! **Room held for a task waiting ahead.** Queued clients ask again when they see
+//! room, so the first request to arrive after a device frees up is not the task
+//! submitted first (on a real GPU one job waited 87 s while five submitted after it
+//! were placed, each by a request a moment earlier than its own:
+//! `data/measured/h200/README.md`). So when the verdict places the task on a device,
+//! the tasks waiting ahead of it are asked, first submitted first, where this policy
+//! would place each now (over the devices its own request named, without the side
+//! effects of a decision); if one would take the same device, the task queues with the
+//! minimum retry hint and a reason naming it ([`Decision::held_for`]). A waiter holds
+//! a device only for [`PlacerParams::waiter_hold`] after it was first held while it
+//! does not ask again (a client that is gone holds nothing longer), an opportunistic
+//! waiter never holds one for a production task, and a claimant's own device is never
+//! held. A waiter that would wait, or go to another device, holds nothing: this is
+//! submission order among the tasks that would be placed now, not a strict queue, so a
+//! task that fits where a task ahead does not still goes first. Where every waiting
+//! task asks in submission order, as in the simulator (its engine offers them so), the
+//! waiters ahead were just told to queue on the same view and nothing is held.
+//!
 //! **Room evictions.** A production task that no considered device can take (every
 //! device assessed, none feasible: memory, caps or anything else) and that has waited
 //! [`PlacerParams::room_eviction_patience`] since it was submitted may make room by
@@ -160,6 +178,7 @@ use iadeep_predictor::{Prediction, SlowdownModel};
 pub mod evict;
 mod explain;
 mod feasibility;
+mod hold;
 mod room;
 mod score;
 mod shrink;
@@ -352,6 +371,11 @@ pub struct Decision {
     /// Devices refused because a production job's slowdown cap would be exceeded
     /// there ([`Rejection::SlowdownCap`]), for `iadeep_placer_cap_refusals_total`.
     pub cap_refusals: usize,
+    /// The task waiting ahead the chosen device is held for, when the task was told to
+    /// queue for that reason: the caller records the hold
+    /// ([`ClusterView::note_hold`]), so a waiter that does not come back holds nothing
+    /// after [`PlacerParams::waiter_hold`].
+    pub held_for: Option<String>,
 }
 
 /// The placement policy. Cheap to share: decisions take `&self`.
@@ -430,7 +454,9 @@ impl Placer {
         // A task holding a room claim is placed there, or waits for its victims; a
         // production task that fits no device under the caps (every considered device
         // was assessed and none took it) may make room by evicting.
-        let verdict = match self.claimant_verdict(view, task, &assessment, &verdict, now_unix_ms) {
+        let claimed = self.claimant_verdict(view, task, &assessment, &verdict, now_unix_ms);
+        let holds_claim = claimed.is_some();
+        let verdict = match claimed {
             Some(claimed) => claimed,
             None if matches!(verdict, Verdict::Queue { .. })
                 && task.is_production()
@@ -446,6 +472,13 @@ impl Placer {
                 }
             }
             None => verdict,
+        };
+        // A device a task waiting ahead would take now is held for it (the claimant's
+        // own device excepted: its victims left for it).
+        let (verdict, held_for) = if holds_claim {
+            (verdict, None)
+        } else {
+            self.with_holds(view, task, verdict, now_unix_ms)
         };
         let explanation = self.explain(&assessment, &verdict);
         // What the wait model learns from: the queue decisions where `W` was weighed
@@ -467,6 +500,7 @@ impl Placer {
             verdict,
             explanation,
             cap_refusals: cap_refusals(&assessment.rejected),
+            held_for,
         }
     }
 

@@ -520,14 +520,16 @@ impl SimPlacement {
         let spec = &self.block_on(self.service.with_registry_profile(spec.clone(), &[]));
         let placer_view = self.view.read().unwrap_or_else(|e| e.into_inner());
         let placer = self.service.placer();
+        let now = self.now_ms.load(Ordering::Relaxed);
         let assessment = placer.assess_limited(
             &placer_view,
             spec,
             &[],
-            self.now_ms.load(Ordering::Relaxed),
+            now,
             placer.params().max_scored_devices,
         );
-        let verdict = placer.verdict(spec, &assessment);
+        let (verdict, _) =
+            placer.with_holds(&placer_view, spec, placer.verdict(spec, &assessment), now);
         let record = audit_record(
             placer,
             &placer_view,
