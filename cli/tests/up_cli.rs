@@ -543,6 +543,92 @@ fn a_second_run_of_a_running_task_id_is_refused_and_the_first_keeps_its_gpu() {
     );
 }
 
+/// Queued jobs are placed in the order they were submitted: when the GPU frees up, a
+/// job submitted later that asks first is told the GPU is held for the earlier one,
+/// which is placed when it asks. The earlier job's `iadeep run` is stopped (SIGSTOP)
+/// while the GPU frees up, so the later one asks first whatever the machine's timing.
+#[test]
+fn a_gpu_that_frees_up_is_held_for_the_job_submitted_first() {
+    use nix::sys::signal::{Signal, kill};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cluster = LocalCluster::start(tmp.path().join("cluster"));
+    // 10,000 MiB each on a 16,384 MiB GPU: one job at a time.
+    let run = |task: &str| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"));
+        command
+            .args(["run", "--task-id", task, "--batch-size", "64"])
+            .args(["--gpu-mem-mib", "10000"])
+            .args([
+                "--",
+                env!("CARGO_BIN_EXE_iadeep"),
+                "emulate-job",
+                "--model",
+                "cifar10",
+            ])
+            .args(["--report-interval", "0.5", "--time-scale", "0.1"])
+            .env("IADEEP_STORE", &cluster.store)
+            .env("IADEEP_PLACER", &cluster.placer)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        command
+    };
+    let placed = |task: &str| {
+        let key = format!("/iadeep/v1/tasks/{task}/placement");
+        common::iadeep(&["state", "get", "--store", &cluster.store, &key])
+            .status
+            .success()
+    };
+    let wait_until = |what: &str, done: &dyn Fn() -> bool| {
+        let started = Instant::now();
+        while !done() {
+            assert!(started.elapsed() < DEADLINE, "never: {what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let resident = Killed(Some(
+        run("resident")
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the resident"),
+    ));
+    wait_until("the resident is placed", &|| placed("resident"));
+    let early_log = tmp.path().join("early.log");
+    let mut early = Killed(Some(
+        run("early")
+            .stderr(std::fs::File::create(&early_log).expect("early.log"))
+            .spawn()
+            .expect("spawn the early job"),
+    ));
+    let read_early = || std::fs::read_to_string(&early_log).unwrap_or_default();
+    wait_until("the early job is told to wait", &|| {
+        read_early().contains("the placer says wait")
+    });
+    let early_pid = nix::unistd::Pid::from_raw(i32::try_from(early.child().id()).expect("pid"));
+    kill(early_pid, Signal::SIGSTOP).expect("stop the early job's run");
+    // SIGTERM to the resident's run: its job leaves, and the run releases the GPU.
+    drop(resident);
+    wait_until("the resident's GPU is released", &|| !placed("resident"));
+    // One ask (`--max-wait-s 0`); placed, its job (`true`) would end at once.
+    let later = std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"))
+        .args(["run", "--task-id", "later", "--batch-size", "64"])
+        .args(["--gpu-mem-mib", "10000", "--max-wait-s", "0", "--", "true"])
+        .env("IADEEP_STORE", &cluster.store)
+        .env("IADEEP_PLACER", &cluster.placer)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .output()
+        .expect("the later job's run");
+    kill(early_pid, Signal::SIGCONT).expect("continue the early job's run");
+    let stderr = String::from_utf8_lossy(&later.stderr);
+    assert_eq!(later.status.code(), Some(75), "told to wait: {stderr}");
+    assert!(stderr.contains("is held for early"), "{stderr}");
+    wait_until("the early job is placed", &|| placed("early"));
+    assert!(!placed("later"), "the later job gave up and holds nothing");
+    drop(early);
+    eprintln!("{}", read_early());
+}
+
 /// `iadeep run` with the placer of one cluster and the store of another is refused
 /// before anything is placed: its agent would report where no tuner reads.
 #[test]

@@ -53,6 +53,10 @@ pub enum PlacementEvent {
     /// A placement refused a device because a production job's slowdown cap (the
     /// newcomer's or a resident's) would be exceeded there.
     CapRefusal,
+    /// A Place was answered "queued" because its device was held for a task waiting
+    /// ahead of it (see [`crate::policy`], "Room held for a task waiting ahead"); it is
+    /// counted as `Queued` too.
+    Held,
     /// AvoidPairings in force (unexpired), as the last eviction pass counted them.
     AvoidedPairings(usize),
     /// A co-location sample was handed to the slowdown model.

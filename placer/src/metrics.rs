@@ -109,6 +109,8 @@ pub struct PlacerMetrics {
     pub room_evictions: Counter,
     /// Placements that refused a device because a production job's cap would be exceeded.
     pub cap_refusals: Counter,
+    /// Places told to queue because their device was held for a task waiting ahead.
+    pub holds: Counter,
     /// AvoidPairings in force, as the last eviction pass counted them.
     pub avoided_pairings: Gauge,
     /// Co-location samples handed to the slowdown model.
@@ -259,6 +261,11 @@ impl PlacerMetrics {
                 "iadeep_placer_cap_refusals_total",
                 "Placements that refused a GPU because a production job's slowdown cap would be exceeded there.",
             ),
+            holds: counter(
+                &registry,
+                "iadeep_placer_holds_total",
+                "Places told to queue because their GPU was held for a task submitted earlier that would be placed there now.",
+            ),
             avoided_pairings: Gauge(gauge(
                 "iadeep_placer_avoided_pairings",
                 "Pairings of a production job and a job evicted for it that placement keeps apart (unexpired).",
@@ -326,6 +333,7 @@ impl PlacementEvents for PlacerMetrics {
             PlacementEvent::Evicted(EvictionTrigger::Cap) => self.cap_evictions.inc(),
             PlacementEvent::Evicted(EvictionTrigger::Room) => self.room_evictions.inc(),
             PlacementEvent::CapRefusal => self.cap_refusals.inc(),
+            PlacementEvent::Held => self.holds.inc(),
             PlacementEvent::AvoidedPairings(n) => self.avoided_pairings.set(n),
             PlacementEvent::SampleObserved => self.samples_observed.inc(),
             PlacementEvent::DecodeError => self.decode_errors.inc(),
@@ -369,6 +377,7 @@ mod tests {
             "iadeep_placer_evictions_total{trigger=\"cap\"} 0",
             "iadeep_placer_evictions_total{trigger=\"room\"} 0",
             "iadeep_placer_cap_refusals_total 0",
+            "iadeep_placer_holds_total 0",
             "iadeep_placer_avoided_pairings 0",
             "iadeep_placer_pod_evictions_total{outcome=\"evicted\"} 0",
             "iadeep_placer_pod_evictions_total{outcome=\"blocked\"} 0",
@@ -379,12 +388,14 @@ mod tests {
         m.record(PlacementEvent::Evicted(EvictionTrigger::Room));
         m.record(PlacementEvent::Evicted(EvictionTrigger::Room));
         m.record(PlacementEvent::CapRefusal);
+        m.record(PlacementEvent::Held);
         m.record(PlacementEvent::AvoidedPairings(3));
         let text = m.render(0, 0);
         for series in [
             "iadeep_placer_evictions_total{trigger=\"cap\"} 1",
             "iadeep_placer_evictions_total{trigger=\"room\"} 2",
             "iadeep_placer_cap_refusals_total 1",
+            "iadeep_placer_holds_total 1",
             "iadeep_placer_avoided_pairings 3",
         ] {
             assert!(text.contains(series), "{series} missing from:\n{text}");

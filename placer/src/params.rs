@@ -95,10 +95,13 @@ pub struct PlacerParams {
     pub pod_evict_grace: Duration,
     /// How long a device is held for a task waiting ahead that the decision would place
     /// there, while that task does not ask again (see [`crate::policy`], "Room held for
-    /// a task waiting ahead"): a task submitted later is told to queue meanwhile. Clients
-    /// that wait (`iadeep run`) look for freed room every 2 s and ask at once when they
-    /// see it, so a live one comes back well within it; one that does not stops holding
-    /// room until it asks again. Zero holds nothing: requests are served as they come.
+    /// a task waiting ahead"): a task submitted later is told to queue meanwhile, for at
+    /// most this long in a row. Clients that wait (`iadeep run`) look at the devices
+    /// every 2 s and ask at once when a candidate has more room (a resident left, a
+    /// reservation shrank), so a live one comes back well within it when room is what
+    /// changed; when its own decision changed otherwise (time passed, the queue rule's
+    /// wait moved), it asks at its hint, and the hold lapses first. Zero holds nothing:
+    /// requests are served as they come.
     pub waiter_hold: Duration,
 }
 

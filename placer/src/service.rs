@@ -198,8 +198,18 @@ enum Step {
     Answer(PlaceOutcome),
     /// Commit this placement, or this room eviction.
     Commit(Explanation, Work),
-    /// Tell the caller to ask again after this long, and why.
-    Queue(Explanation, Duration, String),
+    /// Tell the caller to ask again after this long, and why; with the task waiting
+    /// ahead a device was held for, when that is why.
+    Queue(Explanation, Duration, String, Option<String>),
+}
+
+/// A queue answer on its way to the caller.
+struct Queued {
+    retry_after: Duration,
+    reason: String,
+    explanation: Explanation,
+    /// The task waiting ahead a device was held for, when that is why.
+    held_for: Option<String>,
 }
 
 /// What a Place commits on one device.
@@ -831,8 +841,17 @@ impl PlacementService {
         loop {
             let (explanation, work) = match self.decide_step(&task, &restrict) {
                 Step::Answer(outcome) => return Ok(outcome),
-                Step::Queue(explanation, retry_after, reason) => {
-                    return Ok(self.queued(&task, &restrict, retry_after, reason, explanation));
+                Step::Queue(explanation, retry_after, reason, held_for) => {
+                    if held_for.is_some() {
+                        self.record(PlacementEvent::Held);
+                    }
+                    let queued = Queued {
+                        retry_after,
+                        reason,
+                        explanation,
+                        held_for,
+                    };
+                    return Ok(self.queued(&task, &restrict, queued));
                 }
                 Step::Commit(explanation, work) => (explanation, work),
             };
@@ -941,20 +960,15 @@ impl PlacementService {
         for _ in 0..cap_refusals {
             self.record(PlacementEvent::CapRefusal);
         }
-        // A hold is a queue answer; the hold's clock starts with the first one.
         if let (
-            Some(waiter),
+            Some(_),
             Verdict::Queue {
                 retry_after,
                 reason,
             },
-        ) = (held_for, &verdict)
+        ) = (&held_for, &verdict)
         {
-            let (retry_after, reason) = (*retry_after, reason.clone());
-            drop(view);
-            tracing::debug!(task = %task.task_id, %waiter, "device held for a task waiting ahead");
-            self.view_mut().note_hold(&waiter, now);
-            return Step::Queue(explanation, retry_after, reason);
+            return Step::Queue(explanation, *retry_after, reason.clone(), held_for);
         }
         if let Verdict::Evict {
             device_id,
@@ -986,12 +1000,12 @@ impl PlacementService {
                         reason,
                     })),
                 ),
-                None => Step::Queue(explanation, retry_after, reason),
+                None => Step::Queue(explanation, retry_after, reason, None),
             };
         }
         match self.plan(&view, task, verdict) {
             Ok(plan) => Step::Commit(explanation, Work::Place(Box::new(plan))),
-            Err((retry_after, reason)) => Step::Queue(explanation, retry_after, reason),
+            Err((retry_after, reason)) => Step::Queue(explanation, retry_after, reason, None),
         }
     }
 
@@ -1056,17 +1070,16 @@ impl PlacementService {
         })
     }
 
-    /// Tells the caller to ask again after `retry_after`, counting the task as waiting
-    /// meanwhile (see [`PlacementService::note_queued`]).
-    fn queued(
-        &self,
-        task: &TaskSpec,
-        restrict: &[String],
-        retry_after: Duration,
-        reason: String,
-        explanation: Explanation,
-    ) -> PlaceOutcome {
-        self.note_queued(task, restrict, retry_after);
+    /// Tells the caller to ask again after `queued.retry_after`, counting the task as
+    /// waiting meanwhile (see [`PlacementService::note_queued`]).
+    fn queued(&self, task: &TaskSpec, restrict: &[String], queued: Queued) -> PlaceOutcome {
+        let Queued {
+            retry_after,
+            reason,
+            explanation,
+            held_for,
+        } = queued;
+        self.note_queued(task, restrict, retry_after, held_for.as_deref());
         tracing::debug!(task = %task.task_id, retry_after_s = retry_after.as_secs(), %reason, "queued");
         PlaceOutcome {
             decision: place_response::Decision::Queued(QueueDecision {
@@ -1203,13 +1216,13 @@ impl PlacementService {
                         victim = %a.task_id, attempt, reason = %a.evict_reason,
                         "evicting an opportunistic job to make room for a production job");
                 }
-                Ok(Some(self.queued(
-                    task,
-                    restrict,
+                let queued = Queued {
                     retry_after,
                     reason,
                     explanation,
-                )))
+                    held_for: None,
+                };
+                Ok(Some(self.queued(task, restrict, queued)))
             }
             TxnOutcome::Failed { current } => self.lost_commit(
                 task,
@@ -1281,11 +1294,12 @@ impl PlacementService {
         task: &TaskSpec,
         restrict: &[String],
         retry_after: std::time::Duration,
+        held_for: Option<&str>,
     ) {
         let now = self.clock.now_unix_ms();
         let hold_ms = i64::try_from(retry_after.as_millis().saturating_mul(2)).unwrap_or(i64::MAX);
         self.view_mut()
-            .note_waiting(task, restrict, now, now.saturating_add(hold_ms));
+            .note_waiting(task, restrict, now, now.saturating_add(hold_ms), held_for);
     }
 
     /// Keeps the task keys `task`'s Place wrote at `revision` for its Release (see

@@ -515,6 +515,11 @@ pub struct WaitingTask {
     /// if one has: a client that stays away longer than the hold allows stops holding
     /// devices until it asks again.
     pub held_since_unix_ms: Option<i64>,
+    /// Since when (Unix ms) this task itself has been told to queue, answer after
+    /// answer, because a device was held for a task ahead of it: past the hold it is
+    /// held back no more, so tasks ahead that do not come back, one after another,
+    /// cannot keep it waiting a hold each.
+    pub held_back_since_unix_ms: Option<i64>,
 }
 
 impl ClusterView {
@@ -833,15 +838,18 @@ impl ClusterView {
     /// Records that `task`, decided on over `restrict` (empty: every device), waits for
     /// a device until `expires_at_unix_ms` (or refreshes the entry of a task already
     /// waiting, keeping its place in the queue: it asked again, so any hold for it
-    /// starts afresh). Its submission time is the spec's, or `now_unix_ms` when the
-    /// spec has none. Expired entries are dropped on the way, so the set stays as small
-    /// as the real queue.
+    /// starts afresh). `held_for`: the task ahead a device was held for, when that is
+    /// why this task queues (its hold's clock starts now unless it runs already, and so
+    /// does this task's time held back); otherwise this task is not held back. Its
+    /// submission time is the spec's, or `now_unix_ms` when the spec has none. Expired
+    /// entries are dropped on the way, so the set stays as small as the real queue.
     pub fn note_waiting(
         &mut self,
         task: &TaskSpec,
         restrict: &[String],
         now_unix_ms: i64,
         expires_at_unix_ms: i64,
+        held_for: Option<&str>,
     ) {
         self.waiting
             .retain(|_, w| w.expires_at_unix_ms > now_unix_ms);
@@ -850,6 +858,7 @@ impl ClusterView {
         } else {
             now_unix_ms
         };
+        let held_back = |was: Option<i64>| held_for.map(|_| was.unwrap_or(now_unix_ms));
         self.waiting
             .entry(task.task_id.clone())
             .and_modify(|w| {
@@ -857,6 +866,7 @@ impl ClusterView {
                 w.spec = task.clone();
                 w.restrict = restrict.to_vec();
                 w.held_since_unix_ms = None;
+                w.held_back_since_unix_ms = held_back(w.held_back_since_unix_ms);
             })
             .or_insert_with(|| WaitingTask {
                 submitted_at_unix_ms: submitted,
@@ -864,13 +874,9 @@ impl ClusterView {
                 spec: task.clone(),
                 restrict: restrict.to_vec(),
                 held_since_unix_ms: None,
+                held_back_since_unix_ms: held_back(None),
             });
-    }
-
-    /// Records that a device was held for waiting task `task_id` at `now_unix_ms`,
-    /// unless one already was since it last asked (the hold's clock keeps running).
-    pub fn note_hold(&mut self, task_id: &str, now_unix_ms: i64) {
-        if let Some(w) = self.waiting.get_mut(task_id) {
+        if let Some(w) = held_for.and_then(|id| self.waiting.get_mut(id)) {
             w.held_since_unix_ms.get_or_insert(now_unix_ms);
         }
     }
@@ -894,30 +900,41 @@ impl ClusterView {
     /// then task id). `task` itself never counts; when it is not waiting yet, it is
     /// ordered by its spec's submission time, or as the newest when it has none.
     pub fn waiting_ahead_of(&self, task: &TaskSpec, now_unix_ms: i64) -> usize {
-        self.waiting_ahead(task, now_unix_ms).len()
+        let ahead = self.ahead_of(task, now_unix_ms);
+        self.waiting.iter().filter(|(id, w)| ahead(id, w)).count()
     }
 
     /// The unexpired waiting tasks submitted before `task`, first submitted first (see
     /// [`Self::waiting_ahead_of`]).
     pub fn waiting_ahead(&self, task: &TaskSpec, now_unix_ms: i64) -> Vec<(&str, &WaitingTask)> {
+        let ahead = self.ahead_of(task, now_unix_ms);
+        let mut tasks: Vec<(&str, &WaitingTask)> = self
+            .waiting
+            .iter()
+            .filter(|(id, w)| ahead(id, w))
+            .map(|(id, w)| (id.as_str(), w))
+            .collect();
+        tasks.sort_unstable_by_key(|(id, w)| (w.submitted_at_unix_ms, *id));
+        tasks
+    }
+
+    /// Whether a waiting entry is ahead of `task` in the queue (see
+    /// [`Self::waiting_ahead_of`]).
+    fn ahead_of<'t>(
+        &self,
+        task: &'t TaskSpec,
+        now_unix_ms: i64,
+    ) -> impl Fn(&String, &WaitingTask) -> bool + 't {
         let mine = match self.waiting.get(&task.task_id) {
             Some(w) => w.submitted_at_unix_ms,
             None if task.submitted_at_unix_ms > 0 => task.submitted_at_unix_ms,
             None => i64::MAX,
         };
-        let key = (mine, task.task_id.as_str());
-        let mut ahead: Vec<(&str, &WaitingTask)> = self
-            .waiting
-            .iter()
-            .map(|(id, w)| (id.as_str(), w))
-            .filter(|(id, w)| {
-                w.expires_at_unix_ms > now_unix_ms
-                    && *id != task.task_id
-                    && (w.submitted_at_unix_ms, *id) < key
-            })
-            .collect();
-        ahead.sort_unstable_by_key(|(id, w)| (w.submitted_at_unix_ms, *id));
-        ahead
+        move |id: &String, w: &WaitingTask| {
+            w.expires_at_unix_ms > now_unix_ms
+                && *id != task.task_id
+                && (w.submitted_at_unix_ms, id.as_str()) < (mine, task.task_id.as_str())
+        }
     }
 
     /// The memory estimator of this view.
@@ -1416,11 +1433,11 @@ mod tests {
             submitted_at_unix_ms: ms,
             ..Default::default()
         };
-        view.note_waiting(&at("b", 200), &[], 1_000, 5_000);
-        view.note_waiting(&at("a", 200), &[], 1_000, 5_000);
-        view.note_waiting(&at("c", 100), &[], 1_000, 2_000);
+        view.note_waiting(&at("b", 200), &[], 1_000, 5_000, None);
+        view.note_waiting(&at("a", 200), &[], 1_000, 5_000, None);
+        view.note_waiting(&at("c", 100), &[], 1_000, 2_000, None);
         // No submission time: ordered by when the placer first saw it.
-        view.note_waiting(&at("d", 0), &[], 1_500, 5_000);
+        view.note_waiting(&at("d", 0), &[], 1_500, 5_000, None);
         assert_eq!(view.waiting_ahead_of(&at("c", 100), 1_000), 0);
         // Ties by id: "a" is ahead of "b".
         assert_eq!(view.waiting_ahead_of(&at("a", 200), 1_000), 1);
@@ -1430,14 +1447,14 @@ mod tests {
         assert_eq!(view.waiting_ahead_of(&at("new", 0), 1_000), 4);
         assert_eq!(view.waiting_ahead_of(&at("early", 50), 1_000), 0);
         // "c" expires at 2,000 ms; refreshing "a" keeps its place in the queue.
-        view.note_waiting(&at("a", 900), &[], 1_800, 9_000);
+        view.note_waiting(&at("a", 900), &[], 1_800, 9_000, None);
         assert_eq!(view.waiting_ahead_of(&at("b", 200), 2_000), 1);
         assert_eq!(view.waiting_ahead_of(&at("new", 0), 2_000), 3);
         assert!(view.forget_waiting("a"));
         assert!(!view.forget_waiting("a"));
         assert_eq!(view.waiting_ahead_of(&at("new", 0), 2_000), 2);
         // Noting drops expired entries.
-        view.note_waiting(&at("e", 300), &[], 6_000, 7_000);
+        view.note_waiting(&at("e", 300), &[], 6_000, 7_000, None);
         let mut left: Vec<&str> = view.waiting().map(|(id, _)| id).collect();
         left.sort_unstable();
         assert_eq!(left, ["e"]);

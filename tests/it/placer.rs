@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use iadeep_placer::extender::ExtenderConfig;
 use iadeep_placer::extender::kube_api::KubeApiConfig;
@@ -1302,6 +1302,81 @@ async fn extender_filters_prioritizes_and_binds_kube_scheduler_payloads() {
             .contains("nvidia.com/gpumem"),
         "{result}"
     );
+    daemon.shutdown().await;
+}
+
+/// The extender's filter holds a GPU for a pod waiting ahead as a Place does: once the
+/// GPU frees up, a pod filtered after it that asks first fails every node with the
+/// hold's reason, and the earlier pod passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_extender_filter_holds_a_gpu_for_the_pod_waiting_ahead() {
+    let server = start_etcd();
+    let store = etcd_store(&server).await;
+    register(store.as_ref(), "solo.gpu0", "solo", 16_384).await;
+    let resident = DeviceResidents {
+        device_id: "solo.gpu0".into(),
+        reservations: vec![iadeep_proto::Reservation {
+            task_id: "resident".into(),
+            reserved_mem_mib: 10_000,
+            spec: Some(task("resident", 10_000, 50.0)),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let key = keys::device_residents("solo.gpu0");
+    typed::put(store.as_ref(), &key, &resident, None)
+        .await
+        .expect("put residents");
+    let kube = FakeKube::start().await;
+    let daemon = daemon(store.clone(), Some(&kube)).await;
+    let ext = daemon.extender_addr().expect("extender served").to_string();
+    let annotations = json!({"iadeep.io/batch-size": "64", "iadeep.io/model": "bert-base"});
+    let filter = |name: &str| {
+        let args = json!({"Pod": pod(name, "10000", annotations.clone()), "NodeNames": ["solo"]});
+        let ext = ext.clone();
+        async move { post(&ext, "/filter", &args).await.1 }
+    };
+    // 10,000 MiB each next to the resident's 10,000 on 16,384: both wait, early first.
+    for name in ["early", "late"] {
+        let result = filter(name).await;
+        assert_eq!(result["NodeNames"], json!([]), "{result}");
+    }
+    typed::put(
+        store.as_ref(),
+        &key,
+        &DeviceResidents {
+            device_id: "solo.gpu0".into(),
+            ..Default::default()
+        },
+        None,
+    )
+    .await
+    .expect("the resident leaves");
+    // The later pod asks first once the placer's view has seen the GPU free up.
+    let started = Instant::now();
+    let held = loop {
+        let result = filter("late").await;
+        let reason = result["FailedNodes"]["solo"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if reason.contains("is held for") {
+            break reason;
+        }
+        assert_ne!(
+            result["NodeNames"],
+            json!(["solo"]),
+            "the later pod passed: {result}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the GPU was never held: {result}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(held.contains("is held for ml.early"), "{held}");
+    let result = filter("early").await;
+    assert_eq!(result["NodeNames"], json!(["solo"]), "{result}");
     daemon.shutdown().await;
 }
 

@@ -272,7 +272,8 @@ fn split_never_fits<'a>(
 
 /// Sorts `nodes` into those that pass the filter (`passed`) and those that fail it,
 /// with why (`result`). Returns how long the pod is told to wait when it queues and
-/// some node could take it one day.
+/// some node could take it one day, with the task waiting ahead its device was held
+/// for, when that is why.
 fn filter_nodes(
     ext: &Extender,
     view: &ClusterView,
@@ -280,7 +281,7 @@ fn filter_nodes(
     nodes: &[String],
     result: &mut ExtenderFilterResult,
     passed: &mut Vec<String>,
-) -> Option<Duration> {
+) -> Option<(Duration, Option<String>)> {
     let by_node = devices_by_node(view, nodes);
     let placed_on = placed_node(view, spec);
     let (never, restrict) = split_never_fits(ext, view, spec, &by_node);
@@ -290,7 +291,14 @@ fn filter_nodes(
     } else {
         placer.assess(view, spec, &restrict, iadeep_proto::now_unix_ms())
     };
-    let verdict = placer.verdict(spec, &assessment);
+    // A device held for a task waiting ahead fails every node, as the bind would be
+    // told to queue.
+    let (verdict, held_for) = placer.with_holds(
+        view,
+        spec,
+        placer.verdict(spec, &assessment),
+        iadeep_proto::now_unix_ms(),
+    );
     let room_on = match &verdict {
         Verdict::Queue { .. } if placed_on.is_none() => {
             room_node(ext, view, spec, &assessment, &restrict, &by_node)
@@ -340,7 +348,7 @@ fn filter_nodes(
         Verdict::Queue { retry_after, .. }
             if placed_on.is_none() && !restrict.is_empty() && room_on.is_none() =>
         {
-            Some(retry_after)
+            Some((retry_after, held_for))
         }
         _ => None,
     }
@@ -398,8 +406,9 @@ async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
         filter_nodes(&ext, &view, &spec, &nodes, &mut result, &mut passed)
     };
     // kube-scheduler retries a pending pod by itself: it waits like a gRPC client told to queue.
-    if let Some(retry_after) = queued_for {
-        ext.service.note_queued(&spec, &[], retry_after);
+    if let Some((retry_after, held_for)) = queued_for {
+        ext.service
+            .note_queued(&spec, &[], retry_after, held_for.as_deref());
     }
     match (args.nodes, args.node_names) {
         (Some(mut list), _) => {

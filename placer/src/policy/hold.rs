@@ -15,7 +15,8 @@ impl Placer {
     /// ahead would take now, the queue answer that says so with that task's id (see
     /// the module docs of [`crate::policy`]). [`Placer::decide`] applies it; a caller
     /// that builds a verdict itself from [`Placer::assess`] and [`Placer::verdict`]
-    /// (the simulator's audit) applies it to agree with the decision.
+    /// (the Kubernetes extender's filter, the simulator's audit) applies it to agree
+    /// with the decision.
     pub fn with_holds(
         &self,
         view: &ClusterView,
@@ -30,9 +31,9 @@ impl Placer {
             Some(waiter) => {
                 let reason = format!(
                     "{device_id} is held for {waiter}, submitted earlier and waiting for a \
-                     device, which would be placed there now (for up to {} s while it does \
+                     device, which would be placed there now (for up to {:?} while it does \
                      not ask again)",
-                    self.params.waiter_hold.as_secs()
+                    self.params.waiter_hold
                 );
                 let held = Verdict::Queue {
                     retry_after: self.params.min_retry_after,
@@ -45,13 +46,16 @@ impl Placer {
     }
 
     /// The first task waiting ahead of `task` that would be placed on `device_id` now,
-    /// if any may hold it for `task` (see [`may_hold`]).
+    /// if any may hold it for `task` (see [`may_hold`]); none once `task` itself has
+    /// been held back for [`crate::PlacerParams::waiter_hold`].
     ///
     /// The waiter's decision is this policy's own over the devices its request named,
-    /// as if it asked now, without the side effects of a real one (the wait model
-    /// learns nothing from it) and without holds of its own (a task further ahead
-    /// that would take the same device is found first, as the waiters are tried in
-    /// submission order).
+    /// as if it asked now (its room claim included), without the side effects of a
+    /// real one (the wait model learns nothing from it) and without holds of its own (a
+    /// task further ahead that would take the same device is found first, as the
+    /// waiters are tried in submission order). A waiter the device cannot take at all
+    /// is passed over after assessing that device alone, so a long queue of tasks that
+    /// do not fit costs one device's assessment each, not the whole cluster's.
     fn held_for(
         &self,
         view: &ClusterView,
@@ -60,15 +64,30 @@ impl Placer {
         now_unix_ms: i64,
     ) -> Option<String> {
         let hold_ms = i64::try_from(self.params.waiter_hold.as_millis()).unwrap_or(i64::MAX);
-        if hold_ms == 0 {
+        let held_back_since = view
+            .waiting()
+            .find(|(id, _)| *id == task.task_id)
+            .and_then(|(_, w)| w.held_back_since_unix_ms);
+        let within = |since: Option<i64>| {
+            since.is_none_or(|since| now_unix_ms.saturating_sub(since) < hold_ms)
+        };
+        if hold_ms == 0 || !within(held_back_since) {
             return None;
         }
+        let only_this = [device_id.to_owned()];
         view.waiting_ahead(task, now_unix_ms)
             .into_iter()
-            .filter(|(_, w)| may_hold(&w.spec, task))
+            .filter(|(id, w)| {
+                view.device_of(id).is_none()
+                    && within(w.held_since_unix_ms)
+                    && may_hold(&w.spec, task)
+                    && (w.restrict.is_empty() || w.restrict.iter().any(|d| d == device_id))
+            })
             .filter(|(_, w)| {
-                w.held_since_unix_ms
-                    .is_none_or(|since| now_unix_ms.saturating_sub(since) < hold_ms)
+                !self
+                    .assess_limited(view, &w.spec, &only_this, now_unix_ms, 0)
+                    .candidates
+                    .is_empty()
             })
             .find(|(_, w)| {
                 let assessment = self.assess_limited(
@@ -78,8 +97,11 @@ impl Placer {
                     now_unix_ms,
                     self.params.max_scored_devices,
                 );
-                matches!(self.verdict(&w.spec, &assessment),
-                    Verdict::Place { device_id: d, .. } if d == device_id)
+                let verdict = self.verdict(&w.spec, &assessment);
+                let verdict = self
+                    .claimant_verdict(view, &w.spec, &assessment, &verdict, now_unix_ms)
+                    .unwrap_or(verdict);
+                matches!(verdict, Verdict::Place { device_id: d, .. } if d == device_id)
             })
             .map(|(id, _)| id.to_owned())
     }
@@ -111,7 +133,7 @@ mod tests {
         first.submitted_at_unix_ms = 1_000;
         let mut second = spec("second", 20_000, 60.0, None);
         second.submitted_at_unix_ms = 2_000;
-        view.note_waiting(&first, &[], 3_000, 600_000);
+        view.note_waiting(&first, &[], 3_000, 600_000, None);
         (view, first, second)
     }
 
@@ -147,54 +169,52 @@ mod tests {
     #[test]
     fn nothing_is_held_when_the_task_ahead_would_not_be_placed_there() {
         let (mut view, first, second) = one_free_device();
-        // Waiting for a device of its own naming: the request was restricted to it.
-        view.note_waiting(&first, &["elsewhere".to_owned()], 3_000, 600_000);
-        let d = placer().decide(&view, &second, &[], 4_000);
-        assert!(
-            matches!(d.verdict, Verdict::Place { .. }),
-            "{:?}",
-            d.verdict
-        );
+        // Waiting for another device: its request was restricted to one.
+        view.note_waiting(&first, &["d1".to_owned()], 3_000, 600_000, None);
+        placed(&placer().decide(&view, &second, &[], 4_000).verdict);
         // Too large for the card's free memory now that the second one runs there.
         let (mut view, first, _) = one_free_device();
         let resident = spec("resident", 20_000, 60.0, None);
         device(&mut view, "d0", 32_000, &[resident]);
-        view.note_waiting(&first, &[], 3_000, 600_000);
+        view.note_waiting(&first, &[], 3_000, 600_000, None);
         let small = TaskSpec {
             submitted_at_unix_ms: 2_000,
             ..spec("small", 4_000, 10.0, None)
         };
-        let d = placer().decide(&view, &small, &[], 4_000);
-        assert!(
-            matches!(d.verdict, Verdict::Place { .. }),
-            "{:?}",
-            d.verdict
-        );
+        placed(&placer().decide(&view, &small, &[], 4_000).verdict);
+        // It would go to another device: an idle one rather than next to a resident.
+        let (mut view, first, _) = one_free_device();
+        device(&mut view, "d0", 32_000, &[spec("light", 2_000, 50.0, None)]);
+        device(&mut view, "d1", 32_000, &[]);
+        view.note_waiting(&first, &[], 3_000, 600_000, None);
+        let d = placer().decide(&view, &small, &["d0".to_owned()], 4_000);
+        assert_eq!(d.held_for, None);
+        placed(&d.verdict);
+    }
+
+    fn hold_ms() -> i64 {
+        i64::try_from(PlacerParams::default().waiter_hold.as_millis()).expect("small")
+    }
+
+    fn placed(verdict: &Verdict) {
+        assert!(matches!(verdict, Verdict::Place { .. }), "{verdict:?}");
     }
 
     #[test]
     fn a_waiter_that_does_not_come_back_holds_nothing_after_the_hold() {
-        let (mut view, _, second) = one_free_device();
-        view.note_hold("first", 4_000);
-        let hold = PlacerParams::default().waiter_hold;
-        let before = 4_000 + i64::try_from(hold.as_millis()).expect("small") - 1;
-        let d = placer().decide(&view, &second, &[], before);
-        queued_reason(&d.verdict);
-        let d = placer().decide(&view, &second, &[], before + 1);
-        assert!(
-            matches!(d.verdict, Verdict::Place { .. }),
-            "{:?}",
-            d.verdict
-        );
+        let (mut view, first, second) = one_free_device();
+        // Another task was held back for "first" at 4 s; "second" was not (yet).
+        let other = TaskSpec {
+            submitted_at_unix_ms: 2_500,
+            ..spec("other", 20_000, 60.0, None)
+        };
+        view.note_waiting(&other, &[], 4_000, 600_000, Some("first"));
+        let end = 4_000 + hold_ms();
+        queued_reason(&placer().decide(&view, &second, &[], end - 1).verdict);
+        placed(&placer().decide(&view, &second, &[], end).verdict);
         // Asking again (and queueing) starts its hold afresh.
-        let first = view
-            .waiting()
-            .find(|(id, _)| *id == "first")
-            .map(|(_, w)| w.spec.clone())
-            .expect("still waiting");
-        view.note_waiting(&first, &[], before + 2, 600_000);
-        let d = placer().decide(&view, &second, &[], before + 3);
-        queued_reason(&d.verdict);
+        view.note_waiting(&first, &[], end + 1, 600_000, None);
+        queued_reason(&placer().decide(&view, &second, &[], end + 2).verdict);
         // A hold of zero holds nothing.
         let params = PlacerParams {
             waiter_hold: Duration::ZERO,
@@ -202,12 +222,100 @@ mod tests {
         };
         let unheld = Placer::new(params, Arc::new(super::super::test_support::TimeShare))
             .expect("valid params");
-        let d = unheld.decide(&view, &second, &[], before + 3);
-        assert!(
-            matches!(d.verdict, Verdict::Place { .. }),
-            "{:?}",
-            d.verdict
+        placed(&unheld.decide(&view, &second, &[], end + 2).verdict);
+    }
+
+    /// Tasks ahead that do not come back cannot hold a task back a hold each: once it
+    /// has been held back for the hold, nothing holds it.
+    #[test]
+    fn a_task_is_held_back_for_one_hold_at_most() {
+        let (mut view, _, second) = one_free_device();
+        let zeroth = TaskSpec {
+            submitted_at_unix_ms: 500,
+            ..spec("zeroth", 20_000, 60.0, None)
+        };
+        view.note_waiting(&zeroth, &[], 3_000, 600_000, None);
+        let d = placer().decide(&view, &second, &[], 4_000);
+        assert_eq!(d.held_for.as_deref(), Some("zeroth"));
+        view.note_waiting(&second, &[], 4_000, 600_000, Some("zeroth"));
+        let end = 4_000 + hold_ms();
+        let d = placer().decide(&view, &second, &[], end - 1);
+        assert_eq!(d.held_for.as_deref(), Some("zeroth"));
+        // "zeroth" has not come back and "first" would take the device too: without the
+        // limit "second" would now wait a second hold, for "first".
+        let d = placer().decide(&view, &second, &[], end);
+        assert_eq!(d.held_for, None);
+        placed(&d.verdict);
+    }
+
+    /// A waiter that is placed already (by another placer sharing the store, whose
+    /// placement this view has seen) holds nothing.
+    #[test]
+    fn a_waiter_placed_meanwhile_holds_nothing() {
+        let (mut view, first, second) = one_free_device();
+        device(&mut view, "d1", 32_000, &[first]);
+        placed(
+            &placer()
+                .decide(&view, &second, &["d0".to_owned()], 4_000)
+                .verdict,
         );
+    }
+
+    /// Remembers which tasks the wait model was told were queued.
+    #[derive(Debug, Default)]
+    struct Recording(std::sync::Mutex<Vec<String>>);
+
+    impl crate::policy::WaitModel for Recording {
+        fn wait_s(&self, _: &TaskSpec, residents_done_s: Option<f64>, _: i64) -> Option<f64> {
+            residents_done_s
+        }
+        fn queued(&self, task_id: &str, _: f64, _: i64) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(task_id.to_owned());
+        }
+    }
+
+    /// A held task was never weighed against the wait: the wait model does not learn
+    /// from it as from a task the queue rule kept waiting.
+    #[test]
+    fn a_hold_teaches_the_wait_model_nothing() {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        // Two shared devices whose residents report when they finish (10 s and 20 s);
+        // the second one's resident is busier, so both light tasks prefer the first.
+        for (id, sm, left_s) in [("d0", 40.0, 10u64), ("d1", 90.0, 20)] {
+            let resident = format!("r-{id}");
+            device(
+                &mut view,
+                id,
+                32_000,
+                &[spec(&resident, 4_000, sm, Some(1_000 + 900 * left_s))],
+            );
+            view.set_report(iadeep_proto::TaskReport {
+                task_id: resident,
+                samples_done: 1_000,
+                samples_per_s: 900.0,
+                ..Default::default()
+            });
+        }
+        let light = |id: &str, at: i64, samples: u64| TaskSpec {
+            submitted_at_unix_ms: at,
+            ..spec(id, 1_000, 20.0, Some(samples))
+        };
+        let first = light("first", 1_000, 1_000_000);
+        view.note_waiting(&first, &["d0".to_owned()], 0, 600_000, None);
+        let recording = Arc::new(Recording::default());
+        let placer = super::super::test_support::placer().with_wait_model(recording.clone());
+        // 10 s of work alone: joining d0, which "first" counts on, delays it by nothing.
+        let d = placer.decide(&view, &light("second", 2_000, 3_200), &[], 0);
+        assert_eq!(d.held_for.as_deref(), Some("first"), "{:?}", d.verdict);
+        let queued = recording
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        assert!(queued.is_empty(), "{queued:?}");
     }
 
     #[test]
@@ -223,7 +331,7 @@ mod tests {
         // A production waiter holds the device for an opportunistic task like any.
         let (mut view, mut first, second) = one_free_device();
         first.priority_class = PriorityClass::Production as i32;
-        view.note_waiting(&first, &[], 3_000, 600_000);
+        view.note_waiting(&first, &[], 3_000, 600_000, None);
         let d = placer().decide(&view, &second, &[], 4_000);
         queued_reason(&d.verdict);
     }

@@ -106,17 +106,25 @@
 //! were placed, each by a request a moment earlier than its own:
 //! `data/measured/h200/README.md`). So when the verdict places the task on a device,
 //! the tasks waiting ahead of it are asked, first submitted first, where this policy
-//! would place each now (over the devices its own request named, without the side
-//! effects of a decision); if one would take the same device, the task queues with the
-//! minimum retry hint and a reason naming it ([`Decision::held_for`]). A waiter holds
-//! a device only for [`PlacerParams::waiter_hold`] after it was first held while it
-//! does not ask again (a client that is gone holds nothing longer), an opportunistic
-//! waiter never holds one for a production task, and a claimant's own device is never
-//! held. A waiter that would wait, or go to another device, holds nothing: this is
-//! submission order among the tasks that would be placed now, not a strict queue, so a
-//! task that fits where a task ahead does not still goes first. Where every waiting
-//! task asks in submission order, as in the simulator (its engine offers them so), the
-//! waiters ahead were just told to queue on the same view and nothing is held.
+//! would place each now (over the devices its own request named, its room claim
+//! included, without the side effects of a decision); if one would take the same
+//! device, the task queues with the minimum retry hint and a reason naming it
+//! ([`Decision::held_for`]). The wait model learns nothing from such an answer: the
+//! queue rule did not weigh it. A waiter holds devices only for
+//! [`PlacerParams::waiter_hold`] after it was first held while it does not ask again
+//! (a client that is gone holds nothing longer), and a task is held back for one such
+//! span at most, answer after answer, so waiters that do not come back, one after
+//! another, cannot keep it waiting a hold each. An opportunistic waiter never holds a
+//! device for a production task, a claimant's own device is never held, and a waiter
+//! this view sees placed already (by another placer sharing the store) holds nothing.
+//! A waiter that would wait, or go to another device, holds nothing: this is submission
+//! order among the tasks that would be placed now, not a strict queue, so a task that
+//! fits where a task ahead does not still goes first. The waiting list, and so the
+//! hold, is each placer process's own. The Kubernetes extender's filter applies the
+//! same hold (every node fails with its reason). Where every waiting task asks in
+//! submission order, as in the simulator's engine after a job finishes, the waiters
+//! ahead were just told to queue, usually on the same view, so holds are rare there
+//! (docs/simulator-world.md says when they happen).
 //!
 //! **Room evictions.** A production task that no considered device can take (every
 //! device assessed, none feasible: memory, caps or anything else) and that has waited
@@ -484,7 +492,9 @@ impl Placer {
         // What the wait model learns from: the queue decisions where `W` was weighed
         // against a device the task could join (where it decides), over every device (a
         // decision restricted to some devices is not a task waiting for a device).
-        if restrict.is_empty() {
+        // A held task was not weighed against `W` (the rule would have placed it): its
+        // few seconds behind the task ahead are not a wait the model should learn from.
+        if restrict.is_empty() && held_for.is_none() {
             match (&verdict, assessment.residents_done_s) {
                 (Verdict::Queue { .. }, Some(r)) if !assessment.candidates.is_empty() => {
                     self.wait.queued(&task.task_id, r, now_unix_ms)

@@ -113,7 +113,7 @@ pub(super) fn freeing_view(devices: &[(&str, u64, u64)], ahead: usize) -> Cluste
     for k in 0..ahead {
         let mut earlier = spec(&format!("early{k}"), 4000, 95.0, None);
         earlier.submitted_at_unix_ms = 1_000;
-        view.note_waiting(&earlier, &[], 0, 600_000);
+        view.note_waiting(&earlier, &[], 0, 600_000, None);
     }
     view
 }

@@ -431,7 +431,7 @@ mod tests {
             for k in 0..n {
                 let mut earlier = spec(&format!("early{k}"), 4000, 95.0, None);
                 earlier.submitted_at_unix_ms = 1_000;
-                view.note_waiting(&earlier, &[], 0, 600_000);
+                view.note_waiting(&earlier, &[], 0, 600_000, None);
             }
         };
         for (q, expect_s) in [(0usize, 10u64), (1, 20), (2, 30)] {
@@ -486,8 +486,8 @@ mod tests {
         view.clear_waiting();
         let mut later = spec("later", 4000, 95.0, None);
         later.submitted_at_unix_ms = 9_000;
-        view.note_waiting(&later, &[], 0, 600_000);
-        view.note_waiting(&spec("gone", 4000, 95.0, None), &[], 0, 1_000);
+        view.note_waiting(&later, &[], 0, 600_000, None);
+        view.note_waiting(&spec("gone", 4000, 95.0, None), &[], 0, 1_000, None);
         let assessment = queue_rule_placer().assess(&view, &new, &[], 1_000);
         assert_eq!(
             (assessment.waiting_ahead, assessment.wait_s),
