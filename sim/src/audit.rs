@@ -81,8 +81,10 @@ pub struct AuditRecord {
     pub task: usize,
     /// Batch size the task would start at.
     pub batch_size: u32,
-    /// `place`, `queue`, or `evict` (a production job making room by evicting
-    /// opportunistic residents, which it then waits for).
+    /// `place`, `queue`, `held` (told to queue because the device it would be placed on
+    /// is held for a task waiting ahead: the queue rule did not weigh it), or `evict` (a
+    /// production job making room by evicting opportunistic residents, which it then
+    /// waits for).
     pub verdict: &'static str,
     /// Where it was placed.
     pub device: Option<usize>,
@@ -285,6 +287,9 @@ pub struct AuditSummary {
     pub placed_idle: usize,
     pub placed_shared: usize,
     pub queued: usize,
+    /// Tasks told to queue because their device was held for a task waiting ahead; not
+    /// among `queued`, whose statistics are the queue rule's.
+    pub held: usize,
     /// Queue decisions with an idle device free (never: an idle device always wins).
     pub queued_with_idle: usize,
     /// Every scored candidate: the placer's model, with the model fitted (≥ 1 sample).
@@ -472,6 +477,7 @@ impl AuditSummary {
             match (r.verdict, r.placed_idle) {
                 ("place", true) => tally.summary.placed_idle += 1,
                 ("place", false) => tally.shared(r, min_gain),
+                ("held", _) => tally.summary.held += 1,
                 _ => tally.queued(r),
             }
             tally.ranking(r);
@@ -620,8 +626,17 @@ mod tests {
             drained_s: Some(4990.0),
             ..AuditRecord::default()
         };
-        let s = AuditSummary::of(&[placed, queued], 0.1);
-        assert_eq!((s.decisions, s.placed_shared, s.queued), (2, 1, 1));
+        // Held for a task ahead: not the queue rule's answer, and it weighed no W.
+        let held = AuditRecord {
+            verdict: "held",
+            wait_s: None,
+            ..queued.clone()
+        };
+        let s = AuditSummary::of(&[placed, queued, held], 0.1);
+        assert_eq!(
+            (s.decisions, s.placed_shared, s.queued, s.held),
+            (3, 1, 1, 1)
+        );
         assert_eq!((s.ranked, s.ranked_best), (1, 0));
         // True gain of the chosen pair: 2 / 1.9 − 1 < 0.1.
         assert_eq!(s.shared_bad_gain, 1);
@@ -640,7 +655,8 @@ mod tests {
         // W said 50 s where the task waited 4,990 s.
         assert!((s.queue_wait_bias - (50.0 / 4990.0 - 1.0)).abs() < 1e-12);
         assert_eq!(s.model_fitted.n, 2);
-        assert_eq!(s.model_cold.n, 1);
+        // The queued and the held decisions' candidate, predicted cold.
+        assert_eq!(s.model_cold.n, 2);
         assert!(s.model_fitted.own_bias < 0.0);
     }
 }

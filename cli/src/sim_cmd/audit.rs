@@ -41,8 +41,9 @@ fn summary_text(policy: &str, s: &AuditSummary) -> String {
     [
         format!(
             "placement audit of {policy}: {} decisions: placed on an idle GPU {}, placed on a \
-             shared GPU {}, queued {} (of which with an idle GPU free {})",
-            s.decisions, s.placed_idle, s.placed_shared, s.queued, s.queued_with_idle
+             shared GPU {}, queued {} (of which with an idle GPU free {}), held for a task \
+             waiting ahead {}",
+            s.decisions, s.placed_idle, s.placed_shared, s.queued, s.queued_with_idle, s.held
         ),
         errors_text("learned model (fitted) vs truth", &s.model_fitted),
         errors_text("heuristic on the same candidates", &s.heuristic_on_fitted),

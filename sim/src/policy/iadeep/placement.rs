@@ -528,9 +528,9 @@ impl SimPlacement {
             now,
             placer.params().max_scored_devices,
         );
-        let (verdict, _) =
+        let (verdict, held_for) =
             placer.with_holds(&placer_view, spec, placer.verdict(spec, &assessment), now);
-        let record = audit_record(
+        let mut record = audit_record(
             placer,
             &placer_view,
             view,
@@ -539,6 +539,10 @@ impl SimPlacement {
             &assessment,
             &verdict,
         );
+        if held_for.is_some() {
+            // Not the queue rule's answer: the audit keeps it out of the rule's figures.
+            record.verdict = "held";
+        }
         drop(placer_view);
         if let Some(records) = self.audit.as_mut() {
             records.push(record);
