@@ -245,9 +245,10 @@ pub(crate) struct PolicyArgs {
     #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
     room_eviction_patience: Duration,
     /// How long a GPU that a job waiting ahead would be placed on is kept for it while
-    /// that job does not ask again: a job submitted later is told to queue meanwhile, so
-    /// queued jobs are placed in the order they were submitted, not the order their
-    /// requests arrive. `0s` serves requests as they come.
+    /// that job does not ask again: a job submitted later is told to queue meanwhile
+    /// (for at most this long in a row), so among the queued jobs that would be placed
+    /// now, the one submitted first goes first, not the one whose request arrives
+    /// first. `0s` serves requests as they come.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     waiter_hold: Duration,
 }

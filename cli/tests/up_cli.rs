@@ -481,26 +481,33 @@ fn a_task_id_whose_agent_runs_is_refused() {
 /// The trial's case: a job runs under `--task-id dup` and a second `iadeep run` of the
 /// same id is started. The second is refused (its agent keeps reporting, so the wait for
 /// a killed job's lease ends early), and the first keeps its placement.
+/// `iadeep run --task-id TASK --batch-size 64 FLAGS -- iadeep emulate-job` against
+/// `cluster`, not started.
+fn emulated_run(cluster: &LocalCluster, task: &str, flags: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"));
+    command
+        .args(["run", "--task-id", task, "--batch-size", "64"])
+        .args(flags)
+        .args([
+            "--",
+            env!("CARGO_BIN_EXE_iadeep"),
+            "emulate-job",
+            "--model",
+            "cifar10",
+        ])
+        .args(["--report-interval", "0.5", "--time-scale", "0.1"])
+        .env("IADEEP_STORE", &cluster.store)
+        .env("IADEEP_PLACER", &cluster.placer);
+    command
+}
+
 #[test]
 fn a_second_run_of_a_running_task_id_is_refused_and_the_first_keeps_its_gpu() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let cluster = LocalCluster::start(tmp.path().join("cluster"));
     let run = || {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"));
-        command
-            .args(["run", "--task-id", "dup", "--batch-size", "64"])
-            .args([
-                "--",
-                env!("CARGO_BIN_EXE_iadeep"),
-                "emulate-job",
-                "--model",
-                "cifar10",
-            ])
-            .args(["--report-interval", "0.5", "--time-scale", "0.1"])
-            .env("IADEEP_STORE", &cluster.store)
-            .env("IADEEP_PLACER", &cluster.placer)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        let mut command = emulated_run(&cluster, "dup", &[]);
+        command.stdout(Stdio::null()).stderr(Stdio::null());
         command
     };
     let _first = Killed(Some(run().spawn().expect("spawn the first run")));
@@ -554,20 +561,8 @@ fn a_gpu_that_frees_up_is_held_for_the_job_submitted_first() {
     let cluster = LocalCluster::start(tmp.path().join("cluster"));
     // 10,000 MiB each on a 16,384 MiB GPU: one job at a time.
     let run = |task: &str| {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_iadeep"));
+        let mut command = emulated_run(&cluster, task, &["--gpu-mem-mib", "10000"]);
         command
-            .args(["run", "--task-id", task, "--batch-size", "64"])
-            .args(["--gpu-mem-mib", "10000"])
-            .args([
-                "--",
-                env!("CARGO_BIN_EXE_iadeep"),
-                "emulate-job",
-                "--model",
-                "cifar10",
-            ])
-            .args(["--report-interval", "0.5", "--time-scale", "0.1"])
-            .env("IADEEP_STORE", &cluster.store)
-            .env("IADEEP_PLACER", &cluster.placer)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null());

@@ -115,7 +115,8 @@ pub const DEFAULT_TASK_RETENTION: Duration = Duration::from_secs(24 * 3600);
 pub const DEFAULT_ROOM_EVICTION_PATIENCE: Duration = Duration::from_secs(30 * 60);
 
 /// Default of [`PlacerParams::waiter_hold`]: five of `iadeep run`'s 2 s looks at the
-/// devices, so a waiting run that is alive always comes back within it.
+/// devices, so a waiting run that is alive comes back within it when room is what
+/// changed.
 pub const DEFAULT_WAITER_HOLD: Duration = Duration::from_secs(10);
 
 /// Default of [`PlacerParams::avoid_pairing_for`]: half an hour.

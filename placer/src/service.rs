@@ -2946,9 +2946,18 @@ pub(crate) mod tests {
         store: Arc<dyn StateStore>,
         now: Arc<std::sync::atomic::AtomicI64>,
     ) -> (PlacementService, Arc<Recorded>) {
+        capped_service_with(store, now, PlacerParams::default())
+    }
+
+    /// [`capped_service`] deciding with `params`.
+    fn capped_service_with(
+        store: Arc<dyn StateStore>,
+        now: Arc<std::sync::atomic::AtomicI64>,
+        params: PlacerParams,
+    ) -> (PlacementService, Arc<Recorded>) {
         let base = service(store.clone());
         let view = base.view().clone();
-        let placer = Placer::new(PlacerParams::default(), Arc::new(PerCoRunner)).expect("valid");
+        let placer = Placer::new(params, Arc::new(PerCoRunner)).expect("valid");
         let events = Arc::new(Recorded::default());
         let service = PlacementService::new(store, Arc::new(RwLock::new(view)), Arc::new(placer))
             .with_clock(Clock::from_fn(move || {
@@ -3126,7 +3135,14 @@ pub(crate) mod tests {
         // Submission times must be real ones: a day ago is the start.
         let t0 = iadeep_proto::now_unix_ms() - 86_400_000;
         let now = Arc::new(AtomicI64::new(t0));
-        let (placer, _) = capped_service(store.clone(), now.clone());
+        // A hold shorter than the 10 s a held answer keeps a task waiting (twice the
+        // 5 s retry hint), so the end of the hold is what the last step sees.
+        let hold = 3_000;
+        let params = PlacerParams {
+            waiter_hold: Duration::from_millis(3_000),
+            ..PlacerParams::default()
+        };
+        let (placer, events) = capped_service_with(store.clone(), now.clone(), params);
         let d0 = || vec!["d0".to_owned()];
         let submitted = |id: &str, at: i64| TaskSpec {
             submitted_at_unix_ms: at,
@@ -3157,19 +3173,23 @@ pub(crate) mod tests {
             .await
             .expect("early");
         assert_eq!(placed(&p).device_id, "d0");
-        // Without a word from the task ahead, the hold ends after `waiter_hold`.
+        assert_eq!(events.count(PlacementEvent::Held), 2);
+        // Without a word from the task ahead, its hold ends `waiter_hold` after it began,
+        // however recently the task held back started waiting behind it.
         placer.release("early").await.expect("release early");
-        let hold = i64::try_from(PlacerParams::default().waiter_hold.as_millis()).expect("ms");
+        now.store(t0 + 6_000, Ordering::SeqCst);
         let q = placer
             .place(submitted("later", 0), d0())
             .await
             .expect("later");
         assert!(queued(&q).reason.contains("held for late"), "{q:?}");
-        now.store(t0 + 5_000 + hold, Ordering::SeqCst);
-        let p = placer
-            .place(submitted("later", 0), d0())
-            .await
-            .expect("later");
+        placer.release("later").await.expect("later gives up");
+        now.store(t0 + 8_000, Ordering::SeqCst);
+        let latest = submitted("latest", t0 + 7_000);
+        let q = placer.place(latest.clone(), d0()).await.expect("latest");
+        assert!(queued(&q).reason.contains("held for late"), "{q:?}");
+        now.store(t0 + 6_000 + hold, Ordering::SeqCst);
+        let p = placer.place(latest, d0()).await.expect("latest again");
         assert_eq!(placed(&p).device_id, "d0");
     }
 

@@ -51,6 +51,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::PlacerError;
+use crate::events::PlacementEvent;
 use crate::metrics::PlacerMetrics;
 use crate::policy::{Assessment, Rejection, Verdict};
 use crate::service::PlacementService;
@@ -272,8 +273,9 @@ fn split_never_fits<'a>(
 
 /// Sorts `nodes` into those that pass the filter (`passed`) and those that fail it,
 /// with why (`result`). Returns how long the pod is told to wait when it queues and
-/// some node could take it one day, with the task waiting ahead its device was held
-/// for, when that is why.
+/// some node could take it one day, with the devices it was assessed on (those of the
+/// nodes kube-scheduler offered: what its hold is decided over) and the task waiting
+/// ahead its device was held for, when that is why.
 fn filter_nodes(
     ext: &Extender,
     view: &ClusterView,
@@ -281,7 +283,7 @@ fn filter_nodes(
     nodes: &[String],
     result: &mut ExtenderFilterResult,
     passed: &mut Vec<String>,
-) -> Option<(Duration, Option<String>)> {
+) -> Option<(Duration, Vec<String>, Option<String>)> {
     let by_node = devices_by_node(view, nodes);
     let placed_on = placed_node(view, spec);
     let (never, restrict) = split_never_fits(ext, view, spec, &by_node);
@@ -348,7 +350,7 @@ fn filter_nodes(
         Verdict::Queue { retry_after, .. }
             if placed_on.is_none() && !restrict.is_empty() && room_on.is_none() =>
         {
-            Some((retry_after, held_for))
+            Some((retry_after, restrict, held_for))
         }
         _ => None,
     }
@@ -406,9 +408,12 @@ async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
         filter_nodes(&ext, &view, &spec, &nodes, &mut result, &mut passed)
     };
     // kube-scheduler retries a pending pod by itself: it waits like a gRPC client told to queue.
-    if let Some((retry_after, held_for)) = queued_for {
+    if let Some((retry_after, restrict, held_for)) = queued_for {
+        if held_for.is_some() {
+            ext.service.record(PlacementEvent::Held);
+        }
         ext.service
-            .note_queued(&spec, &[], retry_after, held_for.as_deref());
+            .note_queued(&spec, &restrict, retry_after, held_for.as_deref());
     }
     match (args.nodes, args.node_names) {
         (Some(mut list), _) => {

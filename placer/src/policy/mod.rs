@@ -113,8 +113,13 @@
 //! queue rule did not weigh it. A waiter holds devices only for
 //! [`PlacerParams::waiter_hold`] after it was first held while it does not ask again
 //! (a client that is gone holds nothing longer), and a task is held back for one such
-//! span at most, answer after answer, so waiters that do not come back, one after
-//! another, cannot keep it waiting a hold each. An opportunistic waiter never holds a
+//! span at most in a row (an ordinary queue answer between two holds starts it
+//! afresh), so waiters that do not come back, one after another, cannot keep it
+//! waiting a hold each. Each decision that would place asks where the waiters ahead
+//! would go, one assessment of the device alone for each, and one of the whole cluster
+//! for each that fits it (before the first that would take it): on a long queue of
+//! tasks that fit but wait by the queue rule, that is the decision's cost, not measured
+//! beyond the simulator's 20 GPUs. An opportunistic waiter never holds a
 //! device for a production task, a claimant's own device is never held, and a waiter
 //! this view sees placed already (by another placer sharing the store) holds nothing.
 //! A waiter that would wait, or go to another device, holds nothing: this is submission
@@ -380,9 +385,9 @@ pub struct Decision {
     /// there ([`Rejection::SlowdownCap`]), for `iadeep_placer_cap_refusals_total`.
     pub cap_refusals: usize,
     /// The task waiting ahead the chosen device is held for, when the task was told to
-    /// queue for that reason: the caller records the hold
-    /// ([`ClusterView::note_hold`]), so a waiter that does not come back holds nothing
-    /// after [`PlacerParams::waiter_hold`].
+    /// queue for that reason: the caller records the hold with the queue answer
+    /// ([`ClusterView::note_waiting`]), so a waiter that does not come back holds nothing
+    /// after [`PlacerParams::waiter_hold`], and the task is not held back longer.
     pub held_for: Option<String>,
 }
 
