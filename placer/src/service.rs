@@ -842,9 +842,6 @@ impl PlacementService {
             let (explanation, work) = match self.decide_step(&task, &restrict) {
                 Step::Answer(outcome) => return Ok(outcome),
                 Step::Queue(explanation, retry_after, reason, held_for) => {
-                    if held_for.is_some() {
-                        self.record(PlacementEvent::Held);
-                    }
                     let queued = Queued {
                         retry_after,
                         reason,
@@ -1289,6 +1286,10 @@ impl PlacementService {
     /// The queue is this process's: placers sharing a store do not see each other's
     /// waiting tasks (a task that is refused by one and retries on another is counted
     /// by both until it expires, which errs towards placing).
+    ///
+    /// `held_for`: the task waiting ahead whose hold is why `task` queues, if that is
+    /// why (see [`ClusterView::note_waiting`]); each such answer counts as a hold
+    /// (`iadeep_placer_holds_total`), whichever interface gave it.
     pub fn note_queued(
         &self,
         task: &TaskSpec,
@@ -1296,6 +1297,9 @@ impl PlacementService {
         retry_after: std::time::Duration,
         held_for: Option<&str>,
     ) {
+        if held_for.is_some() {
+            self.record(PlacementEvent::Held);
+        }
         let now = self.clock.now_unix_ms();
         let hold_ms = i64::try_from(retry_after.as_millis().saturating_mul(2)).unwrap_or(i64::MAX);
         self.view_mut()

@@ -891,6 +891,11 @@ impl ClusterView {
         self.waiting.clear();
     }
 
+    /// The waiting entry of `task_id`, expired or not, if it has one.
+    pub fn waiting_entry(&self, task_id: &str) -> Option<&WaitingTask> {
+        self.waiting.get(task_id)
+    }
+
     /// The waiting tasks by id, expired ones included until the next [`Self::note_waiting`].
     pub fn waiting(&self) -> impl Iterator<Item = (&str, &WaitingTask)> {
         self.waiting.iter().map(|(id, w)| (id.as_str(), w))

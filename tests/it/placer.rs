@@ -1146,6 +1146,24 @@ async fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
     (status, value)
 }
 
+/// Writes `device`'s residents record as the placer would: `spec` alone, reserved at
+/// its memory request.
+async fn put_resident(store: &dyn StateStore, device: &str, spec: TaskSpec) {
+    let record = DeviceResidents {
+        device_id: device.into(),
+        reservations: vec![iadeep_proto::Reservation {
+            task_id: spec.task_id.clone(),
+            reserved_mem_mib: spec.gpu_mem_request_mib,
+            spec: Some(spec),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    typed::put(store, &keys::device_residents(device), &record, None)
+        .await
+        .expect("put residents");
+}
+
 fn bind_args(name: &str, node: &str) -> Value {
     json!({"PodName": name, "PodNamespace": "ml", "PodUID": format!("uid-{name}"), "Node": node})
 }
@@ -1167,24 +1185,7 @@ async fn extender_filters_prioritizes_and_binds_kube_scheduler_payloads() {
     register(store.as_ref(), "small.gpu0", "small", 8_192).await;
     // "busy" has a GPU with a heavy resident: feasible, but a worse place than "big".
     register(store.as_ref(), "busy.gpu0", "busy", 32_768).await;
-    let heavy = DeviceResidents {
-        device_id: "busy.gpu0".into(),
-        reservations: vec![iadeep_proto::Reservation {
-            task_id: "heavy".into(),
-            reserved_mem_mib: 4_000,
-            spec: Some(task("heavy", 4_000, 95.0)),
-            ..Default::default()
-        }],
-        ..Default::default()
-    };
-    typed::put(
-        store.as_ref(),
-        &keys::device_residents("busy.gpu0"),
-        &heavy,
-        None,
-    )
-    .await
-    .expect("put residents");
+    put_resident(store.as_ref(), "busy.gpu0", task("heavy", 4_000, 95.0)).await;
     let kube = FakeKube::start().await;
     let daemon = daemon(store.clone(), Some(&kube)).await;
     let ext = daemon.extender_addr().expect("extender served").to_string();
@@ -1313,20 +1314,8 @@ async fn the_extender_filter_holds_a_gpu_for_the_pod_waiting_ahead() {
     let server = start_etcd();
     let store = etcd_store(&server).await;
     register(store.as_ref(), "solo.gpu0", "solo", 16_384).await;
-    let resident = DeviceResidents {
-        device_id: "solo.gpu0".into(),
-        reservations: vec![iadeep_proto::Reservation {
-            task_id: "resident".into(),
-            reserved_mem_mib: 10_000,
-            spec: Some(task("resident", 10_000, 50.0)),
-            ..Default::default()
-        }],
-        ..Default::default()
-    };
+    put_resident(store.as_ref(), "solo.gpu0", task("resident", 10_000, 50.0)).await;
     let key = keys::device_residents("solo.gpu0");
-    typed::put(store.as_ref(), &key, &resident, None)
-        .await
-        .expect("put residents");
     let kube = FakeKube::start().await;
     let daemon = daemon(store.clone(), Some(&kube)).await;
     let ext = daemon.extender_addr().expect("extender served").to_string();
@@ -1424,24 +1413,7 @@ async fn a_production_pod_makes_room_through_bind_by_evicting() {
     let server = start_etcd();
     let store = etcd_store(&server).await;
     register(store.as_ref(), "n1.gpu0", "n1", 32_768).await;
-    let heavy = DeviceResidents {
-        device_id: "n1.gpu0".into(),
-        reservations: vec![iadeep_proto::Reservation {
-            task_id: "opp".into(),
-            reserved_mem_mib: 4_000,
-            spec: Some(task("opp", 4_000, 95.0)),
-            ..Default::default()
-        }],
-        ..Default::default()
-    };
-    typed::put(
-        store.as_ref(),
-        &keys::device_residents("n1.gpu0"),
-        &heavy,
-        None,
-    )
-    .await
-    .expect("put residents");
+    put_resident(store.as_ref(), "n1.gpu0", task("opp", 4_000, 95.0)).await;
     let kube = FakeKube::start().await;
     // Production by its Kubernetes PriorityClass, through the daemon's rule (the
     // annotation's path is the extender's unit tests').

@@ -51,7 +51,6 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::PlacerError;
-use crate::events::PlacementEvent;
 use crate::metrics::PlacerMetrics;
 use crate::policy::{Assessment, Rejection, Verdict};
 use crate::service::PlacementService;
@@ -409,9 +408,6 @@ async fn filter(State(ext): State<Arc<Extender>>, body: Bytes) -> Response {
     };
     // kube-scheduler retries a pending pod by itself: it waits like a gRPC client told to queue.
     if let Some((retry_after, restrict, held_for)) = queued_for {
-        if held_for.is_some() {
-            ext.service.record(PlacementEvent::Held);
-        }
         ext.service
             .note_queued(&spec, &restrict, retry_after, held_for.as_deref());
     }

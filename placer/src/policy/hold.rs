@@ -65,9 +65,8 @@ impl Placer {
     ) -> Option<String> {
         let hold_ms = i64::try_from(self.params.waiter_hold.as_millis()).unwrap_or(i64::MAX);
         let held_back_since = view
-            .waiting()
-            .find(|(id, _)| *id == task.task_id)
-            .and_then(|(_, w)| w.held_back_since_unix_ms);
+            .waiting_entry(&task.task_id)
+            .and_then(|w| w.held_back_since_unix_ms);
         let within = |since: Option<i64>| {
             since.is_none_or(|since| now_unix_ms.saturating_sub(since) < hold_ms)
         };
@@ -158,11 +157,7 @@ mod tests {
         );
         // The waiter itself is placed, and nobody is held for a task behind it.
         let d = placer().decide(&view, &first, &[], 4_000);
-        assert!(
-            matches!(d.verdict, Verdict::Place { .. }),
-            "{:?}",
-            d.verdict
-        );
+        placed(&d.verdict);
         assert_eq!(d.held_for, None);
     }
 
@@ -322,12 +317,7 @@ mod tests {
     fn an_opportunistic_waiter_holds_nothing_for_a_production_task() {
         let (view, _, mut second) = one_free_device();
         second.priority_class = PriorityClass::Production as i32;
-        let d = placer().decide(&view, &second, &[], 4_000);
-        assert!(
-            matches!(d.verdict, Verdict::Place { .. }),
-            "{:?}",
-            d.verdict
-        );
+        placed(&placer().decide(&view, &second, &[], 4_000).verdict);
         // A production waiter holds the device for an opportunistic task like any.
         let (mut view, mut first, second) = one_free_device();
         first.priority_class = PriorityClass::Production as i32;
