@@ -251,6 +251,12 @@ pub(crate) struct PolicyArgs {
     /// first. `0s` serves requests as they come.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     waiter_hold: Duration,
+    /// For that hold, the most jobs waiting ahead whose own placement a decision works
+    /// out (the first that could use the GPU, in submission order); each is a decision
+    /// over the whole cluster, so this bounds a decision's cost on a long queue. A job
+    /// waiting behind that many others that could use the GPU holds nothing. 0: all.
+    #[arg(long, default_value_t = PlacerParams::default().max_waiters_checked)]
+    max_waiters_checked: usize,
 }
 
 /// Parses a duration, zero included, as `humantime` reads it (`0s`, `30m`, `2h`).
@@ -293,6 +299,7 @@ impl PolicyArgs {
             avoid_pairing_for: self.avoid_pairing_for,
             room_eviction_patience: self.room_eviction_patience,
             waiter_hold: self.waiter_hold,
+            max_waiters_checked: self.max_waiters_checked,
             ..base
         };
         Ok(Placer::new(params, predictor)?)
@@ -999,5 +1006,27 @@ mod tests {
         );
         let parsed = Cli::try_parse_from(["iadeep", "--waiter-hold", "0s"]).expect("0s");
         assert_eq!(parsed.policy.waiter_hold, Duration::ZERO);
+    }
+
+    #[test]
+    fn the_waiters_a_decision_checks_reach_the_placer() {
+        use clap::Parser;
+        let defaults = Cli::try_parse_from(["iadeep"]).expect("defaults");
+        let placer = defaults
+            .policy
+            .placer_over(PlacerParams::default())
+            .expect("placer");
+        assert_eq!(
+            placer.params().max_waiters_checked,
+            PlacerParams::default().max_waiters_checked
+        );
+        let parsed =
+            Cli::try_parse_from(["iadeep", "--max-waiters-checked", "0"]).expect("0 is all");
+        let placer = parsed
+            .policy
+            .placer_over(PlacerParams::default())
+            .expect("placer");
+        assert_eq!(placer.params().max_waiters_checked, 0);
+        assert!(Cli::try_parse_from(["iadeep", "--max-waiters-checked", "-1"]).is_err());
     }
 }

@@ -103,6 +103,14 @@ pub struct PlacerParams {
     /// wait moved), it asks at its hint, and the hold lapses first. Zero holds nothing:
     /// requests are served as they come.
     pub waiter_hold: Duration,
+    /// Most tasks waiting ahead whose own decision a placing decision works out, for
+    /// the hold: the first this many, in submission order, that the chosen device can
+    /// take at all; 0 works out every one. Each is a decision over the whole cluster, so
+    /// without a bound a decision costs the queue's length times the cluster's size
+    /// (see [`crate::policy`], "Room held for a task waiting ahead", for the figures). A
+    /// task waiting behind that many others that could also use the device holds
+    /// nothing for the task asking.
+    pub max_waiters_checked: usize,
 }
 
 /// Default of [`PlacerParams::task_retention`]: a day to look at a finished job.
@@ -118,6 +126,13 @@ pub const DEFAULT_ROOM_EVICTION_PATIENCE: Duration = Duration::from_secs(30 * 60
 /// devices, so a waiting run that is alive comes back within it when room is what
 /// changed.
 pub const DEFAULT_WAITER_HOLD: Duration = Duration::from_secs(10);
+
+/// Default of [`PlacerParams::max_waiters_checked`]: as many waiters as the devices a
+/// decision asks the slowdown model about ([`PlacerParams::max_scored_devices`]). No
+/// run of the simulator's headline (20 GPUs, K80 and P100, seeds 1 to 5) reaches it:
+/// each decides exactly as without a bound, where 16 changed their placements
+/// (docs/simulator-experiments.md, "Bounding the hold's cost").
+pub const DEFAULT_MAX_WAITERS_CHECKED: usize = 64;
 
 /// Default of [`PlacerParams::avoid_pairing_for`]: half an hour.
 pub const DEFAULT_AVOID_PAIRING_FOR: Duration = Duration::from_secs(30 * 60);
@@ -147,6 +162,7 @@ impl Default for PlacerParams {
             room_eviction_patience: DEFAULT_ROOM_EVICTION_PATIENCE,
             pod_evict_grace: crate::pod_eviction::DEFAULT_POD_EVICT_GRACE,
             waiter_hold: DEFAULT_WAITER_HOLD,
+            max_waiters_checked: DEFAULT_MAX_WAITERS_CHECKED,
         }
     }
 }

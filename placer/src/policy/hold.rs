@@ -55,7 +55,9 @@ impl Placer {
     /// task further ahead that would take the same device is found first, as the
     /// waiters are tried in submission order). A waiter the device cannot take at all
     /// is passed over after assessing that device alone, so a long queue of tasks that
-    /// do not fit costs one device's assessment each, not the whole cluster's.
+    /// do not fit costs one device's assessment each, not the whole cluster's; of those
+    /// it can take, the first [`crate::PlacerParams::max_waiters_checked`] are worked
+    /// out.
     fn held_for(
         &self,
         view: &ClusterView,
@@ -74,27 +76,37 @@ impl Placer {
             return None;
         }
         let only_this = [device_id.to_owned()];
+        // The waiters are in submission order, so each one's place in the queue is its
+        // index: counting it over the queue for every waiter made a decision cost the
+        // square of the queue's length.
         view.waiting_ahead(task, now_unix_ms)
             .into_iter()
-            .filter(|(id, w)| {
+            .enumerate()
+            .filter(|(_, (id, w))| {
                 view.device_of(id).is_none()
                     && within(w.held_since_unix_ms)
                     && may_hold(&w.spec, task)
                     && (w.restrict.is_empty() || w.restrict.iter().any(|d| d == device_id))
             })
-            .filter(|(_, w)| {
+            .filter(|(ahead, (_, w))| {
+                debug_assert_eq!(*ahead, view.waiting_ahead_of(&w.spec, now_unix_ms));
                 !self
-                    .assess_limited(view, &w.spec, &only_this, now_unix_ms, 0)
+                    .assess_in_queue(view, &w.spec, &only_this, now_unix_ms, 0, *ahead)
                     .candidates
                     .is_empty()
             })
-            .find(|(_, w)| {
-                let assessment = self.assess_limited(
+            .take(match self.params.max_waiters_checked {
+                0 => usize::MAX,
+                most => most,
+            })
+            .find(|(ahead, (_, w))| {
+                let assessment = self.assess_in_queue(
                     view,
                     &w.spec,
                     &w.restrict,
                     now_unix_ms,
                     self.params.max_scored_devices,
+                    *ahead,
                 );
                 let verdict = self.verdict(&w.spec, &assessment);
                 let verdict = self
@@ -102,7 +114,7 @@ impl Placer {
                     .unwrap_or(verdict);
                 matches!(verdict, Verdict::Place { device_id: d, .. } if d == device_id)
             })
-            .map(|(id, _)| id.to_owned())
+            .map(|(_, (id, _))| id.to_owned())
     }
 }
 
@@ -185,6 +197,96 @@ mod tests {
         let d = placer().decide(&view, &small, &["d0".to_owned()], 4_000);
         assert_eq!(d.held_for, None);
         placed(&d.verdict);
+    }
+
+    /// d0 shared with a light resident, d1 idle; `ahead` small tasks wait that would go
+    /// to d1 (alone there, not slowed down by the resident), then "last", kept to d0,
+    /// which would take d0; "new", submitted after them all, asks for d0 only.
+    fn behind_others_that_go_elsewhere(ahead: usize) -> (ClusterView, TaskSpec) {
+        let mut view = ClusterView::new(Arc::new(ModelledMemory));
+        device(&mut view, "d0", 32_000, &[spec("light", 2_000, 50.0, None)]);
+        device(&mut view, "d1", 32_000, &[]);
+        let small = |id: &str, at: i64| TaskSpec {
+            submitted_at_unix_ms: at,
+            ..spec(id, 4_000, 60.0, None)
+        };
+        for k in 0..ahead {
+            view.note_waiting(
+                &small(&format!("w{k}"), 1_000 + k as i64),
+                &[],
+                3_000,
+                600_000,
+                None,
+            );
+        }
+        view.note_waiting(
+            &small("last", 2_000),
+            &["d0".to_owned()],
+            3_000,
+            600_000,
+            None,
+        );
+        (view, small("new", 2_500))
+    }
+
+    /// The hold works out at most `max_waiters_checked` waiters' own decisions: a
+    /// waiter behind that many others that the device could take holds nothing.
+    #[test]
+    fn a_decision_works_out_the_first_waiters_that_fit_only() {
+        let (view, new) = behind_others_that_go_elsewhere(3);
+        let d0 = ["d0".to_owned()];
+        let checking = |most| {
+            let params = PlacerParams {
+                max_waiters_checked: most,
+                ..Default::default()
+            };
+            Placer::new(params, Arc::new(super::super::test_support::TimeShare))
+                .expect("valid params")
+                .decide(&view, &new, &d0, 4_000)
+        };
+        for most in [0, 4, PlacerParams::default().max_waiters_checked] {
+            assert_eq!(checking(most).held_for.as_deref(), Some("last"), "{most}");
+        }
+        let d = checking(3);
+        assert_eq!(d.held_for, None);
+        placed(&d.verdict);
+    }
+
+    /// Each waiter's own decision is worked out with its place in the queue (the first
+    /// devices to free up are promised to the tasks ahead of it), which the hold takes
+    /// from the waiter's position in the queue rather than counting it again: the two
+    /// agree, same submission times (ordered by id) and expired entries included.
+    #[test]
+    fn a_waiters_position_is_its_place_in_the_queue() {
+        let (mut view, _) = behind_others_that_go_elsewhere(4);
+        let tie = TaskSpec {
+            submitted_at_unix_ms: 1_001,
+            ..spec("w1-tie", 4_000, 60.0, None)
+        };
+        view.note_waiting(&tie, &[], 3_000, 600_000, None);
+        let gone = TaskSpec {
+            submitted_at_unix_ms: 1_002,
+            ..spec("gone", 4_000, 60.0, None)
+        };
+        view.note_waiting(&gone, &[], 3_000, 3_500, None);
+        let newest = TaskSpec {
+            submitted_at_unix_ms: 9_000,
+            ..spec("newest", 4_000, 10.0, None)
+        };
+        // First of all, one the hold passes over: it waits for d1 only.
+        let elsewhere = TaskSpec {
+            submitted_at_unix_ms: 500,
+            ..spec("elsewhere", 4_000, 10.0, None)
+        };
+        view.note_waiting(&elsewhere, &["d1".to_owned()], 3_000, 600_000, None);
+        let queue = view.waiting_ahead(&newest, 4_000);
+        assert_eq!(queue.len(), 7, "{queue:?}");
+        for (position, (id, w)) in queue.iter().enumerate() {
+            assert_eq!(view.waiting_ahead_of(&w.spec, 4_000), position, "{id}");
+        }
+        // The hold's own use of the position (checked against the count in debug builds).
+        let d = placer().decide(&view, &newest, &["d0".to_owned()], 4_000);
+        assert_eq!(d.held_for.as_deref(), Some("last"));
     }
 
     fn hold_ms() -> i64 {

@@ -82,6 +82,23 @@ impl Placer {
         now_unix_ms: i64,
         limit: usize,
     ) -> Assessment<'v> {
+        let waiting_ahead = view.waiting_ahead_of(task, now_unix_ms);
+        self.assess_in_queue(view, task, restrict, now_unix_ms, limit, waiting_ahead)
+    }
+
+    /// [`Placer::assess_limited`] of a task whose place in the queue is known:
+    /// `waiting_ahead` tasks wait ahead of it ([`ClusterView::waiting_ahead_of`], which
+    /// counts over the whole queue; the hold, which assesses each task of the queue in
+    /// turn, knows each one's place from its position).
+    pub(super) fn assess_in_queue<'v>(
+        &self,
+        view: &'v ClusterView,
+        task: &TaskSpec,
+        restrict: &'v [String],
+        now_unix_ms: i64,
+        limit: usize,
+        waiting_ahead: usize,
+    ) -> Assessment<'v> {
         let newcomer = Newcomer {
             task_id: &task.task_id,
             cap: task.slowdown_cap(),
@@ -100,7 +117,7 @@ impl Placer {
             idle_in_s: Vec::new(),
             shared: Vec::new(),
             out: Assessment {
-                waiting_ahead: view.waiting_ahead_of(task, now_unix_ms),
+                waiting_ahead,
                 ..Assessment::default()
             },
         };
