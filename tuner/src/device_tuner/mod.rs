@@ -1071,6 +1071,9 @@ impl DeviceTuner {
         if self.residents.is_empty() {
             if self.search.take().is_some() {
                 tracing::info!(device = %self.device_id, "no tasks left on the device");
+                // What is stored (and what `iadeep status` shows) describes the device
+                // now: no search, no tasks.
+                out.push(Action::Persist(self.persisted(now_ms)));
             }
             return;
         }

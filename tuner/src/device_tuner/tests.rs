@@ -2163,3 +2163,26 @@ fn a_fenced_crash_above_m0_after_one_at_m0_is_a_limit() {
         [64, 128, 256, 512].map(|b| w.tasks[0].mem_mib(b))
     );
 }
+
+/// Once the last task has left, the persisted state names no search: `iadeep status`
+/// showed the finished co-location's tasks, round and tries on an empty GPU.
+#[test]
+fn an_emptied_device_persists_no_search() {
+    let mut w = two_task_world();
+    w.join_all();
+    w.run(300);
+    let during = w.last_persisted().expect("a search was persisted");
+    assert_eq!(during.task_ids, ["a", "b"]);
+    assert!(!during.observations.is_empty());
+    for (i, id) in ["a", "b"].into_iter().enumerate() {
+        w.tasks[i].running = false;
+        w.step(vec![Input::Left {
+            task_id: id.into(),
+        }]);
+    }
+    w.run(10);
+    let after = w.last_persisted().expect("persisted");
+    assert!(after.task_ids.is_empty(), "{:?}", after.task_ids);
+    assert!(after.observations.is_empty());
+    assert!(after.tasks.is_empty());
+}
