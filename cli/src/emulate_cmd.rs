@@ -170,10 +170,18 @@ pub async fn run(args: EmulateArgs) -> anyhow::Result<ExitCode> {
                     .context("leaving the task")?;
                 return Ok(ExitCode::from(EVICTED_EXIT));
             }
-            println!(
-                "step {step}: batch size {bs} -> {} (lr x{:.3}, round {})",
-                change.batch_size, change.lr_factor, change.round
-            );
+            if change.batch_size == bs {
+                // A new round at the same size (e.g. a new memory bound): one short line.
+                println!(
+                    "step {step}: batch size stays {bs} (round {})",
+                    change.round
+                );
+            } else {
+                println!(
+                    "step {step}: batch size {bs} -> {} (lr x{:.3}, round {})",
+                    change.batch_size, change.lr_factor, change.round
+                );
+            }
         }
         step += 1;
         if last_log.elapsed() >= Duration::from_secs(10) {

@@ -6,7 +6,8 @@
 //! process group), and a second copy would interrupt its clean-up; `iadeep run` just
 //! keeps waiting for the job to exit. Whatever ends the job, the placement is
 //! released before `iadeep run` exits with the job's exit code (128 + N for a job
-//! killed by signal N). If `iadeep run` itself is killed, the placer releases the GPU
+//! killed by signal N), after the agent's `alive` key once nothing the job started
+//! runs any more (`Evictions::agent_gone`). If `iadeep run` itself is killed, the placer releases the GPU
 //! once the job's agent is gone for the grace period.
 //!
 //! Eviction: while the job runs, `iadeep run` follows the task's assignment (a watch
@@ -629,6 +630,9 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             _ => None,
         };
         after_exit(&task_id, &mut ran, evicted.is_some()).await;
+        if ran.as_ref().is_ok_and(|ran| ran.processes.all_gone()) {
+            evictions.agent_gone().await;
+        }
         let released = release(&mut client, &task_id, true).await;
         let Ran {
             status, enforced, ..
@@ -888,6 +892,27 @@ impl Evictions {
             }
         }
         Ok(false)
+    }
+
+    /// Deletes the task's `alive` key once nothing the job started runs any more: its
+    /// agent went with it. A killed agent's key outlives it by up to its lease (10 s by
+    /// default), and meanwhile the placer takes the released job for one that runs
+    /// without a reservation (`iadeep status` says its agent runs) and may place it
+    /// again (`PlacementService::readmit_running`), holding memory for a dead job. A
+    /// failure is only logged: the lease ends the key anyway.
+    async fn agent_gone(&mut self) {
+        let alive = keys::task_alive(&self.task_id);
+        let deleted = match self.open().await {
+            Ok(store) => timed("deleting the agent's alive key", store.delete(&alive)).await,
+            Err(err) => Err(err),
+        };
+        match deleted {
+            Ok(true) => tracing::info!(task = %self.task_id,
+                "the job and every process it started have exited; its agent's alive key is deleted"),
+            Ok(false) => {}
+            Err(err) => tracing::warn!(task = %self.task_id, error = %format!("{err:#}"),
+                "cannot delete the agent's alive key; it ends with the agent's lease"),
+        }
     }
 
     async fn open(&mut self) -> Result<Arc<dyn StateStore>> {

@@ -624,6 +624,56 @@ fn a_gpu_that_frees_up_is_held_for_the_job_submitted_first() {
     eprintln!("{}", read_early());
 }
 
+/// A job killed with SIGKILL leaves its agent's `alive` key behind until the agent's
+/// lease ends (an hour here): `iadeep run`, which saw the job and everything it started
+/// exit, deletes it before it releases the GPU, so the placer does not take the dead job
+/// for one that runs without a reservation and place it again.
+#[test]
+fn a_killed_jobs_alive_key_goes_with_its_run() {
+    use nix::sys::signal::{Signal, kill};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cluster = LocalCluster::start(tmp.path().join("cluster"));
+    let mut command = emulated_run(&cluster, "killed", &[]);
+    command
+        .args(["--lease-ttl", "3600"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut run = Killed(Some(command.spawn().expect("spawn the run")));
+    let key = |name: &str| {
+        let key = format!("/iadeep/v1/tasks/killed/{name}");
+        common::iadeep(&["state", "get", "--store", &cluster.store, &key])
+            .status
+            .success()
+    };
+    let started = Instant::now();
+    while !key("alive") {
+        assert!(started.elapsed() < DEADLINE, "the job's agent never came");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The job is the run's one child (of whichever of its threads started it).
+    let threads = format!("/proc/{}/task", run.child().id());
+    let job: i32 = std::fs::read_dir(&threads)
+        .expect("the run's threads")
+        .filter_map(|thread| std::fs::read_to_string(thread.ok()?.path().join("children")).ok())
+        .flat_map(|pids| {
+            pids.split_whitespace()
+                .filter_map(|pid| pid.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .next()
+        .expect("the job's pid");
+    kill(nix::unistd::Pid::from_raw(job), Signal::SIGKILL).expect("kill the job");
+    let output = run.output();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(137), "{stderr}");
+    assert!(
+        !key("alive"),
+        "the dead job's agent still looks alive: {stderr}"
+    );
+    assert!(!key("placement"), "released: {stderr}");
+}
+
 /// `iadeep run` with the placer of one cluster and the store of another is refused
 /// before anything is placed: its agent would report where no tuner reads.
 #[test]

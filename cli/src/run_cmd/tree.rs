@@ -245,6 +245,13 @@ impl Signalled {
             .collect()
     }
 
+    /// Once the job exited: whether nothing it started runs any more, as far as
+    /// `iadeep run` can tell, which is only when it adopts the job's orphans (else a
+    /// double-forked trainer would not be seen).
+    pub(super) fn all_gone(&self) -> bool {
+        self.adopter.is_some() && self.left_behind().is_empty()
+    }
+
     /// Once the job was waited for: collects the exit status of every process adopted
     /// from it that has exited, so that none stays a zombie while `iadeep run` goes on
     /// (re-queued runs). By pid, never `waitpid(-1)`: only the job's adopted processes

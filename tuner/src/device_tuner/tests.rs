@@ -2176,9 +2176,7 @@ fn an_emptied_device_persists_no_search() {
     assert!(!during.observations.is_empty());
     for (i, id) in ["a", "b"].into_iter().enumerate() {
         w.tasks[i].running = false;
-        w.step(vec![Input::Left {
-            task_id: id.into(),
-        }]);
+        w.step(vec![Input::Left { task_id: id.into() }]);
     }
     w.run(10);
     let after = w.last_persisted().expect("persisted");
