@@ -281,7 +281,7 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
             .unwrap_or_else(|| iadeep_state::embedded_data_dir().join("cluster")),
     )?;
     // Before the last ports are looked at: an orphan etcd of this folder holds them.
-    etcd::stop_orphan(&dir.path, &etcd_bin).await;
+    etcd::stop_orphan(&dir.path, &etcd_bin, etcd::Whose::Earlier).await;
     let last = ports::LastPorts::read(&dir.path);
     // The start may take minutes (etcd's attempts): a signal meanwhile abandons it, and
     // what it started stops with it (etcd is killed on drop).
@@ -298,7 +298,7 @@ pub async fn run(args: UpArgs) -> Result<ExitCode> {
         None => {
             // The start's etcd was killed as the start was dropped: wait until it is
             // gone (and its pid file with it) before its folder is cleared.
-            etcd::stop_orphan(&dir.path, &etcd_bin).await;
+            etcd::stop_orphan(&dir.path, &etcd_bin, etcd::Whose::ThisStart).await;
             dir.discard_if_new();
             tracing::info!("interrupted while starting; stopped");
             return Ok(ExitCode::SUCCESS);

@@ -842,6 +842,8 @@ fn a_signal_while_starting_stops_the_cluster_cleanly() {
     let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
     assert!(status.success(), "{status}\n{stderr}");
     assert!(!dir.join("cluster.env").exists(), "{stderr}");
+    // Its own etcd, stopped as the start is abandoned, is not blamed on an earlier one.
+    assert!(!stderr.contains("an earlier `iadeep up`"), "{stderr}");
     // Gone, a zombie, or its pid reused by another process: `iadeep up` waited for it,
     // but a loaded machine may still be tearing it down.
     let etcd_gone = || {

@@ -379,10 +379,20 @@ fn pid_path(dir: &Path) -> PathBuf {
     dir.join(PID_FILE)
 }
 
+/// Whose etcd [`stop_orphan`] stops, for what it says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Whose {
+    /// Left by an earlier `iadeep up` on the folder that was killed.
+    Earlier,
+    /// Started by this `iadeep up`, whose start a signal abandoned.
+    ThisStart,
+}
+
 /// An etcd left running by an `iadeep up` on `dir` that was killed (SIGKILL leaves no
 /// time to stop it) still holds the data folder and the ports. The caller holds the
-/// cluster's lock, so no live `iadeep up` owns it: stop it.
-pub async fn stop_orphan(dir: &Path, binary: &Path) {
+/// cluster's lock, so no live `iadeep up` owns it: stop it. The same for this start's
+/// own etcd when a signal abandoned the start (`whose` says which, in the log).
+pub async fn stop_orphan(dir: &Path, binary: &Path, whose: Whose) {
     let pid_path = pid_path(dir);
     let pid_path = pid_path.as_path();
     let Some(pid) = std::fs::read_to_string(pid_path)
@@ -404,10 +414,15 @@ pub async fn stop_orphan(dir: &Path, binary: &Path) {
         })
         .unwrap_or(false);
     if is_etcd {
-        tracing::warn!(
-            pid,
-            "an etcd of an earlier `iadeep up` on this folder is still running; stopping it"
-        );
+        match whose {
+            Whose::Earlier => tracing::warn!(
+                pid,
+                "an etcd of an earlier `iadeep up` on this folder is still running; stopping it"
+            ),
+            Whose::ThisStart => {
+                tracing::info!(pid, "the etcd this start launched still runs; stopping it");
+            }
+        }
         let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
         let deadline = Instant::now() + STOP_TIMEOUT;
         while alive(pid) && Instant::now() < deadline {
