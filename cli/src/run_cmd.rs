@@ -1254,6 +1254,7 @@ async fn wait_for_placement(
     let mut candidates = std::collections::BTreeSet::new();
     let mut watch = QueueWatch::new();
     let mut said = wake::QueueLog::default();
+    let mut woken = false;
     loop {
         let attempt = ask(client, spec, args, &node, &mut seen, &mut candidates);
         let hint = match attempt.await {
@@ -1281,7 +1282,15 @@ async fn wait_for_placement(
                             asked,
                         );
                         let hint = Duration::from_millis(queued.retry_after_ms);
-                        if said.say(&queued.reason, asked) {
+                        let said_now = said.say(&queued.reason, asked);
+                        if !said_now && woken {
+                            // It said why it asks again: say what came of it.
+                            tracing::info!(
+                                waited_s = started.elapsed().as_secs(),
+                                "the placer still says wait, for the same reason"
+                            );
+                        }
+                        if said_now {
                             // The summary repeats the reason with the candidates' counts.
                             let summary = summary.unwrap_or(queued.reason);
                             let why = why.map(|w| format!("; {w}")).unwrap_or_default();
@@ -1310,11 +1319,11 @@ async fn wait_for_placement(
         }
         let until = max_wait.map(|max| started + max);
         match wait_or_woken(client, &mut watch, hint, until, signals).await {
-            Some(sig) => return Ok(Waited::Interrupted(sig)),
-            None if until.is_some_and(|until| Instant::now() >= until) => {
+            NextAsk::Signalled(sig) => return Ok(Waited::Interrupted(sig)),
+            _ if until.is_some_and(|until| Instant::now() >= until) => {
                 return Ok(Waited::TimedOut);
             }
-            None => {}
+            next => woken = next == NextAsk::Woken,
         }
     }
 }
@@ -1494,6 +1503,17 @@ fn refused(status: &tonic::Status, placer: Option<&str>) -> anyhow::Error {
     )
 }
 
+/// How a queued job's wait between two asks ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NextAsk {
+    /// Its time to ask again came ([`QueueWatch::ask_again_after`]).
+    Due,
+    /// ListDevices showed a reason to ask now (a [`wake::Wake`], said in the log).
+    Woken,
+    /// A signal came first.
+    Signalled(Signal),
+}
+
 /// Waits until it is time to ask the placer again: `hint` after the ask (or sooner:
 /// [`QueueWatch::ask_again_after`]), when a poll of ListDevices shows more room on a
 /// candidate GPU ([`QueueWatch::observe`]), or at `until` (the queue wait's end).
@@ -1505,7 +1525,7 @@ async fn wait_or_woken(
     hint: Duration,
     until: Option<Instant>,
     signals: &mut Signals,
-) -> Option<Signal> {
+) -> NextAsk {
     let asked = Instant::now();
     loop {
         let now = Instant::now();
@@ -1514,20 +1534,20 @@ async fn wait_or_woken(
             deadline = deadline.min(until);
         }
         if now >= deadline {
-            return None;
+            return NextAsk::Due;
         }
         tokio::select! {
             _ = tokio::time::sleep((deadline - now).min(FREED_POLL)) => {}
-            sig = signals.next() => return Some(sig),
+            sig = signals.next() => return NextAsk::Signalled(sig),
         }
         if Instant::now() >= deadline {
-            return None;
+            return NextAsk::Due;
         }
         match call("ListDevices", client.list_devices(ListDevicesRequest {})).await {
             Ok(list) => {
                 if let Some(woke) = watch.observe(wake::snapshot(&list.devices), Instant::now()) {
                     tracing::info!(%woke, "{woke}; asking the placer again");
-                    return None;
+                    return NextAsk::Woken;
                 }
             }
             Err(status) => tracing::debug!(code = ?status.code(), message = status.message(),
