@@ -629,10 +629,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             // A signal stopped it, or it could not be waited for: not an eviction.
             _ => None,
         };
-        after_exit(&task_id, &mut ran, evicted.is_some()).await;
-        if ran.as_ref().is_ok_and(|ran| ran.processes.all_gone()) {
-            evictions.agent_gone().await;
-        }
+        after_exit(&task_id, &mut ran, evicted.is_some(), &mut evictions).await;
         let released = release(&mut client, &task_id, true).await;
         let Ran {
             status, enforced, ..
@@ -1261,14 +1258,6 @@ async fn wait_for_placement(
             Ok((devices, _, None)) => return Err(none_local(&devices, &node)),
             Ok((_, local, Some(response))) => {
                 unavailable_since = None;
-                let (summary, why) = match response.explanation {
-                    Some(e) => (
-                        Some(e.summary).filter(|s| !s.is_empty()),
-                        wake::rejections(&e.candidates, 3),
-                    ),
-                    None => (None, None),
-                };
-
                 match response.decision {
                     Some(place_response::Decision::Placed(placement)) => {
                         let device = placed_device(local, &placement)?;
@@ -1282,24 +1271,9 @@ async fn wait_for_placement(
                             asked,
                         );
                         let hint = Duration::from_millis(queued.retry_after_ms);
-                        let said_now = said.say(&queued.reason, asked);
-                        if !said_now && woken {
-                            // It said why it asks again: say what came of it.
-                            tracing::info!(
-                                waited_s = started.elapsed().as_secs(),
-                                "the placer still says wait, for the same reason"
-                            );
-                        }
-                        if said_now {
-                            // The summary repeats the reason with the candidates' counts.
-                            let summary = summary.unwrap_or(queued.reason);
-                            let why = why.map(|w| format!("; {w}")).unwrap_or_default();
-                            tracing::info!(
-                                waited_s = started.elapsed().as_secs(),
-                                "the placer says wait ({summary}{why}); {}",
-                                watch.next_ask(hint, asked)
-                            );
-                        }
+                        let wait = (queued.reason, response.explanation);
+                        let next_ask = watch.next_ask(hint, asked);
+                        say_wait(&mut said, wait, woken, started.elapsed(), &next_ask, asked);
                         hint
                     }
                     None => bail!("the placer answered neither placed nor queued"),
@@ -1326,6 +1300,41 @@ async fn wait_for_placement(
             next => woken = next == NextAsk::Woken,
         }
     }
+}
+
+/// Says the placer's "wait" answer (its reason and explanation) in the log: when the
+/// reason is new or was said a minute ago ([`wake::QueueLog`]), with the rejected GPUs'
+/// own reasons and `next_ask`; else, after an ask that a wake caused (`woken`, which the
+/// log said), that the answer stayed the same.
+fn say_wait(
+    said: &mut wake::QueueLog,
+    (reason, explanation): (String, Option<iadeep_proto::Explanation>),
+    woken: bool,
+    waited: Duration,
+    next_ask: &str,
+    at: Instant,
+) {
+    let waited_s = waited.as_secs();
+    if !said.say(&reason, at) {
+        if woken {
+            tracing::info!(waited_s, "the placer still says wait, for the same reason");
+        }
+        return;
+    }
+    let (summary, why) = match explanation {
+        Some(e) => (
+            Some(e.summary).filter(|s| !s.is_empty()),
+            wake::rejections(&e.candidates, 3),
+        ),
+        None => (None, None),
+    };
+    // The summary repeats the reason with the candidates' counts.
+    let summary = summary.unwrap_or(reason);
+    let why = why.map(|w| format!("; {w}")).unwrap_or_default();
+    tracing::info!(
+        waited_s,
+        "the placer says wait ({summary}{why}); {next_ask}"
+    );
 }
 
 /// One ask: the placer's devices, those this machine may use (noting them in
@@ -1626,7 +1635,7 @@ async fn kill_leftovers(task: &str, signalled: &mut tree::Signalled) {
 /// the GPU is released: an evicted job's GPU is being given away, so nothing of it may
 /// stay (whether it was signalled or left on its own); any other job's leftovers are
 /// named, not stopped. Then the adopted processes that exited are reaped.
-async fn after_exit(task: &str, ran: &mut Result<Ran>, evicted: bool) {
+async fn after_exit(task: &str, ran: &mut Result<Ran>, evicted: bool, store: &mut Evictions) {
     let Ok(Ran {
         processes,
         enforced,
@@ -1639,6 +1648,9 @@ async fn after_exit(task: &str, ran: &mut Result<Ran>, evicted: bool) {
         kill_leftovers(task, processes).await;
     } else {
         warn_left_behind(task, processes);
+    }
+    if processes.all_gone() {
+        store.agent_gone().await;
     }
     processes.reap();
 }
