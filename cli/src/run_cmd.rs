@@ -6,8 +6,8 @@
 //! process group), and a second copy would interrupt its clean-up; `iadeep run` just
 //! keeps waiting for the job to exit. Whatever ends the job, the placement is
 //! released before `iadeep run` exits with the job's exit code (128 + N for a job
-//! killed by signal N), after the agent's `alive` key once nothing the job started
-//! runs any more (`Evictions::agent_gone`). If `iadeep run` itself is killed, the placer releases the GPU
+//! killed by signal N); before that, once nothing the job started runs any more, the
+//! agent's `alive` key is deleted if its process is gone (`Evictions::agent_gone`). If `iadeep run` itself is killed, the placer releases the GPU
 //! once the job's agent is gone for the grace period.
 //!
 //! Eviction: while the job runs, `iadeep run` follows the task's assignment (a watch
@@ -891,19 +891,29 @@ impl Evictions {
         Ok(false)
     }
 
-    /// Deletes the task's `alive` key once nothing the job started runs any more: its
-    /// agent went with it. A killed agent's key outlives it by up to its lease (10 s by
-    /// default), and meanwhile the placer takes the released job for one that runs
-    /// without a reservation (`iadeep status` says its agent runs) and may place it
-    /// again (`PlacementService::readmit_running`), holding memory for a dead job. A
-    /// failure is only logged: the lease ends the key anyway.
+    /// Deletes the task's `alive` key once nothing the job started runs any more and the
+    /// process the key names (`pid N`, the agent's) is gone: a killed agent's key outlives
+    /// it by up to its lease (10 s by default), and meanwhile the placer takes the
+    /// released job for one that runs without a reservation (`iadeep status` says its
+    /// agent runs) and may place it again (`PlacementService::readmit_running`), holding
+    /// memory for a dead job. Only if the key is unchanged since it was read (another
+    /// run of the same id may have started), and never when its pid still exists: an
+    /// agent outside the job's process tree (in a container the job's client started)
+    /// keeps its key, which its lease ends if it is gone. A failure is only logged.
     async fn agent_gone(&mut self) {
         let alive = keys::task_alive(&self.task_id);
-        let deleted = match self.open().await {
-            Ok(store) => timed("deleting the agent's alive key", store.delete(&alive)).await,
-            Err(err) => Err(err),
+        let deleted = async {
+            let store = self.open().await?;
+            let Some(kv) = timed("reading the agent's alive key", store.get(&alive)).await? else {
+                return Ok(false);
+            };
+            if !named_process_gone(&kv.value) {
+                return Ok(false);
+            }
+            let delete = store.compare_and_delete(&alive, kv.mod_revision);
+            timed("deleting the agent's alive key", delete).await
         };
-        match deleted {
+        match deleted.await {
             Ok(true) => tracing::info!(task = %self.task_id,
                 "the job and every process it started have exited; its agent's alive key is deleted"),
             Ok(false) => {}
@@ -1315,11 +1325,13 @@ fn say_wait(
     at: Instant,
 ) {
     let waited_s = waited.as_secs();
-    if !said.say(&reason, at) {
-        if woken {
+    match said.answer(&reason, at, woken) {
+        wake::Said::Reason => {}
+        wake::Said::Same => {
             tracing::info!(waited_s, "the placer still says wait, for the same reason");
+            return;
         }
-        return;
+        wake::Said::Nothing => return,
     }
     let (summary, why) = match explanation {
         Some(e) => (
@@ -1649,10 +1661,25 @@ async fn after_exit(task: &str, ran: &mut Result<Ran>, evicted: bool, store: &mu
     } else {
         warn_left_behind(task, processes);
     }
+    processes.reap();
     if processes.all_gone() {
         store.agent_gone().await;
     }
-    processes.reap();
+}
+
+/// Whether an `alive` key's value (`pid N`, what the agent writes) names a process that
+/// no longer exists on this machine. Anything else (no pid, a pid that exists or cannot
+/// be signalled) is not gone.
+fn named_process_gone(value: &[u8]) -> bool {
+    let pid = std::str::from_utf8(value)
+        .ok()
+        .and_then(|text| text.trim().strip_prefix("pid "))
+        .and_then(|pid| pid.trim().parse::<i32>().ok())
+        .filter(|&pid| pid > 0);
+    pid.is_some_and(|pid| {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH)
+    })
 }
 
 /// After a job exited on its own: names the processes it started that still run. They
@@ -1863,6 +1890,24 @@ async fn release(client: &mut PlacerClient<Channel>, task_id: &str, placed: bool
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a key naming a process that is gone is deleted: not one naming a live
+    /// process (this one), nor one that names none.
+    #[test]
+    fn an_alive_key_names_a_gone_process_only_by_a_pid_that_is_gone() {
+        let mut exited = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let gone = exited.id();
+        exited.wait().expect("reaped");
+        assert!(named_process_gone(format!("pid {gone}").as_bytes()));
+        assert!(!named_process_gone(
+            format!("pid {}", std::process::id()).as_bytes()
+        ));
+        for other in ["", "x", "pid", "pid 0", "pid -1", "pid 12ab"] {
+            assert!(!named_process_gone(other.as_bytes()), "{other:?}");
+        }
+    }
 
     /// `iadeep run`'s arguments as a command of their own, to parse them.
     #[derive(clap::Parser)]

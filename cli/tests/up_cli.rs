@@ -651,15 +651,19 @@ fn a_killed_jobs_alive_key_goes_with_its_run() {
         assert!(started.elapsed() < DEADLINE, "the job's agent never came");
         std::thread::sleep(Duration::from_millis(100));
     }
-    // The job is the run's one child (of whichever of its threads started it).
-    let threads = format!("/proc/{}/task", run.child().id());
-    let job: i32 = std::fs::read_dir(&threads)
-        .expect("the run's threads")
-        .filter_map(|thread| std::fs::read_to_string(thread.ok()?.path().join("children")).ok())
-        .flat_map(|pids| {
-            pids.split_whitespace()
-                .filter_map(|pid| pid.parse().ok())
-                .collect::<Vec<i32>>()
+    // The job is the run's one child: the process whose parent (the fourth field of
+    // /proc/PID/stat, after the parenthesised command) is the run.
+    let run_pid = i32::try_from(run.child().id()).expect("pid");
+    let parent_of = |stat: &str| -> Option<i32> {
+        let (_, rest) = stat.rsplit_once(')')?;
+        rest.split_whitespace().nth(1)?.parse().ok()
+    };
+    let job: i32 = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|entry| {
+            let pid: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            (parent_of(&stat) == Some(run_pid)).then_some(pid)
         })
         .next()
         .expect("the job's pid");
@@ -672,69 +676,6 @@ fn a_killed_jobs_alive_key_goes_with_its_run() {
         "the dead job's agent still looks alive: {stderr}"
     );
     assert!(!key("placement"), "released: {stderr}");
-}
-
-/// A queued job that asks again because room appeared says what came of it when the
-/// placer's answer is the same: before, its log said "asking the placer again" and
-/// then nothing (a reason already said is not repeated).
-#[test]
-fn a_job_woken_in_vain_says_it_still_waits() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let cluster = LocalCluster::start(tmp.path().join("cluster"));
-    let placed = |task: &str| {
-        let key = format!("/iadeep/v1/tasks/{task}/placement");
-        common::iadeep(&["state", "get", "--store", &cluster.store, &key])
-            .status
-            .success()
-    };
-    let wait_until = |what: &str, done: &dyn Fn() -> bool| {
-        let started = Instant::now();
-        while !done() {
-            assert!(started.elapsed() < DEADLINE, "never: {what}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
-    // Two jobs of 6,000 MiB on the 16,384 MiB GPU; one of 11,000 MiB waits, and still
-    // does not fit when one of the two leaves.
-    let run = |task: &str, mib: &str| {
-        let mut command = emulated_run(&cluster, task, &["--gpu-mem-mib", mib]);
-        command
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
-        command
-    };
-    let _stays = Killed(Some(
-        run("stays", "6000")
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn"),
-    ));
-    wait_until("the first job is placed", &|| placed("stays"));
-    let leaves = Killed(Some(
-        run("leaves", "6000")
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn"),
-    ));
-    wait_until("the second job is placed", &|| placed("leaves"));
-    let log = tmp.path().join("big.log");
-    let _big = Killed(Some(
-        run("big", "11000")
-            .stderr(std::fs::File::create(&log).expect("big.log"))
-            .spawn()
-            .expect("spawn"),
-    ));
-    let read = || std::fs::read_to_string(&log).unwrap_or_default();
-    wait_until("the big job is told to wait", &|| {
-        read().contains("the placer says wait")
-    });
-    drop(leaves);
-    wait_until("the big job asks again and says it still waits", &|| {
-        let log = read();
-        log.contains("leaves left") && log.contains("the placer still says wait")
-    });
-    assert!(!placed("big"), "{}", read());
 }
 
 /// `iadeep run` with the placer of one cluster and the store of another is refused

@@ -331,6 +331,31 @@ impl QueueLog {
     }
 }
 
+/// What `iadeep run` says of one "wait" answer ([`QueueLog::answer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Said {
+    /// The reason, in full.
+    Reason,
+    /// That the answer stayed the same: the job said it asks again because a GPU had
+    /// more room, and the reason is not said again.
+    Same,
+    /// Nothing: the reason was said less than a minute ago.
+    Nothing,
+}
+
+impl QueueLog {
+    /// What to say of a wait answer whose reason is `reason`, at `at`, after an ask that a
+    /// wake caused (`woken`, which the log said) or not: after "asking the placer again",
+    /// silence read as if the job had stopped asking.
+    pub fn answer(&mut self, reason: &str, at: Instant, woken: bool) -> Said {
+        match (self.say(reason, at), woken) {
+            (true, _) => Said::Reason,
+            (false, true) => Said::Same,
+            (false, false) => Said::Nothing,
+        }
+    }
+}
+
 /// `text` without its figures: the runs of digits that begin a word (`120 s`, `+0.12`),
 /// not those inside one (`gpu0`, `lab1`), which name things.
 fn without_figures(text: &str) -> String {
@@ -671,6 +696,17 @@ mod tests {
             without_figures("PD +0.12 on gpu10, 3 ahead"),
             "PD +. on gpu10,  ahead"
         );
+    }
+
+    #[test]
+    fn an_ask_a_wake_caused_says_when_the_answer_stayed_the_same() {
+        let t0 = Instant::now();
+        let mut log = QueueLog::default();
+        assert_eq!(log.answer("full", t0, false), Said::Reason);
+        assert_eq!(log.answer("full", t0 + s(5), false), Said::Nothing);
+        assert_eq!(log.answer("full", t0 + s(7), true), Said::Same);
+        assert_eq!(log.answer("capped", t0 + s(9), true), Said::Reason);
+        assert_eq!(log.answer("capped", t0 + s(70), true), Said::Reason);
     }
 
     #[test]

@@ -199,9 +199,10 @@ mod tests {
         placed(&d.verdict);
     }
 
-    /// d0 shared with a light resident, d1 idle; `ahead` small tasks wait that would go
-    /// to d1 (alone there, not slowed down by the resident), then "last", kept to d0,
-    /// which would take d0; "new", submitted after them all, asks for d0 only.
+    /// d0 shared with a light resident, d1 idle; first "huge", which fits neither, then
+    /// `ahead` small tasks wait that would go to d1 (alone there, not slowed down by the
+    /// resident), then "last", kept to d0, which would take d0; "new", submitted after
+    /// them all, asks for d0 only.
     fn behind_others_that_go_elsewhere(ahead: usize) -> (ClusterView, TaskSpec) {
         let mut view = ClusterView::new(Arc::new(ModelledMemory));
         device(&mut view, "d0", 32_000, &[spec("light", 2_000, 50.0, None)]);
@@ -210,6 +211,11 @@ mod tests {
             submitted_at_unix_ms: at,
             ..spec(id, 4_000, 60.0, None)
         };
+        let huge = TaskSpec {
+            submitted_at_unix_ms: 500,
+            ..spec("huge", 40_000, 60.0, None)
+        };
+        view.note_waiting(&huge, &[], 3_000, 600_000, None);
         for k in 0..ahead {
             view.note_waiting(
                 &small(&format!("w{k}"), 1_000 + k as i64),
@@ -230,7 +236,8 @@ mod tests {
     }
 
     /// The hold works out at most `max_waiters_checked` waiters' own decisions: a
-    /// waiter behind that many others that the device could take holds nothing.
+    /// waiter behind that many others that the device could take holds nothing. One the
+    /// device cannot take at all ("huge") does not count.
     #[test]
     fn a_decision_works_out_the_first_waiters_that_fit_only() {
         let (view, new) = behind_others_that_go_elsewhere(3);
@@ -280,11 +287,13 @@ mod tests {
         };
         view.note_waiting(&elsewhere, &["d1".to_owned()], 3_000, 600_000, None);
         let queue = view.waiting_ahead(&newest, 4_000);
-        assert_eq!(queue.len(), 7, "{queue:?}");
+        assert_eq!(queue.len(), 8, "{queue:?}");
         for (position, (id, w)) in queue.iter().enumerate() {
             assert_eq!(view.waiting_ahead_of(&w.spec, 4_000), position, "{id}");
         }
-        // The hold's own use of the position (checked against the count in debug builds).
+        // The hold's own use of the position: checked against the count by a
+        // `debug_assert` in `held_for`, so only where tests are built with debug
+        // assertions (as `cargo test` builds them).
         let d = placer().decide(&view, &newest, &["d0".to_owned()], 4_000);
         assert_eq!(d.held_for.as_deref(), Some("last"));
     }

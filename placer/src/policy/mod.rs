@@ -119,9 +119,10 @@
 //! would go: one assessment of the device alone for each, and one of the whole cluster
 //! for each that fits it, for the first [`PlacerParams::max_waiters_checked`] (64) of
 //! those at most; a waiter behind that many others that fit holds nothing. Without
-//! that bound a long queue of tasks that fit but wait by the queue rule made each such
+//! that bound a long queue of tasks that fit but wait by the queue rule makes each such
 //! decision cost the queue's length times the cluster's size: 24 ms with 1,000 tasks
-//! waiting on 1,000 GPUs, 5.2 ms with it (`cargo bench -p iadeep-eval --bench decide`;
+//! waiting on 1,000 GPUs (26 ms before each waiter's place in the queue came from its
+//! position), 5.2 ms with it (`cargo bench -p iadeep-eval --bench decide`;
 //! 82 µs with no queue). An opportunistic waiter never holds a
 //! device for a production task, a claimant's own device is never held, and a waiter
 //! this view sees placed already (by another placer sharing the store) holds nothing.
